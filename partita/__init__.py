@@ -1,0 +1,64 @@
+"""partita: a deep-learning compiler.
+
+    import partita
+    g = partita.parse(text)              # or partita.load("model.pir")
+    partita.verify(g)
+    g = partita.optimize(g, passes="canonicalize,cse,dce")
+    outs = partita.run(g, [x], backend="torch")
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from . import ops as _ops  # noqa: F401  (registers every op)
+from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaError, TensorType, Value,
+                 VerifyError, Weights, parse, parse_file, print_graph, verify)
+from .ir import dtypes  # noqa: F401
+
+__version__ = "0.1.0"
+
+
+def load(path) -> Graph:
+    """Parse a ``.pir`` file; weights come from the ``.safetensors`` file beside it."""
+    return parse_file(path)
+
+
+def save(graph: Graph, path) -> None:
+    """Write ``graph`` as ``path`` (.pir) and its weights beside it (.safetensors)."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.write_text(print_graph(graph))
+    if len(graph.weights):
+        graph.weights.save(path.with_suffix(".safetensors"))
+
+
+def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
+        weights: Mapping[str, Any] | None = None, backend: str = "numpy") -> list:
+    """Run ``graph`` on ``inputs`` (a list in order, or a dict by name).
+
+    Weights default to ``graph.weights``. ``backend="numpy"`` returns NumPy arrays from the
+    reference interpreter; ``backend="torch"`` returns torch tensors.
+    """
+    if backend == "numpy":
+        from .backend.numpy_ref import run as run_numpy
+
+        return run_numpy(graph, inputs, weights)
+    if backend == "torch":
+        from .backend.torch_exec import run as run_torch
+
+        return run_torch(graph, inputs, weights)
+    raise PartitaError(f"unknown backend '{backend}'; choose 'numpy' or 'torch'")
+
+
+def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any) -> Graph:
+    """Run a pass pipeline (a string like ``"canonicalize,cse,dce"``) over ``graph``."""
+    from .passes.manager import PassManager
+
+    return PassManager.parse(passes, **options).run(graph)
+
+
+__all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
+           "Value", "VerifyError", "Weights", "parse", "parse_file", "print_graph", "verify", "load", "save",
+           "run", "optimize"]

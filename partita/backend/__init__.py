@@ -1,0 +1,1 @@
+"""Executors: the NumPy reference interpreter and the torch executor."""

@@ -1,0 +1,61 @@
+"""The reference interpreter: runs a graph op by op with the NumPy references.
+
+Slow and simple on purpose: it is the definition of what a graph means. Every result is
+checked against the type the verifier agreed to (shape exactly; dtype by casting), so a
+reference that disagrees with its own type rule is caught at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..ir.diagnostics import ExecutionError, PartitaError
+from ..ir.graph import Graph, Value
+from ..ops.registry import OPS
+from .common import bind_inputs, check_array, numpy_dtype_name
+
+
+def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
+        weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+    env: dict[Value, np.ndarray] = {}
+    for v, a in bind_inputs(graph, inputs, weights):
+        arr = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a)
+        check_array(v, arr.shape, numpy_dtype_name(arr))
+        env[v] = arr
+    remaining = {v: v.num_uses for v in env}
+    outputs = set(graph.outputs)
+    for node in graph.nodes:
+        opdef = OPS[node.op]
+        args = [env[v] for v in node.operands]
+        try:
+            with np.errstate(all="ignore"):
+                res = opdef.reference(args, node.attrs)
+        except PartitaError:
+            raise
+        except Exception as e:
+            where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
+            raise ExecutionError(f"{node.op}{where}: the reference implementation failed: {type(e).__name__}: {e}") from e
+        if not isinstance(res, (list, tuple)):
+            res = (res,)
+        if len(res) != len(node.results):
+            raise ExecutionError(f"{node.op}: reference returned {len(res)} result(s), expected {len(node.results)}")
+        for r, a in zip(node.results, res):
+            t = r.type
+            a = np.asarray(a)
+            if a.dtype != t.dtype.np:
+                a = a.astype(t.dtype.np)
+            if a.shape != t.shape:
+                raise ExecutionError(f"{node.op}: reference returned shape {list(a.shape)}, type rule says {t}")
+            env[r] = a
+            remaining[r] = r.num_uses
+        for v in node.operands:  # free values after their last use
+            n = remaining.get(v)
+            if n is not None:
+                if n <= 1 and v not in outputs:
+                    env.pop(v, None)
+                    remaining.pop(v, None)
+                else:
+                    remaining[v] = n - 1
+    return [env[v] for v in graph.outputs]

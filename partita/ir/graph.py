@@ -1,0 +1,409 @@
+"""The SSA graph: ``Value``, ``Node`` and ``Graph``.
+
+Invariants every edit keeps (and checks):
+- each Value is defined once: by a graph input or by exactly one Node result;
+- ``value.users`` counts exactly the uses of the value by nodes in the graph;
+- nodes sit in a doubly linked list in a valid topological order: every operand is defined
+  before the node that uses it. Order numbers with gaps make "is a before b" O(1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+from .diagnostics import GraphEditError
+from .types import Location, TensorType
+
+ROLES = ("input", "param", "state")
+_GAP = 1 << 20
+
+
+class Value:
+    """An SSA value: a graph input (with a role) or the result of one node."""
+
+    __slots__ = ("type", "name", "producer", "index", "role", "graph", "users", "_out_uses", "__weakref__")
+
+    def __init__(self, type: TensorType, name: str | None = None, producer: "Node | None" = None,
+                 index: int = 0, role: str | None = None) -> None:
+        self.type = type
+        self.name = name
+        self.producer = producer
+        self.index = index
+        self.role = role
+        self.graph: Graph | None = None
+        self.users: dict[Node, int] = {}
+        self._out_uses = 0
+
+    @property
+    def is_input(self) -> bool:
+        return self.producer is None
+
+    @property
+    def num_uses(self) -> int:
+        return sum(self.users.values()) + self._out_uses
+
+    @property
+    def has_uses(self) -> bool:
+        return bool(self.users) or self._out_uses > 0
+
+    @property
+    def is_output(self) -> bool:
+        return self._out_uses > 0
+
+    def __repr__(self) -> str:
+        return f"%{self.name if self.name is not None else '?'}: {self.type}"
+
+
+class Node:
+    """One op application: operands in, results out, typed attributes, a source location."""
+
+    __slots__ = ("op", "operands", "attrs", "results", "loc", "text_loc", "graph",
+                 "_prev", "_next", "_order", "__weakref__")
+
+    def __init__(self, op: str, operands: Iterable[Value], attrs: dict[str, Any] | None,
+                 result_types: Iterable[TensorType], loc: Location | None = None,
+                 result_names: Iterable[str | None] | None = None) -> None:
+        self.op = op
+        self.operands: list[Value] = list(operands)
+        self.attrs: dict[str, Any] = attrs if attrs is not None else {}
+        names = list(result_names) if result_names is not None else None
+        self.results: list[Value] = [
+            Value(t, names[i] if names else None, self, i) for i, t in enumerate(result_types)
+        ]
+        self.loc = loc              # where the op came from in the model's source
+        self.text_loc: Location | None = None  # where it was parsed from, if it was
+        self.graph: Graph | None = None
+        self._prev: Node | None = None
+        self._next: Node | None = None
+        self._order = 0
+
+    @property
+    def result(self) -> Value:
+        if len(self.results) != 1:
+            raise GraphEditError(f"{self.op} has {len(self.results)} results; use .results")
+        return self.results[0]
+
+    @property
+    def prev(self) -> "Node | None":
+        return self._prev
+
+    @property
+    def next(self) -> "Node | None":
+        return self._next
+
+    def is_before(self, other: "Node") -> bool:
+        return self._order < other._order
+
+    def __repr__(self) -> str:
+        res = ", ".join(repr(r) for r in self.results)
+        return f"<Node {self.op} -> {res}>"
+
+
+class Graph:
+    """A function: inputs with roles, nodes in topological order, outputs, and weights."""
+
+    def __init__(self, name: str = "main") -> None:
+        from .weights import Weights
+
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.weights = Weights()
+        self.loc: Location | None = None
+        self._head: Node | None = None
+        self._tail: Node | None = None
+        self._count = 0
+
+    # --- iteration --------------------------------------------------------------------
+    @property
+    def nodes(self) -> Iterator[Node]:
+        """Nodes in order; safe against erasing the node being visited."""
+        n = self._head
+        while n is not None:
+            nxt = n._next
+            yield n
+            n = nxt
+
+    def reversed_nodes(self) -> Iterator[Node]:
+        n = self._tail
+        while n is not None:
+            prv = n._prev
+            yield n
+            n = prv
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def first(self) -> Node | None:
+        return self._head
+
+    @property
+    def last(self) -> Node | None:
+        return self._tail
+
+    def values(self) -> Iterator[Value]:
+        yield from self.inputs
+        for n in self.nodes:
+            yield from n.results
+
+    # --- inputs and outputs -------------------------------------------------------------
+    def add_input(self, name: str, type: TensorType, role: str = "input") -> Value:
+        if role not in ROLES:
+            raise GraphEditError(f"input role must be one of {', '.join(ROLES)}, got '{role}'")
+        v = Value(type, name, None, len(self.inputs), role)
+        v.graph = self
+        self.inputs.append(v)
+        return v
+
+    def input(self, name: str) -> Value:
+        for v in self.inputs:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+    def params(self) -> list[Value]:
+        return [v for v in self.inputs if v.role == "param"]
+
+    def set_outputs(self, values: Iterable[Value]) -> None:
+        values = list(values)
+        for v in values:
+            self._check_owned(v, "an output")
+        for v in self.outputs:
+            v._out_uses -= 1
+        self.outputs = values
+        for v in values:
+            v._out_uses += 1
+
+    # --- node edits ---------------------------------------------------------------------
+    def append(self, node: Node) -> Node:
+        return self._link(node, self._tail, None)
+
+    def prepend(self, node: Node) -> Node:
+        return self._link(node, None, self._head)
+
+    def insert_before(self, anchor: Node, node: Node) -> Node:
+        self._check_in_graph(anchor)
+        return self._link(node, anchor._prev, anchor)
+
+    def insert_after(self, anchor: Node, node: Node) -> Node:
+        self._check_in_graph(anchor)
+        return self._link(node, anchor, anchor._next)
+
+    def erase(self, node: Node) -> None:
+        """Remove a node whose results are unused."""
+        self._check_in_graph(node)
+        for r in node.results:
+            if r.has_uses:
+                users = ", ".join(u.op for u in r.users) or "the graph outputs"
+                raise GraphEditError(f"cannot erase {node.op}: its result {r!r} is still used by {users}")
+        self._unlink(node)
+        for v in node.operands:
+            _drop_use(v, node)
+        node.graph = None
+        for r in node.results:
+            r.graph = None
+
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        """Make every user of ``old`` (nodes and graph outputs) use ``new`` instead."""
+        if old is new:
+            return
+        self._check_owned(new, "the replacement")
+        if old.type != new.type:
+            raise GraphEditError(f"cannot replace {old!r} with {new!r}: types differ ({old.type} vs {new.type})")
+        p = new.producer
+        for user, count in list(old.users.items()):
+            if p is not None and not p.is_before(user):
+                raise GraphEditError(
+                    f"cannot replace {old!r} with {new!r}: {new!r} is defined after its new user {user.op}"
+                )
+            ops = user.operands
+            for i, v in enumerate(ops):
+                if v is old:
+                    ops[i] = new
+            new.users[user] = new.users.get(user, 0) + count
+        old.users.clear()
+        if old._out_uses:
+            self.outputs = [new if v is old else v for v in self.outputs]
+            new._out_uses += old._out_uses
+            old._out_uses = 0
+
+    def set_operand(self, node: Node, index: int, value: Value) -> None:
+        self._check_in_graph(node)
+        self._check_owned(value, "an operand")
+        if value.producer is not None and not value.producer.is_before(node):
+            raise GraphEditError(f"{node.op}: operand {value!r} would be used before its definition")
+        old = node.operands[index]
+        _drop_use(old, node)
+        node.operands[index] = value
+        value.users[node] = value.users.get(node, 0) + 1
+
+    def move_before(self, anchor: Node, node: Node) -> None:
+        """Move an existing node; the caller keeps the order valid (checked by ``verify``)."""
+        self._check_in_graph(node)
+        self._unlink(node)
+        self._link_raw(node, anchor._prev, anchor)
+
+    # --- ordering -----------------------------------------------------------------------
+    def topo_sort(self) -> None:
+        """Re-sort nodes into a topological order, stable with respect to the current one.
+
+        Raises GraphEditError naming the nodes on a cycle if there is one.
+        """
+        nodes = list(self.nodes)
+        pos = {n: i for i, n in enumerate(nodes)}
+        indeg = {}
+        for n in nodes:
+            indeg[n] = sum(1 for v in set(n.operands) if v.producer is not None and v.producer in pos)
+        import heapq
+
+        ready = [pos[n] for n in nodes if indeg[n] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            n = nodes[heapq.heappop(ready)]
+            order.append(n)
+            for r in n.results:
+                for u in r.users:
+                    indeg[u] -= 1
+                    if indeg[u] == 0:
+                        heapq.heappush(ready, pos[u])
+        if len(order) != len(nodes):
+            stuck = [n for n in nodes if indeg[n] > 0]
+            names = ", ".join(f"{n.op}" + (f" ({n.loc})" if n.loc else "") for n in stuck[:8])
+            raise GraphEditError(f"the graph has a cycle through {len(stuck)} node(s): {names}")
+        self._head = self._tail = None
+        for n in order:
+            n._prev = n._next = None
+            self._link_raw(n, self._tail, None)
+        self.renumber()
+
+    def renumber(self) -> None:
+        o = 0
+        for n in self.nodes:
+            o += _GAP
+            n._order = o
+
+    # --- whole-graph helpers ---------------------------------------------------------------
+    def clone(self) -> "Graph":
+        """A structural copy sharing nothing mutable (attribute values are immutable)."""
+        g = Graph(self.name)
+        g.loc = self.loc
+        g.weights = self.weights
+        vmap: dict[Value, Value] = {}
+        for v in self.inputs:
+            vmap[v] = g.add_input(v.name, v.type, v.role)
+        for n in self.nodes:
+            m = Node(n.op, [vmap[v] for v in n.operands], dict(n.attrs),
+                     [r.type for r in n.results], n.loc, [r.name for r in n.results])
+            m.text_loc = n.text_loc
+            g.append(m)
+            for a, b in zip(n.results, m.results):
+                vmap[a] = b
+        g.set_outputs(vmap[v] for v in self.outputs)
+        return g
+
+    def structurally_equal(self, other: "Graph") -> bool:
+        return self.diff(other) is None
+
+    def diff(self, other: "Graph") -> str | None:
+        """None if the graphs are structurally equal, else a description of the first difference."""
+        if self.name != other.name:
+            return f"names differ: {self.name} vs {other.name}"
+        if len(self.inputs) != len(other.inputs):
+            return f"input counts differ: {len(self.inputs)} vs {len(other.inputs)}"
+        vmap: dict[Value, Value] = {}
+        for a, b in zip(self.inputs, other.inputs):
+            if (a.name, a.type, a.role) != (b.name, b.type, b.role):
+                return f"input differs: {a!r} {a.role} vs {b!r} {b.role}"
+            vmap[a] = b
+        if len(self) != len(other):
+            return f"node counts differ: {len(self)} vs {len(other)}"
+        for i, (n, m) in enumerate(zip(self.nodes, other.nodes)):
+            if n.op != m.op or n.attrs != m.attrs or n.loc != m.loc:
+                return f"node {i} differs: {n.op}{n.attrs} vs {m.op}{m.attrs}"
+            if len(n.operands) != len(m.operands) or any(vmap.get(a) is not b for a, b in zip(n.operands, m.operands)):
+                return f"node {i} ({n.op}) operands differ"
+            if [r.type for r in n.results] != [r.type for r in m.results]:
+                return f"node {i} ({n.op}) result types differ"
+            for a, b in zip(n.results, m.results):
+                if a.name != b.name and not (_anonymous(a.name) and _anonymous(b.name)):
+                    return f"node {i} ({n.op}) result names differ: {a.name} vs {b.name}"
+                vmap[a] = b
+        if len(self.outputs) != len(other.outputs) or any(vmap.get(a) is not b for a, b in zip(self.outputs, other.outputs)):
+            return "outputs differ"
+        return None
+
+    # --- internals ----------------------------------------------------------------------
+    def _check_in_graph(self, node: Node) -> None:
+        if node.graph is not self:
+            raise GraphEditError(f"{node.op} is not a node of graph @{self.name}")
+
+    def _check_owned(self, v: Value, what: str) -> None:
+        if v.graph is not self:
+            raise GraphEditError(f"{what} {v!r} does not belong to graph @{self.name}")
+
+    def _link(self, node: Node, prev: Node | None, nxt: Node | None) -> Node:
+        if node.graph is not None:
+            raise GraphEditError(f"{node.op} is already in graph @{node.graph.name}")
+        for v in node.operands:
+            self._check_owned(v, f"{node.op}: operand")
+        self._link_raw(node, prev, nxt)
+        for v in node.operands:
+            p = v.producer
+            if p is not None and not p._order < node._order:
+                self._unlink(node)
+                node.graph = None
+                raise GraphEditError(f"{node.op}: operand {v!r} is used before its definition")
+        for v in node.operands:
+            v.users[node] = v.users.get(node, 0) + 1
+        for r in node.results:
+            r.graph = self
+        return node
+
+    def _link_raw(self, node: Node, prev: Node | None, nxt: Node | None) -> None:
+        node.graph = self
+        node._prev, node._next = prev, nxt
+        if prev is None:
+            self._head = node
+        else:
+            prev._next = node
+        if nxt is None:
+            self._tail = node
+        else:
+            nxt._prev = node
+        self._count += 1
+        lo = prev._order if prev is not None else 0
+        if nxt is None:
+            node._order = lo + _GAP
+        else:
+            hi = nxt._order
+            if hi - lo < 2:
+                self.renumber()
+            else:
+                node._order = (lo + hi) // 2
+
+    def _unlink(self, node: Node) -> None:
+        p, n = node._prev, node._next
+        if p is None:
+            self._head = n
+        else:
+            p._next = n
+        if n is None:
+            self._tail = p
+        else:
+            n._prev = p
+        node._prev = node._next = None
+        self._count -= 1
+
+
+def _drop_use(v: Value, node: Node) -> None:
+    c = v.users.get(node, 0)
+    if c <= 1:
+        v.users.pop(node, None)
+    else:
+        v.users[node] = c - 1
+
+
+def _anonymous(name: str | None) -> bool:
+    return name is None or name.isdigit()

@@ -1,0 +1,586 @@
+"""Parse the ``.pir`` text form into a Graph (grammar: docs/ir.md).
+
+The parser is a recursive-descent parser over a regex lexer. Because node lines dominate
+real files, each line is first tried against one regex of the printer's own layout (the
+fast path); a line that does not match, or that has any problem, is parsed by the general
+path, which is the definition of the language and produces every error message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from .attrs import DenseAttr
+from .diagnostics import AttributeError_, ParseError, PartitaError
+from .dtypes import DTYPES
+from .graph import ROLES, Graph, Node, Value
+from .types import Location, TensorType
+
+_TOKEN = re.compile(
+    r"""
+     (?P<ws>(?:[ \t\r\n]+|//[^\n]*)+)
+    |(?P<value>%[A-Za-z0-9_.]+)
+    |(?P<gname>@[A-Za-z0-9_.]+)
+    |(?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+(?:[eE][-+]?\d+)?|\d+)|-inf\b)
+    |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+    |(?P<string>"(?:[^"\\\n]|\\.)*")
+    |(?P<arrow>->)
+    |(?P<punct>[()\[\]{},:=<>])
+    """,
+    re.VERBOSE,
+)
+
+_FAST_NODE = re.compile(
+    r"[ \t]*(%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*) = ([A-Za-z_][A-Za-z0-9_.]*)"
+    r"\(((?:%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*)?)\)"
+    r"(?: \{([^{}\"\n]*)\})?"
+    r" : ([a-z0-9]+\[[0-9,]*\](?:, [a-z0-9]+\[[0-9,]*\])*)"
+    r"(?: loc\(\"([^\"\\\n]*)\":(\d+)(?::(\d+))?\))?"
+    r"[ \t]*(?:\n|\Z)"
+)
+_FAST_TYPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+
+
+class Token:
+    __slots__ = ("kind", "text", "start", "end")
+
+    def __init__(self, kind: str, text: str, start: int, end: int) -> None:
+        self.kind, self.text, self.start, self.end = kind, text, start, end
+
+    def describe(self) -> str:
+        if self.kind == "eof":
+            return "end of input"
+        return repr(self.text)
+
+
+def parse(text: str, filename: str = "<string>") -> Graph:
+    """Parse one ``graph`` from ``.pir`` text; raises ParseError with file:line:col."""
+    return _Parser(text, filename).parse_file()
+
+
+def parse_file(path) -> Graph:
+    """Parse a ``.pir`` file and load the weights file beside it when there is one."""
+    from pathlib import Path
+
+    from .weights import Weights
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise PartitaError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise PartitaError(f"{path}: not a text file ({e})") from None
+    g = parse(text, str(path))
+    wpath = path.with_suffix(".safetensors")
+    if wpath.exists():
+        g.weights = Weights.load(wpath)
+    return g
+
+
+class _Parser:
+    def __init__(self, text: str, filename: str) -> None:
+        self.text = text
+        self.file = filename
+        self.pos = 0
+        self.tok: Token = self._lex()
+        self.values: dict[str, Value] = {}
+        self.def_line: dict[str, int] = {}
+        self.type_cache: dict[str, tuple[TensorType, ...]] = {}
+        self.attr_cache: dict[tuple[str, str], dict] = {}
+        self._line_starts: list[int] | None = None
+
+    # --- lexing -------------------------------------------------------------------------
+    def _lex(self) -> Token:
+        text, pos = self.text, self.pos
+        m = _TOKEN.match(text, pos)
+        if m is not None and m.lastgroup == "ws":
+            pos = m.end()
+            m = _TOKEN.match(text, pos)
+        if pos >= len(text):
+            self.pos = pos
+            return Token("eof", "", pos, pos)
+        if m is None:
+            ch = text[pos]
+            what = "an unterminated string" if ch == '"' else f"unexpected character {ch!r}"
+            raise self.error_at(pos, what)
+        self.pos = m.end()
+        return Token(m.lastgroup or "", m.group(), m.start(), m.end())
+
+    def advance(self) -> Token:
+        t = self.tok
+        self.tok = self._lex()
+        return t
+
+    def at(self, text: str) -> bool:
+        return self.tok.text == text and self.tok.kind != "string"
+
+    def expect(self, text: str, what: str | None = None) -> Token:
+        if not self.at(text):
+            raise self.error(f"expected {what or repr(text)}, found {self.tok.describe()}")
+        return self.advance()
+
+    def expect_kind(self, kind: str, what: str) -> Token:
+        if self.tok.kind != kind:
+            raise self.error(f"expected {what}, found {self.tok.describe()}")
+        return self.advance()
+
+    # --- locations and errors ---------------------------------------------------------
+    def line_col(self, pos: int) -> tuple[int, int, str]:
+        if self._line_starts is None:
+            starts = [0]
+            find = self.text.find
+            i = find("\n")
+            while i >= 0:
+                starts.append(i + 1)
+                i = find("\n", i + 1)
+            self._line_starts = starts
+        import bisect
+
+        ln = bisect.bisect_right(self._line_starts, pos) - 1
+        start = self._line_starts[ln]
+        end = self.text.find("\n", start)
+        line = self.text[start:] if end < 0 else self.text[start:end]
+        return ln + 1, pos - start + 1, line
+
+    def loc_at(self, pos: int) -> Location:
+        ln, col, _ = self.line_col(pos)
+        return Location(self.file, ln, col)
+
+    def error_at(self, pos: int, msg: str) -> ParseError:
+        ln, col, line = self.line_col(pos)
+        return ParseError(msg, Location(self.file, ln, col), line)
+
+    def error(self, msg: str, tok: Token | None = None) -> ParseError:
+        return self.error_at((tok or self.tok).start, msg)
+
+    # --- grammar ------------------------------------------------------------------------
+    def parse_file(self) -> Graph:
+        if self.tok.kind == "eof":
+            raise self.error("expected 'graph', found end of input (the file is empty)")
+        g = self.parse_graph()
+        if self.tok.kind != "eof":
+            raise self.error(f"expected end of input after the graph's closing '}}', found {self.tok.describe()}")
+        return g
+
+    def parse_graph(self) -> Graph:
+        start = self.tok.start
+        self.expect("graph", "'graph'")
+        name = self.expect_kind("gname", "a graph name like @main").text[1:]
+        g = Graph(name)
+        g.loc = self.loc_at(start)
+        self.expect("(")
+        if not self.at(")"):
+            while True:
+                self.parse_arg(g)
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+        self.expect(")", "',' or ')' after a graph input")
+        self.expect("->", "'->' and the output types")
+        self.expect("(", "'(' before the output types")
+        out_types: list[tuple[TensorType, Token]] = []
+        if not self.at(")"):
+            while True:
+                t0 = self.tok
+                out_types.append((self.parse_type(), t0))
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+        self.expect(")", "',' or ')' after an output type")
+        self.expect("{", "'{' to open the graph body")
+        self.parse_body(g)
+        ret = self.tok
+        self.expect("return", "a node or 'return'")
+        outs: list[Value] = []
+        if self.tok.kind == "value":
+            while True:
+                outs.append(self.use(self.advance()))
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+        if len(outs) != len(out_types):
+            raise self.error(f"return has {len(outs)} value(s) but the graph signature declares "
+                             f"{len(out_types)} output type(s)", ret)
+        for v, (t, tok) in zip(outs, out_types):
+            if v.type != t:
+                raise self.error(f"output %{v.name} has type {v.type} but the graph signature declares {t}", tok)
+        g.set_outputs(outs)
+        self.expect("}", "'}' to close the graph body")
+        return g
+
+    def parse_arg(self, g: Graph) -> None:
+        tok = self.expect_kind("value", "a graph input like %x: f32[4]")
+        name = tok.text[1:]
+        self.expect(":", f"':' and a type after {tok.text}")
+        t = self.parse_type()
+        role = "input"
+        if self.tok.kind == "ident" and self.tok.text in ROLES:
+            role = self.advance().text
+        elif self.tok.kind == "ident":
+            raise self.error(f"unknown input role {self.tok.text!r}; expected one of {', '.join(ROLES)}")
+        self.define(name, tok, g.add_input(name, t, role))
+
+    def define(self, name: str, tok: Token, v: Value) -> None:
+        if name in self.values:
+            first = self.def_line[name]
+            raise self.error(f"%{name} is defined twice (first at line {first}); SSA values are defined once", tok)
+        self.values[name] = v
+        self.def_line[name] = self.line_col(tok.start)[0]
+        v.name = name
+
+    def use(self, tok: Token) -> Value:
+        name = tok.text[1:]
+        v = self.values.get(name)
+        if v is None:
+            raise self.error(self.undefined_message(name), tok)
+        return v
+
+    def undefined_message(self, name: str) -> str:
+        m = re.search(r"^[ \t]*(?:%[A-Za-z0-9_.]+, )*%" + re.escape(name) + r"(?:, %[A-Za-z0-9_.]+)* =",
+                      self.text[self.pos:], re.M)
+        if m is None:
+            from .diagnostics import suggest
+
+            return f"use of undefined value %{name}{suggest(name, self.values)}"
+        line = self.line_col(self.pos + m.start())[0]
+        cyc = _find_cycle(self.text, name)
+        if cyc:
+            return (f"%{name} is used before its definition at line {line}, and cannot be moved up: "
+                    f"the values form a cycle ({' -> '.join('%' + c for c in cyc)})")
+        return (f"%{name} is used before its definition at line {line}; "
+                f"nodes must be listed in topological order")
+
+    def parse_type(self) -> TensorType:
+        tok = self.tok
+        if tok.kind != "ident" or tok.text not in DTYPES:
+            from .diagnostics import suggest
+
+            hint = suggest(tok.text, DTYPES) if tok.kind == "ident" else ""
+            raise self.error(f"expected a tensor type like f32[4,8], found {tok.describe()}{hint}")
+        self.advance()
+        self.expect("[", f"'[' and the shape after {tok.text}")
+        dims = []
+        if not self.at("]"):
+            while True:
+                d = self.tok
+                if d.kind != "number" or not d.text.isdigit():
+                    raise self.error(f"expected a dimension size (a non-negative integer), found {d.describe()}")
+                dims.append(int(self.advance().text))
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+        self.expect("]", "',' or ']' in the shape")
+        return TensorType(tuple(dims), DTYPES[tok.text])
+
+    def parse_body(self, g: Graph) -> None:
+        text = self.text
+        fast = _FAST_NODE.match
+        while True:
+            tok = self.tok
+            if tok.kind == "value" or tok.kind == "ident" and tok.text != "return":
+                # The lexer has consumed the token; the fast path restarts at its line.
+                line_start = text.rfind("\n", 0, tok.start) + 1
+                if text[line_start:tok.start].strip() == "":
+                    m = fast(text, line_start)
+                    if m is not None and self.fast_node(g, m, line_start):
+                        self.pos = m.end()
+                        self.tok = self._lex()
+                        continue
+                self.parse_node(g)
+            else:
+                return
+
+    def fast_node(self, g: Graph, m: re.Match, line_start: int) -> bool:
+        """Build a node from a fast-path match; False (nothing changed) on any doubt."""
+        from ..ops.registry import OPS
+
+        results_s, op, operands_s, attrs_s, types_s, lfile, lline, lcol = m.groups()
+        opdef = OPS.get(op)
+        if opdef is None:
+            return False
+        values = self.values
+        operands = []
+        if operands_s:
+            for s in operands_s.split(", "):
+                v = values.get(s[1:])
+                if v is None:
+                    return False
+                operands.append(v)
+        names = [s[1:] for s in results_s.split(", ")]
+        if any(n in values for n in names) or len(set(names)) != len(names):
+            return False
+        types = self.type_cache.get(types_s)
+        if types is None:
+            try:
+                types = tuple(TensorType(tuple(int(d) for d in dims.split(",")) if dims else (), DTYPES[dt])
+                              for dt, dims in _FAST_TYPE.findall(types_s))
+            except KeyError:
+                return False
+            self.type_cache[types_s] = types
+        if len(types) != len(names):
+            return False
+        if attrs_s is None:
+            attrs_s = ""
+        key = (op, attrs_s)
+        attrs = self.attr_cache.get(key)
+        if attrs is None:
+            try:
+                attrs = self.parse_attr_text(attrs_s, m.start(4) if attrs_s else 0, op)
+            except ParseError:
+                return False
+            try:
+                attrs = opdef.normalize_attrs(attrs)
+            except AttributeError_:
+                return False
+            self.attr_cache[key] = attrs
+        loc = Location(lfile, int(lline), int(lcol) if lcol else 0) if lfile is not None else None
+        node = Node(op, operands, dict(attrs), types, loc, names)
+        g.append(node)
+        ln = self.line_col(line_start)[0]
+        node.text_loc = Location(self.file, ln, m.start(2) - line_start + 1)
+        for n, r in zip(names, node.results):
+            values[n] = r
+            self.def_line[n] = ln
+        return True
+
+    def parse_attr_text(self, s: str, offset: int, op: str) -> dict:
+        """Parse the inside of an attribute dict found by the fast path."""
+        sub = _Parser.__new__(_Parser)
+        sub.text, sub.file, sub.pos, sub._line_starts = self.text, self.file, offset, self._line_starts
+        sub.tok = sub._lex()
+        sub.values = {}
+        out = {}
+        end = offset + len(s)
+        while sub.tok.start < end:
+            name, value, _ = sub.parse_attr_entry()
+            if name in out:
+                raise sub.error(f"attribute '{name}' given twice")
+            out[name] = value
+            if sub.tok.start < end:
+                sub.expect(",")
+        return out
+
+    def parse_node(self, g: Graph) -> None:
+        from ..ops.registry import get_op
+
+        start_tok = self.tok
+        result_toks: list[Token] = []
+        if self.tok.kind == "value":
+            while True:
+                result_toks.append(self.advance())
+                if self.at(","):
+                    self.advance()
+                    if self.tok.kind != "value":
+                        raise self.error(f"expected another result name, found {self.tok.describe()}")
+                    continue
+                break
+            self.expect("=", "'=' after the result name(s)")
+        op_tok = self.tok
+        if op_tok.kind != "ident":
+            raise self.error(f"expected an op name, found {op_tok.describe()}")
+        self.advance()
+        try:
+            opdef = get_op(op_tok.text)
+        except PartitaError as e:
+            raise self.error(str(e), op_tok) from None
+        self.expect("(", f"'(' and the operands of {op_tok.text}")
+        operands: list[Value] = []
+        if not self.at(")"):
+            while True:
+                if self.tok.kind != "value":
+                    raise self.error(f"expected an operand like %x, found {self.tok.describe()}")
+                operands.append(self.use(self.advance()))
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+        self.expect(")", "',' or ')' after an operand")
+        raw_attrs: dict[str, Any] = {}
+        attr_toks: dict[str, Token] = {}
+        if self.at("{"):
+            self.advance()
+            if not self.at("}"):
+                while True:
+                    name, value, ntok = self.parse_attr_entry()
+                    if name in raw_attrs:
+                        raise self.error(f"attribute '{name}' given twice", ntok)
+                    raw_attrs[name] = value
+                    attr_toks[name] = ntok
+                    if self.at(","):
+                        self.advance()
+                        continue
+                    break
+            self.expect("}", "',' or '}' in the attribute dict")
+        try:
+            attrs = opdef.normalize_attrs(raw_attrs)
+        except AttributeError_ as e:
+            bad = next((t for k, t in attr_toks.items() if f"'{k}'" in str(e)), op_tok)
+            raise self.error(str(e), bad) from None
+        types: list[TensorType] = []
+        if result_toks:
+            self.expect(":", f"':' and the result type(s) of {op_tok.text}")
+            while True:
+                types.append(self.parse_type())
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+            if len(types) != len(result_toks):
+                raise self.error(f"{op_tok.text} names {len(result_toks)} result(s) but gives "
+                                 f"{len(types)} type(s)", result_toks[0])
+        loc = None
+        if self.at("loc"):
+            loc = self.parse_loc()
+        node = Node(op_tok.text, operands, attrs, types, loc)
+        g.append(node)
+        node.text_loc = self.loc_at(op_tok.start)
+        for t, r in zip(result_toks, node.results):
+            self.define(t.text[1:], t, r)
+        del start_tok
+
+    def parse_attr_entry(self) -> tuple[str, Any, Token]:
+        ntok = self.tok
+        if ntok.kind != "ident":
+            raise self.error(f"expected an attribute name, found {ntok.describe()}")
+        self.advance()
+        self.expect("=", f"'=' after attribute name '{ntok.text}'")
+        return ntok.text, self.parse_attr_value(), ntok
+
+    def parse_attr_value(self) -> Any:
+        tok = self.tok
+        k = tok.kind
+        if k == "number":
+            self.advance()
+            return _number(tok.text)
+        if k == "string":
+            self.advance()
+            try:
+                return json.loads(tok.text)
+            except json.JSONDecodeError:
+                raise self.error("invalid escape in string", tok) from None
+        if k == "ident":
+            t = tok.text
+            if t == "dense":
+                return self.parse_dense()
+            self.advance()
+            if t == "true":
+                return True
+            if t == "false":
+                return False
+            if t == "none":
+                return None
+            if t == "inf":
+                return float("inf")
+            if t == "nan":
+                return float("nan")
+            if t in DTYPES:
+                return DTYPES[t]
+            raise self.error(f"expected an attribute value (number, true/false, \"string\", dtype, [list] or "
+                             f"dense<...>), found {tok.describe()}", tok)
+        if self.at("["):
+            self.advance()
+            items = []
+            if not self.at("]"):
+                while True:
+                    items.append(self.parse_attr_value())
+                    if self.at(","):
+                        self.advance()
+                        continue
+                    break
+            self.expect("]", "',' or ']' in the list")
+            return tuple(items)
+        raise self.error(f"expected an attribute value, found {tok.describe()}")
+
+    def parse_dense(self) -> DenseAttr:
+        self.advance()
+        self.expect("<", "'<' after dense")
+        t_tok = self.tok
+        t = self.parse_type()
+        self.expect(",", "',' between the type and the values of dense<...>")
+        v_tok = self.tok
+        lit = self.parse_attr_value()
+        self.expect(">", "'>' to close dense<...>")
+        try:
+            if isinstance(lit, tuple):
+                arr = np.array(lit, dtype=t.dtype.np) if _nested_shape(lit) is not None else None
+                if arr is None or arr.shape != t.shape:
+                    raise self.error(f"dense values have shape {list(np.shape(lit)) if arr is not None else 'ragged'} "
+                                     f"but the type says {t}", v_tok)
+            elif isinstance(lit, (int, float, bool)):
+                arr = np.full(t.shape, lit, dtype=t.dtype.np)
+            else:
+                raise self.error("expected a number or a nested list of numbers in dense<...>", v_tok)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise self.error(f"dense values do not fit {t}: {e}", v_tok) from None
+        del t_tok
+        return DenseAttr(arr)
+
+    def parse_loc(self) -> Location:
+        self.advance()
+        self.expect("(", "'(' after loc")
+        f = self.expect_kind("string", 'a quoted file name in loc("file":line)')
+        self.expect(":", "':' and a line number")
+        ln = self.expect_kind("number", "a line number")
+        col = 0
+        if self.at(":"):
+            self.advance()
+            col = int(self.expect_kind("number", "a column number").text)
+        self.expect(")", "')' to close loc(...)")
+        return Location(json.loads(f.text), int(ln.text), col)
+
+
+def _number(s: str) -> int | float:
+    if s == "-inf":
+        return float("-inf")
+    if any(c in s for c in ".eE"):
+        return float(s)
+    return int(s)
+
+
+def _nested_shape(lit) -> tuple[int, ...] | None:
+    if not isinstance(lit, tuple):
+        return ()
+    if not lit:
+        return (0,)
+    inner = [_nested_shape(x) for x in lit]
+    if any(s is None or s != inner[0] for s in inner):
+        return None
+    return (len(lit),) + inner[0]
+
+
+_DEF_USE = re.compile(r"^[ \t]*((?:%[A-Za-z0-9_.]+)(?:, %[A-Za-z0-9_.]+)*) = [A-Za-z_][A-Za-z0-9_.]*\(([^)]*)\)", re.M)
+
+
+def _find_cycle(text: str, start: str) -> list[str] | None:
+    """A def-use cycle through %start in roughly parsed text, for error messages only."""
+    deps: dict[str, list[str]] = {}
+    for m in _DEF_USE.finditer(text):
+        uses = [u.strip()[1:] for u in m.group(2).split(",") if u.strip().startswith("%")]
+        for r in m.group(1).split(", "):
+            deps[r[1:]] = uses
+    # Iterative DFS along uses, looking for a way back to %start.
+    stack: list[tuple[str, int]] = [(start, 0)]
+    seen: set[str] = {start}
+    while stack:
+        n, i = stack[-1]
+        uses = deps.get(n, [])
+        if i >= len(uses):
+            stack.pop()
+            continue
+        stack[-1] = (n, i + 1)
+        d = uses[i]
+        if d == start:
+            return list(reversed([s for s, _ in stack] + [start]))
+        if d not in seen:
+            seen.add(d)
+            stack.append((d, 0))
+    return None

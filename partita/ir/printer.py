@@ -1,0 +1,206 @@
+"""Print a Graph in the ``.pir`` text form (grammar: docs/ir.md).
+
+Result values whose name is unset or purely numeric are numbered ``%0, %1, ...`` in order;
+named values keep their names. So print -> parse -> print is the identity.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+from .attrs import DenseAttr
+from .dtypes import DType
+from .graph import Graph, Node, Value
+from .types import Location, TensorType
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+WRAP = 100
+
+
+def print_graph(graph: Graph) -> str:
+    return _Printer(graph).run()
+
+
+def print_graph_lines(graph: Graph) -> tuple[list[str], dict[Node, int]]:
+    """The printed lines and, for each node, the index of its line (for diagnostics)."""
+    p = _Printer(graph)
+    text = p.run()
+    return text.splitlines(), p.node_lines
+
+
+def format_type(t: TensorType) -> str:
+    return f"{t.dtype.name}[{','.join(map(str, t.shape))}]"
+
+
+def format_attr(v: Any) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if v is None:
+        return "none"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _format_float(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, DType):
+        return v.name
+    if isinstance(v, tuple):
+        return "[" + ", ".join(format_attr(x) for x in v) + "]"
+    if isinstance(v, DenseAttr):
+        return format_dense(v)
+    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
+
+
+def _format_float(x: float) -> str:
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    s = repr(x)
+    return s if any(c in s for c in ".en") else s + ".0"
+
+
+def format_dense(d: DenseAttr) -> str:
+    a = d.array
+    t = d.type
+    if a.size > 1 and d.is_splat():
+        body = _scalar_text(a.reshape(-1)[:1], t.dtype)[0]
+    elif a.ndim == 0:
+        body = _scalar_text(a.reshape(1), t.dtype)[0]
+    else:
+        flat = _scalar_text(a.reshape(-1), t.dtype)
+        body = _nest(flat, a.shape)
+    return f"dense<{format_type(t)}, {body}>"
+
+
+def _scalar_text(flat: np.ndarray, dt: DType) -> list[str]:
+    if dt.is_bool:
+        return ["true" if x else "false" for x in flat.tolist()]
+    if dt.is_int:
+        return [str(x) for x in flat.tolist()]
+    if dt.bits == 64:
+        return [_format_float(x) for x in flat.tolist()]
+    # f16, bf16 and f32 all embed exactly in f32: print the shortest f32 repr.
+    out = []
+    for x in flat.astype(np.float32):
+        s = str(x)
+        out.append(s if any(c in s for c in ".en") else s + ".0")
+    return out
+
+
+def _nest(flat: list[str], shape: tuple[int, ...]) -> str:
+    if len(shape) == 1:
+        return "[" + ", ".join(flat) + "]"
+    if shape[0] == 0:
+        return "[]"
+    step = len(flat) // shape[0] if shape[0] else 0
+    return "[" + ", ".join(_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])) + "]"
+
+
+def format_loc(loc: Location) -> str:
+    s = f"loc({json.dumps(loc.file)}:{loc.line}"
+    return s + (f":{loc.col})" if loc.col else ")")
+
+
+class _Printer:
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+        self.names: dict[Value, str] = {}
+        self.type_cache: dict[TensorType, str] = {}
+        self.node_lines: dict[Node, int] = {}
+
+    def type_str(self, t: TensorType) -> str:
+        s = self.type_cache.get(t)
+        if s is None:
+            s = self.type_cache[t] = format_type(t)
+        return s
+
+    def assign_names(self) -> None:
+        taken: set[str] = set()
+        names = self.names
+        for v in self.g.inputs:
+            n = v.name if v.name is not None and (_NAME_RE.match(v.name) or v.name.isdigit()) else None
+            if n is None or n in taken:
+                n = _fresh(v.name or "arg", taken)
+            names[v] = n
+            taken.add(n)
+        pending = []
+        for node in self.g.nodes:
+            for r in node.results:
+                nm = r.name
+                if nm is not None and not nm.isdigit() and _NAME_RE.match(nm) and nm not in taken:
+                    names[r] = nm
+                    taken.add(nm)
+                else:
+                    pending.append(r)
+        i = 0
+        for r in pending:
+            while str(i) in taken:
+                i += 1
+            names[r] = str(i)
+            i += 1
+
+    def run(self) -> str:
+        from ..ops.registry import OPS
+
+        self.assign_names()
+        g, names, ts = self.g, self.names, self.type_str
+        args = [f"%{names[v]}: {ts(v.type)}" + ("" if v.role == "input" else f" {v.role}") for v in g.inputs]
+        rets = ", ".join(ts(v.type) for v in g.outputs)
+        head = f"graph @{g.name}("
+        tail = f") -> ({rets}) {{"
+        one_line = head + ", ".join(args) + tail
+        if len(one_line) <= WRAP or not args:
+            lines = [one_line]
+        else:
+            lines = [head]
+            for i, a in enumerate(args):
+                lines.append("    " + a + ("," if i < len(args) - 1 else ""))
+            lines.append(tail)
+        node_lines = self.node_lines
+        for node in g.nodes:
+            node_lines[node] = len(lines)
+            lines.append(self.node_line(node, OPS.get(node.op)))
+        lines.append("  return " + ", ".join("%" + names[v] for v in g.outputs) if g.outputs else "  return")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def node_line(self, node: Node, opdef) -> str:
+        names = self.names
+        parts = ["  "]
+        if node.results:
+            parts.append(", ".join("%" + names[r] for r in node.results))
+            parts.append(" = ")
+        parts.append(node.op)
+        parts.append("(")
+        parts.append(", ".join("%" + names[v] for v in node.operands))
+        parts.append(")")
+        attrs = node.attrs
+        if attrs:
+            shown = opdef.non_default_attrs(attrs) if opdef is not None else attrs
+            if shown:
+                parts.append(" {" + ", ".join(f"{k}={format_attr(v)}" for k, v in shown.items()) + "}")
+        if node.results:
+            parts.append(" : ")
+            parts.append(", ".join(self.type_str(r.type) for r in node.results))
+        if node.loc is not None:
+            parts.append(" " + format_loc(node.loc))
+        return "".join(parts)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.]", "_", base) or "v"
+    if not _NAME_RE.match(base):
+        base = "v" + base
+    n, i = base, 0
+    while n in taken:
+        i += 1
+        n = f"{base}_{i}"
+    return n

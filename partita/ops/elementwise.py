@@ -1,0 +1,202 @@
+"""Elementwise ops: arithmetic, math functions, comparisons, logic, where and cast.
+
+Binary ops broadcast like NumPy and promote dtypes like PyTorch (``dtypes.promote``).
+Math functions on integer or bool inputs return f32 (PyTorch's default float). The NumPy
+references compute f16/bf16 in f32 and round once, as PyTorch's CPU kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from ..ir.diagnostics import TypeRuleError
+from ..ir.dtypes import DType, bool_, f32, promote
+from ..ir.types import TensorType
+from ._lazy import F, special, to_torch_dtype, torch
+from .registry import AttrSpec, OpDef, broadcast_shapes, register
+
+
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _compute_np(a: np.ndarray) -> np.ndarray:
+    """Arrays of f16/bf16 are computed in f32 (then rounded by the interpreter)."""
+    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
+
+
+def _float_of(dt: DType) -> DType:
+    return dt if dt.is_float else f32
+
+
+# --- binary arithmetic ------------------------------------------------------------------
+
+def _binary_infer(name: str, result: str = "promote"):
+    def infer(ts: list[TensorType], attrs: dict) -> TensorType:
+        a, b = ts
+        shape = broadcast_shapes(a.shape, b.shape, op=name)
+        dt = promote(a.dtype, b.dtype)
+        if result == "bool":
+            dt = bool_
+        elif result == "float":
+            dt = _float_of(dt)
+        elif result == "numeric" and dt.is_bool:
+            raise TypeRuleError(f"{name} is not defined on bool tensors; cast to an integer or float dtype first")
+        return TensorType(shape, dt)
+    return infer
+
+
+def _binary(name: str, np_fn, torch_fn, result: str = "promote", doc: str = "", **facts) -> OpDef:
+    def reference(args, attrs):
+        a, b = args
+        if result == "float" and a.dtype.kind in "biu" and b.dtype.kind in "biu":
+            a, b = a.astype(np.float32), b.astype(np.float32)
+        return np_fn(_compute_np(a), _compute_np(b))
+
+    def torch_impl(args, attrs):
+        return torch_fn(args[0], args[1])
+
+    return register(OpDef(name=name, operands=("lhs", "rhs"), infer=_binary_infer(name, result),
+                          reference=reference, torch=torch_impl, doc=doc, elementwise=True, **facts))
+
+
+def _np_pow(a, b):
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return np.power(a, np.maximum(b, 0).astype(np.result_type(a, b)))  # negative exponents: see doc
+    return np.power(a, b)
+
+
+def _torch_div(a, b):
+    return torch.div(a, b)
+
+
+_binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", commutative=True, right_identity=0.0, left_identity=0.0)
+_binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "numeric", "lhs - rhs", right_identity=0.0)
+_binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0)
+_binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0)
+_binary("pow", _np_pow, lambda a, b: torch.pow(a, b), "numeric",
+        "lhs ** rhs; for integer tensors a negative exponent is not defined (PyTorch raises)", right_identity=1.0)
+_binary("maximum", np.maximum, lambda a, b: torch.maximum(a, b), "promote", "elementwise max (NaN propagates)", commutative=True)
+_binary("minimum", np.minimum, lambda a, b: torch.minimum(a, b), "promote", "elementwise min (NaN propagates)", commutative=True)
+
+# --- comparisons and logic --------------------------------------------------------------
+
+_binary("equal", np.equal, lambda a, b: torch.eq(a, b), "bool", "lhs == rhs", commutative=True)
+_binary("not_equal", np.not_equal, lambda a, b: torch.ne(a, b), "bool", "lhs != rhs", commutative=True)
+_binary("less", np.less, lambda a, b: torch.lt(a, b), "bool", "lhs < rhs")
+_binary("less_equal", np.less_equal, lambda a, b: torch.le(a, b), "bool", "lhs <= rhs")
+_binary("greater", np.greater, lambda a, b: torch.gt(a, b), "bool", "lhs > rhs")
+_binary("greater_equal", np.greater_equal, lambda a, b: torch.ge(a, b), "bool", "lhs >= rhs")
+_binary("logical_and", np.logical_and, lambda a, b: torch.logical_and(a, b), "bool", "nonzero and nonzero", commutative=True)
+_binary("logical_or", np.logical_or, lambda a, b: torch.logical_or(a, b), "bool", "nonzero or nonzero", commutative=True)
+
+
+# --- unary ------------------------------------------------------------------------------
+
+def _unary(name: str, np_fn, torch_fn, result: str = "same", doc: str = "", attrs=(), **facts) -> OpDef:
+    """result: "same" keeps the dtype; "float" maps integers and bool to f32; "bool" gives bool;
+    "numeric" keeps the dtype but rejects bool."""
+
+    def infer(ts, a):
+        (t,) = ts
+        dt = t.dtype
+        if result == "float":
+            dt = _float_of(dt)
+        elif result == "bool":
+            dt = bool_
+        elif result == "numeric" and dt.is_bool:
+            raise TypeRuleError(f"{name} is not defined on bool tensors")
+        return TensorType(t.shape, dt)
+
+    def reference(args, a):
+        x = args[0]
+        if result == "float" and x.dtype.kind in "biu":
+            x = x.astype(np.float32)
+        return np_fn(_compute_np(x), a)
+
+    def torch_impl(args, a):
+        x = args[0]
+        if result == "float" and not x.is_floating_point():
+            x = x.to(torch.float32)
+        return torch_fn(x, a)
+
+    return register(OpDef(name=name, operands=("x",), infer=infer, reference=reference, torch=torch_impl,
+                          attrs=tuple(attrs), doc=doc, elementwise=True, **facts))
+
+
+def _np_erf(x):
+    return special.erf(x)
+
+
+def _np_gelu(x, a):
+    if a["approximate"] == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + special.erf(x / math.sqrt(2.0)))
+
+
+def _np_sigmoid(x, a=None):
+    # Stable in both tails.
+    return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x)))).astype(x.dtype)
+
+
+_unary("neg", lambda x, a: np.negative(x), lambda x, a: torch.neg(x), "numeric", "-x", involution=True)
+_unary("abs", lambda x, a: np.abs(x), lambda x, a: torch.abs(x), "numeric", "|x|", idempotent=True)
+_unary("exp", lambda x, a: np.exp(x), lambda x, a: torch.exp(x), "float", "e ** x")
+_unary("log", lambda x, a: np.log(x), lambda x, a: torch.log(x), "float", "natural logarithm")
+_unary("sqrt", lambda x, a: np.sqrt(x), lambda x, a: torch.sqrt(x), "float", "square root")
+_unary("rsqrt", lambda x, a: 1.0 / np.sqrt(x), lambda x, a: torch.rsqrt(x), "float", "1 / sqrt(x)")
+_unary("sin", lambda x, a: np.sin(x), lambda x, a: torch.sin(x), "float", "sine")
+_unary("cos", lambda x, a: np.cos(x), lambda x, a: torch.cos(x), "float", "cosine")
+_unary("tanh", lambda x, a: np.tanh(x), lambda x, a: torch.tanh(x), "float", "hyperbolic tangent")
+_unary("sigmoid", _np_sigmoid, lambda x, a: torch.sigmoid(x), "float", "1 / (1 + e ** -x)")
+_unary("relu", lambda x, a: np.maximum(x, np.zeros((), x.dtype)), lambda x, a: torch.relu(x), "numeric",
+       "max(x, 0)", idempotent=True)
+_unary("gelu", _np_gelu, lambda x, a: F.gelu(x, approximate=a["approximate"]), "float",
+       "Gaussian error linear unit; approximate='tanh' uses the tanh formula",
+       attrs=(AttrSpec("approximate", "str", "none", choices=("none", "tanh")),))
+_unary("silu", lambda x, a: x * _np_sigmoid(x), lambda x, a: F.silu(x), "float", "x * sigmoid(x)")
+_unary("erf", lambda x, a: _np_erf(x), lambda x, a: torch.erf(x), "float", "the error function")
+_unary("logical_not", lambda x, a: np.logical_not(x), lambda x, a: torch.logical_not(x), "bool",
+       "x == 0")
+
+
+# --- where and cast -----------------------------------------------------------------------
+
+def _where_infer(ts, attrs):
+    c, a, b = ts
+    if not c.dtype.is_bool:
+        raise TypeRuleError(f"where: the condition must be bool, got {c.dtype} (compare it with a value first)")
+    return TensorType(broadcast_shapes(c.shape, a.shape, b.shape, op="where"), promote(a.dtype, b.dtype))
+
+
+register(OpDef(
+    name="where", operands=("cond", "x", "y"), infer=_where_infer,
+    reference=lambda args, a: np.where(args[0], args[1], args[2]),
+    torch=lambda args, a: torch.where(args[0], args[1], args[2]),
+    doc="cond ? x : y, broadcasting all three", elementwise=True,
+))
+
+
+def _cast_reference(args, a):
+    x = args[0]
+    dt: DType = a["dtype"]
+    if dt.is_bool:
+        return x != 0
+    if dt.is_int and x.dtype.kind not in "biu":
+        # Float -> int truncates toward zero, as PyTorch does (out-of-range values are undefined).
+        return np.trunc(x.astype(np.float64)).astype(dt.np)
+    return x.astype(dt.np)
+
+
+def _cast_torch(args, a):
+    return args[0].to(to_torch_dtype(a["dtype"]))
+
+
+register(OpDef(
+    name="cast", operands=("x",), attrs=(AttrSpec("dtype", "dtype"),),
+    infer=lambda ts, a: TensorType(ts[0].shape, a["dtype"]),
+    reference=_cast_reference, torch=_cast_torch,
+    doc="convert to dtype; float to int truncates toward zero; nonzero to bool is true", elementwise=True,
+))

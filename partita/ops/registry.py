@@ -1,0 +1,321 @@
+"""The op record (``OpDef``) and the one table of ops (``OPS``).
+
+Everything partita knows about an op lives in its record: operands, typed attributes with
+defaults, effects, the type rule, the NumPy reference, the torch implementation, the cost,
+and (filled by later layers) the vjp and sharding rules. Passes ask the record; they do not
+branch on op names.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.attrs import DenseAttr
+from ..ir.diagnostics import AttributeError_, TypeRuleError, UnknownOpError, suggest
+from ..ir.dtypes import DType, DTYPES
+from ..ir.types import Location, TensorType
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+# Attribute kinds and the Python values they hold once normalized.
+ATTR_KINDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a quoted string",
+    "dtype": "a dtype name (f32, i64, ...)",
+    "ints": "a list of integers",
+    "floats": "a list of numbers",
+    "scalar": "a number or true/false",
+    "tensor": "a dense tensor literal dense<TYPE, VALUES>",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSpec:
+    """A typed attribute of an op. ``default=None`` makes the attribute optional."""
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple | None = None
+
+    def normalize(self, value: Any, op: str) -> Any:
+        """Coerce ``value`` to this attribute's canonical Python form, or raise."""
+        if value is None:
+            if self.default is None:
+                return None
+            raise AttributeError_(f"{op}: attribute '{self.name}' must be {ATTR_KINDS[self.kind]}, got none")
+        k = self.kind
+        ok = True
+        if k == "int":
+            ok = _is_int(value)
+            value = int(value) if ok else value
+        elif k == "float":
+            ok = _is_number(value)
+            value = float(value) if ok else value
+        elif k == "bool":
+            ok = isinstance(value, (bool, np.bool_))
+            value = bool(value) if ok else value
+        elif k == "str":
+            ok = isinstance(value, str)
+        elif k == "dtype":
+            if isinstance(value, str) and value in DTYPES:
+                value = DTYPES[value]
+            ok = isinstance(value, DType)
+        elif k == "ints":
+            if _is_int(value):
+                value = (value,)
+            ok = isinstance(value, (tuple, list)) and all(_is_int(v) for v in value)
+            value = tuple(int(v) for v in value) if ok else value
+        elif k == "floats":
+            ok = isinstance(value, (tuple, list)) and all(_is_number(v) for v in value)
+            value = tuple(float(v) for v in value) if ok else value
+        elif k == "scalar":
+            ok = _is_number(value) or isinstance(value, (bool, np.bool_))
+            if ok:
+                value = value.item() if isinstance(value, np.generic) else value
+        elif k == "tensor":
+            if isinstance(value, np.ndarray):
+                value = DenseAttr(value)
+            ok = isinstance(value, DenseAttr)
+        if not ok:
+            raise AttributeError_(
+                f"{op}: attribute '{self.name}' must be {ATTR_KINDS[k]}, got {format_attr_value(value)}"
+            )
+        if self.choices is not None and value not in self.choices:
+            raise AttributeError_(
+                f"{op}: attribute '{self.name}' must be one of {', '.join(map(repr, self.choices))}, got {value!r}"
+            )
+        return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def format_attr_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(format_attr_value(x) for x in v) + "]"
+    return str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Work of one op instance: floating-point operations and bytes moved."""
+
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.flops + other.flops, self.bytes_read + other.bytes_read,
+                    self.bytes_written + other.bytes_written)
+
+
+TypeRule = Callable[[list[TensorType], dict], "TensorType | list[TensorType]"]
+
+
+def default_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    """One FLOP per output element; every operand read once, every result written once."""
+    return Cost(
+        flops=sum(t.numel for t in outs),
+        bytes_read=sum(t.nbytes for t in ins),
+        bytes_written=sum(t.nbytes for t in outs),
+    )
+
+
+def movement_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    """No arithmetic: the op only moves or views data."""
+    return Cost(0, sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
+
+
+@dataclass(frozen=True, eq=False)
+class OpDef:
+    """Everything partita knows about one op.
+
+    operands: names in order; a trailing ``?`` marks an optional operand (only trailing ones
+      may be omitted); a leading ``*`` marks a variadic operand (one or more values).
+    infer: the type rule ``(operand types, attrs) -> result type(s)``; raises TypeRuleError.
+    reference: NumPy semantics ``(arrays, attrs) -> array(s)``; the oracle for every test.
+    torch: the torch executor's implementation ``(tensors, attrs) -> tensor(s)``.
+    effects: names of side effects ("rng", "collective", "io"), or a function of the attrs;
+      an op with effects is never removed, merged or reordered by a pass.
+    """
+
+    name: str
+    operands: tuple[str, ...]
+    infer: TypeRule
+    reference: Callable
+    torch: Callable
+    attrs: tuple[AttrSpec, ...] = ()
+    effects: frozenset[str] | Callable[[dict], frozenset[str]] = frozenset()
+    cost: Callable[[list[TensorType], list[TensorType], dict], Cost] = default_cost
+    doc: str = ""
+    # Algebraic facts used by canonicalization (generic rules read these; no op names).
+    commutative: bool = False
+    right_identity: float | None = None     # op(x, c) == x when c is a splat of this value
+    left_identity: float | None = None      # op(c, x) == x
+    involution: bool = False                # op(op(x)) == x
+    idempotent: bool = False                # op(op(x)) == op(x)
+    elementwise: bool = False
+    # Filled by later layers.
+    vjp: Callable | None = None
+    sharding: Callable | None = None
+    defined_at: Location | None = None
+    _attr_index: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._attr_index.update({a.name: a for a in self.attrs})
+
+    # --- operands -------------------------------------------------------------------
+    @property
+    def min_operands(self) -> int:
+        return sum(1 for o in self.operands if not o.endswith("?"))
+
+    @property
+    def variadic(self) -> bool:
+        return any(o.startswith("*") for o in self.operands)
+
+    def check_arity(self, n: int) -> None:
+        lo, hi = self.min_operands, len(self.operands)
+        if self.variadic:
+            if n < lo:
+                raise TypeRuleError(f"{self.name} takes at least {lo} operand(s) ({self._sig()}), got {n}")
+        elif not lo <= n <= hi:
+            want = str(lo) if lo == hi else f"{lo} to {hi}"
+            raise TypeRuleError(f"{self.name} takes {want} operand(s) ({self._sig()}), got {n}")
+
+    def _sig(self) -> str:
+        return ", ".join(self.operands)
+
+    # --- attributes -----------------------------------------------------------------
+    def attr_spec(self, name: str) -> AttrSpec | None:
+        return self._attr_index.get(name)
+
+    def normalize_attrs(self, attrs: dict | None) -> dict:
+        """Fill defaults, coerce values to canonical form, reject unknown/missing attributes."""
+        attrs = attrs or {}
+        for k in attrs:
+            if k not in self._attr_index:
+                known = ", ".join(a.name for a in self.attrs) or "none"
+                raise AttributeError_(
+                    f"{self.name}: unknown attribute '{k}'{suggest(k, self._attr_index)}; its attributes are: {known}"
+                )
+        out = {}
+        for spec in self.attrs:
+            if spec.name in attrs:
+                out[spec.name] = spec.normalize(attrs[spec.name], self.name)
+            elif spec.default is REQUIRED:
+                raise AttributeError_(f"{self.name}: missing required attribute '{spec.name}' ({ATTR_KINDS[spec.kind]})")
+            else:
+                out[spec.name] = spec.default
+        return out
+
+    def non_default_attrs(self, attrs: dict) -> dict:
+        """The attributes a printer needs to show: those that differ from the default."""
+        out = {}
+        for k, v in attrs.items():
+            spec = self._attr_index.get(k)
+            if spec is None or spec.default is REQUIRED or not _same(v, spec.default):
+                out[k] = v
+        return out
+
+    # --- rules ----------------------------------------------------------------------
+    def infer_types(self, types: list[TensorType], attrs: dict) -> tuple[TensorType, ...]:
+        self.check_arity(len(types))
+        out = self.infer(types, attrs)
+        return (out,) if isinstance(out, TensorType) else tuple(out)
+
+    def effects_of(self, attrs: dict) -> frozenset[str]:
+        e = self.effects
+        return e(attrs) if callable(e) else e
+
+    def cost_of(self, ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+        return self.cost(ins, outs, attrs)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    """Add ``op`` to ``OPS``, recording where it was defined. Names are unique."""
+    if op.name in OPS:
+        raise ValueError(f"op '{op.name}' registered twice (first at {OPS[op.name].defined_at})")
+    if op.defined_at is None:
+        f = sys._getframe(1)
+        object.__setattr__(op, "defined_at", Location(f.f_code.co_filename, f.f_lineno))
+    OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise UnknownOpError(f"unknown op '{name}'{suggest(name, OPS)}") from None
+
+
+# --- helpers shared by the type rules of several families ----------------------------
+
+def broadcast_shapes(*shapes: tuple[int, ...], op: str = "op") -> tuple[int, ...]:
+    """NumPy broadcasting of shapes; raises TypeRuleError naming the mismatching dims."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        off = rank - len(s)
+        for i, d in enumerate(s):
+            o = out[off + i]
+            if o == 1:
+                out[off + i] = d
+            elif d != 1 and d != o:
+                raise TypeRuleError(
+                    f"{op}: shapes {' and '.join(_fmt_shape(x) for x in shapes)} do not broadcast "
+                    f"(dim {off + i - rank} is {o} in one and {d} in another; each pair must be equal or 1)"
+                )
+    return tuple(out)
+
+
+def _fmt_shape(s: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, s)) + "]"
+
+
+def normalize_axis(axis: int, rank: int, op: str, what: str = "axis") -> int:
+    """Map a possibly negative axis into [0, rank); raise if out of range."""
+    if not -rank <= axis < rank:
+        raise TypeRuleError(f"{op}: {what} {axis} is out of range for a tensor of rank {rank} (valid: {-rank}..{rank - 1})")
+    return axis % rank
+
+
+def normalize_axes(axes, rank: int, op: str) -> tuple[int, ...]:
+    out = tuple(sorted(normalize_axis(a, rank, op) for a in axes))
+    if len(set(out)) != len(out):
+        raise TypeRuleError(f"{op}: axes {list(axes)} repeat an axis")
+    return out
+
+
+def numel(shape) -> int:
+    return prod(shape)
