@@ -81,7 +81,8 @@ def to_tensor(a: Any):
     arr = np.asarray(a)
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(arr))
+    # np.ascontiguousarray turns a 0-d array into shape (1,); np.require keeps the rank.
+    return torch.from_numpy(np.require(arr, requirements="C"))
 
 
 def to_numpy(t) -> np.ndarray:

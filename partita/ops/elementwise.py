@@ -13,9 +13,9 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
-from ..ir.dtypes import DType, bool_, f32, promote
+from ..ir.dtypes import DType, bool_, f32, from_numpy, promote
 from ..ir.types import TensorType
-from ._lazy import F, special, to_torch_dtype, torch
+from ._lazy import F, to_torch_dtype, torch
 from .registry import AttrSpec, OpDef, broadcast_shapes, register
 
 
@@ -37,6 +37,11 @@ def _binary_infer(name: str, result: str = "promote"):
     def infer(ts: list[TensorType], attrs: dict) -> TensorType:
         a, b = ts
         shape = broadcast_shapes(a.shape, b.shape, op=name)
+        if result == "no_bool" and (a.dtype.is_bool or b.dtype.is_bool):
+            which, t = ("lhs", a) if a.dtype.is_bool else ("rhs", b)
+            # PyTorch refuses even when the other operand would promote the result to a number.
+            raise TypeRuleError(f"{name} is not defined on bool tensors ({which} is {t}); cast it to an "
+                                "integer or float dtype first (use logical_not to invert a mask)")
         dt = promote(a.dtype, b.dtype)
         if result == "bool":
             dt = bool_
@@ -63,8 +68,16 @@ def _binary(name: str, np_fn, torch_fn, result: str = "promote", doc: str = "", 
 
 
 def _np_pow(a, b):
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        return np.power(a, np.maximum(b, 0).astype(np.result_type(a, b)))  # negative exponents: see doc
+    rt = np.result_type(a, b)
+    if np.issubdtype(rt, np.integer):
+        # NumPy raises on negative integer exponents; PyTorch's integer kernel computes
+        # 1 ** -n = 1, (-1) ** -n = +-1 by parity and 0 for every other base (0 included).
+        a, b = a.astype(rt), b.astype(rt)
+        neg = b < 0
+        pos = np.power(a, np.where(neg, 0, b).astype(rt))
+        odd = (b % 2) != 0
+        negexp = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(rt)
+        return np.where(neg, negexp, pos)
     return np.power(a, b)
 
 
@@ -73,11 +86,12 @@ def _torch_div(a, b):
 
 
 _binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", commutative=True, right_identity=0.0, left_identity=0.0)
-_binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "numeric", "lhs - rhs", right_identity=0.0)
+_binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "no_bool", "lhs - rhs (no bool operand)", right_identity=0.0)
 _binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0)
 _binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0)
 _binary("pow", _np_pow, lambda a, b: torch.pow(a, b), "numeric",
-        "lhs ** rhs; for integer tensors a negative exponent is not defined (PyTorch raises)", right_identity=1.0)
+        "lhs ** rhs; integer tensors follow PyTorch for negative exponents (1, +-1 for base -1, else 0)",
+        right_identity=1.0)
 _binary("maximum", np.maximum, lambda a, b: torch.maximum(a, b), "promote", "elementwise max (NaN propagates)", commutative=True)
 _binary("minimum", np.minimum, lambda a, b: torch.minimum(a, b), "promote", "elementwise min (NaN propagates)", commutative=True)
 
@@ -126,14 +140,19 @@ def _unary(name: str, np_fn, torch_fn, result: str = "same", doc: str = "", attr
                           attrs=tuple(attrs), doc=doc, elementwise=True, **facts))
 
 
+_erf_scalar = np.frompyfunc(math.erf, 1, 1)
+
+
 def _np_erf(x):
-    return special.erf(x)
+    """erf without SciPy (not a dependency): math.erf per element, exact to double
+    precision; slow, as a reference may be."""
+    return np.asarray(_erf_scalar(np.asarray(x, dtype=np.float64))).astype(x.dtype)
 
 
 def _np_gelu(x, a):
     if a["approximate"] == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1.0 + special.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + _np_erf(x / np.asarray(math.sqrt(2.0), dtype=x.dtype)))
 
 
 def _np_sigmoid(x, a=None):
@@ -171,9 +190,15 @@ def _where_infer(ts, attrs):
     return TensorType(broadcast_shapes(c.shape, a.shape, b.shape, op="where"), promote(a.dtype, b.dtype))
 
 
+def _where_reference(c, x, y):
+    # NumPy cannot promote bf16 with f16; use the type rule's dtype for both branches.
+    dt = promote(from_numpy(x.dtype), from_numpy(y.dtype)).np
+    return np.where(c, x.astype(dt, copy=False), y.astype(dt, copy=False))
+
+
 register(OpDef(
     name="where", operands=("cond", "x", "y"), infer=_where_infer,
-    reference=lambda args, a: np.where(args[0], args[1], args[2]),
+    reference=lambda args, a: _where_reference(*args),
     torch=lambda args, a: torch.where(args[0], args[1], args[2]),
     doc="cond ? x : y, broadcasting all three", elementwise=True,
 ))
