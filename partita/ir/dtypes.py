@@ -44,6 +44,13 @@ class DType:
 
     __str__ = __repr__
 
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __reduce__(self):
+        # The module constants are the only instances: unpickling returns them.
+        return (parse_dtype, (self.name,))
+
 
 bool_ = DType("bool", "bool", 8)
 u8 = DType("u8", "uint", 8)

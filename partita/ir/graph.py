@@ -9,6 +9,9 @@ Invariants every edit keeps (and checks):
 
 from __future__ import annotations
 
+import gc
+import math
+from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
 from .diagnostics import GraphEditError
@@ -16,6 +19,24 @@ from .types import Location, TensorType
 
 ROLES = ("input", "param", "state")
 _GAP = 1 << 20
+
+
+@contextmanager
+def bulk_build():
+    """Pause the cyclic garbage collector while building many IR objects at once.
+
+    Nodes and values point at each other, so every one is tracked by the collector, and
+    its full collections rescan the whole growing graph: half the time of a large parse.
+    Garbage made meanwhile is collected once the collector runs again.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Value:
@@ -57,7 +78,7 @@ class Value:
 class Node:
     """One op application: operands in, results out, typed attributes, a source location."""
 
-    __slots__ = ("op", "operands", "attrs", "results", "loc", "text_loc", "graph",
+    __slots__ = ("op", "operands", "attrs", "results", "loc", "_text_loc", "graph",
                  "_prev", "_next", "_order", "__weakref__")
 
     def __init__(self, op: str, operands: Iterable[Value], attrs: dict[str, Any] | None,
@@ -66,16 +87,49 @@ class Node:
         self.op = op
         self.operands: list[Value] = list(operands)
         self.attrs: dict[str, Any] = attrs if attrs is not None else {}
-        names = list(result_names) if result_names is not None else None
-        self.results: list[Value] = [
-            Value(t, names[i] if names else None, self, i) for i, t in enumerate(result_types)
-        ]
+        if result_names is None:
+            self.results: list[Value] = [Value(t, None, self, i) for i, t in enumerate(result_types)]
+        else:
+            names = list(result_names)
+            self.results = [Value(t, names[i] if i < len(names) else None, self, i)
+                            for i, t in enumerate(result_types)]
         self.loc = loc              # where the op came from in the model's source
-        self.text_loc: Location | None = None  # where it was parsed from, if it was
+        self._text_loc: Location | tuple | None = None
         self.graph: Graph | None = None
         self._prev: Node | None = None
         self._next: Node | None = None
         self._order = 0
+
+    @classmethod
+    def _build(cls, op: str, operands: list[Value], attrs: dict[str, Any], result_types,
+               loc: Location | None, result_names: list[str], text_pos: tuple) -> "Node":
+        """The parser's constructor: takes ownership of its lists and a lazy text location."""
+        node = cls.__new__(cls)
+        node.op = op
+        node.operands = operands
+        node.attrs = attrs
+        if len(result_types) == 1:
+            node.results = [Value(result_types[0], result_names[0], node, 0)]
+        else:
+            node.results = [Value(t, nm, node, i) for i, (t, nm) in enumerate(zip(result_types, result_names))]
+        node.loc = loc
+        node._text_loc = text_pos
+        node.graph = None
+        node._prev = node._next = None
+        node._order = 0
+        return node
+
+    @property
+    def text_loc(self) -> Location | None:
+        """Where the node was parsed from (file, line, column of the op name), if it was."""
+        t = self._text_loc
+        if type(t) is tuple:  # (file, line, col) kept by the parser; built on first use
+            t = self._text_loc = Location(*t)
+        return t
+
+    @text_loc.setter
+    def text_loc(self, loc: Location | None) -> None:
+        self._text_loc = loc
 
     @property
     def result(self) -> Value:
@@ -85,11 +139,11 @@ class Node:
 
     @property
     def prev(self) -> "Node | None":
-        return self._prev
+        return self._prev if self.graph is not None else None
 
     @property
     def next(self) -> "Node | None":
-        return self._next
+        return self._next if self.graph is not None else None
 
     def is_before(self, other: "Node") -> bool:
         return self._order < other._order
@@ -117,18 +171,28 @@ class Graph:
     # --- iteration --------------------------------------------------------------------
     @property
     def nodes(self) -> Iterator[Node]:
-        """Nodes in order; safe against erasing the node being visited."""
+        """Nodes in order; safe against erasing the node being visited or nodes after it.
+
+        The successor is taken before the visit, so nodes inserted right after the visited
+        node are not visited. An erased node keeps its old links, which is how the walk
+        skips forward past nodes erased during the visit.
+        """
         n = self._head
         while n is not None:
             nxt = n._next
             yield n
+            while nxt is not None and nxt.graph is not self:
+                nxt = nxt._next
             n = nxt
 
     def reversed_nodes(self) -> Iterator[Node]:
+        """Nodes in reverse order, with the same guarantees as ``nodes``."""
         n = self._tail
         while n is not None:
             prv = n._prev
             yield n
+            while prv is not None and prv.graph is not self:
+                prv = prv._prev
             n = prv
 
     def __len__(self) -> int:
@@ -208,15 +272,20 @@ class Graph:
         """Make every user of ``old`` (nodes and graph outputs) use ``new`` instead."""
         if old is new:
             return
+        self._check_owned(old, "the replaced value")
         self._check_owned(new, "the replacement")
         if old.type != new.type:
             raise GraphEditError(f"cannot replace {old!r} with {new!r}: types differ ({old.type} vs {new.type})")
         p = new.producer
+        if p is not None:
+            # Checked for every user first, so a refused edit leaves the graph untouched.
+            for user in old.users:
+                if not p.is_before(user):
+                    raise GraphEditError(
+                        f"cannot replace {old!r} with {new!r}: {new!r} is defined by {p.op}, "
+                        f"which is not before its new user {user.op}"
+                    )
         for user, count in list(old.users.items()):
-            if p is not None and not p.is_before(user):
-                raise GraphEditError(
-                    f"cannot replace {old!r} with {new!r}: {new!r} is defined after its new user {user.op}"
-                )
             ops = user.operands
             for i, v in enumerate(ops):
                 if v is old:
@@ -229,8 +298,11 @@ class Graph:
             old._out_uses = 0
 
     def set_operand(self, node: Node, index: int, value: Value) -> None:
+        """Make operand ``index`` of ``node`` be ``value`` (defined before ``node``)."""
         self._check_in_graph(node)
         self._check_owned(value, "an operand")
+        if not -len(node.operands) <= index < len(node.operands):
+            raise GraphEditError(f"{node.op} has {len(node.operands)} operand(s); operand index {index} is out of range")
         if value.producer is not None and not value.producer.is_before(node):
             raise GraphEditError(f"{node.op}: operand {value!r} would be used before its definition")
         old = node.operands[index]
@@ -241,6 +313,9 @@ class Graph:
     def move_before(self, anchor: Node, node: Node) -> None:
         """Move an existing node; the caller keeps the order valid (checked by ``verify``)."""
         self._check_in_graph(node)
+        self._check_in_graph(anchor)
+        if anchor is node:
+            return
         self._unlink(node)
         self._link_raw(node, anchor._prev, anchor)
 
@@ -269,13 +344,20 @@ class Graph:
                     if indeg[u] == 0:
                         heapq.heappush(ready, pos[u])
         if len(order) != len(nodes):
-            stuck = [n for n in nodes if indeg[n] > 0]
-            names = ", ".join(f"{n.op}" + (f" ({n.loc})" if n.loc else "") for n in stuck[:8])
-            raise GraphEditError(f"the graph has a cycle through {len(stuck)} node(s): {names}")
-        self._head = self._tail = None
+            stuck = {n for n in nodes if indeg[n] > 0}
+            cycle = _find_node_cycle(stuck)
+            shown = " -> ".join(_describe(n) for n in cycle + cycle[:1])
+            raise GraphEditError(f"the graph has a cycle ({len(stuck)} node(s) cannot be ordered): {shown}")
+        prev = None
         for n in order:
-            n._prev = n._next = None
-            self._link_raw(n, self._tail, None)
+            n._prev = prev
+            if prev is not None:
+                prev._next = n
+            prev = n
+        self._head = order[0] if order else None
+        self._tail = prev
+        if prev is not None:
+            prev._next = None
         self.renumber()
 
     def renumber(self) -> None:
@@ -289,18 +371,20 @@ class Graph:
         """A structural copy sharing nothing mutable (attribute values are immutable)."""
         g = Graph(self.name)
         g.loc = self.loc
-        g.weights = self.weights
+        g.weights = type(self.weights)(dict(self.weights))
         vmap: dict[Value, Value] = {}
-        for v in self.inputs:
-            vmap[v] = g.add_input(v.name, v.type, v.role)
-        for n in self.nodes:
-            m = Node(n.op, [vmap[v] for v in n.operands], dict(n.attrs),
-                     [r.type for r in n.results], n.loc, [r.name for r in n.results])
-            m.text_loc = n.text_loc
-            g.append(m)
-            for a, b in zip(n.results, m.results):
-                vmap[a] = b
-        g.set_outputs(vmap[v] for v in self.outputs)
+        with bulk_build():
+            for v in self.inputs:
+                vmap[v] = g.add_input(v.name, v.type, v.role)
+            append = g._append_unchecked
+            for n in self.nodes:
+                m = Node(n.op, [vmap[v] for v in n.operands], dict(n.attrs),
+                         [r.type for r in n.results], n.loc, [r.name for r in n.results])
+                m._text_loc = n._text_loc
+                append(m)
+                for a, b in zip(n.results, m.results):
+                    vmap[a] = b
+            g.set_outputs(vmap[v] for v in self.outputs)
         return g
 
     def structurally_equal(self, other: "Graph") -> bool:
@@ -320,8 +404,8 @@ class Graph:
         if len(self) != len(other):
             return f"node counts differ: {len(self)} vs {len(other)}"
         for i, (n, m) in enumerate(zip(self.nodes, other.nodes)):
-            if n.op != m.op or n.attrs != m.attrs or n.loc != m.loc:
-                return f"node {i} differs: {n.op}{n.attrs} vs {m.op}{m.attrs}"
+            if n.op != m.op or n.loc != m.loc or not _same_attrs(n.attrs, m.attrs):
+                return f"node {i} differs: {n.op}{n.attrs} {n.loc} vs {m.op}{m.attrs} {m.loc}"
             if len(n.operands) != len(m.operands) or any(vmap.get(a) is not b for a, b in zip(n.operands, m.operands)):
                 return f"node {i} ({n.op}) operands differ"
             if [r.type for r in n.results] != [r.type for r in m.results]:
@@ -349,12 +433,13 @@ class Graph:
         for v in node.operands:
             self._check_owned(v, f"{node.op}: operand")
         self._link_raw(node, prev, nxt)
-        for v in node.operands:
+        for i, v in enumerate(node.operands):
             p = v.producer
             if p is not None and not p._order < node._order:
                 self._unlink(node)
                 node.graph = None
-                raise GraphEditError(f"{node.op}: operand {v!r} is used before its definition")
+                raise GraphEditError(f"{node.op}: operand {i} ({v!r}, a result of {p.op}) is used before its "
+                                     f"definition; insert {node.op} after that {p.op}")
         for v in node.operands:
             v.users[node] = v.users.get(node, 0) + 1
         for r in node.results:
@@ -362,6 +447,15 @@ class Graph:
         return node
 
     def _link_raw(self, node: Node, prev: Node | None, nxt: Node | None) -> None:
+        if nxt is None:
+            node._order = prev._order + _GAP if prev is not None else _GAP
+        else:
+            lo = prev._order if prev is not None else -1
+            hi = nxt._order
+            if hi - lo >= 2:
+                node._order = (lo + hi) // 2
+            else:
+                self._relabel_around(node, prev, nxt)
         node.graph = self
         node._prev, node._next = prev, nxt
         if prev is None:
@@ -373,17 +467,76 @@ class Graph:
         else:
             nxt._prev = node
         self._count += 1
-        lo = prev._order if prev is not None else 0
-        if nxt is None:
-            node._order = lo + _GAP
+
+    def _relabel_around(self, node: Node, prev: Node | None, nxt: Node) -> None:
+        """Make room for ``node`` between ``prev`` and ``nxt`` by spreading out a few neighbours.
+
+        The classic order-maintenance scheme: find the smallest aligned label range
+        [base, base + 2**i) around the insertion point holding few enough nodes (at most
+        (2/T)**i with T = 1.5), then spread those nodes evenly over it. Repeated insertions
+        at one spot cost O(log n) relabels each (amortized), instead of renumbering the graph.
+        """
+        anchor = prev if prev is not None else nxt
+        label = anchor._order
+        left = right = anchor
+        count = 2  # the anchor and the new node
+        i = 0
+        while True:
+            i += 1
+            base = (label >> i) << i
+            end = base + (1 << i)
+            while left._prev is not None and left._prev._order >= base:
+                left = left._prev
+                count += 1
+            while right._next is not None and right._next._order < end:
+                right = right._next
+                count += 1
+            if count <= (1 << i) / 1.5 ** i:
+                break
+        step = (1 << i) // count
+        o = base
+        n: Node | None = left
+        if prev is None:
+            node._order = o
+            o += step
+        while True:
+            n._order = o
+            o += step
+            if n is prev:
+                node._order = o
+                o += step
+            if n is right:
+                break
+            n = n._next
+
+    def _append_unchecked(self, node: Node) -> Node:
+        """Append a node known to be well formed (operands owned and defined earlier).
+
+        For the parser and ``clone``, which create every value they use in order; it skips
+        the checks of ``append`` but keeps use lists and the order numbering exact.
+        """
+        tail = self._tail
+        node.graph = self
+        node._prev = tail
+        node._next = None
+        if tail is None:
+            self._head = node
+            node._order = _GAP
         else:
-            hi = nxt._order
-            if hi - lo < 2:
-                self.renumber()
-            else:
-                node._order = (lo + hi) // 2
+            tail._next = node
+            node._order = tail._order + _GAP
+        self._tail = node
+        self._count += 1
+        for v in node.operands:
+            u = v.users
+            u[node] = u.get(node, 0) + 1
+        for r in node.results:
+            r.graph = self
+        return node
 
     def _unlink(self, node: Node) -> None:
+        # The node keeps its old links: a walk over ``nodes`` that was visiting a neighbour
+        # follows them to skip past nodes erased during the visit.
         p, n = node._prev, node._next
         if p is None:
             self._head = n
@@ -393,7 +546,6 @@ class Graph:
             self._tail = p
         else:
             n._prev = p
-        node._prev = node._next = None
         self._count -= 1
 
 
@@ -407,3 +559,42 @@ def _drop_use(v: Value, node: Node) -> None:
 
 def _anonymous(name: str | None) -> bool:
     return name is None or name.isdigit()
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Attribute equality that tells 1, 1.0 and true (and 0.0 and -0.0) apart, with NaN
+    equal to NaN: the text form keeps all of these distinctions."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (a != a and b != b)
+    if type(a) is tuple:
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _same_attrs(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+
+
+def _describe(node: Node) -> str:
+    res = ", ".join(f"%{r.name}" for r in node.results if r.name is not None)
+    where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
+    return f"{res + ' = ' if res else ''}{node.op}{where}"
+
+
+def _find_node_cycle(stuck: set[Node]) -> list[Node]:
+    """One cycle among ``stuck`` (nodes left over by a topological sort), in use order."""
+    # Every stuck node has an operand produced by a stuck node, so walking from any of them
+    # along such operands must revisit a node: the part of the walk after it is a cycle.
+    n = next(iter(sorted(stuck, key=lambda x: x._order)))
+    seen: dict[Node, int] = {}
+    path: list[Node] = []
+    while n not in seen:
+        seen[n] = len(path)
+        path.append(n)
+        n = next(v.producer for v in n.operands if v.producer in stuck)
+    cycle = path[seen[n]:]
+    cycle.reverse()  # producers first: a -> b reads "a is used by b"
+    k = min(range(len(cycle)), key=lambda i: cycle[i]._order)
+    return cycle[k:] + cycle[:k]  # from the node listed first

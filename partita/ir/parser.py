@@ -17,7 +17,7 @@ import numpy as np
 from .attrs import DenseAttr
 from .diagnostics import AttributeError_, ParseError, PartitaError
 from .dtypes import DTYPES
-from .graph import ROLES, Graph, Node, Value
+from .graph import ROLES, Graph, Node, Value, bulk_build
 from .types import Location, TensorType
 
 _TOKEN = re.compile(
@@ -25,7 +25,7 @@ _TOKEN = re.compile(
      (?P<ws>(?:[ \t\r\n]+|//[^\n]*)+)
     |(?P<value>%[A-Za-z0-9_.]+)
     |(?P<gname>@[A-Za-z0-9_.]+)
-    |(?P<number>-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+(?:[eE][-+]?\d+)?|\d+)|-inf\b)
+    |(?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+)|-inf\b)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
     |(?P<string>"(?:[^"\\\n]|\\.)*")
     |(?P<arrow>->)
@@ -34,15 +34,19 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 
+_FAST_DIMS = r"\[(?:[0-9]+(?:,[0-9]+)*)?\]"
 _FAST_NODE = re.compile(
     r"[ \t]*(%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*) = ([A-Za-z_][A-Za-z0-9_.]*)"
     r"\(((?:%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*)?)\)"
-    r"(?: \{([^{}\"\n]*)\})?"
-    r" : ([a-z0-9]+\[[0-9,]*\](?:, [a-z0-9]+\[[0-9,]*\])*)"
-    r"(?: loc\(\"([^\"\\\n]*)\":(\d+)(?::(\d+))?\))?"
+    r"(?: \{((?:[^{}\"\n/]|\"[^\"\\\n]*\")*)\})?"  # no '/': a comment would hide the '}'
+    r" : ([a-z0-9]+" + _FAST_DIMS + r"(?:, [a-z0-9]+" + _FAST_DIMS + r")*)"
+    r"(?: loc\(\"([^\"\\\n]*)\":([0-9]+)(?::([0-9]+))?\))?"
     r"[ \t]*(?:\n|\Z)"
 )
 _FAST_TYPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+# A node line without loc(...) may go on in the next line (more result types, a loc): then
+# only the general path knows where the node ends.
+_CONTINUED = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*(?:,|loc\b)")
 
 
 class Token:
@@ -59,7 +63,8 @@ class Token:
 
 def parse(text: str, filename: str = "<string>") -> Graph:
     """Parse one ``graph`` from ``.pir`` text; raises ParseError with file:line:col."""
-    return _Parser(text, filename).parse_file()
+    with bulk_build():
+        return _Parser(text, filename).parse_file()
 
 
 def parse_file(path) -> Graph:
@@ -75,6 +80,8 @@ def parse_file(path) -> Graph:
         raise PartitaError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         raise PartitaError(f"{path}: not a text file ({e})") from None
+    except OSError as e:
+        raise PartitaError(f"{path}: cannot read the file ({e.strerror or e})") from None
     g = parse(text, str(path))
     wpath = path.with_suffix(".safetensors")
     if wpath.exists():
@@ -87,12 +94,13 @@ class _Parser:
         self.text = text
         self.file = filename
         self.pos = 0
-        self.tok: Token = self._lex()
         self.values: dict[str, Value] = {}
         self.def_line: dict[str, int] = {}
+        self.defining: list[Token] = []  # result names of the node being parsed
         self.type_cache: dict[str, tuple[TensorType, ...]] = {}
-        self.attr_cache: dict[tuple[str, str], dict] = {}
+        self.attr_cache: dict[str | tuple[str, str], dict] = {}
         self._line_starts: list[int] | None = None
+        self.tok: Token = self._lex()  # last: lexing the first token can already fail
 
     # --- lexing -------------------------------------------------------------------------
     def _lex(self) -> Token:
@@ -102,11 +110,14 @@ class _Parser:
             pos = m.end()
             m = _TOKEN.match(text, pos)
         if pos >= len(text):
+            # End of input is reported where the text stops, not after trailing blank lines.
+            at = len(text.rstrip())
             self.pos = pos
-            return Token("eof", "", pos, pos)
+            return Token("eof", "", at, at)
         if m is None:
             ch = text[pos]
-            what = "an unterminated string" if ch == '"' else f"unexpected character {ch!r}"
+            what = ("unterminated string: add the closing '\"' before the end of the line" if ch == '"'
+                    else f"unexpected character {ch!r}")
             raise self.error_at(pos, what)
         self.pos = m.end()
         return Token(m.lastgroup or "", m.group(), m.start(), m.end())
@@ -197,6 +208,7 @@ class _Parser:
         self.expect("{", "'{' to open the graph body")
         self.parse_body(g)
         ret = self.tok
+        self.defining = []
         self.expect("return", "a node or 'return'")
         outs: list[Value] = []
         if self.tok.kind == "value":
@@ -229,17 +241,22 @@ class _Parser:
         self.define(name, tok, g.add_input(name, t, role))
 
     def define(self, name: str, tok: Token, v: Value) -> None:
-        if name in self.values:
-            first = self.def_line[name]
+        old = self.values.get(name)
+        if old is not None:
+            p = old.producer
+            first = p.text_loc.line if p is not None and p.text_loc is not None else self.def_line.get(name, "?")
             raise self.error(f"%{name} is defined twice (first at line {first}); SSA values are defined once", tok)
         self.values[name] = v
-        self.def_line[name] = self.line_col(tok.start)[0]
+        if v.producer is None:
+            self.def_line[name] = self.line_col(tok.start)[0]
         v.name = name
 
     def use(self, tok: Token) -> Value:
         name = tok.text[1:]
         v = self.values.get(name)
         if v is None:
+            if any(t.text == tok.text for t in self.defining):
+                raise self.error(f"%{name} is used in its own definition; a value cannot depend on itself", tok)
             raise self.error(self.undefined_message(name), tok)
         return v
 
@@ -283,76 +300,95 @@ class _Parser:
 
     def parse_body(self, g: Graph) -> None:
         text = self.text
-        fast = _FAST_NODE.match
         while True:
             tok = self.tok
             if tok.kind == "value" or tok.kind == "ident" and tok.text != "return":
                 # The lexer has consumed the token; the fast path restarts at its line.
                 line_start = text.rfind("\n", 0, tok.start) + 1
                 if text[line_start:tok.start].strip() == "":
-                    m = fast(text, line_start)
-                    if m is not None and self.fast_node(g, m, line_start):
-                        self.pos = m.end()
+                    end = self.fast_nodes(g, line_start)
+                    if end != line_start:
+                        self.pos = end
                         self.tok = self._lex()
                         continue
                 self.parse_node(g)
             else:
                 return
 
-    def fast_node(self, g: Graph, m: re.Match, line_start: int) -> bool:
-        """Build a node from a fast-path match; False (nothing changed) on any doubt."""
+    def fast_nodes(self, g: Graph, pos: int) -> int:
+        """Parse consecutive node lines in the printer's layout from ``pos``.
+
+        Returns where the first line that is not a plain node line starts (``pos`` if none
+        was). A line is left to the general path on any doubt, with nothing changed, so the
+        general path alone decides what is an error and how it reads.
+        """
         from ..ops.registry import OPS
 
-        results_s, op, operands_s, attrs_s, types_s, lfile, lline, lcol = m.groups()
-        opdef = OPS.get(op)
-        if opdef is None:
-            return False
-        values = self.values
-        operands = []
-        if operands_s:
-            for s in operands_s.split(", "):
-                v = values.get(s[1:])
-                if v is None:
-                    return False
-                operands.append(v)
-        names = [s[1:] for s in results_s.split(", ")]
-        if any(n in values for n in names) or len(set(names)) != len(names):
-            return False
-        types = self.type_cache.get(types_s)
-        if types is None:
-            try:
-                types = tuple(TensorType(tuple(int(d) for d in dims.split(",")) if dims else (), DTYPES[dt])
-                              for dt, dims in _FAST_TYPE.findall(types_s))
-            except KeyError:
-                return False
-            self.type_cache[types_s] = types
-        if len(types) != len(names):
-            return False
-        if attrs_s is None:
-            attrs_s = ""
-        key = (op, attrs_s)
-        attrs = self.attr_cache.get(key)
-        if attrs is None:
-            try:
-                attrs = self.parse_attr_text(attrs_s, m.start(4) if attrs_s else 0, op)
-            except ParseError:
-                return False
-            try:
-                attrs = opdef.normalize_attrs(attrs)
-            except AttributeError_:
-                return False
-            self.attr_cache[key] = attrs
-        loc = Location(lfile, int(lline), int(lcol) if lcol else 0) if lfile is not None else None
-        node = Node(op, operands, dict(attrs), types, loc, names)
-        g.append(node)
-        ln = self.line_col(line_start)[0]
-        node.text_loc = Location(self.file, ln, m.start(2) - line_start + 1)
-        for n, r in zip(names, node.results):
-            values[n] = r
-            self.def_line[n] = ln
-        return True
+        text, match, values = self.text, _FAST_NODE.match, self.values
+        startswith, continued = text.startswith, _CONTINUED.match
+        type_cache, attr_cache, file = self.type_cache, self.attr_cache, self.file
+        append, build = g._append_unchecked, Node._build
+        ln = 0
+        while True:
+            m = match(text, pos)
+            if m is None:
+                return pos
+            results_s, op, operands_s, attrs_s, types_s, lfile, lline, lcol = m.groups()
+            end = m.end()
+            if lfile is None and not startswith("  %", end) and continued(text, end):
+                return pos
+            opdef = OPS.get(op)
+            if opdef is None:
+                return pos
+            operands = []
+            if operands_s:
+                for o in operands_s.split(", "):
+                    v = values.get(o[1:])
+                    if v is None:
+                        return pos
+                    operands.append(v)
+            if ", " in results_s:
+                names = [r[1:] for r in results_s.split(", ")]
+                if any(n in values for n in names) or len(set(names)) != len(names):
+                    return pos
+            else:
+                names = [results_s[1:]]
+                if names[0] in values:
+                    return pos
+            types = type_cache.get(types_s)
+            if types is None:
+                try:
+                    types = tuple(TensorType(tuple(map(int, dims.split(","))) if dims else (), DTYPES[dt])
+                                  for dt, dims in _FAST_TYPE.findall(types_s))
+                except KeyError:
+                    return pos
+                type_cache[types_s] = types
+            if len(types) != len(names):
+                return pos
+            key = op if attrs_s is None else (op, attrs_s)
+            attrs = attr_cache.get(key)
+            if attrs is None:
+                try:
+                    raw = self.parse_attr_text(attrs_s, m.start(4)) if attrs_s else {}
+                    attrs = opdef.normalize_attrs(raw)
+                except (ParseError, AttributeError_):
+                    return pos
+                attr_cache[key] = attrs
+            loc = Location(lfile, int(lline), int(lcol) if lcol else 0) if lfile is not None else None
+            if not ln:
+                ln = self.line_col(pos)[0]
+            node = build(op, operands, attrs.copy(), types, loc, names, (file, ln, m.start(2) - pos + 1))
+            append(node)
+            res = node.results
+            if len(res) == 1:
+                values[names[0]] = res[0]
+            else:
+                for n, r in zip(names, res):
+                    values[n] = r
+            pos = end
+            ln += 1
 
-    def parse_attr_text(self, s: str, offset: int, op: str) -> dict:
+    def parse_attr_text(self, s: str, offset: int) -> dict:
         """Parse the inside of an attribute dict found by the fast path."""
         sub = _Parser.__new__(_Parser)
         sub.text, sub.file, sub.pos, sub._line_starts = self.text, self.file, offset, self._line_starts
@@ -360,19 +396,18 @@ class _Parser:
         sub.values = {}
         out = {}
         end = offset + len(s)
-        while sub.tok.start < end:
+        while True:
             name, value, _ = sub.parse_attr_entry()
             if name in out:
                 raise sub.error(f"attribute '{name}' given twice")
             out[name] = value
-            if sub.tok.start < end:
-                sub.expect(",")
-        return out
+            if sub.tok.start >= end:
+                return out
+            sub.expect(",")
 
     def parse_node(self, g: Graph) -> None:
         from ..ops.registry import get_op
 
-        start_tok = self.tok
         result_toks: list[Token] = []
         if self.tok.kind == "value":
             while True:
@@ -384,6 +419,7 @@ class _Parser:
                     continue
                 break
             self.expect("=", "'=' after the result name(s)")
+        self.defining = result_toks
         op_tok = self.tok
         if op_tok.kind != "ident":
             raise self.error(f"expected an op name, found {op_tok.describe()}")
@@ -441,11 +477,10 @@ class _Parser:
         if self.at("loc"):
             loc = self.parse_loc()
         node = Node(op_tok.text, operands, attrs, types, loc)
-        g.append(node)
         node.text_loc = self.loc_at(op_tok.start)
+        g._append_unchecked(node)
         for t, r in zip(result_toks, node.results):
             self.define(t.text[1:], t, r)
-        del start_tok
 
     def parse_attr_entry(self) -> tuple[str, Any, Token]:
         ntok = self.tok
@@ -463,10 +498,7 @@ class _Parser:
             return _number(tok.text)
         if k == "string":
             self.advance()
-            try:
-                return json.loads(tok.text)
-            except json.JSONDecodeError:
-                raise self.error("invalid escape in string", tok) from None
+            return self.string_value(tok)
         if k == "ident":
             t = tok.text
             if t == "dense":
@@ -500,28 +532,53 @@ class _Parser:
             return tuple(items)
         raise self.error(f"expected an attribute value, found {tok.describe()}")
 
+    def string_value(self, tok: Token) -> str:
+        try:
+            return json.loads(tok.text, strict=False)
+        except json.JSONDecodeError as e:
+            raise self.error_at(tok.start + e.pos, f"invalid escape in string ({e.msg}); "
+                                                   "use JSON escapes such as \\n, \\\" or \\u00e9") from None
+
     def parse_dense(self) -> DenseAttr:
         self.advance()
         self.expect("<", "'<' after dense")
-        t_tok = self.tok
         t = self.parse_type()
         self.expect(",", "',' between the type and the values of dense<...>")
         v_tok = self.tok
         lit = self.parse_attr_value()
         self.expect(">", "'>' to close dense<...>")
+        dt = t.dtype
+        if isinstance(lit, tuple):
+            shape = _nested_shape(lit)
+            if shape is None:
+                raise self.error(f"dense values are a ragged nested list; the type says {t}", v_tok)
+            if shape != t.shape and not (t.numel == 0 and _count_leaves(lit) == 0):
+                raise self.error(f"dense values have shape {list(shape)} but the type says {t}", v_tok)
+            leaves = list(_leaves(lit))
+        else:
+            leaves = [lit]
+        want = "true or false" if dt.is_bool else "integers" if dt.is_int else "numbers"
+        for x in leaves:
+            ok = (type(x) is bool if dt.is_bool else type(x) is int if dt.is_int
+                  else type(x) in (int, float))
+            if not ok:
+                shown = "a list" if isinstance(x, tuple) else _show_literal(x)
+                raise self.error(f"dense<{t}> takes {want}, found {shown}", v_tok)
         try:
-            if isinstance(lit, tuple):
-                arr = np.array(lit, dtype=t.dtype.np) if _nested_shape(lit) is not None else None
-                if arr is None or arr.shape != t.shape:
-                    raise self.error(f"dense values have shape {list(np.shape(lit)) if arr is not None else 'ragged'} "
-                                     f"but the type says {t}", v_tok)
-            elif isinstance(lit, (int, float, bool)):
-                arr = np.full(t.shape, lit, dtype=t.dtype.np)
-            else:
-                raise self.error("expected a number or a nested list of numbers in dense<...>", v_tok)
-        except (ValueError, TypeError, OverflowError) as e:
+            with np.errstate(over="raise"):
+                if isinstance(lit, tuple):
+                    arr = np.array(leaves, dtype=dt.np).reshape(t.shape)
+                else:
+                    arr = np.full(t.shape, lit, dtype=dt.np)
+        except (ValueError, TypeError, OverflowError, FloatingPointError) as e:
             raise self.error(f"dense values do not fit {t}: {e}", v_tok) from None
-        del t_tok
+        if dt.is_float and dt.bits < 64:
+            finite = np.array([x for x in leaves if isinstance(x, (int, float)) and abs(x) != float("inf")
+                               and x == x], dtype=np.float64)
+            with np.errstate(over="ignore"):
+                overflow = finite.size and not np.all(np.isfinite(finite.astype(dt.np)))
+            if overflow:
+                raise self.error(f"dense values do not fit {t}: a value is out of range for {dt}", v_tok)
         return DenseAttr(arr)
 
     def parse_loc(self) -> Location:
@@ -529,13 +586,20 @@ class _Parser:
         self.expect("(", "'(' after loc")
         f = self.expect_kind("string", 'a quoted file name in loc("file":line)')
         self.expect(":", "':' and a line number")
-        ln = self.expect_kind("number", "a line number")
+        ln = self.expect_count("a line number")
         col = 0
         if self.at(":"):
             self.advance()
-            col = int(self.expect_kind("number", "a column number").text)
+            col = self.expect_count("a column number")
         self.expect(")", "')' to close loc(...)")
-        return Location(json.loads(f.text), int(ln.text), col)
+        return Location(self.string_value(f), ln, col)
+
+    def expect_count(self, what: str) -> int:
+        tok = self.tok
+        if tok.kind != "number" or not tok.text.isdigit():
+            raise self.error(f"expected {what} (a non-negative integer), found {tok.describe()}")
+        self.advance()
+        return int(tok.text)
 
 
 def _number(s: str) -> int | float:
@@ -544,6 +608,26 @@ def _number(s: str) -> int | float:
     if any(c in s for c in ".eE"):
         return float(s)
     return int(s)
+
+
+def _leaves(lit):
+    if isinstance(lit, tuple):
+        for x in lit:
+            yield from _leaves(x)
+    else:
+        yield lit
+
+
+def _count_leaves(lit) -> int:
+    return sum(1 for _ in _leaves(lit))
+
+
+def _show_literal(x) -> str:
+    if x is True or x is False:
+        return "true" if x else "false"
+    if isinstance(x, str):
+        return json.dumps(x)
+    return "none" if x is None else str(x)
 
 
 def _nested_shape(lit) -> tuple[int, ...] | None:

@@ -173,26 +173,30 @@ class _Printer:
         return "\n".join(lines) + "\n"
 
     def node_line(self, node: Node, opdef) -> str:
-        names = self.names
-        parts = ["  "]
-        if node.results:
-            parts.append(", ".join("%" + names[r] for r in node.results))
-            parts.append(" = ")
-        parts.append(node.op)
-        parts.append("(")
-        parts.append(", ".join("%" + names[v] for v in node.operands))
-        parts.append(")")
+        names, ts = self.names, self.type_str
+        ops = node.operands
+        if len(ops) == 1:
+            args = "%" + names[ops[0]]
+        else:
+            args = ", ".join(["%" + names[v] for v in ops])
         attrs = node.attrs
+        attr_s = ""
         if attrs:
             shown = opdef.non_default_attrs(attrs) if opdef is not None else attrs
             if shown:
-                parts.append(" {" + ", ".join(f"{k}={format_attr(v)}" for k, v in shown.items()) + "}")
-        if node.results:
-            parts.append(" : ")
-            parts.append(", ".join(self.type_str(r.type) for r in node.results))
+                attr_s = " {" + ", ".join([f"{k}={format_attr(v)}" for k, v in shown.items()]) + "}"
+        res = node.results
+        if len(res) == 1:
+            r = res[0]
+            line = f"  %{names[r]} = {node.op}({args}){attr_s} : {ts(r.type)}"
+        elif res:
+            line = (f"  {', '.join(['%' + names[r] for r in res])} = {node.op}({args}){attr_s} : "
+                    f"{', '.join([ts(r.type) for r in res])}")
+        else:
+            line = f"  {node.op}({args}){attr_s}"
         if node.loc is not None:
-            parts.append(" " + format_loc(node.loc))
-        return "".join(parts)
+            line += " " + format_loc(node.loc)
+        return line
 
 
 def _fresh(base: str, taken: set[str]) -> str:

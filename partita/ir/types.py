@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 from .dtypes import DType
@@ -14,10 +14,20 @@ class TensorType:
 
     shape: tuple[int, ...]
     dtype: DType
+    # Types are dict keys everywhere (type-rule caches, CSE); the hash is computed once.
+    # It uses only ints, so it is the same in every process and safe to pickle.
+    _hash: int = field(default=-1, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if type(self.shape) is not tuple:
             object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def __hash__(self) -> int:
+        h = self._hash
+        if h == -1:
+            h = hash((self.shape, self.dtype.bits, self.dtype.kind == "float"))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def rank(self) -> int:

@@ -7,105 +7,148 @@ are cached per (op, operand types, attributes): real graphs repeat the same sign
 from __future__ import annotations
 
 from .diagnostics import PartitaError, VerifyError
-from .graph import ROLES, Graph, Node, Value
+from .graph import ROLES, Graph, Node, Value, _describe
 
 
 def verify(graph: Graph) -> Graph:
     """Check every IR invariant of ``graph``; return it unchanged or raise VerifyError."""
     from ..ops.registry import OPS
 
+    nm = _ValueNames(graph)
     defined: set[Value] = set()
     names: dict[str, Value] = {}
     for v in graph.inputs:
         if v.role not in ROLES:
-            raise VerifyError(f"@{graph.name}: input %{v.name} has role '{v.role}'; expected one of {', '.join(ROLES)}")
+            raise VerifyError(f"@{graph.name}: input {nm(v)} has role '{v.role}'; expected one of {', '.join(ROLES)}")
         if v.producer is not None or v.graph is not graph:
-            raise VerifyError(f"@{graph.name}: input %{v.name} is not owned by the graph")
+            raise VerifyError(f"@{graph.name}: input {nm(v)} is not owned by the graph")
         if v.name in names:
             raise VerifyError(f"@{graph.name}: two inputs are named %{v.name}; input names must be unique")
         names[v.name] = v
         defined.add(v)
 
     infer_cache: dict = {}
-    use_counts: dict[Value, dict[Node, int]] = {}
+    # For each value, the number of distinct nodes using it; each user's count is checked
+    # against the node's operand list as the node is visited.
+    user_nodes: dict[Value, int] = {}
     last_order = None
     count = 0
     for node in graph.nodes:
         count += 1
         if node.graph is not graph:
-            raise _node_error(graph, node, "is linked into the graph but does not belong to it")
+            raise _node_error(graph, node, nm, "is linked into the graph but does not belong to it")
         if last_order is not None and node._order <= last_order:
             graph.renumber()
         last_order = node._order
-        opdef = OPS.get(node.op)
+        op = node.op
+        opdef = OPS.get(op)
         if opdef is None:
             from .diagnostics import suggest
 
-            raise _node_error(graph, node, f"uses unknown op '{node.op}'{suggest(node.op, OPS)}")
-        for i, v in enumerate(node.operands):
+            raise _node_error(graph, node, nm, f"uses unknown op '{op}'{suggest(op, OPS)}")
+        operands = node.operands
+        for i, v in enumerate(operands):
             if v not in defined:
                 if v.graph is not graph:
                     what = "a value from another graph (or an erased node)"
                 else:
                     what = "a value defined later (use before definition)"
-                raise _node_error(graph, node, f"operand {i} (%{v.name}) is {what}; "
+                raise _node_error(graph, node, nm, f"operand {i} ({nm(v)}) is {what}; "
                                                "every operand must be defined before its use")
-            uc = use_counts.get(v)
-            if uc is None:
-                use_counts[v] = {node: 1}
-            else:
-                uc[node] = uc.get(node, 0) + 1
+        if len(operands) == 1:
+            counts = {operands[0]: 1}
+        else:
+            counts = {}
+            for v in operands:
+                counts[v] = counts.get(v, 0) + 1
+        for v, c in counts.items():
+            uses = v.users.get(node)
+            if uses != c:
+                raise _node_error(graph, node, nm, f"operand {nm(v)} has a stale use list (it records "
+                                               f"{uses or 0} use(s) by this node, the node has {c})")
+            user_nodes[v] = user_nodes.get(v, 0) + 1
+        attrs = node.attrs
         try:
-            key = (node.op, tuple(v.type for v in node.operands), tuple(node.attrs.items()))
-            hash(key)
+            key = (op, tuple([v.type for v in operands]), tuple(attrs.items()) if attrs else ())
+            want = infer_cache.get(key)
         except TypeError:
-            raise _node_error(graph, node, "has an attribute value that is not immutable "
+            raise _node_error(graph, node, nm, "has an attribute value that is not immutable "
                                            "(use tuples, not lists; DenseAttr, not arrays)") from None
-        want = infer_cache.get(key)
         if want is None:
             try:
-                norm = opdef.normalize_attrs(node.attrs)
-                if norm != node.attrs or any(type(norm[k]) is not type(node.attrs[k]) for k in norm):
-                    raise VerifyError(f"attributes {node.attrs} are not in normal form (expected {norm})")
-                want = opdef.infer_types([v.type for v in node.operands], node.attrs)
+                norm = opdef.normalize_attrs(attrs)
+                if norm != attrs or any(type(norm[k]) is not type(attrs[k]) for k in norm):
+                    raise VerifyError(f"attributes {attrs} are not in normal form (expected {norm})")
+                want = opdef.infer_types([v.type for v in operands], attrs)
             except PartitaError as e:
-                raise _node_error(graph, node, f"is invalid: {e}") from None
+                raise _node_error(graph, node, nm, f"is invalid: {e}") from None
             infer_cache[key] = want
-        got = tuple(r.type for r in node.results)
-        if got != want:
-            if len(got) != len(want):
-                msg = f"has {len(got)} result(s) but {node.op} produces {len(want)}"
-            else:
-                msg = ("has result type(s) " + ", ".join(map(str, got)) +
-                       f" but the type rule of {node.op} gives " + ", ".join(map(str, want)))
-            raise _node_error(graph, node, msg)
-        for r in node.results:
+        results = node.results
+        if len(results) == 1 and len(want) == 1:
+            r = results[0]
+            if r.type is not want[0] and r.type != want[0]:
+                raise _node_error(graph, node, nm, f"has result type(s) {r.type} but the type rule of {op} gives {want[0]}")
+        else:
+            got = tuple(r.type for r in results)
+            if got != want:
+                if len(got) != len(want):
+                    msg = f"has {len(got)} result(s) but {op} produces {len(want)}"
+                else:
+                    msg = ("has result type(s) " + ", ".join(map(str, got)) +
+                           f" but the type rule of {op} gives " + ", ".join(map(str, want)))
+                raise _node_error(graph, node, nm, msg)
+        for r in results:
             if r.producer is not node or r.graph is not graph:
-                raise _node_error(graph, node, f"result %{r.name} is not linked to its node")
+                raise _node_error(graph, node, nm, f"result {nm(r)} is not linked to its node")
             defined.add(r)
     if count != len(graph):
         raise VerifyError(f"@{graph.name}: node count {len(graph)} disagrees with the node list ({count})")
 
     for v in defined:
-        if v.users != use_counts.get(v, {}):
-            raise VerifyError(f"@{graph.name}: the use list of %{v.name} is stale "
-                              f"(records {sum(v.users.values())} use(s), the graph has "
-                              f"{sum(use_counts.get(v, {}).values())})")
+        if len(v.users) != user_nodes.get(v, 0):
+            stale = [u for u in v.users if u.graph is not graph or v not in u.operands]
+            what = ", ".join(_describe(u) for u in stale[:3]) or "?"
+            raise VerifyError(f"@{graph.name}: the use list of {nm(v)} is stale: it records "
+                              f"{len(v.users)} user node(s), the graph has {user_nodes.get(v, 0)} "
+                              f"(users that are not in the graph or do not use it: {what})")
     out_counts: dict[Value, int] = {}
     for i, v in enumerate(graph.outputs):
         if v not in defined:
-            raise VerifyError(f"@{graph.name}: output {i} (%{v.name}) is not defined in the graph")
+            raise VerifyError(f"@{graph.name}: output {i} ({nm(v)}) is not defined in the graph")
         out_counts[v] = out_counts.get(v, 0) + 1
     for v in defined:
         if v._out_uses != out_counts.get(v, 0):
-            raise VerifyError(f"@{graph.name}: the output count of %{v.name} is stale")
+            raise VerifyError(f"@{graph.name}: the output count of {nm(v)} is stale "
+                              f"(records {v._out_uses}, the graph outputs it {out_counts.get(v, 0)} time(s))")
     return graph
 
 
-def _node_error(graph: Graph, node: Node, msg: str) -> VerifyError:
+class _ValueNames:
+    """Names of values as the printer shows them (``%0`` for an unnamed value), computed
+    only when an error needs them, so messages match the IR printed under them."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.names: dict[Value, str] | None = None
+
+    def __call__(self, v: Value) -> str:
+        if self.names is None:
+            from .printer import _Printer
+
+            p = _Printer(self.graph)
+            try:
+                p.assign_names()
+            except Exception:  # a broken graph must still get its message
+                pass
+            self.names = p.names
+        n = self.names.get(v)
+        return "%" + (n if n is not None else v.name if v.name is not None else "?")
+
+
+def _node_error(graph: Graph, node: Node, nm: _ValueNames, msg: str) -> VerifyError:
     where = node.text_loc or node.loc
     head = f"{where}: " if where else ""
-    res = ", ".join(f"%{r.name}" for r in node.results if r.name is not None)
+    res = ", ".join(nm(r) for r in node.results)
     what = f"node {res + ' = ' if res else ''}{node.op}"
     src = f" (from {node.loc})" if node.loc and node.text_loc else ""
     return VerifyError(f"{head}error: {what}{src} {msg}\n{ir_context(graph, node)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from math import prod
 from pathlib import Path
 from typing import Iterator, MutableMapping
 
@@ -36,7 +37,11 @@ class Weights(MutableMapping[str, np.ndarray]):
         return self._arrays[name]
 
     def __setitem__(self, name: str, value) -> None:
+        if not isinstance(name, str):
+            raise WeightsError(f"weight names are strings, got {name!r}")
         arr = np.asarray(value)
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         try:
             from_numpy(arr.dtype)
         except KeyError:
@@ -60,20 +65,23 @@ class Weights(MutableMapping[str, np.ndarray]):
         return sum(a.nbytes for a in self._arrays.values())
 
     def save(self, path: str | os.PathLike) -> None:
+        """Write a safetensors file atomically (a ``.tmp`` file beside it, then a rename)."""
         save_safetensors(path, self._arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Weights":
+        """Read a safetensors file; raises WeightsError if it is missing or corrupt."""
         return cls(load_safetensors(path))
 
 
 def save_safetensors(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``arrays`` as a safetensors file; the old file stays intact until the rename."""
     path = Path(path)
     header: dict[str, dict] = {}
     offset = 0
     blobs = []
     for name, arr in arrays.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(arr).reshape(np.shape(arr))  # keeps rank 0 (ascontiguousarray makes it 1)
         dt: DType = from_numpy(arr.dtype)
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
         header[name] = {"dtype": _ST_NAMES[dt.name], "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
@@ -82,21 +90,32 @@ def save_safetensors(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> 
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for b in blobs:
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)
+            for b in blobs:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise WeightsError(f"{path}: cannot write the weights file ({e.strerror or e})") from None
 
 
 def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a safetensors file into arrays; every defect is a WeightsError naming the file."""
     path = Path(path)
     if not path.exists():
         raise WeightsError(f"{path}: weights file not found")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read the weights file ({e.strerror or e})") from None
     if len(raw) < 8:
         raise WeightsError(f"{path}: not a safetensors file (only {len(raw)} bytes)")
     (n,) = struct.unpack("<Q", raw[:8])
@@ -115,14 +134,21 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
             continue
         try:
             dt = DTYPES[_FROM_ST[info["dtype"]]]
-            shape = tuple(int(d) for d in info["shape"])
-            start, end = (int(x) for x in info["data_offsets"])
+            shape = tuple(_nonneg_int(d) for d in info["shape"])
+            start, end = (_nonneg_int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise WeightsError(f"{path}: tensor '{name}' has an invalid or unsupported entry {info!r}") from None
-        count = int(np.prod(shape, dtype=np.int64))
+        count = prod(shape)
         if not 0 <= start <= end <= len(data) or end - start != count * dt.itemsize:
             raise WeightsError(f"{path}: tensor '{name}' has data offsets {start}..{end} that do not fit its shape "
                                f"{list(shape)} or the file ({len(data)} data bytes): truncated or corrupt")
         arr = np.frombuffer(data[start:end], dtype=dt.np.newbyteorder("<") if dt.itemsize > 1 else dt.np)
         out[name] = arr.astype(dt.np, copy=True).reshape(shape)
     return out
+
+
+def _nonneg_int(x) -> int:
+    # JSON true/false and floats are not sizes; int() would quietly accept them.
+    if type(x) is not int or x < 0:
+        raise ValueError(x)
+    return x

@@ -255,6 +255,9 @@ class OpDef:
 
 
 def _same(a: Any, b: Any) -> bool:
+    # -0.0 is not the default 0.0: dropping it from the text would lose its sign.
+    if type(a) is float and type(b) is float:
+        return a == b and str(a) == str(b)
     return type(a) is type(b) and a == b
 
 

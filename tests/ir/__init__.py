@@ -1,0 +1,1 @@
+"""Tests of the IR layer: dtypes, the graph, its text form, the verifier, weights."""
