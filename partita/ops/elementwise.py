@@ -177,8 +177,10 @@ _unary("gelu", _np_gelu, lambda x, a: F.gelu(x, approximate=a["approximate"]), "
        attrs=(AttrSpec("approximate", "str", "none", choices=("none", "tanh")),))
 _unary("silu", lambda x, a: x * _np_sigmoid(x), lambda x, a: F.silu(x), "float", "x * sigmoid(x)")
 _unary("erf", lambda x, a: _np_erf(x), lambda x, a: torch.erf(x), "float", "the error function")
+# An involution on bool tensors; on others not(not(x)) is bool, not x's type, so no
+# rewrite can use the fact there (a rewrite must keep the type).
 _unary("logical_not", lambda x, a: np.logical_not(x), lambda x, a: torch.logical_not(x), "bool",
-       "x == 0")
+       "x == 0", involution=True)
 
 
 # --- where and cast -----------------------------------------------------------------------
