@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import partita  # noqa: F401  (registers every op)
 from partita.ir import Builder, Graph, PartitaError, TensorType, verify
 from partita.ir.attrs import DenseAttr
-from partita.ir.dtypes import DTYPES, DType, f32
+from partita.ir.dtypes import DTYPES, f32
 from partita.ir.graph import Value
 from partita.ops.registry import OPS
 
@@ -282,7 +282,3 @@ def assert_same_outputs(before: Sequence[np.ndarray], after: Sequence[np.ndarray
         assert np.array_equal(nan_x, nan_y), f"{what}: output {i} has NaN at different positions:\n{a}\nvs\n{b}"
         assert np.allclose(x[~nan_x], y[~nan_y], rtol=rtol, atol=atol), \
             f"{what}: output {i} differs beyond rtol={rtol}, atol={atol}:\n{a}\nvs\n{b}"
-
-
-def dtype_of(name: str) -> DType:
-    return DTYPES[name]

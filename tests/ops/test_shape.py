@@ -249,7 +249,6 @@ def test_constant(arr):
     assert out[0].flags.writeable
 
 
-@pytest.mark.xfail(strict=True, reason="the parser reads dense<i64[0,2], []> as shape [0]; fix belongs in ir/parser.py")
 def test_constant_with_leading_zero_dim_round_trips():
     check_op("constant", [], {"value": DenseAttr(np.zeros((0, 2), np.int64))},
              lambda: torch.zeros((0, 2), dtype=torch.int64))
