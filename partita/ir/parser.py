@@ -328,6 +328,7 @@ class _Parser:
         startswith, continued = text.startswith, _CONTINUED.match
         type_cache, attr_cache, file = self.type_cache, self.attr_cache, self.file
         append, build = g._append_unchecked, Node._build
+        loc_cache: dict[tuple, Location] = {}
         ln = 0
         while True:
             m = match(text, pos)
@@ -374,7 +375,14 @@ class _Parser:
                 except (ParseError, AttributeError_):
                     return pos
                 attr_cache[key] = attrs
-            loc = Location(lfile, int(lline), int(lcol) if lcol else 0) if lfile is not None else None
+            if lfile is None:
+                loc = None
+            else:
+                # Frontends give many nodes the same source line: share one Location.
+                lkey = (lfile, lline, lcol)
+                loc = loc_cache.get(lkey)
+                if loc is None:
+                    loc = loc_cache[lkey] = Location(lfile, int(lline), int(lcol) if lcol else 0)
             if not ln:
                 ln = self.line_col(pos)[0]
             node = build(op, operands, attrs.copy(), types, loc, names, (file, ln, m.start(2) - pos + 1))

@@ -20,6 +20,7 @@ An item inside braces that has no ``=`` continues the previous string option's v
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
 import shlex
 import sys
@@ -355,11 +356,14 @@ class PassManager:
             except VerifyError as e:
                 raise PassError(f"the input of pipeline '{self.pipeline_text()}' is invalid IR "
                                 f"(no pass has run yet): {e}") from None
-        for p in self.passes:
+        # One copy of the input, not one per pass: on a failure the passes before the failing
+        # one are replayed on it (passes are deterministic) to recover the IR it was given.
+        start = graph.clone() if self.snapshot and self.reproducer_dir is not None else None
+        for k, p in enumerate(self.passes):
             name = p.text()
             if p.name in self.print_ir_before or "all" in self.print_ir_before:
                 self._print_ir(f"before {name}", graph)
-            snap = graph.clone() if self.snapshot else None
+            snap = _Replay(start, self.passes[:k])
             before = len(graph)
             p.out = self.out
             t0 = time.perf_counter()
@@ -409,7 +413,7 @@ class PassManager:
         self.out.write(f"// ----- IR {when} -----\n")
         self.out.write(print_graph(graph))
 
-    def _write_reproducer(self, p: Pass, snap: Graph | None, current: Graph) -> Path | None:
+    def _write_reproducer(self, p: Pass, replay: "_Replay", current: Graph) -> Path | None:
         """Write the reproducer file; None when disabled or when the file cannot be written."""
         if self.reproducer_dir is None:
             return None
@@ -418,11 +422,12 @@ class PassManager:
         head = [f"// pipeline: {self.pipeline_text()}",
                 f"// failing pass: {entry}",
                 f"// reproduce: partita opt {shlex.quote(str(path))} --passes={shlex.quote(entry)}"]
+        snap = replay.graph()
         if snap is not None:
             body = print_graph(snap)
         else:
-            head.append("// note: snapshots were off, so this is the IR left by the failing pass, "
-                        "which may be partly rewritten")
+            head.append("// note: snapshots were off (or replaying the earlier passes failed), so this is "
+                        "the IR left by the failing pass, which may be partly rewritten")
             try:
                 body = print_graph(current)
             except Exception as e:  # a broken graph may not print; the reproducer still names the pass
@@ -448,3 +453,23 @@ def _check_print_names(names: typing.Iterable[str], what: str) -> frozenset[str]
             raise PassError(f"{what}: unknown pass '{n}'{suggest(n, PASSES)}; "
                             f"give pass names or 'all' (passes: {', '.join(sorted(PASSES))})")
     return out
+
+
+class _Replay:
+    """The IR a failing pass was given, rebuilt on demand from the pipeline's input copy."""
+
+    def __init__(self, start: Graph | None, earlier: list[Pass]) -> None:
+        self.start, self.earlier = start, earlier
+
+    def graph(self) -> Graph | None:
+        if self.start is None:
+            return None
+        g = self.start.clone()
+        try:
+            for p in self.earlier:
+                q = type(p)(p.options)
+                q.out = io.StringIO()  # a replay must not print a second trace
+                g = q.run(g)
+        except Exception:  # the reproducer falls back to the IR the failing pass left
+            return None
+        return g
