@@ -1,4 +1,4 @@
-"""Lazy imports so that importing partita (and ``partita verify``) does not load torch/scipy."""
+"""Lazy imports so that importing partita (and ``partita verify``) does not load torch."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ class _LazyModule(ModuleType):
 
 torch = _LazyModule("torch")
 F = _LazyModule("torch.nn.functional")
-special = _LazyModule("scipy.special")
 
 
 _TORCH_DTYPE_NAMES = {"bool": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
