@@ -20,8 +20,8 @@ $(PY):
 # The stamp records that the install ran against this pyproject.toml; pip is only asked
 # again when the dependencies may have changed.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
