@@ -35,14 +35,19 @@ _TOKEN = re.compile(
 )
 
 _FAST_DIMS = r"\[(?:[0-9]+(?:,[0-9]+)*)?\]"
+# The regex is kept simple for speed (re.ASCII: \w is [A-Za-z0-9_]); what it lets through
+# loosely is checked exactly where it is used: attribute text is re-lexed, result types are
+# matched against _FAST_TYPES before they are cached.
 _FAST_NODE = re.compile(
-    r"[ \t]*(%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*) = ([A-Za-z_][A-Za-z0-9_.]*)"
-    r"\(((?:%[A-Za-z0-9_.]+(?:, %[A-Za-z0-9_.]+)*)?)\)"
-    r"(?: \{((?:[^{}\"\n/]|\"[^\"\\\n]*\")*)\})?"  # no '/': a comment would hide the '}'
-    r" : ([a-z0-9]+" + _FAST_DIMS + r"(?:, [a-z0-9]+" + _FAST_DIMS + r")*)"
+    r"[ \t]*(%[\w.]+(?:, %[\w.]+)*) = ([A-Za-z_][\w.]*)"
+    r"\(((?:%[\w.]+(?:, %[\w.]+)*)?)\)"
+    r"(?: \{([^{}\n/]*)\})?"  # no braces inside (strings with them take the general path); no '/': a comment would hide the '}'
+    r" : ([\w\[\],]+(?:, [\w\[\],]+)*)"
     r"(?: loc\(\"([^\"\\\n]*)\":([0-9]+)(?::([0-9]+))?\))?"
-    r"[ \t]*(?:\n|\Z)"
+    r"[ \t]*(?:\n|\Z)",
+    re.ASCII,
 )
+_FAST_TYPES = re.compile(r"[a-z0-9]+" + _FAST_DIMS + r"(?:, [a-z0-9]+" + _FAST_DIMS + r")*\Z")
 _FAST_TYPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 # A node line without loc(...) may go on in the next line (more result types, a loc): then
 # only the general path knows where the node ends.
@@ -358,6 +363,8 @@ class _Parser:
                     return pos
             types = type_cache.get(types_s)
             if types is None:
+                if _FAST_TYPES.match(types_s) is None:
+                    return pos
                 try:
                     types = tuple(TensorType(tuple(map(int, dims.split(","))) if dims else (), DTYPES[dt])
                                   for dt, dims in _FAST_TYPE.findall(types_s))
