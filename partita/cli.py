@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .ir.diagnostics import PartitaError, WeightsError
-from .ir.graph import Graph, Value
+from .ir.graph import Graph, Value, input_name
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -317,10 +317,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
               ("numpy vs torch", ("after", "numpy"), ("after", "torch"))]
     rows = []
     all_ok = True
-    for what, a, b in checks:
-        diff, ok = compare(results[a], results[b], rtol, atol)
+    for what, key_a, key_b in checks:
+        diff, ok = compare(results[key_a], results[key_b], rtol, atol)
         all_ok &= ok
-        where = f"on {a[1]}" if a[1] == b[1] else f"{a[0]} graph"
+        where = f"on {key_a[1]}" if key_a[1] == key_b[1] else f"{key_a[0]} graph"
         rows.append([what, where, f"{diff:.3g}", "agree" if ok else "DIFFER"])
     print(format_table(["comparison", "", "max |diff|", f"within rtol={rtol:g}, atol={atol:g}"], rows))
     if not all_ok:
@@ -361,10 +361,11 @@ def weight_problems(graph: Graph) -> list[str]:
     for v in graph.inputs:
         if v.role == "input":
             continue
-        if v.name not in graph.weights:
-            problems.append(f"no weight for %{v.name} ({v.role}, {v.type})")
+        name = input_name(v)
+        if name not in graph.weights:
+            problems.append(f"no weight for %{name} ({v.role}, {v.type})")
             continue
-        a = graph.weights[v.name]
+        a = graph.weights[name]
         got = f"{from_numpy(a.dtype).name}[{','.join(map(str, a.shape))}]"
         if got != str(v.type):
             problems.append(f"%{v.name} ({v.role}) is {v.type} in the graph but {got} in the weights file")
@@ -405,7 +406,7 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
             a = rng.integers(0, 8, size=t.shape).astype(t.dtype.np)
         else:
             a = rng.random(t.shape) < 0.5
-        out[v.name] = np.asarray(a)
+        out[input_name(v)] = np.asarray(a)
     return out
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..ir.diagnostics import ExecutionError
 from ..ir.dtypes import from_numpy
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Value, input_name
 
 
 def bind_inputs(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None,
@@ -26,23 +26,24 @@ def bind_inputs(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None,
         by_name = {}
     elif isinstance(inputs, Mapping):
         by_name = inputs
-        unknown = set(inputs) - {v.name for v in graph.inputs}
+        unknown = set(inputs) - {input_name(v) for v in graph.inputs}
         if unknown:
             raise ExecutionError(f"@{graph.name} has no input named {', '.join(sorted(unknown))}; "
-                                 f"its inputs are {', '.join(v.name for v in graph.inputs)}")
+                                 f"its inputs are {', '.join(input_name(v) for v in graph.inputs)}")
     else:
         seq = list(inputs)
         if len(seq) != len(data_inputs):
             raise ExecutionError(f"@{graph.name} takes {len(data_inputs)} input(s) "
-                                 f"({', '.join('%' + v.name for v in data_inputs)}), got {len(seq)}")
-        by_name = {v.name: a for v, a in zip(data_inputs, seq)}
+                                 f"({', '.join('%' + input_name(v) for v in data_inputs)}), got {len(seq)}")
+        by_name = {input_name(v): a for v, a in zip(data_inputs, seq)}
     out = []
     missing = []
     for v in graph.inputs:
-        if v.name in by_name:
-            out.append((v, by_name[v.name]))
-        elif v.role != "input" and v.name in weights:
-            out.append((v, weights[v.name]))
+        name = input_name(v)
+        if name in by_name:
+            out.append((v, by_name[name]))
+        elif v.role != "input" and name in weights:
+            out.append((v, weights[name]))
         else:
             missing.append(v)
     if missing:

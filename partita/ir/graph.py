@@ -83,6 +83,14 @@ class Value:
         return f"%{self.name if self.name is not None else '?'}: {self.type}"
 
 
+def input_name(v: Value) -> str:
+    """The name of graph input ``v``. ``Graph.add_input`` refuses an input without a name;
+    only node results go unnamed (until printed), so ``Value.name`` stays optional."""
+    name = v.name
+    assert name is not None, f"graph input {v!r} has no name"
+    return name
+
+
 class Node:
     """One op application: operands in, results out, typed attributes, a source location."""
 
@@ -131,7 +139,7 @@ class Node:
     def text_loc(self) -> Location | None:
         """Where the node was parsed from (file, line, column of the op name), if it was."""
         t = self._text_loc
-        if type(t) is tuple:  # (file, line, col) kept by the parser; built on first use
+        if isinstance(t, tuple):  # (file, line, col) kept by the parser; built on first use
             t = self._text_loc = Location(*t)
         return t
 
@@ -221,6 +229,10 @@ class Graph:
 
     # --- inputs and outputs -------------------------------------------------------------
     def add_input(self, name: str, type: TensorType, role: str = "input") -> Value:
+        """Append an input of ``role`` named ``name``: inputs are always named, since
+        callers bind arrays to them by name."""
+        if not isinstance(name, str):
+            raise GraphEditError(f"input name must be a string, got {name!r}")
         if role not in ROLES:
             raise GraphEditError(f"input role must be one of {', '.join(ROLES)}, got '{role}'")
         v = Value(type, name, None, len(self.inputs), role)
@@ -383,7 +395,9 @@ class Graph:
         vmap: dict[Value, Value] = {}
         with bulk_build():
             for v in self.inputs:
-                vmap[v] = g.add_input(v.name, v.type, v.role)
+                role = v.role
+                assert role is not None, "add_input gives every input a role"
+                vmap[v] = g.add_input(input_name(v), v.type, role)
             append = g._append_unchecked
             for n in self.nodes:
                 m = Node(n.op, [vmap[v] for v in n.operands], dict(n.attrs),
@@ -503,7 +517,7 @@ class Graph:
                 break
         step = (1 << i) // count
         o = base
-        n: Node | None = left
+        n = left
         if prev is None:
             node._order = o
             o += step
@@ -515,7 +529,9 @@ class Graph:
                 o += step
             if n is right:
                 break
-            n = n._next
+            following = n._next
+            assert following is not None, "right was reached from left by following _next"
+            n = following
 
     def _append_unchecked(self, node: Node) -> Node:
         """Append a node known to be well formed (operands owned and defined earlier).

@@ -651,9 +651,10 @@ def _nested_shape(lit) -> tuple[int, ...] | None:
     if not lit:
         return (0,)
     inner = [_nested_shape(x) for x in lit]
-    if any(s is None or s != inner[0] for s in inner):
+    first = inner[0]
+    if first is None or any(s != first for s in inner):
         return None
-    return (len(lit),) + inner[0]
+    return (len(lit),) + first
 
 
 _DEF_USE = re.compile(r"^[ \t]*((?:%[A-Za-z0-9_.]+)(?:, %[A-Za-z0-9_.]+)*) = [A-Za-z_][A-Za-z0-9_.]*\(([^)]*)\)", re.M)

@@ -22,9 +22,13 @@ def verify(graph: Graph) -> Graph:
             raise VerifyError(f"@{graph.name}: input {nm(v)} has role '{v.role}'; expected one of {', '.join(ROLES)}")
         if v.producer is not None or v.graph is not graph:
             raise VerifyError(f"@{graph.name}: input {nm(v)} is not owned by the graph")
-        if v.name in names:
-            raise VerifyError(f"@{graph.name}: two inputs are named %{v.name}; input names must be unique")
-        names[v.name] = v
+        name = v.name
+        if name is None:
+            raise VerifyError(f"@{graph.name}: input {v.index} has no name; inputs are bound by name, "
+                              "so create them with Graph.add_input")
+        if name in names:
+            raise VerifyError(f"@{graph.name}: two inputs are named %{name}; input names must be unique")
+        names[name] = v
         defined.add(v)
 
     infer_cache: dict = {}

@@ -52,7 +52,8 @@ class FoldConstants(Pass):
                 if any(v.type.numel > cap for v in ops) or any(r.type.numel > cap for r in node.results):
                     continue
                 args = [self._materialize(v, arrays) for v in ops]
-                results = None if any(a is None for a in args) else _evaluate(node, opdef, args)
+                known = [a for a in args if a is not None]
+                results = _evaluate(node, opdef, known) if len(known) == len(args) else None
                 if results is None:
                     continue
             builder.loc = node.loc
@@ -72,8 +73,11 @@ class FoldConstants(Pass):
         """The array of constant ``v`` (cached); None when its reference fails."""
         a = arrays.get(v)
         if a is None:
+            producer = v.producer
+            if producer is None:  # a graph input: no value known at compile time
+                return None
             try:
-                a = constant_array(v.producer)
+                a = constant_array(producer)
             except Exception:  # a creation op rejecting its attributes: leave it to run time
                 return None
             if a is None or a.shape != v.type.shape:

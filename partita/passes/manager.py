@@ -166,7 +166,12 @@ def _entry_text(cls: type[Pass], options: Any) -> str:
     parts = []
     for f in dataclasses.fields(options):
         v = getattr(options, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            factory = f.default_factory
+            assert factory is not dataclasses.MISSING, f"option {f.name} of pass {cls.name} has no default"
+            default = factory()
         if type(v) is not type(default) or v != default:
             parts.append(f"{_kebab(f.name)}={_format_value(v)}")
     return cls.name + ("{" + ",".join(parts) + "}" if parts else "")

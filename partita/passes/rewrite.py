@@ -215,7 +215,20 @@ class Op(Pattern):
         return out
 
     def _compile(self, ctx: "_Context") -> Callable[[Value, dict], bool]:
-        op, result, bind, where = self.op, self.result, self.bind, self.where
+        op, result = self.op, self.result
+        match_node = self._compile_node(ctx)
+
+        def match(value: Value, b: dict) -> bool:
+            node = value.producer
+            if node is None or node.op != op or value.index != result:
+                return False
+            return match_node(node, b)
+        return match
+
+    def _compile_node(self, ctx: "_Context") -> Callable[[Node, dict], bool]:
+        """A matcher of a node already known to have this op: the driver indexes rules by
+        root op, so it matches roots by node and skips the producer and op checks."""
+        op, bind, where = self.op, self.bind, self.where
         subs = [p._compile(ctx) for p in self.operands]
         n_operands = len(subs)
         checks = tuple(self.attrs.items())
@@ -265,15 +278,7 @@ class Op(Pattern):
             if bind is not None:
                 b[bind] = node
             return True
-
-        def match(value: Value, b: dict) -> bool:
-            node = value.producer
-            if node is None or node.op != op or value.index != result:
-                return False
-            return match_node(node, b)
-
-        match.match_node = match_node  # type: ignore[attr-defined]  (the driver matches roots by node)
-        return match
+        return match_node
 
     def __repr__(self) -> str:
         args = ", ".join(map(repr, self.operands))
@@ -491,7 +496,11 @@ def _compile_replacement(rep: Any, ctx: _Context) -> Callable[[Match], Value | N
                 operands.append(v)
             kw = {k: (v(m) if callable(v) else v) for k, v in attrs}
             v = m.emit(op, *operands, **kw)
-            return v.producer.results[result] if result else v
+            if not result:
+                return v
+            node = v.producer
+            assert node is not None, "Match.emit returns a result of the node it built"
+            return node.results[result]
         return build
     if isinstance(rep, Splat):
         raise TypeError("Splat is a pattern; to build a constant use a callable replacement")
@@ -516,8 +525,7 @@ class RewriteDriver:
         self.index: dict[str, list[_Compiled]] = {}
         self.rules = [r for r in rules if r.available()]
         for r in self.rules:
-            root = r.pattern._compile(self.ctx)
-            compiled = _Compiled(r, root.match_node, _compile_replacement(r.replacement, self.ctx))  # type: ignore[attr-defined]
+            compiled = _Compiled(r, r.pattern._compile_node(self.ctx), _compile_replacement(r.replacement, self.ctx))
             self.index.setdefault(r.pattern.op, []).append(compiled)
         # Ops whose records declare no effects whatever the attributes: no per-node check.
         self.pure = {name for name in self.index
@@ -527,7 +535,8 @@ class RewriteDriver:
         self.gate: dict[str, frozenset[str] | None] = {}
         for op, entries in self.index.items():
             reqs = [_producer_requirement(c.rule.pattern) for c in entries]
-            self.gate[op] = None if any(r is None for r in reqs) else frozenset().union(*reqs)
+            known = [r for r in reqs if r is not None]
+            self.gate[op] = frozenset[str]().union(*known) if len(known) == len(reqs) else None
         self.counts: dict[str, int] = {}
 
     def run(self, graph: Graph) -> int:
