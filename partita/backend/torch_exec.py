@@ -82,7 +82,9 @@ def to_tensor(a: Any):
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
     # np.ascontiguousarray turns a 0-d array into shape (1,); np.require keeps the rank.
-    return torch.from_numpy(np.require(arr, requirements="C"))
+    # A read-only array (a constant's payload, a memory-mapped weight) is copied: torch
+    # tensors are always writable, and sharing would let a later in-place op change it.
+    return torch.from_numpy(np.require(arr, requirements=("C", "W")))
 
 
 def to_numpy(t) -> np.ndarray:
