@@ -52,6 +52,20 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     raise PartitaError(f"unknown backend '{backend}'; choose 'numpy' or 'torch'")
 
 
+def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None = None) -> Graph:
+    """Import a PyTorch module through ``torch.export`` (see ``partita.frontend.torch_export``)."""
+    from .frontend.torch_export import import_torch as _import_torch
+
+    return _import_torch(module, example_args, dict(example_kwargs) if example_kwargs is not None else None)
+
+
+def import_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """Import an ONNX model (a path or ``onnx.ModelProto``; see ``partita.frontend.onnx``)."""
+    from .frontend.onnx import import_onnx as _import_onnx
+
+    return _import_onnx(model, dict(input_shapes) if input_shapes is not None else None)
+
+
 def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any) -> Graph:
     """Run a pass pipeline (a string like ``"canonicalize,cse,dce"``) over ``graph``."""
     from .passes.manager import PassManager
@@ -61,4 +75,4 @@ def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any)
 
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
            "Value", "VerifyError", "Weights", "parse", "parse_file", "print_graph", "verify", "load", "save",
-           "run", "optimize"]
+           "run", "optimize", "import_torch", "import_onnx"]

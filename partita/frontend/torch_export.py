@@ -1,0 +1,906 @@
+"""Import a PyTorch module through ``torch.export`` into a partita graph.
+
+``import_torch(module, args)`` exports the module, decomposes the program to the core ATen op
+set, and walks the FX graph once:
+
+- placeholders become graph inputs: parameters with role ``param``, buffers with role
+  ``state``, user inputs with role ``input``; parameter and buffer values go into
+  ``graph.weights`` under the input's name (the module's dotted attribute path);
+- each ``call_function`` node is converted by its entry in the one table ``ATEN_TO_PARTITA``
+  (ATen overload -> converter); the partita type inferred by the op record is checked against
+  the FX node's ``meta["val"]``;
+- every node carries the source location of the innermost frame of the model's own code in
+  the node's stack trace (frames inside torch are skipped);
+- ops without a converter, or that a converter cannot express, are all collected and
+  reported in one ``FrontendError``, each with its source line.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..ir.builder import Builder
+from ..ir.diagnostics import PartitaError
+from ..ir.dtypes import DType, bool_, f32, i64
+from ..ir.graph import Graph, Value
+from ..ir.types import Location, TensorType
+from ..ops._lazy import from_torch_dtype
+from . import FrontendError
+
+aten = torch.ops.aten
+
+# Frames in these directories are library internals, never the model's code.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+class Unsupported(Exception):
+    """Raised by a converter for a case of its op that partita cannot express; the importer
+    collects it with the others rather than stopping at the first."""
+
+
+# The result of an FX node that could not be converted: its users are skipped, not reported.
+_POISON = object()
+
+
+class _Converter:
+    """State of one import: the builder, the FX node -> partita value map and the problems."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.b = Builder(graph)
+        self.env: dict[Any, Any] = {}
+        self.node: Any = None
+        self.problems: list[tuple[str, Location | None, str]] = []
+
+    # --- helpers for converters ---------------------------------------------------------------
+    def emit(self, op: str, *operands: Value, **attrs: Any) -> Any:
+        return self.b.emit(op, *operands, **attrs)
+
+    def scalar(self, value: Any, dtype: DType) -> Value:
+        """A rank-0 ``full`` holding a Python scalar at ``dtype``."""
+        if dtype.is_float:
+            value = float(value)
+        elif dtype.is_bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return self.emit("full", shape=(), value=value, dtype=dtype)
+
+    def operand(self, x: Any, other: Any) -> Value:
+        """``x`` as a Value; a Python scalar becomes a constant at the dtype PyTorch's scalar
+        promotion gives it against the tensor ``other``: a scalar never raises the tensor's
+        dtype within its category (f16 * 2.0 stays f16), it only lifts the category (an
+        integer tensor times 0.5 is f32, the default float dtype)."""
+        if isinstance(x, Value):
+            return x
+        if not isinstance(other, Value):
+            raise Unsupported(f"{_target_name(self.node)}: both operands are Python scalars")
+        return self.scalar(x, scalar_dtype(other.type.dtype, x))
+
+    def out_type(self, index: int | None = None) -> TensorType:
+        """The type torch.export recorded for the current node (or its ``index``-th result)."""
+        val = self.node.meta["val"]
+        if index is not None:
+            val = val[index]
+        return _torch_type(val, self.node)
+
+
+def scalar_dtype(tensor: DType, scalar: Any) -> DType:
+    """The dtype a Python scalar takes in a binary op with a tensor of dtype ``tensor``."""
+    if isinstance(scalar, bool):
+        return tensor
+    if isinstance(scalar, int):
+        return i64 if tensor.is_bool else tensor
+    if isinstance(scalar, float):
+        return tensor if tensor.is_float else f32
+    raise Unsupported(f"a scalar operand of type {type(scalar).__name__} ({scalar!r}) is not supported")
+
+
+def _target_name(node: Any) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"aten.{t._schema.name.split('::')[-1]}.{t._overloadname}"
+    return getattr(t, "__name__", str(t))
+
+
+def _torch_type(val: Any, node: Any) -> TensorType:
+    if not isinstance(val, torch.Tensor):
+        raise FrontendError(f"{node.name}: expected a tensor, found {type(val).__name__}")
+    try:
+        dt = from_torch_dtype(val.dtype)
+    except KeyError:
+        raise FrontendError(f"{node.name}: dtype {val.dtype} has no partita equivalent") from None
+    try:
+        shape = tuple(int(d) for d in val.shape)
+    except TypeError:
+        raise FrontendError(f"{node.name}: the shape {tuple(val.shape)} is symbolic; partita needs static shapes "
+                            "(export without dynamic_shapes)") from None
+    return TensorType(shape, dt)
+
+
+def source_location(node: Any) -> Location | None:
+    """The innermost frame of the model's own code in ``node``'s stack trace (not torch's)."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    loc = None
+    for m in _FRAME.finditer(trace):
+        path = m.group(1)
+        if not path.startswith(_TORCH_DIR) and not path.startswith("<"):
+            loc = Location(path, int(m.group(2)))
+    return loc
+
+
+# --- converters --------------------------------------------------------------------------------
+# Each takes the converter state and the node's arguments (FX nodes already replaced by their
+# partita Values) and returns a Value, or a tuple for a multi-result op (None for a result
+# partita does not compute; using it is an error).
+
+Conv = Callable[..., Any]
+
+
+def _unary(op: str) -> Conv:
+    def conv(cx: _Converter, x: Value) -> Value:
+        return cx.emit(op, x)
+    return conv
+
+
+def _binary(op: str) -> Conv:
+    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+        return cx.emit(op, cx.operand(a, b), cx.operand(b, a))
+    return conv
+
+
+def _add_sub(op: str) -> Conv:
+    def conv(cx: _Converter, a: Any, b: Any, alpha: Any = 1) -> Value:
+        lhs, rhs = cx.operand(a, b), cx.operand(b, a)
+        if alpha != 1:
+            rhs = cx.emit("mul", rhs, cx.operand(alpha, rhs))
+        return cx.emit(op, lhs, rhs)
+    return conv
+
+
+def _identity(cx: _Converter, x: Value, *args: Any, **kwargs: Any) -> Value:
+    return x
+
+
+def _to_copy(cx: _Converter, x: Value, dtype: Any = None, **kwargs: Any) -> Value:
+    if dtype is None:
+        return x
+    dt = _partita_dtype(dtype)
+    return x if dt == x.type.dtype else cx.emit("cast", x, dtype=dt)
+
+
+def _partita_dtype(dtype: Any) -> DType:
+    try:
+        return from_torch_dtype(dtype)
+    except KeyError:
+        raise Unsupported(f"dtype {dtype} has no partita equivalent") from None
+
+
+def _addmm(cx: _Converter, bias: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+    y = cx.emit("matmul", a, b)
+    if alpha != 1:
+        y = cx.emit("mul", y, cx.operand(alpha, y))
+    if beta == 0:
+        return y
+    if beta != 1:
+        bias = cx.emit("mul", bias, cx.operand(beta, bias))
+    return cx.emit("add", y, bias)
+
+
+def _matmul(cx: _Converter, a: Value, b: Value) -> Value:
+    return cx.emit("matmul", a, b)
+
+
+def _axis(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _permute(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
+    return cx.emit("transpose", x, perm=tuple(_axis(d, x.type.rank) for d in dims))
+
+
+def _transpose(cx: _Converter, x: Value, d0: int, d1: int) -> Value:
+    perm = list(range(x.type.rank))
+    d0, d1 = _axis(d0, x.type.rank), _axis(d1, x.type.rank)
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return cx.emit("transpose", x, perm=tuple(perm))
+
+
+def _t(cx: _Converter, x: Value) -> Value:
+    return x if x.type.rank < 2 else cx.emit("transpose", x, perm=(1, 0))
+
+
+def _reshape(cx: _Converter, x: Value, shape: Sequence[int]) -> Value:
+    return cx.emit("reshape", x, shape=tuple(shape))
+
+
+def _expand(cx: _Converter, x: Value, sizes: Sequence[int], implicit: bool = False) -> Value:
+    # -1 keeps the input's size; sizes are aligned on the right, as in broadcasting.
+    lead = len(sizes) - x.type.rank
+    shape = tuple(x.type.shape[i - lead] if s == -1 else s for i, s in enumerate(sizes))
+    return x if shape == x.type.shape else cx.emit("broadcast_to", x, shape=shape)
+
+
+def _unsqueeze(cx: _Converter, x: Value, dim: int) -> Value:
+    return cx.emit("unsqueeze", x, axes=(_axis(dim, x.type.rank + 1),))
+
+
+def _squeeze(cx: _Converter, x: Value, dims: Any = None) -> Value:
+    # torch ignores named dims whose size is not 1; partita's squeeze rejects them.
+    shape = x.type.shape
+    if dims is None:
+        axes = tuple(i for i, s in enumerate(shape) if s == 1)
+    else:
+        dims = [dims] if isinstance(dims, int) else dims
+        axes = tuple(sorted({_axis(d, x.type.rank) for d in dims if shape[_axis(d, x.type.rank)] == 1}))
+    return cx.emit("squeeze", x, axes=axes) if axes else x
+
+
+def _gelu(cx: _Converter, x: Value, approximate: str = "none") -> Value:
+    return cx.emit("gelu", x, approximate=approximate)
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def _convolution(cx: _Converter, x: Value, w: Value, b: Value | None, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int) -> Value:
+    if transposed:
+        raise Unsupported("aten.convolution: transposed convolution is not supported")
+    if x.type.rank != 4:
+        raise Unsupported(f"aten.convolution: only 2-d convolution (4-d input) is supported, got {x.type}")
+    operands = (x, w) if b is None else (x, w, b)
+    return cx.emit("conv2d", *operands, stride=_pair(stride), padding=_pair(padding),
+                   dilation=_pair(dilation), groups=groups)
+
+
+def _max_pool2d_with_indices(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
+                             padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple:
+    for user in cx.node.users:
+        if user.target is operator.getitem and user.args[1] == 1 and user.users:
+            raise Unsupported("aten.max_pool2d_with_indices: the indices result is used; partita's "
+                              "max_pool2d computes the values only")
+    y = cx.emit("max_pool2d", x, kernel=_pair(kernel), stride=_pair(stride) if len(stride) else None,
+                padding=_pair(padding), dilation=_pair(dilation), ceil_mode=ceil_mode)
+    return (y, None)
+
+
+def _avg_pool2d(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Value:
+    if divisor_override is not None:
+        raise Unsupported("aten.avg_pool2d: divisor_override is not supported")
+    return cx.emit("avg_pool2d", x, kernel=_pair(kernel), stride=_pair(stride) if len(stride) else None,
+                   padding=_pair(padding), ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+
+
+def _adaptive_avg_pool2d(cx: _Converter, x: Value, output_size: Sequence[int]) -> Value:
+    oh, ow = _pair(output_size)
+    h, w = x.type.shape[-2:]
+    if (oh, ow) == (1, 1):
+        return cx.emit("mean", x, axes=(x.type.rank - 2, x.type.rank - 1), keepdim=True)
+    if x.type.rank == 4 and h % oh == 0 and w % ow == 0:
+        # Equal windows: the adaptive pool is a plain average pool.
+        return cx.emit("avg_pool2d", x, kernel=(h // oh, w // ow))
+    raise Unsupported(f"aten._adaptive_avg_pool2d: output size {[oh, ow]} does not divide the input's {[h, w]}")
+
+
+def _ones_or_zeros(cx: _Converter, like: Value, n: int, value: float) -> Value:
+    return cx.emit("full", shape=(n,), value=value, dtype=like.type.dtype)
+
+
+def _batch_norm_no_training(cx: _Converter, x: Value, w: Value | None, b: Value | None, mean: Value, var: Value,
+                            momentum: float, eps: float) -> tuple:
+    c = x.type.shape[1]
+    w = w if w is not None else _ones_or_zeros(cx, x, c, 1.0)
+    b = b if b is not None else _ones_or_zeros(cx, x, c, 0.0)
+    return (cx.emit("batch_norm", x, w, b, mean, var, eps=float(eps)), None, None)
+
+
+def _layer_norm(cx: _Converter, x: Value, normalized_shape: Sequence[int], w: Value | None, b: Value | None,
+                eps: float) -> tuple:
+    k = len(normalized_shape)
+    if b is not None and w is None:
+        w = cx.emit("full", shape=tuple(normalized_shape), value=1.0, dtype=x.type.dtype)
+    operands = [x] + [v for v in (w, b) if v is not None]
+    y = cx.emit("layer_norm", *operands, axes=tuple(range(-k, 0)), eps=float(eps))
+    return (y, None, None)
+
+
+def _softmax(op: str) -> Conv:
+    def conv(cx: _Converter, x: Value, dim: int, half_to_float: bool = False) -> Value:
+        if half_to_float:
+            x = cx.emit("cast", x, dtype=f32)
+        return cx.emit(op, x, axis=dim)
+    return conv
+
+
+def _embedding(cx: _Converter, table: Value, indices: Value, *args: Any) -> Value:
+    return cx.emit("embedding", table, indices)
+
+
+def _reduce_axes(x: Value, dims: Any) -> tuple[int, ...] | None:
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
+        return None
+    dims = [dims] if isinstance(dims, int) else dims
+    return tuple(_axis(d, x.type.rank) for d in dims)
+
+
+def _mean(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    return cx.emit("mean", x, axes=_reduce_axes(x, dims), keepdim=keepdim)
+
+
+def _sum(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    elif not x.type.dtype.is_float and x.type.dtype != i64:
+        # torch sums bool and integer tensors in i64.
+        x = cx.emit("cast", x, dtype=i64)
+    return cx.emit("sum", x, axes=_reduce_axes(x, dims), keepdim=keepdim)
+
+
+def _sum_all(cx: _Converter, x: Value, dtype: Any = None) -> Value:
+    return _sum(cx, x, None, False, dtype)
+
+
+def _mean_all(cx: _Converter, x: Value, dtype: Any = None) -> Value:
+    return _mean(cx, x, None, False, dtype)
+
+
+def _amax_amin(op: str) -> Conv:
+    def conv(cx: _Converter, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
+        return cx.emit(op, x, axes=_reduce_axes(x, dims), keepdim=keepdim)
+    return conv
+
+
+def _argmax_argmin(op: str) -> Conv:
+    def conv(cx: _Converter, x: Value, dim: int | None = None, keepdim: bool = False) -> Value:
+        return cx.emit(op, x, axes=None if dim is None else (_axis(dim, x.type.rank),), keepdim=keepdim)
+    return conv
+
+
+def _cat(cx: _Converter, tensors: Sequence[Value], dim: int = 0) -> Value:
+    return cx.emit("concat", *tensors, axis=_axis(dim, tensors[0].type.rank))
+
+
+def _split_sizes(cx: _Converter, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
+    out = cx.emit("split", x, axis=_axis(dim, x.type.rank), sizes=tuple(sizes))
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _split(cx: _Converter, x: Value, size: int, dim: int = 0) -> tuple:
+    n = x.type.shape[_axis(dim, x.type.rank)]
+    sizes = [size] * (n // size) + ([n % size] if n % size else [])
+    return _split_sizes(cx, x, sizes, dim)
+
+
+def _slice(cx: _Converter, x: Value, dim: int = 0, start: int | None = None, end: int | None = None,
+           step: int = 1) -> Value:
+    axis = _axis(dim, x.type.rank)
+    size = x.type.shape[axis]
+    start = 0 if start is None else start
+    # torch.export writes "to the end" as the largest int64; partita clamps like Python.
+    end = None if end is None or end >= size else end
+    if start == 0 and end is None and step == 1:
+        return x
+    return cx.emit("slice", x, axis=axis, start=start, end=end, step=step)
+
+
+def _select(cx: _Converter, x: Value, dim: int, index: int) -> Value:
+    axis = _axis(dim, x.type.rank)
+    index = index + x.type.shape[axis] if index < 0 else index
+    y = cx.emit("slice", x, axis=axis, start=index, end=index + 1)
+    return cx.emit("squeeze", y, axes=(axis,))
+
+
+def _full(cx: _Converter, size: Sequence[int], value: Any, **kwargs: Any) -> Value:
+    t = cx.out_type()
+    return cx.scalar(value, t.dtype) if not size else cx.emit(
+        "full", shape=tuple(size), value=_fill(value, t.dtype), dtype=t.dtype)
+
+
+def _fill(value: Any, dt: DType) -> Any:
+    return float(value) if dt.is_float else (bool(value) if dt.is_bool else int(value))
+
+
+def _full_like(cx: _Converter, x: Value, value: Any, **kwargs: Any) -> Value:
+    t = cx.out_type()
+    return cx.emit("full", shape=t.shape, value=_fill(value, t.dtype), dtype=t.dtype)
+
+
+def _scalar_tensor(cx: _Converter, value: Any, **kwargs: Any) -> Value:
+    return cx.scalar(value, cx.out_type().dtype)
+
+
+def _arange(cx: _Converter, *args: Any, **kwargs: Any) -> Value:
+    # arange(end), arange(start, end) and arange(start, end, step) share this converter.
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    t = cx.out_type()
+    y = cx.emit("iota", shape=t.shape, dtype=t.dtype)
+    if step != 1:
+        y = cx.emit("mul", y, cx.scalar(step, t.dtype))
+    if start != 0:
+        y = cx.emit("add", y, cx.scalar(start, t.dtype))
+    return y
+
+
+def _where(cx: _Converter, cond: Value, x: Any, y: Any) -> Value:
+    return cx.emit("where", cond, cx.operand(x, y), cx.operand(y, x))
+
+
+def _index_select(cx: _Converter, x: Value, dim: int, index: Value) -> Value:
+    return cx.emit("index_select", x, index, axis=_axis(dim, x.type.rank))
+
+
+def _gather(cx: _Converter, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+    return cx.emit("gather", x, index, axis=_axis(dim, x.type.rank))
+
+
+def _cumsum(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    return cx.emit("cumsum", x, axis=_axis(dim, x.type.rank))
+
+
+def _constant_pad_nd(cx: _Converter, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+    if any(p < 0 for p in pad):
+        raise Unsupported("aten.constant_pad_nd: negative padding (cropping) is not supported")
+    # torch lists (before, after) pairs from the last dim backwards; partita from the first.
+    pads = [0] * (2 * x.type.rank)
+    for i in range(len(pad) // 2):
+        d = x.type.rank - 1 - i
+        pads[2 * d], pads[2 * d + 1] = pad[2 * i], pad[2 * i + 1]
+    return cx.emit("pad", x, pads=tuple(pads), value=_fill(value, x.type.dtype))
+
+
+def _cumsum_cast(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+    if dtype is None and not x.type.dtype.is_float and x.type.dtype != i64:
+        # torch accumulates bool and integer tensors in i64.
+        x = cx.emit("cast", x, dtype=i64)
+    return _cumsum(cx, x, dim, dtype)
+
+
+def _bitwise(op: str) -> Conv:
+    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+        lhs, rhs = cx.operand(a, b), cx.operand(b, a)
+        if not (lhs.type.dtype.is_bool and rhs.type.dtype.is_bool):
+            raise Unsupported(f"bitwise ops on {lhs.type.dtype}/{rhs.type.dtype} are not supported (bool only)")
+        return cx.emit(op, lhs, rhs)
+    return conv
+
+
+def _no_result(cx: _Converter, *args: Any, **kwargs: Any) -> None:
+    # Run-time metadata assertions: the types were checked when the graph was exported.
+    return None
+
+
+def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
+    """x[..., i0, i1, ...] with index tensors (advanced indexing) on one run of adjacent dims,
+    after any number of full slices (None). The indexed dims are moved to the front and
+    flattened, the broadcast, linearized index picks rows with ``index_select``, and the
+    index's dims are moved back to where the first indexed dim was, as PyTorch places them."""
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    idx = list(indices[lead:])
+    while idx and idx[-1] is None:
+        idx.pop()
+    if not idx or any(i is None for i in idx):
+        raise Unsupported("aten.index.Tensor: index tensors separated by a slice (x[i, :, j]) are not supported")
+    if any(i is None or not i.type.dtype.is_int for i in idx):
+        raise Unsupported("aten.index.Tensor: boolean-mask indexing is not supported")
+    k, rank = len(idx), x.type.rank
+    if lead:
+        front = tuple(range(lead, lead + k)) + tuple(range(lead)) + tuple(range(lead + k, rank))
+        x = cx.emit("transpose", x, perm=front)
+    dims = x.type.shape[:k]
+    rest = x.type.shape[k:]
+    linear: Value | None = None
+    for d, (i, size) in enumerate(zip(idx, dims)):
+        assert i is not None
+        if i.type.dtype != i64:
+            i = cx.emit("cast", i, dtype=i64)
+        # Negative indices count from the end, as in Python.
+        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
+        stride = 1
+        for s in dims[d + 1:]:
+            stride *= s
+        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
+        linear = term if linear is None else cx.emit("add", linear, term)
+    assert linear is not None
+    batch = linear.type.shape
+    flat = cx.emit("reshape", x, shape=(-1,) + rest) if k != 1 else x
+    picked = cx.emit("index_select", flat, cx.emit("reshape", linear, shape=(-1,)), axis=0)
+    y = cx.emit("reshape", picked, shape=batch + rest)
+    if lead:
+        r = len(batch)
+        back = tuple(range(r, r + lead)) + tuple(range(r)) + tuple(range(r + lead, y.type.rank))
+        y = cx.emit("transpose", y, perm=back)
+    return y
+
+
+def _sdpa(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: Value | None = None, dropout_p: float = 0.0,
+          is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Value:
+    """Attention as PyTorch's math path computes it: softmax(q k^T * scale + mask) v."""
+    if dropout_p:
+        raise Unsupported("aten.scaled_dot_product_attention: dropout_p > 0 is not supported (use eval mode)")
+    rank = q.type.rank
+    if enable_gqa and k.type.shape[-3] != q.type.shape[-3]:
+        k, v = _repeat_kv(cx, k, q.type.shape[-3]), _repeat_kv(cx, v, q.type.shape[-3])
+    e = q.type.shape[-1]
+    dt = q.type.dtype
+    perm = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    s = cx.emit("matmul", q, cx.emit("transpose", k, perm=perm))
+    s = cx.emit("mul", s, cx.scalar(scale if scale is not None else 1.0 / e ** 0.5, dt))
+    if is_causal:
+        shape = (q.type.shape[-2], k.type.shape[-2])
+        causal = cx.emit("greater_equal", cx.emit("iota", shape=shape, axis=0), cx.emit("iota", shape=shape, axis=1))
+        s = cx.emit("where", causal, s, cx.scalar(float("-inf"), dt))
+    if attn_mask is not None:
+        if attn_mask.type.dtype.is_bool:
+            s = cx.emit("where", attn_mask, s, cx.scalar(float("-inf"), dt))
+        else:
+            s = cx.emit("add", s, attn_mask)
+    p = cx.emit("softmax", s, axis=-1)
+    return cx.emit("matmul", p, v)
+
+
+def _repeat_kv(cx: _Converter, x: Value, heads: int) -> Value:
+    """[B, Hkv, S, E] -> [B, H, S, E]: query head h reads key/value head h // (H / Hkv)."""
+    *lead, hkv, sl, e = x.type.shape
+    y = cx.emit("unsqueeze", x, axes=(len(lead) + 1,))
+    y = cx.emit("broadcast_to", y, shape=(*lead, hkv, heads // hkv, sl, e))
+    return cx.emit("reshape", y, shape=(*lead, heads, sl, e))
+
+
+def _clamp(cx: _Converter, x: Value, lo: Any = None, hi: Any = None) -> Value:
+    # min(max(x, lo), hi), as torch.clamp orders the bounds when lo > hi.
+    y = x
+    if lo is not None:
+        y = cx.emit("maximum", y, cx.operand(lo, x))
+    if hi is not None:
+        y = cx.emit("minimum", y, cx.operand(hi, x))
+    return y
+
+
+def _leaky_relu(cx: _Converter, x: Value, slope: float = 0.01) -> Value:
+    zero = cx.scalar(0, x.type.dtype)
+    return cx.emit("where", cx.emit("greater", x, zero), x, cx.emit("mul", x, cx.scalar(slope, x.type.dtype)))
+
+
+def _elu(cx: _Converter, x: Value, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Value:
+    dt = x.type.dtype
+    xs = x if input_scale == 1 else cx.emit("mul", x, cx.scalar(input_scale, dt))
+    neg = cx.emit("mul", cx.emit("sub", cx.emit("exp", xs), cx.scalar(1, dt)), cx.scalar(alpha, dt))
+    y = cx.emit("where", cx.emit("greater", x, cx.scalar(0, dt)), x, neg)
+    return y if scale == 1 else cx.emit("mul", y, cx.scalar(scale, dt))
+
+
+def _var(cx: _Converter, x: Value, dims: Any = None, correction: Any = None, keepdim: bool = False) -> Value:
+    """sum((x - mean)^2) / (N - correction); correction defaults to 1 (Bessel's)."""
+    axes = _reduce_axes(x, dims)
+    reduced = range(x.type.rank) if axes is None else axes
+    n = 1
+    for a in reduced:
+        n *= x.type.shape[a]
+    c = 1 if correction is None else correction
+    d = cx.emit("sub", x, cx.emit("mean", x, axes=axes, keepdim=True))
+    total = cx.emit("sum", cx.emit("mul", d, d), axes=axes, keepdim=keepdim)
+    return cx.emit("div", total, cx.scalar(max(n - c, 0), x.type.dtype))
+
+
+def _pow(cx: _Converter, a: Any, b: Any) -> Value:
+    return cx.emit("pow", cx.operand(a, b), cx.operand(b, a))
+
+
+_COMPARISONS = {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",
+                "ge": "greater_equal"}
+
+ATEN_TO_PARTITA: dict[Any, Conv] = {
+    # linear algebra
+    aten.addmm.default: _addmm,
+    aten.mm.default: _matmul,
+    aten.bmm.default: _matmul,
+    aten.matmul.default: _matmul,
+    # movement
+    aten.t.default: _t,
+    aten.permute.default: _permute,
+    aten.transpose.int: _transpose,
+    aten.view.default: _reshape,
+    aten.reshape.default: _reshape,
+    aten._unsafe_view.default: _reshape,
+    aten.expand.default: _expand,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.squeeze.default: _squeeze,
+    aten.squeeze.dim: _squeeze,
+    aten.squeeze.dims: _squeeze,
+    aten.cat.default: _cat,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split_sizes,
+    aten.slice.Tensor: _slice,
+    aten.select.int: _select,
+    aten.index_select.default: _index_select,
+    aten.gather.default: _gather,
+    aten.constant_pad_nd.default: _constant_pad_nd,
+    # copies and casts
+    aten.clone.default: _identity,
+    aten.alias.default: _identity,
+    aten.detach.default: _identity,
+    aten.lift_fresh_copy.default: _identity,
+    aten._to_copy.default: _to_copy,
+    # activations and unary math
+    aten.relu.default: _unary("relu"),
+    aten.gelu.default: _gelu,
+    aten.tanh.default: _unary("tanh"),
+    aten.sigmoid.default: _unary("sigmoid"),
+    aten.silu.default: _unary("silu"),
+    aten.exp.default: _unary("exp"),
+    aten.log.default: _unary("log"),
+    aten.sqrt.default: _unary("sqrt"),
+    aten.rsqrt.default: _unary("rsqrt"),
+    aten.neg.default: _unary("neg"),
+    aten.abs.default: _unary("abs"),
+    aten.erf.default: _unary("erf"),
+    aten.sin.default: _unary("sin"),
+    aten.cos.default: _unary("cos"),
+    aten.logical_not.default: _unary("logical_not"),
+    aten.clamp.default: _clamp,
+    aten.clamp.Tensor: _clamp,
+    aten.hardtanh.default: _clamp,
+    aten.leaky_relu.default: _leaky_relu,
+    aten.elu.default: _elu,
+    # binary arithmetic (tensor or Python scalar operands)
+    aten.add.Tensor: _add_sub("add"),
+    aten.add.Scalar: _add_sub("add"),
+    aten.sub.Tensor: _add_sub("sub"),
+    aten.sub.Scalar: _add_sub("sub"),
+    aten.mul.Tensor: _binary("mul"),
+    aten.mul.Scalar: _binary("mul"),
+    aten.div.Tensor: _binary("div"),
+    aten.div.Scalar: _binary("div"),
+    aten.pow.Tensor_Scalar: _pow,
+    aten.pow.Tensor_Tensor: _pow,
+    aten.pow.Scalar: _pow,
+    aten.maximum.default: _binary("maximum"),
+    aten.minimum.default: _binary("minimum"),
+    aten.logical_and.default: _binary("logical_and"),
+    aten.logical_or.default: _binary("logical_or"),
+    aten.where.self: _where,
+    aten.bitwise_and.Tensor: _bitwise("logical_and"),
+    aten.bitwise_or.Tensor: _bitwise("logical_or"),
+    aten.index.Tensor: _index,
+    aten._assert_tensor_metadata.default: _no_result,
+    aten.scaled_dot_product_attention.default: _sdpa,
+    # comparisons (filled in below for each of .Tensor and .Scalar)
+    # normalization, softmax, embedding
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
+    aten.native_layer_norm.default: _layer_norm,
+    aten._softmax.default: _softmax("softmax"),
+    aten._log_softmax.default: _softmax("log_softmax"),
+    aten.embedding.default: _embedding,
+    # convolution and pooling
+    aten.convolution.default: _convolution,
+    aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
+    aten.avg_pool2d.default: _avg_pool2d,
+    aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+    aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+    # reductions
+    aten.mean.dim: _mean,
+    aten.mean.default: _mean_all,
+    aten.sum.dim_IntList: _sum,
+    aten.sum.default: _sum_all,
+    aten.amax.default: _amax_amin("max"),
+    aten.amin.default: _amax_amin("min"),
+    aten.argmax.default: _argmax_argmin("argmax"),
+    aten.argmin.default: _argmax_argmin("argmin"),
+    aten.cumsum.default: _cumsum_cast,
+    aten.var.correction: _var,
+    # creation
+    aten.full.default: _full,
+    aten.full_like.default: _full_like,
+    aten.scalar_tensor.default: _scalar_tensor,
+    aten.arange.default: _arange,
+    aten.arange.start: _arange,
+    aten.arange.start_step: _arange,
+}
+for _name, _op in _COMPARISONS.items():
+    for _overload in ("Tensor", "Scalar"):
+        ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _binary(_op)
+
+
+def _getitem(cx: _Converter, results: Any, index: int) -> Any:
+    value = results[index]
+    if value is None:
+        raise Unsupported(f"result {index} of {_target_name(cx.node.args[0])} is used, but partita "
+                          "computes only its first result")
+    return value
+
+
+_PYTHON_FUNCTIONS: dict[Any, Conv] = {operator.getitem: _getitem}
+
+
+# --- the walk ----------------------------------------------------------------------------------
+
+def _map_args(cx: _Converter, a: Any) -> Any:
+    fx = torch.fx
+    if isinstance(a, fx.Node):
+        return cx.env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map_args(cx, x) for x in a)
+    return a
+
+
+def _has_poison(a: Any) -> bool:
+    if a is _POISON:
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_poison(x) for x in a)
+    return False
+
+
+def _check_type(node: Any, result: Any, loc: Location | None) -> None:
+    """The inferred partita type of each result must match what torch.export recorded."""
+    val = node.meta.get("val")
+    if val is None:
+        return
+    pairs = list(zip(result, val)) if isinstance(result, tuple) else [(result, val)]
+    for i, (v, tv) in enumerate(pairs):
+        if not isinstance(v, Value) or not isinstance(tv, torch.Tensor):
+            continue
+        expected = _torch_type(tv, node)
+        if v.type != expected:
+            which = f" result {i}" if isinstance(result, tuple) else ""
+            where = f"{loc}: " if loc else ""
+            raise FrontendError(
+                f"{where}{_target_name(node)} ({node.name}){which}: partita inferred {v.type} but torch.export "
+                f"recorded {expected}; the converter for this op disagrees with PyTorch's semantics")
+
+
+def _input_roles(ep: Any) -> dict[str, tuple[str, Any]]:
+    """placeholder name -> (role, value or None) from the export's graph signature."""
+    from torch.export.graph_signature import InputKind
+
+    roles: dict[str, tuple[str, Any]] = {}
+    for spec in ep.graph_signature.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            roles[name] = ("input", None)
+        elif spec.kind == InputKind.PARAMETER:
+            roles[name] = ("param", ep.state_dict[spec.target])
+        elif spec.kind == InputKind.BUFFER:
+            value = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+            roles[name] = ("state", value)
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            roles[name] = ("constant", ep.constants[spec.target])
+        else:
+            raise FrontendError(f"input '{name}' of kind {spec.kind.name} is not supported by the importer")
+    return roles
+
+
+def _weight_names(ep: Any) -> dict[str, str]:
+    """placeholder name -> the module's dotted attribute path (e.g. ``layer1.0.conv1.weight``)."""
+    return {spec.arg.name: spec.target for spec in ep.graph_signature.input_specs if spec.target is not None}
+
+
+def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None = None,
+                 *, name: str | None = None) -> Graph:
+    """Export ``module`` with ``torch.export`` on the example inputs and convert it to a Graph.
+
+    Parameters become ``param`` inputs and buffers ``state`` inputs, named by their attribute
+    path, with their values in ``graph.weights``; user inputs keep their argument names. Each
+    node's location is the model source line it came from. Raises ``FrontendError`` listing
+    every unsupported ATen op (with its source line) if any op cannot be converted.
+    """
+    from ..backend.torch_exec import to_numpy
+    from ..ir.attrs import DenseAttr
+
+    try:
+        ep = torch.export.export(module, tuple(example_args), example_kwargs)
+    except PartitaError:
+        raise
+    except Exception as e:  # torch raises many types; the user needs the message, not the class
+        raise FrontendError(f"torch.export failed on {type(module).__name__}: {type(e).__name__}: {e}") from e
+    ep = ep.run_decompositions(decomposition_table())
+    if ep.graph_signature.buffers_to_mutate or ep.graph_signature.user_inputs_to_mutate:
+        mutated = list(ep.graph_signature.buffers_to_mutate.values()) + list(
+            ep.graph_signature.user_inputs_to_mutate.values())
+        raise FrontendError(f"{type(module).__name__} mutates {', '.join(mutated)} in forward; partita imports "
+                            "pure inference graphs (call module.eval() before importing)")
+
+    graph = Graph(name or type(module).__name__)
+    cx = _Converter(graph)
+    roles = _input_roles(ep)
+    targets = _weight_names(ep)
+    for node in ep.graph.nodes:
+        cx.node = node
+        if node.op == "placeholder":
+            role, value = roles[node.name]
+            t = _torch_type(node.meta["val"], node)
+            if role == "constant":
+                cx.env[node] = cx.b.emit("constant", value=DenseAttr(to_numpy(value)))
+                continue
+            input_name = targets.get(node.name, node.name) if role != "input" else node.name
+            v = cx.b.input(input_name, t, role)
+            cx.env[node] = v
+            if value is not None:
+                graph.weights[input_name] = to_numpy(value)
+        elif node.op == "call_function":
+            loc = source_location(node)
+            args = _map_args(cx, node.args)
+            kwargs = {k: _map_args(cx, a) for k, a in node.kwargs.items()}
+            conv = ATEN_TO_PARTITA.get(node.target) or _PYTHON_FUNCTIONS.get(node.target)
+            if conv is None:
+                cx.problems.append((_target_name(node), loc, "no converter"))
+                cx.env[node] = _POISON
+                continue
+            if _has_poison(args) or _has_poison(list(kwargs.values())):
+                cx.env[node] = _POISON
+                continue
+            cx.b.loc = loc
+            try:
+                result = conv(cx, *args, **kwargs)
+            except Unsupported as e:
+                cx.problems.append((_target_name(node), loc, str(e)))
+                cx.env[node] = _POISON
+                continue
+            except TypeError as e:
+                # The op has an argument form its converter was not written for.
+                cx.problems.append((_target_name(node), loc, f"arguments the converter does not handle ({e})"))
+                cx.env[node] = _POISON
+                continue
+            except PartitaError as e:
+                where = f"{loc}: " if loc else ""
+                raise FrontendError(f"{where}converting {_target_name(node)} ({node.name}): {e}") from e
+            _check_type(node, result, loc)
+            cx.env[node] = result
+        elif node.op == "output":
+            if cx.problems:
+                raise FrontendError(_unsupported_message(type(module).__name__, cx.problems))
+            outs = []
+            for i, a in enumerate(node.args[0]):
+                out = cx.env.get(a) if isinstance(a, torch.fx.Node) else None
+                if not isinstance(out, Value):
+                    raise FrontendError(f"output {i} of {type(module).__name__} is {a!r}, not a tensor; "
+                                        "partita graphs return tensors only")
+                outs.append(out)
+            cx.b.ret(*outs)
+        else:
+            raise FrontendError(f"FX node '{node.name}' has kind '{node.op}', which the importer does not handle")
+    return graph
+
+
+def decomposition_table() -> Any:
+    """The core ATen decompositions, except that scaled_dot_product_attention stays whole:
+    its decomposition fails on common attention code (a view of a transposed tensor), and
+    one attention op per layer converts to a short matmul/softmax chain here."""
+    table = torch.export.default_decompositions()
+    for op in _KEEP_WHOLE:
+        if op in table:
+            del table[op]
+    return table
+
+
+_KEEP_WHOLE = (aten.scaled_dot_product_attention.default,)
+
+
+def _unsupported_message(model: str, problems: list[tuple[str, Location | None, str]]) -> str:
+    ops = sorted({p[0] for p in problems})
+    lines = [f"cannot import {model}: {len(problems)} unsupported op use(s) of {len(ops)} op(s) "
+             f"({', '.join(ops)}):"]
+    for op, loc, why in problems:
+        where = str(loc) if loc else "<unknown location>"
+        lines.append(f"  {where}: {op}" + ("" if why == "no converter" else f": {why}"))
+    lines.append("add a converter to ATEN_TO_PARTITA in partita/frontend/torch_export.py, or rewrite the "
+                 "model code at these lines")
+    return "\n".join(lines)
