@@ -794,17 +794,24 @@ def _weight_names(ep: Any) -> dict[str, str]:
 
 
 def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None = None,
-                 *, name: str | None = None) -> Graph:
+                 *, name: str | None = None, timings: dict[str, float] | None = None) -> Graph:
     """Export ``module`` with ``torch.export`` on the example inputs and convert it to a Graph.
 
     Parameters become ``param`` inputs and buffers ``state`` inputs, named by their attribute
     path, with their values in ``graph.weights``; user inputs keep their argument names. Each
     node's location is the model source line it came from. Raises ``FrontendError`` listing
     every unsupported ATen op (with its source line) if any op cannot be converted.
+
+    With ``timings`` (a dict), the seconds spent in ``torch.export`` plus the decompositions
+    (key ``"export"``) and in partita's conversion (key ``"convert"``) are stored there, so the
+    import cost can be split between torch and partita (``bench/bench_import.py``).
     """
+    import time
+
     from ..backend.torch_exec import to_numpy
     from ..ir.attrs import DenseAttr
 
+    t0 = time.perf_counter()
     try:
         ep = torch.export.export(module, tuple(example_args), example_kwargs)
     except PartitaError:
@@ -818,6 +825,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
         raise FrontendError(f"{type(module).__name__} mutates {', '.join(mutated)} in forward; partita imports "
                             "pure inference graphs (call module.eval() before importing)")
 
+    t1 = time.perf_counter()
     graph = Graph(name or type(module).__name__)
     cx = _Converter(graph)
     roles = _input_roles(ep)
@@ -877,6 +885,9 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
             cx.b.ret(*outs)
         else:
             raise FrontendError(f"FX node '{node.name}' has kind '{node.op}', which the importer does not handle")
+    if timings is not None:
+        timings["export"] = t1 - t0
+        timings["convert"] = time.perf_counter() - t1
     return graph
 
 

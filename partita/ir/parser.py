@@ -72,6 +72,15 @@ def parse(text: str, filename: str = "<string>") -> Graph:
         return _Parser(text, filename).parse_file()
 
 
+def parse_type(text: str, filename: str = "<type>") -> TensorType:
+    """Parse one tensor type such as ``f32[8,128]`` (the ``.pir`` type syntax); raises ParseError."""
+    p = _Parser(text, filename)
+    t = p.parse_type()
+    if p.tok.kind != "eof":
+        raise p.error(f"unexpected {p.tok.describe()} after the type {t}")
+    return t
+
+
 def parse_file(path) -> Graph:
     """Parse a ``.pir`` file and load the weights file beside it when there is one."""
     from pathlib import Path
