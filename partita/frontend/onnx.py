@@ -26,6 +26,7 @@ from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
+from ..ops.registry import TypeRuleError, broadcast_shapes
 from . import FrontendError
 
 MIN_OPSET = 13
@@ -149,6 +150,7 @@ Converter = Callable[[OnnxNode], Sequence[Value | None]]
 CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
     "ReduceSum": (1,), "ReduceMean": (1,), "Dropout": (2,),
+    "ConstantOfShape": (0,), "Pad": (1, 2, 3), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4),
 }
 
 
@@ -540,6 +542,247 @@ def _dropout(n: OnnxNode) -> list[Value | None]:
     return out
 
 
+def _variadic(op: str) -> Converter:
+    """Sum/Max/Min/Mean over any number of broadcasting inputs, folded left to right."""
+    def convert(n: OnnxNode) -> list[Value | None]:
+        vals = [n.input(i) for i in range(len(n.inputs))]
+        acc = vals[0]
+        for v in vals[1:]:
+            acc = n.emit(op, acc, v)
+        return [acc]
+    return convert
+
+
+def _leaky_relu(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    neg = n.emit("mul", x, n.scalar(float(n.attr("alpha", 0.01)), x))
+    return [n.emit("where", n.emit("less", x, n.scalar(0, x)), neg, x)]
+
+
+def _elu_like(n: OnnxNode, alpha: float, gamma: float) -> Value:
+    x = n.input(0)
+    neg = n.emit("mul", n.emit("sub", n.emit("exp", x), n.scalar(1, x)), n.scalar(alpha, x))
+    y = n.emit("where", n.emit("less", x, n.scalar(0, x)), neg, x)
+    return y if gamma == 1.0 else n.emit("mul", y, n.scalar(gamma, x))
+
+
+def _elu(n: OnnxNode) -> list[Value | None]:
+    return [_elu_like(n, float(n.attr("alpha", 1.0)), 1.0)]
+
+
+def _selu(n: OnnxNode) -> list[Value | None]:
+    return [_elu_like(n, float(n.attr("alpha", 1.67326319217681884765625)),
+                      float(n.attr("gamma", 1.05070102214813232421875)))]
+
+
+def _prelu(n: OnnxNode) -> list[Value | None]:
+    x, slope = n.input(0), n.input(1)
+    try:
+        broadcast_shapes(tuple(x.type.shape), tuple(slope.type.shape))
+    except TypeRuleError:
+        # Opset < 7 applied a 1-D slope per channel (axis 1); the version converter keeps
+        # such models as they are, so read the slope that way when it cannot broadcast.
+        if slope.type.rank == 1 and x.type.rank >= 2 and slope.type.shape[0] == x.type.shape[1]:
+            slope = n.emit("reshape", slope, shape=[slope.type.shape[0]] + [1] * (x.type.rank - 2))
+    return [n.emit("where", n.emit("less", x, n.scalar(0, x)), n.emit("mul", x, slope), x)]
+
+
+def _softplus(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    return [n.emit("log", n.emit("add", n.emit("exp", x), n.scalar(1, x)))]
+
+
+def _softsign(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    return [n.emit("div", x, n.emit("add", n.emit("abs", x), n.scalar(1, x)))]
+
+
+def _sign(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    zero = n.scalar(0, x)
+    pos = n.emit("cast", n.emit("greater", x, zero), dtype=x.type.dtype)
+    neg = n.emit("cast", n.emit("less", x, zero), dtype=x.type.dtype)
+    return [n.emit("sub", pos, neg)]
+
+
+def _log_softmax(n: OnnxNode) -> list[Value | None]:
+    return [n.emit("log_softmax", n.input(0), axis=int(n.attr("axis", -1)))]
+
+
+def _clip(n: OnnxNode) -> list[Value | None]:
+    y = n.input(0)
+    if n.has_input(1):
+        y = n.emit("maximum", y, n.input(1))
+    if n.has_input(2):
+        y = n.emit("minimum", y, n.input(2))
+    return [y]
+
+
+def _constant_of_shape(n: OnnxNode) -> list[Value | None]:
+    shape = [int(d) for d in np.asarray(n.const(0, "shape")).reshape(-1)]
+    value = n.attr("value")
+    arr = np.zeros(1, np.float32) if value is None else _onnx().numpy_helper.to_array(value).reshape(-1)
+    dtype = dt.from_numpy(_np_for_partita(arr, n.where).dtype)
+    if int(np.prod(shape)) <= _SMALL_CONST:
+        # Small fills can feed operands that must be constants (a Reshape shape, Pad pads).
+        n.ctx.consts[n.proto.output[0]] = np.full(shape, arr[0], dtype=arr.dtype)
+    return [n.emit("full", shape=shape, value=arr[0].item(), dtype=dtype)]
+
+
+# Largest constant (in elements) the importer also keeps as a NumPy array for later
+# constant-operand reads; weight-sized fills stay only in the graph.
+_SMALL_CONST = 1024
+
+
+def _shape(n: OnnxNode) -> list[Value | None]:
+    # partita shapes are static, so Shape is a constant.
+    dims = list(n.input(0).type.shape)
+    r = len(dims)
+    start, end = int(n.attr("start", 0)), n.attr("end", None)
+    arr = np.array(dims[slice(start, r if end is None else int(end))], dtype=np.int64)
+    n.ctx.consts[n.proto.output[0]] = arr
+    return [n.emit("constant", value=DenseAttr(arr))]
+
+
+def _lrn(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    size = int(n.attr("size"))
+    alpha, beta, bias = float(n.attr("alpha", 1e-4)), float(n.attr("beta", 0.75)), float(n.attr("bias", 1.0))
+    if x.type.rank < 3:
+        raise n.error(f"input {x.type} needs a channel axis and at least one spatial axis (N, C, D1, ...)")
+    c = x.type.shape[1]
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [0, 0] * x.type.rank
+    pads[2], pads[3] = lo, hi
+    sq = n.emit("pad", n.emit("mul", x, x), pads=pads)
+    # The channel window sum as `size` shifted slices: exact, and no op partita lacks.
+    acc = None
+    for i in range(size):
+        part = n.emit("slice", sq, axis=1, start=i, end=i + c)
+        acc = part if acc is None else n.emit("add", acc, part)
+    assert acc is not None
+    denom = n.emit("add", n.scalar(bias, x), n.emit("mul", acc, n.scalar(alpha / size, x)))
+    return [n.emit("div", x, n.emit("pow", denom, n.scalar(beta, x)))]
+
+
+def _pad(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    mode = n.attr("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge"):
+        raise n.error(f"mode '{mode}' is not supported (constant, reflect and edge are)")
+    r = x.type.rank
+    pads = [int(p) for p in np.asarray(n.const(1, "pads")).reshape(-1)]
+    axes = list(range(r))
+    if n.has_input(3):
+        axes = [a + r if a < 0 else a for a in (int(v) for v in np.asarray(n.const(3, "axes")).reshape(-1))]
+    if len(pads) != 2 * len(axes):
+        raise n.error(f"pads has {len(pads)} entries; {len(axes)} padded axes need {2 * len(axes)}")
+    if any(p < 0 for p in pads):
+        raise n.error(f"negative pads {pads} (cropping) are not supported")
+    pairs = [0, 0] * r
+    for k, a in enumerate(axes):
+        pairs[2 * a], pairs[2 * a + 1] = pads[k], pads[k + len(axes)]
+    if mode != "constant":
+        return [_pad_by_copies(n, x, pairs, mode)]
+    value: Any = 0
+    if n.has_input(2):
+        value = np.asarray(n.const(2, "constant_value")).reshape(-1)[0].item()
+    return [n.emit("pad", x, pads=pairs, value=value)]
+
+
+def _pad_by_copies(n: OnnxNode, x: Value, pairs: list[int], mode: str) -> Value:
+    """Reflect or edge padding as a concat of one-wide slices of the input: exact, and
+    built from ops partita has (its pad op fills a constant only)."""
+    y = x
+    for axis in range(x.type.rank):
+        before, after = pairs[2 * axis], pairs[2 * axis + 1]
+        if before == 0 and after == 0:
+            continue
+        dim = y.type.shape[axis]
+        if mode == "reflect" and (before >= dim or after >= dim):
+            raise n.error(f"reflect pads ({before}, {after}) on axis {axis} must be smaller than its size {dim}")
+
+        def one(i: int) -> Value:
+            return n.emit("slice", y, axis=axis, start=i, end=i + 1)
+
+        if mode == "reflect":
+            left = [one(i) for i in range(before, 0, -1)]
+            right = [one(dim - 2 - i) for i in range(after)]
+        else:
+            left, right = [one(0)] * before, [one(dim - 1)] * after
+        y = n.emit("concat", *left, y, *right, axis=axis)
+    return y
+
+
+def _shrink(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    lambd, bias = float(n.attr("lambd", 0.5)), float(n.attr("bias", 0.0))
+    lo = n.emit("less", x, n.scalar(-lambd, x))
+    hi = n.emit("greater", x, n.scalar(lambd, x))
+    inner = n.emit("where", hi, n.emit("sub", x, n.scalar(bias, x)), n.scalar(0, x))
+    return [n.emit("where", lo, n.emit("add", x, n.scalar(bias, x)), inner)]
+
+
+def _instance_norm(n: OnnxNode) -> list[Value | None]:
+    x, scale, bias = n.input(0), n.input(1), n.input(2)
+    if x.type.rank < 3:
+        raise n.error(f"input {x.type} needs (N, C, D1, ...)")
+    axes = list(range(2, x.type.rank))
+    mean = n.emit("mean", x, axes=axes, keepdim=True)
+    centered = n.emit("sub", x, mean)
+    var = n.emit("mean", n.emit("mul", centered, centered), axes=axes, keepdim=True)
+    eps = n.scalar(float(n.attr("epsilon", 1e-5)), x)
+    y = n.emit("div", centered, n.emit("sqrt", n.emit("add", var, eps)))
+    per_channel = [x.type.shape[1]] + [1] * (x.type.rank - 2)
+    y = n.emit("mul", y, n.emit("reshape", scale, shape=per_channel))
+    return [n.emit("add", y, n.emit("reshape", bias, shape=per_channel))]
+
+
+def _expand(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    shape = [int(d) for d in np.asarray(n.const(1, "shape")).reshape(-1)]
+    # ONNX Expand broadcasts both ways: a 1 in `shape` keeps the input's dim.
+    try:
+        out = broadcast_shapes(tuple(x.type.shape), tuple(shape), op="Expand")
+    except TypeRuleError:
+        raise n.error(f"shape {shape} does not broadcast with input {x.type}") from None
+    return [n.emit("broadcast_to", x, shape=list(out))]
+
+
+def _tile(n: OnnxNode) -> list[Value | None]:
+    y = n.input(0)
+    reps = [int(r) for r in np.asarray(n.const(1, "repeats")).reshape(-1)]
+    if len(reps) != y.type.rank or any(r < 1 for r in reps):
+        raise n.error(f"repeats {reps} must hold one count >= 1 per input dim ({y.type})")
+    for axis, k in enumerate(reps):
+        if k > 1:
+            y = n.emit("concat", *([y] * k), axis=axis)
+    return [y]
+
+
+def _slice(n: OnnxNode) -> list[Value | None]:
+    y = n.input(0)
+    r = y.type.rank
+    starts = [int(v) for v in np.asarray(n.const(1, "starts")).reshape(-1)]
+    ends = [int(v) for v in np.asarray(n.const(2, "ends")).reshape(-1)]
+    axes = list(range(len(starts)))
+    if n.has_input(3):
+        axes = [int(v) for v in np.asarray(n.const(3, "axes")).reshape(-1)]
+    steps = [1] * len(starts)
+    if n.has_input(4):
+        steps = [int(v) for v in np.asarray(n.const(4, "steps")).reshape(-1)]
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        if st < 1:
+            raise n.error(f"step {st} is not supported; partita slices with positive steps")
+        a = a + r if a < 0 else a
+        dim = y.type.shape[a]
+        # ONNX clamps like Python for positive steps; bound the huge INT64 sentinels first.
+        s, e = max(min(s, dim), -dim - 1), max(min(e, dim), -dim - 1)
+        y = n.emit("slice", y, axis=a, start=s, end=e, step=st)
+    return [y]
+
+
 ONNX_TO_PARTITA: dict[str, Converter] = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _div,
     "Pow": _pow, "MatMul": _binary("matmul"),
@@ -556,6 +799,13 @@ ONNX_TO_PARTITA: dict[str, Converter] = {
     "Split": _split, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Gather": _gather,
     # ReduceSum takes axes as an input from opset 13, ReduceMean only from opset 18.
     "ReduceMean": _reduce("mean", 18), "ReduceSum": _reduce("sum", 13),
+    "Neg": _unary("neg"), "Exp": _unary("exp"), "Log": _unary("log"), "Abs": _unary("abs"),
+    "Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
+    "LeakyRelu": _leaky_relu, "Elu": _elu, "Selu": _selu, "PRelu": _prelu, "Softplus": _softplus,
+    "Softsign": _softsign, "Sign": _sign, "LogSoftmax": _log_softmax, "Clip": _clip,
+    "ConstantOfShape": _constant_of_shape, "Shape": _shape, "LRN": _lrn, "Pad": _pad,
+    "Expand": _expand, "Tile": _tile, "Slice": _slice, "Shrink": _shrink,
+    "InstanceNormalization": _instance_norm,
 }
 
 
