@@ -17,10 +17,12 @@ set, and walks the FX graph once:
 
 from __future__ import annotations
 
+import contextlib
+
 import operator
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -793,6 +795,25 @@ def _weight_names(ep: Any) -> dict[str, str]:
     return {spec.arg.name: spec.target for spec in ep.graph_signature.input_specs if spec.target is not None}
 
 
+@contextlib.contextmanager
+def _without_kv_cache(module: Any) -> Iterator[None]:
+    """Export a Hugging Face model without its key/value cache, restoring the config after.
+
+    With ``config.use_cache`` on, such a model returns a cache object that torch.export
+    cannot flatten. partita imports the model's computation (the logits and hidden states),
+    which the cache does not change, so the user can pass the model as it is.
+    """
+    config = getattr(module, "config", None)
+    if config is None or not getattr(config, "use_cache", False):
+        yield
+        return
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = True
+
+
 def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None = None,
                  *, name: str | None = None, timings: dict[str, float] | None = None) -> Graph:
     """Export ``module`` with ``torch.export`` on the example inputs and convert it to a Graph.
@@ -813,7 +834,8 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
 
     t0 = time.perf_counter()
     try:
-        ep = torch.export.export(module, tuple(example_args), example_kwargs)
+        with _without_kv_cache(module):
+            ep = torch.export.export(module, tuple(example_args), example_kwargs)
     except PartitaError:
         raise
     except Exception as e:  # torch raises many types; the user needs the message, not the class

@@ -299,6 +299,25 @@ def test_gpt2_matches_eager() -> None:
     assert not any("/torch/" in f for f in files)
 
 
+def test_gpt2_passed_as_is_with_its_kv_cache_on() -> None:
+    # The default config has use_cache=True: the model returns a cache object torch.export
+    # cannot flatten. The importer exports without the cache and restores the config.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).eval()
+    assert model.config.use_cache
+    ids = torch.randint(0, 64, (1, 8))
+    g = partita.import_torch(model, (ids,))
+    assert model.config.use_cache, "the user's config must be left as it was"
+    with torch.no_grad():
+        want = model(ids).logits.numpy()
+    for backend in ("numpy", "torch"):
+        got = np.asarray(partita.run(g, [ids.numpy()], backend=backend)[0])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_llama_with_grouped_query_attention_matches_eager() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
