@@ -125,6 +125,13 @@ def _torch_type(val: Any, node: Any) -> TensorType:
     return TensorType(shape, dt)
 
 
+def _data_dependent_shape(val: Any) -> str | None:
+    """The shape of ``val`` as text when a dimension is symbolic (it depends on the data)."""
+    if not isinstance(val, torch.Tensor) or all(isinstance(d, int) for d in val.shape):
+        return None
+    return "[" + ", ".join(str(d) for d in val.shape) + "]"
+
+
 def source_location(node: Any) -> Location | None:
     """The innermost frame of the model's own code in ``node``'s stack trace (not torch's)."""
     trace = node.meta.get("stack_trace")
@@ -867,6 +874,14 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
                 graph.weights[input_name] = to_numpy(value)
         elif node.op == "call_function":
             loc = source_location(node)
+            dynamic = _data_dependent_shape(node.meta.get("val"))
+            if dynamic is not None:
+                where = f"{loc}: " if loc else ""
+                raise FrontendError(
+                    f"{where}{_target_name(node)} ({node.name}) makes a tensor of shape {dynamic}, which depends "
+                    "on the input data; partita needs static shapes. Compute it with a fixed shape instead "
+                    "(for example a mask and where() in place of nonzero() or boolean indexing), or keep this "
+                    "step outside the imported module")
             args = _map_args(cx, node.args)
             kwargs = {k: _map_args(cx, a) for k, a in node.kwargs.items()}
             conv = ATEN_TO_PARTITA.get(node.target) or _PYTHON_FUNCTIONS.get(node.target)

@@ -432,3 +432,16 @@ def test_clamps_activations_and_variance_match_eager() -> None:
     g = partita.import_torch(Activations(), args)
     partita.verify(g)
     _check_matches_eager(g, Activations(), args)
+
+
+class _Nonzero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nonzero(x) + 1  # @nonzero
+
+
+def test_data_dependent_shape_is_one_clear_error_with_the_source_line() -> None:
+    with pytest.raises(FrontendError) as info:
+        partita.import_torch(_Nonzero().eval(), (torch.randn(4, 5),))
+    msg = str(info.value)
+    assert f"{__file__}:{_line_of('nonzero')}" in msg
+    assert "aten.nonzero" in msg and "depends on the input data" in msg and "static shapes" in msg
