@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 
 from .diagnostics import GraphEditError
 from .types import Location, TensorType
+from .weights import Weights
 
 ROLES = ("input", "param", "state")
 _GAP = 1 << 20
@@ -173,8 +174,6 @@ class Graph:
     """A function: inputs with roles, nodes in topological order, outputs, and weights."""
 
     def __init__(self, name: str = "main") -> None:
-        from .weights import Weights
-
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
