@@ -177,6 +177,9 @@ class Graph:
         self.name = name
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
+        # Per output: the input whose buffer it may reuse (a new version of a param or
+        # state, e.g. an optimizer's updated weight), or None.
+        self.output_aliases: list[Value | None] = []
         self.weights = Weights()
         self.loc: Location | None = None
         self._head: Node | None = None
@@ -248,15 +251,36 @@ class Graph:
     def params(self) -> list[Value]:
         return [v for v in self.inputs if v.role == "param"]
 
-    def set_outputs(self, values: Iterable[Value]) -> None:
+    def set_outputs(self, values: Iterable[Value], aliases: Iterable[Value | None] | None = None) -> None:
+        """Set the outputs; ``aliases`` gives, per output, the input whose buffer it may
+        reuse (None: no alias). Without ``aliases`` no output aliases an input."""
         values = list(values)
         for v in values:
             self._check_owned(v, "an output")
+        al = [None] * len(values) if aliases is None else list(aliases)
+        if len(al) != len(values):
+            raise GraphEditError(f"set_outputs: {len(values)} output(s) but {len(al)} alias entries")
+        seen: set[Value] = set()
+        for v, a in zip(values, al):
+            if a is None:
+                continue
+            if not a.is_input or a.graph is not self:
+                raise GraphEditError(f"output {v!r} may only alias an input of @{self.name}, not {a!r}")
+            if a.type != v.type:
+                raise GraphEditError(f"output {v!r} ({v.type}) cannot alias input {a!r} ({a.type}): types differ")
+            if a in seen:
+                raise GraphEditError(f"two outputs alias the same input {a!r}")
+            seen.add(a)
         for v in self.outputs:
             v._out_uses -= 1
         self.outputs = values
+        self.output_aliases = al
         for v in values:
             v._out_uses += 1
+
+    def output_alias(self, i: int) -> "Value | None":
+        """The input output ``i`` may reuse the buffer of, or None."""
+        return self.output_aliases[i] if i < len(self.output_aliases) else None
 
     # --- node edits ---------------------------------------------------------------------
     def append(self, node: Node) -> Node:
@@ -405,7 +429,8 @@ class Graph:
                 append(m)
                 for a, b in zip(n.results, m.results):
                     vmap[a] = b
-            g.set_outputs(vmap[v] for v in self.outputs)
+            g.set_outputs([vmap[v] for v in self.outputs],
+                          [None if a is None else vmap[a] for a in self.output_aliases] or None)
         return g
 
     def structurally_equal(self, other: "Graph") -> bool:
@@ -437,6 +462,10 @@ class Graph:
                 vmap[a] = b
         if len(self.outputs) != len(other.outputs) or any(vmap.get(a) is not b for a, b in zip(self.outputs, other.outputs)):
             return "outputs differ"
+        for i in range(len(self.outputs)):
+            a, b = self.output_alias(i), other.output_alias(i)
+            if (a is None) != (b is None) or (a is not None and vmap.get(a) is not b):
+                return f"output {i} aliases differ: {a!r} vs {b!r}"
         return None
 
     # --- internals ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .attrs import DenseAttr
-from .diagnostics import AttributeError_, ParseError, PartitaError
+from .diagnostics import AttributeError_, GraphEditError, ParseError, PartitaError
 from .dtypes import DTYPES
 from .graph import ROLES, Graph, Node, Value, bulk_build
 from .types import Location, TensorType
@@ -210,10 +210,12 @@ class _Parser:
         self.expect("->", "'->' and the output types")
         self.expect("(", "'(' before the output types")
         out_types: list[tuple[TensorType, Token]] = []
+        aliases: list[Value | None] = []
         if not self.at(")"):
             while True:
                 t0 = self.tok
                 out_types.append((self.parse_type(), t0))
+                aliases.append(self.parse_alias(g, out_types[-1][0]))
                 if self.at(","):
                     self.advance()
                     continue
@@ -238,9 +240,31 @@ class _Parser:
         for v, (t, tok) in zip(outs, out_types):
             if v.type != t:
                 raise self.error(f"output %{v.name} has type {v.type} but the graph signature declares {t}", tok)
-        g.set_outputs(outs)
+        try:
+            g.set_outputs(outs, aliases)
+        except GraphEditError as e:
+            raise self.error(str(e), ret) from None
         self.expect("}", "'}' to close the graph body")
         return g
+
+    def parse_alias(self, g: Graph, t: TensorType) -> Value | None:
+        """An optional ``aliases(%input)`` after an output type."""
+        if not (self.tok.kind == "ident" and self.tok.text == "aliases"):
+            if self.tok.kind == "ident":
+                raise self.error(f"unexpected {self.tok.describe()} after an output type; "
+                                 f"expected ',', ')' or aliases(%input)")
+            return None
+        self.advance()
+        self.expect("(", "'(' after aliases")
+        tok = self.expect_kind("value", "the aliased graph input, like %w")
+        self.expect(")", "')' after the aliased input")
+        v = self.values.get(tok.text[1:])
+        if v is None or not v.is_input:
+            raise self.error(f"aliases({tok.text}): an output may only alias a graph input; "
+                             f"{tok.text} is not one", tok)
+        if v.type != t:
+            raise self.error(f"aliases({tok.text}): the output type {t} differs from the input's {v.type}", tok)
+        return v
 
     def parse_arg(self, g: Graph) -> None:
         tok = self.expect_kind("value", "a graph input like %x: f32[4]")

@@ -153,7 +153,8 @@ class _Printer:
         self.assign_names()
         g, names, ts = self.g, self.names, self.type_str
         args = [f"%{names[v]}: {ts(v.type)}" + ("" if v.role == "input" else f" {v.role}") for v in g.inputs]
-        rets = ", ".join(ts(v.type) for v in g.outputs)
+        rets = ", ".join(ts(v.type) + ("" if (a := g.output_alias(i)) is None else f" aliases(%{names[a]})")
+                         for i, v in enumerate(g.outputs))
         head = f"graph @{g.name}("
         tail = f") -> ({rets}) {{"
         one_line = head + ", ".join(args) + tail

@@ -120,6 +120,23 @@ def verify(graph: Graph) -> Graph:
         if v not in defined:
             raise VerifyError(f"@{graph.name}: output {i} ({nm(v)}) is not defined in the graph")
         out_counts[v] = out_counts.get(v, 0) + 1
+    aliases = graph.output_aliases
+    if aliases and len(aliases) != len(graph.outputs):
+        raise VerifyError(f"@{graph.name}: {len(graph.outputs)} output(s) but {len(aliases)} alias entries")
+    aliased: set[Value] = set()
+    for i, a in enumerate(aliases):
+        if a is None:
+            continue
+        o = graph.outputs[i]
+        if a not in graph.inputs:
+            raise VerifyError(f"@{graph.name}: output {i} ({nm(o)}) aliases {nm(a)}, which is not a graph input")
+        if a.type != o.type:
+            raise VerifyError(f"@{graph.name}: output {i} ({nm(o)}, {o.type}) aliases input {nm(a)} of "
+                              f"another type ({a.type})")
+        if a in aliased:
+            raise VerifyError(f"@{graph.name}: two outputs alias input {nm(a)}; each input's buffer "
+                              f"can be reused by one output only")
+        aliased.add(a)
     for v in defined:
         if v._out_uses != out_counts.get(v, 0):
             raise VerifyError(f"@{graph.name}: the output count of {nm(v)} is stale "

@@ -557,3 +557,40 @@ def test_fast_path_declines_anything_doubtful(monkeypatch):
     with pytest.raises(partita.ParseError, match=r"bad.pir:3:3: error: expected ',' or '}' in the attribute dict, "
                                                  r"found 'return'"):
         parse(text, "bad.pir")
+
+
+STEP = """graph @step(%w: f32[4] param, %g: f32[4]) -> (f32[4] aliases(%w), f32[4]) {
+  %0 = sub(%w, %g) : f32[4]
+  return %0, %g
+}
+"""
+
+
+def test_output_aliases_round_trip_clone_and_diff():
+    g = parse(STEP)
+    verify(g)
+    assert g.output_aliases == [g.input("w"), None]
+    assert print_graph(g) == STEP
+    c = g.clone()
+    assert c.output_alias(0) is c.input("w") and c.diff(g) is None
+    c.set_outputs(c.outputs)  # no aliases given: none kept
+    assert "output 0 aliases differ" in (g.diff(c) or "")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (STEP.replace("aliases(%w), f32[4])", "aliases(%w), f32[4] aliases(%w))"), "two outputs alias the same input"),
+    (STEP.replace("aliases(%w)", "aliases(%0)"), "may only alias a graph input"),
+    (STEP.replace("aliases(%w)", "aliases(%g)").replace("%g: f32[4]", "%g: f32[5]")
+     .replace("sub(%w, %g)", "sub(%w, %w)").replace("return %0, %g", "return %0, %0"), "differs from the input"),
+    (STEP.replace("aliases(%w)", "aliasez(%w)"), "expected ',', ')' or aliases(%input)"),
+])
+def test_bad_aliases_are_parse_errors(bad, message):
+    with pytest.raises(partita.PartitaError, match=re.escape(message)):
+        parse(bad)
+
+
+def test_verifier_rejects_an_alias_of_a_non_input():
+    g = parse(STEP)
+    g.output_aliases = [g.outputs[0], None]  # an edit that bypasses set_outputs
+    with pytest.raises(partita.PartitaError, match="not a graph input"):
+        verify(g)
