@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, PartitaError
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS
 from .common import bind_inputs, check_array, numpy_dtype_name
 
@@ -27,27 +27,7 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     remaining = {v: v.num_uses for v in env}
     outputs = set(graph.outputs)
     for node in graph.nodes:
-        opdef = OPS[node.op]
-        args = [env[v] for v in node.operands]
-        try:
-            with np.errstate(all="ignore"):
-                res = opdef.reference(args, node.attrs)
-        except PartitaError:
-            raise
-        except Exception as e:
-            where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
-            raise ExecutionError(f"{node.op}{where}: the reference implementation failed: {type(e).__name__}: {e}") from e
-        if not isinstance(res, (list, tuple)):
-            res = (res,)
-        if len(res) != len(node.results):
-            raise ExecutionError(f"{node.op}: reference returned {len(res)} result(s), expected {len(node.results)}")
-        for r, a in zip(node.results, res):
-            t = r.type
-            a = np.asarray(a)
-            if a.dtype != t.dtype.np:
-                a = a.astype(t.dtype.np)
-            if a.shape != t.shape:
-                raise ExecutionError(f"{node.op}: reference returned shape {list(a.shape)}, type rule says {t}")
+        for r, a in zip(node.results, run_node_reference(node, [env[v] for v in node.operands])):
             env[r] = a
             remaining[r] = r.num_uses
         for v in node.operands:  # free values after their last use
@@ -59,3 +39,31 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                 else:
                     remaining[v] = n - 1
     return [env[v] for v in graph.outputs]
+
+
+def run_node_reference(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Run one node's NumPy reference on ``args``; results in the node's result dtypes,
+    their shapes checked against the type rule."""
+    opdef = OPS[node.op]
+    try:
+        with np.errstate(all="ignore"):
+            res = opdef.reference(args, node.attrs)
+    except PartitaError:
+        raise
+    except Exception as e:
+        where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
+        raise ExecutionError(f"{node.op}{where}: the reference implementation failed: {type(e).__name__}: {e}") from e
+    if not isinstance(res, (list, tuple)):
+        res = (res,)
+    if len(res) != len(node.results):
+        raise ExecutionError(f"{node.op}: reference returned {len(res)} result(s), expected {len(node.results)}")
+    out = []
+    for r, a in zip(node.results, res):
+        t = r.type
+        a = np.asarray(a)
+        if a.dtype != t.dtype.np:
+            a = a.astype(t.dtype.np)
+        if a.shape != t.shape:
+            raise ExecutionError(f"{node.op}: reference returned shape {list(a.shape)}, type rule says {t}")
+        out.append(a)
+    return out

@@ -2,6 +2,14 @@
 
 A graph is compiled once into a flat list of steps over numbered slots (no dict lookups or
 attribute access per op at run time); slots are released after their last use.
+
+Dtypes torch has few CPU kernels for live in a wider "carrier" (``_lazy.CARRIER_NAMES``):
+u16/u32 in int32/int64, u64 in int64 as the same bits, storage types (f8, f4, i4, u4, i2,
+u2) in f32 as their exact values. Only the nodes that touch such a dtype get a wrapper
+(``_carried_step``); every other node runs its op's torch implementation directly.
+Inputs are converted to carriers on the way in; outputs come back as torch.uint16/32/64
+tensors, and storage-typed outputs as NumPy arrays of the ml_dtypes type (torch has no
+4-bit or 2-bit dtypes), so both executors return the same values in the same dtypes.
 """
 
 from __future__ import annotations
@@ -10,17 +18,22 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.diagnostics import ExecutionError, PartitaError
-from ..ir.graph import Graph, Value
-from ..ops._lazy import to_torch_dtype, torch
-from ..ops.registry import OPS
-from .common import bind_inputs, check_array
+from ..ir.diagnostics import ExecutionError, PartitaError, TypeRuleError
+from ..ir.dtypes import DType, promote_all
+from ..ir.graph import Graph, Node, Value
+from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
+from ..ops.cast_semantics import cast_array
+from ..ops.registry import OPS, OpDef, movement_cost
+from .common import bind_inputs, check_array, numpy_dtype_name
 
 
 class TorchProgram:
     """A graph prepared for repeated execution with torch."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, donate: bool = False) -> None:
+        """``donate=True``: the caller gives up the input buffers that outputs alias (as a
+        training loop does with its params and optimizer state), so ops with an in-place
+        implementation may update them where they are instead of allocating new ones."""
         self.graph = graph
         slot: dict[Value, int] = {}
         for v in graph.inputs:
@@ -37,19 +50,30 @@ class TorchProgram:
         for i, n in enumerate(nodes):
             opdef = OPS[n.op]
             frees = tuple(slot[v] for v in dict.fromkeys(n.operands) if last_use[v] == i and v not in outputs)
-            dtypes = tuple(to_torch_dtype(r.type.dtype) for r in n.results)
-            self.steps.append((opdef.torch, tuple(slot[v] for v in n.operands), n.attrs,
+            dtypes = tuple(carrier_dtype(r.type.dtype) for r in n.results)
+            fn = opdef.torch
+            if donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use):
+                fn = opdef.torch_inplace
+            if any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results)):
+                fn = _carried_step(n, opdef)
+            self.steps.append((fn, tuple(slot[v] for v in n.operands), n.attrs,
                                tuple(slot[r] for r in n.results), dtypes, frees, n))
         self.num_slots = len(slot)
         self.input_slots = [(v, slot[v]) for v in graph.inputs]
         self.output_slots = [slot[v] for v in graph.outputs]
+        self.output_converters = [(slot[v], v.type.dtype if v.type.dtype.name in CARRIER_NAMES else None)
+                                  for v in graph.outputs]
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
         env: list = [None] * self.num_slots
         for v, a in bind_inputs(self.graph, inputs, weights):
-            t = to_tensor(a)
-            check_array(v, tuple(t.shape), _dtype_name(t))
+            dt = v.type.dtype
+            if dt.name in CARRIER_NAMES:
+                t = _to_carrier_checked(v, a)
+            else:
+                t = to_tensor(a)
+                check_array(v, tuple(t.shape), _dtype_name(t))
             env[v.index] = t
         with torch.inference_mode():
             for fn, args, attrs, outs, dtypes, frees, node in self.steps:
@@ -72,15 +96,44 @@ class TorchProgram:
                         env[o] = r if r.dtype is dt else r.to(dt)
                 for i in frees:
                     env[i] = None
-        return [env[i] for i in self.output_slots]
+        return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
+
+
+def _may_update_in_place(graph: Graph, node: Node, opdef: OpDef, i: int, last_use: dict[Value, int]) -> bool:
+    """Every (result, operand) pair of ``opdef.inplace`` is a graph output aliasing that
+    operand, an input no later node reads and that is not returned itself."""
+    if not opdef.inplace:
+        return False
+    alias_of = {id(v): a for v, a in zip(graph.outputs, graph.output_aliases) if a is not None}
+    outputs = set(graph.outputs)
+    for r, o in opdef.inplace:
+        if r >= len(node.results) or o >= len(node.operands):
+            return False
+        v = node.operands[o]
+        if alias_of.get(id(node.results[r])) is not v or last_use.get(v) != i or v in outputs:
+            return False
+        if sum(1 for u in node.operands if u is v) != 1:
+            return False
+    return True
 
 
 def to_tensor(a: Any):
+    """A torch tensor of a NumPy array (bf16, u16/u32/u64 and float8 included) or a tensor.
+
+    The 4- and 2-bit storage types, which torch lacks, come back as f32 holding the values.
+    """
     if isinstance(a, torch.Tensor):
         return a
     arr = np.asarray(a)
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
+    if arr.dtype.kind == "V" or arr.dtype.name.startswith("float8"):
+        from ..ir.dtypes import from_numpy
+
+        dt = from_numpy(arr.dtype)
+        if dt.name in ("f4e2m1", "i4", "u4", "i2", "u2"):
+            return torch.from_numpy(arr.astype(np.float32))
+        return torch.from_numpy(arr.view(np.uint8).copy()).view(to_torch_dtype(dt))
     # np.ascontiguousarray turns a 0-d array into shape (1,); np.require keeps the rank.
     # A read-only array (a constant's payload, a memory-mapped weight) is copied: torch
     # tensors are always writable, and sharing would let a later in-place op change it.
@@ -88,11 +141,172 @@ def to_tensor(a: Any):
 
 
 def to_numpy(t) -> np.ndarray:
+    """A NumPy array of a torch tensor (bf16 and float8 as ml_dtypes arrays); NumPy arrays
+    (the torch executor's storage-typed outputs) pass through."""
+    if isinstance(t, np.ndarray):
+        return t
     if t.dtype == torch.bfloat16:
         import ml_dtypes
 
         return t.detach().cpu().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:
+        from ..ops._lazy import from_torch_dtype
+
+        return t.detach().cpu().view(torch.uint8).numpy().view(from_torch_dtype(t.dtype).np)
     return t.detach().cpu().numpy()
+
+
+# --- carriers: dtypes torch holds in a wider type ---------------------------------------
+
+_NATIVE_UNSIGNED = {"u16": "uint16", "u32": "uint32", "u64": "uint64"}
+_MASKS = {"u16": 0xFFFF, "u32": 0xFFFFFFFF}
+_SIGN_BIT = -(2 ** 63)
+
+# How a node that touches u64 runs on its int64 carrier (ops not listed are refused unless
+# they only move data or all their results are floats). "wrap": two's complement arithmetic
+# gives the exact unsigned result. "ordered": compare after flipping the sign bit.
+_U64_RULES = {"add": "wrap", "sub": "wrap", "mul": "wrap", "neg": "wrap", "sum": "wrap",
+              "equal": "wrap", "not_equal": "wrap", "where": "wrap", "logical_and": "wrap",
+              "logical_or": "wrap", "logical_not": "wrap",
+              "less": "ordered", "less_equal": "ordered", "greater": "ordered", "greater_equal": "ordered",
+              "maximum": "ordered", "minimum": "ordered"}
+
+
+def to_carrier(t, dt: DType):
+    """The executor's carrier tensor for tensor ``t`` holding values of partita dtype ``dt``
+    in torch's own dtype (torch.uint16, torch.float8_e4m3fn, ...; f32 for 4/2-bit types)."""
+    if dt.name == "u64":
+        return t.view(torch.int64) if t.dtype == torch.uint64 else t.to(torch.int64)
+    return t.to(carrier_dtype(dt))
+
+
+def from_carrier(t, dt: DType):
+    """A carrier back in partita dtype ``dt``: a torch.uint16/32/64 tensor for the unsigned
+    types, a NumPy array of the ml_dtypes type for storage types."""
+    if dt.storage:
+        # The carrier holds values of dt exactly, so a plain conversion is exact (a saturating
+        # cast would turn an f8e5m2 infinity into its max).
+        return t.detach().cpu().numpy().astype(dt.np)
+    if dt.name == "u64":
+        return t.view(torch.uint64)
+    return t.to(getattr(torch, _NATIVE_UNSIGNED[dt.name]))
+
+
+def _to_carrier_checked(v: Value, a: Any):
+    """Input ``a`` for graph input ``v`` (of a carried dtype), checked, as its carrier."""
+    dt = v.type.dtype
+    if isinstance(a, torch.Tensor):  # torch's own dtype: torch.uint32, torch.float8_e5m2, ...
+        check_array(v, tuple(a.shape), _dtype_name(a))
+        return to_carrier(a, dt)
+    arr = np.asarray(a)
+    check_array(v, arr.shape, numpy_dtype_name(arr))
+    if dt.storage:
+        return torch.from_numpy(arr.astype(np.float32))
+    if dt.name == "u64":
+        return torch.from_numpy(arr.view(np.int64).copy())
+    return torch.from_numpy(arr.astype(np.dtype(CARRIER_NAMES[dt.name])))
+
+
+def _carried_step(node: Node, opdef: OpDef):
+    """The step function for a node touching a carried dtype (see the module doc)."""
+    ins = [v.type.dtype for v in node.operands]
+    outs = [r.type.dtype for r in node.results]
+    fn = opdef.torch
+    where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
+    if not ins and not opdef.effects_of(node.attrs):
+        # Constants and fills: the reference computes the payload once, converted to carriers
+        # (torch cannot build most of these dtypes itself).
+        from .numpy_ref import run_node_reference
+
+        cached = [to_carrier(to_tensor(r), d) for r, d in zip(run_node_reference(node, []), outs)]
+        if len(cached) == 1:
+            return lambda args, attrs: cached[0].clone()
+        return lambda args, attrs: [c.clone() for c in cached]
+    if node.op == "cast":
+        return _carried_cast(ins[0], outs[0])
+    names = {d.name for d in (*ins, *outs)}
+    masks = [_MASKS.get(d.name) for d in outs]
+
+    def finish(res):
+        # u16/u32 results are reduced modulo 2**bits: the wider carrier computed them exactly.
+        if len(outs) == 1:
+            res = res[0] if type(res) in (list, tuple) else res
+            return res if masks[0] is None else res.to(carrier_dtype(outs[0])) & masks[0]
+        return [r if m is None else r.to(carrier_dtype(d)) & m for r, m, d in zip(res, masks, outs)]
+
+    if "u64" not in names:
+        return lambda args, attrs: finish(fn(args, attrs))
+    u64_in = [d.name == "u64" for d in ins]
+    rule = _U64_RULES.get(node.op)
+    to_float = None
+    if opdef.elementwise:
+        try:
+            promoted = promote_all(ins)
+        except TypeRuleError:
+            promoted = None
+        if promoted is not None and promoted.is_float:
+            to_float = promoted
+    if to_float is None and rule is None and all(d.is_float for d in outs):
+        to_float = outs[0]
+    if opdef.cost is movement_cost:
+        rule = "wrap"
+    elif to_float is not None:
+        # u64 promoted to a float: convert the operands to it first (torch's own uint64 -> float
+        # conversion rounds once), as the promotion says.
+        to = carrier_dtype(to_float)
+        return lambda args, attrs: fn([a.view(torch.uint64).to(to) if u else a for a, u in zip(args, u64_in)], attrs)
+    if rule == "wrap":
+        return lambda args, attrs: finish(fn(args, attrs))
+    if rule == "ordered":
+        flip_out = [d.name == "u64" for d in outs]
+
+        def ordered(args, attrs):
+            res = fn([a ^ _SIGN_BIT if u else a for a, u in zip(args, u64_in)], attrs)
+            return res ^ _SIGN_BIT if flip_out[0] else res
+        return ordered
+    raise ExecutionError(f"{node.op}{where}: the torch executor cannot compute {node.op} on u64 exactly "
+                         "(torch has no CPU kernels for unsigned 64-bit integers and partita holds them in "
+                         "int64); run this graph with backend=\"numpy\", or cast to i64 or f64 first")
+
+
+def _carried_cast(src: DType, dst: DType):
+    """A cast where the source or the target is carried."""
+    if dst.storage:
+        # Rounding into float8 (saturation, NaN rules) and the 4/2-bit types follows
+        # cast_array exactly; the values travel through the host once.
+        def to_storage(args, attrs):
+            x = args[0]
+            host = from_carrier(x, src) if src.name in CARRIER_NAMES else x
+            arr = to_numpy(host) if not isinstance(host, np.ndarray) else host
+            y = cast_array(arr, dst, attrs["saturate"], attrs["round_mode"])
+            return torch.from_numpy(y.astype(np.float32)).to(x.device)
+        return to_storage
+    if dst.is_bool:
+        return lambda args, attrs: args[0] != 0
+    if src.storage:
+        src_native = None
+    else:
+        src_native = _NATIVE_UNSIGNED.get(src.name)
+    to = getattr(torch, _NATIVE_UNSIGNED[dst.name]) if dst.name in _NATIVE_UNSIGNED else to_torch_dtype(dst)
+
+    def cast(args, attrs):
+        x = args[0]
+        if src_native == "uint64":
+            x = x.view(torch.uint64)
+        elif src_native is not None:
+            x = x.to(getattr(torch, src_native))
+        if x.is_floating_point() and dst.is_int:
+            # Truncate toward zero and wrap, as cast_array does: through int64. torch's
+            # float -> uint64 conversion is wrong above 2**63 on CPU, so u64 is built by hand:
+            # values from 2**63 up are shifted down, converted, and get the top bit back.
+            t = torch.trunc(x.double())
+            if dst.name == "u64":
+                high = t >= 2.0 ** 63
+                return torch.where(high, (t - 2.0 ** 63).to(torch.int64) ^ _SIGN_BIT, t.to(torch.int64))
+            x = t.to(torch.int64)
+        y = x.to(to)
+        return to_carrier(y, dst) if dst.name in CARRIER_NAMES else y
+    return cast
 
 
 def _dtype_name(t) -> str:

@@ -1,16 +1,24 @@
 """Element types of partita tensors and their promotion rules.
 
 A ``DType`` is a frozen record; the module-level constants (``f32``, ``i64``, ...) are the
-only instances. NumPy dtypes come from NumPy itself, plus ``ml_dtypes`` for bfloat16, so the
-reference interpreter can hold every partita dtype in a NumPy array.
+only instances. NumPy dtypes come from NumPy itself, plus ``ml_dtypes`` for bfloat16 and the
+storage types, so the reference interpreter can hold every partita dtype in a NumPy array.
+
+Storage types (8-, 4- and 2-bit floats and integers for quantized data) have ``storage=True``:
+they can be cast to and from every dtype and moved (reshape, transpose, concat, slice,
+constant), but no arithmetic op accepts them (see ``check_storage_operands``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    from .diagnostics import TypeRuleError
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +26,7 @@ class DType:
     name: str          # the text-form spelling: f32, i64, bool, ...
     kind: str          # "bool", "uint", "int" or "float": promotion category
     bits: int
+    storage: bool = False  # quantized storage type: cast and data movement only
 
     @property
     def itemsize(self) -> int:
@@ -54,6 +63,9 @@ class DType:
 
 bool_ = DType("bool", "bool", 8)
 u8 = DType("u8", "uint", 8)
+u16 = DType("u16", "uint", 16)
+u32 = DType("u32", "uint", 32)
+u64 = DType("u64", "uint", 64)
 i8 = DType("i8", "int", 8)
 i16 = DType("i16", "int", 16)
 i32 = DType("i32", "int", 32)
@@ -62,15 +74,34 @@ f16 = DType("f16", "float", 16)
 bf16 = DType("bf16", "float", 16)
 f32 = DType("f32", "float", 32)
 f64 = DType("f64", "float", 64)
+# Storage types. The names follow the ONNX / ml_dtypes spelling: e<exponent bits>m<mantissa
+# bits>, "fn" = finite (no infinities), "uz" = unsigned zero (no -0, a single NaN).
+f8e4m3fn = DType("f8e4m3fn", "float", 8, storage=True)
+f8e4m3fnuz = DType("f8e4m3fnuz", "float", 8, storage=True)
+f8e5m2 = DType("f8e5m2", "float", 8, storage=True)
+f8e5m2fnuz = DType("f8e5m2fnuz", "float", 8, storage=True)
+f8e8m0 = DType("f8e8m0", "float", 8, storage=True)      # powers of two only (MX scales)
+f4e2m1 = DType("f4e2m1", "float", 4, storage=True)
+i4 = DType("i4", "int", 4, storage=True)
+u4 = DType("u4", "uint", 4, storage=True)
+i2 = DType("i2", "int", 2, storage=True)
+u2 = DType("u2", "uint", 2, storage=True)
 
-ALL_DTYPES: tuple[DType, ...] = (bool_, u8, i8, i16, i32, i64, f16, bf16, f32, f64)
+COMPUTE_DTYPES: tuple[DType, ...] = (bool_, u8, u16, u32, u64, i8, i16, i32, i64, f16, bf16, f32, f64)
+STORAGE_DTYPES: tuple[DType, ...] = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz, f8e8m0, f4e2m1, i4, u4, i2, u2)
+ALL_DTYPES: tuple[DType, ...] = COMPUTE_DTYPES + STORAGE_DTYPES
 DTYPES: dict[str, DType] = {d.name: d for d in ALL_DTYPES}
-FLOAT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_float)
-INT_DTYPES = tuple(d for d in ALL_DTYPES if d.is_int)
+FLOAT_DTYPES = tuple(d for d in COMPUTE_DTYPES if d.is_float)
+INT_DTYPES = tuple(d for d in COMPUTE_DTYPES if d.is_int)
+# The float8 types whose casts obey the ``saturate`` flag (ONNX Cast).
+SATURATING_DTYPES = (f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz)
 
 _TO_NUMPY: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
     "u8": np.dtype(np.uint8),
+    "u16": np.dtype(np.uint16),
+    "u32": np.dtype(np.uint32),
+    "u64": np.dtype(np.uint64),
     "i8": np.dtype(np.int8),
     "i16": np.dtype(np.int16),
     "i32": np.dtype(np.int32),
@@ -79,6 +110,16 @@ _TO_NUMPY: dict[str, np.dtype] = {
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
+    "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "f8e4m3fnuz": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "f8e5m2": np.dtype(ml_dtypes.float8_e5m2),
+    "f8e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "f8e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "f4e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
+    "i4": np.dtype(ml_dtypes.int4),
+    "u4": np.dtype(ml_dtypes.uint4),
+    "i2": np.dtype(ml_dtypes.int2),
+    "u2": np.dtype(ml_dtypes.uint2),
 }
 _FROM_NUMPY: dict[np.dtype, DType] = {v: DTYPES[k] for k, v in _TO_NUMPY.items()}
 
@@ -95,15 +136,33 @@ def parse_dtype(name: str) -> DType:
 _KIND_RANK = {"bool": 0, "uint": 1, "int": 1, "float": 2}
 
 
+def storage_error(dt: DType, op: str) -> TypeRuleError:
+    """The error for an arithmetic use of storage type ``dt`` (in ``op``)."""
+    from .diagnostics import TypeRuleError  # diagnostics -> types -> dtypes: import late
+    return TypeRuleError(f"{op}: {dt} is a storage type (cast and data movement only): cast it to "
+                         "f16/f32 first" if dt.is_float else
+                         f"{op}: {dt} is a storage type (cast and data movement only): cast it to i8/i32 first")
+
+
 def promote(a: DType, b: DType) -> DType:
     """Result dtype of a binary op on tensors of dtypes ``a`` and ``b``.
 
-    The rule is PyTorch's tensor-tensor promotion: a higher category wins (bool < integer <
-    float); within a category the wider type wins; u8 with a signed integer gives the
-    smallest signed type holding both; f16 with bf16 gives f32.
+    For the dtypes PyTorch promotes (bool, u8, signed integers, floats) the rule is PyTorch's
+    tensor-tensor promotion: a higher category wins (bool < integer < float); within a
+    category the wider type wins; an unsigned with a signed integer gives the smallest signed
+    type holding both; f16 with bf16 gives f32.
+
+    The wide unsigned types (u16, u32, u64), which PyTorch does not promote, follow the same
+    rule: with a float or bool the other side decides as above, two unsigned types give the
+    wider, and an unsigned with a signed type gives the smallest signed type holding both
+    (u16 + i16 -> i32, u32 + i8 -> i64, u16 + i64 -> i64). No signed type holds u64, so
+    u64 with a signed integer raises a TypeRuleError asking for an explicit cast. A storage
+    type meets only itself (TypeRuleError otherwise).
     """
-    if a is b:
+    if a is b:  # the same type, storage types included (concat of two f8 tensors)
         return a
+    if a.storage or b.storage:
+        raise storage_error(a if a.storage else b, "promotion")
     ra, rb = _KIND_RANK[a.kind], _KIND_RANK[b.kind]
     if ra != rb:
         return a if ra > rb else b
@@ -113,14 +172,20 @@ def promote(a: DType, b: DType) -> DType:
         return a if a.bits > b.bits else b
     if a.kind == b.kind:
         return a if a.bits > b.bits else b
-    # one unsigned (u8), one signed
     signed, unsigned = (a, b) if a.kind == "int" else (b, a)
     if signed.bits > unsigned.bits:
         return signed
-    return {8: i16, 16: i32, 32: i64}.get(unsigned.bits, i64)
+    if unsigned.bits >= 64:
+        from .diagnostics import TypeRuleError
+
+        raise TypeRuleError(f"no signed integer type holds both {unsigned} and {signed} (u64 values reach 2**64 - 1); "
+                            f"cast one operand explicitly first (to {unsigned} if the values are non-negative, "
+                            "else to i64 or f64)")
+    return {8: i16, 16: i32, 32: i64}[unsigned.bits]
 
 
 def promote_all(dtypes) -> DType:
+    """``promote`` folded left over a non-empty iterable of dtypes."""
     it = iter(dtypes)
     out = next(it)
     for d in it:

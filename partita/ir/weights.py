@@ -20,9 +20,14 @@ import numpy as np
 from .diagnostics import WeightsError
 from .dtypes import DType, DTYPES, from_numpy
 
+# safetensors dtype names (F8_E8M0 is the name recent safetensors releases use). The fnuz
+# float8 variants and the 4/2-bit types have no standard name, and safetensors packs its 4-bit
+# F4 two to a byte where NumPy keeps one per byte, so saving them is refused (_NO_ST_NAME).
 _ST_NAMES = {"bool": "BOOL", "u8": "U8", "i8": "I8", "i16": "I16", "i32": "I32", "i64": "I64",
-             "f16": "F16", "bf16": "BF16", "f32": "F32", "f64": "F64"}
+             "f16": "F16", "bf16": "BF16", "f32": "F32", "f64": "F64", "u16": "U16", "u32": "U32", "u64": "U64",
+             "f8e4m3fn": "F8_E4M3", "f8e5m2": "F8_E5M2", "f8e8m0": "F8_E8M0"}
 _FROM_ST = {v: k for k, v in _ST_NAMES.items()}
+_NO_ST_NAME = ("f8e4m3fnuz", "f8e5m2fnuz", "f4e2m1", "i4", "u4", "i2", "u2")
 
 
 class Weights(MutableMapping[str, np.ndarray]):
@@ -83,6 +88,9 @@ def save_safetensors(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> 
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr).reshape(np.shape(arr))  # keeps rank 0 (ascontiguousarray makes it 1)
         dt: DType = from_numpy(arr.dtype)
+        if dt.name in _NO_ST_NAME:
+            raise WeightsError(f"{path}: weight '{name}' has dtype {dt}, which the safetensors format has no "
+                               f"name for; cast it to a wider type (f16/f32, or i8/u8 for integers) before saving")
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
         header[name] = {"dtype": _ST_NAMES[dt.name], "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
         offset += len(data)

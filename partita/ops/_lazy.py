@@ -26,12 +26,29 @@ F = _LazyModule("torch.nn.functional")
 
 
 _TORCH_DTYPE_NAMES = {"bool": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",
-                      "i64": "int64", "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+                      "i64": "int64", "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+                      "u16": "uint16", "u32": "uint32", "u64": "uint64",
+                      "f8e4m3fn": "float8_e4m3fn", "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2": "float8_e5m2",
+                      "f8e5m2fnuz": "float8_e5m2fnuz", "f8e8m0": "float8_e8m0fnu"}
+
+# How the torch executor holds dtypes torch has few CPU kernels for (its one "carrier" per
+# dtype): u16 and u32 in the next wider signed type (exact), u64 in int64 as the same bits
+# (two's complement), every storage type in float32 as its exact value.
+CARRIER_NAMES = {"u16": "int32", "u32": "int64", "u64": "int64",
+                 "f8e4m3fn": "float32", "f8e4m3fnuz": "float32", "f8e5m2": "float32", "f8e5m2fnuz": "float32",
+                 "f8e8m0": "float32", "f4e2m1": "float32", "i4": "float32", "u4": "float32", "i2": "float32",
+                 "u2": "float32"}
 
 
 def to_torch_dtype(dt):
-    """The torch dtype of a partita DType."""
+    """The torch dtype of a partita DType (torch's own, e.g. torch.uint16 for u16); KeyError
+    for the 4- and 2-bit types, which torch cannot hold."""
     return getattr(torch, _TORCH_DTYPE_NAMES[dt.name])
+
+
+def carrier_dtype(dt):
+    """The torch dtype the torch executor holds values of partita dtype ``dt`` in."""
+    return getattr(torch, CARRIER_NAMES.get(dt.name) or _TORCH_DTYPE_NAMES[dt.name])
 
 
 def from_torch_dtype(tdt):

@@ -16,6 +16,7 @@ from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import DType, bool_, f32, from_numpy, promote
 from ..ir.types import TensorType
 from ._lazy import F, to_torch_dtype, torch
+from .cast_semantics import ROUND_MODES, cast_array
 from .registry import AttrSpec, OpDef, broadcast_shapes, register
 
 
@@ -207,23 +208,23 @@ register(OpDef(
 
 
 def _cast_reference(args, a):
-    x = args[0]
-    dt: DType = a["dtype"]
-    if dt.is_bool:
-        return x != 0
-    if dt.is_int and x.dtype.kind not in "biu":
-        # Float -> int truncates toward zero, as PyTorch does (out-of-range values are undefined).
-        return np.trunc(x.astype(np.float64)).astype(dt.np)
-    return x.astype(dt.np)
+    return cast_array(args[0], a["dtype"], a["saturate"], a["round_mode"])
 
 
 def _cast_torch(args, a):
+    # Casts that touch u16/u32/u64 or a storage type are taken over by the torch executor
+    # (partita.backend.torch_exec), which knows how it carries those values.
     return args[0].to(to_torch_dtype(a["dtype"]))
 
 
 register(OpDef(
-    name="cast", operands=("x",), attrs=(AttrSpec("dtype", "dtype"),),
+    name="cast", operands=("x",),
+    attrs=(AttrSpec("dtype", "dtype"), AttrSpec("saturate", "bool", True),
+           AttrSpec("round_mode", "str", "up", choices=ROUND_MODES)),
     infer=lambda ts, a: TensorType(ts[0].shape, a["dtype"]),
-    reference=_cast_reference, torch=_cast_torch,
-    doc="convert to dtype; float to int truncates toward zero; nonzero to bool is true", elementwise=True,
+    reference=_cast_reference, torch=_cast_torch, storage_ok=True,
+    doc="convert to dtype (ONNX Cast semantics): float to int truncates toward zero; nonzero to bool "
+        "is true; saturate (f8 targets) clamps out-of-range values and infinities to +-max; "
+        "round_mode (f8e8m0 target) is up, down or nearest",
+    elementwise=True,
 ))

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..ir.attrs import DenseAttr
 from ..ir.diagnostics import AttributeError_, TypeRuleError, UnknownOpError, suggest
-from ..ir.dtypes import DType, DTYPES
+from ..ir.dtypes import DType, DTYPES, storage_error
 from ..ir.types import Location, TensorType
 
 
@@ -178,6 +178,14 @@ class OpDef:
     involution: bool = False                # op(op(x)) == x
     idempotent: bool = False                # op(op(x)) == op(x)
     elementwise: bool = False
+    # Accepts storage dtypes (f8/f4/i4/...); data-movement ops (cost=movement_cost) always do.
+    storage_ok: bool = False
+    # An optional torch implementation that writes results into operand buffers: pairs
+    # (result index, operand index). The torch executor uses it only when the graph lets it
+    # (the result is an output aliasing that operand, an input donated by the caller and
+    # read by no later node).
+    torch_inplace: Callable | None = None
+    inplace: tuple[tuple[int, int], ...] = ()
     # Filled by later layers.
     vjp: Callable | None = None
     sharding: Callable | None = None
@@ -243,8 +251,16 @@ class OpDef:
     # --- rules ----------------------------------------------------------------------
     def infer_types(self, types: list[TensorType], attrs: dict) -> tuple[TensorType, ...]:
         self.check_arity(len(types))
+        storage_ok = self.storage_ok or self.cost is movement_cost
+        for t in types:
+            if t.dtype.storage and not storage_ok:
+                raise storage_error(t.dtype, self.name)
         out = self.infer(types, attrs)
-        return (out,) if isinstance(out, TensorType) else tuple(out)
+        outs = (out,) if isinstance(out, TensorType) else tuple(out)
+        for t in outs:
+            if t.dtype.storage and not storage_ok:
+                raise storage_error(t.dtype, self.name)
+        return outs
 
     def effects_of(self, attrs: dict) -> frozenset[str]:
         e = self.effects

@@ -56,6 +56,10 @@ def _lossless(src: DType, mid: DType) -> bool:
     through ``mid`` may be skipped."""
     if src is mid:
         return True
+    if src.storage or mid.storage:
+        # Every value of an 8-bit or narrower storage type is exact in f32 and f64; other
+        # pairs are not worth a table.
+        return not mid.storage and mid.name in ("f32", "f64")
     if src.is_bool:
         return True
     if mid.is_bool:

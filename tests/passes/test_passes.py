@@ -172,7 +172,7 @@ def _extremes(dt) -> np.ndarray:
     if dt.is_int:
         info = np.iinfo(dt.np)
         vals = [info.min, info.min + 1, -1, 0, 1, 2, info.max - 1, info.max, 255, 256, 2 ** 24 + 1, 2 ** 53 + 1]
-        return np.array([v for v in vals if info.min <= v <= info.max], dtype=np.int64).astype(dt.np)
+        return np.array([v for v in vals if info.min <= v <= info.max], dtype=object).astype(dt.np)
     return np.array([0.0, -0.0, 0.1, -2.75, 1e-8, 65504.0, 3.4e38, 1e300, np.inf, -np.inf, np.nan],
                     dtype=np.float64).astype(dt.np)
 
@@ -181,14 +181,16 @@ def _extremes(dt) -> np.ndarray:
 def test_lossless_casts_really_round_trip():
     """_lossless(src, mid) must mean: cast(cast(x, mid), dst) == cast(x, dst) for every dst."""
     cast = OPS["cast"].reference
-    for src, mid in itertools.product(ALL_DTYPES, ALL_DTYPES):
+    # Storage types (f8, i4, ...) are covered by _lossless's own rule: into f32/f64 only.
+    dtypes = [d for d in ALL_DTYPES if not d.storage]
+    for src, mid in itertools.product(dtypes, dtypes):
         if not _lossless(src, mid):
             continue
         x = _extremes(src)
-        via = cast([x], {"dtype": mid})
-        for dst in ALL_DTYPES:
-            a = np.asarray(cast([np.asarray(via).astype(mid.np)], {"dtype": dst})).astype(dst.np)
-            b = np.asarray(cast([x], {"dtype": dst})).astype(dst.np)
+        via = cast([x], OPS["cast"].normalize_attrs({"dtype": mid}))
+        for dst in dtypes:
+            a = np.asarray(cast([np.asarray(via).astype(mid.np)], OPS["cast"].normalize_attrs({"dtype": dst}))).astype(dst.np)
+            b = np.asarray(cast([x], OPS["cast"].normalize_attrs({"dtype": dst}))).astype(dst.np)
             if dst.is_float:
                 same = np.array_equal(a, b, equal_nan=True)
             elif dst.is_int and (src.is_float or mid.is_float):
