@@ -47,7 +47,10 @@ def _onnx() -> Any:
 # ONNX TensorProto element types partita has a dtype for.
 _ONNX_DTYPES: dict[int, dt.DType] = {
     1: dt.f32, 2: dt.u8, 3: dt.i8, 5: dt.i16, 6: dt.i32, 7: dt.i64, 9: dt.bool_, 10: dt.f16,
-    11: dt.f64, 16: dt.bf16,
+    11: dt.f64, 16: dt.bf16, 4: dt.u16, 12: dt.u32, 13: dt.u64,
+    # Storage types (cast and data movement only).
+    17: dt.f8e4m3fn, 18: dt.f8e4m3fnuz, 19: dt.f8e5m2, 20: dt.f8e5m2fnuz, 21: dt.u4, 22: dt.i4,
+    23: dt.f4e2m1, 24: dt.f8e8m0, 25: dt.u2, 26: dt.i2,
 }
 
 
@@ -149,7 +152,7 @@ Converter = Callable[[OnnxNode], Sequence[Value | None]]
 # Operand positions whose values must be known at import time (they set shapes or axes).
 CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
-    "ReduceSum": (1,), "ReduceMean": (1,), "Dropout": (2,),
+    "ReduceSum": (1,), "ReduceMean": (1,), "Dropout": (1, 2),
     "ConstantOfShape": (0,), "Pad": (1, 2, 3), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4),
 }
 
@@ -205,7 +208,13 @@ def _pow(n: OnnxNode) -> list[Value | None]:
 
 
 def _cast(n: OnnxNode) -> list[Value | None]:
-    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), n.where))]
+    # saturate (opset 19) and round_mode (opset 24) have partita's defaults (1, "up").
+    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), n.where), saturate=bool(n.attr("saturate", 1)),
+                   round_mode=_text(n.attr("round_mode", "up")))]
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _constant(n: OnnxNode) -> list[Value | None]:
@@ -253,22 +262,33 @@ def _gemm(n: OnnxNode) -> list[Value | None]:
     return [y]
 
 
-def _spatial(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-    """(strides, dilations, pads [begin..., end...]) of a 2-D window op, auto_pad resolved."""
-    if x.type.rank != 4:
-        raise n.error(f"input {x.type} is not 3-D or 4-D (N, C, L) / (N, C, H, W); only 1-D and 2-D "
-                      "convolution and pooling are supported")
-    strides = list(n.attr("strides", [1, 1]))
-    dil = list(n.attr("dilations", [1, 1]))
+def _auto_pad(n: OnnxNode) -> str:
     auto = n.attr("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    if auto in ("NOTSET", ""):
-        pads = list(n.attr("pads", [0, 0, 0, 0]))
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise n.error(f"auto_pad '{auto}' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    return auto or "NOTSET"
+
+
+def _spatial(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """(strides, dilations, pads [begin..., end...]) of a 2-D or 3-D window op, auto_pad resolved."""
+    nd = len(kernel)
+    if nd not in (2, 3) or x.type.rank != nd + 2:
+        raise n.error(f"input {x.type} with kernel {list(kernel)} is not a 1-D, 2-D or 3-D window op "
+                      "((N, C, L), (N, C, H, W) or (N, C, D, H, W) with one kernel size per spatial dim); "
+                      "partita has 1-D, 2-D and 3-D convolution and pooling")
+    strides = list(n.attr("strides", [1] * nd))
+    dil = list(n.attr("dilations", [1] * nd))
+    auto = _auto_pad(n)
+    if len(strides) != nd or len(dil) != nd:
+        raise n.error(f"strides {strides} and dilations {dil} must have {nd} entries, one per spatial dim")
+    if auto == "NOTSET":
+        pads = list(n.attr("pads", [0] * (2 * nd)))
     elif auto == "VALID":
-        pads = [0, 0, 0, 0]
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * nd)
+    else:
         begin, end = [], []
-        for d in range(2):
+        for d in range(nd):
             size = x.type.shape[2 + d]
             out = math.ceil(size / strides[d])
             total = max((out - 1) * strides[d] + (kernel[d] - 1) * dil[d] + 1 - size, 0)
@@ -277,10 +297,8 @@ def _spatial(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], l
             begin.append(small if auto == "SAME_UPPER" else big)
             end.append(big if auto == "SAME_UPPER" else small)
         pads = begin + end
-    else:
-        raise n.error(f"auto_pad '{auto}' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
-    if len(strides) != 2 or len(dil) != 2 or len(pads) != 4:
-        raise n.error(f"strides {strides}, dilations {dil}, pads {pads} do not describe a 2-D window")
+    if len(pads) != 2 * nd:
+        raise n.error(f"pads {pads} must have {2 * nd} entries (begin and end of each spatial dim)")
     return strides, dil, pads
 
 
@@ -288,81 +306,166 @@ def _symmetric(n: OnnxNode, x: Value, pads: list[int], fill: float,
                kernel: Sequence[int] | None = None) -> tuple[Value, list[int]]:
     """partita's window ops pad both sides equally (and pools at most half the window): pad x
     explicitly with ``fill`` when ONNX's pads are asymmetric or larger."""
-    small = kernel is None or all(pads[d] <= kernel[d] // 2 for d in range(2))
-    if pads[0] == pads[2] and pads[1] == pads[3] and small:
-        return x, [pads[0], pads[1]]
-    x = n.emit("pad", x, pads=[0, 0, 0, 0, pads[0], pads[2], pads[1], pads[3]], value=fill)
-    return x, [0, 0]
+    nd = len(pads) // 2
+    small = kernel is None or all(pads[d] <= kernel[d] // 2 for d in range(nd))
+    if all(pads[d] == pads[nd + d] for d in range(nd)) and small:
+        return x, list(pads[:nd])
+    pairs = [0, 0, 0, 0] + [p for d in range(nd) for p in (pads[d], pads[nd + d])]
+    return n.emit("pad", x, pads=pairs, value=fill), [0] * nd
 
 
 def _lift_1d(convert: Converter) -> Converter:
     """Run a 2-D window converter on a 1-D (N, C, L) node as (N, C, 1, L), then drop the
-    added dim: partita has 2-D convolution and pooling only."""
-    def window_attr(v: Any, fill: int) -> Any:
-        return [fill] + list(v)
-
+    added dim: partita's window ops are 2-D and 3-D."""
     def lifted(n: OnnxNode) -> Sequence[Value | None]:
         if not n.has_input(0) or n.input(0).type.rank != 3:
             return convert(n)
         attrs = dict(n.attrs)
-        for key, fill in (("kernel_shape", 1), ("strides", 1), ("dilations", 1)):
+        for key, fill in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
             if key in attrs:
-                attrs[key] = window_attr(attrs[key], fill)
+                attrs[key] = [fill] + list(attrs[key])
         if "pads" in attrs:
             p = list(attrs["pads"])
-            attrs["pads"] = [0, p[0], 0, p[1]]
+            attrs["pads"] = [0, p[0], 0, p[1]] if len(p) == 2 else p
+        if "output_shape" in attrs:
+            # Either the spatial size [L] or the whole shape [N, C, L]: the unit height goes
+            # before L in both.
+            s = list(attrs["output_shape"])
+            attrs["output_shape"] = s[:-1] + [1] + s[-1:]
         ins: list[Value | None] = [n.emit("unsqueeze", n.input(0), axes=[2])]
         for i in range(1, len(n.inputs)):
             v = n.inputs[i]
-            # The conv weight (O, I/g, K) gets the same unit height.
+            # The conv weight ((O, I/g, K), or (I, O/g, K) transposed) gets the same unit height.
             ins.append(n.emit("unsqueeze", v, axes=[2]) if (v is not None and i == 1 and v.type.rank == 3) else v)
         outs = convert(OnnxNode(n.proto, n.index, ins, attrs, n.ctx, n.loc))
         return [n.emit("squeeze", v, axes=[2]) if v is not None else None for v in outs]
     return lifted
 
 
+def _conv_weight_rank(n: OnnxNode, w: Value, what: str) -> int:
+    if w.type.rank not in (4, 5):
+        raise n.error(f"weight {w.type} is not 3-D, 4-D or 5-D; only 1-D, 2-D and 3-D {what} are supported")
+    return w.type.rank - 2
+
+
 def _conv(n: OnnxNode) -> list[Value | None]:
     x, w = n.input(0), n.input(1)
-    if w.type.rank != 4:
-        raise n.error(f"weight {w.type} is not 3-D or 4-D; only 1-D and 2-D convolution are supported")
+    nd = _conv_weight_rank(n, w, "convolutions")
     kernel = list(n.attr("kernel_shape", w.type.shape[2:]))
     strides, dil, pads = _spatial(n, x, kernel)
-    x, pad2 = _symmetric(n, x, pads, 0.0)
+    x, padding = _symmetric(n, x, pads, 0.0)
     ops = [x, w] + ([n.input(2)] if n.has_input(2) else [])
-    return [n.emit("conv2d", *ops, stride=strides, padding=pad2, dilation=dil, groups=int(n.attr("group", 1)))]
+    return [n.emit(f"conv{nd}d", *ops, stride=strides, padding=padding, dilation=dil,
+                   groups=int(n.attr("group", 1)))]
+
+
+def _conv_transpose(n: OnnxNode) -> list[Value | None]:
+    x, w = n.input(0), n.input(1)
+    nd = _conv_weight_rank(n, w, "transposed convolutions")
+    if x.type.rank != nd + 2:
+        raise n.error(f"input {x.type} does not match the {nd}-D weight {w.type}")
+    kernel = list(n.attr("kernel_shape", w.type.shape[2:]))
+    if kernel != list(w.type.shape[2:]):
+        raise n.error(f"kernel_shape {kernel} differs from the weight's spatial shape {list(w.type.shape[2:])}")
+    strides = list(n.attr("strides", [1] * nd))
+    dil = list(n.attr("dilations", [1] * nd))
+    outpad = list(n.attr("output_padding", [0] * nd))
+    group = int(n.attr("group", 1))
+    if not len(strides) == len(dil) == len(outpad) == nd:
+        raise n.error(f"strides {strides}, dilations {dil} and output_padding {outpad} must have {nd} entries")
+    size = x.type.shape[2:]
+    # The untrimmed result of each input position scattering its kernel-weighted values.
+    full = [s * (i - 1) + (k - 1) * d + 1 for i, k, s, d in zip(size, kernel, strides, dil)]
+    target = n.attr("output_shape")
+    if target is not None:
+        target = list(target)[-nd:]
+    auto = _auto_pad(n)
+    # As ONNX's reference computes it: output position i is position begin + i of the full
+    # result extended by output_padding zeros (begin may be negative: zeros in front).
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = target or [i * s for i, s in zip(size, strides)]
+        total = [f + p - o for f, p, o in zip(full, outpad, out)]
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    else:
+        pads = [0] * (2 * nd) if auto == "VALID" else list(n.attr("pads", [0] * (2 * nd)))
+        if len(pads) != 2 * nd:
+            raise n.error(f"pads {pads} must have {2 * nd} entries (begin and end of each spatial dim)")
+        begin = pads[:nd]
+        out = target or [f + p - b - e for f, p, b, e in zip(full, outpad, pads[:nd], pads[nd:])]
+    end = [f + p - b - o for f, p, b, o in zip(full, outpad, begin, out)]
+    op = f"conv_transpose{nd}d"
+    if (all(b == e and b >= 0 for b, e in zip(begin, end))
+            and all(p < s or p < d for p, s, d in zip(outpad, strides, dil))):
+        ops = [x, w] + ([n.input(2)] if n.has_input(2) else [])
+        return [n.emit(op, *ops, stride=strides, padding=begin, output_padding=outpad, dilation=dil, groups=group)]
+    # Otherwise take the full result and crop or zero-extend each end; the bias comes last so
+    # that the added positions get it too.
+    y = n.emit(op, x, w, stride=strides, dilation=dil, groups=group)
+    pairs = [0, 0, 0, 0] + [v for b, e in zip(begin, end) for v in (max(-b, 0), max(-e, 0))]
+    if any(pairs):
+        y = n.emit("pad", y, pads=pairs, value=0.0)
+    for d in range(nd):
+        start = max(begin[d], 0)
+        if start or end[d] > 0:
+            y = n.emit("slice", y, axis=2 + d, start=start, end=start + out[d])
+    if n.has_input(2):
+        b = n.emit("reshape", n.input(2), shape=[1, -1] + [1] * nd)
+        y = n.emit("add", y, b)
+    return [y]
+
+
+def _onnx_indices(n: OnnxNode, x: Value, xp: Value, idx: Value, pads: list[int], order: int) -> Value:
+    """ONNX's MaxPool Indices from partita's: those index each [N, C] plane of the (maybe
+    explicitly padded) pool input row-major; ONNX's index the whole unpadded input, row-major
+    (storage_order 0) or with the spatial dims column-major (1)."""
+    nd = x.type.rank - 2
+    size, psize = x.type.shape[2:], xp.type.shape[2:]
+    begin = pads[:nd] if xp is not x else [0] * nd
+    if xp is not x or (order and nd > 1):
+        # A constant table from each padded-plane position to ONNX's in-plane index.
+        real = np.indices(psize).reshape(nd, -1) - np.array(begin).reshape(nd, 1)
+        inside = np.all((real >= 0) & (real < np.array(size).reshape(nd, 1)), axis=0)
+        clipped = np.clip(real, 0, np.array(size).reshape(nd, 1) - 1)
+        flat = np.ravel_multi_index(tuple(clipped), size, order="F" if order else "C")
+        table = n.emit("constant", value=DenseAttr(np.where(inside, flat, -1).astype(np.int64).reshape(-1, 1)))
+        idx = n.emit("reshape", n.emit("embedding", table, idx), shape=list(idx.type.shape))
+    batch, chans = x.type.shape[:2]
+    planes = np.arange(batch * chans, dtype=np.int64).reshape((batch, chans) + (1,) * nd) * math.prod(size)
+    return n.emit("add", idx, n.emit("constant", value=DenseAttr(planes)))
 
 
 def _max_pool(n: OnnxNode) -> list[Value | None]:
-    if n.used_output(1):
-        raise n.error("the Indices output of MaxPool is not supported")
     x = n.input(0)
-    if n.attr("storage_order", 0):
-        raise n.error("storage_order=1 (column-major indices) is not supported")
     kernel = list(n.attr("kernel_shape"))
+    nd = len(kernel)
     strides, dil, pads = _spatial(n, x, kernel)
-    x, pad2 = _symmetric(n, x, pads, -math.inf, kernel)
-    return [n.emit("max_pool2d", x, kernel=kernel, stride=strides, padding=pad2, dilation=dil,
-                   ceil_mode=bool(n.attr("ceil_mode", 0)))]
+    xp, padding = _symmetric(n, x, pads, -math.inf, kernel)
+    attrs = dict(kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
+    if not n.used_output(1):
+        return [n.emit(f"max_pool{nd}d", xp, **attrs)]
+    y, idx = n.emit(f"max_pool{nd}d_with_indices", xp, **attrs)
+    return [y, _onnx_indices(n, x, xp, idx, pads, int(n.attr("storage_order", 0)))]
 
 
 def _avg_pool(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     kernel = list(n.attr("kernel_shape"))
+    nd = len(kernel)
     strides, dil, pads = _spatial(n, x, kernel)
-    if dil != [1, 1]:
-        raise n.error(f"dilations {dil} are not supported for AveragePool")
     include = bool(n.attr("count_include_pad", 0))
     ceil = bool(n.attr("ceil_mode", 0))
-    explicit = (pads[0] != pads[2] or pads[1] != pads[3]) or any(pads[d] > kernel[d] // 2 for d in range(2))
-    xp, pad2 = _symmetric(n, x, pads, 0.0, kernel)
-    y = n.emit("avg_pool2d", xp, kernel=kernel, stride=strides, padding=pad2, ceil_mode=ceil,
+    explicit = (any(pads[d] != pads[nd + d] for d in range(nd))
+                or any(pads[d] > kernel[d] // 2 for d in range(nd)))
+    xp, padding = _symmetric(n, x, pads, 0.0, kernel)
+    op = f"avg_pool{nd}d"
+    y = n.emit(op, xp, kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=ceil,
                count_include_pad=include or explicit)
     if explicit and not include:
         # The padding is now part of the input, so the pool counted it: divide by the share
         # of each window that lies on real input (the same pool over a 0/1 mask).
         ones = n.emit("full", shape=list(x.type.shape), value=1.0, dtype=x.type.dtype)
         mask, _ = _symmetric(n, ones, pads, 0.0, kernel)
-        share = n.emit("avg_pool2d", mask, kernel=kernel, stride=strides, padding=pad2, ceil_mode=ceil,
+        share = n.emit(op, mask, kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=ceil,
                        count_include_pad=True)
         y = n.emit("div", y, share)
     return [y]
@@ -376,11 +479,47 @@ def _global_avg_pool(n: OnnxNode) -> list[Value | None]:
 
 
 def _batch_norm(n: OnnxNode) -> list[Value | None]:
-    if n.attr("training_mode", 0) or any(n.used_output(i) for i in (1, 2)):
-        raise n.error("training-mode BatchNormalization (running mean/var outputs) is not supported; "
-                      "export the model in eval mode")
     ins = [n.input(i) for i in range(5)]
-    return [n.emit("batch_norm", *ins, eps=float(n.attr("epsilon", 1e-5)))]
+    eps = float(n.attr("epsilon", 1e-5))
+    stats = [i for i in range(1, n.n_outputs()) if n.used_output(i)]
+    # training_mode arrived in opset 14; before it, asking for the statistics meant training.
+    training = bool(n.attr("training_mode", 0)) if n.ctx.opset >= 14 else bool(stats)
+    if not training:
+        if stats:
+            raise n.error(f"outputs {stats} (running statistics) exist only with training_mode=1")
+        return [n.emit("batch_norm", *ins, eps=eps)]
+    return _batch_norm_training(n, ins, eps, float(n.attr("momentum", 0.9)))
+
+
+def _batch_norm_training(n: OnnxNode, ins: list[Value], eps: float, momentum: float) -> list[Value | None]:
+    """ONNX's training form: normalize with the batch mean and biased variance, and blend
+    those into the running statistics as ``old * momentum + batch * (1 - momentum)``.
+
+    partita's batch_norm{training} follows PyTorch (momentum weighs the batch, and the
+    running variance takes the unbiased estimate), so the statistics are built here and the
+    normalization is batch_norm's inference form over them.
+    """
+    x, scale, bias, run_mean, run_var = ins
+    if n.used_output(3) or n.used_output(4):
+        # BatchNormalization-9 calls them saved mean and variance, but onnxruntime returns an
+        # inverse standard deviation as the second: no one reading is safe to import.
+        raise n.error("the saved_mean/saved_var outputs of opset < 14 BatchNormalization are not supported "
+                      "(their meaning differs between the spec and runtimes); use opset 14's training_mode")
+    if x.type.rank < 2:
+        raise n.error(f"input {x.type} needs (N, C, ...)")
+    c = x.type.shape[1]
+    axes = [0] + list(range(2, x.type.rank))
+    per_channel = [1, c] + [1] * (x.type.rank - 2)
+    mean = n.emit("mean", x, axes=axes)
+    centered = n.emit("sub", x, n.emit("reshape", mean, shape=per_channel))
+    var = n.emit("mean", n.emit("mul", centered, centered), axes=axes)
+    y = n.emit("batch_norm", x, scale, bias, mean, var, eps=eps)
+
+    def blend(old: Value, batch: Value) -> Value:
+        return n.emit("add", n.emit("mul", old, n.scalar(momentum, old)),
+                      n.emit("mul", batch, n.scalar(1.0 - momentum, batch)))
+
+    return [y, blend(run_mean, mean), blend(run_var, var)]
 
 
 def _softmax(n: OnnxNode) -> list[Value | None]:
@@ -533,12 +672,33 @@ def _layer_norm(n: OnnxNode) -> list[Value | None]:
 
 def _dropout(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
-    if n.has_input(2) and bool(np.asarray(n.const(2, "training_mode")).item()):
-        raise n.error("training_mode=true Dropout is not supported; import for inference")
-    out: list[Value | None] = [x]
+    training = False
+    if n.has_input(2):
+        flag = np.asarray(n.const(2, "training_mode (partita fixes training or inference at import)"))
+        training = bool(flag.reshape(-1)[0])
+    ratio = 0.5
+    if training and n.has_input(1):
+        ratio = float(np.asarray(n.const(1, "ratio (the drop probability)")).reshape(-1)[0])
+    if not 0.0 <= ratio <= 1.0:
+        raise n.error(f"ratio {ratio} is not a drop probability in [0, 1]")
+    if not training or ratio == 0.0:
+        # Nothing is dropped: the output is the input and the mask is all true.
+        out: list[Value | None] = [x]
+        if n.used_output(1):
+            out.append(n.emit("full", shape=list(x.type.shape), value=True, dtype=dt.bool_))
+        return out
+    # The mask is a counter-based hash of the element index and the seed (see partita's
+    # dropout), not NumPy's or onnxruntime's generator: no importer can reproduce those.
+    # Without a seed attribute each node gets its own by position, so masks differ per node
+    # yet repeat from run to run.
+    seed = int(n.attr("seed", n.index))
+    out = [n.emit("dropout", x, p=ratio, train=True, seed=seed)]
     if n.used_output(1):
-        # Inference dropout keeps every element: the mask is all true.
-        out.append(n.emit("full", shape=list(x.type.shape), value=True, dtype=dt.bool_))
+        # The same seed over ones of the same shape draws the same mask; kept elements come
+        # out as 1/(1 - ratio) > 0 (ratio 1 keeps none, and gives zeros).
+        ones = n.emit("full", shape=list(x.type.shape), value=1.0, dtype=x.type.dtype)
+        kept = n.emit("dropout", ones, p=ratio, train=True, seed=seed)
+        out.append(n.emit("greater", kept, n.scalar(0, kept)))
     return out
 
 
@@ -669,20 +829,34 @@ def _pad(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     mode = n.attr("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
-    if mode not in ("constant", "reflect", "edge"):
-        raise n.error(f"mode '{mode}' is not supported (constant, reflect and edge are)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise n.error(f"mode '{mode}' is not supported (constant, reflect, edge and wrap are)")
     r = x.type.rank
     pads = [int(p) for p in np.asarray(n.const(1, "pads")).reshape(-1)]
     axes = list(range(r))
     if n.has_input(3):
-        axes = [a + r if a < 0 else a for a in (int(v) for v in np.asarray(n.const(3, "axes")).reshape(-1))]
+        axes = [int(v) for v in np.asarray(n.const(3, "axes")).reshape(-1)]
+        if any(not -r <= a < r for a in axes):
+            raise n.error(f"axes {axes} are outside [-{r}, {r - 1}] for input {x.type}")
+        axes = [a + r if a < 0 else a for a in axes]
     if len(pads) != 2 * len(axes):
         raise n.error(f"pads has {len(pads)} entries; {len(axes)} padded axes need {2 * len(axes)}")
-    if any(p < 0 for p in pads):
-        raise n.error(f"negative pads {pads} (cropping) are not supported")
     pairs = [0, 0] * r
     for k, a in enumerate(axes):
         pairs[2 * a], pairs[2 * a + 1] = pads[k], pads[k + len(axes)]
+    # Negative pads remove elements. Cropping first and padding what is left is what
+    # onnxruntime does, and it matters for edge, reflect and wrap (the new border is copied).
+    for axis in range(r):
+        cut_before, cut_after = max(-pairs[2 * axis], 0), max(-pairs[2 * axis + 1], 0)
+        if cut_before or cut_after:
+            dim = x.type.shape[axis]
+            if cut_before + cut_after > dim:
+                raise n.error(f"negative pads remove {cut_before} + {cut_after} elements from axis {axis}, "
+                              f"which has only {dim}")
+            x = n.emit("slice", x, axis=axis, start=cut_before, end=dim - cut_after)
+    pairs = [max(p, 0) for p in pairs]
+    if not any(pairs):
+        return [x]
     if mode != "constant":
         return [_pad_by_copies(n, x, pairs, mode)]
     value: Any = 0
@@ -692,25 +866,32 @@ def _pad(n: OnnxNode) -> list[Value | None]:
 
 
 def _pad_by_copies(n: OnnxNode, x: Value, pairs: list[int], mode: str) -> Value:
-    """Reflect or edge padding as a concat of one-wide slices of the input: exact, and
-    built from ops partita has (its pad op fills a constant only)."""
+    """Reflect, edge or wrap padding as a concat of slices of the input: exact, and built
+    from ops partita has (its pad op fills a constant only)."""
     y = x
     for axis in range(x.type.rank):
         before, after = pairs[2 * axis], pairs[2 * axis + 1]
         if before == 0 and after == 0:
             continue
         dim = y.type.shape[axis]
+        if dim == 0:
+            raise n.error(f"{mode} padding of axis {axis}, which is empty, has no values to copy")
         if mode == "reflect" and (before >= dim or after >= dim):
             raise n.error(f"reflect pads ({before}, {after}) on axis {axis} must be smaller than its size {dim}")
 
-        def one(i: int) -> Value:
-            return n.emit("slice", y, axis=axis, start=i, end=i + 1)
+        def part(start: int, end: int) -> Value:
+            return n.emit("slice", y, axis=axis, start=start, end=end)
 
         if mode == "reflect":
-            left = [one(i) for i in range(before, 0, -1)]
-            right = [one(dim - 2 - i) for i in range(after)]
+            left = [part(i, i + 1) for i in range(before, 0, -1)]
+            right = [part(dim - 2 - i, dim - 1 - i) for i in range(after)]
+        elif mode == "edge":
+            left, right = [part(0, 1)] * before, [part(dim - 1, dim)] * after
         else:
-            left, right = [one(0)] * before, [one(dim - 1)] * after
+            # Wrap: the input repeats around the axis as on a torus, so a pad longer than
+            # the axis is whole copies plus the part that is left over.
+            left = ([part(dim - before % dim, dim)] if before % dim else []) + [y] * (before // dim)
+            right = [y] * (after // dim) + ([part(0, after % dim)] if after % dim else [])
         y = n.emit("concat", *left, y, *right, axis=axis)
     return y
 
@@ -772,15 +953,48 @@ def _slice(n: OnnxNode) -> list[Value | None]:
     steps = [1] * len(starts)
     if n.has_input(4):
         steps = [int(v) for v in np.asarray(n.const(4, "steps")).reshape(-1)]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise n.error(f"starts {starts}, ends {ends}, axes {axes} and steps {steps} must have one entry per "
+                      "sliced axis")
+    seen: set[int] = set()
     for a, s, e, st in zip(axes, starts, ends, steps):
-        if st < 1:
-            raise n.error(f"step {st} is not supported; partita slices with positive steps")
+        if not -r <= a < r:
+            raise n.error(f"axis {a} is outside [-{r}, {r - 1}] for input {y.type}")
         a = a + r if a < 0 else a
+        if a in seen:
+            raise n.error(f"axis {a} is sliced twice (axes {axes})")
+        seen.add(a)
+        if st == 0:
+            raise n.error(f"step 0 on axis {a}; steps must be non-zero")
         dim = y.type.shape[a]
-        # ONNX clamps like Python for positive steps; bound the huge INT64 sentinels first.
-        s, e = max(min(s, dim), -dim - 1), max(min(e, dim), -dim - 1)
-        y = n.emit("slice", y, axis=a, start=s, end=e, step=st)
+        # ONNX's effective bounds: negatives count from the end, then clamp to [0, dim] going
+        # forward, or to [0, dim - 1] (start) and [-1, dim - 1] (end) going backward. The
+        # INT64 sentinels (INT_MAX, INT_MIN) land on the ends of the axis this way.
+        s, e = s + dim if s < 0 else s, e + dim if e < 0 else e
+        if st > 0:
+            s, e = min(max(s, 0), dim), min(max(e, 0), dim)
+            if (s, e, st) != (0, dim, 1):
+                y = n.emit("slice", y, axis=a, start=s, end=max(e, s), step=st)
+            continue
+        picked = range(min(max(s, 0), dim - 1), min(max(e, -1), dim - 1), st) if dim else range(0)
+        if len(picked) == 0:
+            y = n.emit("slice", y, axis=a, start=0, end=0)
+            continue
+        # partita slices forward only: take the same elements forward, then reverse them.
+        lo, hi = picked[-1], picked[0] + 1
+        if (lo, hi, -st) != (0, dim, 1):
+            y = n.emit("slice", y, axis=a, start=lo, end=hi, step=-st)
+        y = _reverse(n, y, a)
     return [y]
+
+
+def _reverse(n: OnnxNode, x: Value, axis: int) -> Value:
+    """x with ``axis`` reversed: an index_select of the indices d-1, ..., 0."""
+    d = x.type.shape[axis]
+    if d <= 1:
+        return x
+    up = n.emit("iota", shape=[d], dtype=dt.i64)
+    return n.emit("index_select", x, n.emit("sub", n.scalar(d - 1, up), up), axis=axis)
 
 
 ONNX_TO_PARTITA: dict[str, Converter] = {
@@ -791,7 +1005,7 @@ ONNX_TO_PARTITA: dict[str, Converter] = {
     "Erf": _unary("erf"), "Sqrt": _unary("sqrt"),
     "Where": lambda n: [n.emit("where", n.input(0), n.input(1), n.input(2))],
     "Identity": _identity, "Cast": _cast, "Constant": _constant,
-    "Gemm": _gemm, "Conv": _lift_1d(_conv),
+    "Gemm": _gemm, "Conv": _lift_1d(_conv), "ConvTranspose": _lift_1d(_conv_transpose),
     "MaxPool": _lift_1d(_max_pool), "AveragePool": _lift_1d(_avg_pool), "GlobalAveragePool": _global_avg_pool,
     "BatchNormalization": _batch_norm, "Softmax": _softmax, "LayerNormalization": _layer_norm,
     "Dropout": _dropout,

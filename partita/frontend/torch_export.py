@@ -261,35 +261,55 @@ def _pair(v: Any) -> tuple[int, int]:
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
+def _ntuple(v: Any, nd: int) -> tuple[int, ...]:
+    """An int or a list of ints as ``nd`` ints (one value is repeated, as ATen does)."""
+    v = [v] if isinstance(v, int) else list(v)
+    return tuple(v) * nd if len(v) == 1 else tuple(v)
+
+
 def _convolution(cx: _Converter, x: Value, w: Value, b: Value | None, stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Value:
+    nd = x.type.rank - 2
+    if nd not in (1, 2, 3):
+        raise Unsupported(f"aten.convolution: only 1-d, 2-d and 3-d convolution (3-d to 5-d input) is "
+                          f"supported, got {x.type}")
+    attrs: dict[str, Any] = dict(stride=_ntuple(stride, nd), padding=_ntuple(padding, nd),
+                                 dilation=_ntuple(dilation, nd), groups=groups)
     if transposed:
-        raise Unsupported("aten.convolution: transposed convolution is not supported")
-    if x.type.rank != 4:
-        raise Unsupported(f"aten.convolution: only 2-d convolution (4-d input) is supported, got {x.type}")
+        attrs["output_padding"] = _ntuple(output_padding, nd)
+    if nd == 1:
+        # partita's convolutions are 2-d and 3-d: run a 1-d one over a unit height.
+        x, w = cx.emit("unsqueeze", x, axes=(2,)), cx.emit("unsqueeze", w, axes=(2,))
+        for key, unit in (("stride", 1), ("padding", 0), ("dilation", 1), ("output_padding", 0)):
+            if key in attrs:
+                attrs[key] = (unit,) + attrs[key]
     operands = (x, w) if b is None else (x, w, b)
-    return cx.emit("conv2d", *operands, stride=_pair(stride), padding=_pair(padding),
-                   dilation=_pair(dilation), groups=groups)
+    y = cx.emit(f"conv_transpose{max(nd, 2)}d" if transposed else f"conv{max(nd, 2)}d", *operands, **attrs)
+    return cx.emit("squeeze", y, axes=(2,)) if nd == 1 else y
 
 
-def _max_pool2d_with_indices(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (),
-                             padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> tuple:
-    for user in cx.node.users:
-        if user.target is operator.getitem and user.args[1] == 1 and user.users:
-            raise Unsupported("aten.max_pool2d_with_indices: the indices result is used; partita's "
-                              "max_pool2d computes the values only")
-    y = cx.emit("max_pool2d", x, kernel=_pair(kernel), stride=_pair(stride) if len(stride) else None,
-                padding=_pair(padding), dilation=_pair(dilation), ceil_mode=ceil_mode)
-    return (y, None)
+def _max_pool_with_indices(nd: int) -> Callable[..., tuple]:
+    def conv(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+             dilation: Any = 1, ceil_mode: bool = False) -> tuple:
+        attrs = dict(kernel=_ntuple(kernel, nd), stride=_ntuple(stride, nd) if len(stride) else None,
+                     padding=_ntuple(padding, nd), dilation=_ntuple(dilation, nd), ceil_mode=ceil_mode)
+        # The values-only op when nobody reads the indices (the common case: nn.MaxPool*d).
+        if any(user.target is operator.getitem and user.args[1] == 1 and user.users for user in cx.node.users):
+            return cx.emit(f"max_pool{nd}d_with_indices", x, **attrs)
+        return (cx.emit(f"max_pool{nd}d", x, **attrs), None)
+    return conv
 
 
-def _avg_pool2d(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
-                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Value:
-    if divisor_override is not None:
-        raise Unsupported("aten.avg_pool2d: divisor_override is not supported")
-    return cx.emit("avg_pool2d", x, kernel=_pair(kernel), stride=_pair(stride) if len(stride) else None,
-                   padding=_pair(padding), ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+def _avg_pool(nd: int) -> Callable[..., Value]:
+    def conv(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+             ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Value:
+        if divisor_override is not None:
+            raise Unsupported(f"aten.avg_pool{nd}d: divisor_override is not supported")
+        return cx.emit(f"avg_pool{nd}d", x, kernel=_ntuple(kernel, nd),
+                       stride=_ntuple(stride, nd) if len(stride) else None, padding=_ntuple(padding, nd),
+                       ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    return conv
 
 
 def _adaptive_avg_pool2d(cx: _Converter, x: Value, output_size: Sequence[int]) -> Value:
@@ -700,8 +720,10 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.embedding.default: _embedding,
     # convolution and pooling
     aten.convolution.default: _convolution,
-    aten.max_pool2d_with_indices.default: _max_pool2d_with_indices,
-    aten.avg_pool2d.default: _avg_pool2d,
+    aten.max_pool2d_with_indices.default: _max_pool_with_indices(2),
+    aten.max_pool3d_with_indices.default: _max_pool_with_indices(3),
+    aten.avg_pool2d.default: _avg_pool(2),
+    aten.avg_pool3d.default: _avg_pool(3),
     aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     # reductions
@@ -859,6 +881,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
     cx = _Converter(graph)
     roles = _input_roles(ep)
     targets = _weight_names(ep)
+    tied: dict[int, Value] = {}
     for node in ep.graph.nodes:
         cx.node = node
         if node.op == "placeholder":
@@ -867,11 +890,17 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
             if role == "constant":
                 cx.env[node] = cx.b.emit("constant", value=DenseAttr(to_numpy(value)))
                 continue
+            if value is not None and id(value) in tied:
+                # A tied weight (e.g. GPT-2's lm_head and token embedding): torch.export lists
+                # it once per attribute path; it is one parameter, so its gradient sums both uses.
+                cx.env[node] = tied[id(value)]
+                continue
             input_name = targets.get(node.name, node.name) if role != "input" else node.name
             v = cx.b.input(input_name, t, role)
             cx.env[node] = v
             if value is not None:
                 graph.weights[input_name] = to_numpy(value)
+                tied[id(value)] = v
         elif node.op == "call_function":
             loc = source_location(node)
             dynamic = _data_dependent_shape(node.meta.get("val"))

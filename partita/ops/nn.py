@@ -2,13 +2,15 @@
 cross entropy, with PyTorch (``torch.nn.functional``) semantics.
 
 The NumPy references compute f16/bf16 inputs in f32 and let the interpreter round once, as
-PyTorch's CPU kernels do; f32 and f64 are computed in their own precision. Image ops take
-NCHW tensors of rank 4 only (PyTorch also accepts unbatched CHW; here a batch dimension of
-size 1 is added with ``reshape`` instead, so the type rules stay simple and explicit).
+PyTorch's CPU kernels do; f32 and f64 are computed in their own precision. Convolution
+and pooling come in 2-d (NCHW, rank 4) and 3-d (NCDHW, rank 5) records and take batched
+inputs only (PyTorch also accepts unbatched ones; here a batch dimension of size 1 is added
+with ``reshape`` instead, so the type rules stay simple and explicit).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ml_dtypes
@@ -250,21 +252,38 @@ register(OpDef(
 ))
 
 
-# --- shared geometry of conv2d and the pools ----------------------------------------------------
+# --- shared geometry of convolution and pooling ----------------------------------------------------
+#
+# One record per spatial rank (conv2d, conv3d, max_pool2d, max_pool3d, ...), all built by the
+# factories below from the same N-d code. The rank fixes the input rank and the length of every
+# window attribute, so a type rule can check "'stride' must be 3 integers" without guessing the
+# rank from the operands, and each name matches the torch function and ATen op it lowers to.
+# 1-D ops are not records: importers run them as 2-D ones over a unit height.
 
-def _pair(op: str, attrs: dict, name: str, lo: int) -> tuple[int, int]:
+_SPATIAL = {2: ("height", "width"), 3: ("depth", "height", "width")}
+_LAYOUT = {2: "[N, C, H, W]", 3: "[N, C, D, H, W]"}
+_KERNEL_LAYOUT = {2: "kH, kW", 3: "kD, kH, kW"}
+
+
+def _x(sizes) -> str:
+    return "x".join(map(str, sizes))
+
+
+def _window_attr(op: str, attrs: dict, name: str, nd: int, lo: int) -> tuple[int, ...]:
+    """Attribute ``name`` as ``nd`` integers, each at least ``lo``."""
     v = attrs[name]
-    if len(v) != 2:
-        raise TypeRuleError(f"{op}: attribute '{name}' must be 2 integers [height, width], got {list(v)}")
+    if len(v) != nd:
+        raise TypeRuleError(f"{op}: attribute '{name}' must be {nd} integers [{', '.join(_SPATIAL[nd])}], "
+                            f"got {list(v)}")
     if min(v) < lo:
         raise TypeRuleError(f"{op}: attribute '{name}' must be >= {lo} in each dimension, got {list(v)}")
-    return v[0], v[1]
+    return tuple(v)
 
 
-def _require_nchw(op: str, x: TensorType) -> None:
-    if x.rank != 4:
-        raise TypeRuleError(f"{op}: the input must be 4-d [N, C, H, W], got {x}"
-                            + ("; add a batch dimension of 1 with reshape" if x.rank == 3 else ""))
+def _require_spatial(op: str, x: TensorType, nd: int) -> None:
+    if x.rank != nd + 2:
+        raise TypeRuleError(f"{op}: the input must be {nd + 2}-d {_LAYOUT[nd]}, got {x}"
+                            + ("; add a batch dimension of 1 with reshape" if x.rank == nd + 1 else ""))
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
@@ -279,222 +298,408 @@ def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int
     return span // s + 1
 
 
-def _window_index(out: int, k: int, s: int, d: int) -> np.ndarray:
-    """[out, k] positions, in padded coordinates, of each window's taps."""
-    return (np.arange(out) * s)[:, None] + (np.arange(k) * d)[None, :]
+def _ceil_overhang(size: int, out: int, k: int, s: int, p: int, d: int) -> int:
+    """Extra right padding a ceil_mode window may reach past the input and its padding."""
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
 
 
-def _windows(xp: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Gather [N, C, Ho, kH, Wo, kW] patches of a padded [N, C, Hp, Wp] array (im2col)."""
-    return xp[:, :, rows[:, :, None, None], cols[None, None, :, :]]
+def _pad_spatial(x: np.ndarray, before, after, value) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0)) + tuple(zip(before, after)), constant_values=value)
 
 
-def _pad_hw(x: np.ndarray, top: int, bottom: int, left: int, right: int, value) -> np.ndarray:
-    return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value)
+def _window_view(xp: np.ndarray, k, s, d, out) -> np.ndarray:
+    """[N, C, *out, *k] taps of each window of a padded [N, C, *spatial] array (im2col as a
+    strided view); ``xp`` must reach the last window's last tap."""
+    nd = len(k)
+    span = tuple(di * (ki - 1) + 1 for ki, di in zip(k, d))
+    v = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + nd)))
+    sel = ((slice(None), slice(None)) + tuple(slice(0, (o - 1) * si + 1, si) for o, si in zip(out, s))
+           + tuple(slice(None, None, di) for di in d))
+    return v[sel]
 
 
-# --- conv2d ------------------------------------------------------------------------------------------
-
-def _conv2d_geometry(attrs):
-    op = "conv2d"
-    return (_pair(op, attrs, "stride", 1), _pair(op, attrs, "padding", 0), _pair(op, attrs, "dilation", 1))
+# Einsum subscripts for up to 3 spatial dims: output positions and kernel taps.
+_OUT_IDX, _TAP_IDX = "uvw", "ijl"
 
 
-def _conv2d_infer(ts, attrs):
-    x, w = ts[0], ts[1]
-    _require_nchw("conv2d", x)
-    _require_float("conv2d", x)
-    if w.rank != 4:
-        raise TypeRuleError(f"conv2d: the weight must be 4-d [out_channels, in_channels/groups, kH, kW], got {w}")
-    _require_same_dtype("conv2d", x, w, "the weight")
-    (sh, sw), (ph, pw), (dh, dw) = _conv2d_geometry(attrs)
-    g = attrs["groups"]
+# --- conv2d and conv3d -------------------------------------------------------------------------------
+
+def _conv_geometry(op: str, nd: int, attrs: dict):
+    return (_window_attr(op, attrs, "stride", nd, 1), _window_attr(op, attrs, "padding", nd, 0),
+            _window_attr(op, attrs, "dilation", nd, 1))
+
+
+def _check_groups(op: str, g: int) -> None:
     if g < 1:
-        raise TypeRuleError(f"conv2d: attribute 'groups' must be >= 1, got {g}")
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    if c % g:
-        raise TypeRuleError(f"conv2d: the input's {c} channels are not divisible by groups={g}")
-    if o % g:
-        raise TypeRuleError(f"conv2d: the weight's {o} output channels are not divisible by groups={g}")
-    if cg * g != c:
-        raise TypeRuleError(
-            f"conv2d: channel mismatch: the input {x} has {c} channels, so with groups={g} the weight "
-            f"must have {c // g} input channels per group (dim 1), but the weight {w} has {cg}")
+        raise TypeRuleError(f"{op}: attribute 'groups' must be >= 1, got {g}")
+
+
+def _check_bias(op: str, x: TensorType, ts: list[TensorType], o: int) -> None:
     if len(ts) > 2:
         b = ts[2]
         if b.shape != (o,):
-            raise TypeRuleError(f"conv2d: the bias must have shape [{o}] (one per output channel), got {b}")
-        _require_same_dtype("conv2d", x, b, "the bias")
-    ho = _out_size(h, kh, sh, ph, dh, False)
-    wo = _out_size(wd, kw, sw, pw, dw, False)
-    if ho < 1 or wo < 1:
-        raise TypeRuleError(
-            f"conv2d: the kernel {kh}x{kw} (dilation {[dh, dw]}) is larger than the padded input "
-            f"{h + 2 * ph}x{wd + 2 * pw}; the output would be {ho}x{wo}")
-    return TensorType((n, o, ho, wo), x.dtype)
+            raise TypeRuleError(f"{op}: the bias must have shape [{o}] (one per output channel), got {b}")
+        _require_same_dtype(op, x, b, "the bias")
 
 
-def _np_conv2d(args, attrs):
+def _conv_infer(op: str, nd: int):
+    def infer(ts, attrs):
+        x, w = ts[0], ts[1]
+        _require_spatial(op, x, nd)
+        _require_float(op, x)
+        if w.rank != nd + 2:
+            raise TypeRuleError(f"{op}: the weight must be {nd + 2}-d [out_channels, in_channels/groups, "
+                                f"{_KERNEL_LAYOUT[nd]}], got {w}")
+        _require_same_dtype(op, x, w, "the weight")
+        s, p, d = _conv_geometry(op, nd, attrs)
+        g = attrs["groups"]
+        _check_groups(op, g)
+        n, c, size = x.shape[0], x.shape[1], x.shape[2:]
+        o, cg, k = w.shape[0], w.shape[1], w.shape[2:]
+        if c % g:
+            raise TypeRuleError(f"{op}: the input's {c} channels are not divisible by groups={g}")
+        if o % g:
+            raise TypeRuleError(f"{op}: the weight's {o} output channels are not divisible by groups={g}")
+        if cg * g != c:
+            raise TypeRuleError(
+                f"{op}: channel mismatch: the input {x} has {c} channels, so with groups={g} the weight "
+                f"must have {c // g} input channels per group (dim 1), but the weight {w} has {cg}")
+        _check_bias(op, x, ts, o)
+        out = tuple(_out_size(*a, False) for a in zip(size, k, s, p, d))
+        if min(out) < 1:
+            raise TypeRuleError(
+                f"{op}: the kernel {_x(k)} (dilation {list(d)}) is larger than the padded input "
+                f"{_x(si + 2 * pi for si, pi in zip(size, p))}; the output would be {_x(out)}")
+        return TensorType((n, o) + out, x.dtype)
+    return infer
+
+
+def _np_conv(args, attrs):
     x, w = _compute_np(args[0]), _compute_np(args[1])
-    (sh, sw), (ph, pw), (dh, dw) = _conv2d_geometry(attrs)
-    g = attrs["groups"]
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    ho, wo = _out_size(h, kh, sh, ph, dh, False), _out_size(wd, kw, sw, pw, dw, False)
-    patches = _windows(_pad_hw(x, ph, ph, pw, pw, 0), _window_index(ho, kh, sh, dh), _window_index(wo, kw, sw, dw))
-    patches = patches.reshape(n, g, cg, ho, kh, wo, kw)
-    wg = w.reshape(g, o // g, cg, kh, kw)
-    y = np.einsum("ngchiwj,gocij->ngohw", patches, wg, optimize=True).reshape(n, o, ho, wo)
+    nd = x.ndim - 2
+    s, p, d, g = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
+    n, c = x.shape[:2]
+    o, cg, k = w.shape[0], w.shape[1], w.shape[2:]
+    out = tuple(_out_size(*a, False) for a in zip(x.shape[2:], k, s, p, d))
+    patches = _window_view(_pad_spatial(x, p, p, 0), k, s, d, out).reshape((n, g, cg) + out + k)
+    wg = w.reshape((g, o // g, cg) + k)
+    oi, ti = _OUT_IDX[:nd], _TAP_IDX[:nd]
+    y = np.einsum(f"ngc{oi}{ti},goc{ti}->ngo{oi}", patches, wg, optimize=True).reshape((n, o) + out)
     if len(args) > 2:
-        y = y + _compute_np(args[2]).reshape(1, o, 1, 1)
+        y = y + _compute_np(args[2]).reshape((1, o) + (1,) * nd)
     return y
 
 
-def _torch_conv2d(args, attrs):
-    b = args[2] if len(args) > 2 else None
-    return F.conv2d(args[0], args[1], b, stride=attrs["stride"], padding=attrs["padding"],
-                    dilation=attrs["dilation"], groups=attrs["groups"])
+def _torch_conv(nd: int):
+    def run(args, attrs):
+        b = args[2] if len(args) > 2 else None
+        return getattr(F, f"conv{nd}d")(args[0], args[1], b, stride=attrs["stride"], padding=attrs["padding"],
+                                        dilation=attrs["dilation"], groups=attrs["groups"])
+    return run
 
 
-def _conv2d_cost(ins, outs, attrs):
-    n, o, ho, wo = outs[0].shape
-    _, cg, kh, kw = ins[1].shape
-    return Cost(2 * n * o * ho * wo * cg * kh * kw, sum(t.nbytes for t in ins), outs[0].nbytes)
+def _conv_cost(ins, outs, attrs):
+    cg, k = ins[1].shape[1], ins[1].shape[2:]
+    return Cost(2 * outs[0].numel * cg * math.prod(k), sum(t.nbytes for t in ins), outs[0].nbytes)
 
 
-register(OpDef(
-    name="conv2d", operands=("x", "weight", "bias?"),
-    attrs=(AttrSpec("stride", "ints", (1, 1)), AttrSpec("padding", "ints", (0, 0)),
-           AttrSpec("dilation", "ints", (1, 1)), AttrSpec("groups", "int", 1)),
-    infer=_conv2d_infer, reference=_np_conv2d, torch=_torch_conv2d, cost=_conv2d_cost,
-    doc="2-d cross-correlation of x [N, C, H, W] with weight [O, C/groups, kH, kW] plus an optional "
-        "bias [O]; stride, padding (zeros, both sides) and dilation are [height, width] pairs. "
-        "Output [N, O, Ho, Wo] with Ho = (H + 2*pH - dH*(kH-1) - 1) // sH + 1. Cost: "
-        "2*N*O*Ho*Wo*(C/groups)*kH*kW FLOPs (the bias add is not counted).",
-))
+for _nd in (2, 3):
+    register(OpDef(
+        name=f"conv{_nd}d", operands=("x", "weight", "bias?"),
+        attrs=(AttrSpec("stride", "ints", (1,) * _nd), AttrSpec("padding", "ints", (0,) * _nd),
+               AttrSpec("dilation", "ints", (1,) * _nd), AttrSpec("groups", "int", 1)),
+        infer=_conv_infer(f"conv{_nd}d", _nd), reference=_np_conv, torch=_torch_conv(_nd), cost=_conv_cost,
+        doc=f"{_nd}-d cross-correlation of x {_LAYOUT[_nd]} with weight [O, C/groups, {_KERNEL_LAYOUT[_nd]}] "
+            f"plus an optional bias [O]; stride, padding (zeros, both sides) and dilation have one entry "
+            f"per spatial dim ({', '.join(_SPATIAL[_nd])}). Each output size is "
+            f"(size + 2*p - d*(k-1) - 1) // s + 1. Cost: 2 * output elements * (C/groups) * kernel "
+            f"taps FLOPs (the bias add is not counted).",
+    ))
 
 
-# --- max_pool2d and avg_pool2d ------------------------------------------------------------------
+# --- conv_transpose2d and conv_transpose3d -----------------------------------------------------------
 
-def _pool_geometry(op: str, shape: tuple[int, ...], attrs: dict, dilated: bool):
-    """(kernel, stride, padding, dilation, output size) of a pool over an NCHW ``shape``,
-    checked as PyTorch checks them."""
-    k = _pair(op, attrs, "kernel", 1)
-    s = k if attrs["stride"] is None else _pair(op, attrs, "stride", 1)
-    p = _pair(op, attrs, "padding", 0)
-    d = _pair(op, attrs, "dilation", 1) if dilated else (1, 1)
-    for i, dim in enumerate(("height", "width")):
+def _conv_transpose_infer(op: str, nd: int):
+    def infer(ts, attrs):
+        x, w = ts[0], ts[1]
+        _require_spatial(op, x, nd)
+        _require_float(op, x)
+        if w.rank != nd + 2:
+            raise TypeRuleError(f"{op}: the weight must be {nd + 2}-d [in_channels, out_channels/groups, "
+                                f"{_KERNEL_LAYOUT[nd]}], got {w}")
+        _require_same_dtype(op, x, w, "the weight")
+        s, p, d = _conv_geometry(op, nd, attrs)
+        op_ = _window_attr(op, attrs, "output_padding", nd, 0)
+        g = attrs["groups"]
+        _check_groups(op, g)
+        n, c, size = x.shape[0], x.shape[1], x.shape[2:]
+        if c % g:
+            raise TypeRuleError(f"{op}: the input's {c} channels are not divisible by groups={g}")
+        if w.shape[0] != c:
+            raise TypeRuleError(f"{op}: channel mismatch: the input {x} has {c} channels but the weight {w} "
+                                f"has {w.shape[0]} in dim 0 (a transposed convolution's weight is "
+                                f"[in_channels, out_channels/groups, ...])")
+        o, k = w.shape[1] * g, w.shape[2:]
+        _check_bias(op, x, ts, o)
+        for i, dim in enumerate(_SPATIAL[nd]):
+            if op_[i] >= s[i] and op_[i] >= d[i]:
+                raise TypeRuleError(f"{op}: output_padding {list(op_)} must be smaller than the stride "
+                                    f"{list(s)} or the dilation {list(d)} in {dim}; pad the result "
+                                    f"explicitly instead")
+        out = tuple((i - 1) * si - 2 * pi + di * (ki - 1) + opi + 1
+                    for i, ki, si, pi, di, opi in zip(size, k, s, p, d, op_))
+        if min(out) < 1:
+            raise TypeRuleError(f"{op}: padding {list(p)} crops the whole output of the input {x}; the "
+                                f"output would be {_x(out)}")
+        return TensorType((n, o) + out, x.dtype)
+    return infer
+
+
+def _np_conv_transpose(args, attrs):
+    x, w = _compute_np(args[0]), _compute_np(args[1])
+    nd = x.ndim - 2
+    s, p, d, op_, g = (attrs["stride"], attrs["padding"], attrs["dilation"], attrs["output_padding"],
+                       attrs["groups"])
+    n, c, size = x.shape[0], x.shape[1], x.shape[2:]
+    og, k = w.shape[1], w.shape[2:]
+    # Every input position scatters its kernel-weighted values to (position * s + tap * d); the
+    # full result, extended by output_padding zeros at the end, is then cropped by p each side.
+    full = tuple((i - 1) * si + di * (ki - 1) + 1 + opi for i, ki, si, di, opi in zip(size, k, s, d, op_))
+    y = np.zeros((n, g, og) + full, dtype=np.result_type(x, w))
+    xg = x.reshape((n, g, c // g) + size)
+    wg = w.reshape((g, c // g, og) + k)
+    oi = _OUT_IDX[:nd]
+    for tap in np.ndindex(*k):
+        part = np.einsum(f"ngc{oi},gco->ngo{oi}", xg, wg[(slice(None),) * 3 + tap], optimize=True)
+        y[(slice(None),) * 3 + tuple(slice(t * di, t * di + (i - 1) * si + 1, si)
+                                     for t, di, i, si in zip(tap, d, size, s))] += part
+    out = tuple(f - 2 * pi for f, pi in zip(full, p))
+    y = y.reshape((n, g * og) + full)[(slice(None),) * 2 + tuple(slice(pi, pi + oo) for pi, oo in zip(p, out))]
+    if len(args) > 2:
+        y = y + _compute_np(args[2]).reshape((1, g * og) + (1,) * nd)
+    return y
+
+
+def _torch_conv_transpose(nd: int):
+    def run(args, attrs):
+        b = args[2] if len(args) > 2 else None
+        return getattr(F, f"conv_transpose{nd}d")(args[0], args[1], b, stride=attrs["stride"],
+                                                  padding=attrs["padding"], output_padding=attrs["output_padding"],
+                                                  groups=attrs["groups"], dilation=attrs["dilation"])
+    return run
+
+
+def _conv_transpose_cost(ins, outs, attrs):
+    og, k = ins[1].shape[1], ins[1].shape[2:]
+    return Cost(2 * ins[0].numel * og * math.prod(k), sum(t.nbytes for t in ins), outs[0].nbytes)
+
+
+for _nd in (2, 3):
+    register(OpDef(
+        name=f"conv_transpose{_nd}d", operands=("x", "weight", "bias?"),
+        attrs=(AttrSpec("stride", "ints", (1,) * _nd), AttrSpec("padding", "ints", (0,) * _nd),
+               AttrSpec("output_padding", "ints", (0,) * _nd), AttrSpec("dilation", "ints", (1,) * _nd),
+               AttrSpec("groups", "int", 1)),
+        infer=_conv_transpose_infer(f"conv_transpose{_nd}d", _nd), reference=_np_conv_transpose,
+        torch=_torch_conv_transpose(_nd), cost=_conv_transpose_cost,
+        doc=f"{_nd}-d transposed convolution (the gradient of conv{_nd}d with respect to its input) of x "
+            f"{_LAYOUT[_nd]} with weight [C, O/groups, {_KERNEL_LAYOUT[_nd]}] plus an optional bias [O]. "
+            f"Each output size is (size - 1)*s - 2*p + d*(k-1) + output_padding + 1: padding crops "
+            f"both ends, output_padding (smaller than the stride or the dilation, as in PyTorch) "
+            f"extends the end. Cost: 2 * input elements * (O/groups) * kernel taps FLOPs.",
+    ))
+
+
+# --- max_pool2d/3d (with and without indices) and avg_pool2d/3d ------------------------------------
+
+def _pool_geometry(op: str, nd: int, shape: tuple[int, ...], attrs: dict):
+    """(kernel, stride, padding, dilation, output size) of a pool over ``shape``, checked as
+    PyTorch checks them."""
+    k = _window_attr(op, attrs, "kernel", nd, 1)
+    s = k if attrs["stride"] is None else _window_attr(op, attrs, "stride", nd, 1)
+    p = _window_attr(op, attrs, "padding", nd, 0)
+    d = _window_attr(op, attrs, "dilation", nd, 1)
+    for i, dim in enumerate(_SPATIAL[nd]):
         # PyTorch's limit, as its CPU kernels check it: at most half the kernel, dilation
         # not counted (one internal path allows half the dilated window; we take the stricter).
         half = k[i] // 2
         if p[i] > half:
             raise TypeRuleError(f"{op}: padding {list(p)} is more than half the window in {dim} "
                                 f"(kernel {list(k)}); at most {half} is allowed")
-    h, w = shape[2], shape[3]
-    ho = _out_size(h, k[0], s[0], p[0], d[0], attrs["ceil_mode"])
-    wo = _out_size(w, k[1], s[1], p[1], d[1], attrs["ceil_mode"])
-    if ho < 1 or wo < 1:
+    size = shape[2:]
+    out = tuple(_out_size(*a, attrs["ceil_mode"]) for a in zip(size, k, s, p, d))
+    if min(out) < 1:
         raise TypeRuleError(f"{op}: the window {list(k)} does not fit in the padded input "
-                            f"{h + 2 * p[0]}x{w + 2 * p[1]} of the input {_shape(shape)}; the output would be {ho}x{wo}")
-    return k, s, p, d, (ho, wo)
+                            f"{_x(si + 2 * pi for si, pi in zip(size, p))} of the input {_shape(shape)}; "
+                            f"the output would be {_x(out)}")
+    return k, s, p, d, out
 
 
-def _max_pool2d_infer(ts, attrs):
-    (x,) = ts
-    _require_nchw("max_pool2d", x)
-    if x.dtype.is_bool:
-        raise TypeRuleError(f"max_pool2d: the input must be numeric, got {x}")
-    *_, (ho, wo) = _pool_geometry("max_pool2d", x.shape, attrs, dilated=True)
-    return TensorType(x.shape[:2] + (ho, wo), x.dtype)
+def _max_pool_infer(op: str, nd: int, with_indices: bool):
+    def infer(ts, attrs):
+        (x,) = ts
+        _require_spatial(op, x, nd)
+        if x.dtype.is_bool:
+            raise TypeRuleError(f"{op}: the input must be numeric, got {x}")
+        *_, out = _pool_geometry(op, nd, x.shape, attrs)
+        y = TensorType(x.shape[:2] + out, x.dtype)
+        return [y, TensorType(y.shape, i64)] if with_indices else y
+    return infer
 
 
-def _ceil_overhang(size: int, out: int, k: int, s: int, p: int, d: int) -> int:
-    """Extra right padding a ceil_mode window may reach past the input and its padding."""
-    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
-
-
-def _np_max_pool2d(args, attrs):
-    x = _compute_np(args[0])
-    k, s, p, d, (ho, wo) = _pool_geometry("max_pool2d", x.shape, attrs, dilated=True)
-    h, w = x.shape[2], x.shape[3]
-    # Padding never wins a max: -inf for floats, the smallest value for integers.
+def _max_pool_windows(x: np.ndarray, attrs: dict):
+    """(padded windows [N, C, *out, taps], geometry) of a max pool; padding never wins."""
+    nd = x.ndim - 2
+    k, s, p, d, out = _pool_geometry("max_pool", nd, x.shape, attrs)
     fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    xp = _pad_hw(x, p[0], p[0] + _ceil_overhang(h, ho, k[0], s[0], p[0], d[0]),
-                 p[1], p[1] + _ceil_overhang(w, wo, k[1], s[1], p[1], d[1]), fill)
-    win = _windows(xp, _window_index(ho, k[0], s[0], d[0]), _window_index(wo, k[1], s[1], d[1]))
-    return np.max(win, axis=(3, 5))
+    after = [pi + _ceil_overhang(*a) for pi, a in zip(p, zip(x.shape[2:], out, k, s, p, d))]
+    win = _window_view(_pad_spatial(x, p, after, fill), k, s, d, out)
+    return win.reshape(win.shape[:2 + nd] + (math.prod(k),)), (k, s, p, d, out)
 
 
-def _torch_max_pool2d(args, attrs):
-    k = attrs["kernel"]
-    return F.max_pool2d(args[0], k, attrs["stride"] or k, attrs["padding"], attrs["dilation"],
-                        ceil_mode=attrs["ceil_mode"])
+def _np_max_pool(args, attrs):
+    win, _ = _max_pool_windows(_compute_np(args[0]), attrs)
+    return np.max(win, axis=-1)
+
+
+def _np_max_pool_with_indices(args, attrs):
+    x = _compute_np(args[0])
+    win, (k, s, p, d, out) = _max_pool_windows(x, attrs)
+    size = x.shape[2:]
+    # Per dim, each (output position, tap) as an input coordinate; padding taps are invalid.
+    coords = [(np.arange(o) * si - pi)[:, None] + (np.arange(ki) * di)[None, :]
+              for o, ki, si, pi, di in zip(out, k, s, p, d)]
+    valid = np.ones((), bool)
+    flat = np.zeros((), np.int64)
+    for i, cd in enumerate(coords):
+        # Broadcast dim i's [out_i, k_i] into the [*out, *k] layout of the windows.
+        shape = [1] * (2 * len(size))
+        shape[i], shape[len(size) + i] = cd.shape
+        cd = cd.reshape(shape)
+        valid = valid & (cd >= 0) & (cd < size[i])
+        flat = flat * size[i] + cd
+    valid = np.broadcast_to(valid, out + k).reshape(out + (-1,))
+    flat = np.broadcast_to(flat, out + k).reshape(out + (-1,))
+    y = np.max(win, axis=-1)
+    # PyTorch's kernel scans taps in order and takes a value that is greater than the best so
+    # far, or NaN: the first maximum, or the last NaN; all -inf (or all the integer minimum)
+    # gives the first tap inside the input.
+    tap = np.argmax(valid & (win == y[..., None]), axis=-1)
+    if x.dtype.kind == "f":
+        nan = np.isnan(win)
+        last_nan = win.shape[-1] - 1 - np.argmax(nan[..., ::-1], axis=-1)
+        tap = np.where(nan.any(axis=-1), last_nan, tap)
+    idx = np.take_along_axis(np.broadcast_to(flat, win.shape), tap[..., None], axis=-1)[..., 0]
+    return y, idx.astype(np.int64)
+
+
+def _torch_max_pool(nd: int, with_indices: bool):
+    def run(args, attrs):
+        k = attrs["kernel"]
+        return getattr(F, f"max_pool{nd}d")(args[0], k, attrs["stride"] or k, attrs["padding"], attrs["dilation"],
+                                            ceil_mode=attrs["ceil_mode"], return_indices=with_indices)
+    return run
 
 
 def _pool_cost(ins, outs, attrs):
-    return Cost(outs[0].numel * math.prod(attrs["kernel"]), ins[0].nbytes, outs[0].nbytes)
+    return Cost(outs[0].numel * math.prod(attrs["kernel"]), ins[0].nbytes, sum(t.nbytes for t in outs))
 
 
-register(OpDef(
-    name="max_pool2d", operands=("x",),
-    attrs=(AttrSpec("kernel", "ints"), AttrSpec("stride", "ints", None), AttrSpec("padding", "ints", (0, 0)),
-           AttrSpec("dilation", "ints", (1, 1)), AttrSpec("ceil_mode", "bool", False)),
-    infer=_max_pool2d_infer, reference=_np_max_pool2d, torch=_torch_max_pool2d, cost=_pool_cost,
-    doc="max over kernel windows of x [N, C, H, W]; stride defaults to the kernel; padding (which "
-        "never wins the max) is at most half the kernel (dilation not counted); ceil_mode rounds the output size "
-        "up, keeping only windows that start inside the input or its left padding. NaN "
-        "propagates. Cost: one FLOP per window tap.",
-))
+def _pool_attrs(nd: int, extra: tuple[AttrSpec, ...]) -> tuple[AttrSpec, ...]:
+    return (AttrSpec("kernel", "ints"), AttrSpec("stride", "ints", None), AttrSpec("padding", "ints", (0,) * nd),
+            AttrSpec("dilation", "ints", (1,) * nd), AttrSpec("ceil_mode", "bool", False)) + extra
 
 
-def _avg_pool2d_infer(ts, attrs):
-    (x,) = ts
-    _require_nchw("avg_pool2d", x)
-    _require_float("avg_pool2d", x)
-    *_, (ho, wo) = _pool_geometry("avg_pool2d", x.shape, attrs, dilated=False)
-    return TensorType(x.shape[:2] + (ho, wo), x.dtype)
+for _nd in (2, 3):
+    for _with in (False, True):
+        _name = f"max_pool{_nd}d" + ("_with_indices" if _with else "")
+        register(OpDef(
+            name=_name, operands=("x",), attrs=_pool_attrs(_nd, ()),
+            infer=_max_pool_infer(_name, _nd, _with),
+            reference=_np_max_pool_with_indices if _with else _np_max_pool,
+            torch=_torch_max_pool(_nd, _with), cost=_pool_cost,
+            doc=f"max over kernel windows of x {_LAYOUT[_nd]}; stride defaults to the kernel; padding "
+                "(which never wins the max) is at most half the kernel (dilation not counted); "
+                "ceil_mode rounds the output size up, keeping only windows that start inside the input "
+                "or its left padding. NaN propagates. "
+                + ("Two results: the values and i64 indices of each maximum, flattened (row-major) "
+                   "within its own [N, C] plane of the unpadded input, as PyTorch returns them; ties "
+                   "give the first maximum. " if _with else "")
+                + "Cost: one FLOP per window tap.",
+        ))
 
 
-def _avg_divisor(size: int, out: int, k: int, s: int, p: int, include_pad: bool) -> np.ndarray:
-    """Per-output-position divisor along one dimension, as PyTorch's kernel computes it: the
-    window clipped to input+padding (include_pad) or to the input alone."""
-    start = np.arange(out) * s - p
-    end = np.minimum(start + k, size + p)
-    if include_pad:
-        return end - start
-    return np.maximum(np.minimum(end, size) - np.maximum(start, 0), 1)
+def _avg_pool_infer(op: str, nd: int):
+    def infer(ts, attrs):
+        (x,) = ts
+        _require_spatial(op, x, nd)
+        _require_float(op, x)
+        *_, out = _pool_geometry(op, nd, x.shape, attrs)
+        return TensorType(x.shape[:2] + out, x.dtype)
+    return infer
 
 
-def _np_avg_pool2d(args, attrs):
+def _avg_divisor(size: int, out: int, k: int, s: int, p: int, d: int, include_pad: bool) -> np.ndarray:
+    """Per-output-position divisor along one dimension: the window's taps inside input+padding
+    (include_pad) or inside the input alone; taps of a ceil_mode window that hang past the
+    padding never count. With dilation 1 this is PyTorch's clipped window length."""
+    pos = (np.arange(out) * s - p)[:, None] + (np.arange(k) * d)[None, :]
+    lo, hi = (-p, size + p) if include_pad else (0, size)
+    return np.maximum(np.count_nonzero((pos >= lo) & (pos < hi), axis=1), 1)
+
+
+def _avg_pool_divisor(shape, k, s, p, d, out, include_pad: bool) -> np.ndarray:
+    divs = [_avg_divisor(size, o, ki, si, pi, di, include_pad)
+            for size, o, ki, si, pi, di in zip(shape[2:], out, k, s, p, d)]
+    return functools.reduce(np.multiply.outer, divs)
+
+
+def _np_avg_pool(args, attrs):
     x = _compute_np(args[0])
-    k, s, p, _, (ho, wo) = _pool_geometry("avg_pool2d", x.shape, attrs, dilated=False)
-    h, w = x.shape[2], x.shape[3]
-    xp = _pad_hw(x, p[0], p[0] + _ceil_overhang(h, ho, k[0], s[0], p[0], 1),
-                 p[1], p[1] + _ceil_overhang(w, wo, k[1], s[1], p[1], 1), 0)
-    win = _windows(xp, _window_index(ho, k[0], s[0], 1), _window_index(wo, k[1], s[1], 1))
-    inc = attrs["count_include_pad"]
-    div = np.outer(_avg_divisor(h, ho, k[0], s[0], p[0], inc), _avg_divisor(w, wo, k[1], s[1], p[1], inc))
-    return np.sum(win, axis=(3, 5)) / div.astype(x.dtype)
+    nd = x.ndim - 2
+    k, s, p, d, out = _pool_geometry("avg_pool", nd, x.shape, attrs)
+    after = [pi + _ceil_overhang(*a) for pi, a in zip(p, zip(x.shape[2:], out, k, s, p, d))]
+    win = _window_view(_pad_spatial(x, p, after, 0), k, s, d, out)
+    div = _avg_pool_divisor(x.shape, k, s, p, d, out, attrs["count_include_pad"])
+    return np.sum(win, axis=tuple(range(2 + nd, 2 + 2 * nd))) / div.astype(x.dtype)
 
 
-def _torch_avg_pool2d(args, attrs):
-    k = attrs["kernel"]
-    return F.avg_pool2d(args[0], k, attrs["stride"] or k, attrs["padding"], ceil_mode=attrs["ceil_mode"],
-                        count_include_pad=attrs["count_include_pad"])
+def _torch_avg_pool(nd: int):
+    def run(args, attrs):
+        x = args[0]
+        k, s, p, d, out = _pool_geometry("avg_pool", nd, tuple(x.shape), attrs)
+        if all(di == 1 for di in d):
+            return getattr(F, f"avg_pool{nd}d")(x, k, s, p, ceil_mode=attrs["ceil_mode"],
+                                                count_include_pad=attrs["count_include_pad"])
+        # PyTorch's pools have no dilation: sum the dilated windows with a depthwise conv of
+        # ones over the zero-padded input, then divide by the same counts as the reference.
+        n, c, size = x.shape[0], x.shape[1], tuple(x.shape[2:])
+        pads: list[int] = []
+        for a in reversed(list(zip(size, out, k, s, p, d))):
+            pads += [a[4], a[4] + _ceil_overhang(*a)]
+        xp = F.pad(x.reshape((n * c, 1) + size), pads)
+        ones = torch.ones((1, 1) + k, dtype=x.dtype, device=x.device)
+        sums = getattr(F, f"conv{nd}d")(xp, ones, stride=s, dilation=d)
+        sums = sums[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
+        div = torch.as_tensor(_avg_pool_divisor(tuple(x.shape), k, s, p, d, out, attrs["count_include_pad"]),
+                              dtype=x.dtype, device=x.device)
+        return (sums / div).reshape((n, c) + out)
+    return run
 
 
-register(OpDef(
-    name="avg_pool2d", operands=("x",),
-    attrs=(AttrSpec("kernel", "ints"), AttrSpec("stride", "ints", None), AttrSpec("padding", "ints", (0, 0)),
-           AttrSpec("ceil_mode", "bool", False), AttrSpec("count_include_pad", "bool", True)),
-    infer=_avg_pool2d_infer, reference=_np_avg_pool2d, torch=_torch_avg_pool2d, cost=_pool_cost,
-    doc="mean over kernel windows of x [N, C, H, W]; stride defaults to the kernel; zero padding "
-        "at most half the kernel. The divisor is the window clipped to the padded input when "
-        "count_include_pad (the part a ceil_mode window hangs past the padding is never "
-        "counted), else to the input alone; PyTorch's divisor_override is not offered. Cost: one "
-        "FLOP per window tap.",
-))
+for _nd in (2, 3):
+    register(OpDef(
+        name=f"avg_pool{_nd}d", operands=("x",),
+        attrs=_pool_attrs(_nd, (AttrSpec("count_include_pad", "bool", True),)),
+        infer=_avg_pool_infer(f"avg_pool{_nd}d", _nd), reference=_np_avg_pool, torch=_torch_avg_pool(_nd),
+        cost=_pool_cost,
+        doc=f"mean over kernel windows of x {_LAYOUT[_nd]}; stride defaults to the kernel; zero padding "
+            "at most half the kernel; dilation spaces the taps (PyTorch's pools have none; ONNX's "
+            "AveragePool does). The divisor counts the window's taps inside the padded input when "
+            "count_include_pad (taps of a ceil_mode window past the padding never count), else "
+            "inside the input alone; PyTorch's divisor_override is not offered. Cost: one FLOP per "
+            "window tap.",
+    ))
 
 
 # --- batch_norm ----------------------------------------------------------------------------

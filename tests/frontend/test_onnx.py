@@ -269,11 +269,10 @@ def test_symbolic_input_dim_needs_input_shapes():
 
 
 def test_unsupported_attribute_names_the_node():
-    model = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn_train",
-                                     training_mode=1)],
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], name="pad_sym", mode="symmetric")],
                    [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)],
-                   [(n, _rand(3)) for n in "sbmv"])
-    with pytest.raises(OnnxImportError, match=r"node 'bn_train' \(BatchNormalization\).*eval mode"):
+                   [("p", _i64(1, 1, 1, 1))])
+    with pytest.raises(OnnxImportError, match=r"node 'pad_sym' \(Pad\): mode 'symmetric' is not supported"):
         import_onnx(model)
 
 
@@ -318,3 +317,183 @@ def test_backend_interface_run_node_and_run_model():
     assert PartitaBackend.supports_device("CPU") and not PartitaBackend.supports_device("CUDA")
     with pytest.raises(OnnxImportError, match="CPU"):
         PartitaBackend.prepare(model, "CUDA")
+
+
+# --- training-mode BatchNormalization and Dropout, Pad wrap, Slice with negative steps --------
+
+def _bn_training_expected(x, s, b, m, v, momentum, eps):
+    """ONNX's definition: batch mean and biased variance; running = old * momentum + batch * (1 - momentum)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    mean, var = x.mean(axis=axes), x.var(axis=axes)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * s.reshape(shape) + b.reshape(shape)
+    return y, m * momentum + mean * (1 - momentum), v * momentum + var * (1 - momentum)
+
+
+@pytest.mark.parametrize("shape,opset", [((4, 3), 15), ((2, 3, 5, 4), 15), ((2, 3, 4), 13)])
+def test_batch_norm_training_mode_updates_running_statistics(shape, opset):
+    """training_mode=1 (before opset 14: asking for the statistics outputs): y uses the batch
+    statistics, and the running mean and variance take the biased batch variance with ONNX's
+    momentum (the weight of the old value)."""
+    c = shape[1]
+    s, b, m, v = _rand(c), _rand(c), _rand(c), np.abs(_rand(c)) + 0.5
+    mode = {"training_mode": 1} if opset >= 14 else {}
+    # BatchNormalization-9 declares all five outputs; the saved statistics are left unnamed.
+    outs = ["y", "rm", "rv"] + ([] if opset >= 14 else ["", ""])
+    model = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], outs,
+                                     momentum=0.7, epsilon=1e-3, **mode)],
+                   [helper.make_tensor_value_info("x", F, list(shape))],
+                   [helper.make_tensor_value_info(n, F, None) for n in ("y", "rm", "rv")],
+                   [("s", s), ("b", b), ("m", m), ("v", v)], opset=opset)
+    x = _rand(*shape)
+    g = _check_against_ort(model, {"x": x})
+    want = _bn_training_expected(x, s, b, m, v, 0.7, 1e-3)
+    for got in (partita.run(g, [x]), [t.numpy() for t in partita.run(g, [x], backend="torch")]):
+        for w, a in zip(want, got):
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_statistics_outputs_need_training_mode():
+    model = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm"], name="bn")],
+                   [helper.make_tensor_value_info("x", F, [2, 3])],
+                   [helper.make_tensor_value_info(n, F, None) for n in ("y", "rm")],
+                   [(n, _rand(3)) for n in "sbmv"], opset=15)
+    with pytest.raises(OnnxImportError, match=r"node 'bn' \(BatchNormalization\): outputs \[1\].*training_mode=1"):
+        import_onnx(model)
+    saved = _model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"],
+                                     ["y", "rm", "rv", "sm", "sv"], name="bn9")],
+                   [helper.make_tensor_value_info("x", F, [2, 3])],
+                   [helper.make_tensor_value_info(n, F, None) for n in ("y", "rm", "rv", "sm", "sv")],
+                   [(n, _rand(3)) for n in "sbmv"], opset=13)
+    with pytest.raises(OnnxImportError, match=r"node 'bn9' \(BatchNormalization\): the saved_mean/saved_var"):
+        import_onnx(saved)
+
+
+def _training_dropout(shape, ratio, seed=None, inits=True, name="drop"):
+    attrs = {} if seed is None else {"seed": seed}
+    node = helper.make_node("Dropout", ["x", "r", "t"], ["y", "mask"], name=name, **attrs)
+    r, t = np.array(ratio, dtype=np.float32), np.array(True)
+    if inits:
+        return _model([node], [helper.make_tensor_value_info("x", F, list(shape))],
+                      [helper.make_tensor_value_info("y", F, None),
+                       helper.make_tensor_value_info("mask", TensorProto.BOOL, None)], [("r", r), ("t", t)])
+    return _model([node], [helper.make_tensor_value_info("x", F, list(shape)),
+                           helper.make_tensor_value_info("r", F, []),
+                           helper.make_tensor_value_info("t", TensorProto.BOOL, [])],
+                  [helper.make_tensor_value_info("y", F, None),
+                   helper.make_tensor_value_info("mask", TensorProto.BOOL, None)])
+
+
+def test_training_dropout_mask_properties_on_both_executors():
+    """No importer can match the mask NumPy's global RNG draws, so check what defines
+    dropout: kept elements are x / (1 - p), the mask marks exactly the kept ones, about p of
+    a large tensor is dropped, and one seed gives one mask on both executors."""
+    p, shape = 0.3, (64, 128)
+    x = np.abs(_rand(*shape)) + 0.1  # no zeros, so a zero in y can only be a drop
+    g = import_onnx(_training_dropout(shape, p, seed=5))
+    partita.verify(g)
+    assert [n.attrs["seed"] for n in g.nodes if n.op == "dropout"] == [5, 5]
+    y_np, m_np = partita.run(g, [x])
+    y_t, m_t = (t.numpy() for t in partita.run(g, [x], backend="torch"))
+    assert m_np.dtype == np.bool_ and m_np.shape == shape
+    np.testing.assert_array_equal(m_np, m_t)
+    np.testing.assert_allclose(y_np, y_t, rtol=1e-6)
+    np.testing.assert_array_equal(m_np, y_np != 0)
+    np.testing.assert_allclose(y_np[m_np], x[m_np] / (1 - p), rtol=1e-6)
+    dropped = 1 - m_np.mean()
+    assert abs(dropped - p) < 0.02, dropped
+    # The same seed repeats the mask; another seed draws another one.
+    (_, again) = partita.run(import_onnx(_training_dropout(shape, p, seed=5)), [x])
+    (_, other) = partita.run(import_onnx(_training_dropout(shape, p, seed=6)), [x])
+    np.testing.assert_array_equal(again, m_np)
+    assert (other != m_np).mean() > 0.2
+
+
+def test_training_dropout_ratio_zero_and_runtime_flags():
+    """Ratio 0 drops nothing (y is x, the mask all true) even in training; ratio and
+    training_mode computed at run time are refused, naming the node; bound ones import."""
+    x = _rand(3, 4)
+    g = import_onnx(_training_dropout((3, 4), 0.0))
+    for backend in ("numpy", "torch"):
+        y, mask = (np.asarray(v) for v in partita.run(g, [x], backend=backend))
+        np.testing.assert_array_equal(y, x)
+        assert mask.dtype == np.bool_ and mask.all()
+    model = _training_dropout((3, 4), 0.5, inits=False, name="drop_rt")
+    with pytest.raises(OnnxImportError, match=r"node 'drop_rt' \(Dropout\): training_mode .*constant"):
+        import_onnx(model)
+    g = import_onnx(model, static_inputs={"t": np.array(True), "r": np.array(0.5, np.float32)})
+    assert [n.attrs["p"] for n in g.nodes if n.op == "dropout"] == [0.5, 0.5]
+    with pytest.raises(OnnxImportError, match=r"node 'drop_rt' \(Dropout\): ratio .*constant"):
+        import_onnx(model, static_inputs={"t": np.array(True)})
+
+
+@pytest.mark.parametrize("pads,axes", [
+    ([2, 1, 1, 1], None),              # the spec's example
+    ([7, 0, 3, 9], None),              # longer than the axis: whole copies plus a remainder
+    ([-1, 2, 2, -1], None),            # crop one side, wrap the other (from the cropped data)
+    ([-1, 3], [-1]),                   # negative axis, one axis only
+])
+def test_wrap_pad_matches_onnxruntime(pads, axes):
+    ins = ["x", "p"] + (["", "axes"] if axes is not None else [])
+    inits = [("p", _i64(*pads))] + ([("axes", _i64(*axes))] if axes is not None else [])
+    model = _model([helper.make_node("Pad", ins, ["y"], mode="wrap")],
+                   [helper.make_tensor_value_info("x", F, [3, 4])], [helper.make_tensor_value_info("y", F, None)],
+                   inits, opset=19)
+    g = _check_against_ort(model, {"x": _rand(3, 4)})
+    assert {n.op for n in g.nodes} <= {"slice", "concat"}
+
+
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+def test_negative_pads_crop_before_padding_like_onnxruntime(mode):
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)],
+                   [helper.make_tensor_value_info("x", F, [4, 5])], [helper.make_tensor_value_info("y", F, None)],
+                   [("p", _i64(-1, 2, 2, -2))], opset=19)
+    _check_against_ort(model, {"x": _rand(4, 5)})
+
+
+def test_pads_cropping_more_than_the_axis_are_refused():
+    model = _model([helper.make_node("Pad", ["x", "p"], ["y"], name="crop", mode="wrap")],
+                   [helper.make_tensor_value_info("x", F, [2, 3])], [helper.make_tensor_value_info("y", F, None)],
+                   [("p", _i64(0, -2, 0, -2))], opset=19)
+    with pytest.raises(OnnxImportError, match=r"node 'crop' \(Pad\): negative pads remove 2 \+ 2 elements from "
+                                              r"axis 1, which has only 3"):
+        import_onnx(model)
+
+
+_INT_MAX, _INT_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", [
+    ([-1], [_INT_MIN], [1], [-1]),                 # reverse an axis with the INT_MIN sentinel
+    ([_INT_MAX, 4], [_INT_MIN, 0], None, [-2, -3]),  # INT_MAX start clamps to the last element
+    ([20, -2], [-20, 1], [0, -1], [-1, -1]),       # out-of-range start/end, negative axis
+    ([1], [3], [2], [-1]),                         # start before end going backward: empty
+    ([5, 0], [-7, _INT_MAX], [2, 0], [-2, 1]),     # mixed directions
+    ([0, 0], [-1, 5], None, None),                 # omitted axes and steps
+    ([3], [3], [0], [-1]),                         # one element kept backward (no reverse needed)
+])
+def test_slice_with_negative_steps_matches_onnxruntime(starts, ends, axes, steps):
+    """Every ONNX clamping rule for negative steps: sentinels, negatives, empty results."""
+    inits = [("starts", _i64(*starts)), ("ends", _i64(*ends))]
+    ins = ["x", "starts", "ends"]
+    if axes is not None or steps is not None:
+        inits.append(("axes", _i64(*(axes if axes is not None else range(len(starts))))))
+        ins.append("axes")
+    if steps is not None:
+        inits.append(("steps", _i64(*steps)))
+        ins.append("steps")
+    model = _model([helper.make_node("Slice", ins, ["y"])],
+                   [helper.make_tensor_value_info("x", F, [4, 5, 6])], [helper.make_tensor_value_info("y", F, None)],
+                   inits)
+    _check_against_ort(model, {"x": _rand(4, 5, 6)})
+
+
+def test_slice_zero_step_and_repeated_axis_are_refused():
+    def model(steps, axes):
+        return _model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"], name="sl")],
+                      [helper.make_tensor_value_info("x", F, [4, 5])], [helper.make_tensor_value_info("y", F, None)],
+                      [("s", _i64(0, 0)), ("e", _i64(2, 2)), ("a", _i64(*axes)), ("st", _i64(*steps))])
+    with pytest.raises(OnnxImportError, match=r"node 'sl' \(Slice\): step 0 on axis 1"):
+        import_onnx(model([1, 0], [0, 1]))
+    with pytest.raises(OnnxImportError, match=r"node 'sl' \(Slice\): axis 1 is sliced twice"):
+        import_onnx(model([1, 1], [1, -1]))

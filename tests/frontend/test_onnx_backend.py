@@ -19,24 +19,12 @@ import onnx.backend.test  # noqa: E402
 import onnx.backend.test.case.node as _node_cases  # noqa: E402
 
 from partita.frontend.onnx import ONNX_TO_PARTITA  # noqa: E402
-from partita.frontend.onnx_backend import PartitaBackend, PartitaTorchBackend, conformance  # noqa: E402
+from partita.frontend.onnx_backend import OUT_OF_SCOPE, PartitaBackend, PartitaTorchBackend, conformance  # noqa: E402
 
-# Claimed-op cases partita does not pass (regex over the case name -> reason). They are marked
-# expected failures, so a case that starts passing fails the run until its line is removed.
-KNOWN_FAILURES: dict[str, str] = {
-    r"test_cast_.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|STRING)": "no partita dtype for 8/4/2-bit or string types",
-    r"test_.*_(uint16|uint32|uint64)_cpu$": "no partita dtype for u16/u32/u64 (only u8)",
-    r"test_cast_.*(UINT16|UINT32|UINT64)": "no partita dtype for u16/u32/u64 (only u8)",
-    r"test_equal_string": "string tensors have no partita dtype",
-    r"test_(average|max)pool_3d_": "3-D pooling: partita has 2-D pools (1-D ones are lifted to 2-D)",
-    r"test_averagepool_2d_dilations_cpu$": "avg_pool2d has no dilation",
-    r"test_maxpool_with_argmax_": "max_pool2d returns no Indices output",
-    r"test_batchnorm_.*_training_mode_cpu$": "training-mode BatchNormalization (batch statistics outputs) is not imported",
-    r"test_training_dropout": "training-mode Dropout (random mask) is not imported; inference only",
-    r"test_identity_(sequence|opt)_cpu$": "sequence and optional types are not tensors; partita has tensors only",
-    r"test_wrap_pad_cpu$": "Pad mode 'wrap' is not imported (constant, reflect and edge are)",
-    r"test_slice_neg_steps_cpu$": "Slice with a negative step: partita's slice takes positive steps only",
-}
+# Cases of claimed op types outside what partita claims (strings, sequences, another library's
+# random stream), with the reason next to each, shared with the conformance report. They are
+# strict expected failures: one that starts passing fails the run until its line is removed.
+KNOWN_FAILURES: dict[str, str] = OUT_OF_SCOPE
 
 backend_test = onnx.backend.test.BackendTest(PartitaBackend, __name__)
 

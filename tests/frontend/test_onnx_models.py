@@ -35,11 +35,7 @@ MODEL_SETS = {"light": "RealModel", "pytorch-converted": "PyTorchConvertedModel"
 # Model test name (regex, anchored by the runner's "_cpu" suffix) -> why it fails.
 KNOWN_FAILURES: dict[str, str] = {
     # pytorch-converted
-    r"^test_(AvgPool|MaxPool)3d": "3-D pooling: partita has 2-D pools (1-D ones are lifted to 2-D)",
-    r"^test_Conv3d": "3-D convolution: partita has conv2d (1-D convs are lifted to 2-D)",
-    r"^test_ConvTranspose2d": "ConvTranspose is not imported: partita has no transposed convolution op",
     # pytorch-operator
-    r"^test_operator_convtranspose_": "ConvTranspose is not imported: partita has no transposed convolution op",
     # simple
     r"^test_gradient_of_add": "ai.onnx.preview.training::Gradient is a training op; the importer is inference only",
     r"^test_sequence_model": "sequence types (SequenceConstruct/At/Insert/Erase, SplitToSequence, ...) are not "

@@ -253,10 +253,12 @@ class UsesPoolIndices(nn.Module):
         return values, indices
 
 
-def test_max_pool_indices_in_use_are_reported() -> None:
-    with pytest.raises(FrontendError, match=r"indices result is used") as info:
-        partita.import_torch(UsesPoolIndices(), (torch.randn(1, 2, 4, 4),))
-    assert f"{__file__}:{_line_of('pool-indices')}: aten.max_pool2d_with_indices.default" in str(info.value)
+def test_max_pool_indices_in_use_are_imported() -> None:
+    x = torch.randn(1, 2, 4, 4)
+    g = partita.import_torch(UsesPoolIndices(), (x,))
+    pools = [n for n in g.nodes if n.op == "max_pool2d_with_indices"]
+    assert len(pools) == 1 and pools[0].loc.line == _line_of("pool-indices")
+    _check_matches_eager(g, UsesPoolIndices(), (x,))
 
 
 def test_a_converter_that_disagrees_with_torch_is_caught(monkeypatch) -> None:
@@ -441,3 +443,32 @@ def test_data_dependent_shape_is_one_clear_error_with_the_source_line() -> None:
     msg = str(info.value)
     assert f"{__file__}:{_line_of('nonzero')}" in msg
     assert "aten.nonzero" in msg and "depends on the input data" in msg and "static shapes" in msg
+
+
+# --- transposed and 3-d convolution, 3-d pooling ---------------------------------------------------
+
+class VolumeNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1, groups=1)
+        self.up1d = nn.ConvTranspose1d(4, 2, 3, stride=2, groups=2)
+        self.conv3 = nn.Conv3d(4, 6, (2, 3, 3), stride=(1, 2, 1), padding=(1, 1, 0), dilation=(1, 1, 2), groups=2)
+        self.max3 = nn.MaxPool3d(2, stride=(1, 2, 2), padding=1, ceil_mode=True)
+        self.avg3 = nn.AvgPool3d((2, 3, 2), stride=2, padding=(1, 1, 0), count_include_pad=False)
+
+    def forward(self, x: torch.Tensor):
+        u = torch.relu(self.up(x))                          # [2, 4, 10, 10]
+        v = self.conv3(u.unsqueeze(2).expand(-1, -1, 3, -1, -1))
+        values, indices = F.max_pool3d(v, 2, return_indices=True)
+        return self.up1d(u[:, :, 0]), self.max3(v), self.avg3(v), values, indices
+
+
+def test_transposed_and_3d_convolution_and_pooling_match_eager() -> None:
+    torch.manual_seed(0)
+    model = VolumeNet().eval()
+    x = torch.randn(2, 3, 5, 5)
+    g = partita.import_torch(model, (x,))
+    partita.verify(g)
+    _check_matches_eager(g, model, (x,))
+    ops = {n.op for n in g.nodes}
+    assert {"conv_transpose2d", "conv3d", "max_pool3d", "max_pool3d_with_indices", "avg_pool3d"} <= ops

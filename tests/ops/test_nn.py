@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -239,6 +241,202 @@ def test_pool_errors():
     expect_error("avg_pool2d", [x], {"kernel": [2, 2, 2]}, "'kernel' must be 2 integers")
     expect_error("avg_pool2d", [("i64", (1, 1, 4, 4))], {"kernel": [2, 2]}, "floating-point")
     expect_error("max_pool2d", [("f32", (4, 4))], {"kernel": [2, 2]}, "4-d")
+
+
+# --- conv3d and conv_transpose2d/3d ------------------------------------------------------------
+
+CONV3D_CASES = [
+    # (N, C, D, H, W), (O, kD, kH, kW), attrs
+    ((2, 3, 4, 5, 5), (4, 2, 3, 3), {}),
+    ((1, 4, 5, 6, 7), (6, 2, 3, 2), {"stride": [1, 2, 3], "padding": [1, 0, 1], "dilation": [2, 1, 2], "groups": 2}),
+    ((1, 2, 3, 3, 3), (2, 1, 1, 1), {"groups": 2}),
+    ((0, 2, 3, 3, 3), (3, 2, 2, 2), {}),
+]
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs", CONV3D_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_conv3d(xshape, wshape, attrs, bias, dt):
+    g = attrs.get("groups", 1)
+    o, *k = wshape
+    ops = [rand(xshape, dt), rand((o, xshape[1] // g, *k), dt)] + ([rand((o,), dt)] if bias else [])
+    kw_ = {k_: tuple(v) if isinstance(v, list) else v for k_, v in attrs.items()}
+    check_op("conv3d", ops, attrs, lambda *ts: F.conv3d(*ts, **kw_), rtol=1e-4 if dt == "f32" else None)
+
+
+CONV_TRANSPOSE_CASES = [
+    # x shape, (O/groups, kernel...), attrs
+    ((2, 3, 4, 5), (2, 3, 3), {}),
+    ((1, 4, 3, 4), (3, 3, 2), {"stride": [2, 3], "padding": [1, 0], "output_padding": [1, 2], "groups": 2}),
+    ((1, 2, 3, 3), (1, 2, 2), {"dilation": [2, 3], "output_padding": [1, 0], "stride": [1, 2]}),
+    ((2, 2, 3, 4, 3), (2, 2, 2, 3), {}),
+    ((1, 4, 2, 3, 3), (1, 3, 2, 2), {"stride": [2, 1, 3], "padding": [1, 0, 1], "output_padding": [1, 0, 2],
+                                     "dilation": [1, 2, 1], "groups": 4}),
+    ((0, 2, 3, 3), (2, 2, 2), {}),
+]
+
+
+@pytest.mark.parametrize("xshape,wshape,attrs", CONV_TRANSPOSE_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_conv_transpose(xshape, wshape, attrs, bias, dt):
+    nd = len(xshape) - 2
+    g = attrs.get("groups", 1)
+    og, *k = wshape
+    ops = [rand(xshape, dt), rand((xshape[1], og, *k), dt)] + ([rand((og * g,), dt)] if bias else [])
+    kw_ = {k_: tuple(v) if isinstance(v, list) else v for k_, v in attrs.items()}
+    fn = F.conv_transpose2d if nd == 2 else F.conv_transpose3d
+    check_op(f"conv_transpose{nd}d", ops, attrs, lambda *ts: fn(*ts, **kw_), rtol=1e-4 if dt == "f32" else None)
+
+
+def test_conv3d_and_conv_transpose_cost():
+    f32 = partita.dtypes.f32
+    g = build("conv3d", [partita.TensorType((2, 4, 5, 6, 6), f32), partita.TensorType((6, 2, 1, 3, 3), f32)],
+              {"groups": 2, "padding": [0, 1, 1]})
+    node = g.first
+    cost = get_op("conv3d").cost_of([v.type for v in node.operands], [r.type for r in node.results], node.attrs)
+    assert cost.flops == 2 * (2 * 6 * 5 * 6 * 6) * 2 * 9
+    g = build("conv_transpose2d", [partita.TensorType((2, 4, 3, 3), f32), partita.TensorType((4, 3, 2, 2), f32)],
+              {"stride": [2, 2]})
+    node = g.first
+    assert node.results[0].type.shape == (2, 3, 6, 6)
+    cost = get_op("conv_transpose2d").cost_of([v.type for v in node.operands], [node.results[0].type], node.attrs)
+    assert cost.flops == 2 * (2 * 4 * 9) * 3 * 4 and cost.bytes_written == 2 * 3 * 36 * 4
+
+
+def test_conv3d_and_conv_transpose_errors():
+    x = ("f32", (1, 4, 6, 6, 6))
+    expect_error("conv3d", [x, ("f32", (6, 4, 3, 3))], {}, "weight must be 5-d")
+    expect_error("conv3d", [x, ("f32", (6, 4, 3, 3, 3))], {"stride": [1, 1]}, "'stride' must be 3 integers",
+                 "[depth, height, width]")
+    expect_error("conv3d", [("f32", (4, 6, 6, 6)), ("f32", (6, 4, 3, 3, 3))], {}, "5-d", "add a batch dimension")
+    expect_error("conv3d", [x, ("f32", (6, 4, 7, 3, 3))], {}, "larger than the padded input", "6x6x6")
+    expect_error("conv3d", [x, ("f32", (6, 3, 3, 3, 3))], {}, "channel mismatch")
+    xt = ("f32", (1, 4, 5, 5))
+    expect_error("conv_transpose2d", [xt, ("f32", (3, 2, 3, 3))], {}, "channel mismatch", "has 3 in dim 0")
+    expect_error("conv_transpose2d", [xt, ("f32", (4, 2, 3, 3))], {"groups": 3}, "not divisible by groups=3")
+    expect_error("conv_transpose2d", [xt, ("f32", (4, 2, 3, 3))], {"output_padding": [1, 0]},
+                 "output_padding [1, 0] must be smaller than the stride", "height")
+    expect_error("conv_transpose2d", [xt, ("f32", (4, 2, 3, 3)), ("f32", (2,))], {"groups": 2},
+                 "bias must have shape [4]")
+    expect_error("conv_transpose2d", [xt, ("f32", (4, 2, 3, 3))], {"padding": [5, 0]}, "crops the whole output")
+    expect_error("conv_transpose3d", [xt, ("f32", (4, 2, 3, 3))], {}, "must be 5-d")
+    expect_error("conv_transpose2d", [xt, ("f64", (4, 2, 3, 3))], {}, "weight has dtype f64")
+
+
+# --- 3-d pools, pools with indices, dilated average pools --------------------------------------
+
+def _torch_kwargs(attrs, *drop):
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items() if k not in drop}
+    out["kernel_size"] = out.pop("kernel")
+    return out
+
+
+MAX_POOL3D_CASES = [
+    ((2, 2, 4, 4, 4), {"kernel": [2, 2, 2]}),
+    ((1, 2, 5, 7, 6), {"kernel": [3, 2, 3], "stride": [2, 1, 2], "padding": [1, 1, 1], "dilation": [1, 2, 1]}),
+    ((1, 1, 5, 5, 6), {"kernel": [2, 3, 2], "stride": [2, 2, 3], "padding": [1, 1, 0], "ceil_mode": True}),
+    ((0, 2, 3, 3, 3), {"kernel": [2, 2, 2]}),
+]
+
+
+@pytest.mark.parametrize("shape,attrs", MAX_POOL3D_CASES)
+@pytest.mark.parametrize("dt", ["f32", "i64"])
+def test_max_pool3d(shape, attrs, dt):
+    check_op("max_pool3d", [rand(shape, dt, -50, 50)], attrs, lambda t: F.max_pool3d(t, **_torch_kwargs(attrs)))
+
+
+@pytest.mark.parametrize("shape,attrs", MAX_POOL_CASES + MAX_POOL3D_CASES)
+@pytest.mark.parametrize("dt", ["f32", "f64", "i64"])
+def test_max_pool_with_indices(shape, attrs, dt):
+    nd = len(shape) - 2
+    # A small integer range makes ties, which must pick the same (first) tap as PyTorch.
+    x = rand(shape, dt, -3, 3)
+    if dt != "i64":
+        x = np.round(x)
+    fn = F.max_pool2d if nd == 2 else F.max_pool3d
+    check_op(f"max_pool{nd}d_with_indices", [x], attrs, lambda t: fn(t, **_torch_kwargs(attrs), return_indices=True))
+
+
+def test_max_pool_indices_with_nan_and_minus_inf_follow_pytorch():
+    x = rand((1, 2, 5, 5), "f32")
+    x[0, 0, 1, 1] = x[0, 0, 1, 2] = np.nan   # the last NaN of a window is taken
+    x[0, 1] = -np.inf                        # all -inf: the first tap inside the input
+    attrs = {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]}
+    check_op("max_pool2d_with_indices", [x], attrs,
+             lambda t: F.max_pool2d(t, **_torch_kwargs(attrs), return_indices=True))
+
+
+AVG_POOL3D_CASES = [
+    ((2, 2, 4, 4, 4), {"kernel": [2, 2, 2]}),
+    ((1, 2, 5, 7, 6), {"kernel": [3, 2, 3], "stride": [2, 1, 2], "padding": [1, 1, 1]}),
+    ((1, 2, 5, 7, 6), {"kernel": [3, 2, 3], "stride": [2, 1, 2], "padding": [1, 1, 1], "count_include_pad": False}),
+    ((1, 1, 5, 5, 6), {"kernel": [2, 3, 2], "stride": [2, 2, 3], "padding": [1, 1, 0], "ceil_mode": True}),
+]
+
+
+@pytest.mark.parametrize("shape,attrs", AVG_POOL3D_CASES)
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_avg_pool3d(shape, attrs, dt):
+    check_op("avg_pool3d", [rand(shape, dt)], attrs, lambda t: F.avg_pool3d(t, **_torch_kwargs(attrs)))
+
+
+def _dilated_avg_pool_by_loops(x, kernel, stride, padding, dilation, ceil_mode, count_include_pad):
+    """The dilated average pool written out tap by tap (the definition, in torch): a tap
+    counts when it lies in the input, or in the padding with count_include_pad."""
+    nd = x.dim() - 2
+    size = x.shape[2:]
+    out = []
+    for i in range(nd):
+        span = size[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1
+        o = (-(-span // stride[i]) if ceil_mode else span // stride[i]) + 1
+        if ceil_mode and (o - 1) * stride[i] >= size[i] + padding[i]:
+            o -= 1
+        out.append(o)
+    y = torch.zeros(x.shape[:2] + tuple(out), dtype=x.dtype)
+    for pos in itertools.product(*(range(o) for o in out)):
+        total, count = torch.zeros(x.shape[:2], dtype=x.dtype), 0
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            at = [pos[i] * stride[i] - padding[i] + tap[i] * dilation[i] for i in range(nd)]
+            inside = all(0 <= at[i] < size[i] for i in range(nd))
+            in_pad = all(-padding[i] <= at[i] < size[i] + padding[i] for i in range(nd))
+            if inside:
+                total = total + x[(slice(None), slice(None)) + tuple(at)]
+            count += inside or (count_include_pad and in_pad)
+        y[(slice(None), slice(None)) + pos] = total / max(count, 1)
+    return y
+
+
+DILATED_AVG_POOL_CASES = [
+    ((1, 2, 4, 4), {"kernel": [2, 2], "stride": [1, 1], "dilation": [2, 2], "ceil_mode": True}),
+    ((2, 1, 7, 6), {"kernel": [3, 2], "stride": [2, 1], "padding": [1, 1], "dilation": [2, 3]}),
+    ((1, 2, 7, 8), {"kernel": [2, 3], "stride": [2, 3], "padding": [1, 1], "dilation": [3, 2], "ceil_mode": True}),
+    ((1, 1, 6, 5, 7), {"kernel": [2, 3, 2], "stride": [3, 2, 2], "padding": [1, 1, 0], "dilation": [2, 1, 3],
+                       "ceil_mode": True}),
+]
+
+
+@pytest.mark.parametrize("shape,attrs", DILATED_AVG_POOL_CASES)
+@pytest.mark.parametrize("include", [True, False])
+def test_avg_pool_with_dilation(shape, attrs, include):
+    nd = len(shape) - 2
+    attrs = dict(attrs, count_include_pad=include)
+    geometry = (attrs["kernel"], attrs["stride"], attrs.get("padding", [0] * nd), attrs["dilation"],
+                attrs.get("ceil_mode", False), include)
+    check_op(f"avg_pool{nd}d", [rand(shape, "f64")], attrs, lambda t: _dilated_avg_pool_by_loops(t, *geometry))
+
+
+def test_pool3d_and_indices_errors():
+    x = ("f32", (1, 1, 4, 4, 4))
+    expect_error("max_pool3d", [x], {"kernel": [2, 2]}, "'kernel' must be 3 integers")
+    expect_error("avg_pool3d", [x], {"kernel": [2, 2, 2], "padding": [0, 0, 2]}, "more than half the window",
+                 "width")
+    expect_error("avg_pool3d", [x], {"kernel": [2, 5, 2]}, "does not fit", "4x4x4")
+    expect_error("max_pool3d_with_indices", [("f32", (1, 4, 4, 4))], {"kernel": [2, 2, 2]}, "5-d")
+    expect_error("max_pool2d_with_indices", [("bool", (1, 1, 4, 4))], {"kernel": [2, 2]}, "numeric")
+    expect_error("avg_pool2d", [("f32", (1, 1, 4, 4))], {"kernel": [2, 2], "dilation": [0, 1]},
+                 "'dilation' must be >= 1")
 
 
 # --- batch_norm -------------------------------------------------------------------------------
