@@ -15,6 +15,7 @@ from . import ops as _ops  # noqa: F401  (registers every op)
 from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaError, TensorType, Value,
                  VerifyError, Weights, parse, parse_file, print_graph, verify)
 from .ir import dtypes  # noqa: F401
+from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 
 __version__ = "0.1.0"
 
@@ -66,6 +67,15 @@ def import_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = N
     return _import_onnx(model, dict(input_shapes) if input_shapes is not None else None)
 
 
+def training_step(graph: Graph, loss: int | str | None = None, optimizer: str | None = "adamw",
+                  **options: Any) -> Graph:
+    """The training step of a forward graph as one graph (see ``partita.autodiff.training``):
+    ``(batch, params, opt_state) -> (loss, new params, new opt state)``."""
+    from .autodiff import training_step as _training_step
+
+    return _training_step(graph, loss, optimizer, **options)  # type: ignore[arg-type]
+
+
 def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any) -> Graph:
     """Run a pass pipeline (a string like ``"canonicalize,cse,dce"``) over ``graph``."""
     from .passes.manager import PassManager
@@ -74,5 +84,5 @@ def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any)
 
 
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
-           "Value", "VerifyError", "Weights", "parse", "parse_file", "print_graph", "verify", "load", "save",
+           "Value", "VerifyError", "Weights", "training_step", "parse", "parse_file", "print_graph", "verify", "load", "save",
            "run", "optimize", "import_torch", "import_onnx"]

@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if getattr(args, "handler", None) is None:
         parser.print_usage(sys.stderr)
-        print("partita: error: a command is required (import, opt, verify, run, demo, ops); "
+        print("partita: error: a command is required (import, opt, verify, run, train, demo, ops); "
               "see 'partita --help'", file=sys.stderr)
         return EXIT_USAGE
     debug = bool(args.debug)
@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with NAME, show one op in detail.")
     s.add_argument("name", nargs="?", metavar="NAME", help="show only this op, in detail")
     s.set_defaults(handler=cmd_ops)
+
+    from .autodiff.train_cli import add_parser as add_train_parser
+
+    add_train_parser(sub, common)
     return p
 
 

@@ -257,7 +257,7 @@ class Graph:
         values = list(values)
         for v in values:
             self._check_owned(v, "an output")
-        al = [None] * len(values) if aliases is None else list(aliases)
+        al: list[Value | None] = [None] * len(values) if aliases is None else list(aliases)
         if len(al) != len(values):
             raise GraphEditError(f"set_outputs: {len(values)} output(s) but {len(al)} alias entries")
         seen: set[Value] = set()
@@ -463,9 +463,9 @@ class Graph:
         if len(self.outputs) != len(other.outputs) or any(vmap.get(a) is not b for a, b in zip(self.outputs, other.outputs)):
             return "outputs differ"
         for i in range(len(self.outputs)):
-            a, b = self.output_alias(i), other.output_alias(i)
-            if (a is None) != (b is None) or (a is not None and vmap.get(a) is not b):
-                return f"output {i} aliases differ: {a!r} vs {b!r}"
+            x, y = self.output_alias(i), other.output_alias(i)
+            if (x is None) != (y is None) or (x is not None and vmap.get(x) is not y):
+                return f"output {i} aliases differ: {x!r} vs {y!r}"
         return None
 
     # --- internals ----------------------------------------------------------------------

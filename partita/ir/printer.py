@@ -18,6 +18,10 @@ from .graph import Graph, Node, Value
 from .types import Location, TensorType
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+# Inputs are bound by name (weights, feeds), so any name the lexer reads back is kept as is,
+# e.g. "0.weight" of a torch Sequential; node results need a leading letter to stay apart
+# from the anonymous %0, %1, ...
+_INPUT_NAME_RE = re.compile(r"[A-Za-z0-9_.]+\Z")
 WRAP = 100
 
 
@@ -126,7 +130,7 @@ class _Printer:
         taken: set[str] = set()
         names = self.names
         for v in self.g.inputs:
-            n = v.name if v.name is not None and (_NAME_RE.match(v.name) or v.name.isdigit()) else None
+            n = v.name if v.name is not None and _INPUT_NAME_RE.match(v.name) else None
             if n is None or n in taken:
                 n = _fresh(v.name or "arg", taken)
             names[v] = n
@@ -153,7 +157,7 @@ class _Printer:
         self.assign_names()
         g, names, ts = self.g, self.names, self.type_str
         args = [f"%{names[v]}: {ts(v.type)}" + ("" if v.role == "input" else f" {v.role}") for v in g.inputs]
-        rets = ", ".join(ts(v.type) + ("" if (a := g.output_alias(i)) is None else f" aliases(%{names[a]})")
+        rets = ", ".join(ts(v.type) + ("" if (al := g.output_alias(i)) is None else f" aliases(%{names[al]})")
                          for i, v in enumerate(g.outputs))
         head = f"graph @{g.name}("
         tail = f") -> ({rets}) {{"

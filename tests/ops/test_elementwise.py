@@ -24,11 +24,11 @@ UNARY = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
     "sigmoid": torch.sigmoid, "relu": torch.relu, "silu": F.silu, "erf": torch.erf,
-    "gelu": F.gelu, "logical_not": torch.logical_not,
+    "gelu": F.gelu, "logical_not": torch.logical_not, "sign": torch.sign,
 }
 # Unary ops that PyTorch runs only on floating tensors: partita maps ints to f32 first.
 FLOAT_ONLY_IN_TORCH = {"silu", "gelu", "sigmoid"}
-NUMERIC_UNARY = {"neg", "abs", "relu"}
+NUMERIC_UNARY = {"neg", "abs", "relu", "sign"}
 
 
 def _float_torch(fn):
