@@ -496,6 +496,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print(f"\nThe optimized graph computes the same outputs with {len(after)} nodes instead of "
           f"{len(before)}.")
+
+    from .autodiff.train_cli import demo_training
+
+    say.title("training: the optimized graph as one training step (grad + adamw passes)")
+    if not demo_training(after, args.seed):
+        print("\nThe two executors disagree on the training losses: this is a bug.", file=sys.stderr)
+        return EXIT_ERROR
+    print("\nBoth executors run the same training step and agree on every loss; the loss falls as "
+          "the block fits the batch.")
     return EXIT_OK
 
 

@@ -184,11 +184,31 @@ def grad(graph: Graph, wrt: Iterable[str] | None = None, *, loss_index: int = 0,
     targets = _select_wrt(graph, wrt)
     active = _active_nodes(graph, targets, loss)
     if not active and loss not in targets:
+        prod = f" (computed by {where(loss.producer)})" if loss.producer is not None else ""
         raise AutodiffError(
-            f"@{graph.name}: the loss {_val(loss)} does not depend on any of the differentiated inputs "
+            f"@{graph.name}: the loss {_val(loss)}{prod} does not depend on any of the differentiated inputs "
             f"({', '.join('%' + str(v.name) for v in targets[:8])}{', ...' if len(targets) > 8 else ''}); "
             f"check that the loss is computed from the model's output")
 
+    # grad edits the graph in place, so a refusal halfway through the backward pass (an op
+    # without a rule, inputs the loss does not use) erases what it appended: the caller's
+    # graph stays as it was.
+    n_forward = len(graph)
+    try:
+        out = _backward(graph, loss, targets, active, unused)
+    except PartitaError:
+        while len(graph) > n_forward:
+            graph.erase(next(graph.reversed_nodes()))
+        raise
+
+    graph.set_outputs(list(graph.outputs) + list(out.values()),
+                      list(graph.output_aliases or [None] * len(graph.outputs)) + [None] * len(out))
+    return GradResult(graph, out)
+
+
+def _backward(graph: Graph, loss: Value, targets: list[Value], active: set[Node],
+              unused: str) -> dict[str, Value]:
+    """Append the backward nodes; return the gradient of each target by name (still unnamed)."""
     grads: dict[Value, Value] = {}
     b_end = Builder(graph, loc=loss.producer.loc if loss.producer is not None else None)
     # The seed dL/dL = 1 opens the backward section; its name marks where that section starts
@@ -240,9 +260,13 @@ def grad(graph: Graph, wrt: Iterable[str] | None = None, *, loss_index: int = 0,
     for name, g in out.items():
         if g.name is None or g.name.isdigit():
             g.name = f"{name}.grad"
-    graph.set_outputs(list(graph.outputs) + list(out.values()),
-                      list(graph.output_aliases or [None] * len(graph.outputs)) + [None] * len(out))
-    return GradResult(graph, out)
+        else:
+            # The value already has a name: the seed (the loss is a sum of params) or another
+            # input's gradient (add(%w, %v) sends the same value to both). The optimizer finds
+            # each gradient by its name, so each gets its own value, a same-shape reshape.
+            out[name] = Builder(graph, loc=g.producer.loc if g.producer is not None else None).reshape(
+                g, shape=g.type.shape, name=f"{name}.grad")
+    return out
 
 
 def _is_live(v: Value, active: set[Node], targets: list[Value]) -> bool:

@@ -123,9 +123,13 @@ def recompute(graph: Graph) -> int:
     while changed:
         changed = False
         in_bwd = _backward_set(graph, start)
-        saved = {r for n in graph.nodes if n not in in_bwd for r in n.results
-                 if any(u in in_bwd for u in r.users)}
-        for v in list(saved):
+        in_order = [r for n in graph.nodes if n not in in_bwd for r in n.results
+                    if any(u in in_bwd for u in r.users)]
+        saved = set(in_order)
+        # Latest first, in node order rather than set order (which follows object ids) so the
+        # result is deterministic; a chain of cheap ops is then recomputed whole, since each
+        # value's operand is still saved when the value is considered.
+        for v in reversed(in_order):
             p = v.producer
             if p is None or not _cheap(p) or v in graph.outputs:
                 continue

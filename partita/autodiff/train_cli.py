@@ -163,3 +163,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     keep.save(out)
     print(f"saved the weights with {len(params)} trained parameter tensors to {out}")
     return 0
+
+
+def demo_training(forward: Graph, seed: int, steps: int = 6) -> bool:
+    """The training part of ``partita demo``: build the step of ``forward`` (MSE against a
+    random target, AdamW), show its shape and memory, and train a few steps on the same batch
+    with both executors; returns whether their losses agree."""
+    from ..ir.printer import print_graph
+
+    step = training_step(forward, loss="mse", optimizer="adamw", lr=1e-2)
+    start = next(i for i, n in enumerate(step.nodes) if any(r.name == "grad.seed" for r in n.results))
+    updates = sum(1 for n in step.nodes if n.op == "adamw_update")
+    aliased = sum(1 for a in step.output_aliases if a is not None)
+    print(f"partita.training_step(@{forward.name}, loss='mse', optimizer='adamw', lr=0.01) -> "
+          f"@{step.name}: {len(step)} nodes ({start} forward, {len(step) - start - updates - 1} backward, "
+          f"{updates} adamw_update), {len(step.inputs)} inputs, {len(step.outputs)} outputs of which "
+          f"{aliased} alias the input they replace")
+    head = print_graph(step).splitlines()
+    sig_end = next(i for i, line in enumerate(head) if line.startswith(")") or line.endswith("{"))
+    print("signature (outputs):", head[sig_end].strip()[:160] + (" ..." if len(head[sig_end]) > 160 else ""))
+    print(analyze(step).text(top=3))
+    rng = np.random.default_rng(seed)
+    batch = synthetic_batch(step, forward, rng, None)
+    runs = {b: Trainer(step, backend=b) for b in ("numpy", "torch")}
+    print(f"\n{'step':>4}  {'loss (numpy)':>14}  {'loss (torch)':>14}")
+    ok = True
+    for i in range(1, steps + 1):
+        a, b = runs["numpy"].step(batch), runs["torch"].step(batch)
+        ok &= abs(a - b) <= 1e-4 * max(1.0, abs(a))
+        print(f"{i:>4}  {a:>14.6f}  {b:>14.6f}")
+    return ok

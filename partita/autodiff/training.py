@@ -67,7 +67,7 @@ def _append_loss(graph: Graph, loss: str, output: int) -> None:
 
 def training_step(forward: Graph, loss: int | str | None = None, optimizer: Literal["adamw", "sgd"] | None = "adamw",
                   *, output: int = 0, wrt: list[str] | None = None, unused: Literal["zeros", "error"] = "zeros",
-                  **optimizer_options: Any) -> Graph:
+                  recompute: bool = False, **optimizer_options: Any) -> Graph:
     """Build the training step of ``forward`` (the input graph is not changed).
 
     loss: None or an int: that output of ``forward`` is already the scalar loss (default 0);
@@ -76,6 +76,8 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
       input of the output's type.
     optimizer: ``"adamw"`` or ``"sgd"`` with ``optimizer_options`` (lr, weight_decay, ...), or
       None to return ``(loss, <p>.grad...)`` without an update.
+    recompute: recompute cheap forward values in the backward section instead of keeping
+      them alive (``partita.autodiff.memory.recompute``).
     """
     g = forward.clone()
     if isinstance(loss, str):
@@ -99,6 +101,10 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
     from ..passes.manager import PassManager
 
     PassManager.parse("canonicalize,cse,dce" if optimizer is not None else "dce", verify_each=False).run(g)
+    if recompute:
+        from .memory import recompute as _recompute
+
+        _recompute(g)
     g.name = f"{forward.name}.train_step" if optimizer is not None else f"{forward.name}.grad"
     verify(g)
     return g

@@ -47,8 +47,18 @@ class TorchProgram:
                 slot[r] = len(slot)
         outputs = set(graph.outputs)
         self.steps = []
+        # Nodes without operands or effects (constants, full, iota) give the same tensor on
+        # every call: they are computed here once, unless they are outputs (a caller may
+        # write into what it gets back) or carried dtypes.
+        self.hoisted: list[tuple[int, Any]] = []
         for i, n in enumerate(nodes):
             opdef = OPS[n.op]
+            if (not n.operands and len(n.results) == 1 and not opdef.effects_of(n.attrs)
+                    and n.results[0] not in outputs and n.results[0].type.dtype.name not in CARRIER_NAMES):
+                t = opdef.torch([], n.attrs)
+                want = carrier_dtype(n.results[0].type.dtype)
+                self.hoisted.append((slot[n.results[0]], t if t.dtype is want else t.to(want)))
+                continue
             frees = tuple(slot[v] for v in dict.fromkeys(n.operands) if last_use[v] == i and v not in outputs)
             dtypes = tuple(carrier_dtype(r.type.dtype) for r in n.results)
             fn = opdef.torch
@@ -67,6 +77,8 @@ class TorchProgram:
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
         env: list = [None] * self.num_slots
+        for s, t in self.hoisted:
+            env[s] = t
         for v, a in bind_inputs(self.graph, inputs, weights):
             dt = v.type.dtype
             if dt.name in CARRIER_NAMES:

@@ -90,7 +90,16 @@ _binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", com
 _binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "no_bool", "lhs - rhs (no bool operand)", right_identity=0.0)
 _binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0)
 _binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0)
-_binary("pow", _np_pow, lambda a, b: torch.pow(a, b), "numeric",
+def _torch_pow(a, b):
+    # A rank-0 exponent of the base's float dtype (x ** 3.0 in a model) goes through torch's
+    # scalar-exponent kernel, which special-cases 2, 3, 0.5, -1, ... and is what eager runs
+    # for x ** 3.0; the tensor-tensor kernel is some 30 times slower and rounds differently.
+    if b.dim() == 0 and a.dtype == b.dtype and a.is_floating_point() and not b.requires_grad:
+        return torch.pow(a, b.item())
+    return torch.pow(a, b)
+
+
+_binary("pow", _np_pow, _torch_pow, "numeric",
         "lhs ** rhs; integer tensors follow PyTorch for negative exponents (1, +-1 for base -1, else 0)",
         right_identity=1.0)
 _binary("maximum", np.maximum, lambda a, b: torch.maximum(a, b), "promote", "elementwise max (NaN propagates)", commutative=True)

@@ -374,7 +374,17 @@ def test_demo(capsys):
     after = int(out.split("== IR after (", 1)[1].split(" ", 1)[0])
     assert after < before
     assert "DIFFER" not in out
-    assert out.count("agree") == 4
+    diffs = out.split("== differences", 1)[1].split("\n== ", 1)[0]
+    assert diffs.count("agree") == 4
+    # The training section: a step of the optimized graph, trained on both executors, whose
+    # losses agree and fall.
+    train = out.split("== training", 1)[1]
+    assert "adamw_update" in train and "aliases(%" in train
+    rows = [line.split() for line in train.splitlines() if line.strip()[:1].isdigit() and len(line.split()) == 3]
+    losses = [(float(a), float(b)) for _, a, b in rows]
+    assert len(losses) >= 3 and all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in losses)
+    assert losses[-1][0] < losses[0][0]
+    assert "agree on every loss" in train
     # The printed IR after optimization is itself valid and has the node count announced.
     ir_after = out.split("== IR after", 1)[1].split("\n", 1)[1].split("\n== ", 1)[0]
     g = partita.parse(ir_after)
