@@ -426,8 +426,9 @@ def _conv2d(ctx, node, d, needs):
     (g,) = d
     x, w = node.operands[:2]
     a = node.attrs
+    mask = [int(n) for n in needs] + [0] * (3 - len(needs))
     dx, dw, db = ctx.b.conv2d_grad(g, x, w, stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
-                                   groups=a["groups"])
+                                   groups=a["groups"], mask=mask)
     return [dx, dw, db][:len(node.operands)]
 
 
@@ -456,8 +457,15 @@ def _conv_transpose(ctx, node, d, needs):
 
 @rule("max_pool2d", "max_pool3d")
 def _max_pool2d(ctx, node, d, needs):
+    # The forward pool becomes its with-indices form, so the backward reads the argmax the
+    # forward found instead of searching every window again (as autograd saves it).
     (g,) = d
-    return [ctx.b.max_pool2d_grad(g, node.operands[0], **node.attrs)]
+    (x,) = node.operands
+    op = OPS[f"{node.op}_with_indices"]
+    fwd = Node(op.name, [x], dict(node.attrs), op.infer_types([x.type], node.attrs), node.loc, [None, None])
+    ctx.graph.insert_after(node, fwd)
+    ctx.graph.replace_all_uses(node.results[0], fwd.results[0])
+    return [ctx.b.max_pool2d_grad(g, x, fwd.results[1], **node.attrs)]
 
 
 @rule("max_pool2d_with_indices", "max_pool3d_with_indices")
@@ -465,7 +473,7 @@ def _max_pool_with_indices(ctx, node, d, needs):
     g = d[0]
     if g is None:
         return [None]
-    return [ctx.b.max_pool2d_grad(g, node.operands[0], **node.attrs)]
+    return [ctx.b.max_pool2d_grad(g, node.operands[0], node.results[1], **node.attrs)]
 
 
 @rule("avg_pool2d", "avg_pool3d")
@@ -485,15 +493,7 @@ def _batch_norm(ctx, node, d, needs):
         dx, dw, db = B.batch_norm_grad(g, x, w, eps=node.attrs["eps"])
         return [dx, dw, db, None, None]
     # Inference form: an affine map per channel with the running statistics held fixed.
-    bshape = (1, x.type.shape[1]) + (1,) * (x.type.rank - 2)
-    inv = B.rsqrt(B.add(rv, ctx.scalar(node.attrs["eps"], rv)))
-    axes = [0] + list(range(2, x.type.rank))
-    dx = B.mul(g, B.reshape(B.mul(w, inv), shape=bshape)) if needs[0] else None
-    dw = None
-    if needs[1]:
-        xhat = B.mul(B.sub(x, B.reshape(rm, shape=bshape)), B.reshape(inv, shape=bshape))
-        dw = B.sum(B.mul(g, xhat), axes=axes)
-    db = B.sum(g, axes=axes) if needs[2] else None
+    dx, dw, db = B.batch_norm_grad(g, x, w, rm, rv, eps=node.attrs["eps"], training=False)
     return [dx, dw, db, None, None]
 
 

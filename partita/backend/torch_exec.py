@@ -69,6 +69,8 @@ class TorchProgram:
             self.steps.append((fn, tuple(slot[v] for v in n.operands), n.attrs,
                                tuple(slot[r] for r in n.results), dtypes, frees, n))
         self.num_slots = len(slot)
+        self._input_dtypes = [None if v.type.dtype.name in CARRIER_NAMES else to_torch_dtype(v.type.dtype)
+                              for v in graph.inputs]
         self.input_slots = [(v, slot[v]) for v in graph.inputs]
         self.output_slots = [slot[v] for v in graph.outputs]
         self.output_converters = [(slot[v], v.type.dtype if v.type.dtype.name in CARRIER_NAMES else None)
@@ -79,8 +81,14 @@ class TorchProgram:
         env: list = [None] * self.num_slots
         for s, t in self.hoisted:
             env[s] = t
+        tensor = torch.Tensor
         for v, a in bind_inputs(self.graph, inputs, weights):
             dt = v.type.dtype
+            want = self._input_dtypes[v.index]
+            if type(a) is tensor and a.dtype is want and a.shape == v.type.shape:
+                # The common case of a loop feeding tensors back: nothing to convert or check.
+                env[v.index] = a
+                continue
             if dt.name in CARRIER_NAMES:
                 t = _to_carrier_checked(v, a)
             else:

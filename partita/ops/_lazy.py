@@ -18,7 +18,11 @@ class _LazyModule(ModuleType):
         return mod
 
     def __getattr__(self, attr: str):
-        return getattr(self._load(), attr)
+        # Cached on first use: later lookups are plain attribute hits (the executors look up
+        # torch functions on every op call).
+        value = getattr(self._load(), attr)
+        self.__dict__[attr] = value
+        return value
 
 
 torch = _LazyModule("torch")

@@ -329,8 +329,15 @@ register(OpDef(
 # --- batch_norm (training) -------------------------------------------------------------------------
 
 def _batch_norm_grad_infer(ts, a):
-    dy, x, w = ts
+    dy, x, w, *stats = ts
     op = "batch_norm_grad"
+    if a["training"] == bool(stats):
+        raise TypeRuleError(f"{op}: training={str(a['training']).lower()} "
+                            + ("takes no running statistics (it uses the batch's)" if stats else
+                               "needs running_mean and running_var operands"))
+    for name, t in zip(("running_mean", "running_var"), stats):
+        if t != TensorType((x.shape[1],), x.dtype):
+            raise TypeRuleError(f"{op}: {name} must be {x.dtype}[{x.shape[1]}], got {t}")
     if x.rank < 2:
         raise TypeRuleError(f"{op}: the input must be at least 2-d [N, C, ...], got {x}")
     _require_float(op, x, "the input x")
@@ -341,7 +348,7 @@ def _batch_norm_grad_infer(ts, a):
     if w.dtype != x.dtype:
         raise TypeRuleError(f"{op}: the weight has dtype {w.dtype} but the input has {x.dtype}; "
                             f"cast the weight to {x.dtype}")
-    if c and math.prod(x.shape) // c == 1:
+    if a["training"] and c and math.prod(x.shape) // c == 1:
         raise TypeRuleError(f"{op}: training needs more than 1 value per channel to compute batch "
                             f"statistics, but the input {x} has 1")
     stat = TensorType((c,), x.dtype)
@@ -349,9 +356,15 @@ def _batch_norm_grad_infer(ts, a):
 
 
 def _np_batch_norm_grad(args, a):
-    dy, x, w = (_compute_np(t) for t in args)
+    dy, x, w, *stats = (_compute_np(t) for t in args)
     axes = (0,) + tuple(range(2, x.ndim))
     bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if not a["training"]:
+        # Inference form: a fixed affine map per channel.
+        rm, rv = stats
+        inv = (1.0 / np.sqrt(rv + np.asarray(a["eps"], x.dtype))).reshape(bshape)
+        xhat = (x - rm.reshape(bshape)) * inv
+        return dy * w.reshape(bshape) * inv, np.sum(dy * xhat, axis=axes), np.sum(dy, axis=axes)
     mean = np.mean(x, axis=axes, keepdims=True)
     d = x - mean
     invstd = 1.0 / np.sqrt(np.mean(d * d, axis=axes, keepdims=True) + np.asarray(a["eps"], x.dtype))
@@ -364,7 +377,10 @@ def _np_batch_norm_grad(args, a):
 
 
 def _torch_batch_norm_grad(args, a):
-    dy, x, w = args
+    dy, x, w, *stats = args
+    if not a["training"]:
+        return torch.ops.aten.native_batch_norm_backward(dy, x, w, stats[0], stats[1], None, None, False,
+                                                         a["eps"], [True, True, True])
     dims = [0] + list(range(2, x.dim()))
     var, mean = torch.var_mean(x, dim=dims, unbiased=False)
     invstd = torch.rsqrt(var + a["eps"])
@@ -373,13 +389,15 @@ def _torch_batch_norm_grad(args, a):
 
 
 register(OpDef(
-    name="batch_norm_grad", operands=("dy", "x", "weight"), attrs=(AttrSpec("eps", "float", 1e-5),),
+    name="batch_norm_grad", operands=("dy", "x", "weight", "running_mean?", "running_var?"),
+    attrs=(AttrSpec("eps", "float", 1e-5), AttrSpec("training", "bool", True)),
     infer=_batch_norm_grad_infer, reference=_np_batch_norm_grad, torch=_torch_batch_norm_grad,
     cost=_io_cost(8),
     doc="gradients of a training batch_norm (batch statistics, channels on axis 1) from dy, "
         "the forward input x and the weight: three results dx, dweight [C], dbias [C] "
         "(aten.native_batch_norm_backward with train=true and the batch mean and invstd "
-        "recomputed). Cost: 8 FLOPs per element.",
+        "recomputed). training=false: the gradients of the inference form, which normalizes "
+        "with the running_mean and running_var operands. Cost: 8 FLOPs per element.",
 ))
 
 
@@ -419,6 +437,8 @@ def _conv_grad_infer(ts, a):
         raise TypeRuleError(f"{op}: the weight has dtype {w.dtype} but the input has {x.dtype}; "
                             f"cast the weight to {x.dtype}")
     (s, p, d) = _conv_params(op, a, nsp)
+    if len(a["mask"]) != 3 or any(m not in (0, 1) for m in a["mask"]):
+        raise TypeRuleError(f"{op}: mask must be three 0/1 flags for dx, dweight, dbias, got {list(a['mask'])}")
     g = a["groups"]
     if g < 1:
         raise TypeRuleError(f"{op}: attribute 'groups' must be >= 1, got {g}")
@@ -465,15 +485,20 @@ def _np_conv_grad(args, a):
         dw[(slice(None),) * 3 + tap] = np.einsum(f"ngo{sp},ngc{sp}->goc", dyg, xs)
         dxp[sl] += np.einsum(f"ngo{sp},goc->ngc{sp}", dyg, wg[(slice(None),) * 3 + tap]).reshape((n, c) + out)
     crop = (slice(None), slice(None)) + tuple(slice(pi, pi + xi) for pi, xi in zip(p, x.shape[2:]))
-    return dxp[crop], dw.reshape(w.shape), np.sum(dy, axis=(0,) + tuple(range(2, dy.ndim)))
+    res = (dxp[crop], dw.reshape(w.shape), np.sum(dy, axis=(0,) + tuple(range(2, dy.ndim))))
+    return tuple(r if m else np.zeros_like(r) for r, m in zip(res, a["mask"]))
 
 
 def _torch_conv_grad(args, a):
     dy, x, w = args
     nsp = w.dim() - 2
     s, p, d = _conv_params("conv2d_grad", a, nsp)
-    return torch.ops.aten.convolution_backward(dy, x, w, [w.shape[0]], list(s), list(p), list(d), False,
-                                               [0] * nsp, a["groups"], [True, True, True])
+    mask = [bool(m) for m in a["mask"]]
+    res = torch.ops.aten.convolution_backward(dy, x, w, [w.shape[0]], list(s), list(p), list(d), False,
+                                              [0] * nsp, a["groups"], mask)
+    # A result left out by the mask is zeros: a broadcast view, so nothing is allocated.
+    shapes = (x.shape, w.shape, (w.shape[0],))
+    return tuple(r if m else dy.new_zeros(()).expand(shape) for r, m, shape in zip(res, mask, shapes))
 
 
 def _conv_grad_cost(ins, outs, attrs):
@@ -488,14 +513,16 @@ register(OpDef(
     # Omitted geometry defaults to the identity for any rank, so one record serves the 1-,
     # 2- and 3-d forward convolutions.
     attrs=(AttrSpec("stride", "ints", None), AttrSpec("padding", "ints", None),
-           AttrSpec("dilation", "ints", None), AttrSpec("groups", "int", 1)),
+           AttrSpec("dilation", "ints", None), AttrSpec("groups", "int", 1),
+           AttrSpec("mask", "ints", (1, 1, 1))),
     infer=_conv_grad_infer, reference=_np_conv_grad, torch=_torch_conv_grad, cost=_conv_grad_cost,
     doc="gradients of conv2d (stride, padding, dilation, groups as the forward) from dy, the "
         "forward input x and the weight: three results dx, dweight and dbias [O] (the "
         "gradient of the bias whether or not the forward had one). The weight's rank picks "
         "a 1-, 2- or 3-d convolution (weight [O, C/groups, k...]); stride, padding and "
         "dilation then take one value per spatial dim or one for all (omitted: 1, 0 and 1 in "
-        "every dim). Torch: "
+        "every dim). mask (default [1, 1, 1]) says which of dx, dweight, dbias to compute; the "
+        "others are zeros (the gradient of a network's first convolution needs no dx). Torch: "
         "aten.convolution_backward. Cost: twice the forward convolution's FLOPs plus the bias sum.",
 ))
 
@@ -525,8 +552,11 @@ def _pool_params(x_shape, a: dict):
 
 def _pool_grad_infer(name: str, kind: str):
     def infer(ts, a):
-        dy, x = ts
+        dy, x, *indices = ts
         _require_float(name, x, "the input x")
+        if indices and (indices[0].shape != dy.shape or not indices[0].dtype.is_int):
+            raise TypeRuleError(f"{name}: the indices must be integers shaped like dy {dy} (the forward's "
+                                f"max_pool*_with_indices result), got {indices[0]}")
         forward = _pool_forward(name, kind, x)
         nd = x.rank - 2
         fwd = dict(a, padding=(0,) * nd if a["padding"] is None else a["padding"],
@@ -551,6 +581,12 @@ def _tap_coords(out, k, s, p, d):
 
 def _np_max_pool_grad(args, a):
     dy, x = _compute_np(args[0]), _compute_np(args[1])
+    if len(args) > 2:
+        # The forward's own argmax per window (flat within each N, C plane).
+        nc = x.shape[0] * x.shape[1]
+        dx = np.zeros((nc, math.prod(x.shape[2:])), dy.dtype)
+        np.add.at(dx, (np.arange(nc)[:, None], args[2].reshape(nc, -1).astype(np.int64)), dy.reshape(nc, -1))
+        return dx.reshape(x.shape)
     k, s, p, d = _pool_params(x.shape, a)
     size, out = x.shape[2:], dy.shape[2:]
     valid = np.ones((), bool)
@@ -578,13 +614,13 @@ def _np_max_pool_grad(args, a):
 
 
 def _torch_max_pool_grad(args, a):
-    dy, x = args
+    dy, x, *given = args
     nd = x.dim() - 2
     k, s, p, d = (list(v) for v in _pool_params(tuple(x.shape), a))
     aten = torch.ops.aten
     pool, back = ((aten.max_pool2d_with_indices, aten.max_pool2d_with_indices_backward) if nd == 2 else
                   (aten.max_pool3d_with_indices, aten.max_pool3d_with_indices_backward))
-    _, idx = pool(x, k, s, p, d, a["ceil_mode"])
+    idx = given[0] if given else pool(x, k, s, p, d, a["ceil_mode"])[1]
     return back(dy, x, k, s, p, d, a["ceil_mode"], idx)
 
 
@@ -596,14 +632,15 @@ _POOL_ATTRS = (AttrSpec("kernel", "ints"), AttrSpec("stride", "ints", None), Att
                AttrSpec("dilation", "ints", None), AttrSpec("ceil_mode", "bool", False))
 
 register(OpDef(
-    name="max_pool2d_grad", operands=("dy", "x"), attrs=_POOL_ATTRS,
+    name="max_pool2d_grad", operands=("dy", "x", "indices?"), attrs=_POOL_ATTRS,
     infer=_pool_grad_infer("max_pool2d_grad", "max_pool"), reference=_np_max_pool_grad,
     torch=_torch_max_pool_grad, cost=_pool_grad_cost,
     doc="dx of max_pool2d, or of max_pool3d for a 5-d x (attributes as the forward; padding "
         "and dilation omitted mean none), from dy and the forward input x: each window's dy "
         "goes to its argmax (the first maximum in row-major window order, as PyTorch picks "
-        "it; the last NaN), accumulated where windows overlap. Torch: the indices recomputed "
-        "with aten.max_pool{2,3}d_with_indices, then aten.max_pool{2,3}d_with_indices_backward. "
+        "it; the last NaN), accumulated where windows overlap. With the forward's indices (from "
+        "max_pool*_with_indices) those are used; without, they are recomputed. Torch: "
+        "aten.max_pool{2,3}d_with_indices_backward. "
         "Cost: one FLOP per window tap.",
 ))
 

@@ -196,7 +196,23 @@ def test_batch_norm_grad(shape, dt):
                                [_t(x), _t(w), _t(b)], g), atol=5e-5 if dt == "f32" else None)
 
 
+@pytest.mark.parametrize("shape", [(4, 3), (3, 2, 5, 4)])
+@pytest.mark.parametrize("dt", DTYPES)
+def test_batch_norm_grad_inference_form(shape, dt):
+    eps = 1e-3
+    x, dy, w = rand(shape, dt), rand(shape, dt), rand((shape[1],), dt, 0.5, 2)
+    rm, rv = rand((shape[1],), dt), rand((shape[1],), dt, 0.5, 2)
+    b = np.zeros(shape[1], x.dtype)
+    check_op("batch_norm_grad", [dy, x, w, rm, rv], {"eps": eps, "training": False},
+             lambda g, *_: vjp(lambda xt, wt, bt: F.batch_norm(xt, _t(rm), _t(rv), wt, bt, False, 0.1, eps),
+                               [_t(x), _t(w), _t(b)], g), atol=5e-5 if dt == "f32" else None)
+
+
 def test_batch_norm_grad_errors():
+    expect_error("batch_norm_grad", [("f32", (4, 3)), ("f32", (4, 3)), ("f32", (3,)), ("f32", (3,)), ("f32", (3,))],
+                 {}, "takes no running statistics")
+    expect_error("batch_norm_grad", [("f32", (4, 3)), ("f32", (4, 3)), ("f32", (3,))], {"training": False},
+                 "needs running_mean and running_var")
     expect_error("batch_norm_grad", [("f32", (4,)), ("f32", (4,)), ("f32", (4,))], {}, "at least 2-d")
     expect_error("batch_norm_grad", [("f32", (4, 3)), ("f32", (4, 3)), ("f32", (4,))], {}, "shape [3]")
     expect_error("batch_norm_grad", [("f32", (1, 3)), ("f32", (1, 3)), ("f32", (3,))], {},
@@ -231,7 +247,21 @@ def test_conv_grad(xs, ws, attrs, dt):
              atol=5e-5 if dt == "f32" else None)
 
 
+@pytest.mark.parametrize("mask", [(0, 1, 1), (1, 0, 0), (0, 0, 1)])
+def test_conv_grad_mask_leaves_out_results_as_zeros(mask):
+    x, w = rand((2, 3, 6, 5), "f32"), rand((4, 3, 3, 3), "f32")
+    dy = rand((2, 4, 4, 3), "f32")
+    b = np.zeros(4, np.float32)
+
+    def want(g, *_):
+        full = vjp(lambda xt, wt, bt: F.conv2d(xt, wt, bt), [_t(x), _t(w), _t(b)], g)
+        return tuple(r if m else torch.zeros_like(r) for r, m in zip(full, mask))
+    check_op("conv2d_grad", [dy, x, w], {"mask": list(mask)}, want, atol=5e-5)
+
+
 def test_conv_grad_errors():
+    expect_error("conv2d_grad", [("f32", (2, 4, 4, 3)), ("f32", (2, 3, 6, 5)), ("f32", (4, 3, 3, 3))],
+                 {"mask": [1, 2, 1]}, "three 0/1 flags")
     x, w = ("f32", (2, 3, 6, 6)), ("f32", (4, 3, 3, 3))
     build("conv2d_grad", [_as((2, 4, 4, 4)), _as(x[1]), _as(w[1])])  # the valid case builds
     expect_error("conv2d_grad", [("f32", (2, 4, 5, 4)), x, w], {}, "dy f32[2,4,5,4]",
