@@ -24,11 +24,24 @@ def _bytes(v: Value) -> int:
 
 
 def backward_start(graph: Graph) -> Node | None:
-    """The first node of the backward section (the gradient seed), or None."""
+    """The first node of the backward section, or None if the graph has none.
+
+    That is the gradient seed (``%grad.seed``) when it is still there. Cleanup passes may
+    merge the seed with an equal constant of the forward section (a training step runs cse),
+    so a graph whose first output is a scalar loss followed by gradients or updated params
+    (outputs aliasing inputs) has its backward section start right after the loss's producer:
+    ``grad`` appends every backward node after the whole forward section.
+    """
     for n in graph.nodes:
         if any(r.name == SEED_NAME for r in n.results):
             return n
-    return None
+    if len(graph.outputs) < 2 or graph.outputs[0].type.shape != () or graph.outputs[0].producer is None:
+        return None
+    rest = graph.outputs[1:]
+    if not any(a is not None for a in graph.output_aliases[1:]) and not any(
+            v.name and v.name.endswith(".grad") for v in rest):
+        return None
+    return graph.outputs[0].producer.next
 
 
 @dataclass
@@ -140,6 +153,10 @@ def recompute(graph: Graph) -> int:
             first = min(users, key=lambda u: u._order)
             clone = Node(p.op, list(p.operands), dict(p.attrs), [v.type], p.loc, [None])
             graph.insert_before(first, clone)
+            if first is start:
+                # The clone now opens the backward section (else it would count as forward
+                # and be "saved" and recomputed again, forever).
+                start = clone
             new = clone.results[0]
             for u in users:
                 for i, o in enumerate(u.operands):

@@ -197,3 +197,31 @@ def test_recompute_is_deterministic():
         recompute(g)
         texts.add(partita.print_graph(g))
     assert len(texts) == 1
+
+
+def test_recompute_on_a_cleaned_up_training_step_terminates_and_keeps_the_step():
+    # A training step runs cse, which may merge the gradient seed into an equal forward
+    # constant: the backward section then starts right after the loss, and a value recomputed
+    # just before that first backward node must count as backward (it once looped forever).
+    text = """graph @m(%x: f32[4,3], %w: f32[3,3] param, %t: f32[4,3]) -> (f32[]) {
+  %0 = matmul(%x, %w) : f32[4,3]
+  %1 = tanh(%0) : f32[4,3]
+  %2 = sub(%1, %t) : f32[4,3]
+  %3 = mul(%2, %2) : f32[4,3]
+  %4 = mean(%3) : f32[]
+  return %4
+}
+"""
+    fwd = partita.parse(text)
+    fwd.weights["w"] = np.full((3, 3), 0.1, np.float32)
+    step = partita.training_step(fwd, optimizer="sgd", lr=0.1)
+
+    assert backward_start(step) is not None
+    before = analyze(step)
+    feed = {"x": np.ones((4, 3), np.float32), "t": np.zeros((4, 3), np.float32)}
+    want = partita.run(step, feed)
+    recompute(step)
+    partita.verify(step)
+    assert analyze(step).saved_bytes <= before.saved_bytes
+    for a, b in zip(partita.run(step, feed), want):
+        np.testing.assert_array_equal(a, b)
