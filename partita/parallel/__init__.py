@@ -1,0 +1,6 @@
+"""Multi-device parallelism: meshes, placements, and the passes that rewrite a graph into
+per-rank SPMD programs (being built; see docs/parallel.md)."""
+
+from .mesh import Mesh, MeshError
+
+__all__ = ["Mesh", "MeshError"]
