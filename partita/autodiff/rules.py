@@ -24,7 +24,7 @@ from typing import Callable
 from ..ir.graph import Node, Value
 from ..ops.registry import OPS
 from ..ops.shape import transpose_perm
-from .grad import NOT_DIFFERENTIABLE, VjpContext
+from .grad import NOT_DIFFERENTIABLE, AutodiffError, VjpContext
 
 RULES: dict[str, Callable | str] = {}
 
@@ -421,6 +421,35 @@ def _rms_norm(ctx, node, d, needs):
     return [dx, dw][:len(node.operands)]
 
 
+@rule("attention")
+def _attention(ctx, node, d, needs):
+    g, glse = d
+    q, k, v, *mask = node.operands
+    if mask and needs[3]:
+        name = f"%{mask[0].name} " if mask[0].name is not None else ""
+        raise AutodiffError(f"the attention mask {name}({mask[0].type}) depends on the differentiated inputs, but "
+                            f"attention does not differentiate its mask; compute the mask from non-param "
+                            f"inputs, or add it to the scores in a graph that spells attention out")
+    out, lse = node.results
+    B = ctx.b
+    if g is None:
+        g = ctx.zeros_like(out)
+    if glse is None:
+        dq, dk, dv = B.attention_grad(g, q, k, v, out, lse, *mask, **node.attrs)
+        return [dq, dk, dv] + [None] * len(mask)
+    # dlse_i / ds_ij = p_ij, which adds glse_i to dp_ij = dout_i . v_j: one more value column
+    # of ones with glse as its dout column gives that, and a zero out column leaves
+    # rowsum(dout * out) as it was. The extra column of dv is dropped.
+    dt = q.type.dtype
+    col = v.type.shape[:-1] + (1,)
+    v1 = B.concat(v, B.full(shape=col, value=1.0, dtype=dt), axis=-1)
+    out1 = B.concat(out, B.full(shape=out.type.shape[:-1] + (1,), value=0.0, dtype=dt), axis=-1)
+    g1 = B.concat(g, B.cast(B.unsqueeze(glse, axes=(lse.type.rank,)), dtype=dt), axis=-1)
+    dq, dk, dv1 = B.attention_grad(g1, q, k, v1, out1, lse, *mask, **node.attrs)
+    dv = B.slice(dv1, axis=-1, start=0, end=v.type.shape[-1])
+    return [dq, dk, dv] + [None] * len(mask)
+
+
 @rule("conv2d", "conv3d")
 def _conv2d(ctx, node, d, needs):
     (g,) = d
@@ -462,7 +491,8 @@ def _max_pool2d(ctx, node, d, needs):
     (g,) = d
     (x,) = node.operands
     op = OPS[f"{node.op}_with_indices"]
-    fwd = Node(op.name, [x], dict(node.attrs), op.infer_types([x.type], node.attrs), node.loc, [None, None])
+    fwd = Node(op.name, [x], dict(node.attrs), op.infer_types([x.type], node.attrs), node.loc or node.text_loc,
+               [None, None])
     ctx.graph.insert_after(node, fwd)
     ctx.graph.replace_all_uses(node.results[0], fwd.results[0])
     return [ctx.b.max_pool2d_grad(g, x, fwd.results[1], **node.attrs)]

@@ -22,16 +22,19 @@ import contextlib
 import operator
 import os
 import re
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from ..ir.builder import Builder
-from ..ir.diagnostics import PartitaError
+from ..ir.diagnostics import PartitaError, TypeRuleError
 from ..ir.dtypes import DType, bool_, f32, i64
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from ..ops._lazy import from_torch_dtype
+from ..ops.registry import OPS
 from . import FrontendError
 
 aten = torch.ops.aten
@@ -561,12 +564,100 @@ def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
 
 def _sdpa(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: Value | None = None, dropout_p: float = 0.0,
           is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Value:
-    """Attention as PyTorch's math path computes it: softmax(q k^T * scale + mask) v."""
+    """Attention as one fused ``attention`` node (its out; GQA's key/value heads repeated first),
+    which the torch executor runs with the CPU flash kernel eager runs. A call its type rule
+    cannot express (q, k, v of different ranks or of batch dims that only broadcast, a float
+    mask of another dtype than q) is spelled out as softmax(q k^T * scale + mask) v instead."""
     if dropout_p:
         raise Unsupported("aten.scaled_dot_product_attention: dropout_p > 0 is not supported (use eval mode)")
-    rank = q.type.rank
     if enable_gqa and k.type.shape[-3] != q.type.shape[-3]:
         k, v = _repeat_kv(cx, k, q.type.shape[-3]), _repeat_kv(cx, v, q.type.shape[-3])
+    operands = [q, k, v] + ([attn_mask] if attn_mask is not None else [])
+    attrs = {"scale": scale, "causal": bool(is_causal)}
+    attention = OPS["attention"]
+    try:
+        attention.infer_types([x.type for x in operands], attention.normalize_attrs(attrs))
+    except TypeRuleError:
+        return _sdpa_spelled_out(cx, q, k, v, attn_mask, is_causal, scale)
+    if attn_mask is not None and not is_causal:
+        # Exported models compute their masks from index arithmetic even when the mask is
+        # plain causal (eager code passes is_causal=True there instead); such a mask becomes
+        # the causal flag, or nothing when it keeps every score, which lets the kernel skip
+        # the masked blocks and read no mask. The nodes that computed it are left to dce.
+        pattern = _mask_pattern(attn_mask, q.type.shape[-2], k.type.shape[-2])
+        if pattern is not None:
+            operands, attrs["causal"] = operands[:3], pattern == "causal"
+    return cx.emit("attention", *operands, **attrs)[0]
+
+
+# Limits on folding a mask at import: nodes in the computation and elements of any value.
+_MASK_FOLD_NODES = 512
+_MASK_FOLD_ELEMENTS = 1 << 22
+_MASK_PATTERNS: "weakref.WeakKeyDictionary[Value, str | None]" = weakref.WeakKeyDictionary()
+
+
+def _mask_pattern(mask: Value, tq: int, tk: int) -> str | None:
+    """The pattern of a mask that depends on no graph input: "causal" when it keeps exactly the
+    scores j <= i of each [Tq, Tk] block, "all" when it keeps every score (kept is bool true, or
+    float 0 with -inf elsewhere); else None. Remembered per value: every layer reads one mask."""
+    if mask in _MASK_PATTERNS:
+        return _MASK_PATTERNS[mask]
+    pattern = None
+    m = _constant_value(mask)
+    if m is not None:
+        keep = m if m.dtype == np.bool_ else (m == 0)
+        if m.dtype == np.bool_ or np.all(keep | (m == -np.inf)):
+            if keep.all():
+                pattern = "all"
+            elif np.all(keep == np.tril(np.ones((tq, tk), dtype=bool))):
+                pattern = "causal"
+    _MASK_PATTERNS[mask] = pattern
+    return pattern
+
+
+def _constant_value(v: Value) -> np.ndarray | None:
+    """The value of ``v`` computed with the op records' NumPy references when it depends on no
+    graph input and no effect, within the folding limits; else None."""
+    order: list = []
+    seen: set = set()
+    stack: list = [(v.producer, False)] if v.producer is not None else []
+    if not stack:
+        return None
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        op = OPS.get(node.op)
+        if op is None or op.effects_of(node.attrs) or len(seen) > _MASK_FOLD_NODES:
+            return None
+        if any(r.type.numel > _MASK_FOLD_ELEMENTS for r in node.results):
+            return None
+        stack.append((node, True))
+        for x in node.operands:
+            if x.producer is None:
+                return None
+            if x.producer not in seen:
+                stack.append((x.producer, False))
+    values: dict = {}
+    for node in order:
+        try:
+            res = OPS[node.op].reference([values[x] for x in node.operands], node.attrs)
+        except Exception:  # a computation the reference cannot run is simply not folded
+            return None
+        res = res if isinstance(res, (tuple, list)) else (res,)
+        for r, a in zip(node.results, res):
+            values[r] = np.asarray(a).astype(r.type.dtype.np, copy=False)
+    return values[v]
+
+
+def _sdpa_spelled_out(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: Value | None, is_causal: bool,
+                      scale: float | None) -> Value:
+    """softmax(q k^T * scale + mask) v in matmul/mul/where/softmax ops, with broadcasting."""
+    rank = q.type.rank
     e = q.type.shape[-1]
     dt = q.type.dtype
     perm = tuple(range(rank - 2)) + (rank - 1, rank - 2)
@@ -960,7 +1051,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
 def decomposition_table() -> Any:
     """The core ATen decompositions, except that scaled_dot_product_attention stays whole:
     its decomposition fails on common attention code (a view of a transposed tensor), and
-    one attention op per layer converts to a short matmul/softmax chain here."""
+    it converts to one fused ``attention`` op per layer here."""
     table = torch.export.default_decompositions()
     for op in _KEEP_WHOLE:
         if op in table:

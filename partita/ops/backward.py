@@ -27,6 +27,8 @@ from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
 from ._lazy import F, torch
 from .elementwise import _compute_np, _np_erf, _np_sigmoid, _unary
+from .nn import (_attn_compute_dtype, _attn_scale, _flash_args, _flash_ok, _np_attention_scores,
+                 _torch_attention_scores)
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
 
 
@@ -960,4 +962,80 @@ register(OpDef(
         "logits and the target: (softmax - (1 - e) * onehot - e / C) * dloss, divided by the "
         "number of targets not ignored for 'mean'; ignored targets get 0. Torch: that formula, "
         "vectorized (softmax, one scatter_add, one multiply). Cost: 6 FLOPs per logit.",
+))
+
+
+# --- attention_grad ------------------------------------------------------------------------------------
+#
+# The torch side routes exactly as the forward attention does (same kernel test, same 4-d
+# reshapes), so the kernel's backward only ever sees an out and lse of the kind its forward
+# makes.
+
+def _attention_grad_infer(ts, a):
+    dout, q, k, v, out, lse = ts[:6]
+    out_t, lse_t = _forward_result("attention_grad", "attention", [q, k, v, *ts[6:]], a)
+    _require_like("attention_grad", out_t, "the forward's out", out, "out")
+    _require_like("attention_grad", lse_t, "the forward's lse", lse, "lse")
+    _require_like("attention_grad", out_t, "the forward's out", dout, "dout")
+    return [q, k, v]
+
+
+def _np_attention_grad(args, a):
+    dout, q, k, v, out, lse = (x.astype(np.float64) for x in args[:6])
+    s = _np_attention_scores(q, k, args[6] if len(args) > 6 else None, a)
+    p = np.exp(s - lse[..., None])
+    dv = np.matmul(np.swapaxes(p, -1, -2), dout)
+    dp = np.matmul(dout, np.swapaxes(v, -1, -2))
+    ds = p * (dp - np.sum(dout * out, axis=-1, keepdims=True))
+    scale = _attn_scale(a, q.shape[-1])
+    return np.matmul(ds, k) * scale, np.matmul(np.swapaxes(ds, -1, -2), q) * scale, dv
+
+
+def _torch_attention_grad_math(dout, q, k, v, out, lse, mask, a):
+    ct = _attn_compute_dtype(q)
+    dout, out, v = dout.to(ct), out.to(ct), v.to(ct)
+    p = torch.exp(_torch_attention_scores(q, k, mask, a, ct) - lse.to(ct).unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-2, -1), dout)
+    ds = p * (torch.matmul(dout, v.transpose(-2, -1)) - (dout * out).sum(-1, keepdim=True))
+    scale = _attn_scale(a, q.shape[-1])
+    dq = torch.matmul(ds, k.to(ct)) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), q.to(ct)) * scale
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+def _torch_attention_grad(args, a):
+    dout, q, k, v, out, lse = args[:6]
+    mask = args[6] if len(args) > 6 else None
+    if not _flash_ok(q, v):
+        return _torch_attention_grad_math(dout, q, k, v, out, lse, mask, a)
+    q4, k4, v4, m4, lead = _flash_args(q, k, v, mask)
+    n = math.prod(lead)
+    if q.dim() != 4:
+        dout, out = dout.reshape(n, 1, *dout.shape[-2:]), out.reshape(n, 1, *out.shape[-2:])
+        lse = lse.reshape(n, 1, lse.shape[-1])
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q4, k4, v4, out, lse, 0.0, a["causal"], attn_mask=m4, scale=a["scale"])
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def _attention_grad_cost(ins, outs, attrs):
+    q, k, v = ins[1:4]
+    pairs = q.numel // q.shape[-1] * k.shape[-2]
+    # Scores recomputed (E), dv and dp (Ev each), dq and dk (E each), plus the softmax terms.
+    return Cost(2 * pairs * (3 * q.shape[-1] + 2 * v.shape[-1]) + 6 * pairs,
+                sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
+
+
+register(OpDef(
+    name="attention_grad", operands=("dout", "q", "k", "v", "out", "lse", "mask?"),
+    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
+    infer=_attention_grad_infer, reference=_np_attention_grad, torch=_torch_attention_grad,
+    cost=_attention_grad_cost,
+    doc="gradients dq, dk, dv of attention (scale, causal and the optional mask as the "
+        "forward; the mask gets none) from dout and the forward's q, k, v and both its "
+        "results out and lse: p = exp(scores - lse), dv = p^T dout, ds = p * (dout v^T - "
+        "rowsum(dout * out)), dq = ds k * scale, dk = ds^T q * scale. Torch: "
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward where the forward used the "
+        "flash kernel (the same test), else that formula in torch ops (f16/bf16 in f32). "
+        "Cost: 2 * B*Tq*Tk * (3E + 2Ev) + 6 * B*Tq*Tk FLOPs.",
 ))

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
-from ..ir.dtypes import i64
+from ..ir.dtypes import f32, f64, i64
 from ..ir.types import TensorType
 from ._lazy import F, torch
 from .registry import AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
@@ -916,4 +916,195 @@ register(OpDef(
         "error at run time. label_smoothing e mixes in e times the mean of -log_softmax over "
         "classes. reduction 'mean' (default), 'sum' or 'none' (per-element loss). No class "
         "weights or probability targets. Cost: 6 FLOPs per logit.",
+))
+
+
+# --- attention ---------------------------------------------------------------------------------
+#
+# One fused record for scaled dot-product attention, so that the torch executor runs PyTorch's
+# CPU flash kernel (the one eager SDPA runs) forward and backward instead of a chain of
+# matmul/mask/softmax/matmul. Its second result, the logsumexp of each query row, is what
+# the kernel's backward reads (autograd saves it the same way); attention_grad in
+# backward.py takes it back.
+
+def _attention_infer(ts, attrs):
+    q, k, v = ts[:3]
+    _require_float("attention", q, "query q")
+    for t, what in ((k, "the key k"), (v, "the value v")):
+        _require_same_dtype("attention", q, t, what)
+    if q.rank < 2:
+        raise TypeRuleError(f"attention: q must be [..., Tq, E] (rank 2 or more), got {q}")
+    if k.rank != q.rank or v.rank != q.rank:
+        raise TypeRuleError(f"attention: q {q}, k {k} and v {v} must have the same rank "
+                            f"([..., Tq, E], [..., Tk, E], [..., Tk, Ev]); reshape or broadcast_to them first")
+    lead = q.shape[:-2]
+    for t, what in ((k, "k"), (v, "v")):
+        if t.shape[:-2] != lead:
+            raise TypeRuleError(f"attention: the batch/head dims of {what} {t} are {_shape(t.shape[:-2])} but "
+                                f"those of q {q} are {_shape(lead)}; they must be equal (broadcast_to them first)")
+    if k.shape[-1] != q.shape[-1]:
+        raise TypeRuleError(f"attention: k {k} has head size {k.shape[-1]} but q {q} has {q.shape[-1]}; "
+                            f"the last dims of q and k must be equal")
+    if q.shape[-1] == 0:
+        raise TypeRuleError(f"attention: q {q} has head size 0 (the default scale 1/sqrt(E) is undefined)")
+    if v.shape[-2] != k.shape[-2]:
+        raise TypeRuleError(f"attention: v {v} has {v.shape[-2]} keys (dim -2) but k {k} has {k.shape[-2]}; "
+                            f"they must be equal")
+    tq, tk = q.shape[-2], k.shape[-2]
+    if len(ts) > 3:
+        m = ts[3]
+        if not (m.dtype.is_bool or m.dtype == q.dtype):
+            raise TypeRuleError(f"attention: the mask {m} must be bool (true keeps a score) or have q's dtype "
+                                f"{q.dtype} (added to the scores); cast it")
+        scores = lead + (tq, tk)
+        ok = m.rank <= len(scores) and all(a in (1, b) for a, b in zip(reversed(m.shape), reversed(scores)))
+        if not ok:
+            raise TypeRuleError(f"attention: the mask {m} does not broadcast to the scores' shape "
+                                f"{_shape(scores)} ([..., Tq, Tk]); each dim must be 1 or equal")
+    lse_dtype = f64 if q.dtype == f64 else f32
+    return [TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype), TensorType(q.shape[:-1], lse_dtype)]
+
+
+def _attn_scale(attrs, e: int) -> float:
+    s = attrs["scale"]
+    return 1.0 / math.sqrt(e) if s is None else s
+
+
+def _np_attention_scores(q, k, mask, attrs) -> np.ndarray:
+    """scale * q k^T with the causal and mask conditions applied (-inf where a score is dropped)."""
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * _attn_scale(attrs, q.shape[-1])
+    tq, tk = s.shape[-2:]
+    if attrs["causal"]:
+        s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(np.float64)
+    return s
+
+
+def _np_attention(args, attrs):
+    # f64 throughout: the interpreter rounds out and lse once to their dtypes.
+    q, k, v = (a.astype(np.float64) for a in args[:3])
+    s = _np_attention_scores(q, k, args[3] if len(args) > 3 else None, attrs)
+    if s.shape[-1] == 0:
+        return np.zeros(q.shape[:-1] + (v.shape[-1],)), np.zeros(q.shape[:-1])
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)  # a row with every score dropped
+    e = np.exp(s - m)
+    total = np.sum(e, axis=-1, keepdims=True)
+    safe = np.where(total == 0.0, 1.0, total)
+    return np.matmul(e, v) / safe, (m + np.log(safe))[..., 0]
+
+
+_FLASH_DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _flash_ok(q, v) -> bool:
+    """Whether PyTorch's CPU flash kernel computes this attention: one of its dtypes, the same
+    head size for q and v, and no empty dim (an empty one crashes the kernel)."""
+    return (str(q.dtype).removeprefix("torch.") in _FLASH_DTYPES and q.shape[-1] == v.shape[-1]
+            and q.numel() > 0 and v.numel() > 0)
+
+
+def _float_mask(mask, dtype):
+    """The mask as the kernel takes it: additive, in q's dtype (a bool mask becomes 0 / -inf)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _to_4d(x, lead_n: int):
+    """[..., T, E] -> [N, 1, T, E] (the kernel takes 4-d [B, H, T, E] only)."""
+    return x if x.dim() == 4 else x.reshape(lead_n, 1, *x.shape[-2:])
+
+
+def _mask_4d(mask, lead: tuple, lead_n: int):
+    """A mask broadcastable to [*lead, Tq, Tk] as a 4-d mask broadcastable to the 4-d scores
+    (the kernel takes 2-d and 4-d masks, broadcast in every dim)."""
+    if mask is None:
+        return None
+    r = len(lead) + 2
+    mask = mask.reshape((1,) * (r - mask.dim()) + tuple(mask.shape))
+    if r == 4:
+        return mask
+    t, s = mask.shape[-2:]
+    if all(d == 1 for d in mask.shape[:-2]):
+        return mask.reshape(1, 1, t, s)
+    return mask.expand(*lead, t, s).reshape(lead_n, 1, t, s)
+
+
+def _flash_args(q, k, v, mask):
+    """q, k, v and the mask in the kernel's 4-d form, and q's batch/head dims to restore."""
+    lead = tuple(q.shape[:-2])
+    n = math.prod(lead)
+    m = _mask_4d(_float_mask(mask, q.dtype), lead, n)
+    return _to_4d(q, n), _to_4d(k, n), _to_4d(v, n), m, lead
+
+
+def _torch_attention_scores(q, k, mask, attrs, ct):
+    s = torch.matmul(q.to(ct), k.to(ct).transpose(-2, -1)) * _attn_scale(attrs, q.shape[-1])
+    tq, tk = s.shape[-2:]
+    if attrs["causal"]:
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(ct)
+    return s
+
+
+def _attn_compute_dtype(q):
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+
+
+def _torch_attention_math(q, k, v, mask, attrs):
+    """The fallback for what the kernel does not take, same results (f16/bf16 in f32)."""
+    ct = _attn_compute_dtype(q)
+    if k.shape[-2] == 0:
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        return out, torch.zeros(q.shape[:-1], dtype=ct, device=q.device)
+    s = _torch_attention_scores(q, k, mask, attrs, ct)
+    m = s.amax(-1, keepdim=True)
+    m = m.masked_fill(m == float("-inf"), 0.0)  # a row with every score dropped gives out 0, lse 0
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    safe = total.masked_fill(total == 0, 1.0)
+    out = torch.matmul(e, v.to(ct)) / safe
+    return out.to(q.dtype), (m + torch.log(safe)).squeeze(-1)
+
+
+def _torch_attention(args, attrs):
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    if not _flash_ok(q, v):
+        return _torch_attention_math(q, k, v, mask, attrs)
+    q4, k4, v4, m4, lead = _flash_args(q, k, v, mask)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q4, k4, v4, 0.0, attrs["causal"], attn_mask=m4, scale=attrs["scale"])
+    return out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
+
+
+def _attention_cost(ins, outs, attrs):
+    q, k, v = ins[:3]
+    rows = q.numel // q.shape[-1]          # batch x heads x Tq
+    pairs = rows * k.shape[-2]             # one score per (query, key)
+    return Cost(2 * pairs * (q.shape[-1] + v.shape[-1]) + 5 * pairs,
+                sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
+
+
+register(OpDef(
+    name="attention", operands=("q", "k", "v", "mask?"),
+    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
+    infer=_attention_infer, reference=_np_attention, torch=_torch_attention, cost=_attention_cost,
+    doc="Scaled dot-product attention as torch.nn.functional.scaled_dot_product_attention "
+        "(no dropout): softmax(q k^T * scale + mask) v for q [..., Tq, E], k [..., Tk, E], "
+        "v [..., Tk, Ev] with equal batch/head dims (rank 2 or more; GQA repeats k/v heads "
+        "first). scale absent means 1/sqrt(E). causal=true keeps key j for query i only where "
+        "j <= i (top-left aligned, as is_causal). The optional mask broadcasts to [..., Tq, Tk]: "
+        "bool keeps true scores, a float one (q's dtype) is added; with causal=true both apply "
+        "(as SDPA's CPU kernel does). Two results: out [..., Tq, Ev] and lse [..., Tq], the "
+        "natural-log logsumexp of each row's scaled, masked scores (f32 for f16/bf16/f32 "
+        "inputs, f64 for f64), which attention_grad reads. A row whose scores are all dropped "
+        "gives out 0 (as SDPA) and lse 0 (as the flash kernel). Torch: "
+        "aten._scaled_dot_product_flash_attention_for_cpu for q and v of one head size (other "
+        "ranks reshaped to 4-d, a bool mask made additive), else the same formula in torch ops. "
+        "Cost: 2 * B*Tq*Tk * (E + Ev) + 5 * B*Tq*Tk FLOPs (B: batch x heads).",
 ))

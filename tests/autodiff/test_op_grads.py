@@ -106,6 +106,12 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "cross_entropy": [([("f", (4, 5)), ("idx", (4,), 5)], {}),
                       ([("f", (2, 5, 3)), ("idx", (2, 3), 5)], {"reduction": "sum", "label_smoothing": 0.1}),
                       ([("f", (4, 5)), ("idx", (4,), 5)], {"reduction": "none"})],
+    "attention": [([("f", (2, 3, 5, 4)), ("f", (2, 3, 6, 4)), ("f", (2, 3, 6, 4))], {}),
+                  ([("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4))], {"causal": True, "scale": 0.4}),
+                  ([("f", (3, 5, 4)), ("f", (3, 6, 4)), ("f", (3, 6, 3))], {"causal": True}),
+                  ([("f", (2, 5, 4)), ("f", (2, 6, 4)), ("f", (2, 6, 4)), ("bool", (5, 6))], {}),
+                  ([("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)),
+                    ("const", np.linspace(-2.0, 1.0, 12).reshape(2, 1, 1, 6))], {})],
 }
 
 
@@ -152,6 +158,8 @@ def _build(op: str, arrays: list[np.ndarray], specs, attrs: dict, dt: str, rng) 
             continue
         if op == "batch_norm" and k > 0:
             continue  # running statistics: state, not differentiated
+        if op == "attention" and k > 0:
+            continue  # lse: read by the backward (test_attention_lse_gradient covers its gradient)
         c = rng.standard_normal(r.type.shape).astype(r.type.dtype.np)
         cv = b.input(f"cot{k}", r.type)
         feed[f"cot{k}"] = c
@@ -234,3 +242,42 @@ def test_every_op_is_accounted_for():
     differentiable = {n for n, o in OPS.items() if o.vjp is not None and o.vjp != NOT_DIFFERENTIABLE}
     missing_sample = sorted(differentiable - set(SAMPLES) - {"sign"})
     assert not missing_sample, f"differentiable ops without a gradient sample: {missing_sample}"
+
+
+@pytest.mark.parametrize("causal, ev", [(False, 4), (True, 3)])
+def test_attention_lse_gradient(causal, ev):
+    """A loss that reads attention's lse as well as out: the rule adds the lse term to dq/dk."""
+    rng = np.random.default_rng(5)
+    q, k = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 6, 4))
+    v = rng.standard_normal((2, 6, ev))
+    cot_o, cot_l = rng.standard_normal((2, 5, ev)), rng.standard_normal((2, 5))
+    g = Graph("lse")
+    b = Builder(g)
+    vals = [b.input(n, TensorType(a.shape, DTYPES["f64"]), "param") for n, a in (("q", q), ("k", k), ("v", v))]
+    co, cl = b.input("co", TensorType(cot_o.shape, DTYPES["f64"])), b.input("cl", TensorType(cot_l.shape, DTYPES["f64"]))
+    out, lse = b.attention(*vals, causal=causal)
+    b.ret(b.add(b.sum(b.mul(out, co)), b.sum(b.mul(lse, cl))))
+    grad(g)
+    verify(g)
+    feed = {"q": q, "k": k, "v": v, "co": cot_o, "cl": cot_l}
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    s = tq @ tk.transpose(-1, -2) / 2.0
+    if causal:
+        s = s.masked_fill(~torch.ones(5, 6, dtype=torch.bool).tril(), float("-inf"))
+    loss = ((torch.softmax(s, -1) @ tv) * torch.tensor(cot_o)).sum() + (torch.logsumexp(s, -1) * torch.tensor(cot_l)).sum()
+    want = [x.numpy() for x in torch.autograd.grad(loss, (tq, tk, tv))]
+    for got in (partita.run(g, feed)[1:], [t.numpy() for t in TorchProgram(g)(feed)[1:]]):
+        for w, a in zip(want, got):
+            np.testing.assert_allclose(a, w, rtol=1e-9, atol=1e-10)
+
+
+def test_attention_mask_from_params_is_an_error():
+    g = Graph("mask")
+    b = Builder(g)
+    t = TensorType((2, 5, 4), DTYPES["f32"])
+    q, k, v = (b.input(n, t, "param") for n in "qkv")
+    bias = b.input("bias", TensorType((5, 5), DTYPES["f32"]), "param")
+    out, _ = b.attention(q, k, v, bias)
+    b.ret(b.sum(out))
+    with pytest.raises(partita.ir.diagnostics.PartitaError, match="attention mask %bias .* does not differentiate"):
+        grad(g)

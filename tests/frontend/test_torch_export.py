@@ -220,8 +220,35 @@ def test_scaled_dot_product_attention_with_causal_mask_and_gqa() -> None:
     mask[:, 0] = True  # no fully masked row (PyTorch gives NaN there)
     g = partita.import_torch(Attention(), (q, k, v, mask))
     partita.verify(g)
-    assert any(n.op == "softmax" for n in g.nodes)
+    assert any(n.op == "attention" for n in g.nodes)
     _check_matches_eager(g, Attention(), (q, k, v, mask))
+
+
+class MaskedAttention(nn.Module):
+    """Masks computed inside the model: causal and keep-all ones from index arithmetic (which
+    fold to attention flags), and one that depends on an input (which stays an operand)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor):
+        i = torch.arange(q.shape[-2])
+        causal = (i[:, None] >= i[None, :])[None, None].expand(q.shape[0], 1, -1, -1)
+        additive = torch.where(causal[0, 0], 0.0, float("-inf"))
+        keep_all = i[None, :] < q.shape[-2] + 1
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        b = F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+        c = F.scaled_dot_product_attention(q, k, v, attn_mask=keep_all)
+        d = F.scaled_dot_product_attention(q, k, v, attn_mask=causal & (pad[:, None, None, :] > 0))
+        return a, b, c, d
+
+
+def test_constant_masks_fold_to_attention_flags() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    pad = torch.ones(2, 5)
+    g = partita.import_torch(MaskedAttention(), (q, k, v, pad))
+    partita.verify(g)
+    att = [n for n in g.nodes if n.op == "attention"]
+    assert [(len(n.operands), n.attrs["causal"]) for n in att] == [(3, True), (3, True), (3, False), (4, False)]
+    _check_matches_eager(g, MaskedAttention(), (q, k, v, pad))
 
 
 # --- errors -----------------------------------------------------------------------------------------

@@ -560,3 +560,80 @@ def _low_ln(g, xt):
     dx, dw, db = vjp(lambda t, w, b: F.layer_norm(t, (n,), w, b), [xt.float(), torch.ones(n), torch.zeros(n)],
                      g.float())
     return dx.to(xt.dtype), dw.to(xt.dtype), db.to(xt.dtype)
+
+
+# --- attention_grad ------------------------------------------------------------------------------------
+
+def _attention_forward(q, k, v, mask, causal, scale):
+    """out and lse of attention in f64 (out from SDPA, lse = logsumexp of the masked scores)."""
+    qd, kd, vd = (_t(a).double() for a in (q, k, v))
+    md = None if mask is None else (_t(mask) if mask.dtype == np.bool_ else _t(mask).double())
+    out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md, is_causal=causal, scale=scale)
+    s = qd @ kd.transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    if md is not None:
+        s = s.masked_fill(~md, float("-inf")) if md.dtype == torch.bool else s + md
+    lse_dt = np.float64 if q.dtype == np.float64 else np.float32
+    return out.numpy().astype(q.dtype), torch.logsumexp(s, -1).numpy().astype(lse_dt)
+
+
+# (q shape, Tk, Ev, mask kind, mask shape, causal, scale)
+ATTENTION_GRAD_CASES = [
+    ((2, 3, 5, 8), 7, 8, None, None, False, None),
+    ((2, 2, 6, 4), 6, 4, None, None, True, 0.3),
+    ((1, 2, 7, 4), 5, 4, None, None, True, None),
+    ((2, 3, 5, 4), 7, 4, "float", (2, 1, 5, 7), False, None),
+    ((2, 3, 5, 4), 7, 4, "bool", (5, 7), True, None),
+    ((3, 5, 4), 7, 4, "float", (3, 1, 7), False, 0.7),
+    ((3, 5, 4), 7, 4, "bool", (5, 7), False, None),
+    ((2, 3, 5, 4), 7, 6, "bool", (1, 3, 5, 7), False, None),  # Ev != E: the formula in torch ops
+]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("case", ATTENTION_GRAD_CASES, ids=[str(i) for i in range(len(ATTENTION_GRAD_CASES))])
+def test_attention_grad(case, dt):
+    qs, tk, ev, kind, mshape, causal, scale = case
+    q = rand(qs, dt, -1.5, 1.5)
+    k, v = rand(qs[:-2] + (tk, qs[-1]), dt, -1.5, 1.5), rand(qs[:-2] + (tk, ev), dt, -1.5, 1.5)
+    mask = None
+    if kind == "bool":
+        mask = rand(mshape, "bool")
+        mask[..., 0] = True
+    elif kind == "float":
+        mask = rand(mshape, dt, -2.0, 2.0)
+    out, lse = _attention_forward(q, k, v, mask, causal, scale)
+    dout = rand(out.shape, dt)
+    masks = [] if mask is None else [mask]
+    attrs = {"causal": causal} if scale is None else {"causal": causal, "scale": scale}
+
+    def want(g, qt, kt, vt, o, l, *m):
+        fn = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=m[0] if m else None,
+                                                            is_causal=causal, scale=scale)
+        return vjp(fn, [qt, kt, vt], g)
+
+    check_op("attention_grad", [dout, q, k, v, out, lse, *masks], attrs, want)
+
+
+def test_attention_grad_low_precision():
+    q, k, v = rand((1, 2, 5, 8), "f16", -1, 1), rand((1, 2, 6, 8), "f16", -1, 1), rand((1, 2, 6, 8), "f16", -1, 1)
+    out, lse = _attention_forward(q, k, v, None, False, None)
+    dout = rand(out.shape, "f16")
+
+    def want(g, qt, kt, vt, o, l):
+        return vjp(F.scaled_dot_product_attention, [qt, kt, vt], g)
+
+    check_op("attention_grad", [dout, q, k, v, out, lse], {}, want, rtol=1e-2, atol=1e-2)
+
+
+def test_attention_grad_errors():
+    q, kv = ("f32", (2, 3, 5, 8)), ("f32", (2, 3, 7, 8))
+    out, lse = ("f32", (2, 3, 5, 8)), ("f32", (2, 3, 5))
+    expect_error("attention_grad", [out, q, kv, kv, out, ("f64", (2, 3, 5))], {}, "cast lse to f32")
+    expect_error("attention_grad", [out, q, kv, kv, ("f32", (2, 3, 5, 7)), lse], {}, "out f32[2,3,5,7]",
+                 "shape of the forward's out")
+    expect_error("attention_grad", [("f32", (2, 3, 5, 1)), q, kv, kv, out, lse], {}, "dout")
+    expect_error("attention_grad", [out, q, ("f32", (2, 3, 7, 4)), kv, out, lse], {}, "head size 4",
+                 "as for the forward attention")
+    expect_error("attention_grad", [out, q, kv, kv, out, lse, ("bool", (5, 6))], {}, "does not broadcast")

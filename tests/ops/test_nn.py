@@ -608,3 +608,133 @@ def test_cross_entropy_errors():
 def test_records_are_documented_and_located(name):
     op = get_op(name)
     assert op.doc and op.defined_at is not None and op.defined_at.file.endswith("nn.py")
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+def _attention_lse(q, k, mask, causal, scale):
+    """torch.logsumexp of the scaled, masked scores, computed in f64 (the oracle for lse)."""
+    s = q.double() @ k.double().transpose(-1, -2) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    lse = torch.logsumexp(s, -1)
+    return lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _sdpa_with_lse(causal=False, scale=None):
+    def fn(q, k, v, mask=None):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        return out, _attention_lse(q, k, mask, causal, scale)
+    return fn
+
+
+def _attention_mask(kind, shape, dt):
+    if kind is None:
+        return []
+    if kind == "bool":
+        m = rand(shape, "bool")
+        m[..., 0] = True  # every row keeps a score (torch.logsumexp of an empty row is -inf)
+        return [m]
+    return [rand(shape, dt, -2.0, 2.0)]
+
+
+# (q shape, Tk, Ev, mask kind, mask shape, causal, scale)
+ATTENTION_CASES = [
+    ((2, 3, 5, 8), 7, 8, None, None, False, None),        # the flash kernel, 4-d
+    ((2, 2, 6, 8), 6, 8, None, None, True, None),
+    ((1, 2, 7, 4), 5, 4, None, None, True, 0.3),          # causal with Tq > Tk (top-left aligned)
+    ((2, 3, 5, 4), 7, 4, "float", (2, 1, 5, 7), False, 0.5),
+    ((2, 3, 5, 4), 7, 4, "bool", (5, 7), False, None),
+    ((2, 3, 5, 4), 7, 4, "bool", (2, 1, 1, 7), True, None),  # causal and a mask: both apply
+    ((3, 5, 4), 7, 4, "bool", (5, 7), False, None),       # 3-d: reshaped to 4-d for the kernel
+    ((3, 5, 4), 7, 4, "float", (3, 1, 7), False, None),
+    ((2, 2, 3, 5, 4), 6, 4, "float", (2, 1, 1, 5, 6), False, None),  # 5-d
+    ((5, 4), 7, 4, "float", (7,), False, 1.5),             # 2-d, 1-d mask
+    ((2, 3, 5, 4), 7, 6, "bool", (1, 3, 5, 7), False, None),  # Ev != E: the formula in torch ops
+    ((3, 5, 4), 6, 2, None, None, True, None),
+]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[str(i) for i in range(len(ATTENTION_CASES))])
+def test_attention_matches_sdpa(case, dt):
+    qs, tk, ev, kind, mshape, causal, scale = case
+    q = rand(qs, dt, -1.5, 1.5)
+    k, v = rand(qs[:-2] + (tk, qs[-1]), dt, -1.5, 1.5), rand(qs[:-2] + (tk, ev), dt, -1.5, 1.5)
+    attrs = {"causal": causal} if scale is None else {"causal": causal, "scale": scale}
+    check_op("attention", [q, k, v, *_attention_mask(kind, mshape, dt)], attrs, _sdpa_with_lse(causal, scale))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_attention_low_precision(dt):
+    q, k, v = rand((2, 2, 5, 8), dt, -1, 1), rand((2, 2, 6, 8), dt, -1, 1), rand((2, 2, 6, 8), dt, -1, 1)
+    check_op("attention", [q, k, v], {"causal": True}, _sdpa_with_lse(True), **LOOSE[dt])
+    # Ev != E takes the fallback, computed in f32 as the kernel does.
+    check_op("attention", [q, k, v[..., :4]], {}, _sdpa_with_lse(), **LOOSE[dt])
+
+
+def test_attention_row_with_every_score_masked_gives_zeros():
+    q, k, v = rand((1, 2, 4, 4)), rand((1, 2, 5, 4)), rand((1, 2, 5, 4))
+    mask = rand((4, 5), "bool")
+    mask[:, 0] = True
+    mask[2] = False
+
+    def fn(q, k, v, m):
+        out, lse = _sdpa_with_lse()(q, k, v, m)
+        return out, lse.masked_fill(lse == float("-inf"), 0.0)
+
+    out, lse = check_op("attention", [q, k, v, mask], {}, fn)
+    assert not out[:, :, 2].any() and not lse[:, :, 2].any()
+    # The same through the fallback (Ev != E).
+    out, lse = check_op("attention", [q, k, v[..., :3], mask], {}, fn)
+    assert not out[:, :, 2].any() and not lse[:, :, 2].any()
+
+
+@pytest.mark.parametrize("tq, tk", [(0, 5), (4, 0)])
+def test_attention_empty(tq, tk):
+    # The flash kernel cannot take an empty dim (it crashes); both executors use the formula.
+    q, k, v = rand((2, tq, 4)), rand((2, tk, 4)), rand((2, tk, 3))
+    g = build("attention", [partita.TensorType(a.shape, partita.dtypes.f32) for a in (q, k, v)])
+    for backend in ("numpy", "torch"):
+        out, lse = (_np(r) for r in partita.run(g, [q, k, v], backend=backend))
+        assert out.shape == (2, tq, 3) and lse.shape == (2, tq)
+        assert not out.any() and not lse.any()
+
+
+def test_attention_types_and_cost():
+    out, lse = build("attention", [partita.TensorType((2, 3, 5, 8), partita.dtypes.bf16),
+                                   partita.TensorType((2, 3, 7, 8), partita.dtypes.bf16),
+                                   partita.TensorType((2, 3, 7, 6), partita.dtypes.bf16)]).outputs
+    assert str(out.type) == "bf16[2,3,5,6]" and str(lse.type) == "f32[2,3,5]"
+    op = get_op("attention")
+    ins = [partita.TensorType(s, partita.dtypes.f32) for s in ((2, 5, 8), (2, 7, 8), (2, 7, 6))]
+    cost = op.cost_of(ins, [], op.normalize_attrs({}))
+    assert cost.flops == 2 * (2 * 5 * 7) * (8 + 6) + 5 * (2 * 5 * 7)  # both matmuls, then the softmax
+
+
+def test_attention_errors():
+    ok_k = ("f32", (2, 3, 7, 8))
+    expect_error("attention", [("i32", (2, 3, 5, 8)), ("i32", (2, 3, 7, 8)), ("i32", (2, 3, 7, 8))], {},
+                 "floating-point")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ("f64", (2, 3, 7, 8)), ok_k], {}, "cast the key k to f32")
+    expect_error("attention", [("f32", (8,)), ("f32", (8,)), ("f32", (8,))], {}, "rank 2 or more")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ("f32", (3, 7, 8)), ok_k], {}, "same rank")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ("f32", (2, 1, 7, 8)), ok_k], {},
+                 "batch/head dims of k", "[2,1]", "[2,3]")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ("f32", (2, 3, 7, 4)), ok_k], {}, "head size 4")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ok_k, ("f32", (2, 3, 6, 8))], {}, "6 keys", "has 7")
+    expect_error("attention", [("f32", (2, 0)), ("f32", (3, 0)), ("f32", (3, 2))], {}, "head size 0")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ok_k, ok_k, ("f64", (5, 7))], {}, "must be bool",
+                 "cast it")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ok_k, ok_k, ("bool", (5, 6))], {}, "does not broadcast",
+                 "[2,3,5,7]")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ok_k, ok_k, ("bool", (1, 2, 3, 5, 7))], {},
+                 "does not broadcast")
+    expect_error("attention", [("f32", (2, 3, 5, 8)), ok_k, ok_k], {"scale": "big"}, "'scale' must be a number")
+
+
+def test_attention_record_is_documented_and_located():
+    op = get_op("attention")
+    assert "scaled_dot_product_attention" in op.doc and op.defined_at.file.endswith("nn.py")
