@@ -66,27 +66,26 @@ def _np_sgd(args, attrs):
     return p - lr * step, b
 
 
-def _torch_sgd(args, attrs):
+def _torch_sgd_step(args, attrs, inplace: bool):
+    """torch.optim.SGD's sequence; ``inplace`` updates the parameter and buffer where they are
+    (when the runtime donates them), else new tensors are returned."""
     p, g, *buf = args
     lr, mom, wd = attrs["lr"], attrs["momentum"], attrs["weight_decay"]
     d = g.add(p, alpha=wd) if wd != 0.0 else g
-    if not buf:
-        return p.add(d, alpha=-lr)
-    b = buf[0].mul(mom).add_(d)
-    step = d.add(b, alpha=mom) if attrs["nesterov"] else b
-    return p.add(step, alpha=-lr), b
+    if buf:
+        b = buf[0].mul_(mom) if inplace else buf[0].mul(mom)
+        b.add_(d)
+        d = d.add(b, alpha=mom) if attrs["nesterov"] else b
+    new_p = p.add_(d, alpha=-lr) if inplace else p.add(d, alpha=-lr)
+    return (new_p, b) if buf else new_p
+
+
+def _torch_sgd(args, attrs):
+    return _torch_sgd_step(args, attrs, inplace=False)
 
 
 def _torch_sgd_inplace(args, attrs):
-    # torch.optim.SGD's own in-place sequence, used when the runtime donates the buffers.
-    p, g, *buf = args
-    lr, mom, wd = attrs["lr"], attrs["momentum"], attrs["weight_decay"]
-    d = g.add(p, alpha=wd) if wd != 0.0 else g
-    if not buf:
-        return p.add_(d, alpha=-lr)
-    b = buf[0].mul_(mom).add_(d)
-    step = d.add(b, alpha=mom) if attrs["nesterov"] else b
-    return p.add_(step, alpha=-lr), b
+    return _torch_sgd_step(args, attrs, inplace=True)
 
 
 register(OpDef(
@@ -134,28 +133,28 @@ def _np_adamw(args, attrs):
     return p - np.asarray(step_size, dt) * (m / denom), m, v
 
 
-def _torch_adamw(args, attrs):
+def _torch_adamw_step(args, attrs, inplace: bool):
+    """torch.optim.AdamW's single-tensor sequence; ``inplace`` updates the parameter and state
+    where they are (no allocation but the denominator) when the runtime donates them."""
     p, g, m, v, step = args
     b1, b2 = attrs["beta1"], attrs["beta2"]
-    p = p.mul(1 - attrs["lr"] * attrs["weight_decay"])
-    m = m.lerp(g, 1 - b1)
-    v = v.mul(b2).addcmul_(g, g, value=1 - b2)
+    decay = 1 - attrs["lr"] * attrs["weight_decay"]
+    if inplace:
+        p, m, v = p.mul_(decay), m.lerp_(g, 1 - b1), v.mul_(b2)
+    else:
+        p, m, v = p.mul(decay), m.lerp(g, 1 - b1), v.mul(b2)
+    v.addcmul_(g, g, value=1 - b2)
     step_size, bc2_sqrt = _bias(attrs, float(step))
     denom = (v.sqrt() / bc2_sqrt).add_(attrs["eps"])
     return p.addcdiv_(m, denom, value=-step_size), m, v
+
+
+def _torch_adamw(args, attrs):
+    return _torch_adamw_step(args, attrs, inplace=False)
 
 
 def _torch_adamw_inplace(args, attrs):
-    # torch.optim.AdamW's single-tensor sequence, in place, when the runtime donates the
-    # parameter and state buffers: no new allocations but the denominator.
-    p, g, m, v, step = args
-    b1, b2 = attrs["beta1"], attrs["beta2"]
-    p.mul_(1 - attrs["lr"] * attrs["weight_decay"])
-    m.lerp_(g, 1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    step_size, bc2_sqrt = _bias(attrs, float(step))
-    denom = (v.sqrt() / bc2_sqrt).add_(attrs["eps"])
-    return p.addcdiv_(m, denom, value=-step_size), m, v
+    return _torch_adamw_step(args, attrs, inplace=True)
 
 
 register(OpDef(
