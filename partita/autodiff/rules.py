@@ -551,8 +551,9 @@ def _index_add(ctx, node, d, needs):
 
 
 # The backward ops and the optimizer updates are what training graphs are made of; partita
-# does not differentiate them again (no second-order gradients).
-_FIRST_ORDER_ONLY = ("ops/backward.py", "ops/optim.py")
+# does not differentiate them again (no second-order gradients). Collectives are declared
+# too: partita differentiates before partitioning, so they never meet the grad pass.
+_FIRST_ORDER_ONLY = ("ops/backward.py", "ops/optim.py", "ops/collective.py")
 
 
 def attach() -> None:

@@ -78,7 +78,7 @@ class Builder:
             g.append(node)
         return node
 
-    def emit(self, op: str, *operands: Value, loc: Location | None = None, name: str | None = None,
+    def emit(self, op: str, /, *operands: Value, loc: Location | None = None, name: str | None = None,
              **attrs: Any) -> Any:
         """Emit ``op``; returns its Value, or a tuple of Values for a multi-result op."""
         node = self.emit_node(op, operands, attrs, loc=loc, name=name)

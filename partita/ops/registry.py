@@ -160,6 +160,11 @@ class OpDef:
     torch: the torch executor's implementation ``(tensors, attrs) -> tensor(s)``.
     effects: names of side effects ("rng", "collective", "io"), or a function of the attrs;
       an op with effects is never removed, merged or reordered by a pass.
+    collective: for ops that communicate between the ranks of a mesh axis (ops/collective.py),
+      their semantics over one group of ranks ``(args_by_member, attrs) -> results_by_member``:
+      ``args_by_member[i]`` holds member i's operand arrays (members in group order, i.e. by
+      coordinate along the axis) and the result has one entry (an array or a tuple of arrays)
+      per member. ``reference`` then covers only a group of one rank.
     """
 
     name: str
@@ -186,6 +191,7 @@ class OpDef:
     # read by no later node).
     torch_inplace: Callable | None = None
     inplace: tuple[tuple[int, int], ...] = ()
+    collective: Callable | None = None
     # Filled by later layers.
     vjp: Callable | None = None
     sharding: Callable | None = None

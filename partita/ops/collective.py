@@ -1,0 +1,360 @@
+"""Collective ops: communication between the ranks of one mesh axis in a per-rank program.
+
+A per-rank (SPMD) program is an ordinary graph with local shapes; these ops are where ranks
+talk. Every record carries ``axis`` (the mesh axis whose groups communicate) and
+``group_size`` (the number of ranks along it; the type rules need it for shape changes, and
+it must equal the mesh's size of that axis). Types are LOCAL: the operand is what one rank
+holds, the result what that rank gets back.
+
+- ``all_reduce(x) {axis, group_size, op="sum"}``: every member gets the reduction of all.
+- ``all_gather(x) {axis, group_size, dim}``: the members' pieces concatenated along ``dim``
+  in group order (``dim`` grows by ``group_size``).
+- ``reduce_scatter(x) {axis, group_size, dim, op="sum"}``: the reduction, split along ``dim``
+  into ``group_size`` pieces; member i gets piece i.
+- ``all_to_all(x) {axis, group_size, split_dim, concat_dim}``: each member splits its value
+  along ``split_dim`` into ``group_size`` pieces; member j gets piece j of every member,
+  concatenated along ``concat_dim`` in member order.
+- ``broadcast(x) {axis, group_size, root=0}``: everyone gets member ``root``'s value (``root``
+  is a position in the group, not a global rank).
+
+``op`` is one of sum, max, min, avg (avg needs a float dtype). Members are ordered by their
+coordinate along the axis. Point-to-point send/recv (pipeline stages) are not here yet.
+
+The semantics over a whole group are each record's ``collective`` function (NumPy), run by
+``partita.parallel.simulate.run_mesh``. The single-process ``reference`` only covers a group
+of one rank. The ``torch`` implementations call ``torch.distributed`` on the group that
+``partita.parallel.comm`` holds for the axis. All are effectful ({"collective"}): passes
+never drop, merge or reorder them, since every rank of a group must issue the same
+collectives in the same order.
+
+Costs are per rank with ring algorithms (n = group_size, S = the bytes of the larger of the
+operand and the result): ``bytes_written`` counts the bytes a rank sends, ``bytes_read`` the
+bytes it receives, ``flops`` the reduction arithmetic. all_reduce moves 2(n-1)/n S each way,
+all_gather, reduce_scatter and all_to_all (n-1)/n S; broadcast S (pipelined along the ring).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from ..ir.diagnostics import ExecutionError, TypeRuleError
+from ..ir.types import TensorType
+from ._lazy import torch
+from .registry import AttrSpec, Cost, OpDef, normalize_axis, register
+
+REDUCE_OPS = ("sum", "max", "min", "avg")
+
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+_GROUP_ATTRS = (AttrSpec("axis", "str"), AttrSpec("group_size", "int"))
+
+
+def _where(name: str, attrs: dict) -> str:
+    return f"{name} over axis {attrs['axis']} ({attrs['group_size']} ranks)"
+
+
+# --- type rules -------------------------------------------------------------------------
+
+def _check_group(name: str, t: TensorType, attrs: dict) -> int:
+    n = attrs["group_size"]
+    if n < 1:
+        raise TypeRuleError(f"{name}: group_size must be at least 1 (the number of ranks along mesh axis "
+                            f"{attrs['axis']}), got {n}")
+    if not attrs["axis"]:
+        raise TypeRuleError(f"{name}: axis must name a mesh axis (e.g. axis=\"tp\"), got an empty string")
+    return n
+
+
+def _check_reduce(name: str, t: TensorType, attrs: dict) -> None:
+    op = attrs["op"]
+    if t.dtype.is_bool:
+        raise TypeRuleError(f"{_where(name, attrs)}: op={op} is not defined on bool tensors ({t}); cast to an "
+                            "integer or float dtype first")
+    if op == "avg" and not t.dtype.is_float:
+        raise TypeRuleError(f"{_where(name, attrs)}: op=avg needs a float tensor, got {t}; cast it to a float "
+                            "dtype first or use op=sum")
+
+
+def _split_size(name: str, what: str, shape: tuple[int, ...], dim: int, attrs: dict) -> int:
+    n, size = attrs["group_size"], shape[dim]
+    if size % n:
+        raise TypeRuleError(
+            f"{name}: {what} {dim} has size {size}, which does not split into group_size={n} equal pieces "
+            f"(one per rank along axis {attrs['axis']}); pad that dim to a multiple of {n} or choose another")
+    return size // n
+
+
+def _all_reduce_infer(ts, attrs):
+    (t,) = ts
+    _check_group("all_reduce", t, attrs)
+    _check_reduce("all_reduce", t, attrs)
+    return t
+
+
+def _all_gather_infer(ts, attrs):
+    (t,) = ts
+    n = _check_group("all_gather", t, attrs)
+    d = normalize_axis(attrs["dim"], t.rank, "all_gather", "dim")
+    shape = list(t.shape)
+    shape[d] *= n
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _reduce_scatter_infer(ts, attrs):
+    (t,) = ts
+    _check_group("reduce_scatter", t, attrs)
+    _check_reduce("reduce_scatter", t, attrs)
+    d = normalize_axis(attrs["dim"], t.rank, "reduce_scatter", "dim")
+    shape = list(t.shape)
+    shape[d] = _split_size("reduce_scatter", "dim", t.shape, d, attrs)
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _all_to_all_infer(ts, attrs):
+    (t,) = ts
+    n = _check_group("all_to_all", t, attrs)
+    s = normalize_axis(attrs["split_dim"], t.rank, "all_to_all", "split_dim")
+    c = normalize_axis(attrs["concat_dim"], t.rank, "all_to_all", "concat_dim")
+    shape = list(t.shape)
+    shape[s] = _split_size("all_to_all", "split_dim", t.shape, s, attrs)
+    shape[c] *= n
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _broadcast_infer(ts, attrs):
+    (t,) = ts
+    n = _check_group("broadcast", t, attrs)
+    if not 0 <= attrs["root"] < n:
+        raise TypeRuleError(f"broadcast: root {attrs['root']} is not a member of a group of {n} ranks along axis "
+                            f"{attrs['axis']}; root is a position in the group, 0..{n - 1}")
+    return t
+
+
+# --- NumPy semantics over a group --------------------------------------------------------
+
+def _reduce_np(values: list[np.ndarray], op: str) -> np.ndarray:
+    """The reduction of the members' arrays, in group order; f16/bf16 in f32, rounded once."""
+    dtype = values[0].dtype
+    vals = [v.astype(np.float32) if v.dtype in _LOW_PRECISION else v for v in values]
+    acc = vals[0].copy()
+    with np.errstate(all="ignore"):
+        for v in vals[1:]:
+            if op in ("sum", "avg"):
+                acc = acc + v
+            elif op == "max":
+                acc = np.maximum(acc, v)
+            else:
+                acc = np.minimum(acc, v)
+        if op == "avg":
+            acc = acc / len(vals)
+    return np.asarray(acc).astype(dtype)
+
+
+def _firsts(args_by_member: list[list[np.ndarray]], name: str, attrs: dict) -> list[np.ndarray]:
+    n = attrs["group_size"]
+    if len(args_by_member) != n:
+        raise ExecutionError(f"{_where(name, attrs)}: got the operands of {len(args_by_member)} members, "
+                             f"expected one per rank of the group ({n})")
+    return [np.asarray(args[0]) for args in args_by_member]
+
+
+def _all_reduce_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "all_reduce", attrs)
+    r = _reduce_np(xs, attrs["op"])
+    return [r.copy() for _ in xs]
+
+
+def _all_gather_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "all_gather", attrs)
+    d = attrs["dim"] % xs[0].ndim
+    r = np.concatenate(xs, axis=d)
+    return [r.copy() for _ in xs]
+
+
+def _reduce_scatter_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "reduce_scatter", attrs)
+    d = attrs["dim"] % xs[0].ndim
+    pieces = np.split(_reduce_np(xs, attrs["op"]), len(xs), axis=d)
+    return [p.copy() for p in pieces]
+
+
+def _all_to_all_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "all_to_all", attrs)
+    s, c = attrs["split_dim"] % xs[0].ndim, attrs["concat_dim"] % xs[0].ndim
+    pieces = [np.split(x, len(xs), axis=s) for x in xs]  # pieces[i][j]: from member i to member j
+    return [np.concatenate([pieces[i][j] for i in range(len(xs))], axis=c) for j in range(len(xs))]
+
+
+def _broadcast_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "broadcast", attrs)
+    return [xs[attrs["root"]].copy() for _ in xs]
+
+
+def _single_rank_reference(name: str, collective):
+    """The plain reference: a group of one rank is the group semantics on one member; a
+    larger group cannot be computed from one rank's operands."""
+    def reference(args, attrs):
+        if attrs["group_size"] != 1:
+            raise ExecutionError(
+                f"{name} is a collective over axis {attrs['axis']} ({attrs['group_size']} ranks): run the per-rank "
+                "program with partita.parallel.simulate.run_mesh, or launch it on a process group")
+        return collective([list(args)], attrs)[0]
+    return reference
+
+
+# --- torch.distributed ---------------------------------------------------------------------
+
+def _dist():
+    import torch.distributed as dist
+    return dist
+
+
+def _group(name: str, attrs: dict):
+    from ..parallel.comm import group  # the per-process axis -> ProcessGroup map
+
+    dist = _dist()
+    g = group(attrs["axis"])
+    size = dist.get_world_size(g)
+    if size != attrs["group_size"]:
+        raise ExecutionError(f"{_where(name, attrs)}: this rank's process group for axis {attrs['axis']} has "
+                             f"{size} ranks; the program was built for a mesh whose {attrs['axis']} axis has "
+                             f"{attrs['group_size']}")
+    return g
+
+
+def _reduce_op(op: str):
+    r = _dist().ReduceOp
+    return {"sum": r.SUM, "max": r.MAX, "min": r.MIN, "avg": r.AVG}[op]
+
+
+def _all_gather_flat(out, inp, g) -> None:
+    # Flat 1-D buffers: gloo rejects the stacked (n, ...) output form, and takes the flat one.
+    dist = _dist()
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp, group=g)
+
+
+def _reduce_scatter_flat(out, inp, op, g) -> None:
+    dist = _dist()
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, inp, op=op, group=g)
+
+
+def _stack_pieces(x, n: int, dim: int):
+    """``x`` split along ``dim`` into ``n`` pieces, laid out piece after piece in one flat buffer."""
+    return torch.stack(torch.chunk(x, n, dim=dim)).contiguous().reshape(-1)
+
+
+def _all_reduce_torch(args, attrs):
+    (x,) = args
+    if attrs["group_size"] == 1:
+        return x.clone()
+    g = _group("all_reduce", attrs)
+    y = x.clone(memory_format=torch.contiguous_format)
+    _dist().all_reduce(y, op=_reduce_op(attrs["op"]), group=g)
+    return y
+
+
+def _all_gather_torch(args, attrs):
+    (x,) = args
+    n = attrs["group_size"]
+    if n == 1:
+        return x.clone()
+    g = _group("all_gather", attrs)
+    d = attrs["dim"] % x.dim()
+    out = torch.empty(n * x.numel(), dtype=x.dtype, device=x.device)
+    _all_gather_flat(out, x.contiguous().reshape(-1), g)
+    return torch.cat(out.view(n, *x.shape).unbind(0), dim=d)
+
+
+def _reduce_scatter_torch(args, attrs):
+    (x,) = args
+    n = attrs["group_size"]
+    if n == 1:
+        return x.clone()
+    g = _group("reduce_scatter", attrs)
+    d = attrs["dim"] % x.dim()
+    piece = list(x.shape)
+    piece[d] //= n
+    out = torch.empty(x.numel() // n, dtype=x.dtype, device=x.device)
+    _reduce_scatter_flat(out, _stack_pieces(x, n, d), _reduce_op(attrs["op"]), g)
+    # The stacked layout keeps each piece in x's own dim order, so the result views back as is.
+    return out.view(piece)
+
+
+def _all_to_all_torch(args, attrs):
+    (x,) = args
+    n = attrs["group_size"]
+    if n == 1:
+        return x.clone()
+    g = _group("all_to_all", attrs)
+    s, c = attrs["split_dim"] % x.dim(), attrs["concat_dim"] % x.dim()
+    piece = list(x.shape)
+    piece[s] //= n
+    out = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+    _dist().all_to_all_single(out, _stack_pieces(x, n, s), group=g)
+    return torch.cat(out.view(n, *piece).unbind(0), dim=c)
+
+
+def _broadcast_torch(args, attrs):
+    (x,) = args
+    if attrs["group_size"] == 1:
+        return x.clone()
+    dist = _dist()
+    g = _group("broadcast", attrs)
+    y = x.clone(memory_format=torch.contiguous_format)  # broadcast writes into its tensor
+    dist.broadcast(y, src=dist.get_global_rank(g, attrs["root"]), group=g)
+    return y
+
+
+# --- costs ---------------------------------------------------------------------------------
+
+def _ring_cost(steps_num: int, steps_den: int, reduces: bool):
+    """Per-rank ring cost: each rank sends and receives ``steps_num/steps_den * (n-1)/n`` of
+    the larger of operand and result; a reduction adds one FLOP per received element."""
+    def cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+        n = attrs["group_size"]
+        big = max(ins[0], outs[0], key=lambda t: t.numel)
+        moved = big.nbytes * steps_num * (n - 1) // (n * steps_den)
+        flops = 0
+        if reduces:
+            # reduce phase: (n-1)/n of the elements combined once; avg divides the local result.
+            flops = big.numel * (n - 1) // n + (outs[0].numel if attrs["op"] == "avg" and n > 1 else 0)
+        return Cost(flops=flops, bytes_read=moved, bytes_written=moved)
+    return cost
+
+
+def _broadcast_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    # Pipelined along the ring: a middle rank receives the whole value and forwards it.
+    moved = ins[0].nbytes if attrs["group_size"] > 1 else 0
+    return Cost(0, moved, moved)
+
+
+# --- records -------------------------------------------------------------------------------
+
+_EFFECTS = frozenset({"collective"})
+
+
+def _collective(name: str, infer, collective, torch_impl, attrs, cost, doc: str) -> OpDef:
+    return register(OpDef(
+        name=name, operands=("x",), infer=infer, reference=_single_rank_reference(name, collective),
+        torch=torch_impl, attrs=_GROUP_ATTRS + attrs, effects=_EFFECTS, cost=cost, collective=collective,
+        doc=doc))
+
+
+_REDUCE_ATTR = AttrSpec("op", "str", "sum", choices=REDUCE_OPS)
+
+_collective("all_reduce", _all_reduce_infer, _all_reduce_np, _all_reduce_torch, (_REDUCE_ATTR,),
+            _ring_cost(2, 1, True), "every rank of the group gets the reduction (op) of all members' values")
+_collective("all_gather", _all_gather_infer, _all_gather_np, _all_gather_torch, (AttrSpec("dim", "int"),),
+            _ring_cost(1, 1, False), "the members' values concatenated along dim in group order")
+_collective("reduce_scatter", _reduce_scatter_infer, _reduce_scatter_np, _reduce_scatter_torch,
+            (AttrSpec("dim", "int"), _REDUCE_ATTR), _ring_cost(1, 1, True),
+            "the reduction (op) split along dim into group_size pieces; member i gets piece i")
+_collective("all_to_all", _all_to_all_infer, _all_to_all_np, _all_to_all_torch,
+            (AttrSpec("split_dim", "int"), AttrSpec("concat_dim", "int")), _ring_cost(1, 1, False),
+            "each member splits along split_dim; member j gets piece j of every member, concatenated "
+            "along concat_dim in member order")
+_collective("broadcast", _broadcast_infer, _broadcast_np, _broadcast_torch, (AttrSpec("root", "int", 0),),
+            _broadcast_cost, "every member gets the value of member root (a position in the group)")
