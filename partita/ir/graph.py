@@ -12,11 +12,15 @@ from __future__ import annotations
 import gc
 import math
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from .diagnostics import GraphEditError
 from .types import Location, TensorType
 from .weights import Weights
+
+if TYPE_CHECKING:  # data records of the parallel layer; the IR only stores and compares them
+    from ..parallel.mesh import Mesh
+    from ..parallel.placement import Placement
 
 ROLES = ("input", "param", "state")
 _GAP = 1 << 20
@@ -49,9 +53,14 @@ def bulk_build():
 
 
 class Value:
-    """An SSA value: a graph input (with a role) or the result of one node."""
+    """An SSA value: a graph input (with a role) or the result of one node.
 
-    __slots__ = ("type", "name", "producer", "index", "role", "graph", "users", "_out_uses", "__weakref__")
+    ``placement`` says how the value is laid out over the graph's mesh (None: not placed,
+    as in every graph before parallelization).
+    """
+
+    __slots__ = ("type", "name", "producer", "index", "role", "graph", "users", "_out_uses", "placement",
+                 "__weakref__")
 
     def __init__(self, type: TensorType, name: str | None = None, producer: "Node | None" = None,
                  index: int = 0, role: str | None = None) -> None:
@@ -63,6 +72,7 @@ class Value:
         self.graph: Graph | None = None
         self.users: dict[Node, int] = {}
         self._out_uses = 0
+        self.placement: Placement | None = None
 
     @property
     def is_input(self) -> bool:
@@ -182,6 +192,8 @@ class Graph:
         self.output_aliases: list[Value | None] = []
         self.weights = Weights()
         self.loc: Location | None = None
+        # The device mesh the values' placements refer to (None: a single-device graph).
+        self.mesh: Mesh | None = None
         self._head: Node | None = None
         self._tail: Node | None = None
         self._count = 0
@@ -414,13 +426,15 @@ class Graph:
         """A structural copy sharing nothing mutable (attribute values are immutable)."""
         g = Graph(self.name)
         g.loc = self.loc
+        g.mesh = self.mesh
         g.weights = type(self.weights)(dict(self.weights))
         vmap: dict[Value, Value] = {}
         with bulk_build():
             for v in self.inputs:
                 role = v.role
                 assert role is not None, "add_input gives every input a role"
-                vmap[v] = g.add_input(input_name(v), v.type, role)
+                w = vmap[v] = g.add_input(input_name(v), v.type, role)
+                w.placement = v.placement
             append = g._append_unchecked
             for n in self.nodes:
                 m = Node(n.op, [vmap[v] for v in n.operands], dict(n.attrs),
@@ -429,6 +443,7 @@ class Graph:
                 append(m)
                 for a, b in zip(n.results, m.results):
                     vmap[a] = b
+                    b.placement = a.placement
             g.set_outputs([vmap[v] for v in self.outputs],
                           [None if a is None else vmap[a] for a in self.output_aliases] or None)
         return g
@@ -440,12 +455,16 @@ class Graph:
         """None if the graphs are structurally equal, else a description of the first difference."""
         if self.name != other.name:
             return f"names differ: {self.name} vs {other.name}"
+        if self.mesh != other.mesh:
+            return f"meshes differ: {self.mesh} vs {other.mesh}"
         if len(self.inputs) != len(other.inputs):
             return f"input counts differ: {len(self.inputs)} vs {len(other.inputs)}"
         vmap: dict[Value, Value] = {}
         for a, b in zip(self.inputs, other.inputs):
             if (a.name, a.type, a.role) != (b.name, b.type, b.role):
                 return f"input differs: {a!r} {a.role} vs {b!r} {b.role}"
+            if a.placement != b.placement:
+                return f"input {a!r} placements differ: {a.placement} vs {b.placement}"
             vmap[a] = b
         if len(self) != len(other):
             return f"node counts differ: {len(self)} vs {len(other)}"
@@ -459,6 +478,8 @@ class Graph:
             for a, b in zip(n.results, m.results):
                 if a.name != b.name and not (_anonymous(a.name) and _anonymous(b.name)):
                     return f"node {i} ({n.op}) result names differ: {a.name} vs {b.name}"
+                if a.placement != b.placement:
+                    return f"node {i} ({n.op}) result {a.index} placements differ: {a.placement} vs {b.placement}"
                 vmap[a] = b
         if len(self.outputs) != len(other.outputs) or any(vmap.get(a) is not b for a, b in zip(self.outputs, other.outputs)):
             return "outputs differ"

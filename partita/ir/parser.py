@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from .diagnostics import AttributeError_, GraphEditError, ParseError, PartitaErr
 from .dtypes import DTYPES
 from .graph import ROLES, Graph, Node, Value, bulk_build
 from .types import Location, TensorType
+
+if TYPE_CHECKING:
+    from ..parallel.mesh import Mesh
+    from ..parallel.placement import Placement
 
 _TOKEN = re.compile(
     r"""
@@ -49,9 +53,13 @@ _FAST_NODE = re.compile(
 )
 _FAST_TYPES = re.compile(r"[a-z0-9]+" + _FAST_DIMS + r"(?:, [a-z0-9]+" + _FAST_DIMS + r")*\Z")
 _FAST_TYPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
-# A node line without loc(...) may go on in the next line (more result types, a loc): then
-# only the general path knows where the node ends.
-_CONTINUED = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*(?:,|loc\b)")
+# A node line without loc(...) may go on in the next line (more result types, a partial(...)
+# of the last type, a loc): then only the general path knows where the node ends.
+_CONTINUED = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*(?:,|loc\b|partial\b)")
+# Placed types (``f32[32@dp] partial(tp)``) never match _FAST_NODE: '@' is outside its type
+# characters and nothing may follow the types but a loc. Such lines take the general path,
+# which alone knows the graph's mesh and reports placement errors.
+_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class Token:
@@ -75,7 +83,7 @@ def parse(text: str, filename: str = "<string>") -> Graph:
 def parse_type(text: str, filename: str = "<type>") -> TensorType:
     """Parse one tensor type such as ``f32[8,128]`` (the ``.pir`` type syntax); raises ParseError."""
     p = _Parser(text, filename)
-    t = p.parse_type()
+    t = p.parse_type("a type given on its own")
     if p.tok.kind != "eof":
         raise p.error(f"unexpected {p.tok.describe()} after the type {t}")
     return t
@@ -114,6 +122,9 @@ class _Parser:
         self.type_cache: dict[str, tuple[TensorType, ...]] = {}
         self.attr_cache: dict[str | tuple[str, str], dict] = {}
         self._line_starts: list[int] | None = None
+        self.mesh: Mesh | None = None
+        # Placements read before the mesh (graph inputs, output types): checked once it is known.
+        self.pending: list[tuple[TensorType, Placement, dict, str]] = []
         self.tok: Token = self._lex()  # last: lexing the first token can already fail
 
     # --- lexing -------------------------------------------------------------------------
@@ -209,18 +220,25 @@ class _Parser:
         self.expect(")", "',' or ')' after a graph input")
         self.expect("->", "'->' and the output types")
         self.expect("(", "'(' before the output types")
-        out_types: list[tuple[TensorType, Token]] = []
+        out_types: list[tuple[TensorType, Placement | None, Token]] = []
         aliases: list[Value | None] = []
         if not self.at(")"):
             while True:
                 t0 = self.tok
-                out_types.append((self.parse_type(), t0))
-                aliases.append(self.parse_alias(g, out_types[-1][0]))
+                t, p, spans = self.parse_placed_type()
+                if p is not None:
+                    self.pending.append((t, p, spans, f"output {len(out_types)}"))
+                out_types.append((t, p, t0))
+                aliases.append(self.parse_alias(g, t))
                 if self.at(","):
                     self.advance()
                     continue
                 break
         self.expect(")", "',' or ')' after an output type")
+        if self.tok.kind == "ident" and self.tok.text == "mesh":
+            g.mesh = self.mesh = self.parse_mesh()
+        for t, p, spans, what in self.pending:
+            self.check_placement(t, p, spans, what)
         self.expect("{", "'{' to open the graph body")
         self.parse_body(g)
         ret = self.tok
@@ -237,9 +255,12 @@ class _Parser:
         if len(outs) != len(out_types):
             raise self.error(f"return has {len(outs)} value(s) but the graph signature declares "
                              f"{len(out_types)} output type(s)", ret)
-        for v, (t, tok) in zip(outs, out_types):
+        for v, (t, p, tok) in zip(outs, out_types):
             if v.type != t:
                 raise self.error(f"output %{v.name} has type {v.type} but the graph signature declares {t}", tok)
+            if v.placement != p:
+                raise self.error(f"output %{v.name} has placement {v.placement or 'none'} but the graph "
+                                 f"signature declares {p or 'none'}", tok)
         try:
             g.set_outputs(outs, aliases)
         except GraphEditError as e:
@@ -270,13 +291,17 @@ class _Parser:
         tok = self.expect_kind("value", "a graph input like %x: f32[4]")
         name = tok.text[1:]
         self.expect(":", f"':' and a type after {tok.text}")
-        t = self.parse_type()
+        t, p, spans = self.parse_placed_type()
+        if p is not None:
+            self.pending.append((t, p, spans, tok.text))
         role = "input"
         if self.tok.kind == "ident" and self.tok.text in ROLES:
             role = self.advance().text
         elif self.tok.kind == "ident":
             raise self.error(f"unknown input role {self.tok.text!r}; expected one of {', '.join(ROLES)}")
-        self.define(name, tok, g.add_input(name, t, role))
+        v = g.add_input(name, t, role)
+        v.placement = p
+        self.define(name, tok, v)
 
     def define(self, name: str, tok: Token, v: Value) -> None:
         old = self.values.get(name)
@@ -313,7 +338,17 @@ class _Parser:
         return (f"%{name} is used before its definition at line {line}; "
                 f"nodes must be listed in topological order")
 
-    def parse_type(self) -> TensorType:
+    def parse_type(self, context: str = "the type of a dense attribute") -> TensorType:
+        """A plain tensor type (a constant's, not a value's): no placement allowed."""
+        return self.parse_placed_type(placed=False, context=context)[0]
+
+    def parse_placed_type(self, placed: bool = True, context: str = "") -> tuple[TensorType, Placement | None, dict]:
+        """A type with an optional placement: ``f32[32@dp,256] partial(tp)``.
+
+        Returns the type, the placement (None when the text gives none) and where each part
+        of the placement is in the text, for errors: ``first`` (the first '@' or 'partial'),
+        ``("dim", d)`` (a dim size), ``("axis", d, name)`` (an '@axis'), ``("partial", name)``.
+        """
         tok = self.tok
         if tok.kind != "ident" or tok.text not in DTYPES:
             from .diagnostics import suggest
@@ -323,18 +358,107 @@ class _Parser:
         self.advance()
         self.expect("[", f"'[' and the shape after {tok.text}")
         dims = []
+        splits: list[tuple[str, ...]] | None = None
+        spans: dict = {}
         if not self.at("]"):
             while True:
                 d = self.tok
                 if d.kind != "number" or not d.text.isdigit():
                     raise self.error(f"expected a dimension size (a non-negative integer), found {d.describe()}")
                 dims.append(int(self.advance().text))
+                if self.tok.kind == "gname":
+                    if not placed:
+                        raise self.error(f"{context} cannot carry a placement (only the types of values "
+                                         f"can); remove the '@axis'")
+                    if splits is None:
+                        splits = [()] * (len(dims) - 1)
+                        spans["first"] = self.tok.start
+                    spans[("dim", len(dims) - 1)] = d.start
+                    axes = []
+                    while self.tok.kind == "gname":
+                        at = self.advance()
+                        if not _AXIS_NAME.match(at.text[1:]):
+                            raise self.error(f"expected a mesh axis name after '@' (like @dp), found {at.text!r}", at)
+                        axes.append(at.text[1:])
+                        spans[("axis", len(dims) - 1, at.text[1:])] = at.start
+                    splits.append(tuple(axes))
+                elif splits is not None:
+                    splits.append(())
                 if self.at(","):
                     self.advance()
                     continue
                 break
         self.expect("]", "',' or ']' in the shape")
-        return TensorType(tuple(dims), DTYPES[tok.text])
+        t = TensorType(tuple(dims), DTYPES[tok.text])
+        partial: list[str] = []
+        if placed and self.tok.kind == "ident" and self.tok.text == "partial":
+            spans.setdefault("first", self.tok.start)
+            self.advance()
+            self.expect("(", "'(' and the mesh axes of the partial sum, like partial(tp)")
+            while True:
+                a = self.tok
+                if a.kind != "ident" or not _AXIS_NAME.match(a.text):
+                    raise self.error(f"expected a mesh axis name in partial(...), like partial(tp), "
+                                     f"found {a.describe()}")
+                partial.append(self.advance().text)
+                spans[("partial", a.text)] = a.start
+                if self.at(","):
+                    self.advance()
+                    continue
+                break
+            self.expect(")", "',' or ')' in partial(...)")
+        if splits is None and not partial:
+            return t, None, spans
+        from ..parallel.placement import Placement
+
+        return t, Placement(tuple(splits) if splits is not None else ((),) * len(dims), tuple(partial)), spans
+
+    def check_placement(self, t: TensorType, p: Placement, spans: dict, what: str) -> None:
+        """Check a placement read from the text against the graph's mesh; errors point at the
+        offending part (the axis, the dim size, the partial entry)."""
+        from ..parallel.placement import PlacementError
+
+        mesh = self.mesh
+        if mesh is None:
+            raise self.error_at(spans["first"], f"{what} has a placement, but the graph has no mesh; declare "
+                                                f"one after the output types, like -> (...) mesh(dp=2) {{")
+        try:
+            p.validate(t.shape, mesh, what)
+        except PlacementError as e:
+            if e.in_partial:
+                key: Any = ("partial", e.axis)
+            elif e.kind == "indivisible":
+                key = ("dim", e.dim)
+            else:
+                key = ("axis", e.dim, e.axis)
+            raise self.error_at(spans.get(key, spans["first"]), str(e)) from None
+
+    def parse_mesh(self) -> Mesh:
+        """``mesh(dp=2, tp=2)`` at the end of the graph signature."""
+        from ..parallel.mesh import Mesh
+
+        self.advance()
+        self.expect("(", "'(' after mesh, like mesh(dp=2, tp=2)")
+        axes: list[tuple[str, int]] = []
+        while True:
+            ntok = self.tok
+            if ntok.kind != "ident" or not _AXIS_NAME.match(ntok.text):
+                raise self.error(f"expected a mesh axis like dp=2, found {ntok.describe()}")
+            name = self.advance().text
+            if any(name == n for n, _ in axes):
+                raise self.error(f"mesh axis '{name}' appears twice in the mesh", ntok)
+            self.expect("=", f"'=' and the size of mesh axis '{name}'")
+            stok = self.tok
+            if stok.kind != "number" or not stok.text.isdigit() or int(stok.text) < 1:
+                raise self.error(f"expected the size of mesh axis '{name}' (a positive integer), "
+                                 f"found {stok.describe()}")
+            axes.append((name, int(self.advance().text)))
+            if self.at(","):
+                self.advance()
+                continue
+            break
+        self.expect(")", "',' or ')' in mesh(...)")
+        return Mesh(tuple(axes))
 
     def parse_body(self, g: Graph) -> None:
         text = self.text
@@ -510,10 +634,17 @@ class _Parser:
             bad = next((t for k, t in attr_toks.items() if f"'{k}'" in str(e)), op_tok)
             raise self.error(str(e), bad) from None
         types: list[TensorType] = []
+        placements: list[Placement | None] = []
         if result_toks:
             self.expect(":", f"':' and the result type(s) of {op_tok.text}")
             while True:
-                types.append(self.parse_type())
+                ty, p, spans = self.parse_placed_type()
+                if p is not None:
+                    i = len(types)
+                    self.check_placement(ty, p, spans, result_toks[i].text if i < len(result_toks) else
+                                         f"result {i} of {op_tok.text}")
+                types.append(ty)
+                placements.append(p)
                 if self.at(","):
                     self.advance()
                     continue
@@ -527,7 +658,8 @@ class _Parser:
         node = Node(op_tok.text, operands, attrs, types, loc)
         node.text_loc = self.loc_at(op_tok.start)
         g._append_unchecked(node)
-        for t, r in zip(result_toks, node.results):
+        for t, r, p in zip(result_toks, node.results, placements):
+            r.placement = p
             self.define(t.text[1:], t, r)
 
     def parse_attr_entry(self) -> tuple[str, Any, Token]:

@@ -40,6 +40,13 @@ def format_type(t: TensorType) -> str:
     return f"{t.dtype.name}[{','.join(map(str, t.shape))}]"
 
 
+def format_placed_type(t: TensorType, placement) -> str:
+    """A type with its placement, ``f32[32@dp,256@tp] partial(tp)``; plain if ``placement`` is None."""
+    if placement is None:
+        return format_type(t)
+    return t.dtype.name + placement.format_shape(t.shape) + placement.format_partial()
+
+
 def format_attr(v: Any) -> str:
     if v is True:
         return "true"
@@ -118,12 +125,24 @@ class _Printer:
         self.g = graph
         self.names: dict[Value, str] = {}
         self.type_cache: dict[TensorType, str] = {}
+        self.placed_cache: dict[tuple, str] = {}
         self.node_lines: dict[Node, int] = {}
 
     def type_str(self, t: TensorType) -> str:
         s = self.type_cache.get(t)
         if s is None:
             s = self.type_cache[t] = format_type(t)
+        return s
+
+    def value_type(self, v: Value) -> str:
+        """The type of ``v`` as printed: with its placement when it has one."""
+        p = v.placement
+        if p is None:
+            return self.type_str(v.type)
+        key = (v.type, p)
+        s = self.placed_cache.get(key)
+        if s is None:
+            s = self.placed_cache[key] = format_placed_type(v.type, p)
         return s
 
     def assign_names(self) -> None:
@@ -155,12 +174,13 @@ class _Printer:
         from ..ops.registry import OPS
 
         self.assign_names()
-        g, names, ts = self.g, self.names, self.type_str
-        args = [f"%{names[v]}: {ts(v.type)}" + ("" if v.role == "input" else f" {v.role}") for v in g.inputs]
-        rets = ", ".join(ts(v.type) + ("" if (al := g.output_alias(i)) is None else f" aliases(%{names[al]})")
+        g, names, vt = self.g, self.names, self.value_type
+        args = [f"%{names[v]}: {vt(v)}" + ("" if v.role == "input" else f" {v.role}") for v in g.inputs]
+        rets = ", ".join(vt(v) + ("" if (al := g.output_alias(i)) is None else f" aliases(%{names[al]})")
                          for i, v in enumerate(g.outputs))
         head = f"graph @{g.name}("
-        tail = f") -> ({rets}) {{"
+        mesh = "" if g.mesh is None else f" {g.mesh}"
+        tail = f") -> ({rets}){mesh} {{"
         one_line = head + ", ".join(args) + tail
         if len(one_line) <= WRAP or not args:
             lines = [one_line]
@@ -193,10 +213,12 @@ class _Printer:
         res = node.results
         if len(res) == 1:
             r = res[0]
-            line = f"  %{names[r]} = {node.op}({args}){attr_s} : {ts(r.type)}"
+            rt = ts(r.type) if r.placement is None else self.value_type(r)
+            line = f"  %{names[r]} = {node.op}({args}){attr_s} : {rt}"
         elif res:
+            vt = self.value_type
             line = (f"  {', '.join(['%' + names[r] for r in res])} = {node.op}({args}){attr_s} : "
-                    f"{', '.join([ts(r.type) for r in res])}")
+                    f"{', '.join([vt(r) for r in res])}")
         else:
             line = f"  {node.op}({args}){attr_s}"
         if node.loc is not None:

@@ -1,4 +1,7 @@
-"""The verifier: SSA, use lists, attributes, type rules and outputs.
+"""The verifier: SSA, use lists, attributes, type rules, placements and outputs.
+
+Placements are checked against the value's shape and the graph's mesh only; whether they
+agree with the ops is for the sharding rules (propagation), not for the verifier.
 
 Errors name the node, show the IR around it and say what was expected. Type-rule results
 are cached per (op, operand types, attributes): real graphs repeat the same signatures.
@@ -30,6 +33,11 @@ def verify(graph: Graph) -> Graph:
             raise VerifyError(f"@{graph.name}: two inputs are named %{name}; input names must be unique")
         names[name] = v
         defined.add(v)
+        if v.placement is not None:
+            try:
+                _check_placement(graph, v, nm)
+            except VerifyError as e:
+                raise VerifyError(f"@{graph.name}: input {nm(v)} has an invalid placement: {e}") from None
 
     infer_cache: dict = {}
     # For each value, the number of distinct nodes using it; each user's count is checked
@@ -104,6 +112,11 @@ def verify(graph: Graph) -> Graph:
         for r in results:
             if r.producer is not node or r.graph is not graph:
                 raise _node_error(graph, node, nm, f"result {nm(r)} is not linked to its node")
+            if r.placement is not None:
+                try:
+                    _check_placement(graph, r, nm)
+                except VerifyError as e:
+                    raise _node_error(graph, node, nm, f"has an invalid placement: {e}") from None
             defined.add(r)
     if count != len(graph):
         raise VerifyError(f"@{graph.name}: node count {len(graph)} disagrees with the node list ({count})")
@@ -142,6 +155,18 @@ def verify(graph: Graph) -> Graph:
             raise VerifyError(f"@{graph.name}: the output count of {nm(v)} is stale "
                               f"(records {v._out_uses}, the graph outputs it {out_counts.get(v, 0)} time(s))")
     return graph
+
+
+def _check_placement(graph: Graph, v: Value, nm: "_ValueNames") -> None:
+    p = v.placement
+    assert p is not None
+    if graph.mesh is None:
+        raise VerifyError(f"{nm(v)} is placed {p} but @{graph.name} has no mesh; "
+                          f"set graph.mesh, or clear the placement")
+    try:
+        p.validate(v.type.shape, graph.mesh, nm(v))
+    except PartitaError as e:
+        raise VerifyError(str(e)) from None
 
 
 class _ValueNames:

@@ -2,5 +2,6 @@
 per-rank SPMD programs (being built; see docs/parallel.md)."""
 
 from .mesh import Mesh, MeshError
+from .placement import Placement, PlacementError
 
-__all__ = ["Mesh", "MeshError"]
+__all__ = ["Mesh", "MeshError", "Placement", "PlacementError"]

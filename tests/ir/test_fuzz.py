@@ -18,6 +18,7 @@ from partita.ir import PartitaError, Weights, WeightsError, parse, print_graph, 
 from partita.ir import parser as parser_mod
 from partita.ir.printer import _Printer
 
+from .test_placement_text import GLOBAL_PRINTED
 from .test_text import ALL_KINDS, BRIEF_EXAMPLE, DESIGN_MLP
 
 CONSTANTS = r"""graph @c(%s: f32[], %z: f32[0,3]) -> (f32[2,2], f32[3]) {
@@ -31,14 +32,15 @@ CONSTANTS = r"""graph @c(%s: f32[], %z: f32[0,3]) -> (f32[2,2], f32[3]) {
 }
 """
 
-SEEDS = [DESIGN_MLP, BRIEF_EXAMPLE, ALL_KINDS, CONSTANTS]
+SEEDS = [DESIGN_MLP, BRIEF_EXAMPLE, ALL_KINDS, CONSTANTS, GLOBAL_PRINTED]
 
 _TOKEN = re.compile(r'\s+|%[\w.]+|@[\w.]+|-?\d[\w.+-]*|\w+|"(?:[^"\\\n]|\\.)*"|->|//[^\n]*|.')
 VOCAB = ["%", "%0", "%x", "%1, %2", "@g", "(", ")", "[", "]", "{", "}", ",", ":", "=", "->", "<", ">",
          "dense", "dense<f32[2], 1.0>", "f32", "i64", "bool", "bf16", "f32[]", "f32[0]", "param", "state",
          "return", "graph", "loc", 'loc("a":1)', '"', '"s"', '"\\q"', "\\", "1e5", "-1", "nan", "inf", "-inf",
          "true", "false", "none", "//", "\n", " ", "\t", "\r\n", "\x00", "\u00e9", "\u0663", "0", "1.5",
-         "99999999999999999999", "1e400", "-0.0", ".5", "matmul", "split", "constant", "sum", "add", "cast"]
+         "99999999999999999999", "1e400", "-0.0", ".5", "matmul", "split", "constant", "sum", "add", "cast",
+         "@dp", "@tp", "@", "partial", "partial(tp)", " partial(dp, tp)", "mesh", " mesh(dp=2)", "mesh(tp=4)"]
 
 
 @st.composite
@@ -136,6 +138,8 @@ def _outcome(text: str, fast: bool):
 @example(text=DESIGN_MLP.replace(": f32[32,256]\n", ': f32[32,256]\n      loc("m.py":4)\n', 1))
 @example(text=BRIEF_EXAMPLE.replace(": f32[32,128], f32[32,128]", ": f32[32,128]\n    , f32[32,128]"))
 @example(text=DESIGN_MLP.rstrip() + "\n\n// trailing\n")
+@example(text=GLOBAL_PRINTED.replace("256@tp]\n  %2", "256@tp]\n    partial(dp)\n  %2"))
+@example(text=GLOBAL_PRINTED.replace(": f32[32@dp,256@tp]\n  %2", ": f32[32,256]\n    partial(tp)\n  %2"))
 def test_fast_path_agrees_with_general_path(attr_ops, text):
     """The fast path is an optimization only: same graph, or the same error, without it."""
     fast, general = _outcome(text, True), _outcome(text, False)
@@ -147,7 +151,7 @@ def test_fast_path_agrees_with_general_path(attr_ops, text):
         assert [n.text_loc for n in fast.nodes] == [n.text_loc for n in general.nodes]
 
 
-@pytest.mark.parametrize("seed", SEEDS, ids=["mlp", "brief", "attrs", "constants"])
+@pytest.mark.parametrize("seed", SEEDS, ids=["mlp", "brief", "attrs", "constants", "placed"])
 def test_every_truncation_is_clean(attr_ops, seed):
     # Exhaustive over cut points: where a file ends must never matter to the kind of error.
     for cut in range(0, len(seed), 3):
