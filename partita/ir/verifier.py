@@ -95,6 +95,8 @@ def verify(graph: Graph) -> Graph:
             except PartitaError as e:
                 raise _node_error(graph, node, nm, f"is invalid: {e}") from None
             infer_cache[key] = want
+        if opdef.collective is not None and graph.mesh is not None:
+            _check_collective(graph, node, nm)
         results = node.results
         if len(results) == 1 and len(want) == 1:
             r = results[0]
@@ -155,6 +157,19 @@ def verify(graph: Graph) -> Graph:
             raise VerifyError(f"@{graph.name}: the output count of {nm(v)} is stale "
                               f"(records {v._out_uses}, the graph outputs it {out_counts.get(v, 0)} time(s))")
     return graph
+
+
+def _check_collective(graph: Graph, node: Node, nm: "_ValueNames") -> None:
+    """A collective names an axis of the graph's mesh and the size of that axis."""
+    mesh = graph.mesh
+    assert mesh is not None
+    axis, size = node.attrs.get("axis"), node.attrs.get("group_size")
+    if axis not in mesh.names:
+        raise _node_error(graph, node, nm, f"is a collective over axis '{axis}', which {mesh} does not have; "
+                                       f"its axes are {', '.join(mesh.names)}")
+    if size != mesh.axis_size(axis):
+        raise _node_error(graph, node, nm, f"has group_size={size} but axis '{axis}' of {mesh} has "
+                                       f"{mesh.axis_size(axis)} ranks; set group_size={mesh.axis_size(axis)}")
 
 
 def _check_placement(graph: Graph, v: Value, nm: "_ValueNames") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue as queue_mod
+import re
 import socket
 import traceback
 
@@ -385,3 +386,19 @@ def test_torch_collectives_on_two_gloo_ranks():
                 p.join(timeout=5)
     assert sorted(got) == [0, 1], f"ranks that reported: {sorted(got)} (the others hung or died)"
     assert got[0] == [] and got[1] == [], "\n".join(got[0] + got[1])
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ('{axis="pp", group_size=2}', "axis 'pp', which mesh(dp=2, tp=2) does not have; its axes are dp, tp"),
+    ('{axis="tp", group_size=4}', "group_size=4 but axis 'tp' of mesh(dp=2, tp=2) has 2 ranks; set group_size=2"),
+])
+def test_verifier_checks_collectives_against_the_graph_mesh(attrs, message):
+    text = f"""graph @r(%x: f32[4]) -> (f32[4]) mesh(dp=2, tp=2) {{
+  %0 = all_reduce(%x) {attrs} : f32[4]
+  return %0
+}}
+"""
+    with pytest.raises(partita.PartitaError, match=re.escape(message)):
+        partita.verify(partita.parse(text))
+    ok = text.replace(attrs, '{axis="tp", group_size=2}')
+    partita.verify(partita.parse(ok))
