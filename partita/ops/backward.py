@@ -255,9 +255,9 @@ def _torch_layer_norm_grad(args, a):
         x, undo = _move_last(x, axes)
     k = len(axes)
     nshape = list(x.shape[x.dim() - k:])
-    dims = list(range(x.dim() - k, x.dim()))
-    var, mean = torch.var_mean(x, dim=dims, unbiased=False, keepdim=True)
-    rstd = torch.rsqrt(var + a["eps"])
+    # The statistics the forward kernel saves for autograd, from that same kernel: one fused
+    # pass, several times faster than var_mean and rsqrt, and the same numbers eager uses.
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, nshape, None, None, a["eps"])
     w = args[2] if len(args) > 2 else torch.ones(nshape, dtype=x.dtype, device=x.device)
     # The kernel reads the bias only to allocate dbias (it fails on None); the weight has
     # the same shape, dtype and device.
