@@ -113,7 +113,15 @@ class OnnxNode:
 
     def has_input(self, i: int) -> bool:
         """Whether optional input ``i`` is given."""
-        return i < len(self.inputs) and self.inputs[i] is not None
+        return i < len(self.inputs) and (self.inputs[i] is not None or self.proto.input[i] in self.ctx.seqs)
+
+    def seq(self, i: int) -> list[Value]:
+        """A copy of the sequence held by input ``i``; an error if input ``i`` is not a sequence."""
+        name = self.proto.input[i] if i < len(self.proto.input) else ""
+        if name not in self.ctx.seqs:
+            raise self.error(f"input {i} ('{name}') must be a sequence (from SequenceConstruct, "
+                             "SequenceEmpty, SequenceInsert, SequenceErase or SplitToSequence)")
+        return list(self.ctx.seqs[name])
 
     def const(self, i: int, what: str) -> np.ndarray:
         """The array of input ``i``, which must be an initializer or a Constant's output."""
@@ -148,12 +156,16 @@ class OnnxNode:
 
 
 Converter = Callable[[OnnxNode], Sequence[Value | None]]
+# What ONNX_TO_PARTITA holds: a tensor Converter, or a sequence converter whose entry for a
+# sequence-typed output is a list of Values (sequences are unrolled at import time).
+AnyConverter = Callable[[OnnxNode], Sequence[Value | list[Value] | None]]
 
 # Operand positions whose values must be known at import time (they set shapes or axes).
 CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
     "ReduceSum": (1,), "ReduceMean": (1,), "Dropout": (1, 2),
     "ConstantOfShape": (0,), "Pad": (1, 2, 3), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4),
+    "SequenceInsert": (2,), "SequenceErase": (1,), "SequenceAt": (1,), "SplitToSequence": (1,),
 }
 
 
@@ -569,7 +581,8 @@ def _axes_operand(n: OnnxNode, i: int, attr_since: int) -> list[int] | None:
     if n.ctx.opset >= attr_since:
         if "axes" in n.attrs:
             raise n.error(f"'axes' is an input since opset {attr_since}, not an attribute")
-        return [int(a) for a in n.const(i, "axes")] if n.has_input(i) else None
+        # A 0-d axes constant is one axis, as onnxruntime reads it.
+        return [int(a) for a in np.atleast_1d(n.const(i, "axes"))] if n.has_input(i) else None
     axes = n.attr("axes")
     return list(axes) if axes is not None else None
 
@@ -997,7 +1010,126 @@ def _reverse(n: OnnxNode, x: Value, axis: int) -> Value:
     return n.emit("index_select", x, n.emit("sub", n.scalar(d - 1, up), up), axis=axis)
 
 
-ONNX_TO_PARTITA: dict[str, Converter] = {
+# --- sequences ----------------------------------------------------------------------------
+# partita's values are tensors, so a sequence whose structure is static (constant positions,
+# static split sizes) is unrolled at import time: the importer holds it as a Python list of
+# Values, and only the tensors read out of it (SequenceAt, ConcatFromSequence) reach the graph.
+
+# Op type -> the input positions that take a sequence.
+SEQUENCE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "SequenceInsert": (0,), "SequenceErase": (0,), "SequenceAt": (0,), "SequenceLength": (0,),
+    "ConcatFromSequence": (0,),
+}
+
+SeqResult = list[Value | list[Value] | None]
+
+
+def _position(n: OnnxNode, i: int, length: int, upper: int) -> int:
+    """Constant position input ``i`` normalized into [0, upper] (ONNX counts negatives from the back)."""
+    arr = np.asarray(n.const(i, "the position"))
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        raise n.error(f"the position must be an integer scalar; got {arr.dtype}{list(arr.shape)}")
+    pos = int(arr.reshape(()))
+    if not -length <= pos <= upper:
+        raise n.error(f"position {pos} is outside [{-length}, {upper}] for a sequence of {length} tensors")
+    return pos + length if pos < 0 else pos
+
+
+def _check_dtype(n: OnnxNode, items: list[Value], t: Value) -> None:
+    if items and items[0].type.dtype is not t.type.dtype:
+        raise n.error(f"a sequence of {items[0].type.dtype.name} tensors cannot hold a {t.type.dtype.name} "
+                      "tensor (ONNX sequences have one element type)")
+
+
+def _sequence_construct(n: OnnxNode) -> SeqResult:
+    items = [n.input(i) for i in range(len(n.inputs))]
+    for t in items[1:]:
+        _check_dtype(n, items, t)
+    return [items]
+
+
+def _sequence_empty(n: OnnxNode) -> SeqResult:
+    return [[]]
+
+
+def _sequence_insert(n: OnnxNode) -> SeqResult:
+    items, t = n.seq(0), n.input(1)
+    _check_dtype(n, items, t)
+    pos = _position(n, 2, len(items), len(items)) if n.has_input(2) else len(items)
+    return [items[:pos] + [t] + items[pos:]]
+
+
+def _sequence_erase(n: OnnxNode) -> SeqResult:
+    items = n.seq(0)
+    if not items:
+        raise n.error("cannot erase from an empty sequence")
+    pos = _position(n, 1, len(items), len(items) - 1) if n.has_input(1) else len(items) - 1
+    return [items[:pos] + items[pos + 1:]]
+
+
+def _sequence_at(n: OnnxNode) -> SeqResult:
+    items = n.seq(0)
+    if not items:
+        raise n.error("cannot read a tensor from an empty sequence")
+    return [items[_position(n, 1, len(items), len(items) - 1)]]
+
+
+def _sequence_length(n: OnnxNode) -> SeqResult:
+    arr = np.array(len(n.seq(0)), dtype=np.int64)
+    # The length is static, so it can feed operands that must be constants.
+    n.ctx.consts[n.proto.output[0]] = arr
+    return [n.emit("constant", value=DenseAttr(arr))]
+
+
+def _split_to_sequence(n: OnnxNode) -> SeqResult:
+    x = n.input(0)
+    r = x.type.rank
+    axis = int(n.attr("axis", 0))
+    if not -r <= axis < r:
+        raise n.error(f"axis {axis} is outside [-{r}, {r - 1}] for input {x.type}")
+    axis = axis + r if axis < 0 else axis
+    size = x.type.shape[axis]
+    split = np.asarray(n.const(1, "the split")) if n.has_input(1) else None
+    if split is None or split.ndim == 0:
+        chunk = 1 if split is None else int(split)
+        if chunk <= 0:
+            raise n.error(f"a scalar split must be positive; got {chunk}")
+        # Chunks of `chunk`, the last one smaller when it does not divide the dim.
+        sizes = [min(chunk, size - k) for k in range(0, size, chunk)]
+    elif split.ndim == 1:
+        sizes = [int(s) for s in split]
+        if any(s < 0 for s in sizes) or sum(sizes) != size:
+            raise n.error(f"split sizes {sizes} must be non-negative and sum to the axis-{axis} dim {size}")
+    else:
+        raise n.error(f"the split must be a scalar or 1-D; got shape {list(split.shape)}")
+    if not sizes:
+        return [[]]
+    parts = n.emit("split", x, axis=axis, sizes=sizes) if len(sizes) > 1 else x
+    items = list(parts) if isinstance(parts, tuple) else [parts]
+    # keepdims applies only to the default split of 1 (ONNX ignores it when split is given).
+    if split is None and not int(n.attr("keepdims", 1)):
+        items = [n.emit("squeeze", t, axes=[axis]) for t in items]
+    return [items]
+
+
+def _concat_from_sequence(n: OnnxNode) -> SeqResult:
+    items = n.seq(0)
+    if not items:
+        raise n.error("cannot concatenate an empty sequence (the result's shape is unknown)")
+    r = items[0].type.rank
+    new_axis = bool(n.attr("new_axis", 0))
+    axis = int(n.attr("axis"))
+    hi = r if new_axis else r - 1
+    if not -(hi + 1) <= axis <= hi:
+        raise n.error(f"axis {axis} is outside [{-(hi + 1)}, {hi}] for rank-{r} tensors "
+                      f"{'with' if new_axis else 'without'} new_axis")
+    axis = axis + hi + 1 if axis < 0 else axis
+    if new_axis:
+        items = [n.emit("unsqueeze", t, axes=[axis]) for t in items]
+    return [n.emit("concat", *items, axis=axis) if len(items) > 1 else items[0]]
+
+
+ONNX_TO_PARTITA: dict[str, AnyConverter] = {
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _div,
     "Pow": _pow, "MatMul": _binary("matmul"),
     "Equal": _binary("equal"), "Less": _binary("less"), "Greater": _binary("greater"),
@@ -1020,6 +1152,10 @@ ONNX_TO_PARTITA: dict[str, Converter] = {
     "ConstantOfShape": _constant_of_shape, "Shape": _shape, "LRN": _lrn, "Pad": _pad,
     "Expand": _expand, "Tile": _tile, "Slice": _slice, "Shrink": _shrink,
     "InstanceNormalization": _instance_norm,
+    "SequenceConstruct": _sequence_construct, "SequenceEmpty": _sequence_empty,
+    "SequenceInsert": _sequence_insert, "SequenceErase": _sequence_erase, "SequenceAt": _sequence_at,
+    "SequenceLength": _sequence_length, "SplitToSequence": _split_to_sequence,
+    "ConcatFromSequence": _concat_from_sequence,
 }
 
 
@@ -1060,6 +1196,10 @@ def _opset(proto: Any, where: str) -> int:
 def _tensor_type(vi: Any, what: str, overrides: dict[str, Sequence[int]]) -> TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
+        if vi.type.HasField("sequence_type"):
+            raise OnnxImportError(f"{what} '{vi.name}' is a sequence: sequence-typed graph inputs/outputs "
+                                  "are not supported: partita's values are tensors (sequences built inside "
+                                  "the graph are unrolled at import time)")
         raise OnnxImportError(f"{what} '{vi.name}' is not a tensor (sequences, maps and optionals "
                               "are not supported)")
     dtype = _dtype(tt.elem_type, f"{what} '{vi.name}'")
@@ -1094,6 +1234,8 @@ class _Importer:
         self.b = Builder(self.graph)
         self.values: dict[str, Value] = {}
         self.consts: dict[str, np.ndarray] = {}
+        # Sequence-typed ONNX values, unrolled: each is a Python list of tensor Values.
+        self.seqs: dict[str, list[Value]] = {}
 
     def run(self, input_shapes: dict[str, Sequence[int]], static: dict[str, np.ndarray]) -> Graph:
         onnx = _onnx()
@@ -1129,6 +1271,10 @@ class _Importer:
             self._convert(i, node, expected)
         outs = []
         for vi in g.output:
+            if vi.name in self.seqs or vi.type.HasField("sequence_type"):
+                raise OnnxImportError(f"{self.where}: graph output '{vi.name}' is a sequence: sequence-typed "
+                                      "graph inputs/outputs are not supported: partita's values are tensors "
+                                      "(return its elements, or ConcatFromSequence, instead)")
             if vi.name not in self.values:
                 raise OnnxImportError(f"{self.where}: graph output '{vi.name}' is produced by no node "
                                       "(the model is malformed or truncated)")
@@ -1143,6 +1289,12 @@ class _Importer:
         for name in node.input:
             if name == "":
                 ins.append(None)
+            elif name in self.seqs:
+                if node.op_type not in SEQUENCE_OPERANDS or len(ins) not in SEQUENCE_OPERANDS[node.op_type]:
+                    raise OnnxImportError(f"{loc}: node '{node.name}' ({node.op_type}) reads sequence '{name}' as "
+                                          f"input {len(ins)}; the importer unrolls sequences only into "
+                                          f"{', '.join(sorted(SEQUENCE_OPERANDS))} (partita's values are tensors)")
+                ins.append(None)  # the converter reads it with n.seq(i)
             elif name in self.values:
                 ins.append(self.values[name])
             else:
@@ -1159,6 +1311,9 @@ class _Importer:
                 raise n.error(f"output {k} ('{name}') is not supported by the importer")
             v = outs[k]
             assert v is not None
+            if isinstance(v, list):
+                self.seqs[name] = v
+                continue
             if name in expected:
                 shape, elem = _known(expected[name])
                 want_dt = _ONNX_DTYPES.get(elem) if elem else None

@@ -497,3 +497,173 @@ def test_slice_zero_step_and_repeated_axis_are_refused():
         import_onnx(model([1, 0], [0, 1]))
     with pytest.raises(OnnxImportError, match=r"node 'sl' \(Slice\): axis 1 is sliced twice"):
         import_onnx(model([1, 1], [1, -1]))
+
+
+# --- sequences: unrolled at import time, compared with ONNX's reference evaluator ---------
+
+I64 = TensorProto.INT64
+
+
+def _check_against_reference(model, feeds: dict[str, np.ndarray]):
+    """Import, verify, run on both executors, and compare every output with
+    onnx.reference.ReferenceEvaluator (onnxruntime lacks some sequence ops' corner cases)."""
+    from onnx.reference import ReferenceEvaluator
+
+    g = import_onnx(model)
+    partita.verify(g)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    args = [feeds[v.name] for v in g.inputs if v.role == "input"]
+    got_np = partita.run(g, args, backend="numpy")
+    got_t = [t.detach().numpy() for t in partita.run(g, args, backend="torch")]
+    assert len(want) == len(got_np) == len(got_t)
+    for w, a, b in zip(want, got_np, got_t):
+        w = np.asarray(w)
+        assert a.dtype == w.dtype and a.shape == w.shape
+        np.testing.assert_array_equal(a, w)
+        np.testing.assert_array_equal(b, w)
+    return g
+
+
+def _seq_inputs(*shapes):
+    return ([helper.make_tensor_value_info(n, F, s) for n, s in zip("XYZ", shapes)],
+            {n: _rand(*s) for n, s in zip("XYZ", shapes)})
+
+
+def _out(name: str, elem: int = F):
+    return helper.make_tensor_value_info(name, elem, None)
+
+
+@pytest.mark.parametrize("pos", [0, 2, -1, -3])
+def test_sequence_construct_and_at_with_negative_positions(pos):
+    """SequenceAt reads the element at a constant position, negatives counted from the back."""
+    ins, feeds = _seq_inputs([2, 3], [1, 3], [4, 3])
+    model = _model([helper.make_node("SequenceConstruct", ["X", "Y", "Z"], ["s"]),
+                    helper.make_node("SequenceAt", ["s", "p"], ["y"], name="at")],
+                   ins, [_out("y")], [("p", np.array(pos, np.int64))])
+    _check_against_reference(model, feeds)
+
+
+@pytest.mark.parametrize("pos", [None, 0, 1, 2, -1, -2])
+def test_sequence_empty_and_insert_with_and_without_position(pos):
+    """SequenceInsert appends by default and inserts before a position in [-n, n] otherwise;
+    ConcatFromSequence shows the order of the whole sequence."""
+    ins, feeds = _seq_inputs([1, 3], [2, 3], [3, 3])
+    insert = (helper.make_node("SequenceInsert", ["s2", "Z"], ["s3"]) if pos is None else
+              helper.make_node("SequenceInsert", ["s2", "Z", "p"], ["s3"]))
+    model = _model([helper.make_node("SequenceEmpty", [], ["s0"], dtype=F),
+                    helper.make_node("SequenceInsert", ["s0", "X"], ["s1"]),
+                    helper.make_node("SequenceInsert", ["s1", "Y"], ["s2"]),
+                    insert,
+                    helper.make_node("ConcatFromSequence", ["s3"], ["y"], axis=0)],
+                   ins, [_out("y")], [] if pos is None else [("p", np.array(pos, np.int64))])
+    # The reference evaluator wraps position n around to the front, against the spec (n means
+    # the back, as onnxruntime does); that case is compared with onnxruntime instead.
+    g = _check_against_ort(model, feeds) if pos == 2 else _check_against_reference(model, feeds)
+    # The sequence is gone after import: only the concatenation reaches the graph.
+    assert [n.op for n in g.nodes] == ["concat"]
+
+
+@pytest.mark.parametrize("pos", [None, 0, 1, -1, -3])
+def test_sequence_erase_default_last_and_at_position(pos):
+    """SequenceErase drops the last element by default, else the one at a constant position
+    given by a Constant node."""
+    ins, feeds = _seq_inputs([1, 2], [2, 2], [3, 2])
+    nodes = [helper.make_node("SequenceConstruct", ["X", "Y", "Z"], ["s"])]
+    if pos is None:
+        nodes.append(helper.make_node("SequenceErase", ["s"], ["t"]))
+    else:
+        nodes += [helper.make_node("Constant", [], ["p"], value=numpy_helper.from_array(np.array(pos, np.int64))),
+                  helper.make_node("SequenceErase", ["s", "p"], ["t"])]
+    nodes.append(helper.make_node("ConcatFromSequence", ["t"], ["y"], axis=-2))
+    _check_against_reference(_model(nodes, ins, [_out("y")]), feeds)
+
+
+def test_sequence_length_is_a_constant_i64_scalar():
+    """SequenceLength is static after unrolling: an i64 scalar constant, usable in arithmetic."""
+    ins, feeds = _seq_inputs([2, 3])
+    model = _model([helper.make_node("SplitToSequence", ["X"], ["s"], axis=1),
+                    helper.make_node("SequenceLength", ["s"], ["n"]),
+                    helper.make_node("Sub", ["n", "one"], ["a"])],
+                   ins, [_out("n", I64), _out("a", I64)], [("one", np.array(1, np.int64))])
+    g = _check_against_reference(model, feeds)
+    assert g.outputs[0].producer.op == "constant" and str(g.outputs[0].type) == "i64[]"
+
+
+@pytest.mark.parametrize("split, axis, keepdims", [
+    (None, 0, 1), (None, -1, 0), (None, 1, 0),
+    (np.array(2, np.int64), 1, 1),                # scalar: chunks of 2, the last one smaller
+    (np.array(2, np.int64), 1, 0),                # keepdims is ignored when split is given
+    (np.array([1, 3, 1], np.int64), -1, 1),       # 1-D sizes
+])
+def test_split_to_sequence_matches_reference(split, axis, keepdims):
+    """SplitToSequence with the default split of 1 (keepdims honoured), a scalar split and
+    1-D sizes; the parts are read back with SequenceAt and ConcatFromSequence (new_axis)."""
+    ins, feeds = _seq_inputs([2, 5])
+    split_in = ["X"] if split is None else ["X", "sp"]
+    stack = dict(axis=axis, new_axis=1) if split is None and not keepdims else dict(axis=axis)
+    model = _model([helper.make_node("SplitToSequence", split_in, ["s"], axis=axis, keepdims=keepdims),
+                    helper.make_node("SequenceAt", ["s", "last"], ["y0"]),
+                    helper.make_node("SequenceLength", ["s"], ["n"]),
+                    helper.make_node("ConcatFromSequence", ["s"], ["y1"], **stack)],
+                   ins, [_out("y0"), _out("n", I64), _out("y1")],
+                   [("last", np.array(-1, np.int64))] + ([] if split is None else [("sp", split)]))
+    _check_against_reference(model, feeds)
+
+
+@pytest.mark.parametrize("axis, new_axis", [(1, 0), (-1, 0), (0, 1), (2, 1), (-1, 1), (-3, 1)])
+def test_concat_from_sequence_axis_and_new_axis(axis, new_axis):
+    """ConcatFromSequence concatenates (new_axis=0) or stacks (new_axis=1, axis in [-r-1, r])."""
+    ins, feeds = _seq_inputs([2, 3], [2, 3], [2, 3])
+    model = _model([helper.make_node("SequenceConstruct", ["X", "Y", "Z"], ["s"]),
+                    helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=axis, new_axis=new_axis)],
+                   ins, [_out("y")])
+    _check_against_reference(model, feeds)
+
+
+def test_sequence_graph_outputs_and_inputs_are_refused():
+    """A sequence that reaches a graph output or arrives as a graph input cannot be a
+    partita value: the error says so."""
+    ins, _ = _seq_inputs([2, 3])
+    seq_out = helper.make_tensor_sequence_value_info("s", F, [2, 3])
+    out_model = _model([helper.make_node("SequenceConstruct", ["X"], ["s"])], ins, [seq_out])
+    with pytest.raises(OnnxImportError, match="graph output 's' is a sequence: sequence-typed graph "
+                                              "inputs/outputs are not supported: partita's values are tensors"):
+        import_onnx(out_model)
+    in_model = _model([helper.make_node("SequenceAt", ["s", "p"], ["y"])],
+                      [seq_out], [_out("y")], [("p", np.array(0, np.int64))])
+    with pytest.raises(OnnxImportError, match="graph input 's' is a sequence: sequence-typed graph "
+                                              "inputs/outputs are not supported"):
+        import_onnx(in_model)
+
+
+def test_sequence_position_computed_at_run_time_is_refused_naming_the_node():
+    """Positions must be constants: one computed from a graph input is refused, naming the
+    node and the operand."""
+    ins, _ = _seq_inputs([2, 3], [2, 3])
+    model = _model([helper.make_node("SequenceConstruct", ["X", "Y"], ["s"]),
+                    helper.make_node("SequenceAt", ["s", "p"], ["y"], name="pick")],
+                   ins + [helper.make_tensor_value_info("p", I64, [])], [_out("y")])
+    with pytest.raises(OnnxImportError, match=r"node 'pick' \(SequenceAt\): the position \(input 1, 'p'\) "
+                                              "must be a constant initializer"):
+        import_onnx(model)
+
+
+def test_sequence_misuse_is_refused_naming_the_node():
+    """An out-of-range position, a sequence fed to a tensor op, and an element of another
+    dtype are each a located error."""
+    ins, _ = _seq_inputs([2, 3], [2, 3])
+    at = _model([helper.make_node("SequenceConstruct", ["X", "Y"], ["s"]),
+                 helper.make_node("SequenceAt", ["s", "p"], ["y"], name="at")],
+                ins, [_out("y")], [("p", np.array(2, np.int64))])
+    with pytest.raises(OnnxImportError, match=r"'at' \(SequenceAt\): position 2 is outside \[-2, 1\]"):
+        import_onnx(at)
+    relu = _model([helper.make_node("SequenceConstruct", ["X", "Y"], ["s"]),
+                   helper.make_node("Relu", ["s"], ["y"], name="act")], ins, [_out("y")])
+    with pytest.raises(OnnxImportError, match=r"'act' \(Relu\) reads sequence 's' as input 0"):
+        import_onnx(relu)
+    mixed = _model([helper.make_node("SequenceConstruct", ["X"], ["s"]),
+                    helper.make_node("SequenceInsert", ["s", "k"], ["t"], name="ins"),
+                    helper.make_node("ConcatFromSequence", ["t"], ["y"], axis=0)],
+                   ins[:1], [_out("y")], [("k", np.zeros((2, 3), np.int64))])
+    with pytest.raises(OnnxImportError, match=r"'ins' \(SequenceInsert\): a sequence of f32 tensors cannot hold a i64"):
+        import_onnx(mixed)

@@ -38,8 +38,6 @@ KNOWN_FAILURES: dict[str, str] = {
     # pytorch-operator
     # simple
     r"^test_gradient_of_add": "ai.onnx.preview.training::Gradient is a training op; the importer is inference only",
-    r"^test_sequence_model": "sequence types (SequenceConstruct/At/Insert/Erase, SplitToSequence, ...) are not "
-                             "tensors; partita has tensors only",
     r"^test_strnorm_model_": "StringNormalizer works on string tensors, which have no partita dtype",
 }
 
