@@ -29,7 +29,7 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from ..ir.diagnostics import PassError, VerifyError, suggest
+from ..ir.diagnostics import PartitaError, PassError, VerifyError, suggest
 from ..ir.graph import Graph, bulk_build
 from ..ir.printer import print_graph
 from ..ir.verifier import verify
@@ -376,10 +376,16 @@ class PassManager:
                 result = p.run(graph)
                 if not isinstance(result, Graph):
                     raise TypeError(f"run() returned {type(result).__name__}, not a Graph")
-            except Exception as e:  # any failure of a pass is reported with a reproducer
+            except PartitaError as e:
+                if isinstance(e, PassError):
+                    path = self._write_reproducer(p, snap, graph)
+                    raise PassError(f"pass '{name}' failed: {e}{_reproducer_note(path)}") from e
+                # The pass refused its input with a message of its own (a non-scalar loss for
+                # grad, ...): the user's graph is the reproducer, so none is written.
+                raise PassError(f"pass '{name}' failed: {type(e).__name__}: {e}") from e
+            except Exception as e:  # any other failure of a pass is a bug: reported with a reproducer
                 path = self._write_reproducer(p, snap, graph)
-                detail = str(e) if isinstance(e, PassError) else f"{type(e).__name__}: {e}"
-                raise PassError(f"pass '{name}' failed: {detail}{_reproducer_note(path)}") from e
+                raise PassError(f"pass '{name}' failed: {type(e).__name__}: {e}{_reproducer_note(path)}") from e
             seconds = time.perf_counter() - t0
             if self.verify_each:
                 try:

@@ -395,3 +395,18 @@ def test_every_param_gets_its_own_named_gradient(text):
     for outs in run_both(step, feed):
         for k in (1, 2):
             np.testing.assert_allclose(outs[k], 2.0 - 0.5 * grads[0], rtol=1e-6)
+
+
+def test_a_pass_refusing_its_input_writes_no_reproducer(tmp_path):
+    # The user's graph is the reproducer of a user error; the file is for compiler bugs.
+    from partita.passes.manager import PassManager
+
+    g = partita.parse("""graph @g(%w: f32[3] param) -> (f32[3]) {
+  %0 = mul(%w, %w) : f32[3]
+  return %0
+}
+""")
+    with pytest.raises(PartitaError, match=r"pass 'grad' failed: AutodiffError: .* must be a scalar") as e:
+        PassManager.parse("grad", reproducer_dir=tmp_path).run(g)
+    assert "reproducer" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
