@@ -16,6 +16,7 @@ from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaE
                  VerifyError, Weights, parse, parse_file, print_graph, verify)
 from .ir import dtypes  # noqa: F401
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
+from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,524 @@
+"""Sharding rules: how each op's operand placements determine its result placements.
+
+A rule is a function ``(operand types, attrs) -> DimSpec`` stored on the op record's
+``sharding`` field. A ``DimSpec`` labels every dimension of every operand and result, in the
+manner of an einsum: dims that carry the same label are the same index space and must be
+split the same way; a label that reaches a result passes its split on; a label in ``sums`` is
+contracted by a sum, so splitting it leaves each rank with a summand (the result is
+``partial`` over those axes); a dim labelled ``None`` may not be split at all.
+``result_placements`` applies a spec to concrete placements; the propagation, reshard and
+partition passes build on it. Ops without a rule are replicated by those passes.
+
+The rules live in this one table (like the vjp rules in ``autodiff/rules.py``); ``attach()``
+puts each into its record. See docs/parallel.md, "Sharding rules".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..ir.types import TensorType
+from ..ops.registry import OPS, broadcast_shapes, normalize_axes, normalize_axis
+from ..ops.shape import squeeze_axes, transpose_perm, unsqueeze_axes
+from .mesh import Mesh
+from .placement import Placement, PlacementError
+
+Labels = tuple  # tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    """The sharding rule of one op instance.
+
+    operands: a label per dim of each operand (None: that dim may not be split).
+    results: a label per dim of each result (None: that result dim is never split).
+    sums: labels present in operands but not in results, contracted by a sum: splitting one
+      makes the results partial over its axes.
+    linear: operands the op is linear in, so a partial operand may pass through as a partial
+      result. With ``joint`` false (mul, matmul), the op is linear in each of them separately:
+      exactly one operand may be partial over a given axis, the others not using that axis.
+      With ``joint`` true (add, sub, concat, where's branches), the op is linear in all of
+      them together: every operand of ``linear`` must be partial over the axis (add(x1, y) +
+      add(x2, y) is x + 2y, not x + y).
+    localize: ``(attrs, local operand types, global operand types) -> attrs`` for ops whose
+      attributes mention sizes of split dims (reshape, broadcast_to, squeeze without axes);
+      None means the global attributes are right for the local pieces.
+    Labels present in operands but neither in results nor in ``sums`` must stay unsplit (the
+    reduced dims of max/min/argmax, the axis of cumsum).
+    """
+
+    operands: tuple[Labels, ...]
+    results: tuple[Labels, ...]
+    sums: frozenset[str] = frozenset()
+    linear: frozenset[int] = frozenset()
+    joint: bool = False
+    localize: Callable[[dict, Sequence[TensorType], Sequence[TensorType]], dict] | None = \
+        field(default=None, compare=False)
+
+    def splittable(self) -> tuple[str, ...]:
+        """Labels that may be split, in order of first appearance in the operands."""
+        out: list[str] = []
+        keep = {lab for r in self.results for lab in r if lab is not None} | set(self.sums)
+        for labels in self.operands:
+            for lab in labels:
+                if lab is not None and lab in keep and lab not in out:
+                    out.append(lab)
+        return tuple(out)
+
+    def localize_attrs(self, attrs: dict, local: Sequence[TensorType], global_: Sequence[TensorType]) -> dict:
+        """The attributes a rank runs the op with on its local operands."""
+        return dict(attrs) if self.localize is None else self.localize(dict(attrs), local, global_)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Operand placements that the rule does not accept: ``operands`` are the operand
+    indices involved, ``label`` the label in question (or None), ``message`` says why."""
+
+    message: str
+    operands: tuple[int, ...] = ()
+    label: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | None],
+                      types: Sequence[TensorType], mesh: Mesh,
+                      result_types: Sequence[TensorType] | None = None) -> "list[Placement] | Conflict":
+    """Apply ``spec`` to the operands' placements (None: replicated).
+
+    Returns the result placements, or a ``Conflict`` saying which operands disagree or which
+    dim may not be split. With ``result_types``, the result placements are also checked to
+    divide their shapes (a reshape that splits a dim into an odd leading factor).
+    """
+    pls = [Placement.replicated(t.rank) if p is None else p for p, t in zip(operand_placements, types)]
+    if len(pls) != len(spec.operands):
+        return Conflict(f"the rule has {len(spec.operands)} operand(s) but {len(pls)} placements were given")
+    label_axes: dict[str, tuple[str, ...]] = {}
+    label_from: dict[str, tuple[int, int]] = {}
+    for i, (p, labels) in enumerate(zip(pls, spec.operands)):
+        if p.rank != len(labels):
+            return Conflict(f"operand {i} has rank {len(labels)} but its placement has {p.rank} dims", (i,))
+        for d, (lab, axes) in enumerate(zip(labels, p.dims)):
+            if lab is None:
+                if axes:
+                    return Conflict(f"dim {d} of operand {i} may not be split (it is split over "
+                                    f"{'@'.join(axes)}); the op needs it whole", (i,))
+                continue
+            if lab not in label_axes:
+                label_axes[lab], label_from[lab] = axes, (i, d)
+            elif label_axes[lab] != axes:
+                j, e = label_from[lab]
+                return Conflict(f"dim {e} of operand {j} ({_show(label_axes[lab])}) and dim {d} of operand {i} "
+                                f"({_show(axes)}) are the same index '{lab}' and must be split alike", (j, i), lab)
+    in_results = {lab for r in spec.results for lab in r if lab is not None}
+    for lab, axes in label_axes.items():
+        if axes and lab not in in_results and lab not in spec.sums:
+            i, d = label_from[lab]
+            return Conflict(f"dim {d} of operand {i} is reduced by a non-sum (index '{lab}') and may not be "
+                            f"split (it is split over {'@'.join(axes)})", (i,), lab)
+    # Partial operands: allowed only where the op is linear in them (see DimSpec.linear).
+    partial_axes: list[str] = []
+    for a in sorted({a for p in pls for a in p.partial}):
+        holders = tuple(i for i, p in enumerate(pls) if a in p.partial)
+        bad = [i for i in holders if i not in spec.linear]
+        if bad:
+            return Conflict(f"operand {bad[0]} is a partial sum over '{a}', but the op is not linear in it; "
+                            f"reduce it first", (bad[0],))
+        if spec.joint and set(holders) != set(spec.linear):
+            return Conflict(f"operands {sorted(holders)} are partial sums over '{a}' but the op is linear only in "
+                            f"operands {sorted(spec.linear)} together; make all of them partial over '{a}' or none",
+                            holders)
+        if not spec.joint and len(holders) > 1:
+            return Conflict(f"operands {list(holders)} are all partial sums over '{a}', but the op is linear in "
+                            f"one operand at a time; reduce all but one", holders)
+        users = [i for i, p in enumerate(pls) if i not in holders and a in p.axes_used()]
+        if users:
+            return Conflict(f"operand {users[0]} uses mesh axis '{a}' while operand {holders[0]} is a partial "
+                            f"sum over it; the other operands must be replicated over '{a}'", (users[0], holders[0]))
+        partial_axes.append(a)
+    for lab in spec.sums:
+        partial_axes.extend(label_axes.get(lab, ()))
+    out = [Placement(tuple(label_axes.get(lab, ()) if lab is not None else () for lab in labels),
+                     tuple(partial_axes)) for labels in spec.results]
+    if result_types is not None:
+        for k, (p, t) in enumerate(zip(out, result_types)):
+            try:
+                p.validate(t.shape, mesh, f"result {k}")
+            except PlacementError as e:
+                return Conflict(str(e))
+    return out
+
+
+def _show(axes: tuple[str, ...]) -> str:
+    return "@".join(axes) if axes else "unsplit"
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+RULES: dict[str, Callable[[list[TensorType], dict], DimSpec]] = {}
+
+
+def rule(*names: str):
+    def deco(fn):
+        for n in names:
+            RULES[n] = fn
+        return fn
+    return deco
+
+
+def _dims(t: TensorType, prefix: str = "d") -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(t.rank))
+
+
+def _broadcast_labels(ts: Sequence[TensorType], out: tuple[int, ...], prefix: str = "o") -> list[tuple]:
+    """Labels of operands broadcast to ``out``: aligned dims of equal size share the result
+    dim's label; a dim that broadcasts (size 1 against a larger one) may not be split."""
+    res = []
+    for t in ts:
+        off = len(out) - t.rank
+        res.append(tuple(f"{prefix}{off + i}" if n == out[off + i] else None for i, n in enumerate(t.shape)))
+    return res
+
+
+_ELEMENTWISE_LINEAR = {"add": ({0, 1}, True), "sub": ({0, 1}, True), "mul": ({0, 1}, False),
+                       "div": ({0}, False), "neg": ({0}, False), "where": ({1, 2}, True)}
+
+
+def _elementwise(name: str):
+    def fn(ts, attrs):
+        out = broadcast_shapes(*(t.shape for t in ts))
+        lin, joint = _ELEMENTWISE_LINEAR.get(name, (set(), False))
+        return DimSpec(tuple(_broadcast_labels(ts, out)), (tuple(f"o{i}" for i in range(len(out))),),
+                       linear=frozenset(lin), joint=joint)
+    return fn
+
+
+def _reduced(t: TensorType, attrs: dict) -> tuple[int, ...]:
+    axes = attrs.get("axes")
+    return tuple(range(t.rank)) if axes is None else tuple(normalize_axes(axes, t.rank, "reduce"))
+
+
+def _reduction(summed: bool, linear: bool):
+    def fn(ts, attrs):
+        (t,) = ts
+        red = _reduced(t, attrs)
+        labels = _dims(t)
+        res = tuple(None if i in red else labels[i] for i in range(t.rank) if attrs["keepdim"] or i not in red)
+        sums = frozenset(labels[i] for i in red) if summed else frozenset()
+        return DimSpec((labels,), (res,), sums, frozenset({0}) if linear else frozenset())
+    return fn
+
+
+# sum contracts by a sum; mean divides the local sum by the local count, so its reduced dims
+# stay whole (a partial mean would need a rescale); the others are not sums.
+RULES["sum"] = _reduction(True, True)
+RULES["mean"] = _reduction(False, True)
+for _n in ("max", "min", "prod", "argmax", "argmin"):
+    RULES[_n] = _reduction(False, False)
+
+
+@rule("cumsum")
+def _cumsum(ts, attrs):
+    (t,) = ts
+    ax = normalize_axis(attrs["axis"], t.rank, "cumsum")
+    labels = tuple(None if i == ax else f"d{i}" for i in range(t.rank))
+    return DimSpec((labels,), (labels,), linear=frozenset({0}))
+
+
+@rule("matmul")
+def _matmul(ts, attrs):
+    a, b = ts
+    ba = a.shape[:-2] if a.rank >= 2 else ()
+    bb = b.shape[:-2] if b.rank >= 2 else ()
+    batch = broadcast_shapes(ba, bb)
+    la, lb = _broadcast_labels([TensorType(ba, a.dtype), TensorType(bb, b.dtype)], batch, "b")
+    lhs = la + (("m", "k") if a.rank >= 2 else ("k",))
+    rhs = lb + (("k", "n") if b.rank >= 2 else ("k",))
+    res = tuple(f"b{i}" for i in range(len(batch))) + (("m",) if a.rank >= 2 else ()) + (("n",) if b.rank >= 2 else ())
+    return DimSpec((lhs, rhs), (res,), frozenset({"k"}), frozenset({0, 1}))
+
+
+@rule("transpose")
+def _transpose(ts, attrs):
+    (t,) = ts
+    labels = _dims(t)
+    perm = transpose_perm(t.rank, attrs["perm"])
+    return DimSpec((labels,), (tuple(labels[p] for p in perm),), linear=frozenset({0}))
+
+
+def _reshape_groups(ins: Sequence[int], outs: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """The blocks of a reshape: runs of input dims and output dims with equal products
+    (size-1 dims left out: they are never split)."""
+    ii = [i for i, n in enumerate(ins) if n != 1]
+    oo = [j for j, n in enumerate(outs) if n != 1]
+    groups = []
+    a = b = 0
+    while a < len(ii) and b < len(oo):
+        ga, gb = [ii[a]], [oo[b]]
+        pa, pb = ins[ii[a]], outs[oo[b]]
+        a, b = a + 1, b + 1
+        while pa != pb:
+            if pa < pb and a < len(ii):
+                pa *= ins[ii[a]]
+                ga.append(ii[a])
+                a += 1
+            elif pb < pa and b < len(oo):
+                pb *= outs[oo[b]]
+                gb.append(oo[b])
+                b += 1
+            else:
+                return []
+        groups.append((ga, gb))
+    return groups
+
+
+@rule("reshape")
+def _reshape(ts, attrs):
+    (t,) = ts
+    out = OPS["reshape"].infer_types([t], attrs)[0].shape
+    lin: list = [None] * t.rank
+    lout: list = [None] * len(out)
+    if 0 not in t.shape and 0 not in out:
+        for ga, gb in _reshape_groups(t.shape, out):
+            # An identity, a merge or a split: the leading dims of both sides cover the same
+            # contiguous rows, so splitting one by the mesh splits the other the same way.
+            if len(ga) == 1 or len(gb) == 1:
+                lin[ga[0]] = lout[gb[0]] = f"d{ga[0]}"
+
+    def localize(attrs, local, glob):
+        shape = list(out)
+        for j, lab in enumerate(lout):
+            if lab is not None:
+                i = int(lab[1:])
+                shape[j] = out[j] // (glob[0].shape[i] // local[0].shape[i])
+        return {**attrs, "shape": tuple(shape)}
+    return DimSpec((tuple(lin),), (tuple(lout),), linear=frozenset({0}), localize=localize)
+
+
+@rule("broadcast_to")
+def _broadcast_to(ts, attrs):
+    (t,) = ts
+    out = tuple(attrs["shape"])
+    (lin,) = _broadcast_labels([t], out)
+    lout = tuple(f"o{j}" if f"o{j}" in lin else None for j in range(len(out)))
+
+    def localize(attrs, local, glob):
+        off = len(out) - t.rank
+        shape = list(out)
+        for i, lab in enumerate(lin):
+            if lab is not None:
+                shape[off + i] = local[0].shape[i]
+        return {**attrs, "shape": tuple(shape)}
+    return DimSpec((lin,), (lout,), linear=frozenset({0}), localize=localize)
+
+
+@rule("squeeze")
+def _squeeze(ts, attrs):
+    (t,) = ts
+    drop = squeeze_axes(t, attrs["axes"])
+    labels = tuple(None if i in drop else f"d{i}" for i in range(t.rank))
+    # Without axes, squeeze drops every size-1 dim, and a split dim can be 1 long locally.
+    return DimSpec((labels,), (tuple(lab for lab in labels if lab is not None),), linear=frozenset({0}),
+                   localize=lambda a, local, glob: {**a, "axes": tuple(drop)})
+
+
+@rule("unsqueeze")
+def _unsqueeze(ts, attrs):
+    (t,) = ts
+    new = unsqueeze_axes(t.rank, attrs["axes"])
+    labels = _dims(t)
+    it = iter(labels)
+    res = tuple(None if j in new else next(it) for j in range(t.rank + len(new)))
+    return DimSpec((labels,), (res,), linear=frozenset({0}))
+
+
+def _except_axis(t: TensorType, axis: int) -> tuple:
+    return tuple(None if i == axis else f"d{i}" for i in range(t.rank))
+
+
+@rule("concat")
+def _concat(ts, attrs):
+    ax = normalize_axis(attrs["axis"], ts[0].rank, "concat")
+    labels = _except_axis(ts[0], ax)
+    return DimSpec(tuple(labels for _ in ts), (labels,), linear=frozenset(range(len(ts))), joint=True)
+
+
+@rule("split")
+def _split(ts, attrs):
+    (t,) = ts
+    labels = _except_axis(t, normalize_axis(attrs["axis"], t.rank, "split"))
+    return DimSpec((labels,), tuple(labels for _ in attrs["sizes"]), linear=frozenset({0}))
+
+
+@rule("slice")
+def _slice(ts, attrs):
+    (t,) = ts
+    labels = _except_axis(t, normalize_axis(attrs["axis"], t.rank, "slice"))
+    return DimSpec((labels,), (labels,), linear=frozenset({0}))
+
+
+@rule("pad")
+def _pad(ts, attrs):
+    (t,) = ts
+    p = attrs["pads"]
+    labels = tuple(None if p[2 * i] or p[2 * i + 1] else f"d{i}" for i in range(t.rank))
+    # A nonzero fill value would be counted once per summand.
+    return DimSpec((labels,), (labels,), linear=frozenset({0}) if attrs["value"] == 0 else frozenset())
+
+
+@rule("softmax", "log_softmax")
+def _softmax(ts, attrs):
+    (t,) = ts
+    labels = _except_axis(t, normalize_axis(attrs["axis"], t.rank, "softmax"))
+    return DimSpec((labels,), (labels,))
+
+
+@rule("softmax_grad", "log_softmax_grad")
+def _softmax_grad(ts, attrs):
+    labels = _except_axis(ts[0], normalize_axis(attrs["axis"], ts[0].rank, "softmax_grad"))
+    return DimSpec((labels, labels), (labels,), linear=frozenset({0}))
+
+
+@rule("layer_norm", "rms_norm")
+def _norm(ts, attrs):
+    x = ts[0]
+    axes = normalize_axes(attrs["axes"], x.rank, "norm")
+    labels = tuple(None if i in axes else f"d{i}" for i in range(x.rank))
+    return DimSpec((labels,) + tuple((None,) * t.rank for t in ts[1:]), (labels,))
+
+
+@rule("cast")
+def _cast(ts, attrs):
+    labels = _dims(ts[0])
+    return DimSpec((labels,), (labels,))
+
+
+@rule("dropout")
+def _dropout(ts, attrs):
+    (t,) = ts
+    # The training mask hashes the global element index, which a rank does not know.
+    labels = (None,) * t.rank if attrs["train"] else _dims(t)
+    return DimSpec((labels,), (labels,), linear=frozenset({0}))
+
+
+@rule("embedding")
+def _embedding(ts, attrs):
+    table, idx = ts
+    il = _dims(idx, "i")
+    return DimSpec(((None, "e"), il), (il + ("e",),), linear=frozenset({0}))
+
+
+@rule("gather")
+def _gather(ts, attrs):
+    x, idx = ts
+    ax = normalize_axis(attrs["axis"], x.rank, "gather")
+    # Outside the axis, a dim of the index smaller than the input's reads only a prefix of
+    # it: the two can then be split only one at a time (the index's with the input whole).
+    xl = tuple(f"d{i}" if i != ax and idx.shape[i] == x.shape[i] else None for i in range(x.rank))
+    il = tuple(f"d{i}" if i != ax and idx.shape[i] == x.shape[i] else f"i{i}" for i in range(idx.rank))
+    return DimSpec((xl, il), (il,), linear=frozenset({0}))
+
+
+@rule("index_select")
+def _index_select(ts, attrs):
+    x, idx = ts
+    ax = normalize_axis(attrs["axis"], x.rank, "index_select")
+    xl = _except_axis(x, ax)
+    return DimSpec((xl, ("j",)), (xl[:ax] + ("j",) + xl[ax + 1:],), linear=frozenset({0}))
+
+
+@rule("cross_entropy")
+def _cross_entropy(ts, attrs):
+    logits, target = ts
+    cdim = 1 if logits.rank >= 2 else 0
+    tl = _dims(target, "t")
+    red = attrs["reduction"]
+    if red == "mean":
+        # The mean divides by the global count of kept targets, which no rank has.
+        tl = (None,) * target.rank
+    ll = tl[:cdim] + (None,) + tl[cdim:]
+    if red == "none":
+        return DimSpec((ll, tl), (tl,))
+    return DimSpec((ll, tl), ((),), frozenset(lab for lab in tl if lab is not None))
+
+
+@rule("conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d")
+def _conv(ts, attrs):
+    x = ts[0]
+    xl = ("n",) + (None,) * (x.rank - 1)
+    lin = frozenset({0, 1}) if len(ts) == 2 else frozenset()
+    return DimSpec((xl,) + tuple((None,) * t.rank for t in ts[1:]), (xl,), linear=lin)
+
+
+def _pool(n_results: int, linear: bool):
+    def fn(ts, attrs):
+        (x,) = ts
+        xl = ("n", "c") + (None,) * (x.rank - 2)
+        return DimSpec((xl,), (xl,) * n_results, linear=frozenset({0}) if linear else frozenset())
+    return fn
+
+
+for _n in ("max_pool2d", "max_pool3d"):
+    RULES[_n] = _pool(1, False)
+for _n in ("max_pool2d_with_indices", "max_pool3d_with_indices"):
+    RULES[_n] = _pool(2, False)
+for _n in ("avg_pool2d", "avg_pool3d"):
+    RULES[_n] = _pool(1, True)
+
+
+@rule("batch_norm")
+def _batch_norm(ts, attrs):
+    x = ts[0]
+    if attrs["training"]:
+        # Batch statistics reduce over every dim but the channels.
+        xl = (None, "c") + (None,) * (x.rank - 2)
+        return DimSpec((xl,) + (("c",),) * 4, (xl, ("c",), ("c",)))
+    xl = ("n", "c") + tuple(f"s{i}" for i in range(2, x.rank))
+    return DimSpec((xl,) + (("c",),) * 4, (xl,))
+
+
+@rule("attention")
+def _attention(ts, attrs):
+    q = ts[0]
+    lead = q.shape[:-2]
+    bl = tuple(f"b{i}" for i in range(len(lead)))
+    qkv = bl + (None, None)
+    ops = [qkv, qkv, qkv]
+    if len(ts) > 3:
+        scores = lead + (q.shape[-2], ts[1].shape[-2])
+        (ml,) = _broadcast_labels([ts[3]], scores, "b")
+        n = ts[3].rank
+        ops.append(tuple(lab if i < n - 2 else None for i, lab in enumerate(ml)))
+    return DimSpec(tuple(ops), (qkv, bl + (None,)))
+
+
+@rule("adamw_update", "sgd_update")
+def _optimizer_update(ts, attrs):
+    labels = _dims(ts[0])
+    ops = tuple(labels if t.rank == len(labels) and t.shape == ts[0].shape else (None,) * t.rank for t in ts)
+    n_res = 3 if len(ts) == 5 else (2 if len(ts) == 3 else 1)
+    return DimSpec(ops, (labels,) * n_res)
+
+
+def attach() -> None:
+    """Put every rule into its op record's ``sharding`` field (idempotent); elementwise ops
+    get the broadcast rule unless the table has one."""
+    for name, op in OPS.items():
+        fn = RULES.get(name)
+        if fn is None and op.elementwise:
+            fn = _elementwise(name)
+        if fn is not None:
+            object.__setattr__(op, "sharding", fn)
+
+
+def sharding_spec(op: str, types: Sequence[TensorType], attrs: dict) -> DimSpec | None:
+    """The DimSpec of ``op`` on operands of ``types`` (attrs normalized), or None when the op
+    has no rule (the passes replicate it)."""
+    fn = OPS[op].sharding
+    return None if fn is None else fn(list(types), attrs)
+
+
+attach()
