@@ -16,6 +16,8 @@ holds, the result what that rank gets back.
   concatenated along ``concat_dim`` in member order.
 - ``broadcast(x) {axis, group_size, root=0}``: everyone gets member ``root``'s value (``root``
   is a position in the group, not a global rank).
+- ``shard_slice(x) {axis, group_size, dim}``: member i keeps piece i of its own value split
+  along ``dim`` (replicated -> split; nothing is sent, but the result depends on the rank).
 
 ``op`` is one of sum, max, min, avg (avg needs a float dtype). Members are ordered by their
 coordinate along the axis. Point-to-point send/recv (pipeline stages) are not here yet.
@@ -358,3 +360,45 @@ _collective("all_to_all", _all_to_all_infer, _all_to_all_np, _all_to_all_torch,
             "along concat_dim in member order")
 _collective("broadcast", _broadcast_infer, _broadcast_np, _broadcast_torch, (AttrSpec("root", "int", 0),),
             _broadcast_cost, "every member gets the value of member root (a position in the group)")
+
+
+# --- shard_slice: the replicated -> split transition ------------------------------------------
+# Every rank already holds the whole value, so each keeps its own piece and nothing moves.
+# It is still rank-dependent (the piece is the rank's coordinate along ``axis``), so it is a
+# collective by declaration: passes must neither merge two ranks' slices nor hoist one out
+# of the place the reshard planner put it.
+
+def _shard_slice_infer(ts, attrs):
+    (t,) = ts
+    _check_group("shard_slice", t, attrs)
+    d = normalize_axis(attrs["dim"], t.rank, "shard_slice", "dim")
+    shape = list(t.shape)
+    shape[d] = _split_size("shard_slice", "dim", t.shape, d, attrs)
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _shard_slice_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "shard_slice", attrs)
+    d = attrs["dim"] % xs[0].ndim
+    return [np.split(x, len(xs), axis=d)[i].copy() for i, x in enumerate(xs)]
+
+
+def _shard_slice_torch(args, attrs):
+    (x,) = args
+    n = attrs["group_size"]
+    if n == 1:
+        return x.clone()
+    dist = _dist()
+    g = _group("shard_slice", attrs)
+    # The group rank is the coordinate along the axis (comm.new_mesh_groups keeps them equal).
+    coord = dist.get_group_rank(g, dist.get_rank())
+    return torch.chunk(x, n, dim=attrs["dim"] % x.dim())[coord].clone(memory_format=torch.contiguous_format)
+
+
+def _shard_slice_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    return Cost(0, 0, 0)  # a local view: no rank sends or receives anything
+
+
+_collective("shard_slice", _shard_slice_infer, _shard_slice_np, _shard_slice_torch, (AttrSpec("dim", "int"),),
+            _shard_slice_cost, "every member keeps piece i (i = its coordinate along axis) of its value split "
+            "along dim into group_size pieces; no communication")
