@@ -4,5 +4,6 @@ per-rank SPMD programs (being built; see docs/parallel.md)."""
 from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
 from . import sharding  # noqa: F401  (attaches the sharding rules to the op records)
+from . import propagate as _propagate  # noqa: F401  (registers the propagate pass)
 
 __all__ = ["Mesh", "MeshError", "Placement", "PlacementError"]

@@ -81,7 +81,8 @@ def run_plan(shape, have: Placement, want: Placement, mesh: Mesh, seed: int = 0,
         if integer:  # integer-valued f32 sums are exact
             assert np.array_equal(got, expect), f"rank {r}: {have} -> {want}\n{print_graph(g)}"
         else:
-            np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-6, err_msg=f"rank {r}: {have} -> {want}")
+            # f32 sums of random partial summands round at a few ulps of the summands, not the sum
+            np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=f"rank {r}: {have} -> {want}")
     return steps
 
 

@@ -1,0 +1,380 @@
+"""Placement propagation: from the placements a user annotates to a placement on every value.
+
+The input is a global graph with a mesh (``graph.mesh``) and placements on some values (the
+annotations: inputs, node results). Annotated values are fixed. The rest are filled in by a
+fixed point of three sweeps, each of which only places values that have no placement yet (so
+the iteration ends after at most one round per value):
+
+- forward: a node whose operands are all placed gets its results from its sharding rule
+  (``result_placements``); an op without a rule gets replicated results;
+- backward: a node with unplaced operands and some placed results or operands gives each
+  unplaced operand the split its rule ties to the placed ones (an operand dim takes the axes
+  of the result or operand dim with the same label; unlabelled dims stay whole; no partial);
+- default: when neither sweep places anything, the unplaced graph inputs (and constants) are
+  replicated, which starts the forward sweep again.
+
+A node whose operand placements its rule does not accept (a ``Conflict``), or whose result
+was placed (annotated, or by a consumer) otherwise than its operands imply, is resolved
+without failing: candidate operand placements are built from the labels of each operand and
+of the results, each priced by the reshard planner (bytes each rank sends), and the cheapest
+is kept. Every operand that must change is recorded as a ``ReshardNeed``, which is what the
+reshard pass turns into collectives. Partial results stay partial: the pending sum is
+reduced only where a consumer needs it whole, and that consumer records the need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..ir.diagnostics import PartitaError
+from ..ir.graph import Graph, Node, Value
+from ..ir.printer import _Printer
+from ..passes.manager import Pass, register_pass
+from .mesh import Mesh, MeshError
+from .placement import Placement, PlacementError
+from .reshard import ReshardError, plan_bytes, plan_reshard
+from .sharding import Conflict, DimSpec, result_placements, sharding_spec
+
+
+class PropagationError(PartitaError):
+    """Propagation cannot start: no mesh, or an annotation that does not fit its value."""
+
+
+@dataclass(frozen=True)
+class ReshardNeed:
+    """A value that must change placement on its way into a node.
+
+    ``operand`` is the operand index of ``consumer`` that reads ``value``; None means the
+    node's own result ``value``, which was placed (annotated) otherwise than the node
+    produces it. ``bytes`` is what each rank sends over the planned collectives; ``node``
+    is the consumer itself (for passes; the text names it).
+    """
+
+    value: str
+    consumer: str
+    operand: int | None
+    have: Placement
+    want: Placement
+    bytes: int
+    node: Node | None = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        where = f"operand {self.operand} of {self.consumer}" if self.operand is not None else \
+            f"result of {self.consumer}"
+        return f"%{self.value} -> {where}: {self.have} -> {self.want}, {self.bytes} bytes sent per rank"
+
+
+@dataclass
+class PropagationReport:
+    """What propagation decided: each value's placement (by printed name, as text), the
+    reshards the placements imply, and the nodes replicated for lack of a sharding rule."""
+
+    mesh: Mesh
+    placements: dict[str, str] = field(default_factory=dict)
+    reshards: list[ReshardNeed] = field(default_factory=list)
+    replicated: list[str] = field(default_factory=list)
+    rounds: int = 0
+
+    @property
+    def reshard_bytes(self) -> int:
+        """Bytes each rank sends over all recorded reshards."""
+        return sum(r.bytes for r in self.reshards)
+
+    def text(self) -> str:
+        """A human-readable summary."""
+        lines = [f"placements on {self.mesh} ({self.rounds} rounds):"]
+        lines += [f"  %{name}: {p}" for name, p in self.placements.items()]
+        lines.append(f"reshards needed: {len(self.reshards)} ({self.reshard_bytes} bytes sent per rank)")
+        lines += [f"  {r}" for r in self.reshards]
+        lines.append(f"replicated: no sharding rule: {len(self.replicated)}")
+        lines += [f"  {n}" for n in self.replicated]
+        return "\n".join(lines)
+
+
+def propagate(graph: Graph, mesh: Mesh | str | None = None) -> PropagationReport:
+    """Give every value of ``graph`` a placement (in place) and report the decisions.
+
+    ``mesh`` sets ``graph.mesh`` when the graph has none. Raises PropagationError without a
+    mesh, or when an annotated placement does not fit its value.
+    """
+    if graph.mesh is None:
+        if mesh is None:
+            raise PropagationError(f"@{graph.name}: propagation needs a device mesh, and the graph has none; "
+                                   "set graph.mesh or pass mesh=... (e.g. mesh='dp=2,tp=2')")
+        try:
+            graph.mesh = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
+        except MeshError as e:
+            raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
+    return _Propagator(graph, graph.mesh).run()
+
+
+class _Propagator:
+    def __init__(self, graph: Graph, mesh: Mesh) -> None:
+        self.g = graph
+        self.mesh = mesh
+        printer = _Printer(graph)
+        printer.assign_names()
+        self.names = printer.names
+        self.nodes = list(graph.nodes)
+        self.pl: dict[Value, Placement] = {}
+        self.specs: dict[Node, DimSpec | None] = {}
+        self.report = PropagationReport(mesh)
+
+    # --- helpers ---------------------------------------------------------------------------
+    def name(self, v: Value) -> str:
+        return self.names.get(v, "?")
+
+    def describe(self, node: Node) -> str:
+        res = ", ".join(f"%{self.name(r)}" for r in node.results)
+        return f"{res + ' = ' if res else ''}{node.op}"
+
+    def spec(self, node: Node) -> DimSpec | None:
+        if node not in self.specs:
+            self.specs[node] = sharding_spec(node.op, [v.type for v in node.operands], node.attrs)
+        return self.specs[node]
+
+    def fits(self, p: Placement, v: Value) -> bool:
+        try:
+            p.validate(v.type.shape, self.mesh)
+        except PlacementError:
+            return False
+        return True
+
+    def cost(self, v: Value, have: Placement, want: Placement) -> int | None:
+        """Bytes sent per rank to turn ``have`` into ``want`` for ``v``; None if impossible."""
+        if have == want:
+            return 0
+        try:
+            return plan_bytes(plan_reshard(v.type.shape, v.type.dtype, have, want, self.mesh, f"%{self.name(v)}"))
+        except (ReshardError, PlacementError):
+            return None
+
+    # --- the fixed point -----------------------------------------------------------------------
+    def run(self) -> PropagationReport:
+        for v in self.g.values():
+            if v.placement is not None:
+                try:
+                    v.placement.validate(v.type.shape, self.mesh, f"%{self.name(v)}")
+                except PlacementError as e:
+                    raise PropagationError(f"the placement {v.placement} annotated on %{self.name(v)} does not fit "
+                                           f"it: {e}; fix the annotation or drop it to let propagation choose") from e
+                self.pl[v] = v.placement
+        rounds = 0
+        while True:
+            rounds += 1
+            if self.forward() or self.backward() or self.default():
+                continue
+            break
+        self.report.rounds = rounds
+        self.resolve_all()
+        for v in self.g.values():
+            v.placement = self.pl[v]
+            self.report.placements[self.name(v)] = str(self.pl[v])
+        return self.report
+
+    def forward(self) -> bool:
+        changed = False
+        for node in self.nodes:
+            if any(r not in self.pl for r in node.results) and all(o in self.pl for o in node.operands):
+                spec = self.spec(node)
+                if spec is None:
+                    res = [Placement.replicated(r.type.rank) for r in node.results]
+                else:
+                    got = result_placements(spec, [self.pl[o] for o in node.operands],
+                                            [o.type for o in node.operands], self.mesh,
+                                            [r.type for r in node.results])
+                    # A conflict is settled (and priced) after the fixed point; meanwhile
+                    # the results take what the cheapest resolution gives.
+                    res = self.choose(node, spec)[0] if isinstance(got, Conflict) else got
+                for r, p in zip(node.results, res):
+                    if r not in self.pl:
+                        self.pl[r] = p
+                changed = True
+        return changed
+
+    def backward(self) -> bool:
+        # Graph inputs first: a node result left to the forward sweep takes what its
+        # producer implies, which costs no reshard there.
+        return self.backward_sweep(inputs_only=True) or self.backward_sweep(inputs_only=False)
+
+    def backward_sweep(self, inputs_only: bool) -> bool:
+        changed = False
+        for node in reversed(self.nodes):
+            missing = [i for i, o in enumerate(node.operands)
+                       if o not in self.pl and (o.is_input or not inputs_only)]
+            if not missing:
+                continue
+            known = any(r in self.pl for r in node.results) or any(o in self.pl for o in node.operands)
+            if not known:
+                continue
+            spec = self.spec(node)
+            labels = self.label_axes(node, spec, results_first=True) if spec is not None else {}
+            for i in missing:
+                o = node.operands[i]
+                if o in self.pl:  # the same value twice among the operands
+                    continue
+                want = Placement.replicated(o.type.rank) if spec is None else \
+                    self.operand_placement(spec.operands[i], labels, o)
+                self.pl[o] = want
+            changed = True
+        return changed
+
+    def default(self) -> bool:
+        changed = False
+        for v in self.g.inputs:
+            if v not in self.pl:
+                self.pl[v] = Placement.replicated(v.type.rank)
+                changed = True
+        if not changed:
+            # Values unreachable from the inputs (a graph of constants): replicate the first.
+            for node in self.nodes:
+                for r in node.results:
+                    if r not in self.pl:
+                        self.pl[r] = Placement.replicated(r.type.rank)
+                        return True
+        return changed
+
+    # --- labels ------------------------------------------------------------------------------------
+    def label_axes(self, node: Node, spec: DimSpec, results_first: bool,
+                   first: int | None = None) -> dict[str, tuple[str, ...]]:
+        """Mesh axes per label, read from the placed results and operands (``first`` operand
+        first, or the results first) without using a mesh axis twice."""
+        res: list[tuple[tuple, Placement]] = \
+            [(lab, self.pl[r]) for lab, r in zip(spec.results, node.results) if r in self.pl]
+        order = list(range(len(node.operands)))
+        if first is not None:
+            order.remove(first)
+            order.insert(0, first)
+        ops = [(spec.operands[i], self.pl[node.operands[i]]) for i in order if node.operands[i] in self.pl]
+        sources = res + ops if results_first else ops
+        allowed = {lab for r in spec.results for lab in r if lab is not None} | set(spec.sums)
+        out: dict[str, tuple[str, ...]] = {}
+        used: set[str] = set()
+        for labels, p in sources:
+            for lab, axes in zip(labels, p.dims):
+                if lab is None or lab in out or lab not in allowed or not axes or used & set(axes):
+                    continue
+                out[lab] = axes
+                used |= set(axes)
+        return out
+
+    def operand_placement(self, labels: Sequence, label_axes: dict[str, tuple[str, ...]], v: Value,
+                          partial: tuple[str, ...] = ()) -> Placement:
+        dims = []
+        for d, lab in enumerate(labels):
+            axes = label_axes.get(lab, ()) if lab is not None else ()
+            if axes and v.type.shape[d] % math.prod(self.mesh.axis_size(a) for a in axes):
+                axes = ()
+            dims.append(axes)
+        return Placement(tuple(dims), partial)
+
+    # --- conflicts -------------------------------------------------------------------------------
+    def candidates(self, node: Node, spec: DimSpec) -> list[list[Placement]]:
+        """Operand placements to try for ``node``: the labels of the results first, then of
+        each operand first, then nothing split; each with the operands' partial sums kept,
+        kept for one operand, or dropped."""
+        maps = []
+        if all(r in self.pl for r in node.results):
+            maps.append(self.label_axes(node, spec, results_first=True))
+        maps += [self.label_axes(node, spec, results_first=False, first=i) for i in range(len(node.operands))]
+        maps.append({})
+        have = [self.pl[o] for o in node.operands]
+        # An axis a conflict takes off one dim may split another dim the rule allows
+        # (a softmax split on its axis goes to a batch dim: one all_to_all, not a gather).
+        allowed = [lab for lab in spec.splittable() if lab not in spec.sums]
+        for m in list(maps):
+            used = {a for axes in m.values() for a in axes}
+            for a in dict.fromkeys(a for p in (self.pl[o] for o in node.operands) for axes in p.dims for a in axes):
+                if a not in used:
+                    maps += [{**m, lab: (a,)} for lab in allowed if lab not in m]
+        out: list[list[Placement]] = []
+        for m in maps:
+            used = {a for axes in m.values() for a in axes}
+            keeps: list[list[tuple[str, ...]]] = [[tuple(a for a in p.partial if a not in used) for p in have]]
+            keeps += [[keeps[0][i] if j == i else () for j in range(len(have))] for i in range(len(have))]
+            keeps.append([() for _ in have])
+            for keep in keeps:
+                cand = [self.operand_placement(spec.operands[i], m, o, keep[i]) for i, o in enumerate(node.operands)]
+                if cand not in out:
+                    out.append(cand)
+        return out
+
+    def choose(self, node: Node, spec: DimSpec) -> tuple[list[Placement], list[Placement], int]:
+        """The cheapest accepted operand placements: (results, operand wants, bytes). A
+        result placed otherwise than produced adds its own reshard to the price."""
+        best: tuple[int, int, list[Placement], list[Placement]] | None = None
+        for k, wants in enumerate(self.candidates(node, spec)):
+            got = result_placements(spec, wants, [o.type for o in node.operands], self.mesh,
+                                    [r.type for r in node.results])
+            if isinstance(got, Conflict):
+                continue
+            total = 0
+            for o, w in zip(node.operands, wants):
+                c = self.cost(o, self.pl[o], w)
+                if c is None:
+                    break
+                total += c
+            else:
+                for r, p in zip(node.results, got):
+                    if r in self.pl:
+                        c = self.cost(r, p, self.pl[r])
+                        total += c if c is not None else 1 << 62
+                key = (total, k)
+                if best is None or key < best[:2]:
+                    best = (total, k, got, wants)
+        if best is None:  # unreachable: replicating every operand is always accepted
+            raise PropagationError(f"no placement of the operands of {self.describe(node)} satisfies its sharding rule")
+        return best[2], best[3], best[0]
+
+    def resolve_all(self) -> None:
+        """Check every node against its rule; record the reshards that make it hold."""
+        for node in self.nodes:
+            spec = self.spec(node)
+            if spec is None:
+                self.report.replicated.append(f"{self.describe(node)}: replicated: no sharding rule")
+                wants = [Placement.replicated(o.type.rank) for o in node.operands]
+                got = [Placement.replicated(r.type.rank) for r in node.results]
+            else:
+                have = [self.pl[o] for o in node.operands]
+                got_or = result_placements(spec, have, [o.type for o in node.operands], self.mesh,
+                                           [r.type for r in node.results])
+                if not isinstance(got_or, Conflict) and all(self.pl[r] == p for r, p in zip(node.results, got_or)):
+                    continue
+                got, wants, _ = self.choose(node, spec)
+            for i, (o, w) in enumerate(zip(node.operands, wants)):
+                if self.pl[o] != w:
+                    self.need(o, node, i, self.pl[o], w)
+            for r, p in zip(node.results, got):
+                if self.pl[r] != p:
+                    self.need(r, node, None, p, self.pl[r])
+
+    def need(self, v: Value, node: Node, operand: int | None, have: Placement, want: Placement) -> None:
+        c = self.cost(v, have, want)
+        if c is None:
+            raise PropagationError(
+                f"%{self.name(v)} is placed as {want}, but {self.describe(node)} produces it as {have} and no "
+                f"collective gets there (a pending sum cannot be created); change the annotation of %{self.name(v)}")
+        self.report.reshards.append(ReshardNeed(self.name(v), self.describe(node), operand, have, want, c, node))
+
+
+@register_pass
+class PropagatePass(Pass):
+    """``propagate``: place every value from the annotated ones (see ``propagate``). The
+    report of the last run is ``self.report``. Option ``mesh`` (``dp:2,tp:2`` or
+    ``dp=2,tp=2``) is used when the graph has no mesh."""
+
+    name = "propagate"
+
+    @dataclass
+    class Options:
+        mesh: str = ""
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.report: PropagationReport | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        self.report = propagate(graph, self.options.mesh or None)
+        return graph
