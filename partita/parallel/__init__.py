@@ -5,5 +5,6 @@ from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
 from . import sharding  # noqa: F401  (attaches the sharding rules to the op records)
 from . import propagate as _propagate  # noqa: F401  (registers the propagate pass)
+from . import partition as _partition  # noqa: F401  (registers the partition pass)
 
 __all__ = ["Mesh", "MeshError", "Placement", "PlacementError"]

@@ -1,0 +1,282 @@
+"""The partition pass: from a placed global graph to the per-rank (SPMD) program.
+
+The input is a global graph with a mesh and a placement on every value (what ``propagate``
+leaves). The output is a new graph that every rank runs: inputs with the local shapes of
+their placements (same names and roles), each node re-emitted on local operands with
+localized attributes, and collectives (``apply_reshard``) wherever an operand is not placed
+the way its consumer's sharding rule accepts. The decisions where to reshard are
+propagation's own (its ``ReshardNeed``s, recomputed on a copy of the graph), so partition and
+propagate never disagree; an operand pair that the rule still rejects is resolved by
+replicating the conflicting operand. Graph outputs keep their placement (each rank returns
+its piece), except pending sums, which are all-reduced so every output is a proper shard.
+
+The per-rank graph keeps ``graph.mesh`` but no placements: the text form reads a type with
+placements as a global type (``f32[8@dp]`` is a tensor of 8 split in two), so a local shape
+carrying its global placement would read back as a different tensor, and the verifier
+rejects a local dim that no longer divides. The report keeps each value's placement instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..ir.builder import Builder
+from ..ir.diagnostics import PartitaError
+from ..ir.graph import Graph, Node, Value
+from ..ir.printer import _Printer
+from ..ir.types import TensorType
+from ..passes.manager import Pass, register_pass
+from .mesh import Mesh
+from .placement import Placement
+from .propagate import ReshardNeed, propagate
+from .reshard import Step, apply_reshard, plan_reshard
+from .sharding import Conflict, result_placements, sharding_spec
+
+
+class PartitionError(PartitaError):
+    """The graph cannot be partitioned: no mesh, an unplaced value, a partial weight."""
+
+
+@dataclass(frozen=True)
+class InsertedCollective:
+    """One collective the partition inserted, and why: ``value`` (printed name in the global
+    graph) placed ``have`` must reach ``consumer`` (operand ``operand``; None for a node's
+    own result or a graph output) as ``want``; ``bytes`` is what each rank sends."""
+
+    op: str
+    axis: str
+    value: str
+    consumer: str
+    operand: int | None
+    have: Placement
+    want: Placement
+    bytes: int
+
+    def __str__(self) -> str:
+        where = f"operand {self.operand} of {self.consumer}" if self.operand is not None else self.consumer
+        return f"{self.op} over {self.axis}: %{self.value} -> {where} ({self.have} -> {self.want}), {self.bytes} bytes sent per rank"
+
+
+@dataclass
+class PartitionReport:
+    """What the partition inserted, and each global value's placement (as text), which the
+    per-rank graph itself does not carry."""
+
+    mesh: Mesh
+    collectives: list[InsertedCollective] = field(default_factory=list)
+    placements: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes each rank sends over all inserted collectives."""
+        return sum(c.bytes for c in self.collectives)
+
+    def count(self, op: str, axis: str | None = None) -> int:
+        """How many ``op`` collectives (over ``axis``, if given) were inserted."""
+        return sum(1 for c in self.collectives if c.op == op and (axis is None or c.axis == axis))
+
+    def text(self) -> str:
+        """A human-readable summary."""
+        lines = [f"partition on {self.mesh}: {len(self.collectives)} collective(s), {self.bytes} bytes sent per rank"]
+        lines += [f"  {c}" for c in self.collectives]
+        return "\n".join(lines)
+
+
+def partition(graph: Graph) -> Graph:
+    """The per-rank program of ``graph`` (a new graph; ``graph`` is not changed).
+
+    Raises PartitionError without a mesh or when a value has no placement. The report of
+    the inserted collectives is ``partition_with_report``'s second result.
+    """
+    return partition_with_report(graph)[0]
+
+
+def partition_with_report(graph: Graph) -> tuple[Graph, PartitionReport]:
+    """``partition`` plus the report of every inserted collective (producer, consumer, bytes)."""
+    return _Partitioner(graph).run()
+
+
+def local_piece(array: Any, placement: Placement | None, mesh: Mesh, rank: int, what: str = "the tensor") -> np.ndarray:
+    """The piece of the global ``array`` that ``rank`` holds under ``placement`` (None:
+    replicated). A split dim is cut by its axes major to minor. Pending sums have no single
+    piece per rank: PartitionError."""
+    arr = np.asarray(array)
+    p = Placement.replicated(arr.ndim) if placement is None else placement
+    if p.partial:
+        raise PartitionError(f"{what} is placed as {p}, a pending sum over {', '.join(p.partial)}: a global array "
+                             "has no unique summands to hand out; place it replicated or split instead")
+    p.validate(arr.shape, mesh, what)
+    index: list[slice] = []
+    for n, axes in zip(arr.shape, p.dims):
+        k = 0
+        for a in axes:
+            k = k * mesh.axis_size(a) + mesh.coord(rank, a)
+        size = n // math.prod(mesh.axis_size(a) for a in axes)
+        index.append(slice(k * size, (k + 1) * size))
+    return arr[tuple(index)]
+
+
+def shard_weights(global_graph: Graph, weights: Mapping[str, Any], mesh: Mesh | str | None = None) -> list[dict[str, np.ndarray]]:
+    """Each rank's local pieces of the param/state arrays in ``weights``, cut per their
+    placements in ``global_graph`` (rank order row-major over the mesh). Arrays of names
+    that are not param/state inputs are left out; a partial placement is a PartitionError."""
+    m = Mesh.of(mesh) if mesh is not None else global_graph.mesh
+    if m is None:
+        raise PartitionError(f"@{global_graph.name}: shard_weights needs a mesh; the graph has none, so pass mesh=...")
+    held = [(v.name, v.placement) for v in global_graph.inputs
+            if v.role in ("param", "state") and v.name is not None and v.name in weights]
+    return [{name: local_piece(weights[name], p, m, r, f"weight %{name}") for name, p in held}
+            for r in range(m.size)]
+
+
+class _Partitioner:
+    def __init__(self, graph: Graph) -> None:
+        if graph.mesh is None:
+            raise PartitionError(f"@{graph.name}: partition needs a device mesh and placements; the graph has no "
+                                 "mesh. Set graph.mesh and run propagate first")
+        self.g = graph
+        self.mesh = graph.mesh
+        printer = _Printer(graph)
+        printer.assign_names()
+        self.names = printer.names
+        for v in graph.values():
+            if v.placement is None:
+                what = "input" if v.producer is None else f"result of {v.producer.op}"
+                raise PartitionError(f"@{graph.name}: %{self.name(v)} ({what}) has no placement; run propagate "
+                                     "first (partita.parallel.propagate.propagate(graph)) so every value is placed")
+        self.report = PartitionReport(self.mesh, placements={self.name(v): str(v.placement) for v in graph.values()})
+        self.new = Graph(graph.name)
+        self.new.mesh = self.mesh
+        self.new.loc = graph.loc
+        self.b = Builder(self.new)
+        self.vmap: dict[Value, Value] = {}
+        # Resharded versions already emitted: (global value, placement) -> per-rank value.
+        self.moved: dict[tuple[Value, Placement], Value] = {}
+
+    def name(self, v: Value) -> str:
+        return self.names.get(v, "?")
+
+    @staticmethod
+    def pl(v: Value) -> Placement:
+        # Checked in __init__: every value of the global graph is placed.
+        assert v.placement is not None
+        return v.placement
+
+    def describe(self, node: Node) -> str:
+        res = ", ".join(f"%{self.name(r)}" for r in node.results)
+        return f"{res + ' = ' if res else ''}{node.op}"
+
+    def needs(self) -> dict[Node, dict[int, Placement]]:
+        """Propagation's operand reshards, by node of ``self.g``: recomputed on a copy, where
+        every value is already placed, so only its node-by-node resolution runs."""
+        copy = self.g.clone()
+        report = propagate(copy)
+        by_copy = dict(zip(copy.nodes, self.g.nodes))
+        out: dict[Node, dict[int, Placement]] = {}
+        for n in report.reshards:
+            need: ReshardNeed = n
+            if need.operand is not None and need.node in by_copy:
+                out.setdefault(by_copy[need.node], {})[need.operand] = need.want
+        return out
+
+    def reshard(self, v: Value, local: Value, have: Placement, want: Placement, consumer: str,
+                operand: int | None) -> Value:
+        if have == want:
+            return local
+        key = (v, want)
+        if key in self.moved:
+            return self.moved[key]
+        steps: list[Step] = plan_reshard(v.type.shape, v.type.dtype, have, want, self.mesh, f"%{self.name(v)}")
+        out = apply_reshard(self.b, local, steps)
+        for s in steps:
+            self.report.collectives.append(InsertedCollective(s.op, s.axis, self.name(v), consumer, operand,
+                                                              have, want, s.bytes_sent))
+        self.moved[key] = out
+        return out
+
+    def run(self) -> tuple[Graph, PartitionReport]:
+        needs = self.needs()
+        mesh = self.mesh
+        for v in self.g.inputs:
+            t = TensorType(self.pl(v).local_shape(v.type.shape, mesh), v.type.dtype)
+            w = self.new.add_input(v.name or f"in{v.index}", t, v.role or "input")
+            self.vmap[v] = w
+            self.moved[(v, self.pl(v))] = w
+        for node in self.g.nodes:
+            self.emit(node, needs.get(node, {}))
+        outs: list[Value] = []
+        for i, v in enumerate(self.g.outputs):
+            p = self.pl(v)
+            want = Placement(p.dims, ()) if p.partial else p
+            outs.append(self.reshard(v, self.vmap[v], p, want, f"output {i}", None))
+        aliases = []
+        for o, a in zip(outs, self.g.output_aliases or [None] * len(outs)):
+            # A new param keeps its buffer only when its piece has the old one's local type.
+            aliases.append(self.vmap[a] if a is not None and self.vmap[a].type == o.type and self.vmap[a] is not o else None)
+        if len(set(map(id, [a for a in aliases if a is not None]))) != len([a for a in aliases if a is not None]):
+            aliases = [None] * len(outs)
+        self.new.set_outputs(outs, aliases)
+        return self.new, self.report
+
+    def emit(self, node: Node, node_needs: dict[int, Placement]) -> None:
+        mesh = self.mesh
+        types = [o.type for o in node.operands]
+        rtypes = [r.type for r in node.results]
+        spec = sharding_spec(node.op, types, node.attrs)
+        have = [self.pl(o) for o in node.operands]
+        if spec is None:
+            wants = [Placement.replicated(t.rank) for t in types]
+            got: list[Placement] | Conflict = [Placement.replicated(t.rank) for t in rtypes]
+        else:
+            wants = [node_needs.get(i, p) for i, p in enumerate(have)]
+            got = result_placements(spec, wants, types, mesh, rtypes)
+            # A pair the rule still rejects: replicate the operands it names, then all of them.
+            for _ in range(len(wants) + 1):
+                if not isinstance(got, Conflict):
+                    break
+                named = got.operands or tuple(range(len(wants)))
+                if all(wants[i].is_replicated for i in named):
+                    named = tuple(range(len(wants)))
+                for i in named:
+                    wants[i] = Placement.replicated(types[i].rank)
+                got = result_placements(spec, wants, types, mesh, rtypes)
+            if isinstance(got, Conflict):
+                raise PartitionError(f"@{self.g.name}: {self.describe(node)}: no operand placement satisfies its "
+                                     f"sharding rule ({got})")
+        assert not isinstance(got, Conflict)
+        consumer = self.describe(node)
+        operands = [self.reshard(o, self.vmap[o], h, w, consumer, i)
+                    for i, (o, h, w) in enumerate(zip(node.operands, have, wants))]
+        local_types = [o.type for o in operands]
+        attrs = dict(node.attrs) if spec is None else spec.localize_attrs(node.attrs, local_types, types)
+        m = self.b.emit_node(node.op, operands, attrs, loc=node.loc)
+        for r, lr, p in zip(node.results, m.results, got):
+            expect = p.local_shape(r.type.shape, mesh)
+            if lr.type.shape != expect:  # a rule whose localize misses a size attribute
+                raise PartitionError(f"@{self.g.name}: {consumer}: the local result has shape {list(lr.type.shape)}, "
+                                     f"but placed as {p} a rank should hold {list(expect)}; the op's sharding rule "
+                                     "needs a localize for its attributes")
+            if r.name is not None:
+                lr.name = r.name
+            self.vmap[r] = self.reshard(r, lr, p, self.pl(r), f"result of {consumer}", None)
+            self.moved[(r, self.pl(r))] = self.vmap[r]
+
+
+@register_pass
+class PartitionPass(Pass):
+    """``partition``: the per-rank program of a placed global graph (see ``partition``);
+    returns a new graph. The report of the last run is ``self.report``."""
+
+    name = "partition"
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.report: PartitionReport | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        new, self.report = partition_with_report(graph)
+        return new
