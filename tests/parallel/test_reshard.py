@@ -382,30 +382,6 @@ def _torch_worker(rank: int, port: int, results) -> None:
 
 @pytest.mark.timeout(120)
 def test_plans_run_on_two_gloo_ranks():
-    import multiprocessing
-    import queue as queue_mod
-    import socket
+    from gloo_ranks import assert_all_ranks_passed, run_on_gloo_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_torch_worker, args=(r, port, results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in procs:
-            rank, failures = results.get(timeout=90)
-            got[rank] = failures
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-    assert sorted(got) == [0, 1], f"ranks that reported: {sorted(got)} (the others hung or died)"
-    assert got[0] == [] and got[1] == [], "\n".join(got[0] + got[1])
+    assert_all_ranks_passed(run_on_gloo_ranks(_torch_worker))

@@ -1,0 +1,10 @@
+"""Makes the helpers of this folder importable as plain modules (``from gloo_ranks import ...``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

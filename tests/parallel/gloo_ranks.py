@@ -1,0 +1,49 @@
+"""Run a worker function on N local gloo ranks and collect what each reports, never hanging.
+
+The worker is called as ``worker(rank, port, results)`` in a spawned process; it initializes
+its process group on ``tcp://127.0.0.1:port`` and puts ``(rank, failures)`` on ``results``
+(a list of messages, empty when all went well), also when it fails.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import socket
+from typing import Callable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_on_gloo_ranks(worker: Callable, nranks: int = 2, timeout: float = 90.0) -> dict[int, list[str]]:
+    """Start ``nranks`` processes running ``worker`` and return each rank's failures; ranks
+    that hang or die are missing from the result (the caller asserts on that)."""
+    port = free_port()
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, port, results), daemon=True) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    got: dict[int, list[str]] = {}
+    try:
+        for _ in procs:
+            rank, failures = results.get(timeout=timeout)
+            got[rank] = failures
+    except queue.Empty:
+        pass
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+    return got
+
+
+def assert_all_ranks_passed(got: dict[int, list[str]], nranks: int = 2) -> None:
+    assert sorted(got) == list(range(nranks)), f"ranks that reported: {sorted(got)} (the others hung or died)"
+    assert all(got[r] == [] for r in got), "\n".join(m for r in sorted(got) for m in got[r])
