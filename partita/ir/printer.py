@@ -25,6 +25,14 @@ _INPUT_NAME_RE = re.compile(r"[A-Za-z0-9_.]+\Z")
 WRAP = 100
 
 
+def value_names(graph: Graph) -> dict[Value, str]:
+    """The name (without ``%``) each value of ``graph`` has in its printed text, for messages
+    and reports that must match the IR a user reads."""
+    p = _Printer(graph)
+    p.assign_names()
+    return p.names
+
+
 def print_graph(graph: Graph) -> str:
     return _Printer(graph).run()
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
-from ..ir.printer import _Printer
+from ..ir.printer import value_names
 from ..ir.types import TensorType
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh
@@ -140,9 +140,7 @@ class _Partitioner:
                                  "mesh. Set graph.mesh and run propagate first")
         self.g = graph
         self.mesh = graph.mesh
-        printer = _Printer(graph)
-        printer.assign_names()
-        self.names = printer.names
+        self.names = value_names(graph)
         for v in graph.values():
             if v.placement is None:
                 what = "input" if v.producer is None else f"result of {v.producer.op}"

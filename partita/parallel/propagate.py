@@ -30,7 +30,7 @@ from typing import Sequence
 
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
-from ..ir.printer import _Printer
+from ..ir.printer import value_names
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
@@ -114,9 +114,7 @@ class _Propagator:
     def __init__(self, graph: Graph, mesh: Mesh) -> None:
         self.g = graph
         self.mesh = mesh
-        printer = _Printer(graph)
-        printer.assign_names()
-        self.names = printer.names
+        self.names = value_names(graph)
         self.nodes = list(graph.nodes)
         self.pl: dict[Value, Placement] = {}
         self.specs: dict[Node, DimSpec | None] = {}

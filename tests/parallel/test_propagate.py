@@ -15,7 +15,7 @@ import pytest
 
 import partita
 from partita.ir.graph import Graph
-from partita.ir.printer import _Printer
+from partita.ir.printer import value_names
 from partita.parallel import Mesh, Placement
 from partita.parallel.propagate import PropagatePass, PropagationError, PropagationReport, propagate
 from partita.parallel.reshard import plan_bytes, plan_reshard
@@ -53,9 +53,7 @@ def assert_consistent(g: Graph, report: PropagationReport) -> None:
     partita.verify(g)
     for v in g.values():
         assert v.placement is not None, f"{v!r} has no placement"
-    printer = _Printer(g)
-    printer.assign_names()
-    names = printer.names
+    names = value_names(g)
     needs: dict = {}
     for need in report.reshards:
         assert need.node is not None and need.bytes >= 0
