@@ -103,14 +103,19 @@ def _all_gather_infer(ts, attrs):
     return TensorType(tuple(shape), t.dtype)
 
 
+def _one_piece(op: str, t: TensorType, attrs) -> TensorType:
+    """``t`` with ``dim`` cut into group_size pieces: the type of the piece a member keeps."""
+    d = normalize_axis(attrs["dim"], t.rank, op, "dim")
+    shape = list(t.shape)
+    shape[d] = _split_size(op, "dim", t.shape, d, attrs)
+    return TensorType(tuple(shape), t.dtype)
+
+
 def _reduce_scatter_infer(ts, attrs):
     (t,) = ts
     _check_group("reduce_scatter", t, attrs)
     _check_reduce("reduce_scatter", t, attrs)
-    d = normalize_axis(attrs["dim"], t.rank, "reduce_scatter", "dim")
-    shape = list(t.shape)
-    shape[d] = _split_size("reduce_scatter", "dim", t.shape, d, attrs)
-    return TensorType(tuple(shape), t.dtype)
+    return _one_piece("reduce_scatter", t, attrs)
 
 
 def _all_to_all_infer(ts, attrs):
@@ -371,10 +376,7 @@ _collective("broadcast", _broadcast_infer, _broadcast_np, _broadcast_torch, (Att
 def _shard_slice_infer(ts, attrs):
     (t,) = ts
     _check_group("shard_slice", t, attrs)
-    d = normalize_axis(attrs["dim"], t.rank, "shard_slice", "dim")
-    shape = list(t.shape)
-    shape[d] = _split_size("shard_slice", "dim", t.shape, d, attrs)
-    return TensorType(tuple(shape), t.dtype)
+    return _one_piece("shard_slice", t, attrs)
 
 
 def _shard_slice_np(args_by_member, attrs):
