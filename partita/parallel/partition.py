@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..ir.attrs import DenseAttr
 from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
@@ -34,7 +35,7 @@ from .mesh import Mesh
 from .placement import Placement
 from .propagate import ReshardNeed, propagate
 from .reshard import Step, apply_reshard, plan_reshard
-from .sharding import Conflict, result_placements, sharding_spec
+from .sharding import Conflict, average_factor, result_placements, sharding_spec
 
 
 class PartitionError(PartitaError):
@@ -252,7 +253,17 @@ class _Partitioner:
         local_types = [o.type for o in operands]
         attrs = dict(node.attrs) if spec is None else spec.localize_attrs(node.attrs, local_types, types)
         m = self.b.emit_node(node.op, operands, attrs, loc=node.loc)
-        for r, lr, p in zip(node.results, m.results, got):
+        local_results = list(m.results)
+        n = 1 if spec is None else average_factor(spec, wants, mesh)
+        if n > 1:
+            # A rank averaged over its piece: n times its share of the global average
+            # (DimSpec.averages). 1/n is exact for a power of two.
+            for k, lr in enumerate(local_results):
+                if lr.type.dtype.is_float:
+                    inv = self.b.emit("constant", value=DenseAttr(np.array(1.0 / n, dtype=lr.type.dtype.np)),
+                                      loc=node.loc)
+                    local_results[k] = self.b.emit("mul", lr, inv, loc=node.loc)
+        for r, lr, p in zip(node.results, local_results, got):
             expect = p.local_shape(r.type.shape, mesh)
             if lr.type.shape != expect:  # a rule whose localize misses a size attribute
                 raise PartitionError(f"@{self.g.name}: {consumer}: the local result has shape {list(lr.type.shape)}, "

@@ -4,10 +4,12 @@ A rule is a function ``(operand types, attrs) -> DimSpec`` stored on the op reco
 ``sharding`` field. A ``DimSpec`` labels every dimension of every operand and result, in the
 manner of an einsum: dims that carry the same label are the same index space and must be
 split the same way; a label that reaches a result passes its split on; a label in ``sums`` is
-contracted by a sum, so splitting it leaves each rank with a summand (the result is
-``partial`` over those axes); a dim labelled ``None`` may not be split at all.
-``result_placements`` applies a spec to concrete placements; the propagation, reshard and
-partition passes build on it. Ops without a rule are replicated by those passes.
+contracted by a sum, so splitting it leaves each rank with a summand (the results without it
+are ``partial`` over those axes); a label in ``averages`` is averaged over, so a rank's result
+is n times its share and the partition scales it by 1/n; a dim labelled ``None`` may not be
+split at all. ``result_placements`` applies a spec to concrete placements; the propagation,
+reshard and partition passes build on it. Ops without a rule are replicated by those passes;
+``WITHOUT_RULE`` lists them with the reason (only ops without operands remain).
 
 The rules live in this one table (like the vjp rules in ``autodiff/rules.py``); ``attach()``
 puts each into its record. See docs/parallel.md, "Sharding rules".
@@ -33,8 +35,16 @@ class DimSpec:
 
     operands: a label per dim of each operand (None: that dim may not be split).
     results: a label per dim of each result (None: that result dim is never split).
-    sums: labels present in operands but not in results, contracted by a sum: splitting one
-      makes the results partial over its axes.
+    sums: labels contracted by a sum in every result that lacks them: splitting one makes
+      those results partial over its axes, while a result that carries the label is split
+      (layer_norm_grad's dx is split over the batch, its dweight a pending sum over it). A
+      label that is not in ``sums`` but reaches only some results says that the others do
+      not depend on the dims it labels (conv2d_grad's dbias never reads x's channels): they
+      come out whole on every rank.
+    averages: labels the op averages over (``mean``'s reduced dims, ``cross_entropy``'s
+      targets with reduction "mean"): a rank averages over its local piece, which is n times
+      its share of the global average when the label is split over mesh axes of total size
+      n. ``average_factor`` gives n; the partition multiplies the float results by 1/n.
     linear: operands the op is linear in, so a partial operand may pass through as a partial
       result. With ``joint`` false (mul, matmul), the op is linear in each of them separately:
       exactly one operand may be partial over a given axis, the others not using that axis.
@@ -53,6 +63,7 @@ class DimSpec:
     sums: frozenset[str] = frozenset()
     linear: frozenset[int] = frozenset()
     joint: bool = False
+    averages: frozenset[str] = frozenset()
     localize: Callable[[dict, Sequence[TensorType], Sequence[TensorType]], dict] | None = \
         field(default=None, compare=False)
 
@@ -139,10 +150,12 @@ def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | No
             return Conflict(f"operand {users[0]} uses mesh axis '{a}' while operand {holders[0]} is a partial "
                             f"sum over it; the other operands must be replicated over '{a}'", (users[0], holders[0]))
         partial_axes.append(a)
-    for lab in spec.sums:
-        partial_axes.extend(label_axes.get(lab, ()))
-    out = [Placement(tuple(label_axes.get(lab, ()) if lab is not None else () for lab in labels),
-                     tuple(partial_axes)) for labels in spec.results]
+    out = []
+    for labels in spec.results:
+        # A summed label splits the results that carry it and leaves a summand in the others.
+        summed = [a for lab in sorted(spec.sums) if lab not in labels for a in label_axes.get(lab, ())]
+        out.append(Placement(tuple(label_axes.get(lab, ()) if lab is not None else () for lab in labels),
+                             tuple(dict.fromkeys(partial_axes + summed))))
     if result_types is not None:
         for k, (p, t) in enumerate(zip(out, result_types)):
             try:
@@ -150,6 +163,23 @@ def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | No
             except PlacementError as e:
                 return Conflict(str(e))
     return out
+
+
+def average_factor(spec: DimSpec, operand_placements: Sequence[Placement | None], mesh: Mesh) -> int:
+    """How many times a rank's local average exceeds its share of the global one: the
+    product of the sizes of the mesh axes that split the labels in ``spec.averages`` (1 when
+    none is split). The placements are assumed accepted by ``result_placements``."""
+    axes: dict[str, None] = {}
+    for p, labels in zip(operand_placements, spec.operands):
+        if p is None:
+            continue
+        for lab, dim_axes in zip(labels, p.dims):
+            if lab is not None and lab in spec.averages:
+                axes.update(dict.fromkeys(dim_axes))
+    n = 1
+    for a in axes:
+        n *= mesh.axis_size(a)
+    return n
 
 
 def _show(axes: tuple[str, ...]) -> str:
@@ -201,21 +231,23 @@ def _reduced(t: TensorType, attrs: dict) -> tuple[int, ...]:
     return tuple(range(t.rank)) if axes is None else tuple(normalize_axes(axes, t.rank, "reduce"))
 
 
-def _reduction(summed: bool, linear: bool):
+def _reduction(summed: bool, linear: bool, averaged: bool = False):
     def fn(ts, attrs):
         (t,) = ts
         red = _reduced(t, attrs)
         labels = _dims(t)
         res = tuple(None if i in red else labels[i] for i in range(t.rank) if attrs["keepdim"] or i not in red)
-        sums = frozenset(labels[i] for i in red) if summed else frozenset()
-        return DimSpec((labels,), (res,), sums, frozenset({0}) if linear else frozenset())
+        reduced = frozenset(labels[i] for i in red)
+        return DimSpec((labels,), (res,), reduced if summed else frozenset(), frozenset({0}) if linear else frozenset(),
+                       averages=reduced if averaged else frozenset())
     return fn
 
 
-# sum contracts by a sum; mean divides the local sum by the local count, so its reduced dims
-# stay whole (a partial mean would need a rescale); the others are not sums.
+# sum contracts by a sum. mean is a sum divided by the global count: a rank's local mean
+# divides by its local count, n times smaller, so its reduced dims are sums and averages (the
+# partition scales the local mean by 1/n). The others are not sums.
 RULES["sum"] = _reduction(True, True)
-RULES["mean"] = _reduction(False, True)
+RULES["mean"] = _reduction(True, True, averaged=True)
 for _n in ("max", "min", "prod", "argmax", "argmin"):
     RULES[_n] = _reduction(False, False)
 
@@ -390,6 +422,22 @@ def _norm(ts, attrs):
     return DimSpec((labels,) + tuple((None,) * t.rank for t in ts[1:]), (labels,))
 
 
+def _norm_grad(n_results: int):
+    def fn(ts, attrs):
+        x = ts[1]
+        axes = normalize_axes(attrs["axes"], x.rank, "norm_grad")
+        labels = tuple(None if i in axes else f"d{i}" for i in range(x.rank))
+        w = (None,) * len(axes)
+        # dx keeps the rows; dweight (and dbias) sum over them. All are linear in dy.
+        return DimSpec((labels, labels) + tuple((None,) * t.rank for t in ts[2:]), (labels,) + (w,) * (n_results - 1),
+                       frozenset(lab for lab in labels if lab is not None), frozenset({0}))
+    return fn
+
+
+RULES["layer_norm_grad"] = _norm_grad(3)
+RULES["rms_norm_grad"] = _norm_grad(2)
+
+
 @rule("cast")
 def _cast(ts, attrs):
     labels = _dims(ts[0])
@@ -430,27 +478,74 @@ def _index_select(ts, attrs):
     return DimSpec((xl, ("j",)), (xl[:ax] + ("j",) + xl[ax + 1:],), linear=frozenset({0}))
 
 
-@rule("cross_entropy")
-def _cross_entropy(ts, attrs):
-    logits, target = ts
+def _ce_labels(logits: TensorType, target: TensorType) -> tuple[tuple, tuple]:
+    """Labels of cross_entropy's logits and target: the class dim (1, or 0 for [C] logits)
+    unsplit, the others shared with the target."""
     cdim = 1 if logits.rank >= 2 else 0
     tl = _dims(target, "t")
+    return tl[:cdim] + (None,) + tl[cdim:], tl
+
+
+@rule("cross_entropy")
+def _cross_entropy(ts, attrs):
+    ll, tl = _ce_labels(*ts)
     red = attrs["reduction"]
-    if red == "mean":
-        # The mean divides by the global count of kept targets, which no rank has.
-        tl = (None,) * target.rank
-    ll = tl[:cdim] + (None,) + tl[cdim:]
     if red == "none":
         return DimSpec((ll, tl), (tl,))
-    return DimSpec((ll, tl), ((),), frozenset(lab for lab in tl if lab is not None))
+    # "mean" divides the sum by the count of targets not ignored. A rank divides its summand
+    # by its own count; scaled by 1/n (averages) that is its share of the global mean exactly
+    # when every rank holds the same number of ignored targets (as when no target is ignored):
+    # the same per-rank averaging as DDP's. Uneven ignored targets give another weighting.
+    return DimSpec((ll, tl), ((),), frozenset(tl), averages=frozenset(tl) if red == "mean" else frozenset())
 
 
-@rule("conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d")
-def _conv(ts, attrs):
-    x = ts[0]
-    xl = ("n",) + (None,) * (x.rank - 1)
-    lin = frozenset({0, 1}) if len(ts) == 2 else frozenset()
-    return DimSpec((xl,) + tuple((None,) * t.rank for t in ts[1:]), (xl,), linear=lin)
+@rule("cross_entropy_grad")
+def _cross_entropy_grad(ts, attrs):
+    ll, tl = _ce_labels(ts[1], ts[2])
+    red = attrs["reduction"]
+    # dloss is per target for "none", a scalar otherwise; the batch dims pass to dlogits. For
+    # "mean" the local count divides, as in the forward (same caveat on ignored targets).
+    return DimSpec((tl if red == "none" else (), ll, tl), (ll,), linear=frozenset({0}),
+                   averages=frozenset(tl) if red == "mean" else frozenset())
+
+
+def _conv_rule(transposed: bool):
+    def fn(ts, attrs):
+        x, w = ts[:2]
+        bias = len(ts) == 3
+        sp = (None,) * (x.rank - 2)
+        if attrs["groups"] != 1:
+            # A block of output channels needs the input channels of its groups; a split of
+            # the channel dims lines those up only when the ranks divide the groups, which a
+            # DimSpec (blind to the mesh) cannot require. Only the batch splits.
+            xl = ("n", None) + sp
+            return DimSpec((xl,) + tuple((None,) * t.rank for t in ts[1:]), (xl,),
+                           linear=frozenset() if bias else frozenset({0, 1}))
+        # Input channels are contracted by a sum; with a bias every summand would add it.
+        c = None if bias else "c"
+        wl = ((c, "o") if transposed else ("o", c)) + sp
+        ops = (("n", c) + sp, wl) + ((("o",),) if bias else ())
+        return DimSpec(ops, (("n", "o") + sp,), frozenset() if bias else frozenset({"c"}),
+                       frozenset() if bias else frozenset({0, 1}))
+    return fn
+
+
+# conv_transpose's weight is [in, out/groups, k...]: the channel labels swap places.
+RULES["conv2d"] = RULES["conv3d"] = _conv_rule(False)
+RULES["conv_transpose2d"] = RULES["conv_transpose3d"] = _conv_rule(True)
+
+
+@rule("conv2d_grad")
+def _conv_grad(ts, attrs):
+    dy, x, w = ts
+    sp = (None,) * (x.rank - 2)
+    if attrs["groups"] != 1:
+        return DimSpec((("n", None) + sp, ("n", None) + sp, (None,) * w.rank),
+                       (("n", None) + sp, (None,) * w.rank, (None,)), frozenset({"n"}), frozenset({0}))
+    # dx sums over the output channels, dweight and dbias over the batch; dbias reads dy
+    # alone, so it is whole (not summed) when the input channels are split.
+    return DimSpec((("n", "o") + sp, ("n", "c") + sp, ("o", "c") + sp),
+                   (("n", "c") + sp, ("o", "c") + sp, ("o",)), frozenset({"n", "o"}), frozenset({0}))
 
 
 def _pool(n_results: int, linear: bool):
@@ -469,6 +564,13 @@ for _n in ("avg_pool2d", "avg_pool3d"):
     RULES[_n] = _pool(1, True)
 
 
+@rule("max_pool2d_grad", "avg_pool2d_grad")
+def _pool_grad(ts, attrs):
+    # Windows stay within one (n, c) plane (max_pool's indices are flat within the plane).
+    xl = ("n", "c") + (None,) * (ts[1].rank - 2)
+    return DimSpec((xl,) * len(ts), (xl,), linear=frozenset({0}))
+
+
 @rule("batch_norm")
 def _batch_norm(ts, attrs):
     x = ts[0]
@@ -478,6 +580,20 @@ def _batch_norm(ts, attrs):
         return DimSpec((xl,) + (("c",),) * 4, (xl, ("c",), ("c",)))
     xl = ("n", "c") + tuple(f"s{i}" for i in range(2, x.rank))
     return DimSpec((xl,) + (("c",),) * 4, (xl,))
+
+
+@rule("batch_norm_grad")
+def _batch_norm_grad(ts, attrs):
+    x = ts[1]
+    stats = (("c",),) * (len(ts) - 2)
+    if attrs["training"]:
+        # dx reads the batch statistics: every dim but the channels stays whole.
+        xl = (None, "c") + (None,) * (x.rank - 2)
+        return DimSpec((xl, xl) + stats, (xl, ("c",), ("c",)), linear=frozenset({0}))
+    # Inference form: dx is a per-channel scale of dy; dweight and dbias sum over the rest.
+    xl = ("n", "c") + tuple(f"s{i}" for i in range(2, x.rank))
+    return DimSpec((xl, xl) + stats, (xl, ("c",), ("c",)), frozenset(lab for lab in xl if lab != "c"),
+                   frozenset({0}))
 
 
 @rule("attention")
@@ -495,12 +611,69 @@ def _attention(ts, attrs):
     return DimSpec(tuple(ops), (qkv, bl + (None,)))
 
 
+@rule("attention_grad")
+def _attention_grad(ts, attrs):
+    fwd = _attention([ts[1], ts[2], ts[3]] + list(ts[6:]), attrs)
+    qkv, lse = fwd.results
+    # dout and out are laid out like q, lse like the forward's lse; dq, dk, dv like q, k, v.
+    return DimSpec((qkv,) + fwd.operands[:3] + (qkv, lse) + fwd.operands[3:], (qkv, qkv, qkv),
+                   linear=frozenset({0}))
+
+
+@rule("embedding_grad")
+def _embedding_grad(ts, attrs):
+    dy, idx = ts
+    il = _dims(idx, "i")
+    # Each index scatters its row of dy into the table: the index dims are summed.
+    return DimSpec((il + ("e",), il), ((None, "e"),), frozenset(il), frozenset({0}))
+
+
+@rule("slice_grad")
+def _slice_grad(ts, attrs):
+    (dy,) = ts
+    labels = _except_axis(dy, normalize_axis(attrs["axis"], dy.rank, "slice_grad"))
+
+    def localize(attrs, local, glob):
+        return {**attrs, "shape": tuple(local[0].shape[i] if lab is not None else n
+                                        for i, (lab, n) in enumerate(zip(labels, attrs["shape"])))}
+    return DimSpec((labels,), (labels,), linear=frozenset({0}), localize=localize)
+
+
+@rule("scatter_add")
+def _scatter_add(ts, attrs):
+    x, idx, src = ts
+    ax = normalize_axis(attrs["axis"], x.rank, "scatter_add")
+    # Outside the axis, a dim the index covers only in part is unsplit (as in gather). The
+    # axis is unsplit: x's positions there are global index values, and summands from split
+    # index rows would each carry a copy of x.
+    labels = tuple(f"d{i}" if i != ax and x.shape[i] == idx.shape[i] == src.shape[i] else None
+                   for i in range(x.rank))
+    return DimSpec((labels, labels, labels), (labels,), linear=frozenset({0, 2}), joint=True)
+
+
+@rule("index_add")
+def _index_add(ts, attrs):
+    x, idx, src = ts
+    labels = _except_axis(x, normalize_axis(attrs["axis"], x.rank, "index_add"))
+    return DimSpec((labels, (None,), labels), (labels,), linear=frozenset({0, 2}), joint=True)
+
+
 @rule("adamw_update", "sgd_update")
 def _optimizer_update(ts, attrs):
     labels = _dims(ts[0])
     ops = tuple(labels if t.rank == len(labels) and t.shape == ts[0].shape else (None,) * t.rank for t in ts)
     n_res = 3 if len(ts) == 5 else (2 if len(ts) == 3 else 1)
     return DimSpec(ops, (labels,) * n_res)
+
+
+# Ops that keep ``sharding=None`` on purpose, and why (the passes replicate them). The
+# collectives of ops/collective.py have none either: the passes insert them, placed as the
+# reshard they implement.
+WITHOUT_RULE: dict[str, str] = {
+    "constant": "no operands to take a placement from; its value is global (a consumer's split is a free local slice)",
+    "full": "no operands; a replicated fill costs nothing to slice where a consumer wants a split",
+    "iota": "no operands; its values are global positions, so a replicated iota is sliced, never recomputed locally",
+}
 
 
 def attach() -> None:

@@ -5,12 +5,18 @@ DimSpec (and pairs of labels on a 2-D mesh, and one label over both axes of it),
 splits the operands as the label says, runs the op's NumPy reference on each rank's local
 pieces with the rule's localized attributes, reassembles the results by the placements
 ``result_placements`` gives (pieces concatenated in rank order along split dims, summands
-added over partial axes) and compares with the op on the global operands. Operands the rule
-calls linear are also fed as partial sums (random summands). Rules that refuse a placement
-are checked to return a Conflict.
+added over partial axes) and compares with the op on the global operands. A rank's result
+is scaled by 1/n where the rule averages over a label split n ways (DimSpec.averages), as the
+partition does. Operands the rule calls linear are also fed as partial sums (random
+summands). Rules that refuse a placement are checked to return a Conflict.
 
 ``test_every_op_is_accounted_for`` keeps the table complete: a new op gets a rule and a
-sample here, or is listed in NO_RULE (the passes replicate it).
+sample here, or is listed in ``sharding.WITHOUT_RULE`` (the passes replicate it).
+
+The last tests run partitioned programs with ``run_mesh``: means and cross entropy over
+split dims (the 1/n scaling, on 1-D and 2-D meshes), and data-parallel training steps of
+imported torch models (an MLP with layer_norm, a CNN, a one-layer GPT-2), which must match the
+single-device step while communicating only the gradients' and the loss's all-reduces.
 """
 
 from __future__ import annotations
@@ -20,12 +26,17 @@ import itertools
 import numpy as np
 import pytest
 
-import partita  # noqa: F401  (attaches the rules)
+import partita  # (importing it attaches the rules)
 from partita.ir import TensorType
 from partita.ir.dtypes import DTYPES
+from partita.ir.printer import value_names
 from partita.ops.registry import OPS
 from partita.parallel import Mesh, Placement
-from partita.parallel.sharding import Conflict, DimSpec, result_placements, sharding_spec
+from partita.parallel.partition import local_piece, partition_with_report, shard_weights
+from partita.parallel.propagate import propagate
+from partita.parallel.simulate import run_mesh
+from partita.parallel.sharding import (WITHOUT_RULE, Conflict, DimSpec, average_factor, result_placements,
+                                       sharding_spec)
 
 # Operand specs: ("f", shape) floats; ("pos", shape) floats in [0.5, 2]; ("idx", shape, high)
 # i64 in [0, high); ("bool", shape); ("step", value) an f64 scalar.
@@ -56,7 +67,8 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "cast": [([("f", (4, 2))], {"dtype": "f32"})],
     "dropout": [([("f", (4, 6))], {"p": 0.3}), ([("f", (4, 6))], {"p": 0.3, "train": True, "seed": 3})],
     "sum": [([("f", (4, 2, 6))], {"axes": [1]}), ([("f", (4, 2))], {}), ([("f", (4, 2))], {"axes": [0], "keepdim": True})],
-    "mean": [([("f", (4, 2, 6))], {"axes": [0, 2]}), ([("f", (4, 2))], {"axes": [1], "keepdim": True})],
+    "mean": [([("f", (4, 2, 6))], {"axes": [0, 2]}), ([("f", (4, 2))], {"axes": [1], "keepdim": True}),
+             ([("f", (4, 8))], {})],
     "max": [([("f", (4, 2, 6))], {"axes": [1]})],
     "min": [([("f", (4, 2))], {"axes": [1], "keepdim": True})],
     "prod": [([("pos", (4, 2))], {"axes": [1]})],
@@ -87,13 +99,17 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "gather": [([("f", (4, 6)), ("idx", (2, 6), 4)], {"axis": 0}), ([("f", (4, 6)), ("idx", (4, 2), 6)], {"axis": 1})],
     "index_select": [([("f", (4, 6)), ("idx", (2,), 6)], {"axis": 1})],
     "cross_entropy": [([("f", (4, 5)), ("idx", (4,), 5)], {}),
+                      ([("f", (4, 5, 4)), ("idx", (4, 4), 5)], {"label_smoothing": 0.2}),
                       ([("f", (2, 5, 4)), ("idx", (2, 4), 5)], {"reduction": "sum", "label_smoothing": 0.1}),
                       ([("f", (4, 5)), ("idx", (4,), 5)], {"reduction": "none"})],
     "conv2d": [([("f", (2, 3, 6, 6)), ("f", (4, 3, 3, 3)), ("f", (4,))], {"stride": [2, 1], "padding": [1, 1]}),
+               ([("f", (2, 4, 5, 5)), ("f", (6, 4, 3, 3))], {"padding": [1, 1]}),
                ([("f", (2, 4, 5, 5)), ("f", (4, 2, 2, 2))], {"groups": 2})],
-    "conv3d": [([("f", (2, 2, 4, 4, 4)), ("f", (3, 2, 2, 3, 2))], {})],
-    "conv_transpose2d": [([("f", (2, 4, 3, 3)), ("f", (4, 3, 3, 3)), ("f", (3,))], {"stride": [2, 2]})],
-    "conv_transpose3d": [([("f", (2, 2, 2, 3, 2)), ("f", (2, 3, 2, 2, 2))], {})],
+    "conv3d": [([("f", (2, 2, 4, 4, 4)), ("f", (4, 2, 2, 3, 2))], {})],
+    "conv_transpose2d": [([("f", (2, 4, 3, 3)), ("f", (4, 2, 3, 3)), ("f", (2,))], {"stride": [2, 2]}),
+                         ([("f", (2, 4, 3, 3)), ("f", (4, 6, 2, 2))], {"stride": [2, 2], "padding": [1, 1]}),
+                         ([("f", (2, 4, 3, 3)), ("f", (4, 3, 2, 2)), ("f", (6,))], {"groups": 2})],
+    "conv_transpose3d": [([("f", (2, 2, 2, 3, 2)), ("f", (2, 4, 2, 2, 2))], {})],
     "max_pool2d": [([("f", (2, 4, 6, 6))], {"kernel": [2, 2]})],
     "max_pool3d": [([("f", (2, 2, 4, 4, 4))], {"kernel": [2, 2, 2]})],
     "max_pool2d_with_indices": [([("f", (2, 4, 6, 6))], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})],
@@ -105,17 +121,48 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "attention": [([("f", (2, 4, 5, 4)), ("f", (2, 4, 6, 4)), ("f", (2, 4, 6, 4))], {"causal": True}),
                   ([("f", (2, 5, 4)), ("f", (2, 6, 4)), ("f", (2, 6, 4)), ("bool", (2, 5, 6))], {}),
                   ([("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 1, 1, 6))], {})],
+    # Backward ops (operands: the upstream gradient first, then what the kernel reads).
+    "layer_norm_grad": [([("f", (4, 8)), ("f", (4, 8)), ("f", (8,))], {}),
+                        ([("f", (2, 4, 4)), ("f", (2, 4, 4))], {"axes": [-1]}),
+                        ([("f", (4, 6, 2)), ("f", (4, 6, 2)), ("f", (6,))], {"axes": [1], "eps": 1e-3})],
+    "rms_norm_grad": [([("f", (4, 8)), ("f", (4, 8)), ("f", (8,))], {"eps": 1e-6}),
+                      ([("f", (2, 4, 4)), ("f", (2, 4, 4))], {"axes": [-2, -1]})],
+    "batch_norm_grad": [([("f", (4, 2, 2, 2)), ("f", (4, 2, 2, 2)), ("f", (2,))], {"training": True}),
+                        ([("f", (4, 2, 2, 4)), ("f", (4, 2, 2, 4)), ("f", (2,)), ("f", (2,)), ("pos", (2,))],
+                         {"training": False})],
+    "conv2d_grad": [([("f", (2, 4, 3, 6)), ("f", (2, 4, 6, 6)), ("f", (4, 4, 3, 3))],
+                     {"stride": [2, 1], "padding": [1, 1]}),
+                    ([("f", (2, 4, 4, 4)), ("f", (2, 4, 5, 5)), ("f", (4, 2, 2, 2))], {"groups": 2}),
+                    ([("f", (2, 2, 3, 2, 3)), ("f", (2, 2, 4, 4, 4)), ("f", (2, 2, 2, 3, 2))], {}),
+                    ([("f", (2, 4, 4)), ("f", (2, 2, 6)), ("f", (4, 2, 3))], {"mask": [0, 1, 1]})],
+    "max_pool2d_grad": [([("f", (2, 4, 3, 3)), ("f", (2, 4, 6, 6))], {"kernel": [2, 2]}),
+                        ([("f", (2, 4, 3, 3)), ("f", (2, 4, 6, 6)), ("idx", (2, 4, 3, 3), 36)],
+                         {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]}),
+                        ([("f", (2, 2, 2, 2, 2)), ("f", (2, 2, 4, 4, 4))], {"kernel": [2, 2, 2]})],
+    "avg_pool2d_grad": [([("f", (2, 4, 3, 3)), ("f", (2, 4, 6, 6))],
+                         {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "count_include_pad": False})],
+    "attention_grad": [([("f", (2, 4, 5, 4)), ("f", (2, 4, 5, 4)), ("f", (2, 4, 6, 4)), ("f", (2, 4, 6, 4)),
+                         ("f", (2, 4, 5, 4)), ("f", (2, 4, 5))], {"causal": True}),
+                       ([("f", (2, 5, 4)), ("f", (2, 5, 4)), ("f", (2, 6, 4)), ("f", (2, 6, 4)), ("f", (2, 5, 4)),
+                         ("f", (2, 5)), ("bool", (2, 5, 6))], {}),
+                       ([("f", (2, 2, 5, 4)), ("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)),
+                         ("f", (2, 2, 5, 4)), ("f", (2, 2, 5)), ("f", (2, 1, 1, 6))], {"scale": 0.3})],
+    "cross_entropy_grad": [([("f", ()), ("f", (4, 5)), ("idx", (4,), 5)], {}),
+                           ([("f", ()), ("f", (4, 5, 4)), ("idx", (4, 4), 5)], {"label_smoothing": 0.1}),
+                           ([("f", ()), ("f", (2, 5, 4)), ("idx", (2, 4), 5)], {"reduction": "sum"}),
+                           ([("f", (4,)), ("f", (4, 5)), ("idx", (4,), 5)], {"reduction": "none"})],
+    "embedding_grad": [([("f", (2, 4, 4)), ("idx", (2, 4), 10)], {"num_embeddings": 10})],
+    "slice_grad": [([("f", (4, 3))], {"shape": [4, 8], "axis": 1, "start": 1, "end": 7, "step": 2}),
+                   ([("f", (3, 4, 2))], {"shape": [8, 4, 2], "axis": 0, "start": -7, "step": 3})],
+    "scatter_add": [([("f", (4, 6)), ("idx", (2, 6), 4), ("f", (3, 6))], {"axis": 0}),
+                    ([("f", (4, 6)), ("idx", (4, 2), 6), ("f", (4, 3))], {"axis": 1})],
+    "index_add": [([("f", (4, 6)), ("idx", (3,), 6), ("f", (4, 3))], {"axis": 1}),
+                  ([("f", (4, 2, 2)), ("idx", (5,), 4), ("f", (5, 2, 2))], {"axis": 0})],
     "adamw_update": [([("f", (4, 2)), ("f", (4, 2)), ("f", (4, 2)), ("pos", (4, 2)), ("step", 3.0)], {})],
     "sgd_update": [([("f", (4, 2)), ("f", (4, 2))], {"lr": 0.1}),
                    ([("f", (4, 2)), ("f", (4, 2)), ("f", (4, 2))], {"momentum": 0.9, "nesterov": True})],
 }
 
-# Ops the passes replicate: inserted by the passes themselves (constants, fills), or
-# backward/scatter ops whose rule is not written yet. Collectives (ops/collective.py) are
-# exempt: the passes insert them.
-NO_RULE = {"constant", "full", "iota", "scatter_add", "index_add", "attention_grad", "avg_pool2d_grad",
-           "batch_norm_grad", "conv2d_grad", "cross_entropy_grad", "embedding_grad", "layer_norm_grad",
-           "max_pool2d_grad", "rms_norm_grad", "slice_grad"}
 
 
 def _is_collective_module(op) -> bool:
@@ -200,11 +247,13 @@ def _check(op: str, args: list[np.ndarray], attrs: dict, spec: DimSpec, placemen
     res = result_placements(spec, placements, types, mesh, res_types)
     assert not isinstance(res, Conflict), f"{op}: {res} for {[str(p) for p in placements]}"
     pieces = [_locals(a, p, mesh, rng) for a, p in zip(args, placements)]
+    # A split averaged label leaves each rank n times its share (DimSpec.averages).
+    n = average_factor(spec, placements, mesh)
     outs_by_rank = []
     for r in range(mesh.size):
         local = [pieces[i][r] for i in range(len(args))]
         la = spec.localize_attrs(attrs, [_type(a) for a in local], types)
-        outs_by_rank.append(_run(op, local, la))
+        outs_by_rank.append([o * (1.0 / n) if o.dtype.kind == "f" else o for o in _run(op, local, la)])
     for k, (w, p) in enumerate(zip(want, res)):
         got = _assemble([o[k] for o in outs_by_rank], p, w.shape, mesh)
         np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-9,
@@ -269,10 +318,12 @@ def test_rule_matches_reference(op, sample):
 
 def test_every_op_is_accounted_for():
     missing = sorted(n for n, o in OPS.items()
-                     if o.sharding is None and n not in NO_RULE and not _is_collective_module(o))
-    assert not missing, f"ops without a sharding rule and not in NO_RULE: {missing}"
-    stale = sorted(n for n in NO_RULE if n in OPS and OPS[n].sharding is not None)
-    assert not stale, f"NO_RULE lists ops that have a rule: {stale}"
+                     if o.sharding is None and n not in WITHOUT_RULE and not _is_collective_module(o))
+    assert not missing, f"ops without a sharding rule and not in sharding.WITHOUT_RULE: {missing}"
+    stale = sorted(n for n in WITHOUT_RULE if n not in OPS or OPS[n].sharding is not None)
+    assert not stale, f"sharding.WITHOUT_RULE lists ops that have a rule (or do not exist): {stale}"
+    # Only ops without operands stay without a rule: nothing flows into them.
+    assert all(not OPS[n].operands and WITHOUT_RULE[n] for n in WITHOUT_RULE)
     untested = sorted(n for n, o in OPS.items() if o.sharding is not None and n not in SAMPLES)
     assert not untested, f"ops with a rule but no sample: {untested}"
     assert all(OPS[n].sharding is None for n in OPS if _is_collective_module(OPS[n]))
@@ -306,7 +357,7 @@ def test_disagreeing_operands_are_named():
 
 
 def test_non_sum_reductions_refuse_a_split_reduced_dim():
-    for op in ("max", "mean", "argmax", "prod"):
+    for op in ("max", "argmax", "prod"):
         c = _conflict(op, [T(4, 6)], {"axes": [1]}, [Placement.split(2, {1: "x"})])
         assert c.operands == (0,)
     _conflict("cumsum", [T(4, 6)], {"axis": 1}, [Placement.split(2, {1: "x"})])
@@ -363,3 +414,242 @@ def test_attached_at_import():
     res = result_placements(spec, [Placement.split(2, {0: "dp", 1: "tp"}), Placement.split(2, {0: "tp"})],
                             [T(4, 6), T(6, 2)], Mesh.of("dp=2,tp=2"))
     assert res == [Placement((("dp",), ()), ("tp",))]
+
+
+# --- what the rules allow: the splits training needs -----------------------------------------
+
+def _spec(op, arg_types, attrs):
+    return sharding_spec(op, arg_types, OPS[op].normalize_attrs(attrs))
+
+
+def test_rules_split_what_training_needs():
+    conv = {"padding": [1, 1]}
+    assert set(_spec("conv2d", [T(2, 4, 5, 5), T(6, 4, 3, 3)], conv).splittable()) == {"n", "c", "o"}
+    # With a bias every input-channel summand would add it; with groups the channel blocks
+    # of x and of the weight do not line up.
+    assert set(_spec("conv2d", [T(2, 4, 5, 5), T(6, 4, 3, 3), T(6)], conv).splittable()) == {"n", "o"}
+    assert set(_spec("conv2d", [T(2, 4, 5, 5), T(4, 2, 3, 3)], {"groups": 2}).splittable()) == {"n"}
+    spec = _spec("conv_transpose2d", [T(2, 4, 3, 3), T(4, 6, 2, 2)], {})
+    assert spec.operands[1][:2] == ("c", "o") and spec.results[0][:2] == ("n", "o") and spec.sums == {"c"}
+    spec = _spec("conv2d_grad", [T(2, 4, 3, 6), T(2, 4, 6, 6), T(4, 4, 3, 3)], {"stride": [2, 1], "padding": [1, 1]})
+    assert set(spec.splittable()) == {"n", "o", "c"} and spec.linear == {0}
+    assert set(_spec("conv2d_grad", [T(2, 4, 4, 4), T(2, 4, 5, 5), T(4, 2, 2, 2)],
+                     {"groups": 2}).splittable()) == {"n"}
+    spec = _spec("layer_norm_grad", [T(4, 8), T(4, 8), T(8)], {})
+    assert spec.splittable() == ("d0",) and spec.results == (("d0", None), (None,), (None,)) and spec.sums == {"d0"}
+    assert set(_spec("embedding_grad", [T(2, 4, 4), TensorType((2, 4), DTYPES["i64"])],
+                     {"num_embeddings": 10}).splittable()) == {"i0", "i1", "e"}
+    q = T(2, 4, 5, 4)
+    assert _spec("attention_grad", [q, q, T(2, 4, 6, 4), T(2, 4, 6, 4), q, T(2, 4, 5)], {}).splittable() == ("b0", "b1")
+    assert _spec("batch_norm_grad", [T(4, 2, 3, 3)] * 2 + [T(2)], {"training": True}).splittable() == ("c",)
+    assert set(_spec("batch_norm_grad", [T(4, 2, 3, 3)] * 2 + [T(2)] * 3, {"training": False}).splittable()) == \
+        {"n", "c", "s2", "s3"}
+    i64 = TensorType((4,), DTYPES["i64"])
+    for red in ("mean", "sum", "none"):
+        spec = _spec("cross_entropy_grad", [T(4) if red == "none" else T(), T(4, 5), i64], {"reduction": red})
+        assert spec.splittable() == ("t0",) and spec.results == ((("t0", None)),)
+        assert spec.averages == ({"t0"} if red == "mean" else set())
+    spec = _spec("cross_entropy", [T(4, 5), i64], {})
+    assert spec.sums == spec.averages == {"t0"}
+    spec = _spec("mean", [T(4, 6)], {"axes": [1]})
+    assert spec.sums == spec.averages == {"d1"} and spec.results == (("d0",),)
+
+
+def test_a_summed_label_splits_the_results_that_carry_it():
+    # layer_norm_grad's dx keeps the rows split; its dweight and dbias sum over them.
+    mesh = Mesh.of("x=2")
+    types = [T(4, 8), T(4, 8), T(8)]
+    spec = _spec("layer_norm_grad", types, {})
+    rows = Placement.split(2, {0: "x"})
+    res = result_placements(spec, [rows, rows, None], types, mesh)
+    assert res == [rows, Placement(((),), ("x",)), Placement(((),), ("x",))]
+    # conv2d_grad: split output channels leave dx a pending sum; split input channels leave
+    # dbias (which never reads x) whole on every rank.
+    types = [T(2, 4, 4, 4), T(2, 4, 4, 4), T(4, 4, 1, 1)]
+    spec = _spec("conv2d_grad", types, {})
+    o = [Placement.split(4, {1: "x"}), None, Placement.split(4, {0: "x"})]
+    assert result_placements(spec, o, types, mesh) == [Placement(((),) * 4, ("x",)), Placement.split(4, {0: "x"}),
+                                                       Placement.split(1, {0: "x"})]
+    c = [None, Placement.split(4, {1: "x"}), Placement.split(4, {1: "x"})]
+    assert result_placements(spec, c, types, mesh) == [Placement.split(4, {1: "x"}), Placement.split(4, {1: "x"}),
+                                                       Placement.replicated(1)]
+
+
+def test_average_factor_counts_every_axis_of_an_averaged_label():
+    mesh = Mesh.of("a=2,b=2")
+    spec = _spec("mean", [T(8, 4)], {})
+    assert average_factor(spec, [Placement.split(2, {0: "a", 1: "b"})], mesh) == 4
+    assert average_factor(spec, [Placement.split(2, {0: ("a", "b")})], mesh) == 4
+    assert average_factor(spec, [Placement.split(2, {1: "b"})], mesh) == 2
+    assert average_factor(spec, [None], mesh) == 1
+    # Only the averaged labels count: mean over dim 1 with the rows split is exact as is.
+    assert average_factor(_spec("mean", [T(8, 4)], {"axes": [1]}), [Placement.split(2, {0: "a"})], mesh) == 1
+
+
+# --- the partition applies the averages ----------------------------------------------------------
+
+def _partition_and_run(g, inputs: dict, weights=None):
+    """Propagate and partition ``g``, run it on its mesh: (per-rank graph, report, outputs by
+    rank, the global outputs)."""
+    weights = dict(g.weights) if weights is None else weights
+    propagate(g)
+    local, report = partition_with_report(g)
+    partita.verify(local)
+    mesh = g.mesh
+    want = partita.run(g, inputs, weights)
+    by_name = {v.name: v for v in g.inputs}
+    inputs_by_rank = [{k: local_piece(a, by_name[k].placement, mesh, r) for k, a in inputs.items()}
+                      for r in range(mesh.size)]
+    outs = run_mesh(local, mesh, inputs_by_rank, shard_weights(g, weights, mesh))
+    return local, report, outs, want
+
+
+def test_partitioned_mean_on_a_2d_mesh_is_the_global_mean():
+    g = partita.parse("""graph @m(%x: f32[8@dp,4@tp]) -> (f32[], f32[8,1]) mesh(dp=2, tp=2) {
+      %all = mean(%x) : f32[]
+      %row = mean(%x) {axes=[1], keepdim=true} : f32[8,1]
+      return %all, %row
+    }""")
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    local, report, outs, want = _partition_and_run(g, {"x": x})
+    for r in range(4):
+        np.testing.assert_allclose(outs[r][0], want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(outs[r][1], local_piece(want[1], Placement.split(2, {0: "dp"}), g.mesh, r),
+                                   rtol=1e-5)
+    assert g.outputs[1].placement == Placement(((("dp",), ())), ("tp",))
+    # One constant and one mul per averaging node, right after it: 1/4 for both dims, 1/2 for tp.
+    scales = sorted(float(n.attrs["value"].array) for n in local.nodes if n.op == "constant")
+    assert scales == [0.25, 0.5]
+    for n in local.nodes:
+        if n.op == "mean":
+            (user,) = n.results[0].users
+            assert user.op == "mul"
+    assert {c.op for c in report.collectives} == {"all_reduce"}, report.text()
+
+
+CE = """graph @ce(%z: f32[4@dp,5], %t: i64[4@dp]) -> (f32[], f32[4,5]) mesh(dp=2) {
+  %loss = cross_entropy(%z, %t) {ignore_index=-1} : f32[]
+  %one = full() {shape=[], value=1.0} : f32[]
+  %dz = cross_entropy_grad(%one, %z, %t) {ignore_index=-1} : f32[4,5]
+  return %loss, %dz
+}"""
+
+
+def test_cross_entropy_mean_is_global_when_ranks_ignore_equally():
+    z = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    g = partita.parse(CE)
+    local, report, outs, want = _partition_and_run(g, {"z": z, "t": np.array([0, -1, 3, -1])})
+    assert [c.op for c in report.collectives] == ["all_reduce"] and report.collectives[0].value == "loss"
+    for r in range(2):
+        np.testing.assert_allclose(outs[r][0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(outs[r][1], want[1][2 * r:2 * r + 2], rtol=1e-6)
+    # Uneven ignored targets: each rank's mean weighs its own kept targets (as DDP's
+    # per-rank averaging does), which is not the global mean; documented, not hidden.
+    t = np.array([-1, 2, 3, 1])
+    g = partita.parse(CE)
+    local, report, outs, want = _partition_and_run(g, {"z": z, "t": t})
+    attrs = OPS["cross_entropy"].normalize_attrs({"ignore_index": -1})
+    per_rank = [OPS["cross_entropy"].reference([z[2 * r:2 * r + 2], t[2 * r:2 * r + 2]], attrs) for r in range(2)]
+    np.testing.assert_allclose(outs[0][0], np.mean(per_rank), rtol=1e-6)
+    assert abs(float(outs[0][0]) - float(want[0])) > 1e-3
+
+
+# --- data-parallel training steps, end to end --------------------------------------------------
+
+def _torch_models():
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class LayerNormMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.ln, self.fc2 = nn.Linear(12, 16), nn.LayerNorm(16), nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.ln(self.fc1(x))))
+
+    class CNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.bn = nn.Conv2d(3, 4, 3, 1, 1), nn.BatchNorm2d(4)
+            self.conv2 = nn.Conv2d(4, 4, 3, 2, 1, bias=False)
+            self.pool, self.fc = nn.MaxPool2d(2), nn.Linear(16, 5)
+
+        def forward(self, x):
+            x = F.relu(self.conv2(F.relu(self.bn(self.conv1(x)))))
+            return self.fc(torch.flatten(self.pool(x), 1))
+
+    return torch, LayerNormMLP, CNN
+
+
+def _gpt2_case():
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "autodiff"))
+    try:
+        from test_training import gpt2
+    finally:
+        sys.path.pop(0)
+    import torch
+    torch.manual_seed(0)
+    return gpt2(1), torch.randint(0, 128, (2, 16)), torch.randint(0, 128, (2, 16))
+
+
+def _case(name: str):
+    torch, LayerNormMLP, CNN = _torch_models()
+    torch.manual_seed(0)
+    if name == "mlp_layer_norm":
+        return LayerNormMLP(), torch.randn(8, 12), torch.randint(0, 5, (8,))
+    if name == "cnn":
+        return CNN(), torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    return _gpt2_case()
+
+
+@pytest.mark.parametrize("name", ["mlp_layer_norm", "cnn", "gpt2"])
+def test_data_parallel_training_step_needs_only_gradient_all_reduces(name):
+    model, x, target = _case(name)
+    fwd = partita.import_torch(model.eval(), (x,))
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=0.5)
+    step.mesh = Mesh.of("dp=2")
+    (data,) = [v for v in step.inputs if v.role == "input" and v.name != "target"]
+    for v in step.inputs:
+        if v.role == "input":  # the batch and its targets, split by rows
+            v.placement = Placement.split(v.type.rank, {0: "dp"})
+    local, report, outs, want = _partition_and_run(step, {data.name: x.numpy(), "target": target.numpy()})
+    # Every rank ends with the single-device step's loss and new params.
+    for r in range(2):
+        for i, v in enumerate(step.outputs):
+            assert not any(v.placement.dims), f"output {i} is {v.placement}"
+            np.testing.assert_allclose(outs[r][i], want[i], rtol=1e-5, atol=1e-6, err_msg=f"rank {r}, output {i}")
+    # Communication: one all-reduce per gradient and one of the loss; activations never move.
+    names = value_names(step)
+    grads = {names[n.operands[1]] for n in step.nodes if n.op == "sgd_update"}
+    params = [v for v in step.inputs if v.role == "param"]
+    assert len(grads) == len(params)
+    for c in report.collectives:
+        assert (c.op, c.axis) == ("all_reduce", "dp") and (c.value in grads or c.value == "loss"), report.text()
+    assert sorted(c.value for c in report.collectives) == sorted(grads | {"loss"}), report.text()
+
+
+def test_channel_parallel_convolutions_need_one_all_reduce():
+    # Output channels split in the first convolution, input channels in the second (no
+    # bias): the activations stay split, and the second's partial sums are reduced once.
+    g = partita.parse("""graph @cnn(%x: f32[2,4,6,6], %w1: f32[8@tp,4,3,3] param, %b1: f32[8] param,
+                                    %w2: f32[4,8@tp,3,3] param) -> (f32[2,4,6,6]) mesh(tp=2) {
+      %a = conv2d(%x, %w1, %b1) {padding=[1, 1]} : f32[2,8,6,6]
+      %h = relu(%a) : f32[2,8,6,6]
+      %y = conv2d(%h, %w2) {padding=[1, 1]} : f32[2,4,6,6]
+      return %y
+    }""")
+    rng = np.random.default_rng(2)
+    weights = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in g.inputs if v.role == "param"}
+    local, report, outs, want = _partition_and_run(g, {"x": rng.standard_normal((2, 4, 6, 6)).astype(np.float32)},
+                                                   weights)
+    assert [(c.op, c.value) for c in report.collectives] == [("all_reduce", "y")], report.text()
+    # The bias follows its output channels; the activations stay split by channels.
+    h = next(n for n in g.nodes if n.op == "relu").results[0]
+    assert str(g.inputs[2].placement) == "[tp]" and str(h.placement) == "[-, tp, -, -]"
+    for r in range(2):
+        np.testing.assert_allclose(outs[r][0], want[0], rtol=1e-5, atol=1e-5)
