@@ -25,6 +25,7 @@ reduced only where a consumer needs it whole, and that consumer records the need
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -93,11 +94,14 @@ class PropagationReport:
         return "\n".join(lines)
 
 
-def propagate(graph: Graph, mesh: Mesh | str | None = None) -> PropagationReport:
+def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Value]" = ()) -> PropagationReport:
     """Give every value of ``graph`` a placement (in place) and report the decisions.
 
-    ``mesh`` sets ``graph.mesh`` when the graph has none. Raises PropagationError without a
-    mesh, or when an annotated placement does not fit its value.
+    ``mesh`` sets ``graph.mesh`` when the graph has none. ``sinks`` are annotated values that
+    constrain only themselves: their placement is not pushed back onto their producers'
+    operands (a sequence-parallel boundary asks for a reduce_scatter where it is produced,
+    instead of making its producer's inputs split). Raises PropagationError without a mesh,
+    or when an annotated placement does not fit its value.
     """
     if graph.mesh is None:
         if mesh is None:
@@ -107,12 +111,23 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None) -> PropagationReport
             graph.mesh = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
         except MeshError as e:
             raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
-    return _Propagator(graph, graph.mesh).run()
+    return _Propagator(graph, graph.mesh, sinks).run()
+
+
+@lru_cache(maxsize=1 << 16)
+def reshard_cost(shape: tuple[int, ...], dtype, have: Placement, want: Placement, mesh: Mesh) -> int | None:
+    """Bytes each rank sends on the cheapest plan from ``have`` to ``want`` (None: no plan).
+    Cached: propagation prices the same few shapes and placements thousands of times."""
+    try:
+        return plan_bytes(plan_reshard(shape, dtype, have, want, mesh, "the value"))
+    except (ReshardError, PlacementError):
+        return None
 
 
 class _Propagator:
-    def __init__(self, graph: Graph, mesh: Mesh) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, sinks: "Sequence[Value]" = ()) -> None:
         self.g = graph
+        self.sinks = set(sinks)
         self.mesh = mesh
         self.names = value_names(graph)
         self.nodes = list(graph.nodes)
@@ -144,10 +159,8 @@ class _Propagator:
         """Bytes sent per rank to turn ``have`` into ``want`` for ``v``; None if impossible."""
         if have == want:
             return 0
-        try:
-            return plan_bytes(plan_reshard(v.type.shape, v.type.dtype, have, want, self.mesh, f"%{self.name(v)}"))
-        except (ReshardError, PlacementError):
-            return None
+        return reshard_cost(tuple(v.type.shape), v.type.dtype, have, want, self.mesh)
+
 
     # --- the fixed point -----------------------------------------------------------------------
     def run(self) -> PropagationReport:
@@ -204,11 +217,12 @@ class _Propagator:
                        if o not in self.pl and (o.is_input or not inputs_only)]
             if not missing:
                 continue
-            known = any(r in self.pl for r in node.results) or any(o in self.pl for o in node.operands)
+            known = any(r in self.pl and r not in self.sinks for r in node.results) or \
+                any(o in self.pl for o in node.operands)
             if not known:
                 continue
             spec = self.spec(node)
-            labels = self.label_axes(node, spec, results_first=True) if spec is not None else {}
+            labels = self.label_axes(node, spec, results_first=True, sinks=False) if spec is not None else {}
             for i in missing:
                 o = node.operands[i]
                 if o in self.pl:  # the same value twice among the operands
@@ -236,11 +250,13 @@ class _Propagator:
 
     # --- labels ------------------------------------------------------------------------------------
     def label_axes(self, node: Node, spec: DimSpec, results_first: bool,
-                   first: int | None = None) -> dict[str, tuple[str, ...]]:
+                   first: int | None = None, sinks: bool = True) -> dict[str, tuple[str, ...]]:
         """Mesh axes per label, read from the placed results and operands (``first`` operand
-        first, or the results first) without using a mesh axis twice."""
+        first, or the results first) without using a mesh axis twice (nor the results that
+        are sinks, unless ``sinks``)."""
         res: list[tuple[tuple, Placement]] = \
-            [(lab, self.pl[r]) for lab, r in zip(spec.results, node.results) if r in self.pl]
+            [(lab, self.pl[r]) for lab, r in zip(spec.results, node.results)
+             if r in self.pl and (sinks or r not in self.sinks)]
         order = list(range(len(node.operands)))
         if first is not None:
             order.remove(first)
