@@ -6,5 +6,6 @@ from .placement import Placement, PlacementError
 from . import sharding  # noqa: F401  (attaches the sharding rules to the op records)
 from . import propagate as _propagate  # noqa: F401  (registers the propagate pass)
 from . import partition as _partition  # noqa: F401  (registers the partition pass)
+from . import bucket as _bucket  # noqa: F401  (registers bucket-gradients and order-collectives)
 
 __all__ = ["Mesh", "MeshError", "Placement", "PlacementError"]

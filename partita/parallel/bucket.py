@@ -1,0 +1,546 @@
+"""Gradient buckets and one collective order, for per-rank (partitioned) graphs.
+
+Two passes over the program every rank runs, as the multi-device graph passes of the
+classic data-parallel executors did:
+
+- ``bucket-gradients`` coalesces independent ``all_reduce`` nodes (and ``reduce_scatter``
+  nodes of dim 0, ZeRO-2's gradients) that agree on op, axis, group and dtype into buckets
+  of at most ``size_mb``: the members' operands are flattened and concatenated, reduced by
+  one collective, and cut back apart. Buckets fill in the order the operands become ready
+  (gradients come out in reverse layer order), and a bucket's collective is issued right
+  after its last member's operand is produced, so communication overlaps the rest of the
+  backward pass instead of waiting for the whole of it.
+- ``order-collectives`` fixes one order of the collectives that depends only on the program,
+  never on the order its nodes happened to be inserted in: every rank that builds the same
+  program (or its own stage of it) derives the same sequence, so no group waits in one
+  collective while a member waits in another. ``check_collective_order`` is the static
+  check of that property over the per-rank graphs of an MPMD program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..ir.attrs import DenseAttr
+from ..ir.builder import Builder
+from ..ir.diagnostics import PartitaError
+from ..ir.dtypes import DType
+from ..ir.graph import Graph, Node, Value
+from ..ir.printer import format_attr, value_names
+from ..ops.registry import OPS
+from ..passes.manager import Pass, register_pass
+from .mesh import Mesh, MeshError
+from .simulate import _describe, _ordinal, _same_collective
+
+MB = 1 << 20  # size_mb counts mebibytes, as DDP's bucket_cap_mb does
+
+
+class BucketError(PartitaError):
+    """Gradient bucketing was asked for something it cannot do (a size limit that is not a
+    positive number)."""
+
+
+class CollectiveOrderError(PartitaError):
+    """Per-rank programs whose members of one group would issue different collectives at
+    the same position: a real run would hang or mix up data there."""
+
+
+# --- fusion rules ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _FusionRule:
+    """How members of one collective op are fused into one: ``accepts`` says whether a node
+    may join a bucket at all, ``member_attrs`` names the attributes that may differ between
+    members (they are fixed by ``emit``), and ``emit`` writes the fused collective for the
+    members' operands and returns the value replacing each member's result."""
+
+    accepts: Callable[[Node], bool]
+    member_attrs: frozenset[str]
+    emit: Callable[[Builder, list[Node]], list[Value]]
+
+
+def _flat_shape(v: Value) -> tuple[int, ...]:
+    return (v.type.numel,)
+
+
+def _reshaped(b: Builder, v: Value, shape: tuple[int, ...]) -> Value:
+    return v if v.type.shape == shape else b.emit("reshape", v, shape=shape)
+
+
+def _fuse_all_reduce(b: Builder, members: list[Node]) -> list[Value]:
+    """Flatten each operand, concatenate, reduce once, cut apart, and give each piece its
+    member's shape back: an all_reduce is elementwise over ranks, so the layout is free."""
+    flat = [_reshaped(b, m.operands[0], _flat_shape(m.operands[0])) for m in members]
+    joined = b.emit("concat", *flat, axis=0)
+    reduced = b.emit_node("all_reduce", [joined], dict(members[0].attrs), loc=members[0].loc).results[0]
+    pieces = b.emit("split", reduced, axis=0, sizes=tuple(m.operands[0].type.numel for m in members))
+    return [_reshaped(b, p, m.results[0].type.shape) for p, m in zip(pieces, members)]
+
+
+def _scatters_dim0(node: Node) -> bool:
+    t = node.operands[0].type
+    return t.rank >= 1 and node.attrs["dim"] % t.rank == 0
+
+
+def _fuse_reduce_scatter(b: Builder, members: list[Node]) -> list[Value]:
+    """Each operand as ``[g, -1]``: row j is the rows of dim 0 that rank j keeps (a dim-0
+    piece is contiguous in row-major order). Concatenated along dim 1, one reduce_scatter
+    of dim 0 hands rank j its row of every member; dim 1 is then cut per member and each
+    piece takes its member's local result shape."""
+    g = members[0].attrs["group_size"]
+    rows = [_reshaped(b, m.operands[0], (g, m.operands[0].type.numel // g)) for m in members]
+    joined = b.emit("concat", *rows, axis=1)
+    attrs = dict(members[0].attrs)
+    attrs["dim"] = 0
+    scattered = b.emit_node("reduce_scatter", [joined], attrs, loc=members[0].loc).results[0]
+    pieces = b.emit("split", scattered, axis=1, sizes=tuple(m.operands[0].type.numel // g for m in members))
+    return [_reshaped(b, p, m.results[0].type.shape) for p, m in zip(pieces, members)]
+
+
+# The collectives bucketing fuses, by op; any other op is left where it is.
+FUSION_RULES: dict[str, _FusionRule] = {
+    "all_reduce": _FusionRule(lambda node: True, frozenset(), _fuse_all_reduce),
+    "reduce_scatter": _FusionRule(_scatters_dim0, frozenset({"dim"}), _fuse_reduce_scatter),
+}
+
+
+# --- the bucket report -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bucket:
+    """One fused collective: ``members`` are the printed names (before the pass) of the
+    values the member collectives reduced, in bucket order; ``bytes`` their operand bytes."""
+
+    op: str
+    axis: str
+    dtype: DType
+    members: tuple[str, ...]
+    bytes: int
+
+    def __str__(self) -> str:
+        names = ", ".join(f"%{m}" for m in self.members)
+        return f"{self.op} over {self.axis} ({self.dtype.name}, {self.bytes} bytes): {names}"
+
+
+@dataclass
+class BucketReport:
+    """What ``bucket_gradients`` did: every bucket (a bucket of one member is the untouched
+    collective), and the number of collectives of each fusable op before and after."""
+
+    size_limit: int
+    buckets: list[Bucket] = field(default_factory=list)
+    before: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fused(self) -> list[Bucket]:
+        """The buckets of two or more members (those the pass rewrote)."""
+        return [b for b in self.buckets if len(b.members) > 1]
+
+    def text(self) -> str:
+        """A human-readable summary."""
+        counts = ", ".join(f"{op}: {self.before.get(op, 0)} -> {self.after.get(op, 0)}" for op in FUSION_RULES)
+        lines = [f"bucket-gradients (limit {self.size_limit} bytes): {counts}"]
+        lines += [f"  {b}" for b in self.buckets]
+        return "\n".join(lines)
+
+
+# --- bucket-gradients ----------------------------------------------------------------------------
+
+def _count(graph: Graph) -> dict[str, int]:
+    counts = dict.fromkeys(FUSION_RULES, 0)
+    for n in graph.nodes:
+        if n.op in counts:
+            counts[n.op] += 1
+    return counts
+
+
+def _fusion_key(node: Node) -> tuple:
+    """Members of one bucket agree on all of this: op, dtype and the group attributes."""
+    rule = FUSION_RULES[node.op]
+    attrs = tuple(sorted((k, format_attr(v)) for k, v in node.attrs.items() if k not in rule.member_attrs))
+    return (node.op, node.operands[0].type.dtype.name, attrs)
+
+
+def bucket_gradients(graph: Graph, size_mb: float = 25.0) -> BucketReport:
+    """Coalesce the independent all_reduce (and dim-0 reduce_scatter) nodes of the per-rank
+    ``graph`` into buckets of at most ``size_mb`` MiB, in place; returns the BucketReport.
+
+    Members of a bucket agree on op, axis, group size, reduction and dtype; a tensor larger
+    than the limit gets a bucket of its own; two collectives where one depends on the other
+    (directly, or through another bucket) never share a bucket. Each fused collective sits
+    right after its last member's operand is produced; nodes that used a member's result
+    move after it when they have to, everything else keeps its place.
+    """
+    if not isinstance(size_mb, (int, float)) or isinstance(size_mb, bool) or not size_mb > 0 \
+            or math.isinf(size_mb):
+        raise BucketError(f"@{graph.name}: bucket-gradients needs size_mb > 0 (the most MiB one fused "
+                          f"collective carries, e.g. 25.0), got {size_mb!r}")
+    limit = max(1, int(size_mb * MB))
+    report = BucketReport(limit, before=_count(graph))
+    names = value_names(graph)
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+
+    def ready(n: Node) -> int:
+        p = n.operands[0].producer
+        return -1 if p is None else pos[p]
+
+    # Nothing to move for an empty tensor; it keeps its own collective.
+    cands = [n for n in nodes if n.op in FUSION_RULES and FUSION_RULES[n.op].accepts(n)
+             and n.operands[0].type.numel > 0]
+    bit = {n: 1 << i for i, n in enumerate(cands)}
+    up = _upstream_masks(nodes, bit)
+
+    order = sorted(cands, key=lambda n: (ready(n), pos[n]))
+    members: list[list[Node]] = []
+    member_mask: list[int] = []
+    up_mask: list[int] = []  # every candidate upstream of some member's operand
+    sizes: list[int] = []
+    open_by_key: dict[tuple, int] = {}
+    for c in order:
+        key = _fusion_key(c)
+        size = c.operands[0].type.nbytes
+        b = open_by_key.get(key)
+        if b is not None and (sizes[b] + size > limit
+                              or _effective_upstream(up[c], member_mask, up_mask) & member_mask[b]):
+            b = None
+        if b is None:
+            b = len(members)
+            members.append([])
+            member_mask.append(0)
+            up_mask.append(0)
+            sizes.append(0)
+            open_by_key[key] = b
+        members[b].append(c)
+        member_mask[b] |= bit[c]
+        up_mask[b] |= up[c]
+        sizes[b] += size
+        if sizes[b] >= limit:
+            del open_by_key[key]
+
+    for ms, size in zip(members, sizes):
+        report.buckets.append(Bucket(ms[0].op, ms[0].attrs["axis"], ms[0].operands[0].type.dtype,
+                                     tuple(names[m.operands[0]] for m in ms), size))
+    fused = [i for i, ms in enumerate(members) if len(ms) > 1]
+    if fused:
+        _place_buckets(graph, nodes, pos, [members[i] for i in fused], ready)
+        for ms in (members[i] for i in fused):
+            builder = Builder(graph).set_insertion_before(ms[0])
+            replacements = FUSION_RULES[ms[0].op].emit(builder, ms)
+            for m, new in zip(ms, replacements):
+                if m.results[0].name is not None:
+                    new.name = m.results[0].name
+                graph.replace_all_uses(m.results[0], new)
+            for m in ms:
+                graph.erase(m)
+    report.after = _count(graph)
+    return report
+
+
+def _upstream_masks(nodes: list[Node], bit: Mapping[Node, int]) -> dict[Node, int]:
+    """Per node, the bit set of the candidate collectives whose results reach its operands."""
+    up: dict[Node, int] = {}
+    out: dict[Node, int] = {}
+    for n in nodes:
+        m = 0
+        for v in n.operands:
+            p = v.producer
+            if p is not None:
+                m |= out[p]
+        up[n] = m
+        out[n] = m | bit.get(n, 0)
+    return up
+
+
+def _effective_upstream(mask: int, member_mask: list[int], up_mask: list[int]) -> int:
+    """``mask`` closed over buckets: a fused collective waits for all its members' operands,
+    so reaching one member of a bucket means reaching everything upstream of the others."""
+    seen: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for b, mm in enumerate(member_mask):
+            if b not in seen and mask & mm:
+                seen.add(b)
+                grown = mask | mm | up_mask[b]
+                changed = changed or grown != mask
+                mask = grown
+    return mask
+
+
+def _effect_chain(nodes: list[Node]) -> dict[Node, Node]:
+    """Each effectful node that is not a collective, mapped to the previous such node: their
+    relative order is kept by every reordering here (an RNG stream, I/O)."""
+    prev: Node | None = None
+    chain: dict[Node, Node] = {}
+    for n in nodes:
+        op = OPS.get(n.op)
+        if op is None or op.collective is not None or not op.effects_of(n.attrs):
+            continue
+        if prev is not None:
+            chain[n] = prev
+        prev = n
+    return chain
+
+
+def _place_buckets(graph: Graph, nodes: list[Node], pos: dict[Node, int], buckets: list[list[Node]],
+                   ready: Callable[[Node], int]) -> None:
+    """Reorder ``graph`` so that each bucket's members sit together right after the last of
+    their operands' producers, and every node that needs a member's result comes after them.
+
+    A stable list schedule: nodes keep their positions as priorities, a bucket takes the
+    slot just after its last operand, and a node whose operands are late waits for them.
+    """
+    item_of: dict[Node, int] = {n: i for i, n in enumerate(nodes)}
+    base = len(nodes)
+    for k, ms in enumerate(buckets):
+        for m in ms:
+            item_of[m] = base + k
+    prio: list[tuple[int, int, int]] = [(i, 0, 0) for i in range(len(nodes))]
+    prio += [(max(ready(m) for m in ms), 1, k) for k, ms in enumerate(buckets)]
+    chain = _effect_chain(nodes)
+    preds: list[set[int]] = [set() for _ in prio]
+    for n in nodes:
+        me = item_of[n]
+        deps = [v.producer for v in n.operands if v.producer is not None]
+        if n in chain:
+            deps.append(chain[n])
+        for dep in deps:
+            if item_of[dep] != me:
+                preds[me].add(item_of[dep])
+    succs: list[list[int]] = [[] for _ in prio]
+    for item, ps in enumerate(preds):
+        for q in sorted(ps):
+            succs[q].append(item)
+    indeg = [len(ps) for ps in preds]
+    live = set(item_of.values())
+    heap = [(prio[i], i) for i in live if indeg[i] == 0]
+    heapq.heapify(heap)
+    schedule: list[Node] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        schedule.extend(buckets[i - base] if i >= base else [nodes[i]])
+        for s in succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (prio[s], s))
+    # The bucketing refuses every member that would close a cycle, so this cannot happen.
+    assert len(schedule) == len(nodes), "bucket-gradients: the buckets formed a dependency cycle"
+    _apply_order(graph, schedule)
+
+
+def _apply_order(graph: Graph, schedule: list[Node]) -> None:
+    """Relink ``graph``'s nodes into ``schedule`` (a valid order of the same nodes), moving
+    only the nodes that are out of place."""
+    cur = graph.first
+    for n in schedule:
+        if n is cur:
+            cur = cur.next
+        else:
+            assert cur is not None, "the schedule lists more nodes than the graph has"
+            graph.move_before(cur, n)
+    graph.renumber()
+
+
+# --- order-collectives ---------------------------------------------------------------------------
+
+def _is_collective(n: Node) -> bool:
+    op = OPS.get(n.op)
+    return op is not None and op.collective is not None
+
+
+def _attr_text(v: Any) -> str:
+    if isinstance(v, DenseAttr):
+        a = v.array
+        return f"dense<{a.dtype.str}{list(a.shape)}:{hashlib.sha1(a.tobytes()).hexdigest()}>"
+    if isinstance(v, tuple):
+        return "(" + ",".join(_attr_text(x) for x in v) + ")"
+    return format_attr(v)
+
+
+def _signatures(graph: Graph, nodes: list[Node]) -> dict[Node, str]:
+    """A digest of what each node computes from the graph inputs: its op, attributes, result
+    types and its operands' digests. It ignores node order, object ids and printed numbers,
+    so two builds of one program give every node the same digest on every rank."""
+    vsig: dict[Value, str] = {v: f"in{v.index}:{v.name}:{v.type}" for v in graph.inputs}
+    sig: dict[Node, str] = {}
+    for n in nodes:
+        h = hashlib.sha1(n.op.encode())
+        for k in sorted(n.attrs):
+            h.update(f"|{k}={_attr_text(n.attrs[k])}".encode())
+        for v in n.operands:
+            h.update(f"|<{vsig[v]}".encode())
+        for r in n.results:
+            h.update(f"|>{r.type}".encode())
+        s = sig[n] = h.hexdigest()
+        for r in n.results:
+            vsig[r] = f"{s}.{r.index}"
+    return sig
+
+
+def order_collectives(graph: Graph) -> list[Node]:
+    """Re-sort the nodes of ``graph`` (in place) so that its collectives come in one order
+    that depends only on the program; returns the collective nodes in that order.
+
+    The collectives are ordered first by how early their operands can be ready (the longest
+    chain of nodes from the graph inputs), then by axis, op and a digest of what they
+    compute; a collective that depends on another always comes after it. Each is issued as
+    early as its operands allow: only the nodes it needs (and have not run yet) go before
+    it. The other nodes keep their relative order, as do effectful non-collective nodes.
+    """
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    chain = _effect_chain(nodes)
+
+    def deps(n: Node) -> list[Node]:
+        ds = [v.producer for v in n.operands if v.producer is not None]
+        if n in chain:
+            ds.append(chain[n])
+        return ds
+
+    depth: dict[Node, int] = {}
+    for n in nodes:
+        depth[n] = 1 + max((depth[p] for p in deps(n)), default=0)
+    sig = _signatures(graph, nodes)
+    colls = [n for n in nodes if _is_collective(n)]
+    cbit = {n: 1 << i for i, n in enumerate(colls)}
+    # The collectives each node needs (its own bit included for a collective).
+    need: dict[Node, int] = {}
+    for n in nodes:
+        m = cbit.get(n, 0)
+        for p in deps(n):
+            m |= need[p]
+        need[n] = m
+
+    def key(n: Node) -> tuple:
+        # Identical digests compute identical values, so their relative order cannot change
+        # what any rank sees; the node position only makes the sort total.
+        return (depth[n], n.attrs.get("axis", ""), n.op, sig[n], pos[n])
+
+    issued = 0
+    pending = list(colls)
+    sequence: list[Node] = []
+    while pending:
+        ready = [c for c in pending if (need[c] & ~cbit[c]) & ~issued == 0]
+        c = min(ready, key=key)
+        sequence.append(c)
+        issued |= cbit[c]
+        pending.remove(c)
+
+    schedule: list[Node] = []
+    placed: set[Node] = set()
+    for c in sequence:
+        wanted: list[Node] = []
+        stack = [c]
+        while stack:
+            n = stack.pop()
+            if n in placed:
+                continue
+            placed.add(n)
+            wanted.append(n)
+            stack.extend(deps(n))
+        wanted.sort(key=pos.__getitem__)
+        schedule.extend(wanted)
+    schedule.extend(n for n in nodes if n not in placed)
+    _apply_order(graph, schedule)
+    return sequence
+
+
+def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) -> None:
+    """Check statically that the per-rank ``graphs`` (one per rank of ``mesh``, or one graph
+    every rank runs) issue, along each mesh axis, the same sequence of collectives (op,
+    attributes, local operand types) on every member of every group.
+
+    Raises CollectiveOrderError naming the two ranks, the position along the axis and both
+    nodes at the first disagreement (what ``run_mesh`` would find at run time).
+    """
+    mesh = Mesh.of(mesh)
+    gs = [graphs] * mesh.size if isinstance(graphs, Graph) else list(graphs)
+    if len(gs) != mesh.size:
+        raise CollectiveOrderError(f"check_collective_order: {len(gs)} per-rank graphs for the {mesh.size} ranks of "
+                                   f"{mesh}; give one graph per rank (row-major rank order), or a single graph")
+    seqs: list[list[Node]] = []
+    for r, g in enumerate(gs):
+        seq = [n for n in g.nodes if _is_collective(n)]
+        for n in seq:
+            axis, size = n.attrs["axis"], n.attrs["group_size"]
+            try:
+                real = mesh.axis_size(axis)
+            except MeshError:
+                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} is a collective over axis "
+                                           f"'{axis}', which {mesh} does not have (its axes: "
+                                           f"{', '.join(mesh.names)})") from None
+            if real != size:
+                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} says group_size={size}, but axis "
+                                           f"'{axis}' of {mesh} has {real} ranks; set group_size={real}")
+        seqs.append(seq)
+    for axis in mesh.names:
+        along = [[n for n in seq if n.attrs["axis"] == axis] for seq in seqs]
+        for group in mesh.groups(axis):
+            first = group[0]
+            for m in group[1:]:
+                a, b = along[first], along[m]
+                for k in range(max(len(a), len(b))):
+                    na = a[k] if k < len(a) else None
+                    nb = b[k] if k < len(b) else None
+                    if na is not None and nb is not None and _same_collective(na, nb):
+                        continue
+                    raise CollectiveOrderError(
+                        f"ranks {first} and {m} (group {group} of axis '{axis}') disagree at their "
+                        f"{_ordinal(k + 1)} collective over '{axis}' (position {k}): rank {first} issues "
+                        f"{_describe(na)}, rank {m} issues {_describe(nb)}; a real run would hang or mix up "
+                        f"data there. Run order-collectives on every rank's program, or make the ranks issue "
+                        f"the same collectives over '{axis}' in the same order")
+
+
+# --- passes -------------------------------------------------------------------------------------
+
+@register_pass
+class BucketGradientsPass(Pass):
+    """``bucket-gradients{size-mb=25.0}``: coalesce independent all_reduce / dim-0
+    reduce_scatter nodes into fused buckets (see ``bucket_gradients``). The report of the
+    last run is ``self.report``."""
+
+    name = "bucket-gradients"
+
+    @dataclass
+    class Options:
+        size_mb: float = 25.0
+
+        def __post_init__(self) -> None:
+            if not self.size_mb > 0 or math.isinf(self.size_mb):
+                raise ValueError(f"size-mb must be a positive number of MiB, got {self.size_mb}")
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.report: BucketReport | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        self.report = bucket_gradients(graph, self.options.size_mb)
+        return graph
+
+
+@register_pass
+class OrderCollectivesPass(Pass):
+    """``order-collectives``: one program-determined order of the collectives (see
+    ``order_collectives``). The order of the last run is ``self.order``."""
+
+    name = "order-collectives"
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.order: list[Node] = []
+
+    def run(self, graph: Graph) -> Graph:
+        self.order = order_collectives(graph)
+        return graph
+
+
+__all__ = ["Bucket", "BucketError", "BucketGradientsPass", "BucketReport", "CollectiveOrderError",
+           "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gradients", "check_collective_order",
+           "order_collectives"]
