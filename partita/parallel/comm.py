@@ -71,12 +71,16 @@ def group(axis: str) -> Any:
             f"torch.distributed.init_process_group, before running the per-rank program") from None
 
 
-def new_mesh_groups(mesh: Mesh | str, rank: int | None = None, backend: str | None = None) -> dict[str, Any]:
+def new_mesh_groups(mesh: Mesh | str, rank: int | None = None, backend: str | None = None,
+                    timeout: Any = None) -> dict[str, Any]:
     """Create the process groups of every mesh axis and return this rank's (axis -> group).
 
     Every rank must call this with the same mesh, collectively: ``torch.distributed.new_group``
     has to be called by all ranks for every group, in the same order, even for groups a rank
-    is not in. The world size must equal the mesh size.
+    is not in. The world size must equal the mesh size. ``timeout`` (a ``datetime.timedelta``)
+    bounds every collective on these groups; torch's default for a new gloo group is 30
+    minutes, not the default group's timeout, so a runtime that must notice a dead peer
+    passes its own.
     """
     import torch.distributed as dist
 
@@ -91,7 +95,7 @@ def new_mesh_groups(mesh: Mesh | str, rank: int | None = None, backend: str | No
     mine: dict[str, Any] = {}
     for axis in mesh.names:
         for ranks in mesh.groups(axis):
-            g = dist.new_group(ranks=ranks, backend=backend)
+            g = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
             if rank in ranks:
                 mine[axis] = g
     return mine
