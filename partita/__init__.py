@@ -77,6 +77,25 @@ def training_step(graph: Graph, loss: int | str | None = None, optimizer: str | 
     return _training_step(graph, loss, optimizer, **options)  # type: ignore[arg-type]
 
 
+def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
+                annotations: Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """Rewrite ``graph`` for a device mesh (``"dp=2,tp=2"``) with a strategy (``"dp+megatron"``)
+    and/or placements by value name; returns a ``ParallelProgram`` (per-rank program, plan).
+    See partita/parallel/strategy.py and docs/parallel.md."""
+    from .parallel.strategy import parallelize as _parallelize
+
+    return _parallelize(graph, mesh, strategy, annotations, **options)
+
+
+def launch(program: Any, nproc: int | None = None, inputs: Any = None, **options: Any) -> Any:
+    """Run a ``ParallelProgram`` on ``nproc`` local processes (torch.distributed, gloo), or
+    join torchrun's group; returns the global outputs per step and the final weights. See
+    partita/runtime/parallel_run.py and docs/runtime.md."""
+    from .runtime.parallel_run import launch as _launch
+
+    return _launch(program, nproc, inputs, **options)
+
+
 def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any) -> Graph:
     """Run a pass pipeline (a string like ``"canonicalize,cse,dce"``) over ``graph``."""
     from .passes.manager import PassManager
@@ -86,4 +105,4 @@ def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any)
 
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
            "Value", "VerifyError", "Weights", "training_step", "parse", "parse_file", "print_graph", "verify", "load", "save",
-           "run", "optimize", "import_torch", "import_onnx"]
+           "run", "optimize", "import_torch", "import_onnx", "parallelize", "launch"]

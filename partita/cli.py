@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                    help="numpy: the reference interpreter (default); torch: the torch executor")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    from .runtime.run_cli import add_arguments as _parallel_run_arguments
+
+    _parallel_run_arguments(r)
     r.set_defaults(handler=cmd_run)
 
     d = sub.add_parser("demo", parents=[common], help="optimize and run the built-in example model",
@@ -385,6 +388,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .ir.parser import parse_file
     from .ir.verifier import verify
 
+    if args.mesh or args.nproc or args.strategy:
+        from .runtime.run_cli import RunError, cmd_run_parallel
+
+        if not args.mesh:
+            raise RunError("a parallel run needs --mesh (e.g. --mesh dp=2,tp=2); --nproc and --strategy go with it")
+        return cmd_run_parallel(args)
     graph = parse_file(args.file)
     verify(graph)
     require_weights(graph, args.file)
