@@ -201,9 +201,17 @@ class _Propagator:
                     res = self.choose(node, spec)[0] if isinstance(got, Conflict) else got
                 for r, p in zip(node.results, res):
                     if r not in self.pl:
-                        self.pl[r] = p
+                        self.pl[r] = self.reduce_fanout(r, p)
                 changed = True
         return changed
+
+    def reduce_fanout(self, r: Value, p: Placement) -> Placement:
+        """A pending sum read by several consumers is reduced once, where it is produced:
+        left partial, each consumer's path would carry it on and need its own reduction
+        (the two branches of a norm's backward would each all_reduce a gradient)."""
+        if not p.partial or len(r.users) + (1 if r.is_output else 0) < 2:
+            return p
+        return Placement(p.dims, ())
 
     def backward(self) -> bool:
         # Graph inputs first: a node result left to the forward sweep takes what its
@@ -347,7 +355,8 @@ class _Propagator:
         for node in self.nodes:
             spec = self.spec(node)
             if spec is None:
-                self.report.replicated.append(f"{self.describe(node)}: replicated: no sharding rule")
+                if node.operands:  # an op without operands (a constant) has nothing to split
+                    self.report.replicated.append(f"{self.describe(node)}: replicated: no sharding rule")
                 wants = [Placement.replicated(o.type.rank) for o in node.operands]
                 got = [Placement.replicated(r.type.rank) for r in node.results]
             else:

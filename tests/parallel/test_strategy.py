@@ -137,6 +137,9 @@ def test_llama_megatron_layer_all_reduces():
     layers = 2
     # Column-parallel q/k/v and gate/up, row-parallel o and down: the analytical minimum.
     assert prog.plan.count("all_reduce", "tp", "forward") == 2 * layers, prog.plan.text()
+    assert prog.plan.count("all_reduce", "tp", "backward") == 2 * layers, prog.plan.text()
+    assert prog.plan.count(axis="tp") == 4 * layers, "no other collective over tp"
+    assert prog.plan.replicated == []
     assert prog.plan.param_bytes < 0.7 * prog.plan.global_param_bytes
 
 
