@@ -514,6 +514,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     print("\nBoth executors run the same training step and agree on every loss; the loss falls as "
           "the block fits the batch.")
+
+    from .runtime.demo import demo_parallel
+
+    say.title("parallel: a GPT-2 training step on a dp=2 x tp=2 mesh of 4 processes")
+    if not demo_parallel(args.seed, out_dir=Path("build/demo")):
+        print("\nThe parallel run disagrees with the single-device step: this is a bug.", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import print_graph, value_names
+from ..ops.registry import OPS
 from .mesh import Mesh, MeshError
 from .partition import PartitionReport, local_piece, partition_with_report
 from .placement import Placement, PlacementError
@@ -163,6 +164,8 @@ class _Annotator:
         self.late: dict[Value, Placement] = {}
         # Params the megatron walk split to match a split weight (the bias of a column layer).
         self.followers: dict[Value, Placement] = {}
+        # Column weights whose split a node could not carry on (for the plan's notes).
+        self.blocked: dict[Value, str] = {}
         # Annotated values that must not pull their producers' operands along (see propagate).
         self.sinks: set[Value] = set()
 
@@ -260,8 +263,9 @@ class _Annotator:
             if w not in self.fixed:
                 self.set(w, p)
         for w in sorted(excluded, key=lambda v: v.index):
-            self.notes.append(f"%{self.name(w)} kept whole over '{axis}': no row-parallel matmul follows its "
-                              "column-parallel use")
+            why = f"its column split stops at {self.blocked[w]}, which needs that dim whole" if w in self.blocked \
+                else "no row-parallel matmul follows its column-parallel use"
+            self.notes.append(f"%{self.name(w)} kept whole over '{axis}': {why}")
         if self.s.sequence_parallel:
             for v in reduced:
                 p = self.token_split(v)
@@ -364,6 +368,11 @@ class _Annotator:
                     state[tnode.results[0]] = Placement(tuple(reversed(pl(param).dims)))
             results = self.infer(node, [pl(o) for o in node.operands], axis)
             if results is None:
+                for o in node.operands:
+                    if any(pl(o).dims):
+                        for w0 in origin.get(o, frozenset()):
+                            self.blocked.setdefault(w0, f"%{self.name(node.results[0])} = {node.op}" if node.results
+                                                    else node.op)
                 # The rule rejects the partial sums: they are reduced here.
                 if any(pl(o).partial for o in node.operands):
                     reduced.extend(o for o in node.operands if pl(o).partial and o not in reduced)
@@ -429,6 +438,8 @@ class PlanReport:
     activation_bytes: int
     global_param_bytes: int
     timings: dict[str, float] = field(default_factory=dict)
+    buckets: list[dict] = field(default_factory=list)
+    program_collectives: int = 0
 
     @property
     def comm_bytes(self) -> int:
@@ -447,7 +458,8 @@ class PlanReport:
                 "per_rank": {"param_bytes": self.param_bytes, "optimizer_state_bytes": self.state_bytes,
                              "activation_bytes": self.activation_bytes},
                 "global_param_bytes": self.global_param_bytes, "replicated_no_rule": self.replicated,
-                "notes": self.notes, "timings_s": self.timings}
+                "notes": self.notes, "timings_s": self.timings, "buckets": self.buckets,
+                "collectives_in_program": self.program_collectives}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -464,6 +476,11 @@ class PlanReport:
             groups.setdefault((c["phase"], c["op"], c["axis"]), []).append(c["bytes"])
         for (phase, op, axis), bs in sorted(groups.items()):
             lines.append(f"    {phase:8} {op:14} over {axis:4} x{len(bs):<4} {_fmt(sum(bs))}")
+        for b in self.buckets:
+            lines.append(f"  bucket: {len(b['members'])} {b['op']}s over {b['axis']} fused into one "
+                         f"({_fmt(b['bytes'])})")
+        if self.program_collectives:
+            lines.append(f"  the per-rank program issues {self.program_collectives} collective(s)")
         if self.replicated:
             lines.append(f"  replicated for lack of a sharding rule: {len(self.replicated)} op(s)")
         for n in self.notes:
@@ -597,7 +614,8 @@ def assemble(pieces: Sequence[np.ndarray], placement: Placement | None, mesh: Me
 
 def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
-                allow_replication: bool = False) -> ParallelProgram:
+                allow_replication: bool = False, bucket_mb: float | None = 25.0,
+                order: bool = True) -> ParallelProgram:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``strategy``: presets joined with ``+`` (see the module docstring); ``annotations``:
@@ -605,6 +623,9 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     applied after the preset. Ops without a sharding rule are replicated; where that makes a
     rank gather a value the strategy split (the batch, a weight), this raises a StrategyError
     naming the op unless ``allow_replication`` is true (the plan lists those ops either way).
+    ``bucket_mb``: gradient all_reduces and reduce_scatters of the per-rank program are
+    fused into buckets of at most this many MiB (None: not bucketed), as DDP's 25 MiB
+    buckets; ``order``: the collectives get one program-derived order (order-collectives).
     """
     import time
 
@@ -673,8 +694,22 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     t2 = time.perf_counter()
     local, part = partition_with_report(g)
     timings["partition"] = time.perf_counter() - t2
+    buckets = None
+    if bucket_mb is not None or order:
+        from .bucket import bucket_gradients, order_collectives
+
+        t3 = time.perf_counter()
+        if bucket_mb is not None:
+            buckets = bucket_gradients(local, bucket_mb)
+        if order:
+            order_collectives(local)
+        timings["bucket+order"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     plan = _plan(g, local, m, s, prop, part, ann.notes + [f"replicated: {f}" for f in forced], timings)
+    if buckets is not None:
+        plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
+                        for b in buckets.fused]
+    plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
     return ParallelProgram(g, local, m, s, plan, prop, part)
 
 
