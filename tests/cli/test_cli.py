@@ -385,6 +385,11 @@ def test_demo(capsys):
     assert len(losses) >= 3 and all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in losses)
     assert losses[-1][0] < losses[0][0]
     assert "agree on every loss" in train
+    # The parallel section: a GPT-2 step on 4 processes, checked against one device.
+    par = out.split("== parallel", 1)[1]
+    assert "plan: dp+megatron on mesh(dp=2, tp=2) (4 ranks)" in par
+    assert "the per-rank program" in par and "all_reduce(" in par
+    assert "check: PASS" in par
     # The printed IR after optimization is itself valid and has the node count announced.
     ir_after = out.split("== IR after", 1)[1].split("\n", 1)[1].split("\n== ", 1)[0]
     g = partita.parse(ir_after)
