@@ -9,6 +9,7 @@ sharded, the Megatron layer's all-reduces.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -306,3 +307,23 @@ def test_random_graphs_partitioned_on_random_meshes(case):
             # Partial sums add in another order: compare where the reference is finite.
             ok = np.isfinite(b)
             np.testing.assert_allclose(a[ok], b[ok], rtol=1e-3, atol=1e-3, err_msg=f"output {i} on {mesh}: {ann}")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("mesh,strategy", [("dp=2", "zero1"), ("dp=2", "zero2"), ("dp=2", "zero3"),
+                                           ("dp=2,tp=2", "zero3+megatron"), ("dp=2,tp=2", "zero2+megatron+sp"),
+                                           ("dp=2,tp=2", "dp+megatron+sp")])
+def test_transformer_presets_sgd_step(name, mesh, strategy):
+    step, feed = sgd(name)
+    prog = check(step, feed, mesh, strategy)
+    whole = sum(math.prod(v.type.shape) * 4 for v in step.inputs if v.role == "state")
+    if strategy.startswith("zero"):
+        assert prog.plan.state_bytes <= 0.6 * whole, "the momentum is sharded over dp"
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("mesh,strategy", [("tp=2", "megatron"), ("dp=2,tp=2", "dp+megatron+sp")])
+def test_transformer_forward_outputs(name, mesh, strategy):
+    fwd, feed = model_case(name)
+    feed = {k: v for k, v in feed.items() if k != "target"}
+    check(fwd, feed, mesh, strategy)
