@@ -96,9 +96,12 @@ def partition(graph: Graph) -> Graph:
     return partition_with_report(graph)[0]
 
 
-def partition_with_report(graph: Graph) -> tuple[Graph, PartitionReport]:
-    """``partition`` plus the report of every inserted collective (producer, consumer, bytes)."""
-    return _Partitioner(graph).run()
+def partition_with_report(graph: Graph, reshards: "list[ReshardNeed] | None" = None) -> tuple[Graph, PartitionReport]:
+    """``partition`` plus the report of every inserted collective (producer, consumer, bytes).
+
+    ``reshards``: the needs of the ``propagate`` run that placed ``graph`` as it is now (its
+    report's ``reshards``), which saves recomputing them; by default they are recomputed."""
+    return _Partitioner(graph, reshards).run()
 
 
 def local_piece(array: Any, placement: Placement | None, mesh: Mesh, rank: int, what: str = "the tensor") -> np.ndarray:
@@ -135,7 +138,8 @@ def shard_weights(global_graph: Graph, weights: Mapping[str, Any], mesh: Mesh | 
 
 
 class _Partitioner:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, reshards: "list[ReshardNeed] | None" = None) -> None:
+        self.given = reshards
         if graph.mesh is None:
             raise PartitionError(f"@{graph.name}: partition needs a device mesh and placements; the graph has no "
                                  "mesh. Set graph.mesh and run propagate first")
@@ -172,6 +176,13 @@ class _Partitioner:
     def needs(self) -> dict[Node, dict[int, Placement]]:
         """Propagation's operand reshards, by node of ``self.g``: recomputed on a copy, where
         every value is already placed, so only its node-by-node resolution runs."""
+        if self.given is not None:
+            own = set(self.g.nodes)
+            given: dict[Node, dict[int, Placement]] = {}
+            for need in self.given:
+                if need.operand is not None and need.node in own:
+                    given.setdefault(need.node, {})[need.operand] = need.want
+            return given
         copy = self.g.clone()
         report = propagate(copy)
         by_copy = dict(zip(copy.nodes, self.g.nodes))

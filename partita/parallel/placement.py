@@ -58,8 +58,16 @@ class Placement:
     partial: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        dims = tuple(tuple(_axis_names(d, f"dim {i}")) for i, d in enumerate(_as_seq(self.dims, "dims")))
-        partial = tuple(sorted(_axis_names(self.partial, "partial")))
+        d, p = self.dims, self.partial
+        # Fast path: the passes build placements by the ten thousand, from tuples of axis
+        # names that were checked before.
+        if type(d) is tuple and type(p) is tuple and \
+                all(type(x) is tuple and all(a in _CHECKED for a in x) for x in d) and all(a in _CHECKED for a in p):
+            if len(p) > 1 and list(p) != sorted(p):
+                object.__setattr__(self, "partial", tuple(sorted(p)))
+            return
+        dims = tuple(tuple(_axis_names(x, f"dim {i}")) for i, x in enumerate(_as_seq(d, "dims")))
+        partial = tuple(sorted(_axis_names(p, "partial")))
         object.__setattr__(self, "dims", dims)
         object.__setattr__(self, "partial", partial)
 
@@ -176,10 +184,15 @@ def _as_seq(x, what: str) -> Sequence:
     return x
 
 
+_CHECKED: set[str] = set()  # axis names that passed the check below
+
+
 def _axis_names(axes, what: str) -> list[str]:
     out = list(_as_seq(axes, what))
     for a in out:
         if not isinstance(a, str) or not _AXIS_RE.match(a):
             raise PlacementError(f"placement {what}: mesh axis name {a!r} is not an identifier "
                                  f"(letters, digits, _)", "bad_axis", None, a if isinstance(a, str) else None)
+        if len(_CHECKED) < 4096:
+            _CHECKED.add(a)
     return out

@@ -312,7 +312,12 @@ class _Propagator:
                 if a not in used:
                     maps += [{**m, lab: (a,)} for lab in allowed if lab not in m]
         out: list[list[Placement]] = []
+        seen: set[tuple] = set()
         for m in maps:
+            key = tuple(sorted(m.items()))
+            if key in seen:
+                continue
+            seen.add(key)
             used = {a for axes in m.values() for a in axes}
             keeps: list[list[tuple[str, ...]]] = [[tuple(a for a in p.partial if a not in used) for p in have]]
             keeps += [[keeps[0][i] if j == i else () for j in range(len(have))] for i in range(len(have))]

@@ -692,7 +692,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
             "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
             "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
     t2 = time.perf_counter()
-    local, part = partition_with_report(g)
+    local, part = partition_with_report(g, prop.reshards)
     timings["partition"] = time.perf_counter() - t2
     buckets = None
     if bucket_mb is not None or order:
