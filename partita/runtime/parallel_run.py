@@ -101,18 +101,46 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     feed = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
     res = run_ranks(program.local, mesh, shards, feed, steps, timeout_s=timeout_s, threads=threads,
                     progress=progress, _fault=_fault)
-    if res.ranks != tuple(range(mesh.size)):
-        # Under torchrun this process holds one rank: the global view needs the others.
-        raise LaunchError("launch: under torchrun each process holds only its own rank's results; use "
-                          "partita.runtime.run_ranks there, or launch without torchrun to get global results")
+    joined = res.ranks != tuple(range(mesh.size))
+    if joined:
+        # Under torchrun this process ran one rank: every process gathers the others' pieces
+        # so each can assemble the global view (the process group is still up).
+        _gather_ranks(res)
     outputs = [program.assemble_outputs(res.outputs[s]) for s in range(steps)]
     final = program.assemble_weights(res.weights)
     result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance)
     if checkpoint_dir is not None:
-        ckpt.save(checkpoint_dir, steps, layout, res.weights)
+        if not joined:
+            ckpt.save(checkpoint_dir, steps, layout, res.weights)
+        else:
+            import torch.distributed as dist
+
+            # Each rank writes its own pieces; rank 0 commits once all have written.
+            rank = dist.get_rank()
+            ckpt.write_shard(checkpoint_dir, steps, layout, rank, res.weights[rank])
+            dist.barrier()
+            if rank == 0:
+                ckpt.commit(checkpoint_dir, steps, layout)
+            dist.barrier()
     if check:
         result.checks = check_single_device(program.graph, start_weights, per_step, steps, outputs)
     return result
+
+
+def _gather_ranks(res: RunResult) -> None:
+    """Fill ``res`` with every rank's outputs, weights and timings (torchrun: one rank each)."""
+    import torch.distributed as dist
+
+    (mine,) = res.ranks
+    payload = ([res.outputs[s][mine] for s in range(res.steps)], res.weights[mine], res.timings[mine])
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, payload)
+    for r, (outs, w, t) in enumerate(got):
+        for s in range(res.steps):
+            res.outputs[s][r] = outs[s]
+        res.weights[r] = w
+        res.timings[r] = t
+    res.ranks = tuple(range(len(got)))
 
 
 def _full_weights(program: Any, weights: Mapping[str, Any] | None) -> dict[str, np.ndarray]:

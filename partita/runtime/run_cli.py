@@ -47,6 +47,17 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 
 
 def cmd_run_parallel(args: argparse.Namespace) -> int:
+    """Under torchrun every process runs this; only rank 0 prints."""
+    import contextlib
+    import os
+
+    if os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            return _run_parallel(args)
+    return _run_parallel(args)
+
+
+def _run_parallel(args: argparse.Namespace) -> int:
     from .. import training_step
     from ..autodiff.train_cli import synthetic_batch
     from ..cli import require_weights

@@ -102,3 +102,33 @@ def test_cli_parallel_run_errors(tmp_path, extra, message):
     assert out.returncode != 0
     assert message in out.stderr + out.stdout
     assert "Traceback" not in out.stderr
+
+
+def test_cli_under_torchrun_joins_and_checks(tmp_path):
+    import socket
+
+    fwd, _ = _step()
+    path = tmp_path / "mlp.pir"
+    partita.save(fwd, path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "partita", "run", str(path), "--mesh", "dp=2", "--strategy", "dp",
+           "--train", "sgd", "--lr", "0.05", "--steps", "2", "--check", "--timeout", "30",
+           "--checkpoint", str(tmp_path / "ck")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("check: PASS") == 1, "rank 0 alone prints"
+    assert ckpt.steps(tmp_path / "ck") == [2]
+    assert set(ckpt.load_full(tmp_path / "ck")) == {v.name for v in fwd.inputs if v.role == "param"}
+
+
+def test_launch_reports_a_dead_rank():
+    from partita.runtime import RankFailure
+
+    fwd, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    with pytest.raises(RankFailure, match="rank 1") as e:
+        partita.launch(prog, 2, _batches(2), timeout_s=20, _fault=(1, 1, "exit"))
+    assert "step 1" in str(e.value) or "step 2" in str(e.value)
