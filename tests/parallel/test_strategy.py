@@ -225,6 +225,13 @@ def test_annotation_errors_name_the_value():
         parallelize(step, "tp=4", None, annotations={"fc1.bias": "[-]", "fc1.weight": "[-, tp] partial(zz)"})
 
 
+def test_uneven_split_names_the_tensor_dim_and_axis():
+    step, _ = grads("mlp")
+    with pytest.raises(StrategyError, match=r"%head.bias f32\[5\]: dim 0 of %head.bias \(size 5\) does not divide "
+                                            r"over tp=2; pad the dimension"):
+        parallelize(step, "tp=2", None, annotations={"head.bias": "[tp]"})
+
+
 def test_zero_needs_an_optimizer():
     step, _ = grads("mlp")
     with pytest.raises(StrategyError, match="has no optimizer update"):
