@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -114,14 +114,20 @@ def local_piece(array: Any, placement: Placement | None, mesh: Mesh, rank: int, 
         raise PartitionError(f"{what} is placed as {p}, a pending sum over {', '.join(p.partial)}: a global array "
                              "has no unique summands to hand out; place it replicated or split instead")
     p.validate(arr.shape, mesh, what)
+    return arr[piece_index(arr.shape, p, mesh, rank)]
+
+
+def piece_index(shape: Sequence[int], placement: Placement, mesh: Mesh, rank: int) -> tuple[slice, ...]:
+    """The index of ``rank``'s piece in a global array of ``shape``: each split dim cut by
+    its axes, major to minor (the placement must divide the shape)."""
     index: list[slice] = []
-    for n, axes in zip(arr.shape, p.dims):
+    for n, axes in zip(shape, placement.dims):
         k = 0
         for a in axes:
             k = k * mesh.axis_size(a) + mesh.coord(rank, a)
         size = n // math.prod(mesh.axis_size(a) for a in axes)
         index.append(slice(k * size, (k + 1) * size))
-    return arr[tuple(index)]
+    return tuple(index)
 
 
 def shard_weights(global_graph: Graph, weights: Mapping[str, Any], mesh: Mesh | str | None = None) -> list[dict[str, np.ndarray]]:

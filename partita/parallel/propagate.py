@@ -124,6 +124,19 @@ def reshard_cost(shape: tuple[int, ...], dtype, have: Placement, want: Placement
         return None
 
 
+def placement_from_labels(labels: Sequence, label_axes: dict[str, tuple[str, ...]], shape: Sequence[int],
+                          mesh: Mesh, partial: tuple[str, ...] = ()) -> Placement:
+    """The placement whose dim d takes the axes of its label ``labels[d]`` in ``label_axes``
+    (None, an unknown label, or axes that do not divide the dim: whole)."""
+    dims = []
+    for d, lab in enumerate(labels):
+        axes = label_axes.get(lab, ()) if lab is not None else ()
+        if axes and shape[d] % math.prod(mesh.axis_size(a) for a in axes):
+            axes = ()
+        dims.append(axes)
+    return Placement(tuple(dims), partial)
+
+
 class _Propagator:
     def __init__(self, graph: Graph, mesh: Mesh, sinks: "Sequence[Value]" = ()) -> None:
         self.g = graph
@@ -284,13 +297,7 @@ class _Propagator:
 
     def operand_placement(self, labels: Sequence, label_axes: dict[str, tuple[str, ...]], v: Value,
                           partial: tuple[str, ...] = ()) -> Placement:
-        dims = []
-        for d, lab in enumerate(labels):
-            axes = label_axes.get(lab, ()) if lab is not None else ()
-            if axes and v.type.shape[d] % math.prod(self.mesh.axis_size(a) for a in axes):
-                axes = ()
-            dims.append(axes)
-        return Placement(tuple(dims), partial)
+        return placement_from_labels(labels, label_axes, v.type.shape, self.mesh, partial)
 
     # --- conflicts -------------------------------------------------------------------------------
     def candidates(self, node: Node, spec: DimSpec) -> list[list[Placement]]:

@@ -48,9 +48,9 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.printer import print_graph, value_names
 from ..ops.registry import OPS
 from .mesh import Mesh, MeshError
-from .partition import PartitionReport, local_piece, partition_with_report
+from .partition import PartitionReport, local_piece, partition_with_report, piece_index
 from .placement import Placement, PlacementError
-from .propagate import PropagationError, PropagationReport, propagate
+from .propagate import PropagationError, PropagationReport, placement_from_labels, propagate
 from .sharding import Conflict, result_placements, sharding_spec
 
 
@@ -405,13 +405,7 @@ class _Annotator:
         ops = []
         for labels, o, p in zip(spec.operands, node.operands, placements):
             if o.is_input and o.role == "param" and o not in self.fixed and p.is_replicated:
-                dims = []
-                for d, lab in enumerate(labels):
-                    axes = label_axes.get(lab, ()) if lab is not None else ()
-                    if axes and o.type.shape[d] % math.prod(self.mesh.axis_size(a) for a in axes):
-                        axes = ()
-                    dims.append(axes)
-                p = Placement(tuple(dims))
+                p = placement_from_labels(labels, label_axes, o.type.shape, self.mesh)
                 if not p.is_replicated:
                     self.followers.setdefault(o, p)
             ops.append(p)
@@ -598,14 +592,7 @@ def assemble(pieces: Sequence[np.ndarray], placement: Placement | None, mesh: Me
         return np.asarray(pieces[0])
     out = np.empty(tuple(shape), dtype=np.asarray(pieces[0]).dtype)
     for r in range(mesh.size):
-        index = []
-        for n, axes in zip(shape, placement.dims):
-            k = 0
-            for a in axes:
-                k = k * mesh.axis_size(a) + mesh.coord(r, a)
-            size = n // math.prod(mesh.axis_size(a) for a in axes)
-            index.append(slice(k * size, (k + 1) * size))
-        out[tuple(index)] = pieces[r]
+        out[piece_index(shape, placement, mesh, r)] = pieces[r]
     return out
 
 
