@@ -462,7 +462,7 @@ class PlanReport:
         """A few lines: mesh, strategy, bytes per rank, collectives by op, axis and phase."""
         lines = [f"plan: {self.strategy} on {self.mesh} ({self.mesh.size} ranks)",
                  f"  per rank: params {_fmt(self.param_bytes)} (of {_fmt(self.global_param_bytes)}), optimizer "
-                 f"state {_fmt(self.state_bytes)}, activations {_fmt(self.activation_bytes)}",
+                 f"state {_fmt(self.state_bytes)}, peak activations {_fmt(self.activation_bytes)}",
                  f"  communication per step: {_fmt(self.comm_bytes)} sent per rank in {len(self.collectives)} "
                  "collective(s)"]
         groups: dict[tuple[str, str, str], list[int]] = {}
@@ -743,7 +743,11 @@ def _plan(g: Graph, local: Graph, mesh: Mesh, s: Strategy, prop: PropagationRepo
                       "phase": ph})
     param_b = sum(_nbytes(v) for v in local.inputs if v.role == "param")
     state_b = sum(_nbytes(v) for v in local.inputs if v.role == "state")
-    act_b = sum(_nbytes(r) for n in local.nodes for r in n.results)
+    from ..autodiff.memory import analyze
+
+    # The peak of live bytes over the per-rank program's node order, inputs excluded.
+    mem = analyze(local)
+    act_b = max(mem.peak_bytes - mem.input_bytes, 0)
     gparam = sum(_nbytes(v) for v in g.inputs if v.role == "param")
     return PlanReport(mesh, str(s), dict(prop.placements), colls, list(prop.replicated), notes, param_b, state_b,
                       act_b, gparam, timings)
