@@ -32,6 +32,7 @@ from typing import Sequence
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import value_names
+from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
@@ -112,6 +113,12 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
         except MeshError as e:
             raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
     return _Propagator(graph, graph.mesh, sinks).run()
+
+
+# How many floating-point operations a rank does in the time it sends one byte to a peer:
+# the exchange rate between repeated work and communication in the price of a placement
+# (CPU cores against gloo over loopback or a data-center network, roughly).
+FLOPS_PER_BYTE = 32.0
 
 
 @lru_cache(maxsize=1 << 16)
@@ -338,7 +345,8 @@ class _Propagator:
     def choose(self, node: Node, spec: DimSpec) -> tuple[list[Placement], list[Placement], int]:
         """The cheapest accepted operand placements: (results, operand wants, bytes). A
         result placed otherwise than produced adds its own reshard to the price."""
-        best: tuple[int, int, list[Placement], list[Placement]] | None = None
+        best: tuple[float, int, list[Placement], list[Placement], int] | None = None
+        flops = self.flops(node)
         for k, wants in enumerate(self.candidates(node, spec)):
             got = result_placements(spec, wants, [o.type for o in node.operands], self.mesh,
                                     [r.type for r in node.results])
@@ -355,12 +363,23 @@ class _Propagator:
                     if r in self.pl:
                         c = self.cost(r, p, self.pl[r])
                         total += c if c is not None else 1 << 62
-                key = (total, k)
+                # Work a rank repeats counts too: splitting the op over fewer devices makes
+                # each compute more, which is worth so many bytes not sent.
+                used = {a for w in wants for axes in w.dims for a in axes}
+                work = flops / math.prod(self.mesh.axis_size(a) for a in used)
+                key = (total + work / FLOPS_PER_BYTE, k)
                 if best is None or key < best[:2]:
-                    best = (total, k, got, wants)
+                    best = (key[0], k, got, wants, total)
         if best is None:  # unreachable: replicating every operand is always accepted
             raise PropagationError(f"no placement of the operands of {self.describe(node)} satisfies its sharding rule")
-        return best[2], best[3], best[0]
+        return best[2], best[3], best[4]
+
+    def flops(self, node: Node) -> float:
+        try:
+            return float(OPS[node.op].cost_of([o.type for o in node.operands], [r.type for r in node.results],
+                                              node.attrs).flops)
+        except Exception:  # a cost rule that cannot price these types: count no work
+            return 0.0
 
     def resolve_all(self) -> None:
         """Check every node against its rule; record the reshards that make it hold."""
