@@ -95,7 +95,8 @@ def verify(graph: Graph) -> Graph:
             except PartitaError as e:
                 raise _node_error(graph, node, nm, f"is invalid: {e}") from None
             infer_cache[key] = want
-        if opdef.collective is not None and graph.mesh is not None:
+        # "p2p" (send/recv, ops/collective.py) names an axis and group size as collectives do.
+        if graph.mesh is not None and (opdef.collective is not None or "p2p" in opdef.effects_of(attrs)):
             _check_collective(graph, node, nm)
         results = node.results
         if len(results) == 1 and len(want) == 1:

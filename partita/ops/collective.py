@@ -20,7 +20,13 @@ holds, the result what that rank gets back.
   along ``dim`` (replicated -> split; nothing is sent, but the result depends on the rank).
 
 ``op`` is one of sum, max, min, avg (avg needs a float dtype). Members are ordered by their
-coordinate along the axis. Point-to-point send/recv (pipeline stages) are not here yet.
+coordinate along the axis.
+
+Point-to-point, for pipeline stages (MPMD programs, each rank its own graph), at the end of
+this module: ``send(x) {axis, group_size, peer}`` (no result) and ``recv() {axis, group_size,
+peer, shape, dtype}``. ``peer`` is the absolute coordinate along ``axis`` of the other rank,
+within this rank's group. They are not group-wide: their effect is {"p2p"} and their
+``collective`` field is None; ``run_mesh`` pairs each send with its peer's recv.
 
 The semantics over a whole group are each record's ``collective`` function (NumPy), run by
 ``partita.parallel.simulate.run_mesh``. The single-process ``reference`` only covers a group
@@ -42,8 +48,8 @@ import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
-from ._lazy import torch
-from .registry import AttrSpec, Cost, OpDef, normalize_axis, register
+from ._lazy import carrier_dtype, torch
+from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axis, register
 
 REDUCE_OPS = ("sum", "max", "min", "avg")
 
@@ -404,3 +410,110 @@ def _shard_slice_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict
 _collective("shard_slice", _shard_slice_infer, _shard_slice_np, _shard_slice_torch, (AttrSpec("dim", "int"),),
             _shard_slice_cost, "every member keeps piece i (i = its coordinate along axis) of its value split "
             "along dim into group_size pieces; no communication")
+
+
+# --- send / recv: point-to-point between two ranks of one axis group ---------------------------
+# A pipeline stage hands its activations to the next stage and gets gradients back: only two
+# ranks of the axis group take part, so these are not collectives (no group semantics, not
+# in a group's collective sequence). ``peer`` is the other rank's absolute coordinate along
+# ``axis`` (as broadcast's ``root``): stage programs are written per stage, so the absolute
+# form says directly which stage a tensor goes to, and one text means the same on every
+# rank of a stage. The effect "p2p" keeps DCE from dropping a send (it has no result for
+# anything to use) and CSE from merging two sends or two recvs of the same type; passes that
+# reorder keep effectful nodes in their relative order, which is what pairing relies on.
+
+P2P_EFFECT = "p2p"
+_P2P_EFFECTS = frozenset({P2P_EFFECT})
+_PEER_ATTRS = _GROUP_ATTRS + (AttrSpec("peer", "int"),)
+
+
+def is_point_to_point(node) -> bool:
+    """True for a node whose op record declares the "p2p" effect (send, recv): it talks to
+    one peer rank of its axis group, named by ``peer``, and is paired rather than group-wide.
+    A send has one operand and no result, a recv no operand and one result."""
+    d = OPS.get(node.op)
+    return d is not None and P2P_EFFECT in d.effects_of(node.attrs)
+
+
+def _check_peer(name: str, attrs: dict) -> None:
+    n, axis, peer = attrs["group_size"], attrs["axis"], attrs["peer"]
+    if not axis:
+        raise TypeRuleError(f"{name}: axis must name a mesh axis (e.g. axis=\"pp\"), got an empty string")
+    if n < 2:
+        raise TypeRuleError(f"{name} over axis {axis}: group_size={n} leaves no other rank to "
+                            f"{'send to' if name == 'send' else 'receive from'}; a point-to-point op needs a group "
+                            "of at least 2 ranks (drop it when the axis has one rank)")
+    if not 0 <= peer < n:
+        raise TypeRuleError(f"{name} over axis {axis} ({n} ranks): peer={peer} is not a coordinate along the axis; "
+                            f"peer is the other rank's position in the group, 0..{n - 1}")
+
+
+def _send_infer(ts, attrs):
+    _check_peer("send", attrs)
+    return []
+
+
+def _recv_infer(ts, attrs):
+    _check_peer("recv", attrs)
+    shape = attrs["shape"]
+    if any(d < 0 for d in shape):
+        raise TypeRuleError(f"recv over axis {attrs['axis']}: shape {list(shape)} has a negative dim; give the "
+                            "shape of the tensor the peer sends")
+    return TensorType(tuple(shape), attrs["dtype"])
+
+
+def _p2p_reference(name: str):
+    def reference(args, attrs):
+        raise ExecutionError(
+            f"{name} is point-to-point over axis {attrs['axis']} (peer {attrs['peer']} of {attrs['group_size']} "
+            "ranks): run the per-rank programs with partita.parallel.simulate.run_mesh (one graph per rank), or "
+            "launch them with partita.runtime.run_ranks")
+    return reference
+
+
+def _peer_rank(name: str, attrs: dict):
+    """(group, the peer's global rank); refuses a peer that is this rank itself, which would
+    wait for ever on a blocking transport."""
+    dist = _dist()
+    g = _group(name, attrs)
+    me = dist.get_group_rank(g, dist.get_rank())
+    if attrs["peer"] == me:
+        raise ExecutionError(f"{name} over axis {attrs['axis']}: peer={attrs['peer']} is this rank's own coordinate "
+                             f"(global rank {dist.get_rank()}); a rank cannot "
+                             f"{'send to' if name == 'send' else 'receive from'} itself")
+    return g, dist.get_global_rank(g, attrs["peer"])
+
+
+def _send_torch(args, attrs):
+    (x,) = args
+    g, dst = _peer_rank("send", attrs)
+    _dist().send(x.contiguous(), dst=dst, group=g)
+    return ()
+
+
+def _recv_torch(args, attrs):
+    g, src = _peer_rank("recv", attrs)
+    # The peer sends the executor's carrier of the dtype (u16 lives in int32, ...), so the
+    # buffer is the same carrier.
+    out = torch.empty(attrs["shape"], dtype=carrier_dtype(attrs["dtype"]))
+    _dist().recv(out, src=src, group=g)
+    return out
+
+
+def _send_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    return Cost(0, 0, ins[0].nbytes)
+
+
+def _recv_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    return Cost(0, outs[0].nbytes, 0)
+
+
+register(OpDef(
+    name="send", operands=("x",), infer=_send_infer, reference=_p2p_reference("send"), torch=_send_torch,
+    attrs=_PEER_ATTRS, effects=_P2P_EFFECTS, cost=_send_cost,
+    doc="send x to the rank of this rank's axis group whose coordinate along axis is peer; no result"))
+register(OpDef(
+    name="recv", operands=(), infer=_recv_infer, reference=_p2p_reference("recv"), torch=_recv_torch,
+    attrs=_PEER_ATTRS + (AttrSpec("shape", "ints"), AttrSpec("dtype", "dtype")), effects=_P2P_EFFECTS,
+    cost=_recv_cost, doc="receive a tensor of the given shape and dtype from the rank of this rank's axis group "
+    "whose coordinate along axis is peer"))

@@ -31,10 +31,11 @@ from ..ir.diagnostics import PartitaError
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import format_attr, value_names
+from ..ops.collective import is_point_to_point
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
-from .simulate import _describe, _ordinal, _same_collective
+from .simulate import _describe, _ordinal, _same_collective, pair_point_to_point
 
 MB = 1 << 20  # size_mb counts mebibytes, as DDP's bucket_cap_mb does
 
@@ -456,6 +457,10 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
     every rank runs) issue, along each mesh axis, the same sequence of collectives (op,
     attributes, local operand types) on every member of every group.
 
+    Point-to-point ``send``/``recv`` take no part in a group's sequence; they are checked
+    pairwise instead: the k-th send from rank s to rank d must meet the k-th recv on d from
+    s, with the same type (``simulate.pair_point_to_point``).
+
     Raises CollectiveOrderError naming the two ranks, the position along the axis and both
     nodes at the first disagreement (what ``run_mesh`` would find at run time).
     """
@@ -466,19 +471,22 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
                                    f"{mesh}; give one graph per rank (row-major rank order), or a single graph")
     seqs: list[list[Node]] = []
     for r, g in enumerate(gs):
-        seq = [n for n in g.nodes if _is_collective(n)]
-        for n in seq:
+        for n in g.nodes:
+            p2p = is_point_to_point(n)
+            if not (p2p or _is_collective(n)):
+                continue
             axis, size = n.attrs["axis"], n.attrs["group_size"]
             try:
                 real = mesh.axis_size(axis)
             except MeshError:
-                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} is a collective over axis "
+                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} is a "
+                                           f"{'point-to-point op' if p2p else 'collective'} over axis "
                                            f"'{axis}', which {mesh} does not have (its axes: "
                                            f"{', '.join(mesh.names)})") from None
             if real != size:
                 raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} says group_size={size}, but axis "
                                            f"'{axis}' of {mesh} has {real} ranks; set group_size={real}")
-        seqs.append(seq)
+        seqs.append([n for n in g.nodes if _is_collective(n)])
     for axis in mesh.names:
         along = [[n for n in seq if n.attrs["axis"] == axis] for seq in seqs]
         for group in mesh.groups(axis):
@@ -496,6 +504,7 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
                         f"{_describe(na)}, rank {m} issues {_describe(nb)}; a real run would hang or mix up "
                         f"data there. Run order-collectives on every rank's program, or make the ranks issue "
                         f"the same collectives over '{axis}' in the same order")
+    pair_point_to_point(gs, mesh, CollectiveOrderError)
 
 
 # --- passes -------------------------------------------------------------------------------------

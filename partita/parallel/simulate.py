@@ -10,6 +10,12 @@ Ranks may run different graphs (pipeline stages, hand-written programs) as long 
 each mesh axis, every member of a group issues the same collectives (op and attributes) in
 the same order. A real run would hang, or mix up data, where they do not; here the first
 such mismatch is an error naming both ranks and both nodes.
+
+Point-to-point ``send``/``recv`` (effect "p2p") are paired instead: the k-th send from rank
+s to rank d meets the k-th recv on d from s, and they must agree on the type. Pairing is
+checked before anything runs (``pair_point_to_point``); while running, a send completes
+only when its peer reaches the matching recv (synchronous, as a blocking transport may
+be), so an ordering that could hang on a real run is reported as a deadlock.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ..backend.numpy_ref import run_node_reference
 from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import format_attr
+from ..ops.collective import is_point_to_point
 from ..ops.registry import OPS
 from .mesh import Mesh, MeshError
 
@@ -38,8 +45,9 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
     """Run the per-rank program(s) on every rank of ``mesh``; returns each rank's outputs.
 
     ``graph`` is one per-rank graph that every rank runs (SPMD) or a list with one graph per
-    rank. ``inputs_by_rank[r]`` and ``weights_by_rank[r]`` (default: each graph's own
-    weights) feed rank ``r``, as ``partita.run`` takes them.
+    rank; sends and recvs between them must pair up (``pair_point_to_point``).
+    ``inputs_by_rank[r]`` and ``weights_by_rank[r]`` (default: each graph's own weights) feed
+    rank ``r``, as ``partita.run`` takes them.
     """
     mesh = Mesh.of(mesh)
     n = mesh.size
@@ -56,10 +64,11 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
     programs = [list(g.nodes) for g in graphs]
     for r, nodes in enumerate(programs):
         for node in nodes:
-            if OPS[node.op].collective is not None:
+            if _communicates(node):
                 _check_against_mesh(node, mesh, r)
     if not all(g is graphs[0] for g in graphs):
         _check_collectives_line_up(programs, mesh)
+    partner = pair_point_to_point(graphs, mesh)
 
     envs: list[dict[Value, np.ndarray]] = []
     for r, g in enumerate(graphs):
@@ -80,10 +89,10 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
 
     pcs = [0] * n
     while True:
-        # Every rank runs its ordinary nodes up to its next collective (or its end)...
+        # Every rank runs its ordinary nodes up to its next collective, send or recv (or its end)...
         for r in range(n):
             nodes, env = programs[r], envs[r]
-            while pcs[r] < len(nodes) and OPS[nodes[pcs[r]].op].collective is None:
+            while pcs[r] < len(nodes) and not _communicates(nodes[pcs[r]]):
                 node = nodes[pcs[r]]
                 for res, a in zip(node.results, run_node_reference(node, [env[v] for v in node.operands])):
                     env[res] = a
@@ -96,11 +105,12 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
         progressed = False
         done: set[int] = set()
         for r, node in sorted(waiting.items()):
-            if r in done:
+            if r in done or is_point_to_point(node):
                 continue
             axis = node.attrs["axis"]
             members = mesh.group_of(r, axis)
-            if not all(m in waiting and waiting[m].attrs.get("axis") == axis and m not in done for m in members):
+            if not all(m in waiting and not is_point_to_point(waiting[m]) and waiting[m].attrs.get("axis") == axis
+                       and m not in done for m in members):
                 continue
             for m in members:
                 _check_same_collective(waiting[members[0]], members[0], waiting[m], m, axis)
@@ -109,13 +119,112 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
                 pcs[m] += 1
                 done.add(m)
             progressed = True
+        # ...and every send whose peer waits in the recv it pairs with hands its tensor over.
+        for r, node in sorted(waiting.items()):
+            if r in done or not is_point_to_point(node) or not node.operands:
+                continue
+            d, recv = partner[(r, node)]
+            if d in done or waiting.get(d) is not recv:
+                continue
+            envs[d][recv.results[0]] = np.array(envs[r][node.operands[0]], copy=True)
+            pcs[r] += 1
+            pcs[d] += 1
+            done.update((r, d))
+            progressed = True
         if not progressed:
-            stuck = "; ".join(f"rank {r} waits in {_describe(node)} (group {mesh.group_of(r, node.attrs['axis'])})"
-                              for r, node in sorted(waiting.items()))
-            raise MeshRunError(f"the per-rank programs deadlock on {mesh}: {stuck}. Each rank waits for a "
-                               "group whose other members are blocked in a collective over another axis; issue "
-                               "the collectives of every axis in the same relative order on every rank")
+            raise MeshRunError(_deadlock_message(waiting, partner, mesh))
     return [[envs[r][v] for v in g.outputs] for r, g in enumerate(graphs)]
+
+
+def _communicates(node: Node) -> bool:
+    return OPS[node.op].collective is not None or is_point_to_point(node)
+
+
+def _deadlock_message(waiting: dict[int, Node], partner: dict[tuple[int, Node], tuple[int, Node]],
+                      mesh: Mesh) -> str:
+    parts = []
+    for r, node in sorted(waiting.items()):
+        if is_point_to_point(node):
+            p, other = partner[(r, node)]
+            if node.operands:
+                parts.append(f"rank {r} waits in {_describe(node)} until rank {p} reaches its matching "
+                             f"{_describe(other)}")
+            else:
+                parts.append(f"rank {r} waits in {_describe(node)} for rank {p}'s matching {_describe(other)}")
+        else:
+            parts.append(f"rank {r} waits in {_describe(node)} (group {mesh.group_of(r, node.attrs['axis'])})")
+    if any(is_point_to_point(node) for node in waiting.values()):
+        hint = ("A send completes only when its peer reaches the matching recv (run_mesh treats sends as "
+                "synchronous, as a blocking transport may be); order each rank's sends, recvs and collectives "
+                "so that every pair can meet, e.g. stage 0 sends the activation before it receives the gradient "
+                "and stage 1 receives the activation before it sends the gradient")
+    else:
+        hint = ("Each rank waits for a group whose other members are blocked in a collective over another "
+                "axis; issue the collectives of every axis in the same relative order on every rank")
+    return f"the per-rank programs deadlock on {mesh}: {'; '.join(parts)}. {hint}"
+
+
+def pair_point_to_point(graphs: Sequence[Graph], mesh: Mesh,
+                        error: type[PartitaError] = MeshRunError) -> dict[tuple[int, Node], tuple[int, Node]]:
+    """Pair the sends and recvs of the per-rank ``graphs`` (one per rank of ``mesh``).
+
+    The k-th send from rank s to rank d (its ``peer`` coordinate along its axis, within s's
+    group) pairs with the k-th recv on d whose peer is s, in program order; the pair must
+    agree on the type (the sent operand's, the recv's result). Returns the map both ways,
+    keyed by (rank, node) since ranks may share one graph. Raises ``error`` naming both
+    ranks and the node(s): a rank that names itself as peer, a send without its recv (or the
+    reverse), or a pair whose types differ. Axes and group sizes must already be checked
+    against the mesh.
+    """
+    sends: dict[tuple[int, int], list[Node]] = {}
+    recvs: dict[tuple[int, int], list[Node]] = {}
+    for r, g in enumerate(graphs):
+        for node in g.nodes:
+            if not is_point_to_point(node):
+                continue
+            axis, peer = node.attrs["axis"], node.attrs["peer"]
+            group = mesh.group_of(r, axis)
+            if not 0 <= peer < len(group):  # the type rule refuses it; an unverified graph may not have
+                raise error(f"rank {r} (@{g.name}): {_describe(node)} names peer={peer}, which is not a coordinate "
+                            f"along '{axis}' of {mesh} (0..{len(group) - 1})")
+            p = group[peer]
+            if p == r:
+                verb = "send to" if node.operands else "receive from"
+                raise error(f"rank {r} (@{g.name}): {_describe(node)} names peer={peer}, which is rank {r}'s own "
+                            f"coordinate along '{axis}'; a rank cannot {verb} itself. peer is the absolute "
+                            f"coordinate of the other rank along '{axis}' (0..{len(group) - 1})")
+            if node.operands:
+                sends.setdefault((r, p), []).append(node)
+            else:
+                recvs.setdefault((p, r), []).append(node)
+    partner: dict[tuple[int, Node], tuple[int, Node]] = {}
+    for s, d in sorted(set(sends) | set(recvs)):
+        out, into = sends.get((s, d), []), recvs.get((s, d), [])
+        axis = (out or into)[0].attrs["axis"]
+        for k in range(max(len(out), len(into))):
+            if k >= len(into):
+                raise error(
+                    f"rank {s}'s {_ordinal(k + 1)} send to rank {d} over axis '{axis}' (@{graphs[s].name}: "
+                    f"{_describe(out[k])}) has no matching recv: rank {d} (@{graphs[d].name}) receives only "
+                    f"{len(into)} tensor(s) from rank {s}{_elsewhere(recvs, d, s, sending=False)}; a real run "
+                    f"would hang there. Add recv() {{peer={mesh.coord(s, axis)}}} of {out[k].operands[0].type} to "
+                    f"rank {d}'s program, or drop the send")
+            if k >= len(out):
+                raise error(
+                    f"rank {d}'s {_ordinal(k + 1)} recv from rank {s} over axis '{axis}' (@{graphs[d].name}: "
+                    f"{_describe(into[k])}) has no matching send: rank {s} (@{graphs[s].name}) sends only "
+                    f"{len(out)} tensor(s) to rank {d}{_elsewhere(sends, s, d, sending=True)}; a real run would hang "
+                    f"there. Add send(...) {{peer={mesh.coord(d, axis)}}} to rank {s}'s program, or drop the recv")
+            sent, want = out[k].operands[0].type, into[k].results[0].type
+            if sent != want:
+                raise error(
+                    f"rank {s}'s {_ordinal(k + 1)} send to rank {d} over axis '{axis}' sends {sent} "
+                    f"(@{graphs[s].name}: {_describe(out[k])}), but the recv it meets on rank {d} expects {want} "
+                    f"(@{graphs[d].name}: {_describe(into[k])}); a real run would fail or mix up data there. "
+                    f"Give the recv shape={list(sent.shape)}, dtype={sent.dtype}, or send a tensor of {want}")
+            partner[(s, out[k])] = (d, into[k])
+            partner[(d, into[k])] = (s, out[k])
+    return partner
 
 
 def _run_collective(nodes: list[Node], envs: list[dict[Value, np.ndarray]], members: list[int]) -> None:
@@ -147,12 +256,28 @@ def _run_collective(nodes: list[Node], envs: list[dict[Value, np.ndarray]], memb
             env[v] = a
 
 
+def _elsewhere(pairs: dict[tuple[int, int], list[Node]], rank: int, expected: int, sending: bool) -> str:
+    """The hint for an unmatched send or recv: the other ranks ``rank`` sends to (or receives
+    from) instead, the sign of a wrong peer coordinate on one side. ``pairs`` is keyed by
+    (sender, receiver)."""
+    if sending:
+        others = sorted(d for (s, d) in pairs if s == rank and d != expected)
+    else:
+        others = sorted(s for (s, d) in pairs if d == rank and s != expected)
+    if not others:
+        return ""
+    verb = "sends to" if sending else "receives from"
+    return (f" (it {verb} rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} instead: is a peer "
+            "coordinate wrong?)")
+
+
 def _check_against_mesh(node: Node, mesh: Mesh, rank: int) -> None:
     axis, size = node.attrs["axis"], node.attrs["group_size"]
+    what = "point-to-point op" if is_point_to_point(node) else "collective"
     try:
         real = mesh.axis_size(axis)
     except MeshError:
-        raise MeshRunError(f"{_describe(node)} on rank {rank} is a collective over axis '{axis}', which the mesh "
+        raise MeshRunError(f"{_describe(node)} on rank {rank} is a {what} over axis '{axis}', which the mesh "
                            f"{mesh} does not have (its axes: {', '.join(mesh.names)}); use one of those axes or "
                            "run on a mesh with that axis") from None
     if real != size:
