@@ -259,13 +259,14 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
     ``TorchProgram.steps`` are tuples ``(fn, operand slots, attrs, result slots, dtypes,
     frees, node)``; only ``fn`` is replaced.
     """
+    from ..ops.collective import is_point_to_point
     from ..ops.registry import OPS
 
     at_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "raise" else None
     injected = at_step is not None
     for i, st in enumerate(program.steps):
         fn, node = st[0], st[-1]
-        if OPS[node.op].collective is not None:
+        if OPS[node.op].collective is not None or is_point_to_point(node):
             axis = node.attrs.get("axis")
             if node.attrs.get("group_size", 1) <= 1 or axis not in mesh.names:
                 continue
