@@ -254,6 +254,19 @@ class Graph:
         self.inputs.append(v)
         return v
 
+    def remove_input(self, v: Value) -> None:
+        """Drop graph input ``v``, which nothing may use any more (its weight, if any, stays
+        in ``weights`` for the caller to drop)."""
+        self._check_owned(v, "the removed input")
+        if not v.is_input:
+            raise GraphEditError(f"{v!r} is a node result, not a graph input")
+        if v.has_uses:
+            raise GraphEditError(f"cannot remove input {v!r}: it still has {v.num_uses} use(s)")
+        self.inputs.remove(v)
+        for i, w in enumerate(self.inputs):
+            w.index = i
+        v.graph = None
+
     def input(self, name: str) -> Value:
         for v in self.inputs:
             if v.name == name:

@@ -265,6 +265,8 @@ class _Annotator:
         for w in sorted(excluded, key=lambda v: v.index):
             why = f"its column split stops at {self.blocked[w]}, which needs that dim whole" if w in self.blocked \
                 else "no row-parallel matmul follows its column-parallel use"
+            if w in self.blocked and self.blocked[w].endswith("= split"):
+                why += " (a fused projection: run the split-projections pass on the forward graph first)"
             self.notes.append(f"%{self.name(w)} kept whole over '{axis}': {why}")
         if self.s.sequence_parallel:
             for v in reduced:

@@ -1,7 +1,7 @@
 """The parallel part of ``partita demo``: a GPT-2-style model trained on a dp=2 x tp=2 mesh.
 
 A small GPT-2 is built from a config (random weights; nothing is downloaded), imported,
-turned into one training step (cross-entropy, SGD with momentum), parallelized with
+its fused q/k/v projection split in three (``split-projections``), turned into one training step (cross-entropy, SGD with momentum), parallelized with
 ``dp+megatron`` for ``mesh(dp=2, tp=2)``, and run for a few steps on 4 local CPU processes
 over gloo. The single-device step runs on the same batches beside it; the demo prints both
 losses per step and ends with the check's verdict.
@@ -71,9 +71,13 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
     t0 = time.perf_counter()
     fwd = partita.import_torch(model, (ids,))
+    # GPT-2 computes q, k and v with one fused weight; one projection each lets tensor
+    # parallelism split the attention by heads (see partita/passes/split_projections.py).
+    fwd = partita.optimize(fwd, "split-projections")
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", **SGD)
     print(f"GPT-2 from a config: {cfg.n_layer} layers, {cfg.n_embd} wide, {cfg.n_head} heads, vocab "
-          f"{cfg.vocab_size}; batch {batch} x {seq} tokens. Imported and turned into one training step "
+          f"{cfg.vocab_size}; batch {batch} x {seq} tokens. Imported, its fused q/k/v projections split "
+          f"(split-projections), and turned into one training step "
           f"(cross-entropy, SGD lr={SGD['lr']} momentum={SGD['momentum']}): {len(step)} nodes in "
           f"{time.perf_counter() - t0:.1f} s")
     prog = partita.parallelize(step, mesh, strategy)

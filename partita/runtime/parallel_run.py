@@ -53,11 +53,18 @@ class LaunchResult:
         return [float(np.asarray(o[0]).reshape(-1)[0]) for o in self.outputs]
 
 
+# Below this root-mean-square a tensor counts as zero: the relative error of a gradient that
+# is exactly zero in exact arithmetic (attention's key bias) compares rounding noise with
+# rounding noise, so its error is measured against this floor instead.
+ZERO_RMS = 1e-6
+
+
 def _rel(a: Any, b: Any) -> float:
+    """||a - b|| / ||b||, with ||b|| taken as at least ZERO_RMS * sqrt(size)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
         return float("inf")
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), ZERO_RMS * np.sqrt(max(b.size, 1))))
 
 
 def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | Sequence[Mapping[str, Any]] | None" = None,

@@ -78,6 +78,14 @@ def _run_parallel(args: argparse.Namespace) -> int:
         loss: Any = 0 if out0.type.shape == () else "cross_entropy"
         classes = out0.type.shape[-1] if loss == "cross_entropy" else None
         opts = {"lr": args.lr} if args.train == "sgd" else {"lr": args.lr, "eps": 1e-6}
+        if args.strategy and "megatron" in args.strategy:
+            from ..passes.split_projections import split_projections
+
+            fwd = fwd.clone()
+            n = split_projections(fwd)
+            if n:
+                print(f"split-projections: {n} fused projection(s) split into one per piece (params renamed "
+                      "<name>.split<i>), so tensor parallelism can split them")
         graph = training_step(fwd, loss=loss, optimizer=args.train, **opts)
     annotations = {}
     for a in args.annotate:
