@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, PartitaError, TypeRuleError
+from ..ops.collective import Pending
 from ..ir.dtypes import DType, promote_all
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
@@ -30,10 +31,14 @@ from .common import bind_inputs, check_array, numpy_dtype_name
 class TorchProgram:
     """A graph prepared for repeated execution with torch."""
 
-    def __init__(self, graph: Graph, donate: bool = False) -> None:
+    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False) -> None:
         """``donate=True``: the caller gives up the input buffers that outputs alias (as a
         training loop does with its params and optimizer state), so ops with an in-place
-        implementation may update them where they are instead of allocating new ones."""
+        implementation may update them where they are instead of allocating new ones.
+        ``overlap=True``: collectives with an asynchronous implementation (``torch_async``)
+        are started where they stand and waited for only where their result is first read,
+        so the computation in between overlaps the transfer (a per-rank program under
+        torch.distributed)."""
         self.graph = graph
         slot: dict[Value, int] = {}
         for v in graph.inputs:
@@ -47,6 +52,7 @@ class TorchProgram:
                 slot[r] = len(slot)
         outputs = set(graph.outputs)
         self.steps = []
+        pending: set[int] = set()  # slots an asynchronous collective fills
         # Nodes without operands or effects (constants, full, iota) give the same tensor on
         # every call: they are computed here once, unless they are outputs (a caller may
         # write into what it gets back) or carried dtypes.
@@ -64,10 +70,16 @@ class TorchProgram:
             fn = opdef.torch
             if donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use):
                 fn = opdef.torch_inplace
-            if any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results)):
+            carried = any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results))
+            if carried:
                 fn = _carried_step(n, opdef)
+            waits = tuple(s for s in dict.fromkeys(slot[v] for v in n.operands) if s in pending)
+            pending.difference_update(waits)
+            if overlap and opdef.torch_async is not None and not carried and len(n.results) == 1:
+                fn = opdef.torch_async
+                pending.add(slot[n.results[0]])
             self.steps.append((fn, tuple(slot[v] for v in n.operands), n.attrs,
-                               tuple(slot[r] for r in n.results), dtypes, frees, n))
+                               tuple(slot[r] for r in n.results), dtypes, frees, waits, n))
         self.num_slots = len(slot)
         self._input_dtypes = [None if v.type.dtype.name in CARRIER_NAMES else to_torch_dtype(v.type.dtype)
                               for v in graph.inputs]
@@ -75,6 +87,7 @@ class TorchProgram:
         self.output_slots = [slot[v] for v in graph.outputs]
         self.output_converters = [(slot[v], v.type.dtype if v.type.dtype.name in CARRIER_NAMES else None)
                                   for v in graph.outputs]
+        self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
@@ -96,8 +109,11 @@ class TorchProgram:
                 check_array(v, tuple(t.shape), _dtype_name(t))
             env[v.index] = t
         with torch.inference_mode():
-            for fn, args, attrs, outs, dtypes, frees, node in self.steps:
+            for fn, args, attrs, outs, dtypes, frees, waits, node in self.steps:
                 try:
+                    for i in waits:
+                        if type(env[i]) is Pending:
+                            env[i] = env[i].result()
                     res = fn([env[i] for i in args], attrs)
                 except PartitaError:
                     raise
@@ -105,6 +121,9 @@ class TorchProgram:
                     where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
                     raise ExecutionError(f"{node.op}{where}: the torch implementation failed: "
                                          f"{type(e).__name__}: {e}") from e
+                if type(res) is Pending:
+                    env[outs[0]] = res
+                    continue
                 if len(outs) == 1:
                     if type(res) in (list, tuple):
                         res = res[0]
@@ -116,6 +135,9 @@ class TorchProgram:
                         env[o] = r if r.dtype is dt else r.to(dt)
                 for i in frees:
                     env[i] = None
+            for i in self.pending_outputs:
+                if type(env[i]) is Pending:
+                    env[i] = env[i].result()
         return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
 
 

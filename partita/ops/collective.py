@@ -269,6 +269,36 @@ def _all_reduce_torch(args, attrs):
     return y
 
 
+class Pending:
+    """A collective in flight: ``result()`` waits for it and returns its tensor. ``on_error``
+    (set by the runtime) turns a failure into the error that names the collective."""
+
+    __slots__ = ("tensor", "work", "on_error")
+
+    def __init__(self, tensor, work) -> None:
+        self.tensor = tensor
+        self.work = work
+        self.on_error = None
+
+    def result(self):
+        try:
+            self.work.wait()
+        except Exception as e:
+            if self.on_error is not None:
+                self.on_error(e)
+            raise
+        return self.tensor
+
+
+def _all_reduce_torch_async(args, attrs):
+    (x,) = args
+    if attrs["group_size"] == 1:
+        return x.clone()
+    g = _group("all_reduce", attrs)
+    y = x.clone(memory_format=torch.contiguous_format)
+    return Pending(y, _dist().all_reduce(y, op=_reduce_op(attrs["op"]), group=g, async_op=True))
+
+
 def _all_gather_torch(args, attrs):
     (x,) = args
     n = attrs["group_size"]
@@ -360,6 +390,7 @@ _REDUCE_ATTR = AttrSpec("op", "str", "sum", choices=REDUCE_OPS)
 
 _collective("all_reduce", _all_reduce_infer, _all_reduce_np, _all_reduce_torch, (_REDUCE_ATTR,),
             _ring_cost(2, 1, True), "every rank of the group gets the reduction (op) of all members' values")
+object.__setattr__(OPS["all_reduce"], "torch_async", _all_reduce_torch_async)
 _collective("all_gather", _all_gather_infer, _all_gather_np, _all_gather_torch, (AttrSpec("dim", "int"),),
             _ring_cost(1, 1, False), "the members' values concatenated along dim in group order")
 _collective("reduce_scatter", _reduce_scatter_infer, _reduce_scatter_np, _reduce_scatter_torch,

@@ -192,6 +192,10 @@ class OpDef:
     torch_inplace: Callable | None = None
     inplace: tuple[tuple[int, int], ...] = ()
     collective: Callable | None = None
+    # An optional torch implementation that starts the communication and returns a
+    # ``Pending`` (ops/collective.py) at once; the executor waits for it where the result is
+    # first read, so computation overlaps the transfer (TorchProgram(overlap=True)).
+    torch_async: Callable | None = None
     # Filled by later layers.
     vjp: Callable | None = None
     sharding: Callable | None = None

@@ -167,7 +167,7 @@ def _fusion_key(node: Node) -> tuple:
     return (node.op, node.operands[0].type.dtype.name, attrs)
 
 
-def bucket_gradients(graph: Graph, size_mb: float = 25.0) -> BucketReport:
+def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None = None) -> BucketReport:
     """Coalesce the independent all_reduce (and dim-0 reduce_scatter) nodes of the per-rank
     ``graph`` into buckets of at most ``size_mb`` MiB, in place; returns the BucketReport.
 
@@ -176,12 +176,22 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0) -> BucketReport:
     (directly, or through another bucket) never share a bucket. Each fused collective sits
     right after its last member's operand is produced; nodes that used a member's result
     move after it when they have to, everything else keeps its place.
+
+    ``first_mb``: the first bucket of each kind holds at most this many MiB (DDP's 1 MiB
+    first bucket): its collective then starts early in the backward pass, while the rest of
+    the backward runs (with an executor that overlaps, TorchProgram(overlap=True)).
     """
     if not isinstance(size_mb, (int, float)) or isinstance(size_mb, bool) or not size_mb > 0 \
             or math.isinf(size_mb):
         raise BucketError(f"@{graph.name}: bucket-gradients needs size_mb > 0 (the most MiB one fused "
                           f"collective carries, e.g. 25.0), got {size_mb!r}")
     limit = max(1, int(size_mb * MB))
+    if first_mb is not None and (not isinstance(first_mb, (int, float)) or isinstance(first_mb, bool)
+                                 or not first_mb > 0 or math.isinf(first_mb)):
+        raise BucketError(f"@{graph.name}: bucket-gradients needs first_mb > 0 (the most MiB the first bucket "
+                          f"carries, e.g. 1.0), got {first_mb!r}")
+    first_limit = min(limit, max(1, int(first_mb * MB))) if first_mb is not None else limit
+    opened: dict[tuple, int] = {}  # buckets opened so far per fusion key
     report = BucketReport(limit, before=_count(graph))
     names = value_names(graph)
     nodes = list(graph.nodes)
@@ -202,15 +212,21 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0) -> BucketReport:
     member_mask: list[int] = []
     up_mask: list[int] = []  # every candidate upstream of some member's operand
     sizes: list[int] = []
+    bucket_no: list[int] = []  # per bucket: how many of its kind were opened before it
     open_by_key: dict[tuple, int] = {}
     for c in order:
         key = _fusion_key(c)
         size = c.operands[0].type.nbytes
         b = open_by_key.get(key)
-        if b is not None and (sizes[b] + size > limit
+        cap = limit
+        if b is not None:
+            cap = first_limit if bucket_no[b] == 0 else limit
+        if b is not None and (sizes[b] + size > cap
                               or _effective_upstream(up[c], member_mask, up_mask) & member_mask[b]):
             b = None
         if b is None:
+            bucket_no.append(opened.get(key, 0))
+            opened[key] = opened.get(key, 0) + 1
             b = len(members)
             members.append([])
             member_mask.append(0)
@@ -221,7 +237,7 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0) -> BucketReport:
         member_mask[b] |= bit[c]
         up_mask[b] |= up[c]
         sizes[b] += size
-        if sizes[b] >= limit:
+        if sizes[b] >= (first_limit if bucket_no[b] == 0 else limit):
             del open_by_key[key]
 
     for ms, size in zip(members, sizes):

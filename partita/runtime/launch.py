@@ -257,9 +257,10 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
     fault step (so the injected error takes the path a real one does).
 
     ``TorchProgram.steps`` are tuples ``(fn, operand slots, attrs, result slots, dtypes,
-    frees, node)``; only ``fn`` is replaced.
+    frees, waits, node)``; only ``fn`` is replaced. A collective started asynchronously fails
+    when it is waited for: its ``Pending`` gets the same error.
     """
-    from ..ops.collective import is_point_to_point
+    from ..ops.collective import Pending, is_point_to_point
     from ..ops.registry import OPS
 
     at_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "raise" else None
@@ -272,19 +273,25 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
                 continue
             group = mesh.group_of(rank, axis)
 
-            def wrapped(args, attrs, fn=fn, node=node, axis=axis, group=group):
+            def fail(e: Exception, node=node, axis=axis, group=group) -> None:
+                # gloo's messages go on with generic advice after the first sentence.
+                first = (str(e).strip().splitlines() or [""])[0].split(" This is typically")[0][:300]
+                raise CollectiveFailure(
+                    f"{node.op} over axis '{axis}' (group of ranks {group}){_location(node)} failed on rank "
+                    f"{rank} at step {step_cell[0]}: {type(e).__name__}: {first}; a peer rank of this group "
+                    f"probably died or stopped before reaching this collective (each collective waits at "
+                    f"most timeout_s={timeout_s:g} s)") from e
+
+            def wrapped(args, attrs, fn=fn, fail=fail):
                 try:
-                    return fn(args, attrs)
+                    res = fn(args, attrs)
                 except PartitaError:
                     raise
                 except Exception as e:
-                    # gloo's messages go on with generic advice after the first sentence.
-                    first = (str(e).strip().splitlines() or [""])[0].split(" This is typically")[0][:300]
-                    raise CollectiveFailure(
-                        f"{node.op} over axis '{axis}' (group of ranks {group}){_location(node)} failed on rank "
-                        f"{rank} at step {step_cell[0]}: {type(e).__name__}: {first}; a peer rank of this group "
-                        f"probably died or stopped before reaching this collective (each collective waits at "
-                        f"most timeout_s={timeout_s:g} s)") from e
+                    fail(e)
+                if type(res) is Pending:
+                    res.on_error = fail
+                return res
             program.steps[i] = (wrapped, *st[1:])
         elif injected:
             injected = False
@@ -320,7 +327,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
     graph = parse(job.graph_text, f"<@{job.graph_name} rank {job.rank}>")
     previous = comm.set_groups(comm.new_mesh_groups(mesh, timeout=timeout))
     try:
-        program = TorchProgram(graph, donate=True)
+        program = TorchProgram(graph, donate=True, overlap=True)
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
