@@ -944,8 +944,15 @@ def _torch_cross_entropy_grad(args, a):
     g = torch.softmax(logits, cdim)
     if ls > 0.0:
         g.sub_(ls / ncls)
-    safe = torch.where(ignore, 0, target).unsqueeze(cdim)
     red = a["reduction"]
+    if red != "none" and dloss.dim() == 0 and g.device.type == "cpu" and not bool(ignore.any()):
+        # The common case: no ignored target, one scale for every row (a Python float is
+        # the cheapest multiplier there is).
+        scale_f = float(dloss) / (target.numel() if red == "mean" else 1)
+        g.mul_(scale_f)
+        idx = target.unsqueeze(cdim)
+        return g.scatter_add_(cdim, idx, torch.full(idx.shape, (ls - 1.0) * scale_f, dtype=g.dtype))
+    safe = torch.where(ignore, 0, target).unsqueeze(cdim)
     if red == "mean":
         dloss = dloss / (~ignore).sum().to(dloss.dtype)
     scale = torch.where(ignore, torch.zeros((), dtype=dloss.dtype, device=dloss.device), dloss)
