@@ -185,9 +185,9 @@ class _Partitioner:
         if self.given is not None:
             own = set(self.g.nodes)
             given: dict[Node, dict[int, Placement]] = {}
-            for need in self.given:
-                if need.operand is not None and need.node in own:
-                    given.setdefault(need.node, {})[need.operand] = need.want
+            for g in self.given:
+                if g.operand is not None and g.node in own:
+                    given.setdefault(g.node, {})[g.operand] = g.want
             return given
         copy = self.g.clone()
         report = propagate(copy)

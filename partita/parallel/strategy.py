@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ir.diagnostics import PartitaError
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.printer import print_graph, value_names
 from ..ops.registry import OPS
 from .mesh import Mesh, MeshError
@@ -172,7 +172,7 @@ class _Annotator:
     def name(self, v: Value) -> str:
         return self.names.get(v, "?")
 
-    def set(self, v: Value, p: Placement) -> None:
+    def place(self, v: Value, p: Placement) -> None:
         self.fixed[v] = p
 
     def split_dim0(self, v: Value, axis: str, why: str) -> None:
@@ -183,7 +183,7 @@ class _Annotator:
             raise StrategyError(
                 f"{why}: %{self.name(v)} has {v.type.shape[0]} rows in dim 0 ({v.type}), which the mesh axis "
                 f"'{axis}' of size {n} does not divide; use a batch that is a multiple of {n} or a smaller '{axis}'")
-        self.set(v, Placement.split(v.type.rank, {0: axis}))
+        self.place(v, Placement.split(v.type.rank, {0: axis}))
 
     def data_parallel(self) -> None:
         axis = self.s.dp_axis
@@ -215,15 +215,15 @@ class _Annotator:
             sharded = Placement(tuple(tp.dims[i] + ((axis,) if i == d else ()) for i in range(p.type.rank)))
             for s in node.operands[2:]:
                 if s.type.shape == p.type.shape:
-                    self.set(s, sharded)
+                    self.place(s, sharded)
             if self.s.data != "zero3":
                 # Pinned: left free, the param would take the split of its sharded state.
-                self.set(p, tp)
+                self.place(p, tp)
             if grad.producer is not None:
                 self.late[grad] = tp if self.s.data == "zero1" else sharded
             new_p = node.results[0]
             if self.s.data == "zero3":
-                self.set(p, sharded)
+                self.place(p, sharded)
                 self.late[new_p] = sharded
                 self.gather_point(p, node, tp)
             else:
@@ -245,7 +245,7 @@ class _Annotator:
             for i, o in enumerate(list(u.operands)):
                 if o is p:
                     self.g.set_operand(u, i, copy)
-        self.set(copy, whole)
+        self.place(copy, whole)
 
     # --- megatron -----------------------------------------------------------------------------------
     def megatron(self) -> None:
@@ -261,7 +261,7 @@ class _Annotator:
             excluded |= loose
         for w, p in list(cols.items()) + list(rows.items()) + list(self.followers.items()):
             if w not in self.fixed:
-                self.set(w, p)
+                self.place(w, p)
         for w in sorted(excluded, key=lambda v: v.index):
             why = f"its column split stops at {self.blocked[w]}, which needs that dim whole" if w in self.blocked \
                 else "no row-parallel matmul follows its column-parallel use"
@@ -272,14 +272,14 @@ class _Annotator:
             for v in reduced:
                 p = self.token_split(v)
                 if p is not None and v not in self.fixed:
-                    self.set(v, p)
+                    self.place(v, p)
                     self.sinks.add(v)
         # Optimizer state follows its param (a ZeRO preset shards it further).
         for node in self.g.nodes:
             if node.op in UPDATE_OPS and node.operands[0] in self.fixed:
                 for st in node.operands[2:]:
                     if st.type.shape == node.operands[0].type.shape:
-                        self.set(st, self.fixed[node.operands[0]])
+                        self.place(st, self.fixed[node.operands[0]])
 
     def token_split(self, v: Value) -> Placement | None:
         """The sequence-parallel placement of activation ``v``: its leading dim (the batch,
@@ -367,6 +367,7 @@ class _Annotator:
                         confirmed |= origin.get(node.operands[0], frozenset())
                 if transposed:
                     tnode = node.operands[1].producer
+                    assert tnode is not None  # weight_of found the transpose
                     state[tnode.results[0]] = Placement(tuple(reversed(pl(param).dims)))
             results = self.infer(node, [pl(o) for o in node.operands], axis)
             if results is None:
@@ -498,11 +499,12 @@ class PlanReport:
 
 
 def _fmt(n: int) -> str:
+    x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if x < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return str(x)
 
 
 def _nbytes(v: Value) -> int:
@@ -533,14 +535,14 @@ class ParallelProgram:
         for v in self.graph.inputs:
             if v.role not in ("param", "state"):
                 continue
-            if v.name not in src:
+            name = input_name(v)
+            if name not in src:
                 if v.role == "state":
-                    src[v.name] = np.zeros(v.type.shape, v.type.dtype.np)
+                    src[name] = np.zeros(v.type.shape, v.type.dtype.np)
                 else:
-                    raise StrategyError(f"no value for the param %{v.name} {v.type}; pass weights= with every param")
+                    raise StrategyError(f"no value for the param %{name} {v.type}; pass weights= with every param")
             for r in range(self.mesh.size):
-                out[r][v.name] = np.array(local_piece(src[v.name], v.placement, self.mesh, r,
-                                                                  f"weight %{v.name}"))
+                out[r][name] = np.array(local_piece(src[name], v.placement, self.mesh, r, f"weight %{name}"))
         return out
 
     def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
@@ -549,11 +551,11 @@ class ParallelProgram:
         for v in self.graph.inputs:
             if v.role != "input":
                 continue
-            if v.name not in inputs:
-                raise StrategyError(f"no value for the input %{v.name} {v.type}")
+            name = input_name(v)
+            if name not in inputs:
+                raise StrategyError(f"no value for the input %{name} {v.type}")
             for r in range(self.mesh.size):
-                out[r][v.name] = np.array(local_piece(inputs[v.name], v.placement, self.mesh, r,
-                                                                  f"input %{v.name}"))
+                out[r][name] = np.array(local_piece(inputs[name], v.placement, self.mesh, r, f"input %{name}"))
         return out
 
     def assemble_outputs(self, outputs_by_rank: Sequence[Sequence[Any]]) -> list[np.ndarray]:
@@ -566,11 +568,12 @@ class ParallelProgram:
 
     def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """The global params and optimizer state from every rank's pieces."""
-        out = {}
+        out: dict[str, np.ndarray] = {}
         for v in self.graph.inputs:
-            if v.role in ("param", "state") and all(v.name in w for w in weights_by_rank):
-                out[v.name] = assemble([np.asarray(w[v.name]) for w in weights_by_rank], v.placement, self.mesh,
-                                       v.type.shape)
+            name = input_name(v)
+            if v.role in ("param", "state") and all(name in w for w in weights_by_rank):
+                out[name] = assemble([np.asarray(w[name]) for w in weights_by_rank], v.placement, self.mesh,
+                                     v.type.shape)
         return out
 
     def simulate(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
@@ -651,7 +654,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 p.validate(v.type.shape, m, f"%{key}")
             except PlacementError as e:
                 raise StrategyError(f"annotation on %{key} {v.type}: {e}") from e
-            ann.set(v, p)
+            ann.place(v, p)
     if s.data or s.megatron:
         # Whatever the preset left free among the inputs is whole: propagation then runs
         # forward from the inputs, and no annotated intermediate pulls its producers along.

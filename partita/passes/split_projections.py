@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.builder import Builder
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.types import TensorType
 from ..ops.registry import normalize_axis
 from .manager import Pass, register_pass
@@ -78,16 +78,18 @@ def split_projections(graph: Graph) -> int:
         b = Builder(graph).set_insertion_before(split)
         offset = 0
         new_params: list[Value] = []
+        wname = input_name(w)
+        bname = input_name(bias) if bias is not None else ""
         for i, (size, piece) in enumerate(zip(split.attrs["sizes"], split.results)):
-            wi = graph.add_input(f"{w.name}.split{i}", TensorType((w.type.shape[0], size), w.type.dtype), "param")
+            wi = graph.add_input(f"{wname}.split{i}", TensorType((w.type.shape[0], size), w.type.dtype), "param")
             new_params.append(wi)
-            if w.name in graph.weights:
-                graph.weights[wi.name] = np.ascontiguousarray(np.asarray(graph.weights[w.name])[:, offset:offset + size])
+            if wname in graph.weights:
+                graph.weights[input_name(wi)] = np.ascontiguousarray(np.asarray(graph.weights[wname])[:, offset:offset + size])
             y = b.emit("matmul", x, wi, loc=mm.loc)
             if bias is not None:
-                bi = graph.add_input(f"{bias.name}.split{i}", TensorType((size,), bias.type.dtype), "param")
-                if bias.name in graph.weights:
-                    graph.weights[bi.name] = np.ascontiguousarray(np.asarray(graph.weights[bias.name])[offset:offset + size])
+                bi = graph.add_input(f"{bname}.split{i}", TensorType((size,), bias.type.dtype), "param")
+                if bname in graph.weights:
+                    graph.weights[input_name(bi)] = np.ascontiguousarray(np.asarray(graph.weights[bname])[offset:offset + size])
                 assert add is not None
                 y = b.emit("add", y, bi, loc=add.loc)
             if reshape is not None:
@@ -105,8 +107,8 @@ def split_projections(graph: Graph) -> int:
         for old in (w, bias):
             if old is not None:
                 graph.remove_input(old)
-                if old.name in graph.weights:
-                    del graph.weights[old.name]
+                if input_name(old) in graph.weights:
+                    del graph.weights[input_name(old)]
         count += 1
     return count
 

@@ -97,7 +97,7 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     rng = np.random.default_rng(seed)
     data = [{"ids": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64),
              "target": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64)} for _ in range(steps)]
-    (inp,) = [v.name for v in step.inputs if v.role == "input" and v.name != "target"]
+    (inp,) = [str(v.name) for v in step.inputs if v.role == "input" and v.name != "target"]
     data = [{inp: d["ids"], "target": d["target"]} for d in data]
     n = prog.mesh.size
     print(f"\ntraining {steps} steps on {n} local processes (gloo), with the single-device step beside it ...",

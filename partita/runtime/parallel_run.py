@@ -98,8 +98,11 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     if len(per_step) not in (1, steps):
         raise LaunchError(f"launch: {len(per_step)} input mappings for {steps} steps; give one, or one per step")
     layout = ckpt.ShardLayout.of(program.graph)
+    shards: list[dict[str, np.ndarray]]
     if resume_from is not None:
-        shards = ckpt.load(resume_from, layout)
+        loaded = ckpt.load(resume_from, layout)
+        assert isinstance(loaded, list)  # every rank's pieces (rank=None)
+        shards = loaded
         start_weights = _assemble_weights(program, shards)
     else:
         start_weights = _full_weights(program, weights)
@@ -118,13 +121,13 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance)
     if checkpoint_dir is not None:
         if not joined:
-            ckpt.save(checkpoint_dir, steps, layout, res.weights)
+            ckpt.save(checkpoint_dir, steps, layout, [w for w in res.weights if w is not None])
         else:
             import torch.distributed as dist
 
             # Each rank writes its own pieces; rank 0 commits once all have written.
             rank = dist.get_rank()
-            ckpt.write_shard(checkpoint_dir, steps, layout, rank, res.weights[rank])
+            ckpt.write_shard(checkpoint_dir, steps, layout, rank, res.weights[rank] or {})
             dist.barrier()
             if rank == 0:
                 ckpt.commit(checkpoint_dir, steps, layout)
