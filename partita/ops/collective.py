@@ -260,13 +260,8 @@ def _stack_pieces(x, n: int, dim: int):
 
 
 def _all_reduce_torch(args, attrs):
-    (x,) = args
-    if attrs["group_size"] == 1:
-        return x.clone()
-    g = _group("all_reduce", attrs)
-    y = x.clone(memory_format=torch.contiguous_format)
-    _dist().all_reduce(y, op=_reduce_op(attrs["op"]), group=g)
-    return y
+    res = _all_reduce_torch_async(args, attrs)
+    return res.result() if type(res) is Pending else res
 
 
 class Pending:
