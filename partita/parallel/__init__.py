@@ -1,5 +1,6 @@
-"""Multi-device parallelism: meshes, placements, and the passes that rewrite a graph into
-per-rank SPMD programs (being built; see docs/parallel.md)."""
+"""Multi-device parallelism: meshes, placements, sharding rules, and the passes and
+strategies that rewrite a graph into per-rank SPMD programs (see docs/parallel.md;
+``partita.parallelize`` is the entry point, partita/runtime runs the result)."""
 
 from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
