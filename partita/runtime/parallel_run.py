@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.diagnostics import PartitaError
 from .launch import LaunchError, RunResult, run_ranks
 
 
@@ -103,7 +102,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
         loaded = ckpt.load(resume_from, layout)
         assert isinstance(loaded, list)  # every rank's pieces (rank=None)
         shards = loaded
-        start_weights = _assemble_weights(program, shards)
+        start_weights = program.assemble_weights(shards)
     else:
         start_weights = _full_weights(program, weights)
         shards = program.shard_weights(start_weights)
@@ -167,10 +166,6 @@ def _full_weights(program: Any, weights: Mapping[str, Any] | None) -> dict[str, 
     return out
 
 
-def _assemble_weights(program: Any, shards: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    return program.assemble_weights(shards)
-
-
 def check_single_device(graph: Any, weights: Mapping[str, np.ndarray], per_step: Sequence[Mapping[str, Any]],
                         steps: int, outputs: Sequence[Sequence[np.ndarray]]) -> list[StepCheck]:
     """Run the single-device ``graph`` (placements ignored) for ``steps`` steps on the same
@@ -200,7 +195,3 @@ def check_single_device(graph: Any, weights: Mapping[str, np.ndarray], per_step:
         for i, name in aliases:
             values[str(name)] = np.array(want[i])
     return checks
-
-
-class CheckFailed(PartitaError):
-    """``--check`` found a step whose outputs differ from the single-device graph's."""
