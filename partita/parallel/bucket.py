@@ -35,7 +35,7 @@ from ..ops.collective import is_point_to_point
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
-from .simulate import _describe, _ordinal, _same_collective, pair_point_to_point
+from .simulate import _describe, _ordinal, first_disagreement, pair_point_to_point
 
 MB = 1 << 20  # size_mb counts mebibytes, as DDP's bucket_cap_mb does
 
@@ -504,22 +504,15 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
                                            f"'{axis}' of {mesh} has {real} ranks; set group_size={real}")
         seqs.append([n for n in g.nodes if _is_collective(n)])
     for axis in mesh.names:
-        along = [[n for n in seq if n.attrs["axis"] == axis] for seq in seqs]
-        for group in mesh.groups(axis):
-            first = group[0]
-            for m in group[1:]:
-                a, b = along[first], along[m]
-                for k in range(max(len(a), len(b))):
-                    na = a[k] if k < len(a) else None
-                    nb = b[k] if k < len(b) else None
-                    if na is not None and nb is not None and _same_collective(na, nb):
-                        continue
-                    raise CollectiveOrderError(
-                        f"ranks {first} and {m} (group {group} of axis '{axis}') disagree at their "
-                        f"{_ordinal(k + 1)} collective over '{axis}' (position {k}): rank {first} issues "
-                        f"{_describe(na)}, rank {m} issues {_describe(nb)}; a real run would hang or mix up "
-                        f"data there. Run order-collectives on every rank's program, or make the ranks issue "
-                        f"the same collectives over '{axis}' in the same order")
+        found = first_disagreement([[n for n in seq if n.attrs["axis"] == axis] for seq in seqs], mesh, axis)
+        if found is not None:
+            group, first, m, k, na, nb = found
+            raise CollectiveOrderError(
+                f"ranks {first} and {m} (group {group} of axis '{axis}') disagree at their "
+                f"{_ordinal(k + 1)} collective over '{axis}' (position {k}): rank {first} issues "
+                f"{_describe(na)}, rank {m} issues {_describe(nb)}; a real run would hang or mix up "
+                f"data there. Run order-collectives on every rank's program, or make the ranks issue "
+                f"the same collectives over '{axis}' in the same order")
     pair_point_to_point(gs, mesh, CollectiveOrderError)
 
 

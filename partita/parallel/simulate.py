@@ -286,25 +286,36 @@ def _check_against_mesh(node: Node, mesh: Mesh, rank: int) -> None:
                            f"whose '{axis}' axis has {size} ranks")
 
 
+def first_disagreement(seqs: list[list[Node]], mesh: Mesh, axis: str):
+    """The first place where two members of a group along ``axis`` issue different
+    collectives (``seqs[r]``: rank r's collectives over ``axis``, in order): ``(group, first
+    rank, other rank, position, node or None, node or None)``, or None when all agree."""
+    for group in mesh.groups(axis):
+        first = group[0]
+        for m in group[1:]:
+            a, b = seqs[first], seqs[m]
+            for k in range(max(len(a), len(b))):
+                na = a[k] if k < len(a) else None
+                nb = b[k] if k < len(b) else None
+                if na is None or nb is None or not _same_collective(na, nb):
+                    return group, first, m, k, na, nb
+    return None
+
+
 def _check_collectives_line_up(programs: list[list[Node]], mesh: Mesh) -> None:
     """Along each axis, the members of every group must issue the same collectives in order."""
     for axis in mesh.names:
         seqs = [[n for n in nodes if OPS[n.op].collective is not None and n.attrs["axis"] == axis]
                 for nodes in programs]
-        for group in mesh.groups(axis):
-            first = group[0]
-            for m in group[1:]:
-                a, b = seqs[first], seqs[m]
-                for k in range(max(len(a), len(b))):
-                    na = a[k] if k < len(a) else None
-                    nb = b[k] if k < len(b) else None
-                    if na is None or nb is None or not _same_collective(na, nb):
-                        raise MeshRunError(
-                            f"the per-rank programs disagree at their {_ordinal(k + 1)} collective over axis "
-                            f"'{axis}' (group of ranks {group}): rank {first} runs {_describe(na)}, rank {m} runs "
-                            f"{_describe(nb)}; a real run would hang (or mix up data) here. Every rank of a group "
-                            f"must issue the same collectives over '{axis}', with the same attributes, in the "
-                            "same order")
+        found = first_disagreement(seqs, mesh, axis)
+        if found is not None:
+            group, first, m, k, na, nb = found
+            raise MeshRunError(
+                f"the per-rank programs disagree at their {_ordinal(k + 1)} collective over axis "
+                f"'{axis}' (group of ranks {group}): rank {first} runs {_describe(na)}, rank {m} runs "
+                f"{_describe(nb)}; a real run would hang (or mix up data) here. Every rank of a group "
+                f"must issue the same collectives over '{axis}', with the same attributes, in the "
+                "same order")
 
 
 def _check_same_collective(a: Node, ra: int, b: Node, rb: int, axis: str) -> None:
