@@ -78,6 +78,7 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
       None to return ``(loss, <p>.grad...)`` without an update.
     recompute: recompute cheap forward values in the backward section instead of keeping
       them alive (``partita.autodiff.memory.recompute``).
+    The forward is first run through ``fuse-activations`` (spelled-out GELU/SiLU -> one op).
     """
     g = forward.clone()
     if isinstance(loss, str):
@@ -87,6 +88,10 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
         loss_index = 0 if loss is None else int(loss)
     # Only the loss is kept as a forward output: the step returns what training needs.
     g.set_outputs([g.outputs[loss_index]] if g.outputs else [])
+    from ..passes.manager import PassManager
+
+    # Before grad, so a spelled-out GELU/SiLU differentiates as one gelu_grad/silu_grad.
+    PassManager.parse("fuse-activations", verify_each=False).run(g)
     grad(g, wrt, loss_index=0, unused=unused)
     if optimizer == "adamw":
         apply_adamw(g, **optimizer_options)
@@ -98,8 +103,6 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
     # broadcasts, unused forward values), as any other graph would be. Without an optimizer
     # the gradients are outputs known by their names (<p>.grad), which canonicalize and cse
     # may merge or replace, so that graph only loses its dead code.
-    from ..passes.manager import PassManager
-
     PassManager.parse("canonicalize,cse,dce" if optimizer is not None else "dce", verify_each=False).run(g)
     if recompute:
         from .memory import recompute as _recompute
