@@ -18,6 +18,7 @@ holds, the result what that rank gets back.
   is a position in the group, not a global rank).
 - ``shard_slice(x) {axis, group_size, dim}``: member i keeps piece i of its own value split
   along ``dim`` (replicated -> split; nothing is sent, but the result depends on the rank).
+- ``axis_index() {axis, group_size}``: member i gets i, an i64 scalar (nothing is sent).
 
 ``op`` is one of sum, max, min, avg (avg needs a float dtype). Members are ordered by their
 coordinate along the axis.
@@ -47,6 +48,7 @@ import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
+from ..ir.dtypes import i64
 from ..ir.types import TensorType
 from ._lazy import carrier_dtype, torch
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axis, register
@@ -436,6 +438,42 @@ def _shard_slice_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict
 _collective("shard_slice", _shard_slice_infer, _shard_slice_np, _shard_slice_torch, (AttrSpec("dim", "int"),),
             _shard_slice_cost, "every member keeps piece i (i = its coordinate along axis) of its value split "
             "along dim into group_size pieces; no communication")
+
+
+# --- axis_index: a rank's coordinate along one mesh axis -----------------------------------------
+# A per-rank program whose local work depends on which piece a rank holds (a vocab-parallel
+# embedding looks up only the rows of its range) needs that piece's position at run time.
+# Like shard_slice it sends nothing, and like shard_slice it is a collective by declaration:
+# its value differs between ranks, so passes must not merge it with anything or move it out
+# of the order every member issues.
+
+def _axis_index_infer(ts, attrs):
+    _check_group("axis_index", TensorType((), i64), attrs)
+    return TensorType((), i64)
+
+
+def _axis_index_np(args_by_member, attrs):
+    n = attrs["group_size"]
+    if len(args_by_member) != n:
+        raise ExecutionError(f"{_where('axis_index', attrs)}: got {len(args_by_member)} members, expected one per "
+                             f"rank of the group ({n})")
+    return [np.asarray(i, dtype=np.int64) for i in range(n)]
+
+
+def _axis_index_torch(args, attrs):
+    if attrs["group_size"] == 1:
+        return torch.zeros((), dtype=torch.int64)
+    dist = _dist()
+    g = _group("axis_index", attrs)
+    # The group rank is the coordinate along the axis (comm.new_mesh_groups keeps them equal).
+    return torch.tensor(dist.get_group_rank(g, dist.get_rank()), dtype=torch.int64)
+
+
+register(OpDef(
+    name="axis_index", operands=(), infer=_axis_index_infer,
+    reference=_single_rank_reference("axis_index", _axis_index_np), torch=_axis_index_torch,
+    attrs=_GROUP_ATTRS, effects=_EFFECTS, cost=lambda ins, outs, a: Cost(0, 0, 0), collective=_axis_index_np,
+    doc="this rank's coordinate along axis (0..group_size-1), an i64 scalar; no communication"))
 
 
 # --- send / recv: point-to-point between two ranks of one axis group ---------------------------

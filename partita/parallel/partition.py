@@ -35,7 +35,8 @@ from .mesh import Mesh
 from .placement import Placement
 from .propagate import ReshardNeed, propagate
 from .reshard import Step, apply_reshard, plan_reshard
-from .sharding import Conflict, average_factor, result_placements, sharding_spec
+from .local_forms import LocalForm
+from .sharding import Conflict, DimSpec, average_factor, result_placements, sharding_spec
 
 
 class PartitionError(PartitaError):
@@ -46,7 +47,9 @@ class PartitionError(PartitaError):
 class InsertedCollective:
     """One collective the partition inserted, and why: ``value`` (printed name in the global
     graph) placed ``have`` must reach ``consumer`` (operand ``operand``; None for a node's
-    own result or a graph output) as ``want``; ``bytes`` is what each rank sends."""
+    own result or a graph output) as ``want``; ``bytes`` is what each rank sends. ``inside``:
+    the collective is part of the consumer's distributed local form (``local_forms``), as
+    the all-reduced log-sum-exp of a vocab-parallel cross_entropy; ``value`` is its result."""
 
     op: str
     axis: str
@@ -56,8 +59,11 @@ class InsertedCollective:
     have: Placement
     want: Placement
     bytes: int
+    inside: bool = False
 
     def __str__(self) -> str:
+        if self.inside:
+            return f"{self.op} over {self.axis}: inside {self.consumer} (its distributed form), {self.bytes} bytes sent per rank"
         where = f"operand {self.operand} of {self.consumer}" if self.operand is not None else self.consumer
         return f"{self.op} over {self.axis}: %{self.value} -> {where} ({self.have} -> {self.want}), {self.bytes} bytes sent per rank"
 
@@ -269,8 +275,16 @@ class _Partitioner:
                     for i, (o, h, w) in enumerate(zip(node.operands, have, wants))]
         local_types = [o.type for o in operands]
         attrs = dict(node.attrs) if spec is None else spec.localize_attrs(node.attrs, local_types, types)
-        m = self.b.emit_node(node.op, operands, attrs, loc=node.loc)
-        local_results = list(m.results)
+        ranged = {} if spec is None else _split_ranged(spec, wants)
+        if ranged:
+            assert spec is not None and spec.local_form is not None, f"{node.op}: a ranged label needs a local form"
+            form = LocalForm(self.b, operands, attrs, types, ranged, mesh, consumer, node.loc)
+            local_results = spec.local_form(form)
+            for op, axis, sent in form.collectives:
+                self.report.collectives.append(InsertedCollective(op, axis, self.name(node.results[0]), consumer,
+                                                                  None, got[0], got[0], sent, inside=True))
+        else:
+            local_results = list(self.b.emit_node(node.op, operands, attrs, loc=node.loc).results)
         n = 1 if spec is None else average_factor(spec, wants, mesh)
         if n > 1:
             # A rank averaged over its piece: n times its share of the global average
@@ -290,6 +304,18 @@ class _Partitioner:
                 lr.name = r.name
             self.vmap[r] = self.reshard(r, lr, p, self.pl(r), f"result of {consumer}", None)
             self.moved[(r, self.pl(r))] = self.vmap[r]
+
+
+def _split_ranged(spec: DimSpec, placements: Sequence[Placement]) -> dict[str, tuple[str, ...]]:
+    """The ranged labels of ``spec`` that ``placements`` split, with their mesh axes."""
+    out: dict[str, tuple[str, ...]] = {}
+    if not spec.ranged:
+        return out
+    for labels, p in zip(spec.operands, placements):
+        for lab, axes in zip(labels, p.dims):
+            if lab in spec.ranged and axes:
+                out[lab] = axes
+    return out
 
 
 @register_pass

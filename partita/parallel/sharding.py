@@ -23,6 +23,8 @@ from typing import Callable, Sequence
 from ..ir.types import TensorType
 from ..ops.registry import OPS, broadcast_shapes, normalize_axes, normalize_axis
 from ..ops.shape import squeeze_axes, transpose_perm, unsqueeze_axes
+from . import local_forms
+from .local_forms import LocalForm
 from .mesh import Mesh
 from .placement import Placement, PlacementError
 
@@ -54,8 +56,14 @@ class DimSpec:
     localize: ``(attrs, local operand types, global operand types) -> attrs`` for ops whose
       attributes mention sizes of split dims (reshape, broadcast_to, squeeze without axes);
       None means the global attributes are right for the local pieces.
-    Labels present in operands but neither in results nor in ``sums`` must stay unsplit (the
-    reduced dims of max/min/argmax, the axis of cumsum).
+    ranged: labels the op accepts split although the op itself, run on local pieces, would
+      be wrong: a rank then runs ``local_form`` instead (see ``partita.parallel.local_forms``),
+      which learns the range of the label it holds at run time (``axis_index``) and may talk
+      to the other ranks (the distributed log-sum-exp of a cross_entropy over split classes).
+      A ranged label in ``sums`` gives partial results as any sum; one in neither ``results``
+      nor ``sums`` comes out whole, completed by the form's own collectives.
+    Labels present in operands but neither in results nor in ``sums`` (nor ``ranged``) must
+    stay unsplit (the reduced dims of max/min/argmax, the axis of cumsum).
     """
 
     operands: tuple[Labels, ...]
@@ -66,6 +74,8 @@ class DimSpec:
     averages: frozenset[str] = frozenset()
     localize: Callable[[dict, Sequence[TensorType], Sequence[TensorType]], dict] | None = \
         field(default=None, compare=False)
+    ranged: frozenset[str] = frozenset()
+    local_form: "Callable[[LocalForm], list] | None" = field(default=None, compare=False)
 
     def splittable(self) -> tuple[str, ...]:
         """Labels that may be split, in order of first appearance in the operands."""
@@ -126,7 +136,7 @@ def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | No
                                 f"({_show(axes)}) are the same index '{lab}' and must be split alike", (j, i), lab)
     in_results = {lab for r in spec.results for lab in r if lab is not None}
     for lab, axes in label_axes.items():
-        if axes and lab not in in_results and lab not in spec.sums:
+        if axes and lab not in in_results and lab not in spec.sums and lab not in spec.ranged:
             i, d = label_from[lab]
             return Conflict(f"dim {d} of operand {i} is reduced by a non-sum (index '{lab}') and may not be "
                             f"split (it is split over {'@'.join(axes)})", (i,), lab)
@@ -456,7 +466,10 @@ def _dropout(ts, attrs):
 def _embedding(ts, attrs):
     table, idx = ts
     il = _dims(idx, "i")
-    return DimSpec(((None, "e"), il), (il + ("e",),), linear=frozenset({0}))
+    # A table split by rows (the vocabulary) is Megatron's vocab-parallel embedding: a rank
+    # looks up the indices in its range and zeros the others, a summand of the lookup.
+    return DimSpec((("v", "e"), il), (il + ("e",),), sums=frozenset({"v"}), linear=frozenset({0}),
+                   ranged=frozenset({"v"}), local_form=local_forms.embedding)
 
 
 @rule("gather")
@@ -483,20 +496,24 @@ def _ce_labels(logits: TensorType, target: TensorType) -> tuple[tuple, tuple]:
     unsplit, the others shared with the target."""
     cdim = 1 if logits.rank >= 2 else 0
     tl = _dims(target, "t")
-    return tl[:cdim] + (None,) + tl[cdim:], tl
+    return tl[:cdim] + ("c",) + tl[cdim:], tl
 
 
 @rule("cross_entropy")
 def _cross_entropy(ts, attrs):
     ll, tl = _ce_labels(*ts)
     red = attrs["reduction"]
+    # Split classes (the logits of a vocab-parallel LM head) take the distributed form: the
+    # log-sum-exp and the target's logit are all-reduced over the class axes.
+    classes, form = frozenset({"c"}), local_forms.cross_entropy
     if red == "none":
-        return DimSpec((ll, tl), (tl,))
+        return DimSpec((ll, tl), (tl,), ranged=classes, local_form=form)
     # "mean" divides the sum by the count of targets not ignored. A rank divides its summand
     # by its own count; scaled by 1/n (averages) that is its share of the global mean exactly
     # when every rank holds the same number of ignored targets (as when no target is ignored):
     # the same per-rank averaging as DDP's. Uneven ignored targets give another weighting.
-    return DimSpec((ll, tl), ((),), frozenset(tl), averages=frozenset(tl) if red == "mean" else frozenset())
+    return DimSpec((ll, tl), ((),), frozenset(tl), averages=frozenset(tl) if red == "mean" else frozenset(),
+                   ranged=classes, local_form=form)
 
 
 @rule("cross_entropy_grad")
@@ -506,7 +523,8 @@ def _cross_entropy_grad(ts, attrs):
     # dloss is per target for "none", a scalar otherwise; the batch dims pass to dlogits. For
     # "mean" the local count divides, as in the forward (same caveat on ignored targets).
     return DimSpec((tl if red == "none" else (), ll, tl), (ll,), linear=frozenset({0}),
-                   averages=frozenset(tl) if red == "mean" else frozenset())
+                   averages=frozenset(tl) if red == "mean" else frozenset(), ranged=frozenset({"c"}),
+                   local_form=local_forms.cross_entropy_grad)
 
 
 def _conv_rule(transposed: bool):

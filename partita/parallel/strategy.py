@@ -20,9 +20,12 @@ writes the per-rank program. The presets, each on one mesh axis:
   matmul by a weight whose input is whole on the tensor axis is column-parallel (the weight
   split on its output dim); a matmul whose input arrives split on its contracted dim is
   row-parallel (the weight split on its input dim; the result is a partial sum, reduced
-  where a consumer needs it). A column weight that no row weight follows (an LM head) is left
-  whole, so the logits are not gathered. Attention heads split through the reshapes that
-  follow the column-parallel projections.
+  where a consumer needs it). Attention heads split through the reshapes that follow the
+  column-parallel projections. Embedding tables are vocab-parallel (split by rows: a rank
+  looks up its rows, the lookup is a partial sum), and a column weight whose split reaches
+  a cross_entropy's classes (an LM head) stays split: the loss runs on the rank's logits
+  with its log-sum-exp all-reduced, so the logits are never gathered. A column weight that
+  neither a row weight nor a loss follows is left whole.
 - ``sp`` (``sequence-parallel``, with ``megatron``): the values where a row-parallel partial
   sum is reduced are split on their token dim, so the reduction is a reduce_scatter, the
   norms and residual adds between the parallel regions run on a slice of the tokens, and the
@@ -262,6 +265,7 @@ class _Annotator:
         for w, p in list(cols.items()) + list(rows.items()) + list(self.followers.items()):
             if w not in self.fixed:
                 self.place(w, p)
+        self.vocab_parallel(axis)
         for w in sorted(excluded, key=lambda v: v.index):
             why = f"its column split stops at {self.blocked[w]}, which needs that dim whole" if w in self.blocked \
                 else "no row-parallel matmul follows its column-parallel use"
@@ -280,6 +284,27 @@ class _Annotator:
                 for st in node.operands[2:]:
                     if st.type.shape == node.operands[0].type.shape:
                         self.place(st, self.fixed[node.operands[0]])
+
+    def vocab_parallel(self, axis: str) -> None:
+        """Split each token embedding table param by rows over ``axis`` (Megatron's
+        vocab-parallel embedding; a tied LM head follows it through propagation). A table
+        whose indices do not come from the data (positions from an iota) stays whole, as in
+        Megatron: it is small, and its lookup would only add a partial sum to reduce."""
+        n = self.mesh.axis_size(axis)
+        for node in self.g.nodes:
+            if node.op != "embedding":
+                continue
+            table = node.operands[0]
+            if not (table.is_input and table.role == "param") or table in self.fixed:
+                continue
+            if not _reads_data(node.operands[1]):
+                continue
+            if table.type.shape[0] % n:
+                self.notes.append(f"%{self.name(table)} kept whole over '{axis}': its {table.type.shape[0]} rows "
+                                  f"do not split into {n} (pad the vocabulary to a multiple of {n})")
+                continue
+            self.place(table, Placement.split(2, {0: axis}))
+            self.notes.append(f"%{self.name(table)} is vocab-parallel over '{axis}' (split by rows)")
 
     def token_split(self, v: Value) -> Placement | None:
         """The sequence-parallel placement of activation ``v``: its leading dim (the batch,
@@ -383,6 +408,11 @@ class _Annotator:
                 results = self.infer(node, ops, axis)
             if results is None:
                 results = [Placement.replicated(r.type.rank) for r in node.results]
+            if node.op == "cross_entropy" and node.operands[0] in origin:
+                # Logits split on the classes: the vocab-parallel loss takes them as they are.
+                logits = node.operands[0]
+                if pl(logits).dims[1 if logits.type.rank >= 2 else 0] == (axis,):
+                    confirmed |= origin[logits]
             src = frozenset().union(*(origin.get(o, frozenset()) for o in node.operands))
             if w is not None and w[0] in cols:
                 src = frozenset({w[0]})
@@ -415,6 +445,24 @@ class _Annotator:
         got = result_placements(spec, ops, [o.type for o in node.operands], self.mesh,
                                 [r.type for r in node.results])
         return None if isinstance(got, Conflict) else got
+
+
+def _reads_data(v: Value) -> bool:
+    """Whether ``v`` depends on an ``input``-role graph input (not only on params or constants)."""
+    seen: set[Value] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.is_input:
+            if u.role == "input":
+                return True
+            continue
+        assert u.producer is not None  # a value that is not an input has a producer
+        stack.extend(u.producer.operands)
+    return False
 
 
 # --- the plan report ------------------------------------------------------------------------------------
@@ -488,6 +536,10 @@ class PlanReport:
         """The full report: the summary, every collective with its reason, every placement."""
         lines = [self.summary(), "collectives (why each was inserted):"]
         for c in self.collectives:
+            if c.get("inside"):
+                lines.append(f"  [{c['phase']}] {c['op']} over {c['axis']}: inside {c['consumer']} (its distributed "
+                             f"form), {c['bytes']} bytes")
+                continue
             lines.append(f"  [{c['phase']}] {c['op']} over {c['axis']}: %{c['value']} {c['have']} -> {c['want']} "
                          f"for {c['consumer']}, {c['bytes']} bytes")
         if self.replicated:
@@ -746,7 +798,7 @@ def _plan(g: Graph, local: Graph, mesh: Mesh, s: Strategy, prop: PropagationRepo
         ph = order.get(c.consumer, "output" if c.consumer.startswith("output") else "forward")
         colls.append({"op": c.op, "axis": c.axis, "value": c.value, "consumer": c.consumer,
                       "operand": c.operand, "have": str(c.have), "want": str(c.want), "bytes": c.bytes,
-                      "phase": ph})
+                      "phase": ph, "inside": c.inside})
     param_b = sum(_nbytes(v) for v in local.inputs if v.role == "param")
     state_b = sum(_nbytes(v) for v in local.inputs if v.role == "state")
     from ..autodiff.memory import analyze

@@ -286,7 +286,9 @@ def _setup(op, sample):
 def test_rule_matches_reference(op, sample):
     rng, args, attrs, spec = _setup(op, sample)
     mesh1, mesh2 = Mesh.of("x=2"), Mesh.of("a=2,b=2")
-    labels = spec.splittable()
+    # A split ranged label runs the op's local form (with collectives), not the op itself:
+    # tests/parallel/test_local_forms.py checks those on the simulated mesh.
+    labels = [lab for lab in spec.splittable() if lab not in spec.ranged]
     results = []
     for lab in labels:
         pl = _split_placements(spec, args, {lab: ("x",)})
@@ -447,10 +449,14 @@ def test_rules_split_what_training_needs():
     i64 = TensorType((4,), DTYPES["i64"])
     for red in ("mean", "sum", "none"):
         spec = _spec("cross_entropy_grad", [T(4) if red == "none" else T(), T(4, 5), i64], {"reduction": red})
-        assert spec.splittable() == ("t0",) and spec.results == ((("t0", None)),)
+        # The classes split only through the distributed local form (vocab-parallel loss).
+        assert spec.splittable() == ("t0", "c") and spec.results == ((("t0", "c")),) and spec.ranged == {"c"}
         assert spec.averages == ({"t0"} if red == "mean" else set())
     spec = _spec("cross_entropy", [T(4, 5), i64], {})
-    assert spec.sums == spec.averages == {"t0"}
+    assert spec.sums == spec.averages == {"t0"} and spec.ranged == {"c"} and spec.local_form is not None
+    # A table split by rows is a vocab-parallel lookup: a partial result, by the local form.
+    spec = _spec("embedding", [T(10, 4), TensorType((2, 4), DTYPES["i64"])], {})
+    assert spec.sums == spec.ranged == {"v"} and spec.results == (("i0", "i1", "e"),)
     spec = _spec("mean", [T(4, 6)], {"axes": [1]})
     assert spec.sums == spec.averages == {"d1"} and spec.results == (("d0",),)
 

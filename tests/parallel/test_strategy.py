@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import partita
+from partita.ir.printer import value_names
 from partita.parallel import Mesh
 from partita.parallel.strategy import (ParallelProgram, StrategyError, assemble, parallelize, parse_placement,
                                        parse_strategy)
@@ -136,10 +137,26 @@ def test_llama_megatron_layer_all_reduces():
     step, feed = grads("llama")
     prog = check(step, feed, "tp=2", "megatron")
     layers = 2
-    # Column-parallel q/k/v and gate/up, row-parallel o and down: the analytical minimum.
-    assert prog.plan.count("all_reduce", "tp", "forward") == 2 * layers, prog.plan.text()
-    assert prog.plan.count("all_reduce", "tp", "backward") == 2 * layers, prog.plan.text()
-    assert prog.plan.count(axis="tp") == 4 * layers, "no other collective over tp"
+    colls = prog.plan.collectives
+    inside = [c for c in colls if c["inside"]]
+    names = value_names(prog.graph)
+    looked_up = {names[n.results[0]] for n in prog.graph.nodes if n.op == "embedding"}
+    layer = [c for c in colls if not c["inside"] and c["value"] not in looked_up]
+    # Column-parallel q/k/v and gate/up, row-parallel o and down: the analytical minimum per
+    # layer, plus one all_reduce of the LM head's input gradient (its weight is split on
+    # the vocabulary, so dx is a pending sum) in the backward.
+    assert sum(c["op"] == "all_reduce" and c["phase"] == "forward" for c in layer) == 2 * layers, prog.plan.text()
+    assert sum(c["op"] == "all_reduce" and c["phase"] == "backward" for c in layer) == 2 * layers + 1, \
+        prog.plan.text()
+    # The vocab-parallel embedding: its partial lookup is reduced once.
+    assert [(c["op"], c["phase"]) for c in colls if c["value"] in looked_up] == [("all_reduce", "forward")]
+    # The vocab-parallel loss: a max and one fused sum in the forward, the same in its gradient,
+    # each of [tokens, 1]: the logits are never gathered.
+    assert [(c["op"], c["consumer"].split(" = ")[-1]) for c in inside] == \
+        [("all_reduce", "cross_entropy")] * 2 + [("all_reduce", "cross_entropy_grad")] * 2
+    assert all(c["bytes"] <= 2 * 4 * 64 for c in inside), "per-token scalars only"
+    assert prog.plan.count(axis="tp") == 4 * layers + 6, "no other collective over tp"
+    assert "vocab-parallel" in prog.plan.text()
     assert prog.plan.replicated == []
     assert prog.plan.param_bytes < 0.7 * prog.plan.global_param_bytes
 

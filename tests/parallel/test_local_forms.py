@@ -1,0 +1,160 @@
+"""Local forms (``partita.parallel.local_forms``): the vocab-parallel embedding and the
+cross_entropy over split classes, and ``axis_index``, which tells a rank its piece.
+
+Each case partitions a training step (embedding -> tied LM head -> cross_entropy -> SGD or
+AdamW) with the table split by rows, runs every rank with ``run_mesh``, and compares the
+loss and the updated params with the single-device step. One case runs on gloo ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partita
+from partita.ir.builder import Builder
+from partita.ir.dtypes import f32, i64
+from partita.ir.graph import Graph
+from partita.ir.types import TensorType
+from partita.parallel.mesh import Mesh
+from partita.parallel.partition import local_piece, partition_with_report
+from partita.parallel.placement import Placement
+from partita.parallel.propagate import propagate
+from partita.parallel.simulate import run_mesh
+
+V, E = 16, 8
+
+
+def _step(n: int, reduction: str, smoothing: float, ignore: int, optimizer: str, logits_rank: int = 2) -> Graph:
+    g = Graph("vocab")
+    b = Builder(g)
+    w = g.add_input("w", TensorType((V, E), f32), "param")
+    ids = g.add_input("ids", TensorType((n,), i64), "input")
+    t = g.add_input("t", TensorType((n,) if logits_rank == 2 else (n // 2, 2), i64), "input")
+    h = b.embedding(w, ids)
+    logits = b.matmul(b.tanh(h), b.transpose(w, perm=(1, 0)))
+    if logits_rank == 3:  # [N, C, d]: the classes on dim 1 with a trailing dim
+        logits = b.transpose(b.reshape(logits, shape=(n // 2, 2, V)), perm=(0, 2, 1))
+    loss = b.cross_entropy(logits, t, reduction=reduction, label_smoothing=smoothing, ignore_index=ignore)
+    if reduction == "none":
+        loss = b.sum(b.mul(loss, loss))
+    g.set_outputs([loss])
+    return partita.training_step(g, loss=0, optimizer=optimizer, lr=0.1)
+
+
+def _run(mesh: str, table: Placement, batch: Placement | None = None, reduction: str = "mean",
+         smoothing: float = 0.0, ignore: int = -100, optimizer: str = "sgd", n: int = 8, logits_rank: int = 2):
+    step = _step(n, reduction, smoothing, ignore, optimizer, logits_rank)
+    rng = np.random.default_rng(0)
+    t_shape = next(v.type.shape for v in step.inputs if v.name == "t")
+    feeds = {"ids": rng.integers(0, V, n), "t": rng.integers(0, V, t_shape)}
+    if ignore >= 0:
+        feeds["t"].reshape(-1)[[1, -1]] = ignore
+    weights = {str(v.name): (rng.standard_normal(v.type.shape).astype(np.float32) if v.name == "w"
+                             else np.zeros(v.type.shape, np.float32)) for v in step.inputs if v.role != "input"}
+    want = partita.run(step, feeds, weights)
+    m = Mesh.of(mesh)
+    g = step.clone()
+    g.mesh = m
+    by_name = {str(v.name): v for v in g.inputs}
+    by_name["w"].placement = table
+    if batch is not None:
+        by_name["ids"].placement = batch
+        by_name["t"].placement = Placement(batch.dims + ((),) * (len(t_shape) - 1))
+    propagate(g)
+    local, report = partition_with_report(g)
+    pieces = [{k: local_piece(a, by_name[k].placement, m, r) for k, a in weights.items()} for r in range(m.size)]
+    inputs = [{k: local_piece(a, by_name[k].placement, m, r) for k, a in feeds.items()} for r in range(m.size)]
+    outs = run_mesh(local, m, inputs, pieces)
+    for r in range(m.size):
+        for got, full, v in zip(outs[r], want, g.outputs):
+            assert v.placement is not None
+            ref = local_piece(full, Placement(v.placement.dims, ()), m, r)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}, output {v.name}")
+    return local, report
+
+
+ROWS = Placement.split(2, {0: "tp"})
+
+
+@pytest.mark.parametrize("reduction, smoothing, ignore", [
+    ("mean", 0.0, -100), ("mean", 0.1, 3), ("sum", 0.0, 3), ("none", 0.2, -100), ("mean", 0.0, 0)])
+def test_vocab_parallel_step_matches_one_device(reduction, smoothing, ignore):
+    local, report = _run("tp=2", ROWS, reduction=reduction, smoothing=smoothing, ignore=ignore)
+    # The logits are never gathered: every collective inside the loss carries one (or a few)
+    # values per token, and the table's rows stay split (a free local slice at most).
+    inside = [c for c in report.collectives if c.inside]
+    assert inside and all(c.bytes <= 3 * 4 * 8 for c in inside), report.text()
+    assert not any(c.op == "all_gather" for c in report.collectives), report.text()
+    text = partita.print_graph(local)
+    assert "axis_index()" in text and "f32[8,8] aliases(%w)" in text
+
+
+def test_four_ranks_and_trailing_class_dims():
+    _run("tp=4", Placement.split(2, {0: "tp"}), ignore=0)
+    _run("tp=2", ROWS, logits_rank=3, smoothing=0.1, ignore=5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_with_a_data_parallel_batch(optimizer):
+    _run("dp=2,tp=2", ROWS, Placement.split(1, {0: "dp"}), optimizer=optimizer, smoothing=0.1)
+
+
+@pytest.mark.parametrize("axes", [("dp", "tp"), ("tp", "dp")])
+def test_rows_split_over_two_axes(axes):
+    # The piece index runs over both axes, major to minor, as a placement cuts the dim.
+    _run("dp=2,tp=2", Placement((axes, ())), reduction="sum")
+
+
+def test_axis_index_gives_each_rank_its_coordinate():
+    g = partita.parse("""graph @where(%x: f32[2]) -> (i64[], i64[]) mesh(dp=2, tp=3) {
+  %0 = axis_index() {axis="dp", group_size=2} : i64[]
+  %1 = axis_index() {axis="tp", group_size=3} : i64[]
+  return %0, %1
+}""")
+    m = Mesh.of("dp=2,tp=3")
+    outs = run_mesh(g, m, [[np.zeros(2, np.float32)]] * m.size)
+    assert [(int(a), int(b)) for a, b in outs] == [(m.coord(r, "dp"), m.coord(r, "tp")) for r in range(m.size)]
+    with pytest.raises(partita.PartitaError, match="group_size must be at least 1"):
+        partita.verify(partita.parse('graph @bad() -> (i64[]) {\n  %0 = axis_index() {axis="tp", group_size=0} '
+                                     ': i64[]\n  return %0\n}'))
+    # Passes keep both: they are rank-dependent, never merged or dropped while used.
+    two = partita.parse("""graph @two(%x: f32[2]) -> (i64[]) mesh(tp=2) {
+  %0 = axis_index() {axis="tp", group_size=2} : i64[]
+  %1 = axis_index() {axis="tp", group_size=2} : i64[]
+  %2 = add(%0, %1) : i64[]
+  return %2
+}""")
+    assert partita.print_graph(partita.optimize(two)).count("axis_index") == 2
+
+
+@pytest.mark.timeout(180)
+def test_megatron_gpt2_vocab_parallel_on_gloo_ranks():
+    """The whole path on processes: megatron splits the tied table by rows, the loss runs
+    on split logits, and every step matches the single-device step."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16, use_cache=False,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = GPT2LMHeadModel(cfg)
+
+        def forward(self, ids):
+            return self.lm(ids).logits
+
+    ids = torch.randint(0, 64, (2, 8))
+    fwd = partita.import_torch(Logits().eval(), (ids,))
+    fwd = partita.optimize(fwd, "split-projections")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=0.1)
+    prog = partita.parallelize(step, "tp=2", "megatron")
+    assert any("vocab-parallel" in n for n in prog.plan.notes), prog.plan.notes
+    (name,) = [v.name for v in fwd.inputs if v.role == "input"]
+    rng = np.random.default_rng(1)
+    batches = [{name: rng.integers(0, 64, (2, 8)), "target": rng.integers(0, 64, (2, 8))} for _ in range(2)]
+    res = partita.launch(prog, 2, batches, check=True, timeout_s=60)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
