@@ -14,6 +14,8 @@ tensors, and storage-typed outputs as NumPy arrays of the ml_dtypes type (torch 
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -31,15 +33,20 @@ from .common import bind_inputs, check_array, numpy_dtype_name
 class TorchProgram:
     """A graph prepared for repeated execution with torch."""
 
-    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False) -> None:
+    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, device: Any = None) -> None:
         """``donate=True``: the caller gives up the input buffers that outputs alias (as a
         training loop does with its params and optimizer state), so ops with an in-place
         implementation may update them where they are instead of allocating new ones.
         ``overlap=True``: collectives with an asynchronous implementation (``torch_async``)
         are started where they stand and waited for only where their result is first read,
         so the computation in between overlaps the transfer (a per-rank program under
-        torch.distributed)."""
+        torch.distributed).
+        ``device`` (e.g. ``"cuda:0"``; default the CPU): where the program computes. Inputs are
+        moved there, tensors the ops create are made there (torch's default-device context
+        is set around every call), and outputs stay there."""
         self.graph = graph
+        self.device = None if device is None else torch.device(device)
+        self._on_device = self.device is not None and self.device.type != "cpu"
         slot: dict[Value, int] = {}
         for v in graph.inputs:
             slot[v] = len(slot)
@@ -61,7 +68,10 @@ class TorchProgram:
             opdef = OPS[n.op]
             if (not n.operands and len(n.results) == 1 and not opdef.effects_of(n.attrs)
                     and n.results[0] not in outputs and n.results[0].type.dtype.name not in CARRIER_NAMES):
-                t = opdef.torch([], n.attrs)
+                with self._device_context():
+                    t = opdef.torch([], n.attrs)
+                if self._on_device and t.device != self.device:
+                    t = t.to(self.device)
                 want = carrier_dtype(n.results[0].type.dtype)
                 self.hoisted.append((slot[n.results[0]], t if t.dtype is want else t.to(want)))
                 continue
@@ -89,16 +99,22 @@ class TorchProgram:
                                   for v in graph.outputs]
         self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
 
+    def _device_context(self):
+        """Factory calls inside make their tensors on this program's device."""
+        return self.device if self._on_device else contextlib.nullcontext()
+
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
         env: list = [None] * self.num_slots
         for s, t in self.hoisted:
             env[s] = t
         tensor = torch.Tensor
+        device = self.device if self._on_device else None
         for v, a in bind_inputs(self.graph, inputs, weights):
             dt = v.type.dtype
             want = self._input_dtypes[v.index]
-            if type(a) is tensor and a.dtype is want and a.shape == v.type.shape:
+            if type(a) is tensor and a.dtype is want and a.shape == v.type.shape and \
+                    (device is None or a.device == device):
                 # The common case of a loop feeding tensors back: nothing to convert or check.
                 env[v.index] = a
                 continue
@@ -107,8 +123,8 @@ class TorchProgram:
             else:
                 t = to_tensor(a)
                 check_array(v, tuple(t.shape), _dtype_name(t))
-            env[v.index] = t
-        with torch.inference_mode():
+            env[v.index] = t if device is None else t.to(device)
+        with torch.inference_mode(), self._device_context():
             for fn, args, attrs, outs, dtypes, frees, waits, node in self.steps:
                 try:
                     for i in waits:

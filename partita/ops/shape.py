@@ -508,8 +508,13 @@ def _constant_torch(args, a):
     # Copy: the attribute's array is read-only and shared by every run. NumPy has no bf16 that
     # torch.from_numpy understands, so bf16 travels as its bit pattern.
     if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(arr, copy=True))
+        t = torch.from_numpy(arr.view(np.uint16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.array(arr, copy=True))
+    # from_numpy is always on the CPU; a program on another device (TorchProgram(device=...)
+    # sets the default device) wants its constants there.
+    device = torch.get_default_device()
+    return t if device.type == "cpu" else t.to(device)
 
 
 register(OpDef(

@@ -100,8 +100,10 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     (inp,) = [str(v.name) for v in step.inputs if v.role == "input" and v.name != "target"]
     data = [{inp: d["ids"], "target": d["target"]} for d in data]
     n = prog.mesh.size
-    print(f"\ntraining {steps} steps on {n} local processes (gloo), with the single-device step beside it ...",
-          flush=True)
+    from .launch import resolve_backend
+
+    print(f"\ntraining {steps} steps on {n} local processes ({resolve_backend('auto', n)}), with the single-device "
+          "step beside it ...", flush=True)
     t1 = time.perf_counter()
     res = partita.launch(prog, n, data, check=True)
     print(f"{steps} steps in {time.perf_counter() - t1:.1f} s including process start-up; median step "

@@ -166,6 +166,32 @@ def _rank_arrays(d: Any, r: int, what: str, mine: int | None) -> dict[str, np.nd
     return {k: _as_numpy(a) for k, a in d.items()}
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def resolve_backend(backend: str, local_ranks: int) -> str:
+    """The process-group backend a run of ``local_ranks`` ranks on this machine uses:
+    ``"gloo"`` (CPU tensors), ``"nccl"`` (one CUDA GPU per rank; the executor computes on
+    ``cuda:<local rank>``) or ``"auto"``: nccl when this machine has a GPU for every local
+    rank, else gloo."""
+    if backend not in BACKENDS:
+        raise LaunchError(f"run_ranks: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "gloo":
+        return backend
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= local_ranks and torch.distributed.is_nccl_available() else "gloo"
+    if not torch.distributed.is_nccl_available():
+        raise LaunchError("run_ranks: backend='nccl' needs a torch built with NCCL (this one is not: a CPU build); "
+                          "use backend='gloo' or 'auto'")
+    if gpus < local_ranks:
+        raise LaunchError(f"run_ranks: backend='nccl' runs one rank per GPU, but this machine has {gpus} GPU(s) "
+                          f"for {local_ranks} local rank(s); use backend='gloo' (CPU), or fewer ranks per machine")
+    return backend
+
+
 def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank: Sequence[Mapping[str, Any]],
                inputs: Sequence[Any] | None, steps: int | None, executor: str, backend: str,
                fault: tuple[int, int, str] | None, mine: int | None) -> tuple[Mesh, list[Graph], list[dict], list[list[dict]], int]:
@@ -178,9 +204,6 @@ def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_ran
         raise LaunchError(f"run_ranks: executor={executor!r} cannot run collectives across processes; use "
                           "executor=\"torch\" (partita.parallel.simulate.run_mesh runs the NumPy reference "
                           "on a simulated mesh)")
-    if backend != "gloo":
-        raise LaunchError(f"run_ranks: backend={backend!r} is not supported yet: the torch executor runs on "
-                          "CPU tensors, which only gloo moves; use backend=\"gloo\"")
     if isinstance(graphs, Graph):
         graph_list = [graphs] * n
     else:
@@ -325,15 +348,23 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
             dist.init_process_group(job.backend, init_method=job.init, rank=job.rank, world_size=job.world,
                                     timeout=timeout)
     graph = parse(job.graph_text, f"<@{job.graph_name} rank {job.rank}>")
+    device = None
+    if job.backend == "nccl":
+        # One GPU per rank of this machine; NCCL moves only CUDA tensors.
+        local = int(os.environ.get("LOCAL_RANK", job.rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
     previous = comm.set_groups(comm.new_mesh_groups(mesh, timeout=timeout))
     try:
-        program = TorchProgram(graph, donate=True, overlap=True)
+        program = TorchProgram(graph, donate=True, overlap=True, device=device)
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
         # so neither the caller's arrays (torchrun) nor the inputs reused every step change.
         carried: dict[str, Any] = {k: to_tensor(np.array(a, copy=True)) for k, a in job.weights.items()}
+        if device is not None:
+            carried = {k: t.to(device) for k, t in carried.items()}
         setup = time.perf_counter() - t0
         report(("ready", job.rank, setup))
         outputs, timings = [], []
@@ -609,7 +640,7 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
 
 
 def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank: Sequence[Mapping[str, Any]],
-              inputs: Sequence[Any] | None = None, steps: int | None = None, *, backend: str = "gloo",
+              inputs: Sequence[Any] | None = None, steps: int | None = None, *, backend: str = "auto",
               timeout_s: float = 60.0, executor: str = "torch",
               progress: Callable[[int, int, float], None] | None = None, threads: int | None = 1,
               _fault: tuple[int, int, str] | None = None) -> RunResult:
@@ -624,6 +655,8 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     Outside torchrun it spawns one process per rank on a local gloo group; under torchrun
     (RANK, WORLD_SIZE, MASTER_ADDR set) it joins the existing group and runs this rank only;
     other ranks' entries of ``weights_by_rank`` and ``inputs`` may then be None.
+    ``backend``: "auto" (NCCL when this machine has a GPU per local rank, else gloo), "gloo"
+    or "nccl" (rank r computes on ``cuda:<local rank>``; see ``resolve_backend``).
     ``timeout_s`` bounds rendezvous and every collective. ``progress(rank, step, seconds)``
     is called as steps finish. ``threads``: torch intra-op threads per rank (None: leave
     torch's default). ``_fault=(rank, step, kind)`` injects a failure for tests: "raise" (the
@@ -640,6 +673,8 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
             raise LaunchError(f"run_ranks under torchrun: WORLD_SIZE={world} but the mesh {Mesh.of(mesh)} has {n} "
                               f"ranks; launch with --nproc_per_node {n} (times the number of nodes), or use a "
                               f"mesh of {world} ranks")
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", Mesh.of(mesh).size)) if _torchrun_env() else Mesh.of(mesh).size
+    backend = resolve_backend(backend, local_ranks)
     mesh, graph_list, weights, per_rank, steps = _normalize(graphs, mesh, weights_by_rank, inputs, steps,
                                                             executor, backend, _fault, mine)
     if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:

@@ -68,7 +68,7 @@ def _rel(a: Any, b: Any) -> float:
 
 def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | Sequence[Mapping[str, Any]] | None" = None,
            weights: Mapping[str, Any] | None = None, steps: int | None = None, *, check: bool = False,
-           tolerance: float = 1e-4, timeout_s: float = 60.0, threads: int | None = 1,
+           tolerance: float = 1e-4, timeout_s: float = 60.0, threads: int | None = 1, backend: str = "auto",
            progress: Callable[[int, int, float], None] | None = None,
            checkpoint_dir: str | None = None, resume_from: str | None = None,
            _fault: tuple[int, int, str] | None = None) -> LaunchResult:
@@ -77,6 +77,8 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     ``inputs``: the global data inputs by name, used every step, or a list with one mapping
     per step. ``weights``: the global params (and optimizer state; missing state starts at
     zeros); default the graph's own. ``nproc`` must equal the mesh size (default: it).
+    ``backend``: "auto" (default: NCCL with one GPU per rank when this machine has them,
+    else gloo), "gloo" or "nccl" (``run_ranks``).
     ``check``: also run the single-device graph and compare each step's outputs (relative
     error per tensor within ``tolerance``). ``checkpoint_dir``: save the final params and
     state there as a sharded checkpoint (one file per rank's pieces; see checkpoint.py).
@@ -109,7 +111,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     rank_inputs = [program.shard_inputs(b) for b in per_step]
     feed = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
     res = run_ranks(program.local, mesh, shards, feed, steps, timeout_s=timeout_s, threads=threads,
-                    progress=progress, _fault=_fault)
+                    progress=progress, backend=backend, _fault=_fault)
     joined = res.ranks != tuple(range(mesh.size))
     if joined:
         # Under torchrun this process ran one rank: every process gathers the others' pieces

@@ -42,6 +42,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint", metavar="DIR", help="save the final params as a sharded checkpoint in DIR")
     g.add_argument("--resume", metavar="DIR", help="start from the latest checkpoint in DIR (any mesh)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is a failure (default 60)")
+    g.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="process-group backend: nccl with one GPU per rank, gloo on CPUs; auto (default) picks nccl "
+                        "when this machine has a GPU for every local rank")
     g.add_argument("--allow-replication", action="store_true",
                    help="accept ops without a sharding rule that gather split operands")
 
@@ -116,9 +119,12 @@ def _run_parallel(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"  rank 0 finished step {step + 1}/{args.steps} in {seconds * 1e3:.1f} ms", file=sys.stderr)
 
-    print(f"\nrunning {args.steps} step(s) on {n} process(es) (gloo) ...", flush=True)
+    from .launch import resolve_backend
+
+    print(f"\nrunning {args.steps} step(s) on {n} process(es) ({resolve_backend(args.dist_backend, n)}) ...", flush=True)
     t1 = time.perf_counter()
     res = launch(prog, args.nproc, batches, steps=args.steps, check=args.check, timeout_s=args.timeout,
+                 backend=args.dist_backend,
                  checkpoint_dir=args.checkpoint, resume_from=args.resume, progress=progress)
     print(f"{args.steps} step(s) in {time.perf_counter() - t1:.2f} s (including process start); median step "
           f"{np.median(res.step_seconds) * 1e3:.1f} ms on the slowest rank")
