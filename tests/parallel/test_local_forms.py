@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import partita
 from partita.ir.builder import Builder
@@ -25,16 +27,17 @@ from partita.parallel.simulate import run_mesh
 V, E = 16, 8
 
 
-def _step(n: int, reduction: str, smoothing: float, ignore: int, optimizer: str, logits_rank: int = 2) -> Graph:
+def _step(n: int, reduction: str, smoothing: float, ignore: int, optimizer: str, logits_rank: int = 2,
+          vocab: int = V) -> Graph:
     g = Graph("vocab")
     b = Builder(g)
-    w = g.add_input("w", TensorType((V, E), f32), "param")
+    w = g.add_input("w", TensorType((vocab, E), f32), "param")
     ids = g.add_input("ids", TensorType((n,), i64), "input")
     t = g.add_input("t", TensorType((n,) if logits_rank == 2 else (n // 2, 2), i64), "input")
     h = b.embedding(w, ids)
     logits = b.matmul(b.tanh(h), b.transpose(w, perm=(1, 0)))
     if logits_rank == 3:  # [N, C, d]: the classes on dim 1 with a trailing dim
-        logits = b.transpose(b.reshape(logits, shape=(n // 2, 2, V)), perm=(0, 2, 1))
+        logits = b.transpose(b.reshape(logits, shape=(n // 2, 2, vocab)), perm=(0, 2, 1))
     loss = b.cross_entropy(logits, t, reduction=reduction, label_smoothing=smoothing, ignore_index=ignore)
     if reduction == "none":
         loss = b.sum(b.mul(loss, loss))
@@ -43,11 +46,12 @@ def _step(n: int, reduction: str, smoothing: float, ignore: int, optimizer: str,
 
 
 def _run(mesh: str, table: Placement, batch: Placement | None = None, reduction: str = "mean",
-         smoothing: float = 0.0, ignore: int = -100, optimizer: str = "sgd", n: int = 8, logits_rank: int = 2):
-    step = _step(n, reduction, smoothing, ignore, optimizer, logits_rank)
-    rng = np.random.default_rng(0)
+         smoothing: float = 0.0, ignore: int = -100, optimizer: str = "sgd", n: int = 8, logits_rank: int = 2,
+         vocab: int = V, seed: int = 0):
+    step = _step(n, reduction, smoothing, ignore, optimizer, logits_rank, vocab)
+    rng = np.random.default_rng(seed)
     t_shape = next(v.type.shape for v in step.inputs if v.name == "t")
-    feeds = {"ids": rng.integers(0, V, n), "t": rng.integers(0, V, t_shape)}
+    feeds = {"ids": rng.integers(0, vocab, n), "t": rng.integers(0, vocab, t_shape)}
     if ignore >= 0:
         feeds["t"].reshape(-1)[[1, -1]] = ignore
     weights = {str(v.name): (rng.standard_normal(v.type.shape).astype(np.float32) if v.name == "w"
@@ -104,6 +108,33 @@ def test_with_a_data_parallel_batch(optimizer):
 def test_rows_split_over_two_axes(axes):
     # The piece index runs over both axes, major to minor, as a placement cuts the dim.
     _run("dp=2,tp=2", Placement((axes, ())), reduction="sum")
+
+
+@st.composite
+def _cases(draw):
+    mesh = draw(st.sampled_from(["tp=2", "tp=4", "dp=2,tp=2"]))
+    m = Mesh.of(mesh)
+    axes = draw(st.sampled_from([a for a in [("tp",), ("dp", "tp"), ("tp", "dp"), ("dp",)]
+                                 if all(x in m.names for x in a)]))
+    pieces = 1
+    for a in axes:
+        pieces *= m.axis_size(a)
+    vocab = pieces * draw(st.integers(1, 5))
+    batch = "dp" in m.names and "dp" not in axes and draw(st.booleans())
+    n = (2 if batch else 1) * 2 * draw(st.integers(1, 4))
+    return dict(mesh=mesh, table=Placement((axes, ())), batch=Placement.split(1, {0: "dp"}) if batch else None,
+                reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+                smoothing=draw(st.sampled_from([0.0, 0.25])), ignore=draw(st.sampled_from([-100, 0])),
+                optimizer=draw(st.sampled_from(["sgd", "adamw"])), n=n, vocab=vocab,
+                logits_rank=draw(st.sampled_from([2, 3])), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_random_vocab_splits_match_one_device(case):
+    """Random vocabularies, batches, meshes, row splits over one or two axes, reductions,
+    smoothing, ignored targets and optimizers: every rank equals the single-device step."""
+    _run(**case)
 
 
 def test_axis_index_gives_each_rank_its_coordinate():
