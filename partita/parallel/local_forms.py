@@ -32,7 +32,7 @@ from typing import Any
 
 from ..ir.builder import Builder
 from ..ir.dtypes import DType, i64
-from ..ir.graph import Value
+from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from ..ops.registry import OPS
 from .mesh import Mesh
@@ -187,4 +187,32 @@ def cross_entropy_grad(f: LocalForm) -> list[Value]:
     return [f.emit("mul", g, f.emit("unsqueeze", scale, axes=(cdim,)))]
 
 
-__all__ = ["LocalForm", "embedding", "cross_entropy", "cross_entropy_grad"]
+def embedding_grad_rows(graph: Graph, mesh: Mesh) -> list[Value]:
+    """In a per-rank program, compute a vocab-parallel table's gradient for the rank's rows
+    only: ``shard_slice(embedding_grad(dy, idx), dim 0)``, where the whole table's gradient
+    is made on every rank to keep one piece, becomes ``embedding_grad`` of ``dy`` masked to
+    the indices in the rank's range, with those indices shifted to its rows. Returns the
+    results of the shard_slices it replaced."""
+    done: list[Value] = []
+    for node in list(graph.nodes):
+        if node.op != "shard_slice" or node.attrs["dim"] != 0:
+            continue
+        src = node.operands[0].producer
+        if src is None or src.op != "embedding_grad" or src.results[0].num_uses != 1:
+            continue
+        dy, idx = src.operands
+        rows = node.results[0].type.shape[0]
+        f = LocalForm(Builder(graph).set_insertion_before(node), [], {}, [], {"v": (node.attrs["axis"],)}, mesh,
+                      "", src.loc)
+        safe, inside = f.in_range(idx, "v", rows)
+        masked = f.emit("where", f.emit("unsqueeze", inside, axes=(idx.type.rank,)), dy, f.scalar(0.0, dy.type.dtype))
+        new = f.emit("embedding_grad", masked, safe, num_embeddings=rows)
+        new.name = node.results[0].name
+        graph.replace_all_uses(node.results[0], new)
+        graph.erase(node)
+        graph.erase(src)
+        done.append(node.results[0])
+    return done
+
+
+__all__ = ["LocalForm", "embedding", "cross_entropy", "cross_entropy_grad", "embedding_grad_rows"]

@@ -35,7 +35,7 @@ from .mesh import Mesh
 from .placement import Placement
 from .propagate import ReshardNeed, propagate
 from .reshard import Step, apply_reshard, plan_reshard
-from .local_forms import LocalForm
+from .local_forms import LocalForm, embedding_grad_rows
 from .sharding import Conflict, DimSpec, average_factor, result_placements, sharding_spec
 
 
@@ -171,6 +171,8 @@ class _Partitioner:
         self.vmap: dict[Value, Value] = {}
         # Resharded versions already emitted: (global value, placement) -> per-rank value.
         self.moved: dict[tuple[Value, Placement], Value] = {}
+        # The report entry of each one-step reshard's result, for rewrites after the fact.
+        self.entry: dict[Value, InsertedCollective] = {}
 
     def name(self, v: Value) -> str:
         return self.names.get(v, "?")
@@ -217,6 +219,8 @@ class _Partitioner:
         for s in steps:
             self.report.collectives.append(InsertedCollective(s.op, s.axis, self.name(v), consumer, operand,
                                                               have, want, s.bytes_sent))
+        if len(steps) == 1:
+            self.entry[out] = self.report.collectives[-1]
         self.moved[key] = out
         return out
 
@@ -242,6 +246,10 @@ class _Partitioner:
         if len(set(map(id, [a for a in aliases if a is not None]))) != len([a for a in aliases if a is not None]):
             aliases = [None] * len(outs)
         self.new.set_outputs(outs, aliases)
+        # A vocab-parallel table's gradient: only the rank's rows, not the whole table sliced.
+        for gone in embedding_grad_rows(self.new, mesh):
+            if gone in self.entry:
+                self.report.collectives.remove(self.entry[gone])
         return self.new, self.report
 
     def emit(self, node: Node, node_needs: dict[int, Placement]) -> None:

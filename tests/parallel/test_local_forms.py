@@ -53,6 +53,11 @@ def _run(mesh: str, table: Placement, batch: Placement | None = None, reduction:
     t_shape = next(v.type.shape for v in step.inputs if v.name == "t")
     feeds = {"ids": rng.integers(0, vocab, n), "t": rng.integers(0, vocab, t_shape)}
     if ignore >= 0:
+        # Exactly two ignored targets, one in each half of the batch: a batch split over dp
+        # then gives each rank the same count, where the mean of the ranks' means is the
+        # global mean (uneven counts weigh ranks differently, as DDP does; docs/parallel.md).
+        t = rng.integers(0, vocab - 1, t_shape)
+        feeds["t"] = np.where(t >= ignore, t + 1, t)
         feeds["t"].reshape(-1)[[1, -1]] = ignore
     weights = {str(v.name): (rng.standard_normal(v.type.shape).astype(np.float32) if v.name == "w"
                              else np.zeros(v.type.shape, np.float32)) for v in step.inputs if v.role != "input"}
@@ -92,6 +97,11 @@ def test_vocab_parallel_step_matches_one_device(reduction, smoothing, ignore):
     assert not any(c.op == "all_gather" for c in report.collectives), report.text()
     text = partita.print_graph(local)
     assert "axis_index()" in text and "f32[8,8] aliases(%w)" in text
+    # The lookup's gradient is computed for the rank's 8 rows, not for the whole table and
+    # then sliced.
+    (grad,) = [n for n in local.nodes if n.op == "embedding_grad"]
+    assert grad.attrs["num_embeddings"] == 8 and "shard_slice" not in text
+    assert not any(c.op == "shard_slice" for c in report.collectives)
 
 
 def test_four_ranks_and_trailing_class_dims():
