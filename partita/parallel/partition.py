@@ -19,6 +19,7 @@ rejects a local dim that no longer divides. The report keeps each value's placem
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -29,7 +30,7 @@ from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import value_names
-from ..ir.types import TensorType
+from ..ir.types import Location, TensorType
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh
 from .placement import Placement
@@ -60,12 +61,16 @@ class InsertedCollective:
     want: Placement
     bytes: int
     inside: bool = False
+    source: str | None = None  # the consumer's source location (file:line), when it has one
 
     def __str__(self) -> str:
+        at = f" at {self.source}" if self.source else ""
         if self.inside:
-            return f"{self.op} over {self.axis}: inside {self.consumer} (its distributed form), {self.bytes} bytes sent per rank"
+            return (f"{self.op} over {self.axis}: inside {self.consumer}{at} (its distributed form), {self.bytes} bytes "
+                    "sent per rank")
         where = f"operand {self.operand} of {self.consumer}" if self.operand is not None else self.consumer
-        return f"{self.op} over {self.axis}: %{self.value} -> {where} ({self.have} -> {self.want}), {self.bytes} bytes sent per rank"
+        return (f"{self.op} over {self.axis}: %{self.value} -> {where}{at} ({self.have} -> {self.want}), {self.bytes} "
+                "bytes sent per rank")
 
 
 @dataclass
@@ -208,7 +213,7 @@ class _Partitioner:
         return out
 
     def reshard(self, v: Value, local: Value, have: Placement, want: Placement, consumer: str,
-                operand: int | None) -> Value:
+                operand: int | None, loc: Location | None = None) -> Value:
         if have == want:
             return local
         key = (v, want)
@@ -218,7 +223,7 @@ class _Partitioner:
         out = apply_reshard(self.b, local, steps)
         for s in steps:
             self.report.collectives.append(InsertedCollective(s.op, s.axis, self.name(v), consumer, operand,
-                                                              have, want, s.bytes_sent))
+                                                              have, want, s.bytes_sent, source=_source(loc)))
         if len(steps) == 1:
             self.entry[out] = self.report.collectives[-1]
         self.moved[key] = out
@@ -279,7 +284,7 @@ class _Partitioner:
                                      f"sharding rule ({got})")
         assert not isinstance(got, Conflict)
         consumer = self.describe(node)
-        operands = [self.reshard(o, self.vmap[o], h, w, consumer, i)
+        operands = [self.reshard(o, self.vmap[o], h, w, consumer, i, node.loc)
                     for i, (o, h, w) in enumerate(zip(node.operands, have, wants))]
         local_types = [o.type for o in operands]
         attrs = dict(node.attrs) if spec is None else spec.localize_attrs(node.attrs, local_types, types)
@@ -290,7 +295,8 @@ class _Partitioner:
             local_results = spec.local_form(form)
             for op, axis, sent in form.collectives:
                 self.report.collectives.append(InsertedCollective(op, axis, self.name(node.results[0]), consumer,
-                                                                  None, got[0], got[0], sent, inside=True))
+                                                                  None, got[0], got[0], sent, inside=True,
+                                                                  source=_source(node.loc)))
         else:
             local_results = list(self.b.emit_node(node.op, operands, attrs, loc=node.loc).results)
         n = 1 if spec is None else average_factor(spec, wants, mesh)
@@ -310,8 +316,16 @@ class _Partitioner:
                                      "needs a localize for its attributes")
             if r.name is not None:
                 lr.name = r.name
-            self.vmap[r] = self.reshard(r, lr, p, self.pl(r), f"result of {consumer}", None)
+            self.vmap[r] = self.reshard(r, lr, p, self.pl(r), f"result of {consumer}", None, node.loc)
             self.moved[(r, self.pl(r))] = self.vmap[r]
+
+
+def _source(loc: Location | None) -> str | None:
+    """A node's source location as the report shows it: the file's name and the line (the
+    directories of an installed model's files say little)."""
+    if loc is None:
+        return None
+    return f"{os.path.basename(loc.file)}:{loc.line}"
 
 
 def _split_ranged(spec: DimSpec, placements: Sequence[Placement]) -> dict[str, tuple[str, ...]]:

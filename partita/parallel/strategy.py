@@ -536,12 +536,13 @@ class PlanReport:
         """The full report: the summary, every collective with its reason, every placement."""
         lines = [self.summary(), "collectives (why each was inserted):"]
         for c in self.collectives:
+            at = f" at {c['source']}" if c.get("source") else ""
             if c.get("inside"):
-                lines.append(f"  [{c['phase']}] {c['op']} over {c['axis']}: inside {c['consumer']} (its distributed "
-                             f"form), {c['bytes']} bytes")
+                lines.append(f"  [{c['phase']}] {c['op']} over {c['axis']}: inside {c['consumer']}{at} (its "
+                             f"distributed form), {c['bytes']} bytes")
                 continue
             lines.append(f"  [{c['phase']}] {c['op']} over {c['axis']}: %{c['value']} {c['have']} -> {c['want']} "
-                         f"for {c['consumer']}, {c['bytes']} bytes")
+                         f"for {c['consumer']}{at}, {c['bytes']} bytes")
         if self.replicated:
             lines.append("replicated (no sharding rule):")
             lines += [f"  {r}" for r in self.replicated]
@@ -798,7 +799,7 @@ def _plan(g: Graph, local: Graph, mesh: Mesh, s: Strategy, prop: PropagationRepo
         ph = order.get(c.consumer, "output" if c.consumer.startswith("output") else "forward")
         colls.append({"op": c.op, "axis": c.axis, "value": c.value, "consumer": c.consumer,
                       "operand": c.operand, "have": str(c.have), "want": str(c.want), "bytes": c.bytes,
-                      "phase": ph, "inside": c.inside})
+                      "phase": ph, "inside": c.inside, "source": c.source})
     param_b = sum(_nbytes(v) for v in local.inputs if v.role == "param")
     state_b = sum(_nbytes(v) for v in local.inputs if v.role == "state")
     from ..autodiff.memory import analyze

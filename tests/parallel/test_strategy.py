@@ -157,6 +157,9 @@ def test_llama_megatron_layer_all_reduces():
     assert all(c["bytes"] <= 2 * 4 * 64 for c in inside), "per-token scalars only"
     assert prog.plan.count(axis="tp") == 4 * layers + 6, "no other collective over tp"
     assert "vocab-parallel" in prog.plan.text()
+    # Each names the model's source line that needed it.
+    assert all(c["source"] and c["source"].startswith("modeling_llama.py:") for c in colls if c["phase"] == "forward")
+    assert " at modeling_llama.py:" in prog.plan.text()
     assert prog.plan.replicated == []
     assert prog.plan.param_bytes < 0.7 * prog.plan.global_param_bytes
 
