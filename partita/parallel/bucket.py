@@ -405,10 +405,12 @@ def order_collectives(graph: Graph) -> list[Node]:
     that depends only on the program; returns the collective nodes in that order.
 
     The collectives are ordered first by how early their operands can be ready (the longest
-    chain of nodes from the graph inputs), then by axis, op and a digest of what they
-    compute; a collective that depends on another always comes after it. Each is issued as
-    early as its operands allow: only the nodes it needs (and have not run yet) go before
-    it. The other nodes keep their relative order, as do effectful non-collective nodes.
+    chain of nodes from the graph inputs; for an all_gather, how early its result is read),
+    then by axis, op and a digest of what they compute; a collective that depends on another
+    always comes after it. Each is issued as early as its operands allow: only the nodes it
+    needs (and have not run yet) go before it; an all_gather then sinks to just before its
+    first reader, short of the next collective. The other nodes keep their relative order,
+    as do effectful non-collective nodes.
     """
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
@@ -434,10 +436,24 @@ def order_collectives(graph: Graph) -> list[Node]:
             m |= need[p]
         need[n] = m
 
+    # As late as possible: the longest chain to the end, counted back from the deepest node,
+    # so a value's "latest" level is just before that of its earliest needed reader.
+    last = max(depth.values(), default=0)
+    latest: dict[Node, int] = {}
+    for n in reversed(nodes):
+        readers = [u for r in n.results for u in r.users]
+        latest[n] = min((latest[u] - 1 for u in readers), default=last)
+
+    def when(n: Node) -> int:
+        # An all_gather's result is bigger than its operand, and it is not overlapped (only
+        # all_reduce runs asynchronously): issued early it only holds the gathered tensor
+        # longer (a zero3 param from the step's start). It is ordered by when it is needed.
+        return max(depth[n], latest[n]) if n.op == "all_gather" else depth[n]
+
     def key(n: Node) -> tuple:
         # Identical digests compute identical values, so their relative order cannot change
         # what any rank sees; the node position only makes the sort total.
-        return (depth[n], n.attrs.get("axis", ""), n.op, sig[n], pos[n])
+        return (when(n), n.attrs.get("axis", ""), n.op, sig[n], pos[n])
 
     issued = 0
     pending = list(colls)
@@ -464,8 +480,24 @@ def order_collectives(graph: Graph) -> list[Node]:
         wanted.sort(key=pos.__getitem__)
         schedule.extend(wanted)
     schedule.extend(n for n in nodes if n not in placed)
-    _apply_order(graph, schedule)
+    _apply_order(graph, _sink_gathers(schedule))
     return sequence
+
+
+def _sink_gathers(schedule: list[Node]) -> list[Node]:
+    """Move each all_gather down to just before the first node that reads it, or the next
+    collective if that comes first (the collectives keep their order): a gathered tensor is
+    then alive only while it is used."""
+    order = list(schedule)
+    for c in [n for n in reversed(order) if n.op == "all_gather"]:
+        i = order.index(c)
+        readers = {u for r in c.results for u in r.users}
+        j = i + 1
+        while j < len(order) and order[j] not in readers and not _is_collective(order[j]):
+            j += 1
+        if j > i + 1:
+            order.insert(j - 1, order.pop(i))
+    return order
 
 
 def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) -> None:

@@ -13,9 +13,9 @@ writes the per-rank program. The presets, each on one mesh axis:
   the param and the new params are all-gathered. ``zero1`` annotates the gradients whole
   (all_reduce, then each rank slices its part), ``zero2`` annotates them split
   (reduce_scatter: each rank receives only its part's sum). ``zero3`` also keeps each param
-  split between steps: the forward and backward read a gathered copy (one all_gather per
-  param per step, kept alive from forward to backward; partita does not re-gather in the
-  backward).
+  split between steps: the forward reads a gathered copy and the backward gathers again
+  (two all_gathers per param per step, as FSDP does), each right before its first reader,
+  so a gathered param is alive only while it is used.
 - ``megatron``: tensor parallelism in pairs, as Megatron-LM does for transformer layers. A
   matmul by a weight whose input is whole on the tensor axis is column-parallel (the weight
   split on its output dim); a matmul whose input arrives split on its contracted dim is
@@ -235,20 +235,28 @@ class _Annotator:
     def gather_point(self, p: Value, update: Node, whole: Placement) -> None:
         """Every reader of a zero3-sharded param but its update reads a gathered copy: a
         same-shape reshape whose result is annotated whole over the data axis, which the
-        partition turns into one all_gather."""
+        partition turns into one all_gather right before the first reader. The forward's
+        readers and the backward's get one copy each, as FSDP gathers twice: the forward's
+        copy dies after its last forward reader instead of living until the backward."""
+        from ..autodiff.memory import backward_start
+        from ..ir.builder import Builder
+
         readers = [u for u in list(p.users) if u is not update]
         if not readers:
             return
-        first = min(readers, key=lambda u: u._order)
-        from ..ir.builder import Builder
-
-        b = Builder(self.g).set_insertion_before(first)
-        copy = b.reshape(p, shape=tuple(p.type.shape), name=f"{p.name}.gathered", loc=first.loc)
-        for u in readers:
-            for i, o in enumerate(list(u.operands)):
-                if o is p:
-                    self.g.set_operand(u, i, copy)
-        self.place(copy, whole)
+        stop = backward_start(self.g)
+        forward = [u for u in readers if stop is None or u.is_before(stop)]
+        groups = [forward, [u for u in readers if u not in forward]]
+        for k, group in enumerate(g for g in groups if g):
+            first = min(group, key=lambda u: u._order)
+            b = Builder(self.g).set_insertion_before(first)
+            suffix = ".gathered" if k == 0 else ".regathered"
+            copy = b.reshape(p, shape=tuple(p.type.shape), name=f"{p.name}{suffix}", loc=first.loc)
+            for u in group:
+                for i, o in enumerate(list(u.operands)):
+                    if o is p:
+                        self.g.set_operand(u, i, copy)
+            self.place(copy, whole)
 
     # --- megatron -----------------------------------------------------------------------------------
     def megatron(self) -> None:

@@ -595,3 +595,25 @@ def test_fused_program_runs_on_two_gloo_ranks():
     from gloo_ranks import assert_all_ranks_passed, run_on_gloo_ranks
 
     assert_all_ranks_passed(run_on_gloo_ranks(_gloo_worker))
+
+
+def test_an_all_gather_is_issued_where_its_result_is_read():
+    # Issued early, a gathered tensor (a zero3 param) would be alive from the step's start:
+    # all_gather is ordered by when it is read and sinks to just before its reader.
+    g = partita.parse("""graph @g(%x: f32[4], %w: f32[2]) -> (f32[4]) mesh(dp=2) {
+      %full = all_gather(%w) {axis="dp", group_size=2, dim=0} : f32[4]
+      %h = mul(%x, %x) : f32[4]
+      %k = exp(%h) : f32[4]
+      %a = all_reduce(%k) {axis="dp", group_size=2} : f32[4]
+      %m = add(%a, %h) : f32[4]
+      %t = mul(%m, %full) : f32[4]
+      return %t
+    }""")
+    mesh = Mesh.of("dp=2")
+    inputs = random_feeds(g, mesh, seed=9)
+    want = run_mesh(g, mesh, inputs)
+    order = order_collectives(g)
+    partita.verify(g)
+    assert [n.op for n in order] == ["all_reduce", "all_gather"]
+    assert [n.op for n in g.nodes] == ["mul", "exp", "all_reduce", "add", "all_gather", "mul"]
+    assert_same_outputs(run_mesh(g, mesh, inputs), want)

@@ -22,6 +22,7 @@ from torch import nn
 
 import partita
 from partita.ir.printer import value_names
+from partita.ops.registry import OPS
 from partita.parallel import Mesh
 from partita.parallel.strategy import (ParallelProgram, StrategyError, assemble, parallelize, parse_placement,
                                        parse_strategy)
@@ -119,6 +120,29 @@ def test_mlp_sgd_step_data_parallel(strategy):
         params = [v for v in prog.local.inputs if v.role == "param"]
         assert sum(v.type.shape[0] for v in params) < sum(glob[v.name].type.shape[0] for v in params)
         assert prog.plan.count("all_gather", "dp", "forward") >= 1, "params are gathered for the forward"
+        # ...and again for the backward, as FSDP does: the forward's copy is not kept.
+        assert prog.plan.count("all_gather", "dp", "backward") >= 1, prog.plan.text()
+        assert any(v.name and v.name.endswith(".regathered") for v in prog.graph.values())
+
+
+def test_zero3_holds_less_at_its_peak_than_zero2():
+    """Each gathered param lives only while it is read: the forward's copy dies in the
+    forward, the backward gathers again, and every all_gather sits right before its reader
+    (or before the next collective, which keeps the program's one collective order)."""
+    step, _ = sgd("gpt2")
+    peak = {s: parallelize(step, "dp=2", s).plan for s in ("zero2", "zero3")}
+    z3 = peak["zero3"]
+    assert z3.activation_bytes + z3.param_bytes < peak["zero2"].activation_bytes + peak["zero2"].param_bytes
+    prog = parallelize(step, "dp=2", "zero3")
+    nodes = list(prog.local.nodes)
+    for i, n in enumerate(nodes):
+        if n.op == "all_gather":
+            readers = {u for r in n.results for u in r.users}
+            after = nodes[i + 1]
+            assert after in readers or OPS[after.op].collective is not None, (i, after.op)
+    first_matmul = next(i for i, n in enumerate(nodes) if n.op == "matmul")
+    gathers = sum(n.op == "all_gather" for n in nodes)
+    assert sum(n.op == "all_gather" for n in nodes[:first_matmul]) <= gathers // 4, "params are not gathered up front"
 
 
 def test_zero_shards_adamw_state_and_matches():
