@@ -68,9 +68,15 @@ class LocalForm:
         assert k is not None, "start() is asked only for a split label"
         return self.emit("mul", k, self.scalar(size, i64))
 
-    def in_range(self, index: Value, label: str, size: int) -> tuple[Value, Value]:
+    def in_range(self, index: Value, label: str, size: int, whole: int | None = None,
+                 ignored: int | None = None) -> tuple[Value, Value]:
         """``(local, inside)``: ``index`` (global positions along ``label``) shifted to this
-        rank's piece, with positions outside the piece set to 0, and where they were inside."""
+        rank's piece, with positions outside the piece set to 0, and where they were inside.
+
+        With ``whole`` (the label's global size), a position outside ``0..whole-1`` (other
+        than ``ignored``) is passed on as it is instead of 0: no rank's piece holds it, and
+        the op that reads it then fails on every rank, as the unsplit op fails, where a 0
+        would silently read a wrong row."""
         lo = self.start(label, size)
         dt = index.type.dtype
         if dt is not i64:
@@ -78,7 +84,14 @@ class LocalForm:
         local = self.emit("sub", index, lo)
         inside = self.emit("logical_and", self.emit("greater_equal", local, self.scalar(0, dt)),
                            self.emit("less", local, self.scalar(size, dt)))
-        return self.emit("where", inside, local, self.scalar(0, dt)), inside
+        outside: Value = self.scalar(0, dt)
+        if whole is not None:
+            valid = self.emit("logical_and", self.emit("greater_equal", index, self.scalar(0, dt)),
+                              self.emit("less", index, self.scalar(whole, dt)))
+            if ignored is not None:
+                valid = self.emit("logical_or", valid, self.emit("equal", index, self.scalar(ignored, dt)))
+            outside = self.emit("where", valid, outside, index)
+        return self.emit("where", inside, local, outside), inside
 
     def all_reduce(self, v: Value, label: str, op: str = "sum") -> Value:
         """``v`` reduced over every mesh axis that splits ``label``."""
@@ -95,7 +108,7 @@ def embedding(f: LocalForm) -> list[Value]:
     zero rows elsewhere (a summand of the global lookup)."""
     table, idx = f.operands
     rows = table.type.shape[0]
-    safe, inside = f.in_range(idx, "v", rows)
+    safe, inside = f.in_range(idx, "v", rows, whole=f.types[0].shape[0])
     out = f.emit("embedding", table, safe)
     mask = f.emit("unsqueeze", inside, axes=(idx.type.rank,))
     return [f.emit("where", mask, out, f.scalar(0.0, table.type.dtype))]
@@ -122,7 +135,7 @@ def cross_entropy(f: LocalForm) -> list[Value]:
     classes = f.types[0].shape[cdim]
     dt = logits.type.dtype
     z, _ = _log_sum_exp(f, logits, cdim)
-    safe, inside = f.in_range(target, "c", width)
+    safe, inside = f.in_range(target, "c", width, whole=classes, ignored=a["ignore_index"])
     picked = f.emit("gather", z, f.emit("unsqueeze", safe, axes=(cdim,)), axis=cdim)
     picked = f.emit("where", f.emit("unsqueeze", inside, axes=(cdim,)), picked, f.scalar(0.0, dt))
     # One collective for every sum the loss needs: sum exp z, z[t], and sum z for smoothing.

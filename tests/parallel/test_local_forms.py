@@ -199,3 +199,33 @@ def test_megatron_gpt2_vocab_parallel_on_gloo_ranks():
     batches = [{name: rng.integers(0, 64, (2, 8)), "target": rng.integers(0, 64, (2, 8))} for _ in range(2)]
     res = partita.launch(prog, 2, batches, check=True, timeout_s=60)
     assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
+
+
+@pytest.mark.parametrize("bad", [V, -3])
+def test_an_id_outside_the_vocabulary_is_an_error_on_every_rank(bad):
+    """No rank's rows hold it, so a masked lookup would give a silent zero row; instead the
+    id reaches the local lookup (and the loss's target its gather) out of range, which fails
+    as the unsplit op does."""
+    from partita.parallel.simulate import MeshRunError
+
+    step = _step(8, "mean", 0.0, -100, "sgd")
+    g = step.clone()
+    m = Mesh.of("tp=2")
+    g.mesh = m
+    by_name = {str(v.name): v for v in g.inputs}
+    by_name["w"].placement = ROWS
+    propagate(g)
+    local, _ = partition_with_report(g)
+    w = np.random.default_rng(0).standard_normal((V, E)).astype(np.float32)
+    pieces = [{"w": local_piece(w, ROWS, m, r)} for r in range(2)]
+    ids, t = np.arange(8) % V, np.arange(8) % V
+    for which in ("ids", "t"):
+        feed = {"ids": ids.copy(), "t": t.copy()}
+        feed[which][3] = bad
+        with pytest.raises((partita.PartitaError, MeshRunError), match="out of range"):
+            run_mesh(local, m, [feed, feed], pieces)
+        with pytest.raises(partita.PartitaError, match="out of range"):
+            partita.run(step, feed, {"w": w, "w.momentum_buffer": np.zeros_like(w)})
+    # An ignored target is no error.
+    feed = {"ids": ids, "t": np.where(np.arange(8) == 3, -100, t)}
+    run_mesh(local, m, [feed, feed], pieces)
