@@ -229,3 +229,22 @@ def test_an_id_outside_the_vocabulary_is_an_error_on_every_rank(bad):
     # An ignored target is no error.
     feed = {"ids": ids, "t": np.where(np.arange(8) == 3, -100, t)}
     run_mesh(local, m, [feed, feed], pieces)
+
+
+def test_megatron_splits_the_vocabulary_only_where_the_axis_divides_it():
+    step = _step(8, "mean", 0.0, -100, "sgd", vocab=10)
+    split = partita.parallelize(step, "tp=2", "megatron")
+    assert "%w is vocab-parallel over 'tp' (split by rows)" in split.plan.notes
+    assert next(v for v in split.local.inputs if v.name == "w").type.shape == (5, E)
+    whole = partita.parallelize(step, "tp=4", "megatron")
+    assert any("its 10 rows do not split into 4 (pad the vocabulary to a multiple of 4)" in n
+               for n in whole.plan.notes), whole.plan.notes
+    assert next(v for v in whole.local.inputs if v.name == "w").type.shape == (10, E)
+    rng = np.random.default_rng(3)
+    feed = {"ids": rng.integers(0, 10, 8), "t": rng.integers(0, 10, 8)}
+    weights = {"w": rng.standard_normal((10, E)).astype(np.float32), "w.momentum_buffer": np.zeros((10, E), np.float32)}
+    want = partita.run(step, feed, weights)
+    for prog in (split, whole):
+        got = prog.simulate(feed, weights)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
