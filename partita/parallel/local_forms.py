@@ -13,8 +13,9 @@ are the cases that matter:
   log-sum-exp over all classes and the target's logit are completed with all-reduces over the
   class axes (a max for the shift, then one fused sum of the exponentials and the target's
   logit), so no rank ever holds a whole row of logits.
-- ``cross_entropy_grad`` likewise: softmax's denominator is all-reduced, and each rank
-  subtracts the one-hot only where the target falls in its range.
+- ``cross_entropy_grad`` likewise: softmax's max and denominator are the forward loss's
+  (all-reduced there; recomputed with two all-reduces only without a forward on the same
+  logits), and each rank subtracts the one-hot only where the target falls in its range.
 
 A form is a function of a ``LocalForm`` (the builder, the rank's local operands, the global
 types, and for each split ranged label the mesh axes that split it) returning the local
@@ -51,6 +52,9 @@ class LocalForm:
     consumer: str  # how the partition report names the op
     loc: Location | None = None
     collectives: list[tuple[str, str, int]] = field(default_factory=list)  # (op, axis, bytes sent)
+    # Shared by the forms of one partition: what one form computed that a later one can
+    # reuse (cross_entropy's all-reduced max and softmax denominator, for its gradient).
+    memo: dict = field(default_factory=dict)
 
     def emit(self, op_name: str, /, *operands: Value, **attrs: Any) -> Value:
         return self.b.emit(op_name, *operands, loc=self.loc, **attrs)
@@ -134,7 +138,7 @@ def cross_entropy(f: LocalForm) -> list[Value]:
     width = logits.type.shape[cdim]
     classes = f.types[0].shape[cdim]
     dt = logits.type.dtype
-    z, _ = _log_sum_exp(f, logits, cdim)
+    z, m = _log_sum_exp(f, logits, cdim)
     safe, inside = f.in_range(target, "c", width, whole=classes, ignored=a["ignore_index"])
     picked = f.emit("gather", z, f.emit("unsqueeze", safe, axes=(cdim,)), axis=cdim)
     picked = f.emit("where", f.emit("unsqueeze", inside, axes=(cdim,)), picked, f.scalar(0.0, dt))
@@ -145,6 +149,7 @@ def cross_entropy(f: LocalForm) -> list[Value]:
         parts.append(f.emit("sum", z, axes=(cdim,), keepdim=True))
     sums = f.all_reduce(f.emit("concat", *parts, axis=cdim), "c")
     pieces = f.b.emit_node("split", [sums], {"axis": cdim, "sizes": (1,) * len(parts)}, loc=f.loc).results
+    f.memo[("softmax", logits, f.split["c"])] = (m, pieces[0])
     lse = f.emit("log", pieces[0])
     loss = f.emit("sub", lse, pieces[1])
     if ls > 0.0:
@@ -174,9 +179,16 @@ def cross_entropy_grad(f: LocalForm) -> list[Value]:
     classes = f.types[1].shape[cdim]
     dt = logits.type.dtype
     ls = a["label_smoothing"]
-    z, _ = _log_sum_exp(f, logits, cdim)
-    e = f.emit("exp", z)
-    total = f.all_reduce(f.emit("sum", e, axes=(cdim,), keepdim=True), "c")
+    known = f.memo.get(("softmax", logits, f.split["c"]))
+    if known is not None:
+        # The forward's loss on these logits already all-reduced the max and the sum of the
+        # exponentials: the softmax is one local pass, with no collective.
+        m, total = known
+        e = f.emit("exp", f.emit("sub", logits, m))
+    else:
+        z, _ = _log_sum_exp(f, logits, cdim)
+        e = f.emit("exp", z)
+        total = f.all_reduce(f.emit("sum", e, axes=(cdim,), keepdim=True), "c")
     g = f.emit("div", e, total)
     if ls > 0.0:
         g = f.emit("sub", g, f.scalar(ls / classes, dt))

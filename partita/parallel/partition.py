@@ -178,6 +178,7 @@ class _Partitioner:
         self.moved: dict[tuple[Value, Placement], Value] = {}
         # The report entry of each one-step reshard's result, for rewrites after the fact.
         self.entry: dict[Value, InsertedCollective] = {}
+        self.memo: dict = {}  # shared by the local forms (local_forms.LocalForm.memo)
 
     def name(self, v: Value) -> str:
         return self.names.get(v, "?")
@@ -291,7 +292,7 @@ class _Partitioner:
         ranged = {} if spec is None else _split_ranged(spec, wants)
         if ranged:
             assert spec is not None and spec.local_form is not None, f"{node.op}: a ranged label needs a local form"
-            form = LocalForm(self.b, operands, attrs, types, ranged, mesh, consumer, node.loc)
+            form = LocalForm(self.b, operands, attrs, types, ranged, mesh, consumer, node.loc, memo=self.memo)
             local_results = spec.local_form(form)
             for op, axis, sent in form.collectives:
                 self.report.collectives.append(InsertedCollective(op, axis, self.name(node.results[0]), consumer,

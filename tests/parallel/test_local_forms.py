@@ -248,3 +248,35 @@ def test_megatron_splits_the_vocabulary_only_where_the_axis_divides_it():
         got = prog.simulate(feed, weights)
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_forward", [False, True])
+def test_the_gradient_reuses_the_forwards_softmax_statistics(with_forward):
+    """With the loss on the same logits in the program, cross_entropy_grad's form takes the
+    forward's all-reduced max and denominator (no collective of its own); alone, it computes
+    them itself. Both equal the single-device gradient."""
+    g = Graph("ce")
+    b = Builder(g)
+    z = g.add_input("z", TensorType((6, 8), f32), "input")
+    t = g.add_input("t", TensorType((6,), i64), "input")
+    d = g.add_input("d", TensorType((), f32), "input")
+    outs = [b.cross_entropy(z, t, label_smoothing=0.1)] if with_forward else []
+    outs.append(b.cross_entropy_grad(d, z, t, label_smoothing=0.1))
+    g.set_outputs(outs)
+    rng = np.random.default_rng(5)
+    feed = {"z": rng.standard_normal((6, 8)).astype(np.float32), "t": rng.integers(0, 8, 6),
+            "d": np.asarray(0.7, np.float32)}
+    want = partita.run(g, feed)
+    m = Mesh.of("tp=2")
+    g.mesh = m
+    z.placement = Placement.split(2, {1: "tp"})
+    propagate(g)
+    local, report = partition_with_report(g)
+    grads = [c for c in report.collectives if c.inside and "cross_entropy_grad" in c.consumer]
+    assert len(grads) == (0 if with_forward else 2), report.text()
+    got = run_mesh(local, m, [{k: local_piece(a, v.placement, m, r) for (k, a), v in zip(feed.items(), g.inputs)}
+                              for r in range(2)])
+    for r in range(2):
+        for a, w, v in zip(got[r], want, g.outputs):
+            assert v.placement is not None
+            np.testing.assert_allclose(a, local_piece(w, Placement(v.placement.dims, ()), m, r), rtol=1e-5, atol=1e-6)
