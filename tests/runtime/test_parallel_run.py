@@ -59,6 +59,17 @@ def test_launch_checks_against_one_device_and_resumes_on_another_mesh(tmp_path):
     assert again.losses()[0] == pytest.approx(float(single[0]), rel=1e-5)
 
 
+def test_zero3_on_processes_gathers_twice_and_matches_one_device():
+    """zero3's all_gathers (the forward's and the backward's), reduce_scatters and sharded
+    momentum through torch.distributed, step after step, against the single-device step."""
+    _, step = _step()
+    prog = partita.parallelize(step, "dp=2", "zero3")
+    assert prog.plan.count("all_gather", "dp", "backward") >= 1
+    res = partita.launch(prog, 2, _batches(3), check=True, timeout_s=30)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
+    assert [c.step for c in res.checks] == [1, 2, 3]
+
+
 def test_launch_bad_input(tmp_path):
     fwd, step = _step()
     prog = partita.parallelize(step, "dp=2", "dp")
