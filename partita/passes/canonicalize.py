@@ -167,10 +167,22 @@ def _reduces_nothing(node: Node) -> bool:
     return node.results[0].type.shape == node.operands[0].type.shape
 
 
+def _rows_of_a_table(node: Node) -> bool:
+    """index_select of whole rows of a 2-d float table by i32/i64 indices: an embedding
+    lookup (ONNX exports spell one as Gather). Storage types (float8, 4-bit) keep their
+    index_select, which the executors already move as raw data."""
+    x, idx = node.operands[0].type, node.operands[1].type
+    return (x.rank == 2 and node.attrs["axis"] in (0, -2) and x.dtype.is_float and not x.dtype.storage
+            and idx.dtype.name in ("i32", "i64"))
+
+
 # --- the rule table ------------------------------------------------------------------------
 
 # Rules for facts that involve more than one op, or ops without a fact on their record.
 RULES: list[Rule] = [
+    rule("index-select-rows", Op("index_select", X, Y, where=_rows_of_a_table), Op("embedding", X, Y),
+         doc="rows of a 2-d table picked by index_select are an embedding lookup: the same values, and "
+             "the op autodiff and the parallel rules know as one (a vocab-parallel table)"),
     rule("sub-self-int", Op("sub", X, X, where=_not_float), _zeros,
          doc="x - x = 0 for integers (for floats NaN/inf give NaN: see fast-math)"),
     rule("mul-by-zero-int", Op("mul", X, Splat(0), where=_not_float), _zeros,

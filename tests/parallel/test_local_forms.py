@@ -280,3 +280,31 @@ def test_the_gradient_reuses_the_forwards_softmax_statistics(with_forward):
         for a, w, v in zip(got[r], want, g.outputs):
             assert v.placement is not None
             np.testing.assert_allclose(a, local_piece(w, Placement(v.placement.dims, ()), m, r), rtol=1e-5, atol=1e-6)
+
+
+def test_an_onnx_gather_of_a_table_becomes_a_vocab_parallel_embedding():
+    """ONNX exports spell the lookup Gather(table, ids), imported as index_select; the
+    canonicalizer turns rows of a 2-d table into an embedding, which megatron then splits."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((V, E)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["w", "ids"], ["h"], axis=0),
+             helper.make_node("Tanh", ["h"], ["a"]),
+             helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["a", "wt"], ["logits"])]
+    graph = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, [8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [8, V])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    fwd = partita.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert "index_select" in partita.print_graph(fwd)
+    fwd = partita.optimize(fwd, "canonicalize,dce")
+    assert "embedding(" in partita.print_graph(fwd) and "index_select" not in partita.print_graph(fwd)
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=0.1)
+    prog = partita.parallelize(step, "tp=2", "megatron")
+    assert any("vocab-parallel" in n for n in prog.plan.notes), prog.plan.notes
+    (name,) = [v.name for v in step.inputs if v.role == "input" and v.name != "target"]
+    feed = {name: rng.integers(0, V, 8), "target": rng.integers(0, V, 8)}
+    want = partita.run(step, feed)
+    for a, b in zip(prog.simulate(feed), want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
