@@ -366,6 +366,15 @@ def _apply_order(graph: Graph, schedule: list[Node]) -> None:
 
 # --- order-collectives ---------------------------------------------------------------------------
 
+def _grows(n: Node) -> bool:
+    """A collective that the runtime does not overlap (its record has no ``torch_async``)
+    and whose result is larger than its operand (all_gather): issuing it before it is read
+    gains nothing and holds the larger tensor longer."""
+    op = OPS.get(n.op)
+    return (op is not None and op.collective is not None and op.torch_async is None and len(n.operands) == 1
+            and sum(r.type.nbytes for r in n.results) > n.operands[0].type.nbytes)
+
+
 def _is_collective(n: Node) -> bool:
     op = OPS.get(n.op)
     return op is not None and op.collective is not None
@@ -448,7 +457,7 @@ def order_collectives(graph: Graph) -> list[Node]:
         # An all_gather's result is bigger than its operand, and it is not overlapped (only
         # all_reduce runs asynchronously): issued early it only holds the gathered tensor
         # longer (a zero3 param from the step's start). It is ordered by when it is needed.
-        return max(depth[n], latest[n]) if n.op == "all_gather" else depth[n]
+        return max(depth[n], latest[n]) if _grows(n) else depth[n]
 
     def key(n: Node) -> tuple:
         # Identical digests compute identical values, so their relative order cannot change
@@ -489,7 +498,7 @@ def _sink_gathers(schedule: list[Node]) -> list[Node]:
     collective if that comes first (the collectives keep their order): a gathered tensor is
     then alive only while it is used."""
     order = list(schedule)
-    for c in [n for n in reversed(order) if n.op == "all_gather"]:
+    for c in [n for n in reversed(order) if _grows(n)]:
         i = order.index(c)
         readers = {u for r in c.results for u in r.users}
         j = i + 1
