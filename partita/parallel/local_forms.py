@@ -55,6 +55,13 @@ class LocalForm:
     # Shared by the forms of one partition: what one form computed that a later one can
     # reuse (cross_entropy's all-reduced max and softmax denominator, for its gradient).
     memo: dict = field(default_factory=dict)
+    # The global operand types without padding (``partita.parallel.pad``): the sizes that ids
+    # and targets are checked against. None: ``types``.
+    real: list[TensorType] | None = None
+
+    def real_size(self, operand: int, dim: int) -> int:
+        """The real global size of ``dim`` of operand ``operand`` (padding left out)."""
+        return (self.real or self.types)[operand].shape[dim]
 
     def emit(self, op_name: str, /, *operands: Value, **attrs: Any) -> Value:
         return self.b.emit(op_name, *operands, loc=self.loc, **attrs)
@@ -112,7 +119,7 @@ def embedding(f: LocalForm) -> list[Value]:
     zero rows elsewhere (a summand of the global lookup)."""
     table, idx = f.operands
     rows = table.type.shape[0]
-    safe, inside = f.in_range(idx, "v", rows, whole=f.types[0].shape[0])
+    safe, inside = f.in_range(idx, "v", rows, whole=f.real_size(0, 0))
     out = f.emit("embedding", table, safe)
     mask = f.emit("unsqueeze", inside, axes=(idx.type.rank,))
     return [f.emit("where", mask, out, f.scalar(0.0, table.type.dtype))]
@@ -136,7 +143,7 @@ def cross_entropy(f: LocalForm) -> list[Value]:
     a = f.attrs
     cdim = _class_dim(logits.type)
     width = logits.type.shape[cdim]
-    classes = f.types[0].shape[cdim]
+    classes = f.real_size(0, cdim)
     dt = logits.type.dtype
     z, m = _log_sum_exp(f, logits, cdim)
     safe, inside = f.in_range(target, "c", width, whole=classes, ignored=a["ignore_index"])
@@ -176,7 +183,7 @@ def cross_entropy_grad(f: LocalForm) -> list[Value]:
     a = f.attrs
     cdim = _class_dim(logits.type)
     width = logits.type.shape[cdim]
-    classes = f.types[1].shape[cdim]
+    classes = f.real_size(1, cdim)
     dt = logits.type.dtype
     ls = a["label_smoothing"]
     known = f.memo.get(("softmax", logits, f.split["c"]))

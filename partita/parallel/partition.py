@@ -107,12 +107,15 @@ def partition(graph: Graph) -> Graph:
     return partition_with_report(graph)[0]
 
 
-def partition_with_report(graph: Graph, reshards: "list[ReshardNeed] | None" = None) -> tuple[Graph, PartitionReport]:
+def partition_with_report(graph: Graph, reshards: "list[ReshardNeed] | None" = None, *,
+                          real_sizes: "Mapping[Value, Mapping[int, int]] | None" = None) -> tuple[Graph, PartitionReport]:
     """``partition`` plus the report of every inserted collective (producer, consumer, bytes).
 
     ``reshards``: the needs of the ``propagate`` run that placed ``graph`` as it is now (its
-    report's ``reshards``), which saves recomputing them; by default they are recomputed."""
-    return _Partitioner(graph, reshards).run()
+    report's ``reshards``), which saves recomputing them; by default they are recomputed.
+    ``real_sizes``: for values padded by ``partita.parallel.pad``, the real size of each
+    padded dim; the local forms check ids and targets against it."""
+    return _Partitioner(graph, reshards, real_sizes).run()
 
 
 def local_piece(array: Any, placement: Placement | None, mesh: Mesh, rank: int, what: str = "the tensor") -> np.ndarray:
@@ -155,8 +158,10 @@ def shard_weights(global_graph: Graph, weights: Mapping[str, Any], mesh: Mesh | 
 
 
 class _Partitioner:
-    def __init__(self, graph: Graph, reshards: "list[ReshardNeed] | None" = None) -> None:
+    def __init__(self, graph: Graph, reshards: "list[ReshardNeed] | None" = None,
+                 real_sizes: "Mapping[Value, Mapping[int, int]] | None" = None) -> None:
         self.given = reshards
+        self.real_sizes = real_sizes or {}
         if graph.mesh is None:
             raise PartitionError(f"@{graph.name}: partition needs a device mesh and placements; the graph has no "
                                  "mesh. Set graph.mesh and run propagate first")
@@ -292,7 +297,10 @@ class _Partitioner:
         ranged = {} if spec is None else _split_ranged(spec, wants)
         if ranged:
             assert spec is not None and spec.local_form is not None, f"{node.op}: a ranged label needs a local form"
-            form = LocalForm(self.b, operands, attrs, types, ranged, mesh, consumer, node.loc, memo=self.memo)
+            real = [TensorType(tuple(self.real_sizes.get(o, {}).get(d, n) for d, n in enumerate(t.shape)), t.dtype)
+                    for o, t in zip(node.operands, types)]
+            form = LocalForm(self.b, operands, attrs, types, ranged, mesh, consumer, node.loc, memo=self.memo,
+                             real=real)
             local_results = spec.local_form(form)
             for op, axis, sent in form.collectives:
                 self.report.collectives.append(InsertedCollective(op, axis, self.name(node.results[0]), consumer,

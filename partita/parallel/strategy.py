@@ -24,8 +24,9 @@ writes the per-rank program. The presets, each on one mesh axis:
   column-parallel projections. Embedding tables are vocab-parallel (split by rows: a rank
   looks up its rows, the lookup is a partial sum), and a column weight whose split reaches
   a cross_entropy's classes (an LM head) stays split: the loss runs on the rank's logits
-  with its log-sum-exp all-reduced, so the logits are never gathered. A column weight that
-  neither a row weight nor a loss follows is left whole.
+  with its log-sum-exp all-reduced, so the logits are never gathered. A vocabulary that the
+  tensor axis does not divide is padded first (``partita.parallel.pad``). A column weight
+  that neither a row weight nor a loss follows is left whole.
 - ``sp`` (``sequence-parallel``, with ``megatron``): the values where a row-parallel partial
   sum is reduced are split on their token dim, so the reduction is a reduce_scatter, the
   norms and residual adds between the parallel regions run on a slice of the tokens, and the
@@ -51,6 +52,7 @@ from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.printer import print_graph, value_names
 from ..ops.registry import OPS
 from .mesh import Mesh, MeshError
+from .pad import PadReport, cut_array, pad_array
 from .partition import PartitionReport, local_piece, partition_with_report, piece_index
 from .placement import Placement, PlacementError
 from .propagate import PropagationError, PropagationReport, placement_from_labels, propagate
@@ -171,6 +173,8 @@ class _Annotator:
         self.blocked: dict[Value, str] = {}
         # Annotated values that must not pull their producers' operands along (see propagate).
         self.sinks: set[Value] = set()
+        # What megatron's vocabulary padding padded (None: nothing).
+        self.padding: "PadReport | None" = None
 
     def name(self, v: Value) -> str:
         return self.names.get(v, "?")
@@ -262,6 +266,7 @@ class _Annotator:
     def megatron(self) -> None:
         axis = self.s.tp_axis
         assert axis is not None
+        self.pad_vocabulary(axis)
         excluded: set[Value] = set()
         for _ in range(8):
             self.followers = {}
@@ -292,6 +297,40 @@ class _Annotator:
                 for st in node.operands[2:]:
                     if st.type.shape == node.operands[0].type.shape:
                         self.place(st, self.fixed[node.operands[0]])
+
+    def pad_vocabulary(self, axis: str) -> None:
+        """Pad each token table whose rows ``axis`` does not divide (and everything that
+        shares its index: a tied or untied LM head, the logits, the optimizer state) to the
+        next multiple of the axis size, as Megatron-LM pads its vocabulary; see
+        ``partita.parallel.pad``."""
+        from .pad import pad_dims
+
+        n = self.mesh.axis_size(axis)
+        tables = [node.operands[0] for node in self.g.nodes if node.op == "embedding"
+                  and node.operands[0].is_input and node.operands[0].role == "param"
+                  and node.operands[0] not in self.fixed and _reads_data(node.operands[1])]
+        seeds = [(t, 0) for t in tables if t.type.shape[0] % n]
+        if not seeds:
+            return
+        sizes = {t.type.shape[0] for t, _ in seeds}
+        for node in self.g.nodes:
+            if node.op == "cross_entropy":
+                logits = node.operands[0]
+                cdim = 1 if logits.type.rank >= 2 else 0
+                if logits.type.shape[cdim] in sizes:  # an untied LM head over the same vocabulary
+                    seeds.append((logits, cdim))
+        rep = pad_dims(self.g, seeds, n)
+        if not rep:
+            return
+        # The graph's own weights keep their real sizes: shard_weights pads what it cuts.
+        self.padding = rep
+        self.names = value_names(self.g)
+        for name, dims in rep.inputs.items():
+            for d, real in dims.items():
+                self.notes.append(f"%{name} padded from {real} to {rep.padded} along dim {d} so that '{axis}' "
+                                  f"(size {n}) splits it; the extra entries hold zeros")
+        for why in dict.fromkeys(rep.cut):
+            self.notes.append(f"the padded vocabulary is cut back to {rep.size} before {why}")
 
     def vocab_parallel(self, axis: str) -> None:
         """Split each token embedding table param by rows over ``axis`` (Megatron's
@@ -438,7 +477,8 @@ class _Annotator:
         # Operands that are still free (biases, norm weights) follow the split of the others.
         label_axes: dict[str, tuple[str, ...]] = {}
         for labels, o, p in zip(spec.operands, node.operands, placements):
-            if o.is_input and o.role == "param" and o not in self.fixed:
+            if (o.is_input and o.role == "param" and o not in self.fixed) or \
+                    (o.producer is not None and o.producer.op == "constant"):
                 continue
             for lab, axes in zip(labels, p.dims):
                 if lab is not None and axes:
@@ -449,6 +489,9 @@ class _Annotator:
                 p = placement_from_labels(labels, label_axes, o.type.shape, self.mesh)
                 if not p.is_replicated:
                     self.followers.setdefault(o, p)
+            elif o.producer is not None and o.producer.op == "constant" and p.is_replicated:
+                # A constant (the padded vocabulary's mask) is cut to whatever split it meets.
+                p = placement_from_labels(labels, label_axes, o.type.shape, self.mesh)
             ops.append(p)
         got = result_placements(spec, ops, [o.type for o in node.operands], self.mesh,
                                 [r.type for r in node.results])
@@ -587,6 +630,19 @@ class ParallelProgram:
     plan: PlanReport
     propagation: PropagationReport
     partition: PartitionReport
+    # The single-device graph that was parallelized (what ``--check`` runs), and what the
+    # vocabulary padding padded (``graph`` holds padded params; the arrays that go in and
+    # come out through the methods below have the real sizes).
+    source: Graph | None = None
+    padding: PadReport | None = None
+
+    @property
+    def single_device(self) -> Graph:
+        """The graph the per-rank programs must agree with (``source``, else ``graph``)."""
+        return self.source if self.source is not None else self.graph
+
+    def _pads(self, name: str) -> dict[int, int]:
+        return self.padding.inputs.get(name, {}) if self.padding is not None else {}
 
     def shard_weights(self, weights: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
         """Each rank's pieces of the params and optimizer state (default: the graph's own
@@ -602,8 +658,12 @@ class ParallelProgram:
                     src[name] = np.zeros(v.type.shape, v.type.dtype.np)
                 else:
                     raise StrategyError(f"no value for the param %{name} {v.type}; pass weights= with every param")
+            arr = src[name]
+            pads = self._pads(name)
+            if pads and np.ndim(arr) == v.type.rank and all(np.shape(arr)[d] == n for d, n in pads.items()):
+                arr = pad_array(arr, pads, v.type.shape)
             for r in range(self.mesh.size):
-                out[r][name] = np.array(local_piece(src[name], v.placement, self.mesh, r, f"weight %{name}"))
+                out[r][name] = np.array(local_piece(arr, v.placement, self.mesh, r, f"weight %{name}"))
         return out
 
     def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
@@ -624,7 +684,9 @@ class ParallelProgram:
         res = []
         for i, v in enumerate(self.graph.outputs):
             p = Placement(v.placement.dims, ()) if v.placement is not None else None
-            res.append(assemble([np.asarray(o[i]) for o in outputs_by_rank], p, self.mesh, v.type.shape))
+            full = assemble([np.asarray(o[i]) for o in outputs_by_rank], p, self.mesh, v.type.shape)
+            pads = self.padding.outputs.get(i) if self.padding is not None else None
+            res.append(cut_array(full, pads) if pads else full)
         return res
 
     def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
@@ -633,8 +695,10 @@ class ParallelProgram:
         for v in self.graph.inputs:
             name = input_name(v)
             if v.role in ("param", "state") and all(name in w for w in weights_by_rank):
-                out[name] = assemble([np.asarray(w[name]) for w in weights_by_rank], v.placement, self.mesh,
-                                     v.type.shape)
+                full = assemble([np.asarray(w[name]) for w in weights_by_rank], v.placement, self.mesh,
+                                v.type.shape)
+                pads = self._pads(name)
+                out[name] = cut_array(full, pads) if pads else full
         return out
 
     def simulate(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
@@ -746,7 +810,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
             "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
             "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
     t2 = time.perf_counter()
-    local, part = partition_with_report(g, prop.reshards)
+    local, part = partition_with_report(g, prop.reshards,
+                                        real_sizes=ann.padding.values if ann.padding is not None else None)
     timings["partition"] = time.perf_counter() - t2
     buckets = None
     if bucket_mb is not None or order:
@@ -764,7 +829,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
                         for b in buckets.fused]
     plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
-    return ParallelProgram(g, local, m, s, plan, prop, part)
+    return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ann.padding)
 
 
 def _forced_replication(g: Graph, prop: PropagationReport) -> list[str]:

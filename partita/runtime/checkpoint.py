@@ -78,12 +78,22 @@ class CheckpointError(WeightsError):
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """One param/state tensor of a model: its global shape and dtype, and how it is placed."""
+    """One param/state tensor of a model: its global shape and dtype, and how it is placed.
+
+    ``padded``: the global shape the ranks hold when some dims are padded so that the mesh
+    splits them (a padded vocabulary, ``partita.parallel.pad``), else None. The checkpoint
+    stores the real entries only, so it loads onto a mesh that pads differently (or not)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: DType
     placement: Placement
+    padded: tuple[int, ...] | None = None
+
+    @property
+    def held_shape(self) -> tuple[int, ...]:
+        """The global shape the placement cuts (padded, where padded)."""
+        return self.padded if self.padded is not None else self.shape
 
 
 @dataclass(frozen=True)
@@ -114,14 +124,15 @@ class ShardLayout:
                     raise CheckpointError(f"the placement of weight '{w.name}' has {p.rank} dim(s) but its "
                                           f"shape {list(w.shape)} has {len(w.shape)}")
             else:
-                p.validate(w.shape, self.mesh, f"weight '{w.name}'")
+                p.validate(w.held_shape, self.mesh, f"weight '{w.name}'")
 
     # --- construction -------------------------------------------------------------------
     @classmethod
-    def of(cls, graph: Graph) -> "ShardLayout":
+    def of(cls, graph: Graph, padding: "Mapping[str, Mapping[int, int]] | None" = None) -> "ShardLayout":
         """The layout of a global graph's param and state inputs: ``graph.mesh`` and each
         input's placement (an unplaced input is replicated; a graph without a mesh is one
-        device). A partial placement is a CheckpointError."""
+        device). A partial placement is a CheckpointError. ``padding``: inputs whose dims
+        are padded, name -> {dim: real size} (``ParallelProgram.padding.inputs``)."""
         if graph.mesh is not None and all(v.placement is None for v in graph.values()):
             # A per-rank program has a mesh but no placements: its local shapes would be taken
             # for global ones and every rank's pieces for replicas that rank 0 alone stores.
@@ -138,7 +149,13 @@ class ShardLayout:
                     f"@{graph.name}: weight %{v.name} is placed as {p}, a pending sum over "
                     f"{', '.join(p.partial)}: a checkpoint stores pieces, not summands; place it replicated "
                     f"or split (all-reduce it first) before building the checkpoint layout")
-            specs.append(WeightSpec(input_name(v), tuple(v.type.shape), v.type.dtype, p))
+            name = input_name(v)
+            pads = (padding or {}).get(name)
+            if pads:
+                real = tuple(pads.get(d, n) for d, n in enumerate(v.type.shape))
+                specs.append(WeightSpec(name, real, v.type.dtype, p, tuple(v.type.shape)))
+            else:
+                specs.append(WeightSpec(name, tuple(v.type.shape), v.type.dtype, p))
         return cls(graph.mesh, tuple(specs))
 
     @classmethod
@@ -202,17 +219,29 @@ class ShardLayout:
 
     def bounds(self, w: WeightSpec, rank: int) -> Bounds:
         """The index range ``((start, stop), ...)`` per dim of the piece of ``w`` on ``rank``
-        (split dims cut major axis first, as ``partition.local_piece`` cuts them)."""
+        (split dims cut major axis first, as ``partition.local_piece`` cuts them), of the
+        real entries: a padded dim's range stops at the real size."""
         out = []
-        for n, axes in zip(w.shape, w.placement.dims):
+        for n, held, axes in zip(w.shape, w.held_shape, w.placement.dims):
             k, pieces = 0, 1
             for a in axes:
                 assert self.mesh is not None
                 size = self.mesh.axis_size(a)
                 k = k * size + self.mesh.coord(rank, a)
                 pieces *= size
-            step = n // pieces
-            out.append((k * step, (k + 1) * step))
+            step = held // pieces
+            out.append((min(k * step, n), min((k + 1) * step, n)))
+        return tuple(out)
+
+    def local_shape(self, w: WeightSpec) -> tuple[int, ...]:
+        """The shape of the piece of ``w`` each rank holds (padding included)."""
+        out = []
+        for held, axes in zip(w.held_shape, w.placement.dims):
+            pieces = 1
+            for a in axes:
+                assert self.mesh is not None
+                pieces *= self.mesh.axis_size(a)
+            out.append(held // pieces)
         return tuple(out)
 
     def stores(self, w: WeightSpec, rank: int) -> bool:
@@ -262,7 +291,7 @@ def write_shard(ckpt_dir: "str | os.PathLike", step: int, layout: ShardLayout, r
                                       f"rank stores; pass every param/state piece the rank holds")
             continue
         arr = _as_array(local_weights[w.name])
-        want = tuple(e - s for s, e in b)
+        want = layout.local_shape(w)
         if tuple(arr.shape) != want or arr.dtype != w.dtype.np:
             got_dt = _dtype_name(arr.dtype)
             raise CheckpointError(
@@ -270,6 +299,8 @@ def write_shard(ckpt_dir: "str | os.PathLike", step: int, layout: ShardLayout, r
                 f"on {layout.mesh_text} is {w.dtype.name}{list(want)}; pass the rank's local piece "
                 f"(shard_weights cuts them)")
         if writes:
+            if w.padded is not None:  # only the real entries are stored
+                arr = arr[tuple(slice(0, e - s) for s, e in b)]
             arr = np.ascontiguousarray(arr).reshape(arr.shape)  # ascontiguousarray makes a scalar 1-D
             arrays[w.name] = arr
             pieces[w.name] = {"start": [s for s, _ in b], "stop": [e for _, e in b],
@@ -421,8 +452,17 @@ def load(ckpt_dir: "str | os.PathLike", layout: ShardLayout, rank: int | None = 
     ranks = range(layout.size) if rank is None else [rank]
     if rank is not None:
         layout.check_rank(rank)
-    out = [{w.name: ck.assemble(w.name, layout.bounds(w, r)) for w in layout.weights} for r in ranks]
+    out = [{w.name: _held_piece(ck.assemble(w.name, layout.bounds(w, r)), layout, w) for w in layout.weights}
+           for r in ranks]
     return out if rank is None else out[0]
+
+
+def _held_piece(real: np.ndarray, layout: ShardLayout, w: WeightSpec) -> np.ndarray:
+    """A rank's piece of real entries, padded with zeros to the shape the rank holds."""
+    if w.padded is None:
+        return real
+    want = layout.local_shape(w)
+    return np.pad(real, [(0, h - n) for h, n in zip(want, real.shape)])
 
 
 class _Checkpoint:

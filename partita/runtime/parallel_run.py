@@ -98,7 +98,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
         steps = len(per_step)
     if len(per_step) not in (1, steps):
         raise LaunchError(f"launch: {len(per_step)} input mappings for {steps} steps; give one, or one per step")
-    layout = ckpt.ShardLayout.of(program.graph)
+    layout = ckpt.ShardLayout.of(program.graph, _padding(program))
     shards: list[dict[str, np.ndarray]]
     if resume_from is not None:
         loaded = ckpt.load(resume_from, layout)
@@ -134,7 +134,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
                 ckpt.commit(checkpoint_dir, steps, layout)
             dist.barrier()
     if check:
-        result.checks = check_single_device(program.graph, start_weights, per_step, steps, outputs)
+        result.checks = check_single_device(_single_device(program), start_weights, per_step, steps, outputs)
     return result
 
 
@@ -154,10 +154,24 @@ def _gather_ranks(res: RunResult) -> None:
     res.ranks = tuple(range(len(got)))
 
 
+def _single_device(program: Any) -> Any:
+    """The single-device graph a program was made from (its placed graph for older ones)."""
+    return getattr(program, "single_device", program.graph)
+
+
+def _padding(program: Any) -> "dict[str, dict[int, int]] | None":
+    """The vocabulary padding of a program's params: name -> {dim: real size}."""
+    pad = getattr(program, "padding", None)
+    return pad.inputs if pad else None
+
+
 def _full_weights(program: Any, weights: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
-    src = dict(program.graph.weights if weights is None else weights)
+    """The global params and state at their real (unpadded) sizes, from ``weights`` or the
+    graph's own; missing state starts at zeros."""
+    graph = _single_device(program)
+    src = dict(graph.weights if weights is None else weights)
     out: dict[str, np.ndarray] = {}
-    for v in program.graph.inputs:
+    for v in graph.inputs:
         if v.role == "param":
             if v.name not in src:
                 raise LaunchError(f"launch: no value for the param %{v.name} {v.type}; pass weights= with every "

@@ -231,22 +231,27 @@ def test_an_id_outside_the_vocabulary_is_an_error_on_every_rank(bad):
     run_mesh(local, m, [feed, feed], pieces)
 
 
-def test_megatron_splits_the_vocabulary_only_where_the_axis_divides_it():
+def test_megatron_pads_a_vocabulary_the_axis_does_not_divide():
+    """10 rows split evenly over tp=2; over tp=4 they are padded to 12 (3 per rank) and still
+    split, and both programs give the single-device step's results at the real sizes."""
     step = _step(8, "mean", 0.0, -100, "sgd", vocab=10)
     split = partita.parallelize(step, "tp=2", "megatron")
     assert "%w is vocab-parallel over 'tp' (split by rows)" in split.plan.notes
+    assert not any("padded" in n for n in split.plan.notes), split.plan.notes
     assert next(v for v in split.local.inputs if v.name == "w").type.shape == (5, E)
-    whole = partita.parallelize(step, "tp=4", "megatron")
-    assert any("its 10 rows do not split into 4 (pad the vocabulary to a multiple of 4)" in n
-               for n in whole.plan.notes), whole.plan.notes
-    assert next(v for v in whole.local.inputs if v.name == "w").type.shape == (10, E)
+    padded = partita.parallelize(step, "tp=4", "megatron")
+    assert "%w padded from 10 to 12 along dim 0 so that 'tp' (size 4) splits it; the extra entries hold zeros" \
+        in padded.plan.notes, padded.plan.notes
+    assert "%w is vocab-parallel over 'tp' (split by rows)" in padded.plan.notes
+    assert next(v for v in padded.local.inputs if v.name == "w").type.shape == (3, E)
     rng = np.random.default_rng(3)
     feed = {"ids": rng.integers(0, 10, 8), "t": rng.integers(0, 10, 8)}
     weights = {"w": rng.standard_normal((10, E)).astype(np.float32), "w.momentum_buffer": np.zeros((10, E), np.float32)}
     want = partita.run(step, feed, weights)
-    for prog in (split, whole):
+    for prog in (split, padded):
         got = prog.simulate(feed, weights)
         for a, b in zip(got, want):
+            assert np.shape(a) == np.shape(b)
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
