@@ -243,11 +243,11 @@ def _reduce_op(op: str):
     return {"sum": r.SUM, "max": r.MAX, "min": r.MIN, "avg": r.AVG}[op]
 
 
-def _all_gather_flat(out, inp, g) -> None:
+def _all_gather_flat(out, inp, g, async_op: bool = False):
     # Flat 1-D buffers: gloo rejects the stacked (n, ...) output form, and takes the flat one.
     dist = _dist()
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=g)
+    return fn(out, inp, group=g, async_op=async_op)
 
 
 def _reduce_scatter_flat(out, inp, op, g) -> None:
@@ -267,15 +267,20 @@ def _all_reduce_torch(args, attrs):
 
 
 class Pending:
-    """A collective in flight: ``result()`` waits for it and returns its tensor. ``on_error``
-    (set by the runtime) turns a failure into the error that names the collective."""
+    """A collective in flight: ``result()`` waits for it and returns its tensor (passed
+    through ``finish`` when the received buffer needs rearranging, as an all_gather along a
+    dim other than 0 does). ``keep`` holds the send buffer until the transfer is done.
+    ``on_error`` (set by the runtime) turns a failure into the error that names the
+    collective."""
 
-    __slots__ = ("tensor", "work", "on_error")
+    __slots__ = ("tensor", "work", "on_error", "finish", "keep")
 
-    def __init__(self, tensor, work) -> None:
+    def __init__(self, tensor, work, finish=None, keep=None) -> None:
         self.tensor = tensor
         self.work = work
         self.on_error = None
+        self.finish = finish
+        self.keep = keep
 
     def result(self):
         try:
@@ -284,7 +289,8 @@ class Pending:
             if self.on_error is not None:
                 self.on_error(e)
             raise
-        return self.tensor
+        self.keep = None
+        return self.tensor if self.finish is None else self.finish(self.tensor)
 
 
 def _all_reduce_torch_async(args, attrs):
@@ -297,15 +303,29 @@ def _all_reduce_torch_async(args, attrs):
 
 
 def _all_gather_torch(args, attrs):
+    res = _all_gather_torch_async(args, attrs)
+    return res.result() if type(res) is Pending else res
+
+
+def _all_gather_torch_async(args, attrs):
     (x,) = args
     n = attrs["group_size"]
     if n == 1:
         return x.clone()
     g = _group("all_gather", attrs)
     d = attrs["dim"] % x.dim()
+    shape = tuple(x.shape)
     out = torch.empty(n * x.numel(), dtype=x.dtype, device=x.device)
-    _all_gather_flat(out, x.contiguous().reshape(-1), g)
-    return torch.cat(out.view(n, *x.shape).unbind(0), dim=d)
+    inp = x.contiguous().reshape(-1)
+    work = _all_gather_flat(out, inp, g, async_op=True)
+
+    def finish(flat):
+        # The members' pieces arrive one after another: along dim 0 that is the result as
+        # it is; along another dim the pieces are concatenated there.
+        if d == 0:
+            return flat.view((n * shape[0],) + shape[1:])
+        return torch.cat(flat.view((n,) + shape).unbind(0), dim=d)
+    return Pending(out, work, finish, inp)
 
 
 def _reduce_scatter_torch(args, attrs):
@@ -390,6 +410,7 @@ _collective("all_reduce", _all_reduce_infer, _all_reduce_np, _all_reduce_torch, 
 object.__setattr__(OPS["all_reduce"], "torch_async", _all_reduce_torch_async)
 _collective("all_gather", _all_gather_infer, _all_gather_np, _all_gather_torch, (AttrSpec("dim", "int"),),
             _ring_cost(1, 1, False), "the members' values concatenated along dim in group order")
+object.__setattr__(OPS["all_gather"], "torch_async", _all_gather_torch_async)
 _collective("reduce_scatter", _reduce_scatter_infer, _reduce_scatter_np, _reduce_scatter_torch,
             (AttrSpec("dim", "int"), _REDUCE_ATTR), _ring_cost(1, 1, True),
             "the reduction (op) split along dim into group_size pieces; member i gets piece i")

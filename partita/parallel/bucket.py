@@ -367,11 +367,12 @@ def _apply_order(graph: Graph, schedule: list[Node]) -> None:
 # --- order-collectives ---------------------------------------------------------------------------
 
 def _grows(n: Node) -> bool:
-    """A collective that the runtime does not overlap (its record has no ``torch_async``)
-    and whose result is larger than its operand (all_gather): issuing it before it is read
-    gains nothing and holds the larger tensor longer."""
+    """A collective whose result is larger than its operand (all_gather): issued long before
+    it is read, it holds the larger tensor all that time (a zero3 param from the step's
+    start), so it is ordered by when it is needed, and issued just in time, or ``prefetch``
+    gathers ahead (``order_collectives``)."""
     op = OPS.get(n.op)
-    return (op is not None and op.collective is not None and op.torch_async is None and len(n.operands) == 1
+    return (op is not None and op.collective is not None and len(n.operands) == 1
             and sum(r.type.nbytes for r in n.results) > n.operands[0].type.nbytes)
 
 
@@ -409,7 +410,7 @@ def _signatures(graph: Graph, nodes: list[Node]) -> dict[Node, str]:
     return sig
 
 
-def order_collectives(graph: Graph) -> list[Node]:
+def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
     """Re-sort the nodes of ``graph`` (in place) so that its collectives come in one order
     that depends only on the program; returns the collective nodes in that order.
 
@@ -420,7 +421,16 @@ def order_collectives(graph: Graph) -> list[Node]:
     needs (and have not run yet) go before it; an all_gather then sinks to just before its
     first reader, short of the next collective. The other nodes keep their relative order,
     as do effectful non-collective nodes.
+
+    ``prefetch``: an all_gather of a graph input (a zero3 param) is then moved up to just
+    after the gather ``prefetch`` places before it among those, so that it is in flight
+    (the runtime starts it asynchronously and waits where it is read) while the previous
+    params are used, as FSDP prefetches the next all-gather; each rank then holds up to
+    ``prefetch`` more gathered params. 0: just in time.
     """
+    if prefetch < 0:
+        raise BucketError(f"order-collectives: prefetch must be 0 (just in time) or more gathers ahead, "
+                          f"got {prefetch}")
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     chain = _effect_chain(nodes)
@@ -489,8 +499,11 @@ def order_collectives(graph: Graph) -> list[Node]:
         wanted.sort(key=pos.__getitem__)
         schedule.extend(wanted)
     schedule.extend(n for n in nodes if n not in placed)
-    _apply_order(graph, _sink_gathers(schedule))
-    return sequence
+    order = _sink_gathers(schedule)
+    if prefetch:
+        order = _prefetch_gathers(order, prefetch)
+    _apply_order(graph, order)
+    return [n for n in order if _is_collective(n)]
 
 
 def _sink_gathers(schedule: list[Node]) -> list[Node]:
@@ -506,6 +519,57 @@ def _sink_gathers(schedule: list[Node]) -> list[Node]:
             j += 1
         if j > i + 1:
             order.insert(j - 1, order.pop(i))
+    return order
+
+
+_VIEWS = frozenset({"reshape", "transpose", "squeeze", "unsqueeze"})
+
+
+def _input_view_chain(n: Node) -> list[Node] | None:
+    """The nodes between a graph input and all_gather ``n`` when they are only views of it
+    (zero3's gathered copy is a reshape of the param), in program order; None when the
+    operand is computed."""
+    chain: list[Node] = []
+    v = n.operands[0]
+    while v.producer is not None:
+        p = v.producer
+        if p.op not in _VIEWS or len(p.operands) != 1:
+            return None
+        chain.append(p)
+        v = p.operands[0]
+    return chain[::-1]
+
+
+def _prefetch_gathers(order: list[Node], ahead: int) -> list[Node]:
+    """Move each all_gather of a graph input (a param, or a view of one) up to just before
+    the first reader of the gather ``ahead`` places before it among those (never above the
+    gather just before it): the gathers keep their relative order, and each is in flight
+    while the earlier params are read. Its view nodes move with it. Every rank runs the same
+    program, so the collective order stays one order."""
+    order = list(order)
+    gathers: list[tuple[Node, list[Node]]] = []
+    for n in order:
+        if _grows(n):
+            chain = _input_view_chain(n)
+            if chain is not None:
+                gathers.append((n, chain))
+    for k in range(ahead, len(gathers)):
+        g, chain = gathers[k]
+        pos = {n: i for i, n in enumerate(order)}
+        earlier = gathers[k - ahead][0]
+        readers = [u for r in earlier.results for u in r.users]
+        if not readers:
+            continue
+        # Just before the first reader of the gather `ahead` back, and after the one before.
+        target = min(pos[u] for u in readers)
+        target = max(target, pos[gathers[k - 1][0]] + 1)
+        if pos[g] <= target:
+            continue
+        moved = [n for n in chain if pos[n] >= target] + [g]
+        gone = set(moved)
+        before = [n for n in order[:target] if n not in gone]
+        after = [n for n in order[target:] if n not in gone]
+        order = before + moved + after
     return order
 
 
@@ -586,17 +650,26 @@ class BucketGradientsPass(Pass):
 
 @register_pass
 class OrderCollectivesPass(Pass):
-    """``order-collectives``: one program-determined order of the collectives (see
-    ``order_collectives``). The order of the last run is ``self.order``."""
+    """``order-collectives{prefetch=1}``: one program-determined order of the collectives
+    (see ``order_collectives``; ``prefetch``: param all_gathers issued that many gathers
+    ahead, 0 just in time). The order of the last run is ``self.order``."""
 
     name = "order-collectives"
+
+    @dataclass
+    class Options:
+        prefetch: int = 1
+
+        def __post_init__(self) -> None:
+            if self.prefetch < 0:
+                raise ValueError(f"prefetch must be 0 (just in time) or more gathers ahead, got {self.prefetch}")
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
         self.order: list[Node] = []
 
     def run(self, graph: Graph) -> Graph:
-        self.order = order_collectives(graph)
+        self.order = order_collectives(graph, self.options.prefetch)
         return graph
 
 

@@ -250,7 +250,15 @@ class _Annotator:
             return
         stop = backward_start(self.g)
         forward = [u for u in readers if stop is None or u.is_before(stop)]
-        groups = [forward, [u for u in readers if u not in forward]]
+        backward = [u for u in readers if u not in forward]
+        if forward and backward and not _reads_param_between(max(forward, key=lambda u: u._order),
+                                                              min(backward, key=lambda u: u._order), p):
+            # No other param is read from the forward's last use to the backward's first (the
+            # LM head's matmul, the loss, the head's gradient): a second gather would fetch
+            # the same rows again with nothing gained, so one copy serves both, as FSDP keeps
+            # its root unit's params (the embedding, the tied head) for the backward.
+            forward, backward = forward + backward, []
+        groups = [forward, backward]
         for k, group in enumerate(g for g in groups if g):
             first = min(group, key=lambda u: u._order)
             b = Builder(self.g).set_insertion_before(first)
@@ -498,6 +506,16 @@ class _Annotator:
         return None if isinstance(got, Conflict) else got
 
 
+def _reads_param_between(first: Node, last: Node, p: Value) -> bool:
+    """Whether a node after ``first`` and before ``last`` reads a param other than ``p``."""
+    n = first.next
+    while n is not None and n is not last:
+        if any(o.is_input and o.role == "param" and o is not p for o in n.operands):
+            return True
+        n = n.next
+    return False
+
+
 def _reads_data(v: Value) -> bool:
     """Whether ``v`` depends on an ``input``-role graph input (not only on params or constants)."""
     seen: set[Value] = set()
@@ -732,7 +750,7 @@ def assemble(pieces: Sequence[np.ndarray], placement: Placement | None, mesh: Me
 def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
-                first_bucket_mb: float | None = 1.0, order: bool = True) -> ParallelProgram:
+                first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1) -> ParallelProgram:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``strategy``: presets joined with ``+`` (see the module docstring); ``annotations``:
@@ -744,6 +762,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     fused into buckets of at most this many MiB (None: not bucketed), the first of each kind
     at most ``first_bucket_mb`` so that it starts early in the backward pass, as DDP's 25 MiB
     buckets after a 1 MiB first one; ``order``: the collectives get one program-derived order (order-collectives).
+    ``prefetch``: zero3 issues each param's all_gather this many param gathers ahead of its
+    use, so that it overlaps the compute before (0: just in time, the least memory).
     """
     import time
 
@@ -821,7 +841,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         if bucket_mb is not None:
             buckets = bucket_gradients(local, bucket_mb, first_bucket_mb)
         if order:
-            order_collectives(local)
+            order_collectives(local, prefetch)
         timings["bucket+order"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     plan = _plan(g, local, m, s, prop, part, ann.notes + [f"replicated: {f}" for f in forced], timings)

@@ -328,6 +328,7 @@ def _torch_worker(rank: int, port: int, results) -> None:
         import torch
         import torch.distributed as dist
 
+        from partita.backend.torch_exec import TorchProgram
         from partita.parallel import comm
 
         torch.set_num_threads(1)
@@ -350,6 +351,12 @@ def _torch_worker(rank: int, port: int, results) -> None:
                     want = OPS[op].collective([[x_] for x_ in xs], g.last.attrs)[members.index(rank)]
                     if not np.allclose(got.numpy(), want, rtol=1e-5, atol=1e-5) or got.shape != want.shape:
                         failures.append(f"rank {rank} {op} {attrs} over {axis}: got {got.numpy()}, want {want}")
+                    # As run_ranks runs a program: collectives with an asynchronous form start
+                    # where they stand and are waited for where they are read.
+                    (late,) = TorchProgram(g, overlap=True)([torch.from_numpy(mine)])
+                    if not np.allclose(late.numpy(), want, rtol=1e-5, atol=1e-5) or late.shape != want.shape:
+                        failures.append(f"rank {rank} {op} {attrs} over {axis}, overlapped: got {late.numpy()}, "
+                                        f"want {want}")
                     if not np.array_equal(mine, _member_input(i, rank, shape, dtype)):
                         failures.append(f"rank {rank} {op} changed its input in place")
         dist.destroy_process_group()
