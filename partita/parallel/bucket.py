@@ -259,6 +259,93 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None
     return report
 
 
+# --- bucket-gathers --------------------------------------------------------------------------------
+
+def _gathered_param(n: Node) -> bool:
+    """An all_gather along dim 0 of a graph input or a view of one (zero3's gathered copy of
+    a param, a reshape of it)."""
+    if n.op != "all_gather" or not n.operands or n.operands[0].type.numel == 0:
+        return False
+    t = n.operands[0].type
+    return t.rank >= 1 and n.attrs["dim"] % t.rank == 0 and _input_cone(n) is not None
+
+
+def bucket_gathers(graph: Graph, size_mb: float = 4.0) -> BucketReport:
+    """Coalesce the param all_gathers of the per-rank ``graph`` (zero3's) into buckets of at
+    most ``size_mb`` MiB of gathered result (and at most a sixteenth of all the program's
+    gathered bytes), in place; returns the BucketReport.
+
+    Members are taken in the order the program first reads them, consecutive ones sharing a
+    bucket while they agree on axis, group size and dtype: a bucket is the params one stretch
+    of the program uses, gathered by one collective as FSDP gathers a unit's flat buffer. The
+    members' pieces are flattened and concatenated as ``[1, K]``; one all_gather of dim 0
+    gives ``[g, K]``, whose row j is rank j's pieces; its columns are cut per member and each
+    ``[g, k]`` piece reshaped to the member's gathered shape (rank-major along dim 0, as the
+    member's own all_gather gives it). The bucket sits right before the first read of any
+    member; order-collectives then issues it just in time or prefetched.
+    """
+    if not isinstance(size_mb, (int, float)) or isinstance(size_mb, bool) or not size_mb > 0 \
+            or math.isinf(size_mb):
+        raise BucketError(f"@{graph.name}: bucket-gathers needs size_mb > 0 (the most MiB one fused all_gather "
+                          f"gathers, e.g. 4.0), got {size_mb!r}")
+    limit = max(1, int(size_mb * MB))
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    names = value_names(graph)
+    report = BucketReport(limit, before={"all_gather": sum(n.op == "all_gather" for n in nodes)})
+
+    def first_read(n: Node) -> int:
+        users = [pos[u] for u in n.results[0].users]
+        return min(users) if users else len(nodes)
+
+    cands = sorted((n for n in nodes if _gathered_param(n) and n.results[0].users), key=lambda n: (first_read(n), pos[n]))
+    # A bucket never holds more than a sixteenth of all the gathered bytes (about an eighth
+    # of the params, gathered twice a step): on a small model a whole-model bucket would
+    # undo what zero3 saves.
+    limit = min(limit, max(1, sum(n.results[0].type.nbytes for n in cands) // 16))
+    report.size_limit = limit
+    buckets: list[list[Node]] = []
+    key_of: tuple | None = None
+    size = 0
+    for c in cands:
+        key = (c.attrs["axis"], c.attrs["group_size"], c.operands[0].type.dtype.name)
+        nbytes = c.results[0].type.nbytes
+        if buckets and key == key_of and size + nbytes <= limit:
+            buckets[-1].append(c)
+            size += nbytes
+        else:
+            buckets.append([c])
+            key_of, size = key, nbytes
+    for ms in buckets:
+        report.buckets.append(Bucket("all_gather", ms[0].attrs["axis"], ms[0].operands[0].type.dtype,
+                                     tuple(names[m.results[0]] for m in ms), sum(m.results[0].type.nbytes for m in ms)))
+        if len(ms) < 2:
+            continue
+        first = min((u for m in ms for u in m.results[0].users), key=lambda u: pos[u])
+        # The members' operands view graph inputs only: their nodes may move up to the bucket.
+        for m in ms:
+            for v in sorted(_input_cone(m) or [], key=pos.__getitem__):
+                if pos[v] > pos[first]:
+                    graph.move_before(first, v)
+        b = Builder(graph).set_insertion_before(first)
+        g = ms[0].attrs["group_size"]
+        flat = [_reshaped(b, m.operands[0], (1, m.operands[0].type.numel)) for m in ms]
+        joined = b.emit("concat", *flat, axis=1)
+        attrs = dict(ms[0].attrs)
+        attrs["dim"] = 0
+        gathered = b.emit_node("all_gather", [joined], attrs, loc=ms[0].loc).results[0]
+        pieces = b.emit("split", gathered, axis=1, sizes=tuple(m.operands[0].type.numel for m in ms))
+        for m, piece in zip(ms, pieces):
+            assert piece.type.shape == (g, m.operands[0].type.numel)
+            new = _reshaped(b, piece, m.results[0].type.shape)
+            if m.results[0].name is not None:
+                new.name = m.results[0].name
+            graph.replace_all_uses(m.results[0], new)
+            graph.erase(m)
+    report.after = {"all_gather": sum(n.op == "all_gather" for n in graph.nodes)}
+    return report
+
+
 def _upstream_masks(nodes: list[Node], bit: Mapping[Node, int]) -> dict[Node, int]:
     """Per node, the bit set of the candidate collectives whose results reach its operands."""
     up: dict[Node, int] = {}
@@ -525,19 +612,21 @@ def _sink_gathers(schedule: list[Node]) -> list[Node]:
 _VIEWS = frozenset({"reshape", "transpose", "squeeze", "unsqueeze"})
 
 
-def _input_view_chain(n: Node) -> list[Node] | None:
-    """The nodes between a graph input and all_gather ``n`` when they are only views of it
-    (zero3's gathered copy is a reshape of the param), in program order; None when the
-    operand is computed."""
-    chain: list[Node] = []
-    v = n.operands[0]
-    while v.producer is not None:
-        p = v.producer
-        if p.op not in _VIEWS or len(p.operands) != 1:
+def _input_cone(n: Node) -> list[Node] | None:
+    """The nodes between the graph inputs and all_gather ``n`` when they only view and join
+    them (zero3's gathered copy is a reshape of the param; a gather bucket concatenates such
+    views), in program order; None when the operand is computed."""
+    cone: dict[Node, None] = {}
+    stack = [v.producer for v in n.operands if v.producer is not None]
+    while stack:
+        p = stack.pop()
+        if p in cone:
+            continue
+        if p.op not in _VIEWS and p.op != "concat":
             return None
-        chain.append(p)
-        v = p.operands[0]
-    return chain[::-1]
+        cone[p] = None
+        stack.extend(v.producer for v in p.operands if v.producer is not None)
+    return sorted(cone, key=lambda x: x._order)
 
 
 def _prefetch_gathers(order: list[Node], ahead: int) -> list[Node]:
@@ -550,7 +639,7 @@ def _prefetch_gathers(order: list[Node], ahead: int) -> list[Node]:
     gathers: list[tuple[Node, list[Node]]] = []
     for n in order:
         if _grows(n):
-            chain = _input_view_chain(n)
+            chain = _input_cone(n)
             if chain is not None:
                 gathers.append((n, chain))
     for k in range(ahead, len(gathers)):
@@ -565,7 +654,7 @@ def _prefetch_gathers(order: list[Node], ahead: int) -> list[Node]:
         target = max(target, pos[gathers[k - 1][0]] + 1)
         if pos[g] <= target:
             continue
-        moved = [n for n in chain if pos[n] >= target] + [g]
+        moved = sorted((n for n in chain if pos[n] >= target), key=pos.__getitem__) + [g]
         gone = set(moved)
         before = [n for n in order[:target] if n not in gone]
         after = [n for n in order[target:] if n not in gone]
@@ -674,5 +763,5 @@ class OrderCollectivesPass(Pass):
 
 
 __all__ = ["Bucket", "BucketError", "BucketGradientsPass", "BucketReport", "CollectiveOrderError",
-           "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gradients", "check_collective_order",
-           "order_collectives"]
+           "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gathers", "bucket_gradients",
+           "check_collective_order", "order_collectives"]

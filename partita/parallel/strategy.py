@@ -750,7 +750,8 @@ def assemble(pieces: Sequence[np.ndarray], placement: Placement | None, mesh: Me
 def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
-                first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1) -> ParallelProgram:
+                first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
+                gather_mb: float | None = 4.0) -> ParallelProgram:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``strategy``: presets joined with ``+`` (see the module docstring); ``annotations``:
@@ -764,6 +765,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     buckets after a 1 MiB first one; ``order``: the collectives get one program-derived order (order-collectives).
     ``prefetch``: zero3 issues each param's all_gather this many param gathers ahead of its
     use, so that it overlaps the compute before (0: just in time, the least memory).
+    ``gather_mb``: zero3's param all_gathers are fused into buckets of at most this many MiB
+    of gathered params, taken in the order the program reads them (None: one per param).
     """
     import time
 
@@ -834,20 +837,23 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                                         real_sizes=ann.padding.values if ann.padding is not None else None)
     timings["partition"] = time.perf_counter() - t2
     buckets = None
-    if bucket_mb is not None or order:
-        from .bucket import bucket_gradients, order_collectives
+    gathers = None
+    if bucket_mb is not None or order or gather_mb is not None:
+        from .bucket import bucket_gathers, bucket_gradients, order_collectives
 
         t3 = time.perf_counter()
         if bucket_mb is not None:
             buckets = bucket_gradients(local, bucket_mb, first_bucket_mb)
+        if gather_mb is not None:
+            gathers = bucket_gathers(local, gather_mb)
         if order:
             order_collectives(local, prefetch)
         timings["bucket+order"] = time.perf_counter() - t3
     timings["total"] = time.perf_counter() - t0
     plan = _plan(g, local, m, s, prop, part, ann.notes + [f"replicated: {f}" for f in forced], timings)
-    if buckets is not None:
+    if buckets is not None or gathers is not None:
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
-                        for b in buckets.fused]
+                        for rep in (buckets, gathers) if rep is not None for b in rep.fused]
     plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
     return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ann.padding)
 

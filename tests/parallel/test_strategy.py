@@ -135,9 +135,9 @@ def test_zero3_holds_less_at_its_peak_than_zero2():
     peak = {s: parallelize(step, "dp=2", s).plan for s in ("zero2", "zero3")}
     z3 = peak["zero3"]
     assert z3.activation_bytes + z3.param_bytes < peak["zero2"].activation_bytes + peak["zero2"].param_bytes
-    jit = parallelize(step, "dp=2", "zero3", prefetch=0).plan
+    jit = parallelize(step, "dp=2", "zero3", prefetch=0, gather_mb=None).plan
     assert jit.activation_bytes <= z3.activation_bytes
-    prog = parallelize(step, "dp=2", "zero3", prefetch=0)
+    prog = parallelize(step, "dp=2", "zero3", prefetch=0, gather_mb=None)
     nodes = list(prog.local.nodes)
     for i, n in enumerate(nodes):
         if n.op == "all_gather":
@@ -156,7 +156,7 @@ def test_zero3_prefetches_each_param_gather_ahead_of_its_use(ahead):
     it asynchronously) while those params are used. The program computes the same, and holds
     at most a few gathered params more than just in time."""
     step, feed = sgd("gpt2")
-    prog = check(step, feed, "dp=2", "zero3", prefetch=ahead)
+    prog = check(step, feed, "dp=2", "zero3", prefetch=ahead, gather_mb=None)
     nodes = list(prog.local.nodes)
     at = {n: i for i, n in enumerate(nodes)}
     # zero3's gathered copy of a param is a reshape of it: the gathers of (views of) inputs.
@@ -174,7 +174,7 @@ def test_zero3_prefetches_each_param_gather_ahead_of_its_use(ahead):
         early += at[g] < first_read[gathers[k - 1]]
     # Nearly every gather is in flight before the previous param is read.
     assert early >= 0.75 * (len(gathers) - ahead), (early, len(gathers))
-    jit = parallelize(step, "dp=2", "zero3", prefetch=0).plan
+    jit = parallelize(step, "dp=2", "zero3", prefetch=0, gather_mb=None).plan
     biggest = max(g.results[0].type.nbytes for g in gathers)
     assert prog.plan.activation_bytes <= jit.activation_bytes + ahead * biggest
 
@@ -193,6 +193,32 @@ def test_zero3_gathers_the_tied_lm_head_once():
     gathers = [n for n in prog.local.nodes if n.op == "all_gather"]
     table = [n for n in gathers if str(n.operands[0].name).startswith("lm.transformer.wte.weight")]
     assert len(table) == 1, [str(n.operands[0].name) for n in table]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_zero3_fuses_param_gathers_into_buckets(prefetch):
+    """Consecutive param gathers share one all_gather (a flat [1, K] concat of the pieces,
+    gathered on dim 0 and cut per param), as FSDP gathers a unit's flat buffer: fewer calls,
+    the same bytes, the same results; a bucket holds at most a sixteenth of the gathered
+    bytes, so zero3 still holds less than zero2."""
+    step, feed = sgd("gpt2")
+    one = parallelize(step, "dp=2", "zero3", gather_mb=None, prefetch=prefetch)
+    fused = check(step, feed, "dp=2", "zero3", gather_mb=4.0, prefetch=prefetch)
+    calls = [sum(n.op == "all_gather" for n in p.local.nodes) for p in (one, fused)]
+    assert calls[1] <= 0.7 * calls[0], calls
+    assert fused.plan.comm_bytes == one.plan.comm_bytes
+    buckets = [b for b in fused.plan.buckets if b["op"] == "all_gather"]
+    assert buckets and all(len(b["members"]) >= 2 for b in buckets)
+    total = sum(n.results[0].type.nbytes for n in one.local.nodes if n.op == "all_gather")
+    assert all(b["bytes"] <= total // 16 for b in buckets), (total, buckets)
+    zero2 = parallelize(step, "dp=2", "zero2").plan
+    assert fused.plan.activation_bytes + fused.plan.param_bytes < zero2.activation_bytes + zero2.param_bytes
+
+
+def test_zero3_bucket_size_must_be_positive():
+    step, _ = sgd("mlp")
+    with pytest.raises(partita.PartitaError, match="bucket-gathers needs size_mb > 0"):
+        parallelize(step, "dp=2", "zero3", gather_mb=0)
 
 
 def test_zero3_prefetch_must_not_be_negative():
