@@ -1,7 +1,7 @@
 """Benchmark of partita's parallel layer: compile time, data parallel against DDP, tensor
 parallel against DTensor.
 
-    .venv/bin/python bench/bench_parallel.py                 # everything (about 2 minutes)
+    .venv/bin/python bench/bench_parallel.py                 # everything (about 4 minutes)
     .venv/bin/python bench/bench_parallel.py --quick         # tiny sizes and rounds (a smoke run)
     .venv/bin/python bench/bench_parallel.py --parts dp --rounds 60
 
@@ -22,8 +22,13 @@ parallel against DTensor.
    partita's ``parallelize(..., "tp=2", "megatron")`` of its training step against
    ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel`` on a 1-D CPU
    ``DeviceMesh``.
+4. **zero3**: two gloo ranks, the dp part's GPT-2: partita's ``parallelize(..., "dp=2",
+   "zero3")`` (params, gradients and momentum sharded; gather buckets and one gather of
+   prefetch, the defaults) against FSDP2's ``fully_shard`` on each block and on the whole
+   model (its defaults: reshard after forward, its own prefetching). Also timed: the same
+   program with ``prefetch=0`` (each bucket gathered just in time).
 
-Both comparisons use SGD (lr 0.01, momentum 0.9), the same initial weights and the same
+The comparisons use SGD (lr 0.01, momentum 0.9), the same initial weights and the same
 per-rank data, and run inside the same two processes and process group. Before timing, each
 rank runs two steps of every side from equal weights and compares the losses, the updated
 params (rtol 1e-4) and the momentum buffers (the gradients; rtol 1e-4 by norm); a mismatch
@@ -465,6 +470,8 @@ def _run_rank(job: RankJob) -> dict[str, Any]:
         x, y = torch.from_numpy(job.torch_x), torch.from_numpy(job.torch_y)
         if job.kind == "dp":
             theirs_name, theirs, theirs_params, comm_count = _ddp_side(job, model, x, y)
+        elif job.kind == "zero3":
+            theirs_name, theirs, theirs_params, comm_count = _fsdp_side(job, model, x, y)
         else:
             theirs_name, theirs, theirs_params, comm_count = _dtensor_side(job, model, x, y)
         check = _check(job, ours, theirs, theirs_params, comm_count)
@@ -569,6 +576,65 @@ def _ddp_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return "ddp", step, params, {"count": count}
 
 
+def _fsdp_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """FSDP2's timed step: ``fully_shard`` on each GPT-2 block, then on the whole model (the
+    embeddings, the final norm and the tied head), its default ``reshard_after_forward=True``
+    (each block's params gathered again for the backward, as zero3 does) and its default
+    prefetching; its params and momentum as full tensors by name; its collectives counted
+    under a CommDebugMode on a step of a copy."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    counted_model = copy.deepcopy(model)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def shard(m: nn.Module) -> None:
+        for block in m.lm.transformer.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+
+    shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=job.torch_lr, momentum=MOMENTUM)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = torch_loss(job.model, model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def params() -> dict[str, np.ndarray]:
+        return _state_by_name(model, opt, lambda t: t.full_tensor() if isinstance(t, DTensor) else t)
+
+    def count() -> dict[str, Any]:
+        import warnings
+
+        shard(counted_model)
+        opt_c = torch.optim.SGD(counted_model.parameters(), lr=LR, momentum=MOMENTUM)
+        mode = _CommBytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with mode:
+                opt_c.zero_grad(set_to_none=True)
+                torch_loss(job.model, counted_model(x), y).backward()
+                opt_c.step()
+        counts = {str(k): v for k, v in mode.get_comm_counts().items()}
+        n = dist.get_world_size()
+        sent = 0.0
+        for k, b in mode.bytes.items():
+            op = next((o for o in COLLECTIVES if o in k.replace("allgather", "all_gather")), "all_reduce")
+            sent += ring_bytes_sent(op, b, b * n if op == "all_gather" else b, n)
+        return {"calls": counts, "payload_bytes": sum(mode.bytes.values()), "payload_by_op": mode.bytes,
+                "ring_sent_bytes": sent, "how": "CommDebugMode subclass adding the input bytes of each "
+                "collective, one step of a copy"}
+
+    return "fsdp", step, params, {"count": count}
+
+
 class _CommBytes:
     """A CommDebugMode that also adds up the bytes of each collective's input tensors."""
 
@@ -590,7 +656,11 @@ class _CommBytes:
                         tensors = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
                         if tensors:
                             name = str(_comm_mode.NATIVE_TO_PY_MAPPING.get(packet, packet))
-                            self.bytes[name] = self.bytes.get(name, 0) + tensors[0].numel() * tensors[0].element_size()
+                            # c10d's in-place forms take (output, input): count the input.
+                            t = tensors[1] if len(tensors) > 1 and ("_base" in name or "into_tensor" in name
+                                                                     or "reduce_scatter_tensor" in name) \
+                                else tensors[0]
+                            self.bytes[name] = self.bytes.get(name, 0) + t.numel() * t.element_size()
                 return super().__torch_dispatch__(func, types, args, kwargs)
 
         return CommBytes()
@@ -671,8 +741,8 @@ def _check(job: RankJob, ours: dict[str, _PartitaStep], theirs, theirs_state, co
             their_loss = comm_count["result"].pop("loss")
         else:
             their_loss = theirs()
-        if job.kind == "dp":
-            # DDP's loss is this rank's mean; partita's is the global one.
+        if job.kind in ("dp", "zero3"):
+            # DDP's and FSDP's loss is this rank's mean; partita's is the global one.
             t = torch.tensor([their_loss], dtype=torch.float64)
             dist.all_reduce(t)
             their_loss = float(t) / dist.get_world_size()
@@ -733,6 +803,12 @@ def _jobs(kind: str, key: str, cfg: Config, mesh: str, strategy: str, loss: str,
     info: dict[str, Any] = {"step_nodes": len(step), "local_nodes": len(prog.local), "compile_s": compile_s,
                             "plan_comm_bytes": prog.plan.comm_bytes, "collectives": plan_groups(prog.plan),
                             "partita_comm": program_comm(prog.local)}
+    if kind == "zero3":
+        # The same program with each param gathered just in time: what prefetching is worth.
+        programs["partita just in time"] = print_graph(partita.parallelize(step, mesh, strategy, prefetch=0).local)
+        info["other_variant"] = "partita just in time"
+        info["per_rank"] = {"param_bytes": prog.plan.param_bytes, "state_bytes": prog.plan.state_bytes,
+                            "activation_bytes": prog.plan.activation_bytes}
     if kind == "dp":
         # The other form of the same program, to show what gradient buckets are worth: without
         # them where parallelize buckets by default, with them where it does not.
@@ -757,7 +833,7 @@ def _jobs(kind: str, key: str, cfg: Config, mesh: str, strategy: str, loss: str,
     port = _free_port()
     jobs = []
     for r in range(world):
-        if kind == "dp":
+        if kind in ("dp", "zero3"):
             tx, ty = inputs[r][xname], inputs[r]["target"]
         else:
             tx, ty = x.numpy(), y.numpy()
@@ -797,6 +873,16 @@ def bench_dp(key: str, cfg: Config, rounds: int, torch_lr: float = LR) -> dict[s
            **_summarize(reports, "ddp"), "check": reports[0]["check"], "checks": [r["check"] for r in reports],
            "ddp_comm": reports[0]["torch_comm"]}
     return res
+
+
+def bench_zero3(cfg: Config, rounds: int, torch_lr: float = LR) -> dict[str, Any]:
+    """partita's zero3 step (params, gradients and momentum sharded; params gathered before
+    use, prefetched one gather ahead) against FSDP2's ``fully_shard`` on two gloo ranks."""
+    jobs, _, info = _jobs("zero3", "gpt2", cfg, "dp=2", "zero3", "cross_entropy", rounds, torch_lr)
+    reports = run_on_ranks(jobs, cfg.timeout_s + rounds * 10)
+    return {"model": "gpt2", "label": model_label("gpt2", cfg), "optimizer": f"SGD lr {LR} momentum {MOMENTUM}",
+            **info, **_summarize(reports, "fsdp"), "check": reports[0]["check"],
+            "checks": [r["check"] for r in reports], "fsdp_comm": reports[0]["torch_comm"]}
 
 
 def bench_tp(cfg: Config, rounds: int, torch_lr: float = LR) -> dict[str, Any]:
@@ -882,9 +968,28 @@ def print_comparisons(dp: list[dict[str, Any]], tp: dict[str, Any] | None) -> No
               f"{pc['calls']} | {_kib(pc['payload_bytes'])} | {dc['calls']} | {_kib(dc['payload_bytes'])} |")
 
 
+def print_zero3(z: dict[str, Any]) -> None:
+    other = z["other_variant"]
+    m, q, pc, fc = z["median_ms"], z["ratio"], z["partita_comm"], z["fsdp_comm"]
+    print("\n## zero3 (2 gloo ranks, 1 thread each) vs FSDP2 fully_shard; SGD lr 0.01 momentum 0.9")
+    print(f"| model | partita (ms) | {other} (ms) | FSDP (ms) | partita / FSDP | {other} / FSDP |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| {z['label']} | {m['partita']:.2f} | {m[other]:.2f} | {m['fsdp']:.2f} | {q['partita']:.2f} | "
+          f"{q[other]:.2f} |")
+    print("\ncommunication per step per rank (payload: bytes handed to the collectives; sent: ring):")
+    print("| side | calls | payload | sent |")
+    print("|---|---|---:|---:|")
+    print(f"| partita | {pc['calls']} | {_kib(pc['payload_bytes'])} | {_kib(pc['ring_sent_bytes'])} |")
+    print(f"| FSDP | {fc['calls']} | {_kib(fc['payload_bytes'])} | {_kib(fc['ring_sent_bytes'])} |")
+    pr = z["per_rank"]
+    print(f"partita per rank: params {_kib(pr['param_bytes'])}, momentum {_kib(pr['state_bytes'])}, "
+          f"peak activations (plan) {_kib(pr['activation_bytes'])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["compile", "dp", "tp"], choices=["compile", "dp", "tp"])
+    ap.add_argument("--parts", nargs="+", default=["compile", "dp", "tp", "zero3"],
+                    choices=["compile", "dp", "tp", "zero3"])
     ap.add_argument("--models", nargs="+", default=["mlp", "gpt2"], choices=["mlp", "gpt2"],
                     help="data-parallel models (default both)")
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds per comparison (default 30; 3 --quick)")
@@ -900,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
                                "cpus": os.cpu_count(), "python": platform.python_version(),
                                "torch": torch.__version__, "threads_per_rank": 1, "quick": args.quick,
                                "rounds": rounds, "warmup_rounds": cfg.warmup,
-                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "compile": None, "dp": [], "tp": None}
+                               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "compile": None, "dp": [], "tp": None,
+                               "zero3": None}
     if "compile" in args.parts:
         results["compile"] = bench_compile(cfg, args.profile)
         print_compile(results["compile"])
@@ -908,7 +1014,11 @@ def main(argv: list[str] | None = None) -> int:
         results["dp"] = [bench_dp(k, cfg, rounds) for k in args.models]
     if "tp" in args.parts:
         results["tp"] = bench_tp(cfg, rounds)
+    if "zero3" in args.parts:
+        results["zero3"] = bench_zero3(cfg, rounds)
     print_comparisons(results["dp"], results["tp"])
+    if results["zero3"]:
+        print_zero3(results["zero3"])
     print()
     if results["compile"]:
         total = results["compile"]["median_s"]["total"]
@@ -924,6 +1034,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tp: partita / DTensor {q:.3f} (target <= {RATIO_TARGET}): {'met' if q <= RATIO_TARGET else 'NOT met'}; "
               f"equivalence check passed on both ranks "
               f"(worst gradient-history error {max(c['worst']['momentum'] for c in results['tp']['checks']):.1e})")
+    if results["zero3"]:
+        z = results["zero3"]
+        q = z["ratio"]["partita"]
+        print(f"zero3: partita / FSDP {q:.3f} (just in time {z['ratio'][z['other_variant']]:.3f}); equivalence check "
+              f"passed on both ranks (worst gradient-history error "
+              f"{max(c['worst']['momentum'] for c in z['checks']):.1e})")
     results["wall_s"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str))

@@ -1,6 +1,6 @@
 """The parallel benchmark stays runnable and compares like with like: a quick run passes its
-own equivalence checks (partita's data-parallel and tensor-parallel steps train the same
-model as DDP and DTensor), counts the same bytes on both sides, and a step that differs from
+own equivalence checks (partita's data-parallel, tensor-parallel and zero3 steps train the
+same model as DDP, DTensor and FSDP), counts the same bytes on both sides, and a step that differs from
 its peer stops the benchmark instead of being timed."""
 
 from __future__ import annotations
@@ -54,6 +54,14 @@ def test_quick_run_passes_its_checks_and_counts_equal_bytes(bench_parallel, tmp_
     assert tp["partita_comm"]["calls"] == {"all_reduce": 1}
     assert tp["partita_comm"]["payload_bytes"] == tp["dtensor_comm"]["payload_bytes"] == tokens
     assert tp["dtensor_comm"]["all_reduce_calls"] == 1
+
+    z = res["zero3"]
+    assert all(ch["passed"] for ch in z["checks"]) and z["ratio"]["partita"] > 0
+    assert set(z["median_ms"]) == {"partita", "partita just in time", "fsdp"}
+    # The params gathered forward and backward and the gradients reduce-scattered: partita
+    # sends no more than FSDP (its tied table is gathered once, as FSDP's root unit).
+    assert 0 < z["partita_comm"]["ring_sent_bytes"] <= z["fsdp_comm"]["ring_sent_bytes"]
+    assert z["partita_comm"]["calls"].get("all_gather", 0) >= 2
 
 
 @pytest.mark.timeout(120)
