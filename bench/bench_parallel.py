@@ -66,7 +66,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -520,6 +520,17 @@ def _state_by_name(model: nn.Module, opt, whole) -> dict[str, np.ndarray]:
     return out
 
 
+def _torch_step(job: RankJob, forward: nn.Module, opt, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """One SGD step of a torch peer (DDP, DTensor, FSDP): its loss."""
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = torch_loss(job.model, forward(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
 def _ddp_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     """DDP's timed step, a function giving its params by partita name, and the byte count of
     its gradient all-reduces (a separate DDP instance with a counting comm hook, so the timed
@@ -541,12 +552,7 @@ def _ddp_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     ddp = DDP(model, **no_sync)
     opt = torch.optim.SGD(ddp.parameters(), lr=job.torch_lr, momentum=MOMENTUM)
 
-    def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = torch_loss(job.model, ddp(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = _torch_step(job, ddp, opt, x, y)
 
     def params() -> dict[str, np.ndarray]:
         return _state_by_name(model, opt, lambda t: t)
@@ -600,12 +606,7 @@ def _fsdp_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tensor)
     shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=job.torch_lr, momentum=MOMENTUM)
 
-    def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = torch_loss(job.model, model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = _torch_step(job, model, opt, x, y)
 
     def params() -> dict[str, np.ndarray]:
         return _state_by_name(model, opt, lambda t: t.full_tensor() if isinstance(t, DTensor) else t)
@@ -677,12 +678,7 @@ def _dtensor_side(job: RankJob, model: nn.Module, x: torch.Tensor, y: torch.Tens
     parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=job.torch_lr, momentum=MOMENTUM)
 
-    def step() -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = torch_loss(job.model, model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
+    step = _torch_step(job, model, opt, x, y)
 
     def params() -> dict[str, np.ndarray]:
         return _state_by_name(model, opt, lambda t: t.full_tensor())

@@ -79,7 +79,16 @@ def _run(mesh: str, table: Placement, batch: Placement | None = None, reduction:
         for got, full, v in zip(outs[r], want, g.outputs):
             assert v.placement is not None
             ref = local_piece(full, Placement(v.placement.dims, ()), m, r)
-            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}, output {v.name}")
+            if optimizer == "adamw":
+                # AdamW's first step moves a param by about lr * g / (|g| + eps): an entry whose
+                # gradient is rounding noise moves by a noise-sized fraction of lr, differently
+                # for two summation orders. Compared per tensor by norm, at 1e-4, as the launch
+                # check compares AdamW steps (docs/parallel.md, "Limits").
+                a, b = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+                err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-6 * np.sqrt(max(b.size, 1)))
+                assert err <= 1e-4, f"rank {r}, output {v.name}: relative error {err:.2e}"
+            else:
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}, output {v.name}")
     return local, report
 
 
@@ -173,24 +182,9 @@ def test_axis_index_gives_each_rank_its_coordinate():
 def test_megatron_gpt2_vocab_parallel_on_gloo_ranks():
     """The whole path on processes: megatron splits the tied table by rows, the loss runs
     on split logits, and every step matches the single-device step."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from test_pad import gpt2_forward
 
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16, use_cache=False,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = GPT2LMHeadModel(cfg)
-
-        def forward(self, ids):
-            return self.lm(ids).logits
-
-    ids = torch.randint(0, 64, (2, 8))
-    fwd = partita.import_torch(Logits().eval(), (ids,))
-    fwd = partita.optimize(fwd, "split-projections")
+    fwd = partita.optimize(gpt2_forward(64), "split-projections")
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=0.1)
     prog = partita.parallelize(step, "tp=2", "megatron")
     assert any("vocab-parallel" in n for n in prog.plan.notes), prog.plan.notes

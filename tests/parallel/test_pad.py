@@ -44,6 +44,27 @@ def _step(vocab: int, *, n: int = 8, optimizer: str = "sgd", smoothing: float = 
     return partita.training_step(g, loss=0, optimizer=optimizer, lr=0.1)
 
 
+def gpt2_forward(vocab: int) -> Graph:
+    """The forward graph (ids [2, 8] -> logits) of a one-layer GPT-2, 32 wide, with
+    ``vocab`` words, built from a config (random weights, seed 0)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=vocab, n_positions=16, use_cache=False,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = GPT2LMHeadModel(cfg)
+
+        def forward(self, ids):
+            return self.lm(ids).logits
+
+    return partita.import_torch(Logits().eval(), (torch.randint(0, vocab, (2, 8)),))
+
+
 def _data(step: Graph, vocab: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     t_shape = next(v.type.shape for v in step.inputs if v.name == "t")
@@ -54,11 +75,20 @@ def _data(step: Graph, vocab: int, seed: int = 0):
     return feed, weights
 
 
-def _close(got, want, what=""):
+def _close(got, want, what="", adamw=False):
+    """Equal outputs: elementwise (rtol 2e-5), or for an AdamW step per tensor by norm at 1e-4
+    (its first step moves a param by about lr * g / (|g| + eps), so an entry whose gradient
+    is rounding noise moves differently for two summation orders; docs/parallel.md)."""
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         assert np.shape(a) == np.shape(b), (what, i, np.shape(a), np.shape(b))
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6, err_msg=f"{what} output {i}")
+        if adamw:
+            x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            err = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-6 * np.sqrt(max(y.size, 1)))
+            assert err <= 1e-4, f"{what} output {i}: relative error {err:.2e}"
+        else:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6,
+                                       err_msg=f"{what} output {i}")
 
 
 def _padded_run(step: Graph, multiple: int, feed, weights):
@@ -91,7 +121,7 @@ def test_the_padded_graph_gives_the_original_results(kw):
     assert rep.inputs["w"] == {0: 10}
     if not kw.get("tied", True):
         assert rep.inputs["head"] == {1: 10}
-    _close(got, want, str(kw))
+    _close(got, want, str(kw), adamw=kw.get("optimizer") == "adamw")
     cuts = " ".join(rep.cut)
     if kw.get("smoothing"):
         assert "cross_entropy (smooths the labels over every class)" in rep.cut
@@ -135,7 +165,7 @@ def test_random_paddings_keep_the_meaning(vocab, multiple, seed, optimizer, logi
     feed, weights = _data(step, vocab, seed)
     want = partita.run(step, feed, weights)
     _, _, got = _padded_run(step, multiple, feed, weights)
-    _close(got, want)
+    _close(got, want, adamw=optimizer == "adamw")
 
 
 @pytest.mark.parametrize("mesh, strategy", [("tp=4", "megatron"), ("tp=3", "megatron"),
@@ -158,7 +188,7 @@ def test_megatron_splits_a_padded_vocabulary(mesh, strategy, tied):
         assert head.type.shape[1] in (rows, rows // 2), head.type
     want = partita.run(step, feed, weights)
     got = prog.simulate(feed, weights)
-    _close(got, want, f"{mesh} {strategy}")
+    _close(got, want, f"{mesh} {strategy}", adamw=True)
     # The ranks' pieces assemble to the real sizes; the padding holds zeros.
     shards = prog.shard_weights(weights)
     back = prog.assemble_weights(shards)
@@ -186,24 +216,8 @@ def test_an_id_in_the_padding_is_out_of_range_on_every_rank():
 def test_gpt2_with_an_odd_vocabulary_is_vocab_parallel():
     """GPT-2's own vocabulary (50,257) is odd; a small config with 67 words stands in for it:
     the tied table, the logits and the AdamW state are padded to 68 and split."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
     vocab = 67
-    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=vocab, n_positions=16, use_cache=False,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-
-    class Logits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = GPT2LMHeadModel(cfg)
-
-        def forward(self, ids):
-            return self.lm(ids).logits
-
-    ids = torch.randint(0, vocab, (2, 8))
-    fwd = partita.optimize(partita.import_torch(Logits().eval(), (ids,)), "split-projections")
+    fwd = partita.optimize(gpt2_forward(vocab), "split-projections")
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=0.1)
     prog = partita.parallelize(step, "dp=2,tp=2", "dp+megatron")
     table = "lm.transformer.wte.weight"
