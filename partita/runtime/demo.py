@@ -17,8 +17,9 @@ import numpy as np
 SGD = {"lr": 0.05, "momentum": 0.9}
 
 
-def gpt2_from_config(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 256, positions: int = 64):
-    """A GPT-2 LM with random weights from a config, as a module returning the logits."""
+def gpt2_from_config(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 257, positions: int = 64):
+    """A GPT-2 LM with random weights from a config, as a module returning the logits. The
+    vocabulary is odd, as GPT-2's own 50,257 words are: megatron pads it to split it."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -388,6 +388,9 @@ def test_demo(capsys):
     # The parallel section: a GPT-2 step on 4 processes, checked against one device.
     par = out.split("== parallel", 1)[1]
     assert "plan: dp+megatron on mesh(dp=2, tp=2) (4 ranks)" in par
+    # The odd vocabulary (as GPT-2's) is padded and split over tp.
+    assert "padded from 257 to 258 along dim 0 so that 'tp' (size 2) splits it" in par
+    assert "is vocab-parallel over 'tp'" in par
     assert "the per-rank program" in par and "all_reduce(" in par
     assert "check: PASS" in par
     # The printed IR after optimization is itself valid and has the node count announced.
