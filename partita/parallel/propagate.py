@@ -124,6 +124,8 @@ FLOPS_PER_BYTE = 32.0
 @lru_cache(maxsize=1 << 16)
 def reshard_cost(shape: tuple[int, ...], dtype, have: Placement, want: Placement, mesh: Mesh) -> int | None:
     """Bytes each rank sends on the cheapest plan from ``have`` to ``want`` (None: no plan).
+    The planner picks the plan by bytes plus a cost per call (``reshard.CALL_BYTES``);
+    propagation compares placements by the bytes alone, with the work each rank repeats.
     Cached: propagation prices the same few shapes and placements thousands of times."""
     try:
         return plan_bytes(plan_reshard(shape, dtype, have, want, mesh, "the value"))

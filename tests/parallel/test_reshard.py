@@ -25,7 +25,7 @@ from partita.ir.types import TensorType
 from partita.ops import OPS
 from partita.parallel.mesh import Mesh
 from partita.parallel.placement import Placement, PlacementError
-from partita.parallel.reshard import ReshardError, Step, apply_reshard, plan_bytes, plan_reshard
+from partita.parallel.reshard import ReshardError, Step, apply_reshard, plan_bytes, plan_cost, plan_reshard
 from partita.parallel.simulate import run_mesh
 
 X2 = Mesh.of("x=2")
@@ -171,10 +171,11 @@ def test_random_placements(case, seed):
     # each dim divisible by every product of axis sizes, and not all dims the same size
     shape = tuple(mesh.size * (d + 1) for d in range(rank))
     steps = run_plan(shape, have, want, mesh, seed=seed, integer=seed % 2 == 0)
-    # no plan sends more than the naive one: reduce and gather everything, then slice
+    # no plan costs more than the naive one (reduce and gather everything, then slice), in
+    # what the planner minimizes: bytes plus a fixed cost per call
     whole = Placement(((),) * rank, want.partial)
     naive = plan_reshard(shape, f32, have, whole, mesh) + plan_reshard(shape, f32, whole, want, mesh)
-    assert plan_bytes(steps) <= plan_bytes(naive)
+    assert plan_cost(steps) <= plan_cost(naive)
 
 
 # --- the plans chosen ---------------------------------------------------------------------------
@@ -233,6 +234,30 @@ def test_reduce_scatter_before_all_gather():
     assert [s.op for s in steps] == ["reduce_scatter", "all_gather"]
     assert plan_bytes(steps) == 64 + 64  # rs: half of 4x8 f32; ag: half of the gathered 8x4 f32
     run_plan((8, 8), have, want, DPTP)
+
+
+@pytest.mark.parametrize("n, ops", [
+    # A layer norm's weight gradient under dp x tp: a pending sum over both axes. Tiny, two
+    # all_reduces (2 calls, 2x its size sent) beat reduce_scatter, all_reduce on the half and
+    # all_gather (3 calls, 1.5x): each call costs CALL_BYTES before any data moves.
+    (64, ["all_reduce", "all_reduce"]),
+    # Large, the bytes decide: 1.5x in three calls.
+    (1 << 20, ["reduce_scatter", "all_reduce", "all_gather"]),
+])
+def test_calls_cost_as_well_as_bytes(n, ops):
+    from partita.parallel.reshard import CALL_BYTES
+
+    have = Placement(((),), ("dp", "tp"))
+    want = Placement.replicated(1)
+    steps = plan_reshard((n,), f32, have, want, DPTP)
+    assert [s.op for s in steps] == ops
+    two_all_reduces = 2 * 4 * n  # each all_reduce of n f32 over 2 ranks sends 4n bytes
+    if len(ops) == 2:
+        assert plan_bytes(steps) == two_all_reduces
+    else:
+        assert plan_bytes(steps) == two_all_reduces * 3 // 4
+        assert plan_cost(steps) < two_all_reduces + 2 * CALL_BYTES
+    run_plan((n,), have, want, DPTP)
 
 
 def test_slice_before_gather_over_another_axis():
