@@ -161,7 +161,7 @@ class _Padder:
         if not roots:
             return self.report
         for v, d, n in found:
-            self.pad_value(v, d, n, zero=True)
+            self.pad_input(v, d, n)
         self.classes = uf
         self.roots = roots
         for node in list(self.g.nodes):
@@ -175,13 +175,14 @@ class _Padder:
             self.report.size, self.report.padded = n, self.padded_size(n)
         return self.report
 
-    def pad_value(self, v: Value, d: int, n: int, zero: bool) -> None:
+    def pad_input(self, v: Value, d: int, n: int) -> None:
+        """Pad dim ``d`` of graph input ``v`` (real size ``n``); the caller pads its arrays
+        with zeros, so its padding holds zeros."""
         shape = list(v.type.shape)
         shape[d] = self.padded_size(n)
         v.type = TensorType(tuple(shape), v.type.dtype)
         self.pads.setdefault(v, {})[d] = n
-        if zero:
-            self.zero.add(v)
+        self.zero.add(v)
 
     def in_class(self, v: Value, d: int) -> int | None:
         """The real size when (v, d) belongs to a padded class, else None."""
@@ -190,12 +191,11 @@ class _Padder:
 
     # --- one node -----------------------------------------------------------------------
     def visit(self, node: Node) -> None:
-        old = [self.real_type(o) for o in node.operands]
-        padded_operands = [i for i, o in enumerate(node.operands) if o in self.pads]
-        spec = sharding_spec(node.op, old, node.attrs)
-        if not padded_operands:
+        if not any(o in self.pads for o in node.operands):
             self.source(node)
             return
+        old = [self.real_type(o) for o in node.operands]
+        spec = sharding_spec(node.op, old, node.attrs)
         if spec is None:
             self.cut_all(node, "has no sharding rule")
             return
