@@ -261,13 +261,15 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None
 
 # --- bucket-gathers --------------------------------------------------------------------------------
 
-def _gathered_param(n: Node) -> bool:
-    """An all_gather along dim 0 of a graph input or a view of one (zero3's gathered copy of
-    a param, a reshape of it)."""
+def _gathered_param(n: Node) -> list[Node] | None:
+    """For an all_gather along dim 0 of a graph input or a view of one (zero3's gathered
+    copy of a param, a reshape of it), the view nodes between (``_input_cone``); else None."""
     if n.op != "all_gather" or not n.operands or n.operands[0].type.numel == 0:
-        return False
+        return None
     t = n.operands[0].type
-    return t.rank >= 1 and n.attrs["dim"] % t.rank == 0 and _input_cone(n) is not None
+    if t.rank < 1 or n.attrs["dim"] % t.rank != 0:
+        return None
+    return _input_cone(n)
 
 
 def bucket_gathers(graph: Graph, size_mb: float = 4.0) -> BucketReport:
@@ -298,7 +300,12 @@ def bucket_gathers(graph: Graph, size_mb: float = 4.0) -> BucketReport:
         users = [pos[u] for u in n.results[0].users]
         return min(users) if users else len(nodes)
 
-    cands = sorted((n for n in nodes if _gathered_param(n) and n.results[0].users), key=lambda n: (first_read(n), pos[n]))
+    cones: dict[Node, list[Node]] = {}
+    for n in nodes:
+        cone = _gathered_param(n)
+        if cone is not None and n.results[0].users:
+            cones[n] = cone
+    cands = sorted(cones, key=lambda n: (first_read(n), pos[n]))
     # A bucket never holds more than a sixteenth of all the gathered bytes (about an eighth
     # of the params, gathered twice a step): on a small model a whole-model bucket would
     # undo what zero3 saves.
@@ -324,7 +331,7 @@ def bucket_gathers(graph: Graph, size_mb: float = 4.0) -> BucketReport:
         first = min((u for m in ms for u in m.results[0].users), key=lambda u: pos[u])
         # The members' operands view graph inputs only: their nodes may move up to the bucket.
         for m in ms:
-            for v in sorted(_input_cone(m) or [], key=pos.__getitem__):
+            for v in sorted(cones[m], key=pos.__getitem__):
                 if pos[v] > pos[first]:
                     graph.move_before(first, v)
         b = Builder(graph).set_insertion_before(first)

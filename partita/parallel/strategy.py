@@ -314,10 +314,7 @@ class _Annotator:
         from .pad import pad_dims
 
         n = self.mesh.axis_size(axis)
-        tables = [node.operands[0] for node in self.g.nodes if node.op == "embedding"
-                  and node.operands[0].is_input and node.operands[0].role == "param"
-                  and node.operands[0] not in self.fixed and _reads_data(node.operands[1])]
-        seeds = [(t, 0) for t in tables if t.type.shape[0] % n]
+        seeds = [(t, 0) for t in self.token_tables() if t.type.shape[0] % n]
         if not seeds:
             return
         sizes = {t.type.shape[0] for t, _ in seeds}
@@ -340,20 +337,27 @@ class _Annotator:
         for why in dict.fromkeys(rep.cut):
             self.notes.append(f"the padded vocabulary is cut back to {rep.size} before {why}")
 
+    def token_tables(self) -> list[Value]:
+        """The embedding tables megatron may split by rows: params not yet placed whose
+        lookups read the data (token ids; not position tables indexed by an iota), in
+        program order, each once."""
+        out: dict[Value, None] = {}
+        for node in self.g.nodes:
+            if node.op != "embedding":
+                continue
+            table = node.operands[0]
+            if table.is_input and table.role == "param" and table not in self.fixed \
+                    and _reads_data(node.operands[1]):
+                out[table] = None
+        return list(out)
+
     def vocab_parallel(self, axis: str) -> None:
         """Split each token embedding table param by rows over ``axis`` (Megatron's
         vocab-parallel embedding; a tied LM head follows it through propagation). A table
         whose indices do not come from the data (positions from an iota) stays whole, as in
         Megatron: it is small, and its lookup would only add a partial sum to reduce."""
         n = self.mesh.axis_size(axis)
-        for node in self.g.nodes:
-            if node.op != "embedding":
-                continue
-            table = node.operands[0]
-            if not (table.is_input and table.role == "param") or table in self.fixed:
-                continue
-            if not _reads_data(node.operands[1]):
-                continue
+        for table in self.token_tables():
             if table.type.shape[0] % n:
                 self.notes.append(f"%{self.name(table)} kept whole over '{axis}': its {table.type.shape[0]} rows "
                                   f"do not split into {n} (pad the vocabulary to a multiple of {n})")
