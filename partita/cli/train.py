@@ -20,8 +20,8 @@ import numpy as np
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Value, input_name
 from ..ir.weights import Weights
-from .memory import analyze, recompute
-from .training import Trainer, training_step
+from ..autodiff.memory import analyze, recompute
+from ..autodiff.training import Trainer, training_step
 
 
 class TrainError(PartitaError):
@@ -93,7 +93,7 @@ def _bar(i: int, n: int, width: int = 24) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..ir.parser import parse_file
     from ..ir.verifier import verify
-    from ..cli import require_weights
+    from . import require_weights
 
     if args.steps < 1:
         raise TrainError(f"--steps must be at least 1, got {args.steps}")

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .ir.diagnostics import PartitaError, WeightsError
-from .ir.graph import Graph, Value, input_name
+from ..ir.diagnostics import PartitaError, WeightsError
+from ..ir.graph import Graph, Value, input_name
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -26,7 +26,7 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 
 DEFAULT_PIPELINE = "canonicalize,cse,fold-constants,dce"
-EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 DEMO_MODEL = EXAMPLES_DIR / "block.pir"
 
 
@@ -96,7 +96,7 @@ def _silence_stdout() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``partita`` command (exposed for tests and docs)."""
-    from . import __version__
+    from .. import __version__
 
     # --debug is accepted before or after the subcommand; SUPPRESS keeps a subparser from
     # resetting a value the main parser already set.
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                    help="numpy: the reference interpreter (default); torch: the torch executor")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    from .runtime.run_cli import add_arguments as _parallel_run_arguments
+    from .run_parallel import add_arguments as _parallel_run_arguments
 
     _parallel_run_arguments(r)
     r.set_defaults(handler=cmd_run)
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", nargs="?", metavar="NAME", help="show only this op, in detail")
     s.set_defaults(handler=cmd_ops)
 
-    from .autodiff.train_cli import add_parser as add_train_parser
+    from .train import add_parser as add_train_parser
 
     add_train_parser(sub, common)
     return p
@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``partita import``: import an ONNX file or a PyTorch factory, verify, write .pir + weights."""
-    from . import save
-    from .ir.verifier import verify
+    from .. import save
+    from ..ir.verifier import verify
 
     out = Path(args.output)
     if out.suffix != ".pir":
@@ -238,7 +238,7 @@ def parse_input_shapes(specs: list[str]) -> dict[str, Sequence[int]]:
 
 
 def _import_onnx_file(path: str, shape_specs: list[str]) -> Graph:
-    from .frontend.onnx import import_onnx
+    from ..frontend.onnx import import_onnx
 
     shapes = parse_input_shapes(shape_specs)
     if not Path(path).exists():
@@ -251,9 +251,9 @@ def example_tensors(types: list[str], seed: int) -> list[Any]:
     [0, 8), bools fair coins); CLIError naming a type that does not parse."""
     import torch
 
-    from .ir.diagnostics import ParseError
-    from .ir.parser import parse_type
-    from .ops._lazy import to_torch_dtype
+    from ..ir.diagnostics import ParseError
+    from ..ir.parser import parse_type
+    from ..ops._lazy import to_torch_dtype
 
     gen = torch.Generator().manual_seed(seed)
     out = []
@@ -299,7 +299,7 @@ def load_factory_module(spec: str) -> Any:
     factory: Any = module
     for part in attr.split("."):
         if not hasattr(factory, part):
-            from .ir.diagnostics import suggest
+            from ..ir.diagnostics import suggest
 
             names = [n for n in dir(factory) if not n.startswith("_")]
             raise CLIError(f"{mod_name} ({getattr(module, '__file__', '?')}) has no '{attr}'"
@@ -321,7 +321,7 @@ def load_factory_module(spec: str) -> Any:
 
 
 def _import_torch_factory(spec: str, example_types: list[str], seed: int) -> Graph:
-    from .frontend.torch_export import import_torch
+    from ..frontend.torch_export import import_torch
 
     model = load_factory_module(spec)
     if not example_types:
@@ -336,10 +336,10 @@ def _import_torch_factory(spec: str, example_types: list[str], seed: int) -> Gra
 
 def cmd_opt(args: argparse.Namespace) -> int:
     """``partita opt``: parse, optimize, print or write."""
-    from . import save
-    from .ir.parser import parse_file
-    from .ir.printer import print_graph
-    from .ir.verifier import verify
+    from .. import save
+    from ..ir.parser import parse_file
+    from ..ir.printer import print_graph
+    from ..ir.verifier import verify
 
     graph = parse_file(args.file)
     verify_each = not args.no_verify
@@ -365,8 +365,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """``partita verify``: parse and verify; check weights when a weights file is present."""
-    from .ir.parser import parse_file
-    from .ir.verifier import verify
+    from ..ir.parser import parse_file
+    from ..ir.verifier import verify
 
     graph = parse_file(args.file)
     verify(graph)
@@ -384,12 +384,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``partita run``: run on random inputs and summarize the outputs."""
-    from . import run
-    from .ir.parser import parse_file
-    from .ir.verifier import verify
+    from .. import run
+    from ..ir.parser import parse_file
+    from ..ir.verifier import verify
 
     if args.mesh or args.nproc or args.strategy:
-        from .runtime.run_cli import RunError, cmd_run_parallel
+        from .run_parallel import RunError, cmd_run_parallel
 
         if not args.mesh:
             raise RunError("a parallel run needs --mesh (e.g. --mesh dp=2,tp=2); --nproc and --strategy go with it")
@@ -413,7 +413,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     """``partita ops``: the op registry as a table, or one op in detail."""
-    from .ops.registry import OPS, get_op
+    from ..ops.registry import OPS, get_op
 
     if args.name:
         print(describe_op(get_op(args.name)))
@@ -439,10 +439,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``partita demo``: optimize the example model and check it numerically."""
-    from . import run
-    from .ir.parser import parse_file
-    from .ir.printer import print_graph
-    from .ir.verifier import verify
+    from .. import run
+    from ..ir.parser import parse_file
+    from ..ir.printer import print_graph
+    from ..ir.verifier import verify
 
     path = DEMO_MODEL
     if not path.exists():
@@ -506,7 +506,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nThe optimized graph computes the same outputs with {len(after)} nodes instead of "
           f"{len(before)}.")
 
-    from .autodiff.train_cli import demo_training
+    from .train import demo_training
 
     say.title("training: the optimized graph as one training step (grad + adamw passes)")
     if not demo_training(after, args.seed):
@@ -515,7 +515,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\nBoth executors run the same training step and agree on every loss; the loss falls as "
           "the block fits the batch.")
 
-    from .runtime.demo import demo_parallel
+    from ..runtime.demo import demo_parallel
 
     say.title("parallel: a GPT-2 training step on a dp=2 x tp=2 mesh of 4 processes")
     if not demo_parallel(args.seed, out_dir=Path("build/demo")):
@@ -527,7 +527,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- helpers shared by the commands ---------------------------------------------------------
 
 def _pass_manager(pipeline: str, **options: Any):
-    from .passes.manager import PassManager
+    from ..passes.manager import PassManager
 
     return PassManager.parse(pipeline, **options)
 
@@ -547,7 +547,7 @@ def weights_path(pir_path: str | os.PathLike) -> Path:
 
 def weight_problems(graph: Graph) -> list[str]:
     """Each param or state input that has no weight, or a weight of another type."""
-    from .ir.dtypes import from_numpy
+    from ..ir.dtypes import from_numpy
 
     problems = []
     for v in graph.inputs:
@@ -607,7 +607,7 @@ def to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "detach"):
-        from .backend.torch_exec import to_numpy as torch_to_numpy
+        from ..backend.torch_exec import to_numpy as torch_to_numpy
 
         return torch_to_numpy(x)
     return np.asarray(x)
@@ -714,8 +714,8 @@ def describe_op(op) -> str:
 
 
 def _format_attr_spec(a) -> str:
-    from .ir.printer import format_attr
-    from .ops.registry import REQUIRED
+    from ..ir.printer import format_attr
+    from ..ops.registry import REQUIRED
 
     if a.default is REQUIRED:
         return f"{a.name}: {a.kind}"

@@ -62,12 +62,12 @@ def cmd_run_parallel(args: argparse.Namespace) -> int:
 
 def _run_parallel(args: argparse.Namespace) -> int:
     from .. import training_step
-    from ..autodiff.train_cli import synthetic_batch
-    from ..cli import require_weights
+    from . import require_weights
+    from .train import synthetic_batch
     from ..ir.parser import parse_file
     from ..ir.verifier import verify
     from ..parallel.strategy import parallelize
-    from .parallel_run import launch
+    from ..runtime.parallel_run import launch
 
     if args.steps < 1:
         raise RunError(f"--steps must be at least 1, got {args.steps}")
@@ -119,7 +119,7 @@ def _run_parallel(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"  rank 0 finished step {step + 1}/{args.steps} in {seconds * 1e3:.1f} ms", file=sys.stderr)
 
-    from .launch import resolve_backend
+    from ..runtime.launch import resolve_backend
 
     print(f"\nrunning {args.steps} step(s) on {n} process(es) ({resolve_backend(args.dist_backend, n)}) ...", flush=True)
     t1 = time.perf_counter()
