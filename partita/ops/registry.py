@@ -8,6 +8,7 @@ branch on op names.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from math import prod
@@ -291,14 +292,85 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
-    """Add ``op`` to ``OPS``, recording where it was defined. Names are unique."""
+    """Add ``op`` to ``OPS``, recording where it was defined. Names are unique, and the record
+    is checked (attribute kinds, defaults, operand names) before it is added, so that a
+    malformed record fails when its module is imported rather than when a graph uses it."""
+    where = op.defined_at or _definition_site(sys._getframe(1))
+    problems = record_problems(op)
     if op.name in OPS:
-        raise ValueError(f"op '{op.name}' registered twice (first at {OPS[op.name].defined_at})")
+        problems.insert(0, f"registered twice (first at {OPS[op.name].defined_at})")
+    if problems:
+        raise ValueError(f"op '{op.name}' at {where}: " + "; ".join(problems))
     if op.defined_at is None:
-        f = sys._getframe(1)
-        object.__setattr__(op, "defined_at", Location(f.f_code.co_filename, f.f_lineno))
+        # The one write to a record, before anyone can see it: OPS does not hold it yet.
+        object.__setattr__(op, "defined_at", where)
     OPS[op.name] = op
     return op
+
+
+_OPS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _definition_site(frame: Any) -> Location:
+    """The line that defines the op: the caller of ``register``, or, when that caller is a
+    family helper (``_unary``, ``_binary``, ...), the line that called the helper. Walks out
+    of function frames while their caller is still inside partita/ops, stopping at module
+    level, so ``partita ops relu`` names relu's own line, not the helper's ``register``."""
+    f = frame
+    while f.f_code.co_name != "<module>" and f.f_back is not None and \
+            os.path.abspath(f.f_back.f_code.co_filename).startswith(_OPS_DIR):
+        f = f.f_back
+    return Location(f.f_code.co_filename, f.f_lineno)
+
+
+def record_problems(op: OpDef) -> list[str]:
+    """What is malformed in ``op`` (empty when nothing): unknown attribute kinds, defaults or
+    choices that do not fit their kind, repeated attribute or operand names, optional
+    operands before required ones, fields that must be functions and are not."""
+    out: list[str] = []
+    if not op.name.isidentifier():
+        out.append("the name must be an identifier (letters, digits, '_')")
+    seen: set[str] = set()
+    for a in op.attrs:
+        if not isinstance(a, AttrSpec):
+            out.append(f"attrs holds {a!r}, not an AttrSpec")
+            continue
+        if a.name in seen:
+            out.append(f"attribute '{a.name}' is declared twice")
+        seen.add(a.name)
+        if a.kind not in ATTR_KINDS:
+            out.append(f"attribute '{a.name}' has kind '{a.kind}'{suggest(a.kind, ATTR_KINDS)}; "
+                       f"the kinds are: {', '.join(ATTR_KINDS)}")
+            continue
+        values = [] if a.default is REQUIRED or a.default is None else [("default", a.default)]
+        values += [("choice", c) for c in a.choices or ()]
+        for what, v in values:
+            try:
+                norm = a.normalize(v, op.name)
+            except AttributeError_ as e:
+                out.append(f"attribute '{a.name}': the {what} does not fit ({e})")
+                continue
+            if not _same(norm, v):
+                # Defaults go into nodes as written: a non-canonical one (an int for a float,
+                # a list for ints) would print and compare differently from a parsed value.
+                out.append(f"attribute '{a.name}': {what} {v!r} is not in canonical form (write {norm!r})")
+    names: set[str] = set()
+    optional = False
+    for o in op.operands:
+        base = o.lstrip("*").rstrip("?")
+        if not base.isidentifier():
+            out.append(f"operand '{o}' is not a name (with an optional leading '*' or trailing '?')")
+        if base in names:
+            out.append(f"operand '{base}' is declared twice")
+        names.add(base)
+        if o.endswith("?"):
+            optional = True
+        elif optional:
+            out.append(f"operand '{o}' follows an optional operand (only trailing operands may be optional)")
+    for fname in ("infer", "reference", "torch", "cost"):
+        if not callable(getattr(op, fname)):
+            out.append(f"{fname} must be a function, got {getattr(op, fname)!r}")
+    return out
 
 
 def get_op(name: str) -> OpDef:
