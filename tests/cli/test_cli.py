@@ -290,6 +290,16 @@ def test_ops_one_op(capsys):
     assert "commutative" in out and "right identity 0" in out
 
 
+def test_ops_names_the_line_that_defines_the_op(capsys):
+    # relu is registered by the _unary helper; the record names relu's own line, not the
+    # helper's register call.
+    src = Path(partita.__file__).parent / "ops" / "elementwise.py"
+    line = next(i for i, text in enumerate(src.read_text().splitlines(), 1) if text.startswith('_unary("relu"'))
+    rc, out, _ = call(capsys, "ops", "relu")
+    assert rc == 0
+    assert f"defined at partita/ops/elementwise.py:{line}" in out
+
+
 def test_ops_unknown_op(capsys):
     rc, _, err = call(capsys, "ops", "ad")
     assert rc == 1
