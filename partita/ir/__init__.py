@@ -1,4 +1,5 @@
-"""partita's IR: dtypes, tensor types, the SSA graph, its text form and its verifier."""
+"""partita's IR: dtypes, tensor types, meshes and placements, the SSA graph, its text form and
+its verifier."""
 
 from .attrs import DenseAttr
 from .builder import Builder
@@ -6,7 +7,9 @@ from .diagnostics import (ExecutionError, GraphEditError, ParseError, PartitaErr
                           TypeRuleError, UnknownOpError, VerifyError, WeightsError)
 from .dtypes import DTYPES, DType, bf16, bool_, f16, f32, f64, i8, i16, i32, i64, promote, u8
 from .graph import Graph, Node, Value
+from .mesh import Mesh, MeshError
 from .parser import parse, parse_file
+from .placement import Placement, PlacementError
 from .printer import print_graph
 from .types import Location, TensorType
 from .verifier import verify
@@ -16,5 +19,6 @@ __all__ = [
     "DenseAttr", "Builder", "ExecutionError", "GraphEditError", "ParseError", "PartitaError", "PassError",
     "TypeRuleError", "UnknownOpError", "VerifyError", "WeightsError", "DTYPES", "DType", "bf16", "bool_",
     "f16", "f32", "f64", "i8", "i16", "i32", "i64", "promote", "u8", "Graph", "Node", "Value", "parse",
-    "parse_file", "print_graph", "Location", "TensorType", "verify", "Weights",
+    "parse_file", "print_graph", "Location", "TensorType", "verify", "Weights", "Mesh", "MeshError",
+    "Placement", "PlacementError",
 ]

@@ -18,9 +18,9 @@ from .diagnostics import GraphEditError
 from .types import Location, TensorType
 from .weights import Weights
 
-if TYPE_CHECKING:  # data records of the parallel layer; the IR only stores and compares them
-    from ..parallel.mesh import Mesh
-    from ..parallel.placement import Placement
+if TYPE_CHECKING:  # the IR's records of meshes and placements (graph.mesh, value.placement)
+    from .mesh import Mesh
+    from .placement import Placement
 
 ROLES = ("input", "param", "state")
 _GAP = 1 << 20

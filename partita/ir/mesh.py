@@ -5,6 +5,11 @@ the last axis varies fastest, so rank ``r`` has coordinates ``(r // 4, r % 4)`` 
 that share a ``dp`` coordinate (one ``tp`` group) are consecutive, which keeps tensor-parallel
 traffic between neighbouring devices. A collective "over axis tp" runs within each group of
 ranks that differ only in their ``tp`` coordinate.
+
+A mesh is a record of the IR (``Graph.mesh``, ``mesh(...)`` in the text form): the parser,
+the printer and the graph store and compare it. The rank mapping lives here because it is
+what the axes mean; the layers above (partita/parallel, partita/runtime) compute with it.
+``partita.parallel.mesh`` re-exports these names.
 """
 
 from __future__ import annotations

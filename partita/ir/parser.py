@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +18,9 @@ from .attrs import DenseAttr
 from .diagnostics import AttributeError_, GraphEditError, ParseError, PartitaError
 from .dtypes import DTYPES
 from .graph import ROLES, Graph, Node, Value, bulk_build
+from .mesh import Mesh
+from .placement import Placement, PlacementError
 from .types import Location, TensorType
-
-if TYPE_CHECKING:
-    from ..parallel.mesh import Mesh
-    from ..parallel.placement import Placement
 
 _TOKEN = re.compile(
     r"""
@@ -409,15 +407,11 @@ class _Parser:
             self.expect(")", "',' or ')' in partial(...)")
         if splits is None and not partial:
             return t, None, spans
-        from ..parallel.placement import Placement
-
         return t, Placement(tuple(splits) if splits is not None else ((),) * len(dims), tuple(partial)), spans
 
     def check_placement(self, t: TensorType, p: Placement, spans: dict, what: str) -> None:
         """Check a placement read from the text against the graph's mesh; errors point at the
         offending part (the axis, the dim size, the partial entry)."""
-        from ..parallel.placement import PlacementError
-
         mesh = self.mesh
         if mesh is None:
             raise self.error_at(spans["first"], f"{what} has a placement, but the graph has no mesh; declare "
@@ -435,8 +429,6 @@ class _Parser:
 
     def parse_mesh(self) -> Mesh:
         """``mesh(dp=2, tp=2)`` at the end of the graph signature."""
-        from ..parallel.mesh import Mesh
-
         self.advance()
         self.expect("(", "'(' after mesh, like mesh(dp=2, tp=2)")
         axes: list[tuple[str, int]] = []

@@ -8,7 +8,8 @@ along such an axis holds a summand, and the global value is their sum. A placeme
 splits and no partial axes is replicated: every rank holds the whole tensor.
 
 Placements are data of the IR (``Value.placement``, printed in the text form); whether they
-are consistent with the ops is the sharding rules' business, not this module's.
+are consistent with the ops is the sharding rules' business (partita/parallel/sharding.py),
+not this module's. ``partita.parallel.placement`` re-exports these names.
 """
 
 from __future__ import annotations
