@@ -32,7 +32,8 @@ within this rank's group. They are not group-wide: their effect is {"p2p"} and t
 The semantics over a whole group are each record's ``collective`` function (NumPy), run by
 ``partita.parallel.simulate.run_mesh``. The single-process ``reference`` only covers a group
 of one rank. The ``torch`` implementations call ``torch.distributed`` on the group that
-``partita.parallel.comm`` holds for the axis. All are effectful ({"collective"}): passes
+this process's table holds for the axis (process_groups.py, filled in through
+``partita.parallel.comm``). All are effectful ({"collective"}): passes
 never drop, merge or reorder them, since every rank of a group must issue the same
 collectives in the same order.
 
@@ -51,6 +52,7 @@ from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.dtypes import i64
 from ..ir.types import TensorType
 from ._lazy import carrier_dtype, torch
+from .process_groups import group
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axis, register
 
 REDUCE_OPS = ("sum", "max", "min", "avg")
@@ -226,8 +228,6 @@ def _dist():
 
 
 def _group(name: str, attrs: dict):
-    from ..parallel.comm import group  # the per-process axis -> ProcessGroup map
-
     dist = _dist()
     g = group(attrs["axis"])
     size = dist.get_world_size(g)

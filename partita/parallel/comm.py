@@ -1,13 +1,11 @@
-"""The process groups a rank's collectives run on: mesh axis -> torch.distributed group.
+"""The process groups of a mesh: building them, and the names of the table that holds them.
 
-A per-rank program names its collectives by mesh axis (``all_reduce {axis="tp"}``); which
-ranks that means depends on the rank running it. Each process therefore records, once, the
-``torch.distributed`` ProcessGroup of its own group along every mesh axis, and the torch
-implementations of the collective ops (partita/ops/collective.py) look it up here.
-
-The map is process-wide (a module global, not a context variable) because one process is
-one rank: executor threads and the thread that set the groups must see the same map.
-``use_groups`` sets it for a ``with`` block and restores the previous map afterwards.
+``new_mesh_groups`` creates the ``torch.distributed`` groups of every axis of a mesh and
+returns this rank's (mesh axis -> ProcessGroup). The table the collectives read them from
+is below the ops, in partita/ops/process_groups.py, since the ops' torch implementations
+look groups up there; this module re-exports its names (``set_groups``, ``use_groups``,
+``clear_groups``, ``current_groups``, ``group``, ``CommError``), so
+``partita.parallel.comm.set_groups(new_mesh_groups(mesh))`` is how a rank sets its groups.
 
 Group-local ranks must follow mesh coordinates (group rank i = coordinate i along the axis).
 ``new_mesh_groups`` builds groups that do: ``torch.distributed.new_group`` orders a group's
@@ -16,59 +14,13 @@ ranks by global rank, and ``Mesh.group_of`` lists a group in increasing global r
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-from ..ir.diagnostics import ExecutionError
+from ..ops.process_groups import (CommError, clear_groups, current_groups, group, set_groups,  # noqa: F401
+                                  use_groups)
 from .mesh import Mesh
 
-
-class CommError(ExecutionError):
-    """A collective ran without the process group it needs (the message says how to set it)."""
-
-
-_groups: dict[str, Any] = {}
-
-
-def set_groups(groups: Mapping[str, Any]) -> dict[str, Any]:
-    """Make ``groups`` (mesh axis name -> ProcessGroup of this rank's group along that axis)
-    the map the collectives of this process use; returns the previous map."""
-    global _groups
-    previous = _groups
-    _groups = dict(groups)
-    return previous
-
-
-def clear_groups() -> None:
-    """Forget every group (collectives over an axis larger than one rank then fail clearly)."""
-    set_groups({})
-
-
-def current_groups() -> dict[str, Any]:
-    """A copy of the map in force."""
-    return dict(_groups)
-
-
-@contextmanager
-def use_groups(groups: Mapping[str, Any]) -> Iterator[None]:
-    """Run a block with ``groups`` in force, restoring the previous map afterwards."""
-    previous = set_groups(groups)
-    try:
-        yield
-    finally:
-        set_groups(previous)
-
-
-def group(axis: str) -> Any:
-    """The ProcessGroup of this rank's group along mesh axis ``axis``."""
-    try:
-        return _groups[axis]
-    except KeyError:
-        have = ", ".join(sorted(_groups)) or "none"
-        raise CommError(
-            f"no process group for mesh axis '{axis}' in this process (groups set: {have}); call "
-            f"partita.parallel.comm.set_groups(new_mesh_groups(mesh)) after "
-            f"torch.distributed.init_process_group, before running the per-rank program") from None
+__all__ = ["CommError", "clear_groups", "current_groups", "group", "new_mesh_groups", "set_groups", "use_groups"]
 
 
 def new_mesh_groups(mesh: Mesh | str, rank: int | None = None, backend: str | None = None,
