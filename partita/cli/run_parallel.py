@@ -62,7 +62,7 @@ def cmd_run_parallel(args: argparse.Namespace) -> int:
 
 def _run_parallel(args: argparse.Namespace) -> int:
     from .. import training_step
-    from . import require_weights
+    from .common import require_weights
     from .train import synthetic_batch
     from ..ir.parser import parse_file
     from ..ir.verifier import verify

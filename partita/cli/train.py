@@ -93,7 +93,7 @@ def _bar(i: int, n: int, width: int = 24) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..ir.parser import parse_file
     from ..ir.verifier import verify
-    from . import require_weights
+    from .common import require_weights
 
     if args.steps < 1:
         raise TrainError(f"--steps must be at least 1, got {args.steps}")

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import partita
-from partita import cli
-from partita.cli import main
+from partita.cli import common, main
+from partita.cli import run as run_command
+from partita.cli import verify as verify_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,14 +131,14 @@ def test_run_summarizes_outputs(capsys, small, backend):
     rc, out, err = call(capsys, "run", small, "--backend", backend, "--seed", "3")
     assert rc == 0, err
     g = partita.load(small)
-    inputs = cli.random_inputs(g, 3)
+    inputs = common.random_inputs(g, 3)
     expected = partita.run(g, inputs)  # the reference interpreter is the oracle
     lines = out.splitlines()
     assert lines[0].startswith(f"@small on {backend}")
     row0 = next(line for line in lines if line.startswith("%0 "))
     row1 = next(line for line in lines if line.startswith("%1 "))
     assert "f32[2,3]" in row0 and "bool[2,3]" in row1
-    for field in cli.summary_fields(expected[0]):
+    for field in common.summary_fields(expected[0]):
         assert field in row0
     n_true = int(expected[1].sum())
     assert f"({n_true}/6 true)" in row1
@@ -153,7 +154,7 @@ def test_random_inputs_follow_the_dtypes():
     g = partita.parse("""graph @g(%a: f32[64], %i: i64[64], %m: bool[64], %h: bf16[4], %p: f32[2] param) -> (f32[64]) {
   return %a
 }""")
-    ins = cli.random_inputs(g, 0)
+    ins = common.random_inputs(g, 0)
     assert set(ins) == {"a", "i", "m", "h"}  # params come from the weights, not from here
     assert ins["a"].dtype == np.float32 and abs(float(ins["a"].mean())) < 0.5 and ins["a"].std() > 0.5
     assert ins["i"].dtype == np.int64 and ins["i"].min() >= 0 and ins["i"].max() < 8
@@ -185,18 +186,18 @@ def test_run_graph_without_params_needs_no_weights(capsys, tmp_path):
 
 
 def test_summary_counts_nan_and_inf():
-    fields = cli.summary_fields(np.array([1.0, np.nan, np.inf, 3.0], np.float32))
+    fields = common.summary_fields(np.array([1.0, np.nan, np.inf, 3.0], np.float32))
     assert fields[0] == "1" and fields[1] == "3" and fields[2] == "2"
     assert "(1 nan, 1 inf)" in fields[4]
 
 
 def test_compare_tolerances_and_nan():
     a = [np.array([1.0, np.nan, np.inf], np.float32)]
-    assert cli.compare(a, [a[0].copy()], 1e-4, 1e-5) == (0.0, True)
-    diff, ok = cli.compare(a, [np.array([1.001, np.nan, np.inf], np.float32)], 1e-4, 1e-5)
+    assert common.compare(a, [a[0].copy()], 1e-4, 1e-5) == (0.0, True)
+    diff, ok = common.compare(a, [np.array([1.001, np.nan, np.inf], np.float32)], 1e-4, 1e-5)
     assert not ok and diff == pytest.approx(1e-3, rel=1e-3)
-    assert cli.compare(a, [np.array([1.0, 2.0, np.inf], np.float32)], 1e-4, 1e-5) == (float("inf"), False)
-    assert cli.compare([np.zeros(2)], [np.zeros(3)], 1e-4, 1e-5)[1] is False
+    assert common.compare(a, [np.array([1.0, 2.0, np.inf], np.float32)], 1e-4, 1e-5) == (float("inf"), False)
+    assert common.compare([np.zeros(2)], [np.zeros(3)], 1e-4, 1e-5)[1] is False
 
 
 # --- opt ------------------------------------------------------------------------------------
@@ -329,7 +330,7 @@ def test_internal_error_exit_3_and_debug_traceback(capsys, small, monkeypatch):
     def broken(args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "cmd_verify", broken)
+    monkeypatch.setattr(verify_command, "cmd_verify", broken)
     rc, _, err = call(capsys, "verify", small)
     assert rc == 3
     assert "internal error: RuntimeError: boom" in err and "--debug" in err
@@ -349,7 +350,7 @@ def test_keyboard_interrupt_exit_1(capsys, small, monkeypatch):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_run", interrupted)
+    monkeypatch.setattr(run_command, "cmd_run", interrupted)
     rc, _, err = call(capsys, "run", small)
     assert rc == 1
     assert err == "error: interrupted\n"
@@ -358,12 +359,12 @@ def test_keyboard_interrupt_exit_1(capsys, small, monkeypatch):
 # --- demo and the example model -----------------------------------------------------------------
 
 def test_example_model_is_small_valid_and_reproducible(tmp_path):
-    pir = cli.DEMO_MODEL
+    pir = common.DEMO_MODEL
     st = pir.with_suffix(".safetensors")
     assert st.stat().st_size < 200_000
     g = partita.load(pir)
     partita.verify(g)
-    assert cli.weight_problems(g) == []
+    assert common.weight_problems(g) == []
     # The committed weights are exactly what the generator script makes.
     sys.path.insert(0, str(pir.parent))
     try:

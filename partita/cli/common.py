@@ -1,0 +1,273 @@
+"""What the commands of ``partita`` share: exit codes, the error handling that turns an
+exception into one message and an exit code, the weights beside a ``.pir`` file, random
+inputs, and text tables.
+
+Exit codes: 0 success, 1 an error the user can fix (a ``PartitaError``, a missing file, an
+interrupt), 2 a usage error (bad flags), 3 an internal error (a bug in partita). Errors
+print as one ``error: ...`` message without a traceback; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.diagnostics import PartitaError, WeightsError
+from ..ir.graph import Graph, Value, input_name
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+DEFAULT_PIPELINE = "canonicalize,cse,fold-constants,dce"
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+DEMO_MODEL = EXAMPLES_DIR / "block.pir"
+
+
+class CLIError(PartitaError):
+    """A problem with what was asked of the command line (not with the IR itself)."""
+
+# --- errors and exit codes ------------------------------------------------------------------
+
+def run_command(handler: Callable[[argparse.Namespace], int | None], args: argparse.Namespace,
+                debug: bool) -> int:
+    """Run one command's handler and turn what it raises into a message and an exit code."""
+    try:
+        return handler(args) or EXIT_OK
+    except BrokenPipeError:
+        # The reader of our stdout went away (e.g. `partita ops | head`): not an error of ours.
+        silence_stdout()
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        report(debug, "error: interrupted")
+        return EXIT_ERROR
+    except PartitaError as e:
+        report(debug, user_message(e))
+        return EXIT_ERROR
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        report(debug, f"error: {where}{e.strerror or e}")
+        return EXIT_ERROR
+    except Exception as e:
+        report(debug, f"internal error: {type(e).__name__}: {e}\n"
+                      "This is a bug in partita, not in your input. "
+                      "Run the same command with --debug to see the traceback.")
+        return EXIT_INTERNAL
+
+
+def user_message(e: PartitaError) -> str:
+    msg = str(e) or type(e).__name__
+    # Parse and verifier errors already read "file:line:col: error: ...", the usual
+    # compiler form; prefixing another "error:" would only add noise.
+    first = msg.split("\n", 1)[0]
+    return msg if ": error: " in first or first.startswith("error: ") else f"error: {msg}"
+
+
+def report(debug: bool, message: str) -> None:
+    if debug:
+        traceback.print_exc(file=sys.stderr)
+    print(message, file=sys.stderr)
+
+
+def silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (e.g. captured in tests): nothing to silence
+
+
+# --- helpers shared by the commands ---------------------------------------------------------
+
+def pass_manager(pipeline: str, **options: Any):
+    from ..passes.manager import PassManager
+
+    return PassManager.parse(pipeline, **options)
+
+
+def name_list(values: list[str]) -> tuple[str, ...]:
+    """Flags given several times or as 'a,b' both become ('a', 'b')."""
+    out: list[str] = []
+    for v in values:
+        out.extend(x.strip() for x in v.split(",") if x.strip())
+    return tuple(out)
+
+
+def weights_path(pir_path: str | os.PathLike) -> Path:
+    """Where the weights of a ``.pir`` file live: the ``.safetensors`` file beside it."""
+    return Path(pir_path).with_suffix(".safetensors")
+
+
+def weight_problems(graph: Graph) -> list[str]:
+    """Each param or state input that has no weight, or a weight of another type."""
+    from ..ir.dtypes import from_numpy
+
+    problems = []
+    for v in graph.inputs:
+        if v.role == "input":
+            continue
+        name = input_name(v)
+        if name not in graph.weights:
+            problems.append(f"no weight for %{name} ({v.role}, {v.type})")
+            continue
+        a = graph.weights[name]
+        got = f"{from_numpy(a.dtype).name}[{','.join(map(str, a.shape))}]"
+        if got != str(v.type):
+            problems.append(f"%{v.name} ({v.role}) is {v.type} in the graph but {got} in the weights file")
+    return problems
+
+
+def require_weights(graph: Graph, pir_path: str | os.PathLike) -> None:
+    """Raise a WeightsError naming the weights file and each param/state it fails to supply."""
+    needed = [v for v in graph.inputs if v.role != "input"]
+    if not needed:
+        return
+    wpath = weights_path(pir_path)
+    if not wpath.exists():
+        names = ", ".join(f"%{v.name}" for v in needed)
+        raise WeightsError(f"{pir_path} needs weights for {len(needed)} param/state input(s) ({names}), "
+                           f"but {wpath} does not exist; put the weights there (partita.save writes "
+                           "both files)")
+    problems = weight_problems(graph)
+    if problems:
+        raise WeightsError(f"{wpath} does not match {pir_path}: " + "; ".join(problems))
+
+
+def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """Random arrays for the ``input``-role values of ``graph``, reproducible from ``seed``.
+
+    Floats are standard normal, integers uniform in [0, 8) (small enough to be valid
+    indices into most dimensions), bools fair coin flips.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for v in graph.inputs:
+        if v.role != "input":
+            continue
+        t = v.type
+        if t.dtype.is_float:
+            a = rng.standard_normal(t.shape).astype(t.dtype.np)
+        elif t.dtype.is_int:
+            a = rng.integers(0, 8, size=t.shape).astype(t.dtype.np)
+        else:
+            a = rng.random(t.shape) < 0.5
+        out[input_name(v)] = np.asarray(a)
+    return out
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A NumPy array from a NumPy array or a torch tensor (bf16 included)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):
+        from ..backend.torch_exec import to_numpy as torch_to_numpy
+
+        return torch_to_numpy(x)
+    return np.asarray(x)
+
+
+def summary_fields(a: np.ndarray, first: int = 4) -> list[str]:
+    """min, max, mean, std and the first few values of an array, as display strings.
+
+    Statistics are over the finite values (computed in f64); NaN and infinity are counted
+    separately so they cannot hide.
+    """
+    flat = np.asarray(a).reshape(-1)
+    if flat.size == 0:
+        return ["-", "-", "-", "-", "(empty)"]
+    head = ", ".join(fmt_value(x) for x in flat[:first].tolist())
+    if flat.size > first:
+        head += ", ..."
+    head = f"[{head}]"
+    if flat.dtype == np.bool_:
+        n = int(flat.sum())
+        return ["false" if n < flat.size else "true", "true" if n else "false",
+                f"{n / flat.size:.3g}", "-", f"{head} ({n}/{flat.size} true)"]
+    x = flat.astype(np.float64)
+    finite = np.isfinite(x)
+    bad = flat.size - int(finite.sum())
+    if bad:
+        n_nan = int(np.isnan(x).sum())
+        head += f" ({n_nan} nan, {bad - n_nan} inf)"
+        x = x[finite]
+        if x.size == 0:
+            return ["-", "-", "-", "-", head]
+    return [fmt_value(x.min()), fmt_value(x.max()), f"{x.mean():.4g}", f"{x.std():.4g}", head]
+
+
+def fmt_value(x: Any) -> str:
+    if isinstance(x, (bool, np.bool_)):
+        return "true" if x else "false"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return f"{float(x):.4g}"
+
+
+def compare(xs: list[np.ndarray], ys: list[np.ndarray], rtol: float, atol: float) -> tuple[float, bool]:
+    """The largest |x - y| over pairs of arrays, and whether all agree within tolerances.
+
+    NaN in the same place on both sides counts as agreement (same as ``equal_nan``).
+    """
+    worst = 0.0
+    ok = len(xs) == len(ys)
+    for x, y in zip(xs, ys):
+        if x.shape != y.shape:
+            return float("inf"), False
+        a, b = x.astype(np.float64), y.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            d = np.abs(a - b)
+        same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+        d = np.where(same_special, 0.0, d)
+        d = np.where(np.isnan(d), np.inf, d)  # NaN against a number: as different as can be
+        if d.size:
+            worst = max(worst, float(d.max()))
+        ok &= bool(np.all(d <= atol + rtol * np.where(np.isfinite(b), np.abs(b), 0.0)))
+    return worst, ok
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned text columns, two spaces apart, with a rule under the header."""
+    cols = len(header)
+    widths = [len(h) for h in header]
+    for r in rows:
+        for i in range(cols):
+            widths[i] = max(widths[i], len(r[i]))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def display_name(v: Value, i: int) -> str:
+    return v.name if v.name is not None else f"out{i}"
+
+
+def short(path: str | os.PathLike) -> str:
+    """A path relative to the current directory when that is shorter."""
+    p = Path(path)
+    try:
+        rel = os.path.relpath(p)
+    except ValueError:
+        return str(p)
+    return rel if len(rel) < len(str(p)) else str(p)
+
+
+class Section:
+    """Prints section titles, separated by a blank line."""
+
+    def __init__(self) -> None:
+        self.first = True
+
+    def title(self, text: str) -> None:
+        if not self.first:
+            print()
+        self.first = False
+        print(f"== {text} ==")

@@ -1,0 +1,57 @@
+"""``partita opt``: run a pass pipeline over a ``.pir`` file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import DEFAULT_PIPELINE, EXIT_OK, name_list, pass_manager
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    o = sub.add_parser("opt", parents=[common], help="run a pass pipeline over a .pir file",
+                       description="Run a pass pipeline over FILE and print the optimized IR (or write it "
+                                   "with -o; weights beside FILE are written beside OUT).")
+    o.add_argument("file", metavar="FILE.pir")
+    o.add_argument("--passes", default=DEFAULT_PIPELINE, metavar="PIPELINE",
+                   help=f"comma-separated pass names, e.g. 'cse,dce' (default: {DEFAULT_PIPELINE})")
+    o.add_argument("-o", "--output", metavar="OUT.pir", help="write the IR to OUT.pir instead of stdout")
+    o.add_argument("--timing", action="store_true", help="print time per pass to stderr")
+    o.add_argument("--print-ir-before", action="append", default=[], metavar="NAME|all",
+                   help="print the IR to stderr before pass NAME (repeatable, or comma-separated)")
+    o.add_argument("--print-ir-after", action="append", default=[], metavar="NAME|all",
+                   help="print the IR to stderr after pass NAME (repeatable, or comma-separated)")
+    o.add_argument("--no-verify", action="store_true",
+                   help="skip the verifier on the input and between passes (faster, less safe)")
+    o.set_defaults(handler=cmd_opt)
+
+
+def cmd_opt(args: argparse.Namespace) -> int:
+    """``partita opt``: parse, optimize, print or write."""
+    from .. import save
+    from ..ir.parser import parse_file
+    from ..ir.printer import print_graph
+    from ..ir.verifier import verify
+
+    graph = parse_file(args.file)
+    verify_each = not args.no_verify
+    if verify_each:
+        # The manager would also reject invalid input, but a plain verifier error reads better.
+        verify(graph)
+    pm = pass_manager(args.passes, verify_each=verify_each, timing=args.timing,
+                       print_ir_before=name_list(args.print_ir_before),
+                       print_ir_after=name_list(args.print_ir_after))
+    before = len(graph)
+    result = pm.run(graph)  # with timing=True the manager prints its table to stderr
+    if args.output:
+        out = Path(args.output)
+        save(result, out)
+        extra = ""
+        if len(result.weights):
+            extra = f" and {out.with_suffix('.safetensors')} ({len(result.weights)} tensors)"
+        print(f"wrote {out} ({len(result)} nodes, was {before}){extra}", file=sys.stderr)
+    else:
+        sys.stdout.write(print_graph(result))
+    return EXIT_OK
