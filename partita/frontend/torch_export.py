@@ -218,17 +218,6 @@ def _permute(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
     return cx.emit("transpose", x, perm=tuple(_axis(d, x.type.rank) for d in dims))
 
 
-def _transpose(cx: _Converter, x: Value, d0: int, d1: int) -> Value:
-    perm = list(range(x.type.rank))
-    d0, d1 = _axis(d0, x.type.rank), _axis(d1, x.type.rank)
-    perm[d0], perm[d1] = perm[d1], perm[d0]
-    return cx.emit("transpose", x, perm=tuple(perm))
-
-
-def _t(cx: _Converter, x: Value) -> Value:
-    return x if x.type.rank < 2 else cx.emit("transpose", x, perm=(1, 0))
-
-
 def _reshape(cx: _Converter, x: Value, shape: Sequence[int]) -> Value:
     return cx.emit("reshape", x, shape=tuple(shape))
 
@@ -382,10 +371,6 @@ def _sum(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtyp
     return cx.emit("sum", x, axes=_reduce_axes(x, dims), keepdim=keepdim)
 
 
-def _sum_all(cx: _Converter, x: Value, dtype: Any = None) -> Value:
-    return _sum(cx, x, None, False, dtype)
-
-
 def _mean_all(cx: _Converter, x: Value, dtype: Any = None) -> Value:
     return _mean(cx, x, None, False, dtype)
 
@@ -409,12 +394,6 @@ def _cat(cx: _Converter, tensors: Sequence[Value], dim: int = 0) -> Value:
 def _split_sizes(cx: _Converter, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
     out = cx.emit("split", x, axis=_axis(dim, x.type.rank), sizes=tuple(sizes))
     return out if isinstance(out, tuple) else (out,)
-
-
-def _split(cx: _Converter, x: Value, size: int, dim: int = 0) -> tuple:
-    n = x.type.shape[_axis(dim, x.type.rank)]
-    sizes = [size] * (n // size) + ([n % size] if n % size else [])
-    return _split_sizes(cx, x, sizes, dim)
 
 
 def _slice(cx: _Converter, x: Value, dim: int = 0, start: int | None = None, end: int | None = None,
@@ -455,9 +434,8 @@ def _scalar_tensor(cx: _Converter, value: Any, **kwargs: Any) -> Value:
     return cx.scalar(value, cx.out_type().dtype)
 
 
-def _arange(cx: _Converter, *args: Any, **kwargs: Any) -> Value:
-    # arange(end), arange(start, end) and arange(start, end, step) share this converter.
-    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+def _arange(cx: _Converter, start: Any, end: Any, step: Any = 1, **kwargs: Any) -> Value:
+    # The decompositions turn arange(end) and arange(start, end) into this overload.
     t = cx.out_type()
     y = cx.emit("iota", shape=t.shape, dtype=t.dtype)
     if step != 1:
@@ -732,21 +710,14 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.addmm.default: _addmm,
     aten.mm.default: _matmul,
     aten.bmm.default: _matmul,
-    aten.matmul.default: _matmul,
     # movement
-    aten.t.default: _t,
     aten.permute.default: _permute,
-    aten.transpose.int: _transpose,
     aten.view.default: _reshape,
     aten.reshape.default: _reshape,
-    aten._unsafe_view.default: _reshape,
     aten.expand.default: _expand,
     aten.unsqueeze.default: _unsqueeze,
-    aten.squeeze.default: _squeeze,
-    aten.squeeze.dim: _squeeze,
     aten.squeeze.dims: _squeeze,
     aten.cat.default: _cat,
-    aten.split.Tensor: _split,
     aten.split_with_sizes.default: _split_sizes,
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
@@ -756,7 +727,6 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     # copies and casts
     aten.clone.default: _identity,
     aten.alias.default: _identity,
-    aten.detach.default: _identity,
     aten.lift_fresh_copy.default: _identity,
     aten._to_copy.default: _to_copy,
     # activations and unary math
@@ -816,12 +786,10 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.avg_pool2d.default: _avg_pool(2),
     aten.avg_pool3d.default: _avg_pool(3),
     aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
-    aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     # reductions
     aten.mean.dim: _mean,
     aten.mean.default: _mean_all,
     aten.sum.dim_IntList: _sum,
-    aten.sum.default: _sum_all,
     aten.amax.default: _amax_amin("max"),
     aten.amin.default: _amax_amin("min"),
     aten.argmax.default: _argmax_argmin("argmax"),
@@ -832,8 +800,6 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.full.default: _full,
     aten.full_like.default: _full_like,
     aten.scalar_tensor.default: _scalar_tensor,
-    aten.arange.default: _arange,
-    aten.arange.start: _arange,
     aten.arange.start_step: _arange,
 }
 for _name, _op in _COMPARISONS.items():
@@ -1049,9 +1015,10 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
 
 
 def decomposition_table() -> Any:
-    """The core ATen decompositions, except that scaled_dot_product_attention stays whole:
-    its decomposition fails on common attention code (a view of a transposed tensor), and
-    it converts to one fused ``attention`` op per layer here."""
+    """The decompositions the importer runs: PyTorch's core ATen table without the ops in
+    ``_KEEP_WHOLE``. A converter in ``ATEN_TO_PARTITA`` runs only for an op this table leaves
+    whole; for any op in the table torch.export has already broken it into smaller ops
+    before a converter could see it (tests/frontend/test_torch_export.py checks this)."""
     table = torch.export.default_decompositions()
     for op in _KEEP_WHOLE:
         if op in table:
@@ -1059,7 +1026,15 @@ def decomposition_table() -> Any:
     return table
 
 
-_KEEP_WHOLE = (aten.scaled_dot_product_attention.default,)
+# Ops the core ATen table would decompose but that partita has whole, so that their converter
+# runs (each is an op the table would otherwise break up; the test checks that too):
+_KEEP_WHOLE = (
+    # Its decomposition fails on common attention code (a view of a transposed tensor), and
+    # it converts to one fused ``attention`` op per layer.
+    aten.scaled_dot_product_attention.default,
+    # The table spells it sigmoid(x) * x; partita's silu has one fused gradient (silu_grad).
+    aten.silu.default,
+)
 
 
 def _unsupported_message(model: str, problems: list[tuple[str, Location | None, str]]) -> str:
@@ -1070,5 +1045,7 @@ def _unsupported_message(model: str, problems: list[tuple[str, Location | None, 
         where = str(loc) if loc else "<unknown location>"
         lines.append(f"  {where}: {op}" + ("" if why == "no converter" else f": {why}"))
     lines.append("add a converter to ATEN_TO_PARTITA in partita/frontend/torch_export.py, or rewrite the "
-                 "model code at these lines")
+                 "model code at these lines (a converter runs only for an op the decomposition table leaves "
+                 "whole: to convert an op that the table breaks up, such as aten.hardswish, also add it to "
+                 "_KEEP_WHOLE there; see docs/adding-an-op.md)")
     return "\n".join(lines)

@@ -434,6 +434,43 @@ def test_a_converter_that_cannot_take_the_arguments_is_reported_not_crashed(monk
         partita.import_torch(nn.ReLU(), (torch.randn(2, 3),))
 
 
+def test_every_converter_runs_on_an_op_the_decompositions_leave_whole() -> None:
+    # torch.export decomposes every op in the table before any converter runs: a converter
+    # keyed by such an op would never fire (as aten.silu's did, F.silu arriving as sigmoid *
+    # x). Each converter's op must be one the table leaves whole, or be kept whole on purpose.
+    table = torch_export.decomposition_table()
+    dead = sorted(str(op) for op in torch_export.ATEN_TO_PARTITA if op in table)
+    assert not dead, (f"converters that never run, their ops being decomposed first: {dead}; add each op to "
+                      "_KEEP_WHOLE in partita/frontend/torch_export.py, or remove the converter")
+    core = torch.export.default_decompositions()
+    for op in torch_export._KEEP_WHOLE:
+        assert op in torch_export.ATEN_TO_PARTITA, f"{op} is kept whole but has no converter"
+        assert op in core, f"{op} is kept whole, but the core table does not decompose it anyway"
+
+
+class SiLU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x) + nn.SiLU()(x * 2)
+
+
+def test_silu_imports_as_the_silu_op_and_matches_eager() -> None:
+    args = (torch.randn(4, 7) * 3,)
+    g = partita.import_torch(SiLU(), args)
+    partita.verify(g)
+    ops = [n.op for n in g.nodes]
+    assert ops.count("silu") == 2 and "sigmoid" not in ops
+    _check_matches_eager(g, SiLU(), args)
+
+
+def test_the_unsupported_op_error_says_how_to_add_a_converter() -> None:
+    with pytest.raises(FrontendError) as info:
+        partita.import_torch(Unsupported(), (torch.randn(3, 4),))
+    msg = str(info.value)
+    assert "add a converter to ATEN_TO_PARTITA in partita/frontend/torch_export.py" in msg
+    assert "a converter runs only for an op the decomposition table leaves whole" in msg
+    assert "also add it to _KEEP_WHOLE" in msg and "docs/adding-an-op.md" in msg
+
+
 class DataDependent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2 if x.sum() > 0 else x
