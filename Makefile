@@ -1,37 +1,59 @@
 # Set-up and everyday commands. `make demo` and `make test` create .venv on first use.
 #
-# torch is installed first and pinned: this machine has the CPU wheel on disk, and an
-# unpinned resolve would pull a multi-gigabyte CUDA build from the index instead.
+# Everything they install comes from requirements.lock: exact versions with their hashes,
+# torch among them as 2.13.0+cpu (this machine has that CPU wheel on disk; an unpinned
+# resolve would pull a multi-gigabyte CUDA build from the index instead). pyproject.toml
+# keeps the ranges a library user needs; the lock is what the project is tested against.
+# `make lock` re-resolves it after a change to pyproject.toml (keeping the other pins);
+# `make lock-upgrade` moves every pin to the newest release. See docs/development.md.
 
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.partita-installed
+LOCK := requirements.lock
+LOCK_TOOL := pip-tools==7.6.2
+LOCK_FLAGS ?=
 PYTEST_TIMEOUT ?= 300
 BENCH_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench fuzz lock lock-upgrade clean
 
 setup: $(STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# The stamp records that the install ran against this pyproject.toml; pip is only asked
-# again when the dependencies may have changed.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+# The stamp records that the install ran against this lock; pip is asked again only when the
+# lock or pyproject.toml changed. --no-deps and --require-hashes: only the locked files go in.
+# partita itself is built without build isolation, so its build backend (setuptools) is the
+# locked one too.
+$(STAMP): $(LOCK) pyproject.toml | $(PY)
+	$(PY) -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m partita demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --timeout=$(PYTEST_TIMEOUT) -p no:cacheprovider -q tests
+	$(PY) -m pytest -n 2 --timeout=$(PYTEST_TIMEOUT) -p no:cacheprovider -q -rs tests
 
 bench: $(STAMP)
 	$(PY) bench/bench_ir.py $(BENCH_ARGS)
+
+# Re-resolve the lock in a throw-away virtualenv holding only the lock tool.
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/python" -m pip install -q $(LOCK_TOOL) && \
+	CUSTOM_COMPILE_COMMAND="make lock" "$$tmp/venv/bin/pip-compile" --quiet $(LOCK_FLAGS) \
+	    --extra test --generate-hashes --allow-unsafe --strip-extras \
+	    --no-emit-index-url --no-emit-find-links -o $(LOCK) pyproject.toml
+
+lock-upgrade:
+	$(MAKE) lock LOCK_FLAGS=--upgrade
 
 clean:
 	rm -rf bench/results build *.egg-info partita.egg-info
