@@ -47,7 +47,10 @@ class PartitaBackendRep(BackendRep):
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         """Run the graph; returns NumPy arrays in the order of the ONNX graph outputs."""
-        import partita
+        if self.executor == "torch":
+            from ..backend.torch_exec import run as run_graph
+        else:
+            from ..backend.numpy_ref import run as run_graph
 
         if isinstance(inputs, dict):
             by_name = {k: np.asarray(v) for k, v in inputs.items()}
@@ -56,8 +59,7 @@ class PartitaBackendRep(BackendRep):
             by_name = dict(zip(self.input_names, (np.asarray(x) for x in seq)))
         static = {k: by_name[k] for k in self.static_names}
         graph = self.graph_for(static, {k: by_name[k].shape for k in self.shaped_names if k not in static})
-        outs = partita.run(graph, [by_name[k] for k in self.input_names if k not in static],
-                           backend=self.executor)
+        outs = run_graph(graph, [by_name[k] for k in self.input_names if k not in static])
         if self.executor == "torch":
             return tuple(_torch_to_numpy(o) for o in outs)
         return tuple(np.asarray(o) for o in outs)

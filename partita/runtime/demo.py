@@ -63,25 +63,29 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     """Run the demo; returns whether every step agreed with the single-device step."""
     import torch
 
-    import partita
-    from partita.ir.printer import print_graph
+    from ..autodiff.training import training_step
+    from ..frontend.torch_export import import_torch
+    from ..ir.printer import print_graph
+    from ..parallel.strategy import parallelize
+    from ..passes.manager import PassManager
+    from .parallel_run import launch
 
     torch.manual_seed(seed)
     model, cfg = gpt2_from_config()
     batch, seq = 8, 32
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
     t0 = time.perf_counter()
-    fwd = partita.import_torch(model, (ids,))
+    fwd = import_torch(model, (ids,))
     # GPT-2 computes q, k and v with one fused weight; one projection each lets tensor
     # parallelism split the attention by heads (see partita/passes/split_projections.py).
-    fwd = partita.optimize(fwd, "split-projections")
-    step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", **SGD)
+    fwd = PassManager.parse("split-projections").run(fwd)
+    step = training_step(fwd, loss="cross_entropy", optimizer="sgd", **SGD)
     print(f"GPT-2 from a config: {cfg.n_layer} layers, {cfg.n_embd} wide, {cfg.n_head} heads, vocab "
           f"{cfg.vocab_size}; batch {batch} x {seq} tokens. Imported, its fused q/k/v projections split "
           f"(split-projections), and turned into one training step "
           f"(cross-entropy, SGD lr={SGD['lr']} momentum={SGD['momentum']}): {len(step)} nodes in "
           f"{time.perf_counter() - t0:.1f} s")
-    prog = partita.parallelize(step, mesh, strategy)
+    prog = parallelize(step, mesh, strategy)
     print(f"\npartita.parallelize(step, mesh='{mesh}', strategy='{strategy}') in "
           f"{prog.plan.timings['total']:.2f} s\n")
     print(prog.plan.summary())
@@ -106,7 +110,7 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     print(f"\ntraining {steps} steps on {n} local processes ({resolve_backend('auto', n)}), with the single-device "
           "step beside it ...", flush=True)
     t1 = time.perf_counter()
-    res = partita.launch(prog, n, data, check=True)
+    res = launch(prog, n, data, check=True)
     print(f"{steps} steps in {time.perf_counter() - t1:.1f} s including process start-up; median step "
           f"{np.median(res.step_seconds) * 1e3:.0f} ms on the slowest rank\n")
     print(f"{'step':>4}  {'loss (' + str(n) + ' ranks)':>16}  {'loss (1 device)':>16}  {'worst rel. error':>17}")
