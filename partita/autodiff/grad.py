@@ -226,7 +226,7 @@ def _backward(graph: Graph, loss: Value, targets: list[Value], active: set[Node]
             why = "has no vjp rule" if rule is None else "is not differentiable"
             raise AutodiffError(f"{where(node)}: op '{node.op}' {why}, but the gradient of the loss reaches it "
                                 f"(result {_val(node.results[0])}); detach this path (e.g. compute it from "
-                                f"non-param inputs) or add a vjp rule to the op record")
+                                f"non-param inputs) or add a vjp rule (partita/autodiff/rules.py)")
         ctx = VjpContext(graph, node)
         needs = [v in grads or _is_live(v, active, targets) for v in node.operands]
         try:

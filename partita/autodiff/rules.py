@@ -10,8 +10,9 @@ dtype promotion changed and checks the shapes.
 
 The rules live in this one table, like a derivatives file, rather than spread over the op
 families: they are written against the Builder and the fused backward ops of
-``ops/backward.py``, and reading them side by side is how one reviews them. ``attach()`` puts
-each rule into its op record's ``vjp`` field, which is where the grad pass looks.
+``ops/backward.py``, and reading them side by side is how one reviews them. The table is the
+``RuleTable`` ``RULES`` (ops/registry.py): a rule for an unknown op or a second rule for one
+op is an error; ``op.vjp`` reads it, which is where the grad pass looks.
 Heavy ops (convolution, pooling, normalization, softmax, the activations, the loss) use one
 fused backward op each, so the torch executor runs PyTorch's own backward kernels.
 """
@@ -19,22 +20,25 @@ fused backward op each, so the torch executor runs PyTorch's own backward kernel
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 from ..ir.graph import Node, Value
-from ..ops.registry import OPS
+from ..ops.registry import OPS, OpDef, RuleTable
 from ..ops.shape import transpose_perm
 from .grad import NOT_DIFFERENTIABLE, AutodiffError, VjpContext
 
-RULES: dict[str, Callable | str] = {}
+# The backward ops and the optimizer updates are what training graphs are made of; partita
+# does not differentiate them again (no second-order gradients). Collectives are declared
+# too: partita differentiates before partitioning, so they never meet the grad pass.
+_FIRST_ORDER_ONLY = ("ops/backward.py", "ops/optim.py", "ops/collective.py")
 
 
-def rule(*names: str):
-    def deco(fn):
-        for n in names:
-            RULES[n] = fn
-        return fn
-    return deco
+def _first_order_only(op: OpDef) -> str | None:
+    where = str(op.defined_at.file).replace("\\", "/") if op.defined_at is not None else ""
+    return NOT_DIFFERENTIABLE if where.endswith(_FIRST_ORDER_ONLY) else None
+
+
+RULES: RuleTable = RuleTable("vjp", fallback=_first_order_only)
+rule = RULES.rule
 
 
 # Ops whose results are never differentiated: integer/bool results (the engine never reaches
@@ -548,24 +552,3 @@ def _index_add(ctx, node, d, needs):
     x, index, src = node.operands
     return [g if needs[0] else None, None,
             ctx.b.index_select(g, index, axis=node.attrs["axis"]) if needs[2] else None]
-
-
-# The backward ops and the optimizer updates are what training graphs are made of; partita
-# does not differentiate them again (no second-order gradients). Collectives are declared
-# too: partita differentiates before partitioning, so they never meet the grad pass.
-_FIRST_ORDER_ONLY = ("ops/backward.py", "ops/optim.py", "ops/collective.py")
-
-
-def attach() -> None:
-    """Put every rule into its op record's ``vjp`` field (idempotent)."""
-    for name, fn in RULES.items():
-        op = OPS.get(name)
-        if op is not None:
-            object.__setattr__(op, "vjp", fn)
-    for name, op in OPS.items():
-        where = str(op.defined_at.file).replace("\\", "/") if op.defined_at is not None else ""
-        if name not in RULES and where.endswith(_FIRST_ORDER_ONLY):
-            object.__setattr__(op, "vjp", NOT_DIFFERENTIABLE)
-
-
-attach()

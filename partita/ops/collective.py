@@ -396,21 +396,21 @@ def _broadcast_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) 
 _EFFECTS = frozenset({"collective"})
 
 
-def _collective(name: str, infer, collective, torch_impl, attrs, cost, doc: str) -> OpDef:
+def _collective(name: str, infer, collective, torch_impl, attrs, cost, doc: str, torch_async=None) -> OpDef:
     return register(OpDef(
         name=name, operands=("x",), infer=infer, reference=_single_rank_reference(name, collective),
         torch=torch_impl, attrs=_GROUP_ATTRS + attrs, effects=_EFFECTS, cost=cost, collective=collective,
-        doc=doc))
+        doc=doc, torch_async=torch_async))
 
 
 _REDUCE_ATTR = AttrSpec("op", "str", "sum", choices=REDUCE_OPS)
 
 _collective("all_reduce", _all_reduce_infer, _all_reduce_np, _all_reduce_torch, (_REDUCE_ATTR,),
-            _ring_cost(2, 1, True), "every rank of the group gets the reduction (op) of all members' values")
-object.__setattr__(OPS["all_reduce"], "torch_async", _all_reduce_torch_async)
+            _ring_cost(2, 1, True), "every rank of the group gets the reduction (op) of all members' values",
+            torch_async=_all_reduce_torch_async)
 _collective("all_gather", _all_gather_infer, _all_gather_np, _all_gather_torch, (AttrSpec("dim", "int"),),
-            _ring_cost(1, 1, False), "the members' values concatenated along dim in group order")
-object.__setattr__(OPS["all_gather"], "torch_async", _all_gather_torch_async)
+            _ring_cost(1, 1, False), "the members' values concatenated along dim in group order",
+            torch_async=_all_gather_torch_async)
 _collective("reduce_scatter", _reduce_scatter_infer, _reduce_scatter_np, _reduce_scatter_torch,
             (AttrSpec("dim", "int"), _REDUCE_ATTR), _ring_cost(1, 1, True),
             "the reduction (op) split along dim into group_size pieces; member i gets piece i")

@@ -1,18 +1,22 @@
 """The op record (``OpDef``) and the one table of ops (``OPS``).
 
 Everything partita knows about an op lives in its record: operands, typed attributes with
-defaults, effects, the type rule, the NumPy reference, the torch implementation, the cost,
-and (filled by later layers) the vjp and sharding rules. Passes ask the record; they do not
-branch on op names.
+defaults, effects, the type rule, the NumPy reference, the torch implementation, the cost.
+The rules that later layers write (the vjp rules of autodiff, the sharding rules of parallel)
+live in ``RuleTable``s declared once by their layer and keyed by op name; records are frozen
+and never changed after registration, and ``op.vjp`` / ``op.sharding`` read the tables.
+Passes ask the record or a table; they do not branch on op names. docs/adding-an-op.md lists
+every place an op touches.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -110,13 +114,23 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
-def format_attr_value(v: Any) -> str:
+def format_attr_value(v: Any, depth: int = 0) -> str:
+    """``v`` for an error message, shortened: lists deeper than 8 levels print as ``...``
+    (``[[[...]]]``) and only the first 16 items of a list are shown, so any value, however
+    deep or long, gives a short message without deep recursion."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return repr(v)
+        return repr(v) if len(v) <= 80 else repr(v[:80]) + "..."
     if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(format_attr_value(x) for x in v) + "]"
+        if depth >= 8:
+            return "[...]" if v else "[]"
+        items = [format_attr_value(x, depth + 1) for x in v[:16]]
+        if len(v) > 16:
+            items.append(f"... ({len(v)} items)")
+        return "[" + ", ".join(items) + "]"
+    if isinstance(v, np.ndarray):
+        return f"an array of shape {list(v.shape)}"
     return str(v)
 
 
@@ -197,9 +211,6 @@ class OpDef:
     # ``Pending`` (ops/collective.py) at once; the executor waits for it where the result is
     # first read, so computation overlaps the transfer (TorchProgram(overlap=True)).
     torch_async: Callable | None = None
-    # Filled by later layers.
-    vjp: Callable | None = None
-    sharding: Callable | None = None
     defined_at: Location | None = None
     _attr_index: dict = field(default_factory=dict, repr=False)
 
@@ -279,6 +290,17 @@ class OpDef:
 
     def cost_of(self, ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
         return self.cost(ins, outs, attrs)
+
+    # --- rules of later layers (in their RuleTables; None until the layer is imported) ---
+    @property
+    def vjp(self) -> Callable | str | None:
+        """The reverse-mode rule: the "vjp" table of partita/autodiff/rules.py."""
+        return rule_of("vjp", self.name)
+
+    @property
+    def sharding(self) -> Callable | None:
+        """The placement rule: the "sharding" table of partita/parallel/sharding.py."""
+        return rule_of("sharding", self.name)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -371,6 +393,113 @@ def record_problems(op: OpDef) -> list[str]:
         if not callable(getattr(op, fname)):
             out.append(f"{fname} must be a function, got {getattr(op, fname)!r}")
     return out
+
+
+# --- rule tables: per-op rules that later layers keep beside the frozen records ------------
+
+RULE_TABLES: dict[str, "RuleTable"] = {}
+
+
+class RuleTable:
+    """The rules of one kind ("vjp", "sharding") that a layer above the ops keeps per op.
+
+    Declared once, by the layer that owns the kind (``RULES = RuleTable("vjp")`` in
+    autodiff/rules.py); rules go in with ``RULES.register("matmul", fn)``, the decorator
+    ``@RULES.rule("softmax", "log_softmax")`` or ``RULES["exp"] = fn``, all the same call: the
+    op must be registered in ``OPS`` and may get one rule per table. ``get(op, default)`` is
+    the rule, or ``fallback(record)`` for ops with none registered (the broadcast rule of an
+    elementwise op), or ``default``. The records are never changed; ``OpDef.vjp`` and
+    ``OpDef.sharding`` read these tables.
+    """
+
+    def __init__(self, kind: str, fallback: Callable[[OpDef], Any] | None = None) -> None:
+        if kind in RULE_TABLES:
+            raise ValueError(f"rule table '{kind}' declared twice (first in {RULE_TABLES[kind].declared_at})")
+        f = sys._getframe(1)
+        self.kind = kind
+        self.fallback = fallback
+        self.declared_at = Location(f.f_code.co_filename, f.f_lineno)
+        self._rules: dict[str, Any] = {}
+        self._where: dict[str, Location] = {}
+        self._derived: dict[OpDef, Any] = {}  # fallback results, per record
+        self._overrides: dict[str, Any] = {}
+        RULE_TABLES[kind] = self
+
+    def register(self, op: str, rule: Any) -> Any:
+        """Give ``op`` its rule of this kind; an unknown op or a second rule is an error."""
+        f = sys._getframe(1)
+        while f.f_code.co_filename == __file__ and f.f_back is not None:  # out of rule()/__setitem__
+            f = f.f_back
+        where = Location(f.f_code.co_filename, f.f_lineno)
+        if op not in OPS:
+            raise ValueError(f"{where}: {self.kind} rule for unknown op '{op}'{suggest(op, OPS)}")
+        if op in self._rules:
+            raise ValueError(f"{where}: {self.kind} rule for '{op}' registered twice (first at {self._where[op]})")
+        if rule is None:
+            raise ValueError(f"{where}: {self.kind} rule for '{op}' is None")
+        self._rules[op] = rule
+        self._where[op] = where
+        return rule
+
+    def __setitem__(self, op: str, rule: Any) -> None:
+        self.register(op, rule)
+
+    def rule(self, *ops: str) -> Callable[[Any], Any]:
+        """Decorator: register the function as the rule of each of ``ops``."""
+        def deco(fn: Any) -> Any:
+            for op in ops:
+                self.register(op, fn)
+            return fn
+        return deco
+
+    def get(self, op: str, default: Any = None) -> Any:
+        """The rule of ``op``: registered, else the fallback's for its record, else ``default``."""
+        if op in self._overrides:
+            r = self._overrides[op]
+        else:
+            r = self._rules.get(op)
+            record = OPS.get(op)
+            if r is None and self.fallback is not None and record is not None:
+                if record not in self._derived:
+                    self._derived[record] = self.fallback(record)
+                r = self._derived[record]
+        return default if r is None else r
+
+    def __contains__(self, op: object) -> bool:
+        """Whether a rule was registered for ``op`` (the fallback does not count)."""
+        return op in self._rules
+
+    def names(self) -> frozenset[str]:
+        return frozenset(self._rules)
+
+    def where(self, op: str) -> Location | None:
+        """Where the rule of ``op`` was registered."""
+        return self._where.get(op)
+
+    @contextmanager
+    def override(self, op: str, rule: Any) -> Iterator[None]:
+        """For tests: ``op`` has ``rule`` instead (None: no rule at all) within the block."""
+        if op not in OPS:
+            raise ValueError(f"{self.kind} rule for unknown op '{op}'{suggest(op, OPS)}")
+        had, old = op in self._overrides, self._overrides.get(op)
+        self._overrides[op] = rule
+        try:
+            yield
+        finally:
+            if had:
+                self._overrides[op] = old
+            else:
+                del self._overrides[op]
+
+    def __repr__(self) -> str:
+        return f"<RuleTable {self.kind}: {len(self._rules)} rules>"
+
+
+def rule_of(kind: str, op: str) -> Any:
+    """The rule of ``op`` in the table ``kind``; None when the table is not declared (its
+    layer is not imported) or holds none for the op."""
+    table = RULE_TABLES.get(kind)
+    return None if table is None else table.get(op)
 
 
 def get_op(name: str) -> OpDef:

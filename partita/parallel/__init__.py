@@ -4,7 +4,7 @@ strategies that rewrite a graph into per-rank SPMD programs (see docs/parallel.m
 
 from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
-from . import sharding  # noqa: F401  (attaches the sharding rules to the op records)
+from . import sharding  # noqa: F401  (declares the sharding rule table)
 from . import propagate as _propagate  # noqa: F401  (registers the propagate pass)
 from . import partition as _partition  # noqa: F401  (registers the partition pass)
 from . import bucket as _bucket  # noqa: F401  (registers bucket-gradients and order-collectives)

@@ -1,7 +1,7 @@
 """Sharding rules: how each op's operand placements determine its result placements.
 
-A rule is a function ``(operand types, attrs) -> DimSpec`` stored on the op record's
-``sharding`` field. A ``DimSpec`` labels every dimension of every operand and result, in the
+A rule is a function ``(operand types, attrs) -> DimSpec`` kept in the rule table
+``RULES`` below (a ``RuleTable`` of ops/registry.py, read as ``op.sharding``). A ``DimSpec`` labels every dimension of every operand and result, in the
 manner of an einsum: dims that carry the same label are the same index space and must be
 split the same way; a label that reaches a result passes its split on; a label in ``sums`` is
 contracted by a sum, so splitting it leaves each rank with a summand (the results without it
@@ -11,8 +11,9 @@ split at all. ``result_placements`` applies a spec to concrete placements; the p
 reshard and partition passes build on it. Ops without a rule are replicated by those passes;
 ``WITHOUT_RULE`` lists them with the reason (only ops without operands remain).
 
-The rules live in this one table (like the vjp rules in ``autodiff/rules.py``); ``attach()``
-puts each into its record. See docs/parallel.md, "Sharding rules".
+The rules live in this one table (like the vjp rules in ``autodiff/rules.py``); an elementwise
+op without one gets the broadcast rule (the table's fallback). See docs/parallel.md,
+"Sharding rules".
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..ir.types import TensorType
-from ..ops.registry import OPS, broadcast_shapes, normalize_axes, normalize_axis
+from ..ops.registry import OPS, OpDef, RuleTable, broadcast_shapes, normalize_axes, normalize_axis
 from ..ops.shape import squeeze_axes, transpose_perm, unsqueeze_axes
 from . import local_forms
 from .local_forms import LocalForm
@@ -198,15 +199,13 @@ def _show(axes: tuple[str, ...]) -> str:
 
 # --- the rules -------------------------------------------------------------------------------
 
-RULES: dict[str, Callable[[list[TensorType], dict], DimSpec]] = {}
+def _default_rule(op: OpDef) -> Callable[[list[TensorType], dict], DimSpec] | None:
+    # An elementwise op without a rule of its own gets the broadcast rule.
+    return _elementwise(op.name) if op.elementwise else None
 
 
-def rule(*names: str):
-    def deco(fn):
-        for n in names:
-            RULES[n] = fn
-        return fn
-    return deco
+RULES: RuleTable = RuleTable("sharding", fallback=_default_rule)
+rule = RULES.rule
 
 
 def _dims(t: TensorType, prefix: str = "d") -> tuple[str, ...]:
@@ -684,7 +683,7 @@ def _optimizer_update(ts, attrs):
     return DimSpec(ops, (labels,) * n_res)
 
 
-# Ops that keep ``sharding=None`` on purpose, and why (the passes replicate them). The
+# Ops that have no sharding rule on purpose, and why (the passes replicate them). The
 # collectives of ops/collective.py have none either: the passes insert them, placed as the
 # reshard they implement.
 WITHOUT_RULE: dict[str, str] = {
@@ -694,22 +693,8 @@ WITHOUT_RULE: dict[str, str] = {
 }
 
 
-def attach() -> None:
-    """Put every rule into its op record's ``sharding`` field (idempotent); elementwise ops
-    get the broadcast rule unless the table has one."""
-    for name, op in OPS.items():
-        fn = RULES.get(name)
-        if fn is None and op.elementwise:
-            fn = _elementwise(name)
-        if fn is not None:
-            object.__setattr__(op, "sharding", fn)
-
-
 def sharding_spec(op: str, types: Sequence[TensorType], attrs: dict) -> DimSpec | None:
     """The DimSpec of ``op`` on operands of ``types`` (attrs normalized), or None when the op
     has no rule (the passes replicate it)."""
-    fn = OPS[op].sharding
+    fn = RULES.get(op) if op in OPS else None
     return None if fn is None else fn(list(types), attrs)
-
-
-attach()

@@ -86,3 +86,91 @@ def test_defined_at_outside_the_ops_package_is_the_caller(fresh_name):
     line = _line_of(Path(__file__), r"register\(_record\(\)\)  # this line")
     register(_record())  # this line
     assert OPS[fresh_name].defined_at.file == __file__ and OPS[fresh_name].defined_at.line == line
+
+
+# --- rule tables: later layers attach rules without touching the records ---------------------
+
+_SNAPSHOT_AND_IMPORT_ALL = r"""
+import importlib, pkgutil, sys
+import partita.ops
+from partita.ops.registry import OPS
+before = {name: (op, dict(vars(op))) for name, op in OPS.items()}
+import partita
+for m in pkgutil.walk_packages(partita.__path__, "partita."):
+    if m.name.endswith("__main__"):
+        continue
+    importlib.import_module(m.name)
+changed = []
+for name, (op, fields) in before.items():
+    now = OPS.get(name)
+    if now is not op:
+        changed.append(f"{name}: OPS holds another record")
+    elif dict(vars(now)) != fields or any(vars(now)[k] is not v for k, v in fields.items()):
+        changed.append(f"{name}: " + ", ".join(sorted(k for k in set(fields) | set(vars(now))
+                                                   if vars(now).get(k, None) is not fields.get(k, None))))
+added = sorted(set(OPS) - set(before))
+print("imported", len(sys.modules))
+print("CHANGED", changed)
+print("ADDED", added)
+"""
+
+
+def test_records_are_unchanged_after_importing_every_module():
+    # In a fresh process: the records as the op families register them, then every module of
+    # partita imported (autodiff's vjp rules, parallel's sharding rules, ...). Later layers
+    # keep their rules in RuleTables; the frozen records stay as they were, by identity.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SNAPSHOT_AND_IMPORT_ALL], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CHANGED []" in out.stdout, out.stdout
+    assert "ADDED []" in out.stdout, out.stdout
+
+
+def test_records_read_their_rules_from_the_tables():
+    from partita.autodiff.grad import NOT_DIFFERENTIABLE
+    from partita.autodiff.rules import RULES as VJP
+    from partita.ops.registry import RULE_TABLES
+    from partita.parallel.sharding import RULES as SHARDING
+
+    assert RULE_TABLES["vjp"] is VJP and RULE_TABLES["sharding"] is SHARDING
+    assert OPS["matmul"].vjp is VJP.get("matmul") is not None and "matmul" in VJP
+    # Fallbacks: first-order-only families are not differentiable; elementwise ops without a
+    # rule of their own get the broadcast rule.
+    assert "sgd_update" not in VJP and OPS["sgd_update"].vjp == NOT_DIFFERENTIABLE
+    assert "tanh" not in SHARDING and OPS["tanh"].sharding is not None
+    assert OPS["constant"].sharding is None and SHARDING.get("constant", "none") == "none"
+    with SHARDING.override("tanh", None):
+        assert OPS["tanh"].sharding is None
+    assert OPS["tanh"].sharding is not None
+    where = VJP.where("matmul")
+    assert where is not None and where.file.endswith("rules.py")
+
+
+def test_a_second_rule_or_a_rule_for_an_unknown_op_is_an_error(fresh_name):
+    from partita.ops.registry import RuleTable
+
+    table = RuleTable("test-only-kind")
+    try:
+        rule = lambda ts, attrs: None  # noqa: E731
+        table.register("relu", rule)
+        with pytest.raises(ValueError, match=r"test-only-kind rule for 'relu' registered twice \(first at .*test_registry"):
+            table.register("relu", rule)
+        with pytest.raises(ValueError, match=r"registered twice"):
+            table["relu"] = rule
+        with pytest.raises(ValueError, match=r"rule for unknown op 'rellu' \(did you mean 'relu'\?\)"):
+            table.register("rellu", rule)
+        with pytest.raises(ValueError, match=r"unknown op"):
+            table.rule("no_such_op")(rule)
+        assert table.get("relu") is rule and table.get("tanh") is None and table.names() == {"relu"}
+        with pytest.raises(ValueError, match=r"rule table 'test-only-kind' declared twice"):
+            RuleTable("test-only-kind")
+        # The real tables refuse a second rule for an op they already have.
+        from partita.autodiff.rules import RULES as VJP
+        with pytest.raises(ValueError, match=r"vjp rule for 'matmul' registered twice"):
+            VJP.register("matmul", rule)
+    finally:
+        from partita.ops.registry import RULE_TABLES
+        RULE_TABLES.pop("test-only-kind", None)
