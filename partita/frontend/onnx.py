@@ -16,7 +16,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -54,13 +54,114 @@ _ONNX_DTYPES: dict[int, dt.DType] = {
 }
 
 
-def _dtype(elem_type: int, what: str) -> dt.DType:
-    try:
+def _dtype(elem_type: Any, what: str) -> dt.DType:
+    """The partita dtype of an ONNX element-type code; an error naming ``what`` otherwise."""
+    if isinstance(elem_type, int) and elem_type in _ONNX_DTYPES:
         return _ONNX_DTYPES[elem_type]
-    except KeyError:
+    supported = ", ".join(d.name for d in _ONNX_DTYPES.values())
+    if not isinstance(elem_type, int):
+        raise OnnxImportError(f"{what}: element type {elem_type!r} is not an integer TensorProto.DataType code "
+                              f"(supported: {supported})")
+    try:
         name = _onnx().TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
-        raise OnnxImportError(f"{what}: element type {name} has no partita dtype "
-                              f"(supported: {', '.join(d.name for d in _ONNX_DTYPES.values())})") from None
+    except ValueError:
+        raise OnnxImportError(f"{what}: {elem_type} is not an ONNX element-type code (TensorProto.DataType); "
+                              f"the model is malformed (partita's codes: {supported})") from None
+    raise OnnxImportError(f"{what}: element type {name} has no partita dtype (supported: {supported})")
+
+
+def _type_name(code: int) -> str:
+    try:
+        return str(_onnx().TensorProto.DataType.Name(code))
+    except ValueError:
+        return str(code)
+
+
+def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
+    """The array of TensorProto ``t``, checked before onnx.numpy_helper reads it: a known
+    element type, non-negative dims, and exactly the data its dims need (raw_data, the typed
+    field, or the external file, which must lie in ``base_dir``, the model's folder).
+    ``what`` names the tensor (and its node) in every error."""
+    onnx = _onnx()
+    tp = onnx.TensorProto
+    if not isinstance(t, tp):
+        raise OnnxImportError(f"{what}: expected a tensor (an attribute of type TENSOR), got {type(t).__name__}")
+    dtype = _dtype(t.data_type, what)
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise OnnxImportError(f"{what}: dims {dims} hold a negative size; the tensor is malformed")
+    if t.HasField("segment"):
+        raise OnnxImportError(f"{what}: segmented tensors (TensorProto.segment) are not supported")
+    count, kind = math.prod(dims), _type_name(t.data_type)
+    source = "raw_data"
+    if t.data_location == tp.EXTERNAL:
+        raw = _external_bytes(t, what, base_dir)
+        t2 = tp()
+        t2.CopyFrom(t)
+        t2.data_location = tp.DEFAULT
+        del t2.external_data[:]
+        t2.raw_data = raw
+        t, source = t2, "its external data"
+    if t.HasField("raw_data"):
+        # 4- and 2-bit types are packed two and four to a byte.
+        need = (count * dtype.bits + 7) // 8
+        if len(t.raw_data) != need:
+            raise OnnxImportError(f"{what}: {source} holds {len(t.raw_data)} bytes, but dims {dims} of {kind} "
+                                  f"need {need}; the tensor is corrupt or truncated")
+    else:
+        field = onnx.helper.tensor_dtype_to_field(t.data_type)
+        # The typed field holds one entry per element (one per packed byte below 8 bits).
+        need = count if dtype.bits >= 8 else (count * dtype.bits + 7) // 8
+        have = len(getattr(t, field))
+        if have != need:
+            raise OnnxImportError(f"{what}: {field} holds {have} values, but dims {dims} of {kind} need {need} "
+                                  "(and there is no raw_data); the tensor is corrupt or truncated")
+    try:
+        arr = onnx.numpy_helper.to_array(t)
+    except Exception as e:
+        raise OnnxImportError(f"{what}: onnx cannot read the tensor: {e}") from None
+    if tuple(arr.shape) != tuple(dims):
+        raise OnnxImportError(f"{what}: the data reads as shape {list(arr.shape)}, not its dims {dims}")
+    return arr
+
+
+def _external_bytes(t: Any, what: str, base_dir: str | None) -> bytes:
+    """The bytes of an external-data tensor, from a file inside ``base_dir`` only."""
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    if base_dir is None:
+        raise OnnxImportError(f"{what}: its data is in an external file ('{loc}'), but the model was given as a "
+                              "ModelProto: pass the .onnx file's path, or load it with onnx.load(path), which "
+                              "reads the external data")
+    if not loc:
+        raise OnnxImportError(f"{what}: data_location is EXTERNAL but external_data has no 'location'")
+    base = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(base, loc))
+    if os.path.isabs(loc) or os.path.commonpath([base, path]) != base:
+        raise OnnxImportError(f"{what}: external data location '{loc}' points outside the model's folder {base}; "
+                              "partita reads external data only from files in that folder or below it")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise OnnxImportError(f"{what}: external data offset {info.get('offset')!r} and length "
+                              f"{info.get('length')!r} must be integers") from None
+    if offset < 0 or (length is not None and length < 0):
+        raise OnnxImportError(f"{what}: external data offset {offset} and length {length} must be non-negative")
+    if not os.path.isfile(path):
+        raise OnnxImportError(f"{what}: its external data file '{loc}' is missing from {base} "
+                              "(copy it beside the .onnx file)")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            end = size if length is None else offset + length
+            if end > size or offset > size:
+                raise OnnxImportError(f"{what}: external data at offset {offset}, length {length} extends past the "
+                                      f"end of '{loc}' ({size} bytes); the file is truncated")
+            f.seek(offset)
+            return f.read(end - offset)
+    except OSError as e:
+        raise OnnxImportError(f"{what}: cannot read its external data file '{loc}': {e.strerror}") from None
 
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.]")
@@ -146,6 +247,12 @@ class OnnxNode:
         """A rank-0 constant of ``like``'s dtype."""
         return self.emit("constant", value=DenseAttr(np.array(value, dtype=like.type.dtype.np)))
 
+    def tensor_attr(self, name: str) -> np.ndarray:
+        """The array of the TENSOR attribute ``name``, checked (see _tensor_array)."""
+        t = self.attrs[name]
+        label = f" (tensor '{t.name}')" if getattr(t, "name", "") else ""
+        return _tensor_array(t, f"{self.where}: attribute '{name}'{label}", self.ctx.base_dir)
+
     def n_outputs(self) -> int:
         """How many outputs the ONNX node declares (omitted optional ones included)."""
         return len(self.proto.output)
@@ -221,7 +328,7 @@ def _pow(n: OnnxNode) -> list[Value | None]:
 
 def _cast(n: OnnxNode) -> list[Value | None]:
     # saturate (opset 19) and round_mode (opset 24) have partita's defaults (1, "up").
-    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), n.where), saturate=bool(n.attr("saturate", 1)),
+    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), f"{n.where}: attribute 'to'"), saturate=bool(n.attr("saturate", 1)),
                    round_mode=_text(n.attr("round_mode", "up")))]
 
 
@@ -230,14 +337,13 @@ def _text(v: Any) -> str:
 
 
 def _constant(n: OnnxNode) -> list[Value | None]:
-    onnx = _onnx()
     keys = [k for k in n.attrs if k in ("value", "value_float", "value_int", "value_floats", "value_ints")]
     if len(keys) != 1:
         raise n.error(f"needs exactly one of value/value_float(s)/value_int(s); has {sorted(n.attrs)}")
     k = keys[0]
     v = n.attrs[k]
     if k == "value":
-        arr = onnx.numpy_helper.to_array(v)
+        arr = n.tensor_attr("value")
     elif k in ("value_float", "value_floats"):
         arr = np.array(v, dtype=np.float32)
     else:
@@ -793,8 +899,9 @@ def _clip(n: OnnxNode) -> list[Value | None]:
 
 def _constant_of_shape(n: OnnxNode) -> list[Value | None]:
     shape = [int(d) for d in np.asarray(n.const(0, "shape")).reshape(-1)]
-    value = n.attr("value")
-    arr = np.zeros(1, np.float32) if value is None else _onnx().numpy_helper.to_array(value).reshape(-1)
+    arr = np.zeros(1, np.float32) if n.attr("value") is None else n.tensor_attr("value").reshape(-1)
+    if arr.size != 1:
+        raise n.error(f"attribute 'value' must hold one element (the fill value); it holds {arr.size}")
     dtype = dt.from_numpy(_np_for_partita(arr, n.where).dtype)
     if int(np.prod(shape)) <= _SMALL_CONST:
         # Small fills can feed operands that must be constants (a Reshape shape, Pad pads).
@@ -1049,6 +1156,10 @@ def _sequence_construct(n: OnnxNode) -> SeqResult:
 
 
 def _sequence_empty(n: OnnxNode) -> SeqResult:
+    # The element type does not matter to an unrolled (empty) list, but it must be one ONNX has.
+    code = n.attr("dtype", 1)
+    if _type_name(code) == str(code):
+        raise n.error(f"attribute 'dtype': {code} is not an ONNX element-type code (TensorProto.DataType)")
     return [[]]
 
 
@@ -1161,15 +1272,27 @@ ONNX_TO_PARTITA: dict[str, AnyConverter] = {
 
 # --- the importer -------------------------------------------------------------------------
 
-def _load(model: Any) -> tuple[Any, str]:
+def _load(model: Any) -> tuple[Any, str, str | None]:
+    """(ModelProto, the name errors use, the folder external data is read from: None for a
+    ModelProto given in memory)."""
     onnx = _onnx()
     if isinstance(model, onnx.ModelProto):
-        return model, "<onnx>"
-    path = os.fspath(model)
+        if not model.HasField("graph"):
+            raise OnnxImportError("<onnx>: the ModelProto has no graph")
+        return model, "<onnx>", None
     try:
-        data = open(path, "rb").read()
+        path = os.fspath(model)
+    except TypeError:
+        raise OnnxImportError(f"import_onnx takes a path or an onnx.ModelProto, not {type(model).__name__}") from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise OnnxImportError(f"{path}: cannot read the ONNX file: {e.strerror}") from None
+    if not data:
+        raise OnnxImportError(f"{path}: the file is empty, not an ONNX model")
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
@@ -1179,21 +1302,30 @@ def _load(model: Any) -> tuple[Any, str]:
     if not proto.HasField("graph") or len(proto.opset_import) == 0:
         raise OnnxImportError(f"{path}: not a valid ONNX model (no graph or no opset_import); "
                               "the file is corrupt, truncated or not ONNX")
-    return proto, path
+    return proto, path, os.path.dirname(os.path.abspath(path))
 
 
 def _opset(proto: Any, where: str) -> int:
-    for imp in proto.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            if imp.version < MIN_OPSET:
-                raise OnnxImportError(
-                    f"{where}: the model uses opset {imp.version}; partita imports opset {MIN_OPSET} and "
-                    f"newer (upgrade it: onnx.version_converter.convert_version(model, {MIN_OPSET}))")
-            return int(imp.version)
-    raise OnnxImportError(f"{where}: the model imports no default-domain (ai.onnx) opset")
+    versions = sorted({int(imp.version) for imp in proto.opset_import if imp.domain in ("", "ai.onnx")})
+    if not versions:
+        raise OnnxImportError(f"{where}: the model imports no default-domain (ai.onnx) opset")
+    if len(versions) > 1:
+        raise OnnxImportError(f"{where}: the model imports the default domain (ai.onnx) at several opsets "
+                              f"{versions}; a model imports each domain once")
+    version = versions[0]
+    if version < MIN_OPSET:
+        raise OnnxImportError(
+            f"{where}: the model uses opset {version}; partita imports opset {MIN_OPSET} and "
+            f"newer (upgrade it: onnx.version_converter.convert_version(model, {MIN_OPSET}))")
+    newest = int(_onnx().defs.onnx_opset_version())
+    if version > newest:
+        raise OnnxImportError(f"{where}: the model uses opset {version}, newer than the newest the installed onnx "
+                              f"package knows ({newest}), so its operators' definitions are unknown: upgrade "
+                              f"onnx, or export the model at opset {newest} or older")
+    return version
 
 
-def _tensor_type(vi: Any, what: str, overrides: dict[str, Sequence[int]]) -> TensorType:
+def _tensor_type(vi: Any, what: str, overrides: Mapping[str, Sequence[int]]) -> TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         if vi.type.HasField("sequence_type"):
@@ -1204,7 +1336,12 @@ def _tensor_type(vi: Any, what: str, overrides: dict[str, Sequence[int]]) -> Ten
                               "are not supported)")
     dtype = _dtype(tt.elem_type, f"{what} '{vi.name}'")
     if vi.name in overrides:
-        return TensorType(tuple(int(s) for s in overrides[vi.name]), dtype)
+        fixed = tuple(int(s) for s in overrides[vi.name])
+        if tt.HasField("shape") and len(tt.shape.dim) != len(fixed):
+            declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+            raise OnnxImportError(f"{what} '{vi.name}' has rank {len(declared)} ({declared}); the shape given for "
+                                  f"it, {list(fixed)}, has rank {len(fixed)}")
+        return TensorType(fixed, dtype)
     if not tt.HasField("shape"):
         raise OnnxImportError(f"{what} '{vi.name}' has no shape; pass input_shapes={{'{vi.name}': [...]}}")
     shape = []
@@ -1213,6 +1350,8 @@ def _tensor_type(vi: Any, what: str, overrides: dict[str, Sequence[int]]) -> Ten
             sym = d.dim_param or "?"
             raise OnnxImportError(f"{what} '{vi.name}' has a symbolic dim '{sym}'; partita shapes are static: "
                                   f"pass input_shapes={{'{vi.name}': [...]}}")
+        if d.dim_value < 0:
+            raise OnnxImportError(f"{what} '{vi.name}' has a negative dim {d.dim_value}; the model is malformed")
         shape.append(int(d.dim_value))
     return TensorType(tuple(shape), dtype)
 
@@ -1228,8 +1367,12 @@ def _known(vi: Any) -> tuple[tuple[int, ...] | None, int]:
 
 
 class _Importer:
-    def __init__(self, proto: Any, where: str, opset: int) -> None:
+    def __init__(self, proto: Any, where: str, opset: int, base_dir: str | None = None) -> None:
         self.proto, self.where, self.opset = proto, where, opset
+        # The folder external tensor data is read from (None: a ModelProto given in memory).
+        self.base_dir = base_dir
+        # What defined each ONNX value name, for the error on a second definition.
+        self.defined: dict[str, str] = {}
         self.graph = Graph(_NAME_BAD.sub("_", proto.graph.name) or "main")
         self.b = Builder(self.graph)
         self.values: dict[str, Value] = {}
@@ -1238,30 +1381,71 @@ class _Importer:
         self.seqs: dict[str, list[Value]] = {}
 
     def run(self, input_shapes: dict[str, Sequence[int]], static: dict[str, np.ndarray]) -> Graph:
-        onnx = _onnx()
         g = self.proto.graph
         unknown: dict[str, list[str]] = {}
         for i, node in enumerate(g.node):
             if node.domain not in ("", "ai.onnx") or node.op_type not in ONNX_TO_PARTITA:
-                key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+                op = node.op_type or "(empty op_type)"
+                key = op if node.domain in ("", "ai.onnx") else f"{node.domain}::{op}"
                 unknown.setdefault(key, []).append(node.name or f"#{i}")
         if unknown:
             listed = "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(unknown.items()))
             raise OnnxImportError(f"{self.where}: unsupported ONNX op type(s): {listed}. Supported: "
                                   f"{', '.join(sorted(ONNX_TO_PARTITA))}")
+        if not g.output:
+            raise OnnxImportError(f"{self.where}: the graph declares no outputs; a model returns at least one value")
         taken: set[str] = set()
-        inits = {t.name: onnx.numpy_helper.to_array(t) for t in g.initializer}
+        readers: dict[str, str] = {}
+        for node in g.node:
+            for name in node.input:
+                readers.setdefault(name, f"node '{node.name or '<unnamed>'}' ({node.op_type})")
+        inits: dict[str, np.ndarray] = {}
+        for k, t in enumerate(g.initializer):
+            if not t.name:
+                raise OnnxImportError(f"{self.where}: initializer #{k + 1} has no name; every initializer needs one")
+            if t.name in inits:
+                raise OnnxImportError(f"{self.where}: initializer '{t.name}' is defined twice; "
+                                      "ONNX value names must be unique")
+            what = f"{self.where}: initializer '{t.name}'" + (f", read by {readers[t.name]}" if t.name in readers else "")
+            inits[t.name] = _tensor_array(t, what, self.base_dir)
+        seen: set[str] = set()
+        for k, vi in enumerate(g.input):
+            if not vi.name:
+                raise OnnxImportError(f"{self.where}: graph input #{k + 1} has no name; every input needs one")
+            if vi.name in seen:
+                raise OnnxImportError(f"{self.where}: graph input '{vi.name}' is declared twice; "
+                                      "ONNX value names must be unique")
+            seen.add(vi.name)
         for name in static:
-            if name not in {vi.name for vi in g.input} or name in inits:
+            if name not in seen or name in inits:
                 raise OnnxImportError(f"{self.where}: static input '{name}' is not a graph input")
         inits.update(static)
+        inputs = [vi.name for vi in g.input if vi.name not in inits]
+        shapes: dict[str, list[int]] = {}
+        for name, shape in input_shapes.items():
+            if name not in inputs:
+                known = ", ".join(f"'{x}'" for x in inputs) or "none"
+                why = " (it is an initializer, whose data fixes its shape)" if name in inits else ""
+                raise OnnxImportError(f"{self.where}: a shape is given for '{name}', which is not an input of the "
+                                      f"model{why}; its inputs are: {known}")
+            dims: list[Any]
+            try:
+                dims = list(shape)
+            except TypeError:
+                dims = [shape]
+            if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+                raise OnnxImportError(f"{self.where}: the shape given for input '{name}', {dims}, must be a list "
+                                      "of non-negative integer sizes")
+            shapes[name] = [int(d) for d in dims]
         for vi in g.input:
             if vi.name in inits:
                 continue
-            t = _tensor_type(vi, f"{self.where}: graph input", input_shapes)
+            t = _tensor_type(vi, f"{self.where}: graph input", shapes)
             self.values[vi.name] = self.b.input(_sanitize(vi.name, taken), t)
+            self.defined[vi.name] = "a graph input"
         for name, init in inits.items():
             arr = _np_for_partita(np.asarray(init), f"{self.where}: initializer '{name}'")
+            self.defined[name] = "an initializer" if name not in static else "a static input"
             pname = _sanitize(name, taken)
             self.values[name] = self.b.param(pname, TensorType(tuple(arr.shape), dt.from_numpy(arr.dtype)))
             self.graph.weights[pname] = arr
@@ -1283,8 +1467,14 @@ class _Importer:
         return self.graph
 
     def _convert(self, i: int, node: Any, expected: dict[str, Any]) -> None:
-        onnx = _onnx()
         loc = Location(self.where, i + 1)
+        n = OnnxNode(node, i, [], {}, self, loc)
+        for name in node.output:
+            if name in self.defined:
+                raise n.error(f"output '{name}' is already defined by {self.defined[name]}; ONNX value names "
+                              "must be unique (each value is assigned once)")
+            if name:
+                self.defined[name] = f"node '{node.name or '<unnamed>'}' ({node.op_type}, node {i + 1})"
         ins: list[Value | None] = []
         for name in node.input:
             if name == "":
@@ -1301,8 +1491,7 @@ class _Importer:
                 raise OnnxImportError(f"{loc}: node '{node.name}' ({node.op_type}) reads '{name}', which no "
                                       "earlier node, input or initializer defines (the graph is not "
                                       "topologically sorted, or the model is malformed or truncated)")
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        n = OnnxNode(node, i, ins, attrs, self, loc)
+        n.inputs, n.attrs = ins, self._attributes(n)
         outs = ONNX_TO_PARTITA[node.op_type](n)
         for k, name in enumerate(node.output):
             if name == "":
@@ -1324,6 +1513,42 @@ class _Importer:
             self.values[name] = v
 
 
+    def _attributes(self, n: OnnxNode) -> dict[str, Any]:
+        """The node's attributes as Python values, each of the type the op's schema (at the
+        model's opset) gives it, and every attribute the schema requires present."""
+        onnx = _onnx()
+        ap = onnx.AttributeProto
+        try:
+            spec = onnx.defs.get_schema(n.proto.op_type, self.opset, "").attributes
+        except onnx.defs.SchemaError:
+            spec = {}
+
+        def kind(code: int) -> str:
+            try:
+                return str(ap.AttributeType.Name(code))
+            except ValueError:
+                return f"type code {code}"
+
+        attrs: dict[str, Any] = {}
+        for a in n.proto.attribute:
+            if a.name in attrs:
+                raise n.error(f"attribute '{a.name}' is given twice")
+            if a.ref_attr_name:
+                raise n.error(f"attribute '{a.name}' refers to '{a.ref_attr_name}', an attribute of an enclosing "
+                              "function; only a function body may do that (the model is malformed)")
+            want = spec.get(a.name)
+            if a.type == ap.UNDEFINED:
+                raise n.error(f"attribute '{a.name}' has no type (UNDEFINED); the model is malformed")
+            if want is not None and int(want.type) != a.type:
+                raise n.error(f"attribute '{a.name}' is of type {kind(a.type)}, but {n.proto.op_type} "
+                              f"(opset {self.opset}) takes {kind(int(want.type))}")
+            attrs[a.name] = onnx.helper.get_attribute_value(a)
+        missing = [name for name, sa in spec.items() if sa.required and name not in attrs]
+        if missing:
+            raise n.error(f"the required attribute(s) {', '.join(repr(m) for m in missing)} are missing")
+        return attrs
+
+
 def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
                 static_inputs: dict[str, Any] | None = None) -> Graph:
     """Import an ONNX model (a path or a ``onnx.ModelProto``) as a partita Graph.
@@ -1337,11 +1562,11 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
     node whose semantics partita cannot express, naming the node.
     """
     onnx = _onnx()
-    proto, where = _load(model)
+    proto, where, base_dir = _load(model)
     opset = _opset(proto, where)
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception as e:
         raise OnnxImportError(f"{where}: ONNX shape inference rejects the model: {e}") from None
     static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
-    return _Importer(inferred, where, opset).run(dict(input_shapes or {}), static)
+    return _Importer(inferred, where, opset, base_dir).run(dict(input_shapes or {}), static)

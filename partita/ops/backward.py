@@ -28,7 +28,7 @@ from ..ir.types import TensorType
 from ._lazy import F, torch
 from .elementwise import _compute_np, _np_erf, _np_sigmoid, _unary
 from .nn import (_attn_compute_dtype, _attn_scale, _flash_args, _flash_ok, _np_attention_scores,
-                 _torch_attention_scores)
+                 _torch_attention_scores, ce_padded_classes)
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
 
 
@@ -752,6 +752,7 @@ register(OpDef(
     infer=_embedding_grad_infer, reference=_np_embedding_grad,
     torch=lambda args, a: torch.ops.aten.embedding_dense_backward(args[0], args[1], a["num_embeddings"], -1, False),
     cost=lambda ins, outs, a: Cost(ins[0].numel, sum(t.nbytes for t in ins), outs[0].nbytes),
+    pad_zeros="always", size_attrs=lambda a, outs: {**a, "num_embeddings": outs[0].shape[0]},
     doc="dtable of embedding: a [num_embeddings, dim] table of zeros with each row of dy "
         "(shape indices.shape + [dim]) added at its index (aten.embedding_dense_backward, no "
         "padding_idx). Cost: one FLOP per element of dy.",
@@ -966,7 +967,7 @@ register(OpDef(
     attrs=(AttrSpec("reduction", "str", "mean", choices=("mean", "sum", "none")),
            AttrSpec("ignore_index", "int", -100), AttrSpec("label_smoothing", "float", 0.0)),
     infer=_ce_grad_infer, reference=_np_cross_entropy_grad, torch=_torch_cross_entropy_grad,
-    cost=_io_cost(6),
+    cost=_io_cost(6), pad_ranged=ce_padded_classes, pad_logits=1, pad_zeros="always",
     doc="dlogits of cross_entropy (attributes as the forward; classes on axis 1, or 0 for [C] "
         "logits) from dloss (a scalar for 'mean'/'sum', the target's shape for 'none'), the "
         "logits and the target: (softmax - (1 - e) * onehot - e / C) * dloss, divided by the "

@@ -86,9 +86,12 @@ def _torch_div(a, b):
     return torch.div(a, b)
 
 
-_binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", commutative=True, right_identity=0.0, left_identity=0.0)
-_binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "no_bool", "lhs - rhs (no bool operand)", right_identity=0.0)
-_binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0)
+_binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", commutative=True, right_identity=0.0, left_identity=0.0,
+        pad_zeros="all_operands")
+_binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "no_bool", "lhs - rhs (no bool operand)", right_identity=0.0,
+        pad_zeros="all_operands")
+_binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0,
+        pad_zeros="any")
 _binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0)
 def _torch_pow(a, b):
     # A rank-0 exponent of the base's float dtype (x ** 3.0 in a model) goes through torch's
@@ -170,7 +173,7 @@ def _np_sigmoid(x, a=None):
     return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x)))).astype(x.dtype)
 
 
-_unary("neg", lambda x, a: np.negative(x), lambda x, a: torch.neg(x), "numeric", "-x", involution=True)
+_unary("neg", lambda x, a: np.negative(x), lambda x, a: torch.neg(x), "numeric", "-x", involution=True, pad_zeros="all")
 _unary("abs", lambda x, a: np.abs(x), lambda x, a: torch.abs(x), "numeric", "|x|", idempotent=True)
 _unary("exp", lambda x, a: np.exp(x), lambda x, a: torch.exp(x), "float", "e ** x")
 _unary("log", lambda x, a: np.log(x), lambda x, a: torch.log(x), "float", "natural logarithm")
@@ -231,7 +234,7 @@ register(OpDef(
     attrs=(AttrSpec("dtype", "dtype"), AttrSpec("saturate", "bool", True),
            AttrSpec("round_mode", "str", "up", choices=ROUND_MODES)),
     infer=lambda ts, a: TensorType(ts[0].shape, a["dtype"]),
-    reference=_cast_reference, torch=_cast_torch, storage_ok=True,
+    reference=_cast_reference, torch=_cast_torch, storage_ok=True, pad_zeros="all",
     doc="convert to dtype (ONNX Cast semantics): float to int truncates toward zero; nonzero to bool "
         "is true; saturate (f8 targets) clamps out-of-range values and infinities to +-max; "
         "round_mode (f8e8m0 target) is up, down or nearest",

@@ -82,6 +82,6 @@ def _matmul_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> 
 
 register(OpDef(
     name="matmul", operands=("lhs", "rhs"), infer=_matmul_infer, reference=_matmul_reference,
-    torch=lambda args, a: torch.matmul(args[0], args[1]), cost=_matmul_cost,
+    torch=lambda args, a: torch.matmul(args[0], args[1]), cost=_matmul_cost, pad_zeros="any",
     doc="matrix product with NumPy semantics: dot for 1-D x 1-D, vector promotion, broadcast batch dims",
 ))

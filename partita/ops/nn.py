@@ -246,6 +246,8 @@ register(OpDef(
     infer=_embedding_infer, reference=_np_embedding,
     torch=lambda args, a: F.embedding(args[1], args[0]),
     cost=_embedding_cost,
+    # Ids below the table's real size never read a padded row (checked at run time).
+    pad_ranged=lambda attrs: None,
     doc="table[indices]: rows of a [V, D] table gathered by i32/i64 indices of any shape, giving "
         "indices.shape + [D]. An index outside 0..V-1 (negative ones included) is an error at run "
         "time. No padding_idx/max_norm (they only matter for training or mutate the table).",
@@ -905,11 +907,18 @@ def _torch_cross_entropy(args, attrs):
                            label_smoothing=attrs["label_smoothing"])
 
 
+def ce_padded_classes(attrs: dict) -> str | None:
+    """Padded classes, masked to -inf logits, drop out of the softmax; label smoothing would
+    still spread over them."""
+    return "smooths the labels over every class" if attrs["label_smoothing"] > 0.0 else None
+
+
 register(OpDef(
     name="cross_entropy", operands=("logits", "target"),
     attrs=(AttrSpec("reduction", "str", "mean", choices=("mean", "sum", "none")),
            AttrSpec("ignore_index", "int", -100), AttrSpec("label_smoothing", "float", 0.0)),
     infer=_ce_infer, reference=_np_cross_entropy, torch=_torch_cross_entropy, cost=_io_cost(6),
+    pad_ranged=ce_padded_classes, pad_logits=0,
     doc="-log_softmax(logits)[target] with classes on axis 1 (axis 0 for [C] logits and a scalar "
         "target); target holds i64 class indices. Targets equal to ignore_index (default -100) "
         "give 0 and are left out of the mean's divisor; any other target outside 0..C-1 is an "

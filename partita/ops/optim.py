@@ -93,7 +93,7 @@ register(OpDef(
     attrs=(AttrSpec("lr", "float", 1e-3), AttrSpec("momentum", "float", 0.0),
            AttrSpec("weight_decay", "float", 0.0), AttrSpec("nesterov", "bool", False)),
     infer=_sgd_infer, reference=_np_sgd, torch=_torch_sgd, cost=_update_cost(4),
-    torch_inplace=_torch_sgd_inplace, inplace=((0, 0), (1, 2)),
+    torch_inplace=_torch_sgd_inplace, inplace=((0, 0), (1, 2)), pad_zeros="all",
     doc="one step of torch.optim.SGD (dampening 0): d = grad + weight_decay * param; with momentum, "
         "buf = momentum * buf + d (a zero buffer on the first step gives buf = d, as PyTorch) and "
         "d = buf, or d + momentum * buf with nesterov; returns param - lr * d and, with momentum, the "
@@ -162,7 +162,7 @@ register(OpDef(
     attrs=(AttrSpec("lr", "float", 1e-3), AttrSpec("beta1", "float", 0.9), AttrSpec("beta2", "float", 0.999),
            AttrSpec("eps", "float", 1e-8), AttrSpec("weight_decay", "float", 1e-2)),
     infer=_adamw_infer, reference=_np_adamw, torch=_torch_adamw, cost=_update_cost(12),
-    torch_inplace=_torch_adamw_inplace, inplace=((0, 0), (1, 2), (2, 3)),
+    torch_inplace=_torch_adamw_inplace, inplace=((0, 0), (1, 2), (2, 3)), pad_zeros="all",
     doc="one step of torch.optim.AdamW: param *= 1 - lr * weight_decay; exp_avg = lerp(exp_avg, "
         "grad, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2; param -= "
         "lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps). step is "

@@ -84,7 +84,7 @@ def _reduce_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> 
     return Cost(ins[0].numel, sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
 
 
-def _reduction(name: str, dtype_rule: str, np_fn, torch_fn, doc: str) -> OpDef:
+def _reduction(name: str, dtype_rule: str, np_fn, torch_fn, doc: str, **facts) -> OpDef:
     """dtype_rule: "accumulate" (bool/int -> i64), "same", or "float_only"."""
 
     def infer(ts: list[TensorType], attrs: dict) -> TensorType:
@@ -113,7 +113,7 @@ def _reduction(name: str, dtype_rule: str, np_fn, torch_fn, doc: str) -> OpDef:
         return torch_fn(x, axes, attrs["keepdim"])
 
     return register(OpDef(name=name, operands=("x",), attrs=(_AXES, _KEEPDIM), infer=infer,
-                          reference=reference, torch=torch_impl, cost=_reduce_cost, doc=doc))
+                          reference=reference, torch=torch_impl, cost=_reduce_cost, doc=doc, **facts))
 
 
 def _np_sum(x, axes, keepdim):
@@ -153,7 +153,7 @@ def _torch_prod(x, axes, keepdim):
 
 _reduction("sum", "accumulate", _np_sum,
            lambda x, axes, k: torch.sum(x, dim=axes, keepdim=k),
-           "sum over axes; bool and integers give i64")
+           "sum over axes; bool and integers give i64", pad_zeros="all")
 _reduction("prod", "accumulate", _np_prod, _torch_prod,
            "product over axes; bool and integers give i64")
 _reduction("mean", "float_only", _np_mean,

@@ -200,6 +200,18 @@ class OpDef:
     elementwise: bool = False
     # Accepts storage dtypes (f8/f4/i4/...); data-movement ops (cost=movement_cost) always do.
     storage_ok: bool = False
+    # Facts the padding rewrite reads (parallel/pad.py: a dim padded with zeros so that a mesh
+    # axis divides it). pad_zeros: where the result is zero in the padding of a dim its
+    # sharding rule passes from operands to a result (one of PAD_ZEROS, "" when nothing is
+    # known). pad_ranged: for a dim the rule marks ranged (an index range the op looks up),
+    # ``attrs -> None`` when the op may take it padded, or the reason it may not; None: never.
+    # pad_logits: the operand holding class logits, which padding masks with -inf on the
+    # padded classes. size_attrs: ``(attrs, result types) -> attrs`` restating the attributes
+    # that give result sizes (reshape's shape), for new (padded) result types.
+    pad_zeros: str = ""
+    pad_ranged: Callable[[dict], str | None] | None = None
+    pad_logits: int | None = None
+    size_attrs: Callable[[dict, list[TensorType]], dict] | None = None
     # An optional torch implementation that writes results into operand buffers: pairs
     # (result index, operand index). The torch executor uses it only when the graph lets it
     # (the result is an output aliasing that operand, an input donated by the caller and
@@ -312,6 +324,16 @@ def _same(a: Any, b: Any) -> bool:
 
 OPS: dict[str, OpDef] = {}
 
+# The values of OpDef.pad_zeros: where a result is zero in the padding of a dim.
+PAD_ZEROS = {
+    "": "nothing is known: the padding may hold anything",
+    "any": "where any operand carrying the dim is zero there (a product: mul, matmul)",
+    "all": "where every operand carrying the dim is zero there (neg, moves, sum, optimizer updates)",
+    "all_operands": "where every operand carries the dim and is zero there (add, sub, concat: an operand "
+                    "broadcast along the dim would fill the padding)",
+    "always": "whatever the operands hold (embedding_grad, cross_entropy_grad)",
+}
+
 
 def register(op: OpDef) -> OpDef:
     """Add ``op`` to ``OPS``, recording where it was defined. Names are unique, and the record
@@ -392,6 +414,15 @@ def record_problems(op: OpDef) -> list[str]:
     for fname in ("infer", "reference", "torch", "cost"):
         if not callable(getattr(op, fname)):
             out.append(f"{fname} must be a function, got {getattr(op, fname)!r}")
+    for fname in ("pad_ranged", "size_attrs", "torch_inplace", "torch_async", "collective"):
+        v = getattr(op, fname)
+        if v is not None and not callable(v):
+            out.append(f"{fname} must be a function or None, got {v!r}")
+    if op.pad_zeros not in PAD_ZEROS:
+        out.append(f"pad_zeros is {op.pad_zeros!r}{suggest(op.pad_zeros, PAD_ZEROS)}; it is one of "
+                   f"{', '.join(map(repr, PAD_ZEROS))}")
+    if op.pad_logits is not None and not (isinstance(op.pad_logits, int) and 0 <= op.pad_logits < len(op.operands)):
+        out.append(f"pad_logits is {op.pad_logits!r}, not the index of an operand")
     return out
 
 

@@ -85,7 +85,8 @@ _movement(
     lambda ts, a: ts[0].with_shape(resolve_reshape(ts[0], a["shape"])),
     lambda args, a: np.reshape(args[0], resolve_reshape(_type(args[0]), a["shape"])),
     lambda args, a: args[0].reshape(a["shape"]),
-    "same elements in row-major order, new shape (one -1 is inferred)", idempotent=True)
+    "same elements in row-major order, new shape (one -1 is inferred)", idempotent=True, pad_zeros="all",
+    size_attrs=lambda a, outs: {**a, "shape": outs[0].shape})
 
 
 def _type(a) -> TensorType:
@@ -119,7 +120,7 @@ _movement(
     "transpose", ("x",), (AttrSpec("perm", "ints", None),), _transpose_infer,
     lambda args, a: np.transpose(args[0], transpose_perm(args[0].ndim, a["perm"])),
     lambda args, a: args[0].permute(transpose_perm(args[0].dim(), a["perm"])),
-    "permute dims: result dim i is input dim perm[i] (perm omitted: reverse)")
+    "permute dims: result dim i is input dim perm[i] (perm omitted: reverse)", pad_zeros="all")
 
 
 # --- broadcast_to --------------------------------------------------------------------------
@@ -152,7 +153,7 @@ _movement(
     lambda ts, a: ts[0].with_shape(broadcast_target(ts[0], a["shape"])),
     lambda args, a: np.broadcast_to(args[0], broadcast_target(_type(args[0]), a["shape"])),
     lambda args, a: torch.broadcast_to(args[0], a["shape"]),
-    "repeat size-1 (and missing leading) dims to reach shape", idempotent=True)
+    "repeat size-1 (and missing leading) dims to reach shape", idempotent=True, pad_zeros="all")
 
 
 # --- slice ---------------------------------------------------------------------------------
@@ -191,7 +192,8 @@ _movement(
     "slice", ("x",),
     (AttrSpec("axis", "int"), AttrSpec("start", "int", 0), AttrSpec("end", "int", None), AttrSpec("step", "int", 1)),
     _slice_infer, _slice_ref, _slice_torch,
-    "x[start:end:step] along axis, with Python's clamping and negative indices (end omitted: to the end)")
+    "x[start:end:step] along axis, with Python's clamping and negative indices (end omitted: to the end)",
+    pad_zeros="all")
 
 
 # --- concat and split ----------------------------------------------------------------------
@@ -226,7 +228,7 @@ def _dtype_of(arr) -> DType:
 _movement(
     "concat", ("*inputs",), (AttrSpec("axis", "int"),), _concat_infer, _concat_ref,
     lambda args, a: torch.cat(list(args), dim=a["axis"]),
-    "join tensors along axis (dtypes promote as torch.cat; rank-0 operands rejected)")
+    "join tensors along axis (dtypes promote as torch.cat; rank-0 operands rejected)", pad_zeros="all_operands")
 
 
 def _split_infer(ts, a):
@@ -282,7 +284,7 @@ _movement(
     "squeeze", ("x",), (AttrSpec("axes", "ints", None),), _squeeze_infer,
     lambda args, a: np.squeeze(args[0], axis=squeeze_axes(_type(args[0]), a["axes"])),
     lambda args, a: torch.squeeze(args[0], dim=squeeze_axes(TensorType(tuple(args[0].shape), f32), a["axes"])),
-    "remove size-1 dims (axes omitted: all of them); naming a dim of another size is an error")
+    "remove size-1 dims (axes omitted: all of them); naming a dim of another size is an error", pad_zeros="all")
 
 
 def unsqueeze_axes(rank: int, axes) -> tuple[int, ...]:
@@ -308,7 +310,7 @@ _movement(
     "unsqueeze", ("x",), (AttrSpec("axes", "ints"),), _unsqueeze_infer,
     lambda args, a: np.expand_dims(args[0], unsqueeze_axes(args[0].ndim, a["axes"])),
     _unsqueeze_torch,
-    "insert size-1 dims at the given positions of the result")
+    "insert size-1 dims at the given positions of the result", pad_zeros="all")
 
 
 # --- pad -------------------------------------------------------------------------------------

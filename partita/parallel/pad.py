@@ -16,14 +16,18 @@ What the rewrite does, from a seed (a param's dim, usually a token table's rows)
 2. A forward walk carries the padding from operands to results where the op is safe on a
    padded dim, and keeps track of which padded values hold zeros in their padding:
    - a label that reaches a result (elementwise ops, transposes, a matmul's free dims, the
-     optimizer updates) passes the padding on;
+     optimizer updates) passes the padding on; whether the result's padding holds zeros is the
+     op record's ``pad_zeros`` fact (ops/registry.py, ``PAD_ZEROS``);
    - a label the op sums over (a matmul's contraction) is safe when the padding is zero
      (for a product, in one operand): the extra terms add nothing;
-   - ``embedding`` over a padded table never reads the padded rows (ids are below the real
-     size, checked at run time against it); ``embedding_grad`` gives zero rows there;
-   - ``cross_entropy`` and its gradient over padded classes get the logits plus a constant
-     that is ``-inf`` on the padded classes, whose exponentials are then 0: the loss and the
-     gradient are the unpadded ones, and the gradient's padded classes are zeros;
+   - a ranged label (an index range the op looks up) is safe where the record's
+     ``pad_ranged`` says so: ``embedding`` over a padded table never reads the padded rows
+     (ids are below the real size, checked at run time against it); ``embedding_grad`` gives
+     zero rows there (its ``size_attrs`` restate ``num_embeddings``);
+   - ``cross_entropy`` and its gradient over padded classes (``pad_logits``: the operand of
+     the logits) get the logits plus a constant that is ``-inf`` on the padded classes, whose
+     exponentials are then 0: the loss and the gradient are the unpadded ones, and the
+     gradient's padded classes are zeros;
    - anything else (a softmax or a mean along the padded dim, an op without a rule, label
      smoothing, an operand of the same index that is not padded) gets its operand cut back to
      the real size with a ``slice`` first, so it sees exactly what it saw before.
@@ -45,20 +49,12 @@ import numpy as np
 
 from ..ir.attrs import DenseAttr
 from ..ir.builder import Builder
+from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.types import TensorType
 from ..ops.registry import OPS
 from .sharding import DimSpec, sharding_spec
 
-# Ops whose result is zero in the padding when any operand carrying the padded index is.
-_ZERO_IF_ANY = frozenset({"mul", "matmul"})
-# Ops whose results are zero in the padding when every operand carrying the index is (and,
-# for add/sub/where, every operand carries it: a broadcast operand would fill the padding).
-_ZERO_IF_ALL = frozenset({"add", "sub", "neg", "transpose", "reshape", "cast", "slice", "sum", "squeeze",
-                          "unsqueeze", "adamw_update", "sgd_update", "concat", "broadcast_to"})
-_NEEDS_ALL_OPERANDS = frozenset({"add", "sub", "concat"})
-# Ops whose padded results are zeros whatever their operands hold.
-_ZERO_ALWAYS = frozenset({"embedding_grad", "cross_entropy_grad"})
 
 
 @dataclass
@@ -246,20 +242,15 @@ class _Padder:
                     continue
                 elif lab in spec.sums:
                     zeros = [ops[j] in self.zero for j, _ in group]
-                    if not (all(zeros) or (node.op in _ZERO_IF_ANY and any(zeros))):
+                    if not (all(zeros) or (OPS[node.op].pad_zeros == "any" and any(zeros))):
                         out[lab] = "sums over it, and its padding may not be zero"
                 else:
                     out[lab] = "needs the dim whole"
         return out
 
     def ranged_ok(self, node: Node, lab: str) -> str | None:
-        if node.op == "embedding":
-            return None  # ids below the real size never read a padded row
-        if node.op in ("cross_entropy", "cross_entropy_grad"):
-            if node.attrs["label_smoothing"] > 0.0:
-                return "smooths the labels over every class"
-            return None
-        return "has no padded form"
+        check = OPS[node.op].pad_ranged
+        return "has no padded form" if check is None else check(node.attrs)
 
     def cut(self, v: Value, d: int, before: Node) -> Value:
         key = (v, d)
@@ -296,20 +287,32 @@ class _Padder:
         self.report.cut.append(f"{node.op} ({'; '.join(sorted(set(unsafe.values())))})")
 
     def source(self, node: Node) -> None:
-        """A node without padded operands whose result is in a padded class: an
-        embedding_grad (its rows come from an attribute) is made padded at once."""
-        if node.op != "embedding_grad":
+        """A node without padded operands whose result is in a padded class and whose
+        attributes give its sizes (``size_attrs``: embedding_grad's rows come from
+        num_embeddings) is made padded at once, when its type rule agrees."""
+        opdef = OPS[node.op]
+        if opdef.size_attrs is None or len(node.results) != 1:
             return
         r = node.results[0]
-        n = self.in_class(r, 0)
-        if n is None:
+        p = {d: n for d in range(r.type.rank) if (n := self.in_class(r, d)) is not None}
+        if not p:
             return
-        attrs = {**node.attrs, "num_embeddings": self.padded_size(n)}
-        new = OPS[node.op].infer_types([o.type for o in node.operands], OPS[node.op].normalize_attrs(attrs))
-        node.attrs = OPS[node.op].normalize_attrs(attrs)
-        r.type = new[0]
-        self.pads[r] = {0: n}
-        self.zero.add(r)
+        shape = list(r.type.shape)
+        for d, n in p.items():
+            shape[d] = self.padded_size(n)
+        want = TensorType(tuple(shape), r.type.dtype)
+        try:
+            attrs = opdef.normalize_attrs(opdef.size_attrs(dict(node.attrs), [want]))
+            got = opdef.infer_types([o.type for o in node.operands], attrs)
+        except PartitaError:  # the sizes do not come from the attributes alone (a reshape)
+            return
+        if list(got) != [want]:
+            return
+        node.attrs = attrs
+        r.type = want
+        self.pads[r] = p
+        if opdef.pad_zeros == "always":
+            self.zero.add(r)
 
     def retype(self, node: Node, spec: DimSpec, old: list[TensorType]) -> None:
         ops = node.operands
@@ -321,8 +324,8 @@ class _Padder:
                 if lab is not None:
                     label_size[lab] = o.type.shape[d]
                     label_real[lab] = n
-        if node.op in ("cross_entropy", "cross_entropy_grad"):
-            k = 0 if node.op == "cross_entropy" else 1
+        k = OPS[node.op].pad_logits
+        if k is not None:
             self.mask_logits(node, k)
             ops = node.operands
         want: list[TensorType] = []
@@ -355,26 +358,27 @@ class _Padder:
 
     def new_attrs(self, node: Node, spec: DimSpec, old: list[TensorType], want: list[TensorType]) -> dict:
         attrs = dict(node.attrs)
-        if node.op == "reshape":
-            attrs["shape"] = want[0].shape
-        elif node.op == "embedding_grad":
-            attrs["num_embeddings"] = want[0].shape[0]
-        elif spec.localize is not None and node.op != "reshape":
+        size_attrs = OPS[node.op].size_attrs
+        if size_attrs is not None:
+            return size_attrs(attrs, want)
+        if spec.localize is not None:
             attrs = spec.localize_attrs(attrs, [o.type for o in node.operands], old)
         return attrs
 
     def result_zero(self, node: Node, spec: DimSpec, r: Value, p: dict[int, int]) -> bool:
-        if node.op in _ZERO_ALWAYS:
+        """Whether ``r``'s padding holds zeros, from the record's ``pad_zeros`` fact."""
+        fact = OPS[node.op].pad_zeros
+        if fact == "always":
             return True
         k = node.results.index(r)
         for d in p:
             lab = spec.results[k][d]
             carriers = [(i, o) for i, (o, labels) in enumerate(zip(node.operands, spec.operands)) if lab in labels]
             zeros = [o in self.zero for _, o in carriers]
-            if node.op in _ZERO_IF_ANY and any(zeros):
+            if fact == "any" and any(zeros):
                 continue
-            if node.op in _ZERO_IF_ALL and zeros and all(zeros) and \
-                    (node.op not in _NEEDS_ALL_OPERANDS or len(carriers) == len(node.operands)):
+            if fact in ("all", "all_operands") and zeros and all(zeros) and \
+                    (fact == "all" or len(carriers) == len(node.operands)):
                 continue
             return False
         return True
