@@ -25,7 +25,7 @@ from ..ops.collective import Pending
 from ..ir.dtypes import DType, promote_all
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
-from ..ops.cast_semantics import cast_array
+from ..ops.cast_semantics import cast_array, float_to_int_torch
 from ..ops.registry import OPS, OpDef, movement_cost
 from .common import bind_inputs, check_array, numpy_dtype_name
 
@@ -345,6 +345,8 @@ def _carried_cast(src: DType, dst: DType):
         src_native = None
     else:
         src_native = _NATIVE_UNSIGNED.get(src.name)
+    # A 4- or 2-bit integer travels as f32 holding its value; it is cast as the integer it is.
+    int_carried_as_float = src.storage and src.is_int
     to = getattr(torch, _NATIVE_UNSIGNED[dst.name]) if dst.name in _NATIVE_UNSIGNED else to_torch_dtype(dst)
 
     def cast(args, attrs):
@@ -353,15 +355,11 @@ def _carried_cast(src: DType, dst: DType):
             x = x.view(torch.uint64)
         elif src_native is not None:
             x = x.to(getattr(torch, src_native))
+        elif int_carried_as_float:
+            x = x.to(torch.int64)
         if x.is_floating_point() and dst.is_int:
-            # Truncate toward zero and wrap, as cast_array does: through int64. torch's
-            # float -> uint64 conversion is wrong above 2**63 on CPU, so u64 is built by hand:
-            # values from 2**63 up are shifted down, converted, and get the top bit back.
-            t = torch.trunc(x.double())
-            if dst.name == "u64":
-                high = t >= 2.0 ** 63
-                return torch.where(high, (t - 2.0 ** 63).to(torch.int64) ^ _SIGN_BIT, t.to(torch.int64))
-            x = t.to(torch.int64)
+            # Rounded and saturated as cast_array does; u64 comes back as its int64 carrier.
+            return float_to_int_torch(x, dst).to(carrier_dtype(dst))
         y = x.to(to)
         return to_carrier(y, dst) if dst.name in CARRIER_NAMES else y
     return cast

@@ -16,7 +16,7 @@ from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import DType, bool_, f32, from_numpy, promote
 from ..ir.types import TensorType
 from ._lazy import F, to_torch_dtype, torch
-from .cast_semantics import ROUND_MODES, cast_array
+from .cast_semantics import ROUND_MODES, cast_array, float_to_int_torch
 from .registry import AttrSpec, OpDef, broadcast_shapes, register
 
 
@@ -225,8 +225,12 @@ def _cast_reference(args, a):
 
 def _cast_torch(args, a):
     # Casts that touch u16/u32/u64 or a storage type are taken over by the torch executor
-    # (partita.backend.torch_exec), which knows how it carries those values.
-    return args[0].to(to_torch_dtype(a["dtype"]))
+    # (partita.backend.torch_exec), which knows how it carries those values. torch's own
+    # float -> integer conversion is undefined out of range, so that one follows cast_array.
+    x, dt = args[0], a["dtype"]
+    if dt.is_int and x.is_floating_point():
+        return float_to_int_torch(x, dt).to(to_torch_dtype(dt))
+    return x.to(to_torch_dtype(dt))
 
 
 register(OpDef(
@@ -235,8 +239,10 @@ register(OpDef(
            AttrSpec("round_mode", "str", "up", choices=ROUND_MODES)),
     infer=lambda ts, a: TensorType(ts[0].shape, a["dtype"]),
     reference=_cast_reference, torch=_cast_torch, storage_ok=True, pad_zeros="all",
-    doc="convert to dtype (ONNX Cast semantics): float to int truncates toward zero; nonzero to bool "
-        "is true; saturate (f8 targets) clamps out-of-range values and infinities to +-max; "
-        "round_mode (f8e8m0 target) is up, down or nearest",
+    doc="convert to dtype (ONNX Cast semantics, docs/ir.md): float to int truncates toward zero "
+        "(to i4/u4/i2/u2: rounds to nearest even) and saturates, NaN to 0; int to int keeps the low "
+        "bits; nonzero to bool is true; saturate (f8 targets) clamps out-of-range values and "
+        "infinities to +-max; f4e2m1 always saturates (NaN to 6); round_mode (f8e8m0 target) is "
+        "up, down or nearest",
     elementwise=True,
 ))

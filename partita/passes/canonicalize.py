@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node, Value
+from ..ops.cast_semantics import int_range
 from ..ops.registry import OPS
 from .manager import Pass, register_pass
 from .rewrite import Match, Op, RewriteDriver, RewriteEvent, Rule, Splat, Var, emit_splat, rule
@@ -90,10 +91,22 @@ def _neg_does_not_wrap(m: Match) -> bool:
     return dt.is_float or dt is m.type.dtype
 
 
+def _same_cast_rule(src: DType, mid: DType, dst: DType) -> bool:
+    """A value of ``src``, held exactly in ``mid``, casts to ``dst`` alike from either: a
+    float -> integer cast saturates where an integer -> integer cast wraps, so an integer going
+    through a float to an integer type must fit that type."""
+    if not dst.is_int or src.is_bool or src.is_float == mid.is_float:
+        return True
+    (lo, hi), (dlo, dhi) = int_range(src), int_range(dst)
+    return dlo <= lo and hi <= dhi
+
+
 def _cast_cast(m: Match) -> Value | None:
     inner: Node = m["inner"]
     x: Value = m["x"]
     if not _lossless(x.type.dtype, _result_dtype(inner)):
+        return None
+    if not _same_cast_rule(x.type.dtype, _result_dtype(inner), m.type.dtype):
         return None
     want = m.type.dtype
     return x if x.type.dtype is want else m.emit("cast", x, dtype=want)
@@ -201,7 +214,8 @@ RULES: list[Rule] = [
     rule("where-false", Op("where", Splat(False), X, Y), Y, fix=_FIX_ALL, doc="false ? x : y = y"),
     rule("cast-same", Op("cast", X, where=_same_type_as_operand), X, doc="cast to the dtype x has"),
     rule("cast-cast", Op("cast", Op("cast", X, bind="inner")), _cast_cast, requires=("cast",),
-         doc="cast(cast(x, a), b) = cast(x, b) when x -> a is lossless"),
+         doc="cast(cast(x, a), b) = cast(x, b) when x -> a is lossless and b casts x and a alike "
+             "(an integer through a float to an integer type must fit that type)"),
     rule("transpose-identity", Op("transpose", X, where=_identity_transpose), X),
     rule("transpose-transpose", Op("transpose", Op("transpose", X, bind="inner")), _transpose_transpose,
          requires=("transpose",), doc="compose the permutations (drop them when they cancel)"),
