@@ -155,7 +155,8 @@ def conformance(backend: type[PartitaBackend] = PartitaBackend) -> dict[str, lis
 
     Returns op type -> [(case name, None if it passed else the first line of the error)],
     covering the cases whose model uses only op types in ``ONNX_TO_PARTITA`` (the
-    "_expanded" function-body variants excluded: they test other ops).
+    "_expanded" function-body variants excluded: they test other ops). The cases of
+    SPEC_CORRECTED are compared with the specification's values (``correct_to_spec``).
     """
     from onnx.backend.test.case.node import collect_testcases
     from onnx.backend.test.runner import Runner
@@ -164,7 +165,9 @@ def conformance(backend: type[PartitaBackend] = PartitaBackend) -> dict[str, lis
 
     results: dict[str, list[tuple[str, str | None]]] = {}
     seen: set[str] = set()
-    for tc in collect_testcases():
+    cases = collect_testcases()
+    correct_to_spec(cases)
+    for tc in cases:
         if tc.model is None or "_expanded" in tc.name or tc.name in seen:
             continue
         ops = [n.op_type for n in tc.model.graph.node]
@@ -279,6 +282,60 @@ OUT_OF_SCOPE: dict[str, str] = {
 }
 
 
+# Node cases whose expected outputs contradict the ONNX specification of the onnx version
+# partita locks (1.23.2), regex over the case name -> reason. The generator computes them
+# with ml_dtypes' conversions, which do not follow the specification here; partita follows
+# the specification, so ``correct_to_spec`` replaces these expected outputs with the
+# specification's values (computed from each case's inputs by ``spec_cast_narrow``).
+SPEC_CORRECTED: dict[str, str] = {
+    r"^test_cast_(FLOAT|FLOAT16)_to_(U?INT4|U?INT2)$":
+        "ONNX's 4-bit and 2-bit integer notes: a cast to INT4/UINT4/INT2/UINT2 rounds to the nearest "
+        "integer (ties to even) and saturates to the range; the generated outputs truncate toward zero "
+        "and give 0 for values out of range (-9 -> 0 for INT4, where the specification gives -8)",
+    r"^test_cast_(FLOAT|FLOAT16)_to_FLOAT4E2M1$":
+        "ONNX's float4 note: a cast to FLOAT4E2M1 gives 6 for NaN; the generated outputs give 0",
+}
+
+_NARROW_RANGES = {"INT4": (-8, 7), "UINT4": (0, 15), "INT2": (-2, 1), "UINT2": (0, 3)}
+
+
+def spec_cast_narrow(x: np.ndarray, to: str) -> np.ndarray:
+    """Float ``x`` cast to ONNX type ``to`` (INT4, UINT4, INT2, UINT2 or FLOAT4E2M1) by the
+    rules the ONNX specification states in its technical notes (int4.md, int2.md, float4.md):
+    integers round to nearest, ties to even, and saturate to the range; FLOAT4E2M1 rounds to
+    nearest even, saturates to +-6 (infinities too) and gives 6 for NaN. A NaN cast to an
+    integer is undefined there; this gives 0, partita's choice (docs/ir.md)."""
+    import ml_dtypes
+
+    x = np.asarray(x).astype(np.float64)
+    if to == "FLOAT4E2M1":
+        return np.where(np.isnan(x), 6.0, np.clip(x, -6.0, 6.0)).astype(ml_dtypes.float4_e2m1fn)
+    lo, hi = _NARROW_RANGES[to]
+    ints = np.clip(np.where(np.isnan(x), 0.0, np.rint(x)), lo, hi).astype(np.int64)
+    return ints.astype(getattr(ml_dtypes, to.lower()))
+
+
+def correct_to_spec(cases: Sequence[Any]) -> list[str]:
+    """Replace, in place, the expected outputs of the node cases listed in SPEC_CORRECTED
+    with the specification's values; returns the names of the cases changed. Idempotent:
+    the values are computed from the inputs, which are left alone."""
+    import re
+
+    from onnx import helper
+
+    changed = []
+    for tc in cases:
+        if not any(re.search(p, tc.name) for p in SPEC_CORRECTED) or not tc.data_sets:
+            continue
+        (node,) = tc.model.graph.node
+        to = helper.tensor_dtype_to_string(helper.get_attribute_value(
+            next(a for a in node.attribute if a.name == "to"))).removeprefix("TensorProto.")
+        for k, (inputs, _) in enumerate(tc.data_sets):
+            tc.data_sets[k] = (inputs, [spec_cast_narrow(_as_array(inputs[0]), to)])
+        changed.append(tc.name)
+    return changed
+
+
 def out_of_scope(name: str) -> str | None:
     """The reason a node case is outside partita's claims, or None."""
     import re
@@ -310,6 +367,8 @@ def conformance_markdown(results: dict[str, list[tuple[str, str | None]]]) -> st
     failures = [f"- `{name}` ({op}): {err[:200]}" for op in sorted(results) for name, err in results[op]
                 if err is not None and out_of_scope(name) is None]
     lines += failures or ["None: every claimed case passes."]
+    lines += ["", "## Expected outputs corrected to the specification", ""]
+    lines += [f"- `{pattern}`: {why}" for pattern, why in SPEC_CORRECTED.items()]
     lines += ["", "## Out of scope", ""]
     for op in sorted(results):
         for name, err in results[op]:
