@@ -36,6 +36,9 @@ def fresh_name():
     ({"operands": ("x", "x")}, "operand 'x' is declared twice"),
     ({"operands": ("x?", "y")}, "operand 'y' follows an optional operand"),
     ({"reference": None}, "reference must be a function"),
+    ({"pad_zeros": "alll"}, "pad_zeros is 'alll' (did you mean 'all'?)"),
+    ({"pad_logits": 1}, "pad_logits is 1, not the index of an operand"),
+    ({"size_attrs": {"shape": 1}}, "size_attrs must be a function or None"),
 ])
 def test_register_refuses_a_malformed_record(fresh_name, kw, message):
     with pytest.raises(ValueError) as e:

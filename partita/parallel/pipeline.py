@@ -1,0 +1,189 @@
+"""``parallelize``, the whole parallel pipeline: the strategies annotate a few values of a copy
+of the global graph (partita/parallel/strategies/), user annotations by value name win over
+them, ``propagate`` places everything else, pricing each conflict by the reshard it costs,
+``partition`` writes the per-rank program, the strategies' own passes run on it, and
+``bucket-gradients``, ``bucket-gathers`` and ``order-collectives`` finish it.
+
+``partita.parallelize(graph, mesh="dp=2,tp=2", strategy="dp+megatron")`` combines strategies
+(one data-parallel preset and megatron on a 2-D mesh). User ``annotations`` (by value name)
+are applied after the strategies and win over them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Mapping
+
+from ..ir.graph import Graph
+from ..ir.printer import value_names
+from ..ops.registry import OPS
+from .mesh import Mesh, MeshError
+from .partition import partition_with_report
+from .placement import Placement, PlacementError
+from .program import ParallelProgram
+from .propagate import PropagationError, PropagationReport, propagate
+from .report import build_plan
+from .sharding import sharding_spec
+from .strategies import AnnotationContext, StrategyError, parse_strategy
+
+
+def parse_placement(text: str | Placement, rank: int, what: str = "the annotation") -> Placement:
+    """A placement from its text: ``"replicated"``, or one entry per dim in brackets, ``-`` for
+    a whole dim and mesh axes joined by ``@`` for a split one, optionally followed by
+    ``partial(axis, ...)``: ``"[dp, -]"``, ``"[-, dp@tp] partial(pp)"`` (what ``str(Placement)``
+    prints)."""
+    if isinstance(text, Placement):
+        return text
+    s = text.strip()
+    partial: tuple[str, ...] = ()
+    if "partial(" in s:
+        s, _, rest = s.partition("partial(")
+        partial = tuple(a.strip() for a in rest.rstrip().rstrip(")").split(",") if a.strip())
+        s = s.strip()
+    if s == "replicated":
+        return Placement(((),) * rank, partial)
+    if not (s.startswith("[") and s.endswith("]")):
+        raise StrategyError(f"{what}: cannot read the placement '{text}'; write one entry per dim in brackets, "
+                            "'-' for a whole dim, e.g. '[dp, -]' or '[-, tp] partial(dp)', or 'replicated'")
+    entries = [e.strip() for e in s[1:-1].split(",")] if s[1:-1].strip() else []
+    if len(entries) != rank:
+        raise StrategyError(f"{what}: the placement '{text}' has {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+                            f" but the value has {rank} dim(s); give one entry per dim")
+    dims = tuple(() if e in ("-", "_", "") else tuple(a.strip() for a in e.split("@")) for e in entries)
+    return Placement(dims, partial)
+
+
+def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
+                annotations: Mapping[str, str | Placement] | None = None, *,
+                allow_replication: bool = False, bucket_mb: float | None = 25.0,
+                first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
+                gather_mb: float | None = 4.0) -> ParallelProgram:
+    """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
+
+    ``strategy``: registered strategy words
+    joined with ``+`` (partita/parallel/strategies/), or None; ``annotations``: placements by
+    value name (as ``print_graph`` names the values), e.g. ``{"x": "[dp, -]"}``, applied after
+    the strategies. Ops without a sharding rule are replicated; where that makes a rank gather
+    a value the strategy split (the batch, a weight), this raises a StrategyError naming the op
+    unless ``allow_replication`` is true (the plan lists those ops either way).
+    ``bucket_mb``: gradient all_reduces and reduce_scatters of the per-rank program are
+    fused into buckets of at most this many MiB (None: not bucketed), the first of each kind
+    at most ``first_bucket_mb`` so that it starts early in the backward pass, as DDP's 25 MiB
+    buckets after a 1 MiB first one; ``order``: the collectives get one program-derived order (order-collectives).
+    ``prefetch``: zero3 issues each param's all_gather this many param gathers ahead of its
+    use, so that it overlaps the compute before (0: just in time, the least memory).
+    ``gather_mb``: zero3's param all_gathers are fused into buckets of at most this many MiB
+    of gathered params, taken in the order the program reads them (None: one per param).
+    """
+    import time
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    try:
+        m = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
+    except MeshError as e:
+        raise StrategyError(f"bad mesh '{mesh}': {e}") from e
+    s = parse_strategy(strategy, m)
+    g = graph.clone()
+    for v in g.values():
+        v.placement = None
+    g.mesh = m
+    ctx = AnnotationContext(g, m, s)
+    # In each strategy's order: megatron first, the ZeRO presets shard the optimizer state on
+    # top of its weight splits.
+    for st in s.annotation_order():
+        st.annotate(ctx)
+    if annotations:
+        names = {name: v for v, name in value_names(g).items()}
+        for name, text in annotations.items():
+            key = name.lstrip("%")
+            if key not in names:
+                near = difflib.get_close_matches(key, list(names), n=3)
+                hint = f"; did you mean {', '.join('%' + x for x in near)}?" if near else \
+                    "; value names are as print_graph prints them"
+                raise StrategyError(f"annotation on %{key}: @{graph.name} has no value of that name{hint}")
+            v = names[key]
+            p = parse_placement(text, v.type.rank, f"annotation on %{key}")
+            try:
+                p.validate(v.type.shape, m, f"%{key}")
+            except PlacementError as e:
+                raise StrategyError(f"annotation on %{key} {v.type}: {e}") from e
+            ctx.place(v, p)
+    if s:
+        # Whatever the strategies left free among the inputs is whole: propagation then runs
+        # forward from the inputs, and no annotated intermediate pulls its producers along.
+        for v in g.inputs:
+            ctx.fixed.setdefault(v, Placement.replicated(v.type.rank))
+    for v, p in ctx.fixed.items():
+        v.placement = p
+    timings["annotate"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    try:
+        prop = propagate(g, sinks=list(ctx.sinks))
+    except PropagationError as e:
+        raise StrategyError(f"strategy {s}: {e}") from e
+    if ctx.late:
+        # Everything is placed now: this second run only settles each node against its rule
+        # and records the reshards the late placements ask for.
+        for v, p in ctx.late.items():
+            v.placement = p
+        try:
+            prop = propagate(g)
+        except PropagationError as e:
+            raise StrategyError(f"strategy {s}: {e}") from e
+    timings["propagate"] = time.perf_counter() - t1
+    forced = _forced_replication(g, prop)
+    if forced and not allow_replication and s:
+        raise StrategyError(
+            f"strategy {s} on {m}: {forced[0]}; the op has no sharding rule, so every rank would gather its "
+            "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
+            "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
+    t2 = time.perf_counter()
+    local, part = partition_with_report(g, prop.reshards,
+                                        real_sizes=ctx.padding.values if ctx.padding is not None else None)
+    timings["partition"] = time.perf_counter() - t2
+    for st in s.annotation_order():
+        for ps in st.passes(ctx):
+            t = time.perf_counter()
+            local = ps.run(local)
+            timings[ps.name] = timings.get(ps.name, 0.0) + time.perf_counter() - t
+    buckets = None
+    gathers = None
+    if bucket_mb is not None or order or gather_mb is not None:
+        from .bucket import bucket_gathers, bucket_gradients, order_collectives
+
+        t3 = time.perf_counter()
+        if bucket_mb is not None:
+            buckets = bucket_gradients(local, bucket_mb, first_bucket_mb)
+        if gather_mb is not None:
+            gathers = bucket_gathers(local, gather_mb)
+        if order:
+            order_collectives(local, prefetch)
+        timings["bucket+order"] = time.perf_counter() - t3
+    timings["total"] = time.perf_counter() - t0
+    plan = build_plan(g, local, m, str(s), prop, part, ctx.notes + [f"replicated: {f}" for f in forced], timings)
+    if buckets is not None or gathers is not None:
+        plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
+                        for rep in (buckets, gathers) if rep is not None for b in rep.fused]
+    plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
+    return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding)
+
+
+def _forced_replication(g: Graph, prop: PropagationReport) -> list[str]:
+    """Ops without a rule whose operands arrive split or partial (a gather or reduction that
+    only the missing rule forces)."""
+    names = value_names(g)
+    out = []
+    for node in g.nodes:
+        if sharding_spec(node.op, [o.type for o in node.operands], node.attrs) is not None:
+            continue
+        # The placements before the forced reshard are the producers' own.
+        bad = [o for o in node.operands if o.placement is not None and not o.placement.is_replicated]
+        if bad:
+            res = ", ".join(f"%{names.get(r, '?')}" for r in node.results)
+            line = f" (line {node.loc.line})" if node.loc is not None and getattr(node.loc, "line", None) else ""
+            out.append(f"{res} = {node.op}{line} gets %{names.get(bad[0], '?')} placed {bad[0].placement}")
+    return out
+
+
+__all__ = ["parallelize", "parse_placement"]

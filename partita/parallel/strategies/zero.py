@@ -1,0 +1,126 @@
+"""``zero1``, ``zero2``, ``zero3`` (each includes ``dp``): the optimizer state of each param is
+split over the data-parallel axis on its first dim that divides; each rank updates its slice
+of the param and the new params are all-gathered. ``zero1`` annotates the gradients whole
+(all_reduce, then each rank slices its part), ``zero2`` annotates them split (reduce_scatter:
+each rank receives only its part's sum). ``zero3`` also keeps each param split between steps:
+the forward reads a gathered copy and the backward gathers again (two all_gathers per param
+per step, as FSDP does), each right before its first reader, so a gathered param is alive
+only while it is used."""
+
+from __future__ import annotations
+
+import math
+
+from ...ir.graph import Node, Value
+from ..placement import Placement
+from .base import UPDATE_OPS, AnnotationContext, StrategyError, register
+from .dp import DataParallel
+
+
+class Zero(DataParallel):
+    """ZeRO stage ``stage`` on top of data parallelism."""
+
+    stage = 0
+    aliases: tuple[str, ...] = ()
+
+    def annotate(self, ctx: AnnotationContext) -> None:
+        super().annotate(ctx)
+        self.shard(ctx, ctx.axis(self))
+
+    def shard(self, ctx: AnnotationContext, axis: str) -> None:
+        g, mesh = ctx.graph, ctx.mesh
+        n = mesh.axis_size(axis)
+        updates = [node for node in g.nodes if node.op in UPDATE_OPS]
+        if not updates:
+            raise StrategyError(f"strategy {self.name} shards the optimizer state, but @{g.name} has no "
+                                "optimizer update; build the graph with partita.training_step(..., optimizer='adamw')")
+        for node in updates:
+            p, grad = node.operands[0], node.operands[1]
+            tp = ctx.fixed.get(p) or Placement.replicated(p.type.rank)
+            dims = [d for d in range(p.type.rank) if not tp.dims[d] and p.type.shape[d] %
+                    (n * math.prod(mesh.axis_size(a) for a in tp.dims[d])) == 0]
+            if not dims:
+                ctx.notes.append(f"%{ctx.name(p)} {p.type} is not sharded over '{axis}': no dim divides by {n}")
+                continue
+            d = dims[0]
+            sharded = Placement(tuple(tp.dims[i] + ((axis,) if i == d else ()) for i in range(p.type.rank)))
+            for s in node.operands[2:]:
+                if s.type.shape == p.type.shape:
+                    ctx.place(s, sharded)
+            if self.stage < 3:
+                # Pinned: left free, the param would take the split of its sharded state.
+                ctx.place(p, tp)
+            if grad.producer is not None:
+                ctx.late[grad] = tp if self.stage == 1 else sharded
+            new_p = node.results[0]
+            if self.stage == 3:
+                ctx.place(p, sharded)
+                ctx.late[new_p] = sharded
+                gather_point(ctx, p, node, tp)
+            else:
+                ctx.late[new_p] = tp
+
+
+@register
+class Zero1(Zero):
+    name = "zero1"
+    stage = 1
+
+
+@register
+class Zero2(Zero):
+    name = "zero2"
+    stage = 2
+
+
+@register
+class Zero3(Zero):
+    name = "zero3"
+    aliases: tuple[str, ...] = ("fsdp",)
+    stage = 3
+
+
+def gather_point(ctx: AnnotationContext, p: Value, update: Node, whole: Placement) -> None:
+    """Every reader of a zero3-sharded param but its update reads a gathered copy: a
+    same-shape reshape whose result is annotated whole over the data axis, which the
+    partition turns into one all_gather right before the first reader. The forward's
+    readers and the backward's get one copy each, as FSDP gathers twice: the forward's
+    copy dies after its last forward reader instead of living until the backward."""
+    from ...autodiff.memory import backward_start
+    from ...ir.builder import Builder
+
+    g = ctx.graph
+    readers = [u for u in list(p.users) if u is not update]
+    if not readers:
+        return
+    stop = backward_start(g)
+    forward = [u for u in readers if stop is None or u.is_before(stop)]
+    backward = [u for u in readers if u not in forward]
+    if forward and backward and not _reads_param_between(max(forward, key=lambda u: u._order),
+                                                          min(backward, key=lambda u: u._order), p):
+        # No other param is read from the forward's last use to the backward's first (the
+        # LM head's matmul, the loss, the head's gradient): a second gather would fetch
+        # the same rows again with nothing gained, so one copy serves both, as FSDP keeps
+        # its root unit's params (the embedding, the tied head) for the backward.
+        forward, backward = forward + backward, []
+    groups = [forward, backward]
+    for k, group in enumerate(x for x in groups if x):
+        first = min(group, key=lambda u: u._order)
+        b = Builder(g).set_insertion_before(first)
+        suffix = ".gathered" if k == 0 else ".regathered"
+        copy = b.reshape(p, shape=tuple(p.type.shape), name=f"{p.name}{suffix}", loc=first.loc)
+        for u in group:
+            for i, o in enumerate(list(u.operands)):
+                if o is p:
+                    g.set_operand(u, i, copy)
+        ctx.place(copy, whole)
+
+
+def _reads_param_between(first: Node, last: Node, p: Value) -> bool:
+    """Whether a node after ``first`` and before ``last`` reads a param other than ``p``."""
+    n = first.next
+    while n is not None and n is not last:
+        if any(o.is_input and o.role == "param" and o is not p for o in n.operands):
+            return True
+        n = n.next
+    return False
