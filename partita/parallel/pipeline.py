@@ -12,7 +12,7 @@ are applied after the strategies and win over them.
 from __future__ import annotations
 
 import difflib
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..ir.graph import Graph
 from ..ir.printer import value_names
@@ -24,7 +24,7 @@ from .program import ParallelProgram
 from .propagate import PropagationError, PropagationReport, propagate
 from .report import build_plan
 from .sharding import sharding_spec
-from .strategies import AnnotationContext, StrategyError, parse_strategy
+from .strategies import AnnotationContext, ParsedStrategy, StrategyError, parse_strategy, registered
 
 
 def parse_placement(text: str | Placement, rank: int, what: str = "the annotation") -> Placement:
@@ -34,6 +34,9 @@ def parse_placement(text: str | Placement, rank: int, what: str = "the annotatio
     prints)."""
     if isinstance(text, Placement):
         return text
+    if not isinstance(text, str):
+        raise StrategyError(f"{what}: the placement must be text such as '[dp, -]' or 'replicated', or a "
+                            f"partita.parallel.Placement; got {_given(text)}{_as_text(text, rank)}")
     s = text.strip()
     partial: tuple[str, ...] = ()
     if "partial(" in s:
@@ -53,6 +56,64 @@ def parse_placement(text: str | Placement, rank: int, what: str = "the annotatio
     return Placement(dims, partial)
 
 
+def _given(x: Any) -> str:
+    """``x`` as an error message shows what was given: its repr (cut short) and its type."""
+    r = repr(x)
+    return f"{r if len(r) <= 60 else r[:57] + '...'} ({type(x).__name__})"
+
+
+def _as_text(x: Any, rank: int | None = None) -> str:
+    """A hint for a placement given as a list or tuple of dim entries: the text it means."""
+    if isinstance(x, (list, tuple)) and all(isinstance(e, str) for e in x) and (rank is None or len(x) == rank):
+        return f"; write it as the text '[{', '.join(e or '-' for e in x)}]'"
+    return ""
+
+
+def _check_graph(graph: Any) -> None:
+    if not isinstance(graph, Graph):
+        raise StrategyError(f"parallelize: graph must be a partita Graph (from partita.load, partita.import_torch "
+                            f"or partita.training_step); got {_given(graph)}")
+
+
+def _mesh(mesh: Any) -> Mesh:
+    """The mesh argument as a Mesh: a Mesh, its text (``"dp=2,tp=2"``, ``"dp:2,tp:2"``), a dict
+    of axis sizes, or (name, size) pairs."""
+    pairs = isinstance(mesh, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in mesh)
+    if not (isinstance(mesh, (Mesh, str, Mapping)) or pairs):
+        hint = f"; for {mesh} ranks of data parallelism write mesh='dp={mesh}'" \
+            if isinstance(mesh, int) and not isinstance(mesh, bool) and mesh > 0 else ""
+        raise StrategyError(f"parallelize: mesh must be a Mesh, its text such as 'dp=2,tp=2', a dict of axis sizes "
+                            f"such as {{'dp': 2, 'tp': 2}} or (name, size) pairs; got {_given(mesh)}{hint}")
+    try:
+        return Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
+    except MeshError as e:
+        raise StrategyError(f"bad mesh '{mesh}': {e}") from e
+
+
+def _strategy(strategy: Any, mesh: Mesh) -> ParsedStrategy:
+    if strategy is not None and not isinstance(strategy, str):
+        hint = f"; write '{'+'.join(strategy)}'" if isinstance(strategy, (list, tuple)) and strategy and \
+            all(isinstance(w, str) for w in strategy) else ""
+        raise StrategyError(f"parallelize: strategy must be text naming strategies joined with '+' (registered: "
+                            f"{', '.join(registered())}; e.g. 'dp+megatron'), or None for annotations only; got "
+                            f"{_given(strategy)}{hint}")
+    return parse_strategy(strategy, mesh)
+
+
+def _check_annotations(annotations: Any) -> None:
+    if annotations is None:
+        return
+    if not isinstance(annotations, Mapping):
+        hint = "; for (name, placement) pairs pass dict(pairs)" if isinstance(annotations, (list, tuple)) and \
+            all(isinstance(p, (list, tuple)) and len(p) == 2 for p in annotations) else ""
+        raise StrategyError(f"parallelize: annotations must be a mapping from value name to placement, e.g. "
+                            f"{{'x': '[dp, -]'}}, or None; got {_given(annotations)}{hint}")
+    for key in annotations:
+        if not isinstance(key, str):
+            raise StrategyError(f"parallelize: annotations are keyed by value name, as print_graph prints it (e.g. "
+                                f"'x' or '%x'); got the key {_given(key)}")
+
+
 def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
@@ -60,7 +121,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 gather_mb: float | None = 4.0) -> ParallelProgram:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
-    ``strategy``: registered strategy words
+    ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
     joined with ``+`` (partita/parallel/strategies/), or None; ``annotations``: placements by
     value name (as ``print_graph`` names the values), e.g. ``{"x": "[dp, -]"}``, applied after
     the strategies. Ops without a sharding rule are replicated; where that makes a rank gather
@@ -79,11 +140,10 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    try:
-        m = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
-    except MeshError as e:
-        raise StrategyError(f"bad mesh '{mesh}': {e}") from e
-    s = parse_strategy(strategy, m)
+    _check_graph(graph)
+    m = _mesh(mesh)
+    s = _strategy(strategy, m)
+    _check_annotations(annotations)
     g = graph.clone()
     for v in g.values():
         v.placement = None

@@ -1,6 +1,9 @@
 """``parallelize``'s arguments and the strategy registry.
 
-A strategy defined outside partita/parallel/strategies/ (here, in this module)
+Arguments of the wrong kind (a strategy that is not text, a mesh of None or an int,
+annotations as a list of pairs, a placement of None, an int or a list) are PartitaErrors that
+name the argument, what was given and what is accepted, never a TypeError or AttributeError
+from inside. A strategy defined outside partita/parallel/strategies/ (here, in this module)
 registers under its word and combines with the built-in ones.
 """
 
@@ -44,6 +47,78 @@ def step() -> Graph:
 
 def _feed() -> dict:
     return {"x": np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)}
+
+
+# --- arguments of the wrong kind (B14) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy, parts", [
+    (5, ["strategy must be text", "got 5 (int)", "registered: dp, zero1, zero2, zero3, megatron, sp"]),
+    (["dp", "megatron"], ["strategy must be text", "(list)", "write 'dp+megatron'"]),
+    (True, ["strategy must be text", "got True (bool)"]),
+])
+def test_a_strategy_that_is_not_text(step, strategy, parts):
+    with pytest.raises(StrategyError) as e:
+        parallelize(step, "dp=2", strategy)
+    for p in parts:
+        assert p in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("mesh, parts", [
+    (None, ["mesh must be a Mesh, its text such as 'dp=2,tp=2'", "got None (NoneType)"]),
+    (4, ["mesh must be a Mesh", "got 4 (int)", "write mesh='dp=4'"]),
+    (2.0, ["mesh must be a Mesh", "got 2.0 (float)"]),
+    ([1, 2], ["mesh must be a Mesh", "(name, size) pairs", "got [1, 2] (list)"]),
+    ([("dp", "2")], ["bad mesh", "positive integer size"]),
+])
+def test_a_mesh_of_the_wrong_kind(step, mesh, parts):
+    with pytest.raises(StrategyError) as e:
+        parallelize(step, mesh, "dp")
+    for p in parts:
+        assert p in str(e.value), str(e.value)
+
+
+def test_a_mesh_as_a_dict_or_pairs_still_works(step):
+    for mesh in ({"dp": 2}, [("dp", 2)], Mesh.of("dp=2"), "dp:2"):
+        assert str(parallelize(step, mesh, "dp").mesh) == "mesh(dp=2)"
+
+
+@pytest.mark.parametrize("annotations, parts", [
+    ([("x", "[dp, -]")], ["annotations must be a mapping from value name to placement", "got [('x', '[dp, -]')] "
+                          "(list)", "pass dict(pairs)"]),
+    (5, ["annotations must be a mapping", "got 5 (int)"]),
+    ("x=[dp, -]", ["annotations must be a mapping", "(str)"]),
+    ({5: "[dp, -]"}, ["annotations are keyed by value name", "got the key 5 (int)"]),
+    ({"x": None}, ["annotation on %x: the placement must be text such as '[dp, -]' or 'replicated'",
+                   "got None (NoneType)"]),
+    ({"x": 3}, ["annotation on %x: the placement must be text", "got 3 (int)"]),
+    ({"x": ["dp", "-"]}, ["annotation on %x: the placement must be text", "(list)",
+                          "write it as the text '[dp, -]'"]),
+])
+def test_annotations_of_the_wrong_kind(step, annotations, parts):
+    with pytest.raises(StrategyError) as e:
+        parallelize(step, "dp=2", None, annotations)
+    for p in parts:
+        assert p in str(e.value), str(e.value)
+
+
+def test_annotations_as_text_or_placement_still_work(step):
+    for ann in ({"x": "[dp, -]"}, {"%x": Placement.split(2, {0: "dp"})}):
+        prog = parallelize(step, "dp=2", None, ann)
+        assert next(v for v in prog.local.inputs if v.name == "x").type.shape == (4, 6)
+
+
+def test_a_graph_that_is_not_a_graph():
+    with pytest.raises(StrategyError, match=r"graph must be a partita Graph .*got 'model.pir' \(str\)"):
+        parallelize("model.pir", "dp=2", "dp")
+
+
+def test_an_unknown_strategy_word_lists_the_registered_ones(step):
+    with pytest.raises(StrategyError) as e:
+        parallelize(step, "dp=2", "dp+zero4")
+    msg = str(e.value)
+    assert "unknown strategy 'zero4' (did you mean 'zero3'?)" in msg, msg
+    assert "combine dp, zero1, zero2, zero3, megatron, sp with '+'" in msg, msg
 
 
 # --- a strategy from another module ---------------------------------------------------------------------
