@@ -35,12 +35,14 @@ from __future__ import annotations
 import math
 from math import prod
 
+import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
-from ..ir.dtypes import DType, f32, i64, promote_all
+from ..ir.dtypes import DType, f8e8m0, f32, i64, promote_all
 from ..ir.types import TensorType
-from ._lazy import to_torch_dtype, torch
+from ._lazy import from_torch_dtype, to_torch_dtype, torch
+from .cast_semantics import int_range
 from .registry import AttrSpec, OpDef, movement_cost, normalize_axes, normalize_axis, register
 
 
@@ -315,20 +317,71 @@ _movement(
 
 # --- pad -------------------------------------------------------------------------------------
 
+# Storage floats without infinities, and without NaN (ml_dtypes' finfo does not say).
+_NO_INF = frozenset({"f8e4m3fn", "f8e4m3fnuz", "f8e5m2fnuz", "f8e8m0", "f4e2m1"})
+_NO_NAN = frozenset({"f4e2m1"})
+
+
+def _float_limits(dt: DType) -> tuple[float, float, str]:
+    """For float dtype ``dt``: the smallest magnitude that rounds (to nearest even) beyond its
+    largest finite value, the smallest value it takes (-inf but for f8e8m0, which holds only
+    positive powers of two),
+    and its finite values as messages write them (the shortest f32 text below 64 bits, as
+    the printer and the parser's dense literals do)."""
+    fi = ml_dtypes.finfo(dt.np)
+    big = float(fi.max)
+    text = repr(big) if dt.bits == 64 else str(np.float32(big))
+    if dt is f8e8m0:
+        return big, float(fi.tiny), f"powers of two {float(fi.tiny)!r}..{big!r}"
+    beyond = math.inf if dt.bits == 64 else big + 2.0 ** (math.floor(math.log2(big)) - fi.nmant) / 2
+    return beyond, -math.inf, f"finite values -{text}..{text}"
+
+
 def check_fill_value(op: str, value, dt: DType, attr: str = "value") -> None:
-    """Reject a fill value that ``dt`` cannot hold exactly."""
-    if dt.is_float:
-        return
+    """Reject a fill value that ``dt`` cannot hold: a non-integer for an integer dtype, an
+    integer out of its range, a float that rounds beyond its finite values (NumPy would make it
+    inf, torch refuses it; the rule of dense literals), or inf / NaN for a dtype without them."""
     if dt.is_bool:
         if value not in (0, 1):
             raise TypeRuleError(f"{op}: '{attr}' {value!r} is not a bool (use true/false or 0/1)")
         return
+    if dt.is_float:
+        beyond, smallest, finite_values = _float_limits(dt)
+        try:
+            v = float(value)
+        except OverflowError:  # an integer literal beyond every float
+            v = math.copysign(math.inf, value)
+        if math.isnan(v):
+            if dt.name in _NO_NAN:
+                raise TypeRuleError(f"{op}: '{attr}' is nan, but {dt} has no NaN ({finite_values}); "
+                                    "use a value in that range or a dtype with NaN (f16, f32, ...)")
+            return
+        if math.isinf(v) and isinstance(value, float):
+            if dt.name in _NO_INF:
+                raise TypeRuleError(f"{op}: '{attr}' is {value!r}, but {dt} has no infinities ({finite_values}); "
+                                    "use a value in that range or a dtype with infinities (f16, f32, ...)")
+            return
+        if not (smallest <= v and abs(v) < beyond):
+            wider = "" if dt.bits == 64 else ", or a wider dtype (f64 holds up to 1.8e308)"
+            raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range for {dt} ({finite_values}); "
+                                f"use a value in that range{wider}")
+        return
     if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
         raise TypeRuleError(f"{op}: '{attr}' {value!r} is not an integer, so {dt} cannot hold it; "
                             "use an integer value or a float dtype")
-    info = np.iinfo(dt.np)
-    if not info.min <= int(value) <= info.max:
-        raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range for {dt} ({info.min}..{info.max})")
+    lo, hi = int_range(dt)
+    if not lo <= int(value) <= hi:
+        raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range for {dt} ({lo}..{hi}); "
+                            "use a value in that range or a wider dtype")
+
+
+def fill_scalar(value, dt: DType):
+    """A checked fill value as the Python scalar of its value in ``dt`` (floats rounded to
+    ``dt`` as NumPy rounds them), so torch, which would round through f32 or refuse a value
+    beyond the largest finite one, fills exactly what the reference does."""
+    if not dt.is_float or dt.bits == 64:
+        return value
+    return float(np.asarray(value, dtype=np.float64).astype(dt.np).astype(np.float64))
 
 
 def _pad_pairs(t: TensorType, pads) -> list[tuple[int, int]]:
@@ -360,7 +413,8 @@ def _pad_torch(args, a):
     x = args[0]
     pairs = _pad_pairs(TensorType(tuple(x.shape), f32), a["pads"])
     # Fill and copy rather than F.pad: F.pad's constant mode does not cover every dtype (bool).
-    out = torch.full(tuple(d + b + e for d, (b, e) in zip(x.shape, pairs)), a["value"], dtype=x.dtype)
+    value = a["value"] if not x.is_floating_point() else fill_scalar(a["value"], from_torch_dtype(x.dtype))
+    out = torch.full(tuple(d + b + e for d, (b, e) in zip(x.shape, pairs)), value, dtype=x.dtype)
     out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, pairs))] = x
     return out
 
@@ -453,9 +507,17 @@ def _iota_axis(shape, axis) -> int:
 
 def _iota_infer(ts, a):
     _check_shape("iota", a["shape"])
-    _iota_axis(a["shape"], a["axis"])
-    if a["dtype"].is_bool:
+    axis = _iota_axis(a["shape"], a["axis"])
+    dt = a["dtype"]
+    if dt.is_bool:
         raise TypeRuleError("iota: dtype bool cannot hold counts; use an integer or float dtype")
+    last = a["shape"][axis] - 1 if a["shape"] else 0
+    if dt.is_int and last > int_range(dt)[1]:
+        raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} "
+                            f"({int_range(dt)[0]}..{int_range(dt)[1]}); use a wider dtype")
+    if dt.is_float and last >= _float_limits(dt)[0]:
+        raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} "
+                            f"({_float_limits(dt)[2]}); use a wider dtype")
     return TensorType(a["shape"], a["dtype"])
 
 
@@ -498,10 +560,12 @@ def _full_infer(ts, a):
 register(OpDef(
     name="full", operands=(), infer=_full_infer,
     reference=lambda args, a: np.full(a["shape"], a["value"], dtype=a["dtype"].np),
-    torch=lambda args, a: torch.full(a["shape"], a["value"], dtype=to_torch_dtype(a["dtype"])),
+    torch=lambda args, a: torch.full(a["shape"], fill_scalar(a["value"], a["dtype"]), dtype=to_torch_dtype(a["dtype"])),
     attrs=(AttrSpec("shape", "ints"), AttrSpec("value", "scalar"), AttrSpec("dtype", "dtype", f32)),
     cost=movement_cost,
-    doc="a tensor of shape filled with value (dtype default f32; the value must fit the dtype exactly)",
+    doc="a tensor of shape filled with value (dtype default f32); the value must be one the dtype holds: an "
+        "integer in range for integer dtypes, a float that rounds to a finite value (or inf/nan where "
+        "the dtype has them) for float dtypes",
 ))
 
 

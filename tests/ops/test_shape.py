@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import partita
 from optest import check_op, expect_error, infer, rand
 from partita.ir import Builder, DenseAttr, Graph, TensorType, f32, print_graph
+from partita.ir import dtypes as D
 from partita.ir.diagnostics import AttributeError_, ExecutionError, TypeRuleError
 from partita.ops import OPS
 
@@ -320,3 +321,95 @@ def test_errors_name_the_problem():
     expect_error("full", [], {"shape": [2]}, "missing required attribute 'value'", error=AttributeError_)
     expect_error("constant", [], {"value": [1, 2]}, "'value'", "dense", error=AttributeError_)
     expect_error("iota", [("f32", (2,))], {"shape": [2]}, "0 operand", error=T)
+
+
+# --- fill values that the dtype cannot hold ---------------------------------------------------
+
+def _full_graph(dt: str, value: str, op: str = "full") -> str:
+    if op == "pad":
+        return (f"graph @g(%x: {dt}[2]) -> ({dt}[4]) {{\n  %0 = pad(%x) {{pads=[1, 1], value={value}}} : {dt}[4]\n"
+                "  return %0\n}\n")
+    return f"graph @g() -> ({dt}[2]) {{\n  %0 = full() {{shape=[2], value={value}, dtype={dt}}} : {dt}[2]\n  return %0\n}}\n"
+
+
+@pytest.mark.parametrize("dt,value,says", [
+    ("f32", "1e40", "'value' 1e+40 is out of range for f32 (finite values -3.4028235e+38..3.4028235e+38)"),
+    ("f16", "70000.0", "'value' 70000.0 is out of range for f16 (finite values -65504.0..65504.0)"),
+    ("f16", "-65520.0", "'value' -65520.0 is out of range for f16"),
+    ("bf16", "1e39", "'value' 1e+39 is out of range for bf16"),
+    ("f32", "1" + "0" * 40, "is out of range for f32"),  # an integer literal beyond f32
+    ("f8e4m3fn", "500.0", "'value' 500.0 is out of range for f8e4m3fn (finite values -448.0..448.0)"),
+    ("f8e4m3fn", "464.0", "'value' 464.0 is out of range for f8e4m3fn"),  # the tie rounds beyond 448
+    ("f4e2m1", "7.0", "'value' 7.0 is out of range for f4e2m1 (finite values -6.0..6.0)"),
+    ("f8e4m3fn", "inf", "'value' is inf, but f8e4m3fn has no infinities"),
+    ("f4e2m1", "nan", "'value' is nan, but f4e2m1 has no NaN"),
+    ("f8e8m0", "-1.0", "'value' -1.0 is out of range for f8e8m0"),
+    ("u8", "300", "'value' 300 is out of range for u8 (0..255)"),
+    ("i8", "-129", "'value' -129 is out of range for i8 (-128..127)"),
+    ("i64", "9223372036854775808", "is out of range for i64 (-9223372036854775808..9223372036854775807)"),
+    ("i32", "1.5", "'value' 1.5 is not an integer, so i32 cannot hold it"),
+    ("i32", "nan", "'value' nan is not an integer"),
+    ("i4", "8", "'value' 8 is out of range for i4 (-8..7)"),
+    ("u2", "4", "'value' 4 is out of range for u2 (0..3)"),
+    ("bool", "2", "'value' 2 is not a bool"),
+])
+@pytest.mark.parametrize("op", ["full", "pad"])
+def test_a_fill_value_the_dtype_cannot_hold_is_a_located_error(dt, value, says, op):
+    from partita.ir import parse, verify
+    from partita.ir.diagnostics import PartitaError, VerifyError
+
+    g = parse(_full_graph(dt, value, op), "fill.pir")
+    with pytest.raises(VerifyError) as e:
+        verify(g)
+    msg = str(e.value)
+    assert isinstance(e.value, PartitaError)
+    assert msg.startswith(f"fill.pir:2:8: error: node %0 = {op} is invalid: {op}: ") and says in msg, msg
+
+
+@pytest.mark.parametrize("dt,value", [("f32", "inf"), ("f32", "-inf"), ("f32", "nan"), ("f16", "65504.0"),
+                                      ("f16", "65519.0"), ("f32", "3.4028235e+38"), ("bf16", "-3.3895314e+38"),
+                                      ("f16", "0.1"), ("bf16", "0.1"), ("f8e4m3fn", "463.0"), ("f4e2m1", "6.5"),
+                                      ("f16", "-65504.0"), ("f32", "3.4028234663852886e+38"), ("f64", "1e308"),
+                                      ("f8e5m2", "inf"), ("f8e4m3fn", "-448.0"), ("f4e2m1", "6.0"),
+                                      ("i4", "-8"), ("u64", "18446744073709551615"), ("i32", "3.0"),
+                                      ("bool", "true")])
+def test_a_fill_value_the_dtype_holds_runs_alike_on_both_executors(dt, value):
+    from partita.backend.torch_exec import to_numpy
+    from partita.ir import parse, verify
+
+    g = parse(_full_graph(dt, value), "fill.pir")
+    verify(g)
+    a = partita.run(g, [])[0]
+    b = to_numpy(partita.run(g, [], backend="torch")[0])
+    d = D.DTYPES[dt]
+    # The value rounded to the dtype, as a dense literal of it reads (the rule full follows).
+    literal = str(int(float(value)) if "." in value else int(value)) if d.is_int else value
+    want = parse(f"graph @g() -> ({dt}[2]) {{\n  %0 = constant() {{value=dense<{dt}[2], {literal}>}} : {dt}[2]\n"
+                 "  return %0\n}\n")
+    want = next(iter(want.nodes)).attrs["value"].array
+    assert a.dtype == d.np and a.tobytes() == np.asarray(b).astype(a.dtype).tobytes() == want.tobytes()
+
+
+def test_iota_counts_beyond_the_dtype_are_a_located_error():
+    from partita.ir import parse, verify
+    from partita.ir.diagnostics import VerifyError
+
+    for dt, n, says in [("u8", 300, "iota: the counts 0..299 along axis 0 do not fit u8 (0..255)"),
+                        ("i4", 9, "the counts 0..8 along axis 0 do not fit i4 (-8..7)"),
+                        ("f16", 70000, "the counts 0..69999 along axis 0 do not fit f16")]:
+        g = parse(f"graph @g() -> ({dt}[{n}]) {{\n  %0 = iota() {{shape=[{n}], dtype={dt}}} : {dt}[{n}]\n"
+                  "  return %0\n}\n", "iota.pir")
+        with pytest.raises(VerifyError, match=r"iota\.pir:2:8: error: node %0 = iota is invalid: ") as e:
+            verify(g)
+        assert says in str(e.value)
+    g = parse("graph @g() -> (u8[256]) {\n  %0 = iota() {shape=[256], dtype=u8} : u8[256]\n  return %0\n}\n")
+    verify(g)
+    assert partita.run(g, [])[0].tolist() == list(range(256))
+
+
+def test_builder_refuses_a_fill_value_out_of_range():
+    from partita.ir import f16
+
+    b = Builder(Graph("g"))
+    with pytest.raises(TypeRuleError, match=r"full: 'value' 70000.0 is out of range for f16"):
+        b.full(shape=(2,), value=70000.0, dtype=f16)
