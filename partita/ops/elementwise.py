@@ -87,12 +87,13 @@ def _torch_div(a, b):
 
 
 _binary("add", np.add, lambda a, b: torch.add(a, b), "numeric", "lhs + rhs", commutative=True, right_identity=0.0, left_identity=0.0,
-        pad_zeros="all_operands")
+        pad_zeros="all_operands", linear_in=frozenset({0, 1}), linear_joint=True)
 _binary("sub", np.subtract, lambda a, b: torch.sub(a, b), "no_bool", "lhs - rhs (no bool operand)", right_identity=0.0,
-        pad_zeros="all_operands")
+        pad_zeros="all_operands", linear_in=frozenset({0, 1}), linear_joint=True)
 _binary("mul", np.multiply, lambda a, b: torch.mul(a, b), "promote", "lhs * rhs", commutative=True, right_identity=1.0, left_identity=1.0,
-        pad_zeros="any")
-_binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0)
+        pad_zeros="any", linear_in=frozenset({0, 1}))
+_binary("div", np.true_divide, _torch_div, "float", "lhs / rhs (true division; integers give f32)", right_identity=1.0,
+        linear_in=frozenset({0}))
 def _torch_pow(a, b):
     # A rank-0 exponent of the base's float dtype (x ** 3.0 in a model) goes through torch's
     # scalar-exponent kernel, which special-cases 2, 3, 0.5, -1, ... and is what eager runs
@@ -173,7 +174,8 @@ def _np_sigmoid(x, a=None):
     return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x)))).astype(x.dtype)
 
 
-_unary("neg", lambda x, a: np.negative(x), lambda x, a: torch.neg(x), "numeric", "-x", involution=True, pad_zeros="all")
+_unary("neg", lambda x, a: np.negative(x), lambda x, a: torch.neg(x), "numeric", "-x", involution=True, pad_zeros="all",
+       linear_in=frozenset({0}))
 _unary("abs", lambda x, a: np.abs(x), lambda x, a: torch.abs(x), "numeric", "|x|", idempotent=True)
 _unary("exp", lambda x, a: np.exp(x), lambda x, a: torch.exp(x), "float", "e ** x")
 _unary("log", lambda x, a: np.log(x), lambda x, a: torch.log(x), "float", "natural logarithm")
@@ -216,6 +218,7 @@ register(OpDef(
     reference=lambda args, a: _where_reference(*args),
     torch=lambda args, a: torch.where(args[0], args[1], args[2]),
     doc="cond ? x : y, broadcasting all three", elementwise=True,
+    linear_in=frozenset({1, 2}), linear_joint=True,
 ))
 
 

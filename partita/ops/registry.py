@@ -198,6 +198,13 @@ class OpDef:
     involution: bool = False                # op(op(x)) == x
     idempotent: bool = False                # op(op(x)) == op(x)
     elementwise: bool = False
+    # linear_in: the operands the op is linear in, so a partial sum of them passes through
+    # it (sharding rules read this: a partial-sum placement survives the op). With
+    # linear_joint false (mul, div's numerator) the op is linear in each separately: at most
+    # one may be partial. With linear_joint true (add, sub, where's branches) it is linear in
+    # all of them together: they must be partial over the same axes.
+    linear_in: frozenset[int] = frozenset()
+    linear_joint: bool = False
     # Accepts storage dtypes (f8/f4/i4/...); data-movement ops (cost=movement_cost) always do.
     storage_ok: bool = False
     # Facts the padding rewrite reads (parallel/pad.py: a dim padded with zeros so that a mesh
@@ -423,6 +430,10 @@ def record_problems(op: OpDef) -> list[str]:
                    f"{', '.join(map(repr, PAD_ZEROS))}")
     if op.pad_logits is not None and not (isinstance(op.pad_logits, int) and 0 <= op.pad_logits < len(op.operands)):
         out.append(f"pad_logits is {op.pad_logits!r}, not the index of an operand")
+    bad = sorted(i for i in op.linear_in if not (isinstance(i, int) and 0 <= i < len(op.operands)))
+    if bad or not isinstance(op.linear_in, frozenset):
+        out.append(f"linear_in must be a frozenset of operand indices (0..{len(op.operands) - 1}), "
+                   f"got {op.linear_in!r}")
     return out
 
 

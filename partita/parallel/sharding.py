@@ -222,16 +222,13 @@ def _broadcast_labels(ts: Sequence[TensorType], out: tuple[int, ...], prefix: st
     return res
 
 
-_ELEMENTWISE_LINEAR = {"add": ({0, 1}, True), "sub": ({0, 1}, True), "mul": ({0, 1}, False),
-                       "div": ({0}, False), "neg": ({0}, False), "where": ({1, 2}, True)}
-
-
 def _elementwise(name: str):
+    op = OPS[name]
+
     def fn(ts, attrs):
         out = broadcast_shapes(*(t.shape for t in ts))
-        lin, joint = _ELEMENTWISE_LINEAR.get(name, (set(), False))
         return DimSpec(tuple(_broadcast_labels(ts, out)), (tuple(f"o{i}" for i in range(len(out))),),
-                       linear=frozenset(lin), joint=joint)
+                       linear=op.linear_in, joint=op.linear_joint)
     return fn
 
 

@@ -38,6 +38,8 @@ def fresh_name():
     ({"reference": None}, "reference must be a function"),
     ({"pad_zeros": "alll"}, "pad_zeros is 'alll' (did you mean 'all'?)"),
     ({"pad_logits": 1}, "pad_logits is 1, not the index of an operand"),
+    ({"linear_in": frozenset({1})}, "linear_in must be a frozenset of operand indices (0..0)"),
+    ({"linear_in": {0}}, "linear_in must be a frozenset of operand indices"),
     ({"size_attrs": {"shape": 1}}, "size_attrs must be a function or None"),
 ])
 def test_register_refuses_a_malformed_record(fresh_name, kw, message):
@@ -177,3 +179,21 @@ def test_a_second_rule_or_a_rule_for_an_unknown_op_is_an_error(fresh_name):
     finally:
         from partita.ops.registry import RULE_TABLES
         RULE_TABLES.pop("test-only-kind", None)
+
+
+def test_linearity_is_a_fact_of_the_elementwise_records():
+    """The sharding rule of an elementwise op reads which operands a partial sum passes
+    through from the record (no table of op names in the parallel layer)."""
+    from partita.ir import TensorType
+    from partita.ir.dtypes import f32
+    from partita.parallel.sharding import RULES
+
+    assert OPS["add"].linear_in == frozenset({0, 1}) and OPS["add"].linear_joint
+    assert OPS["mul"].linear_in == frozenset({0, 1}) and not OPS["mul"].linear_joint
+    assert OPS["div"].linear_in == frozenset({0})
+    assert OPS["where"].linear_in == frozenset({1, 2}) and OPS["where"].linear_joint
+    assert OPS["exp"].linear_in == frozenset()
+    t = TensorType((2, 3), f32)
+    spec = RULES.get("sub")([t, t], {})
+    assert spec.linear == frozenset({0, 1}) and spec.joint
+    assert RULES.get("exp")([t], {}).linear == frozenset()
