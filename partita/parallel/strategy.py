@@ -3,12 +3,12 @@
 - the strategies, one module each behind ``Strategy``, and their registry:
   partita/parallel/strategies/ (dp.py, zero.py, megatron.py, vocab.py; base.py holds the
   interface, ``parse_strategy`` and ``StrategyError``);
-- ``parallelize`` and ``parse_placement``: partita/parallel/pipeline.py;
+- ``parallelize`` and ``parse_placement``: partita/parallel/driver.py;
 - ``ParallelProgram`` and ``assemble``: partita/parallel/program.py;
 - ``PlanReport``: partita/parallel/report.py.
 """
 
-from .pipeline import parallelize, parse_placement
+from .driver import parallelize, parse_placement
 from .program import ParallelProgram, assemble
 from .report import PlanReport
 from .strategies import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, lookup,
