@@ -43,6 +43,9 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     Weights default to ``graph.weights``. ``backend="numpy"`` returns NumPy arrays from the
     reference interpreter; ``backend="torch"`` returns torch tensors.
     """
+    if not isinstance(graph, Graph):
+        raise PartitaError(f"partita.run: the graph must be a partita.Graph (from partita.load, partita.parse or "
+                           f"an import), got {type(graph).__name__}")
     if backend == "numpy":
         from .backend.numpy_ref import run as run_numpy
 

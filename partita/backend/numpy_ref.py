@@ -11,17 +11,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.diagnostics import ExecutionError, PartitaError
+from ..ir.diagnostics import ExecutionError
 from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS
-from .common import bind_inputs, check_array, numpy_dtype_name
+from .common import bind_inputs, check_array, describe_node, host_array, node_error, numpy_dtype_name
 
 
 def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
         weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
     env: dict[Value, np.ndarray] = {}
     for v, a in bind_inputs(graph, inputs, weights):
-        arr = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a)
+        arr = host_array(v, a)
         check_array(v, arr.shape, numpy_dtype_name(arr))
         env[v] = arr
     remaining = {v: v.num_uses for v in env}
@@ -43,20 +43,21 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
 
 def run_node_reference(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     """Run one node's NumPy reference on ``args``; results in the node's result dtypes,
-    their shapes checked against the type rule."""
+    their shapes checked against the type rule. Any error names the node (results, op, place)."""
     opdef = OPS[node.op]
     try:
         with np.errstate(all="ignore"):
             res = opdef.reference(args, node.attrs)
-    except PartitaError:
-        raise
     except Exception as e:
-        where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
-        raise ExecutionError(f"{node.op}{where}: the reference implementation failed: {type(e).__name__}: {e}") from e
+        err = node_error(node, e, "reference implementation")
+        if err is e:
+            raise
+        raise err from e
     if not isinstance(res, (list, tuple)):
         res = (res,)
     if len(res) != len(node.results):
-        raise ExecutionError(f"{node.op}: reference returned {len(res)} result(s), expected {len(node.results)}")
+        raise ExecutionError(f"{describe_node(node)}: the reference returned {len(res)} result(s), "
+                             f"expected {len(node.results)}")
     out = []
     for r, a in zip(node.results, res):
         t = r.type
@@ -64,6 +65,7 @@ def run_node_reference(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
         if a.dtype != t.dtype.np:
             a = a.astype(t.dtype.np)
         if a.shape != t.shape:
-            raise ExecutionError(f"{node.op}: reference returned shape {list(a.shape)}, type rule says {t}")
+            raise ExecutionError(f"{describe_node(node)}: the reference returned shape {list(a.shape)}, "
+                                 f"the type rule says {t}")
         out.append(a)
     return out

@@ -20,14 +20,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..ir.diagnostics import ExecutionError, PartitaError, TypeRuleError
+from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ops.collective import Pending
 from ..ir.dtypes import DType, promote_all
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
 from ..ops.cast_semantics import cast_array, float_to_int_torch
 from ..ops.registry import OPS, OpDef, movement_cost
-from .common import bind_inputs, check_array, numpy_dtype_name
+from .common import bind_inputs, check_array, host_array, node_error, numpy_dtype_name
 
 
 class TorchProgram:
@@ -120,9 +120,14 @@ class TorchProgram:
                 continue
             if dt.name in CARRIER_NAMES:
                 t = _to_carrier_checked(v, a)
-            else:
-                t = to_tensor(a)
+            elif isinstance(a, tensor):
+                t = a
                 check_array(v, tuple(t.shape), _dtype_name(t))
+            else:
+                # Checked as an array first: torch cannot convert every dtype NumPy has.
+                arr = host_array(v, a)
+                check_array(v, arr.shape, numpy_dtype_name(arr))
+                t = to_tensor(arr)
             env[v.index] = t if device is None else t.to(device)
         with torch.inference_mode(), self._device_context():
             for fn, args, attrs, outs, dtypes, frees, waits, node in self.steps:
@@ -131,12 +136,11 @@ class TorchProgram:
                         if type(env[i]) is Pending:
                             env[i] = env[i].result()
                     res = fn([env[i] for i in args], attrs)
-                except PartitaError:
-                    raise
                 except Exception as e:
-                    where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
-                    raise ExecutionError(f"{node.op}{where}: the torch implementation failed: "
-                                         f"{type(e).__name__}: {e}") from e
+                    err = node_error(node, e, "torch implementation")
+                    if err is e:
+                        raise
+                    raise err from e
                 if type(res) is Pending:
                     env[outs[0]] = res
                     continue
@@ -256,7 +260,7 @@ def _to_carrier_checked(v: Value, a: Any):
     if isinstance(a, torch.Tensor):  # torch's own dtype: torch.uint32, torch.float8_e5m2, ...
         check_array(v, tuple(a.shape), _dtype_name(a))
         return to_carrier(a, dt)
-    arr = np.asarray(a)
+    arr = host_array(v, a)
     check_array(v, arr.shape, numpy_dtype_name(arr))
     if dt.storage:
         return torch.from_numpy(arr.astype(np.float32))

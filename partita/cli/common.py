@@ -10,6 +10,7 @@ print as one ``error: ...`` message without a traceback; ``--debug`` adds the tr
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -153,13 +154,90 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
             continue
         t = v.type
         if t.dtype.is_float:
-            a = rng.standard_normal(t.shape).astype(t.dtype.np)
+            a = random_array(v, lambda: rng.standard_normal(t.shape).astype(t.dtype.np))
         elif t.dtype.is_int:
-            a = rng.integers(0, 8, size=t.shape).astype(t.dtype.np)
+            a = random_array(v, lambda: rng.integers(0, 8, size=t.shape).astype(t.dtype.np))
         else:
-            a = rng.random(t.shape) < 0.5
+            a = random_array(v, lambda: rng.random(t.shape) < 0.5)
         out[input_name(v)] = np.asarray(a)
     return out
+
+
+def random_array(v: Value, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """``make()``, the random value of graph input ``v``; a CLIError naming ``v`` when its type
+    is more than NumPy can hold (over 64 dims) or than this machine's memory can (the random
+    numbers are drawn in 64 bits before they are cast)."""
+    t = v.type
+    need = t.numel * max(8, t.dtype.itemsize)
+    memory = _physical_memory()
+    if memory is not None and need > memory:
+        raise CLIError(f"input %{input_name(v)} is {t}: {_bytes(need)} of random values, more than this "
+                       f"machine's {_bytes(memory)} of memory; give it a smaller shape")
+    try:
+        return make()
+    except (ValueError, MemoryError) as e:
+        raise CLIError(f"input %{input_name(v)} is {t}: NumPy cannot make random values of that shape "
+                       f"({type(e).__name__}: {e or 'out of memory'}); give it a smaller shape, of at most "
+                       "64 dims") from None
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} EiB"
+
+
+# --- argument types: a value out of range is a usage error (exit 2) --------------------------
+
+SEED_MAX = 2 ** 32 - 1
+
+
+def seed_arg(text: str) -> int:
+    """A ``--seed``: an integer 0..2**32-1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; seeds are 0..2**32-1") from None
+    if not 0 <= n <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{n} is out of range; seeds are 0..2**32-1 (0..{SEED_MAX})")
+    return n
+
+
+def int_arg(low: int) -> Callable[[str], int]:
+    """An integer flag of at least ``low``."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
+        return n
+    return parse
+
+
+def float_arg(low: float, above: bool = False) -> Callable[[str], float]:
+    """A finite number of at least ``low`` (``above``: more than ``low``)."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(x):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if x < low or (above and x == low):
+            raise argparse.ArgumentTypeError(f"must be {'more than' if above else 'at least'} {low:g}, got {text}")
+        return x
+    return parse
 
 
 def to_numpy(x: Any) -> np.ndarray:

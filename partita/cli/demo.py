@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ir.graph import Graph
 from .common import (DEFAULT_PIPELINE, DEMO_MODEL, EXIT_ERROR, EXIT_OK, CLIError, Section, compare,
-                     display_name, format_table, pass_manager, random_inputs, require_weights, short,
+                     display_name, format_table, pass_manager, random_inputs, require_weights, seed_arg, short,
                      summary_fields, to_numpy, weights_path)
 
 
@@ -23,7 +23,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "the original on both executors.")
     d.add_argument("--passes", default=DEFAULT_PIPELINE, metavar="PIPELINE",
                    help=f"the pipeline to run (default: {DEFAULT_PIPELINE})")
-    d.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    d.add_argument("--seed", type=seed_arg, default=0, help="seed of the random inputs (default 0)")
     d.set_defaults(handler=cmd_demo)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from ..ir.diagnostics import WeightsError
 from ..ir.graph import Graph
-from .common import EXIT_OK, CLIError, weight_problems, weights_path
+from .common import EXIT_OK, CLIError, seed_arg, weight_problems, weights_path
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     im.add_argument("--example", action="append", default=[], metavar="TYPE",
                     help="PyTorch only: the type of the next positional input, e.g. 'f32[8,128]' or "
                          "'i64[2,16]' (repeatable, in argument order)")
-    im.add_argument("--seed", type=int, default=0, help="seed of the random example inputs (default 0)")
+    im.add_argument("--seed", type=seed_arg, default=0, help="seed of the random example inputs (default 0)")
     im.set_defaults(handler=cmd_import)
 
 

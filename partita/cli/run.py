@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from . import run_parallel
-from .common import EXIT_OK, display_name, format_table, random_inputs, require_weights, summary_fields, to_numpy
+from .common import (EXIT_OK, display_name, format_table, random_inputs, require_weights, seed_arg, summary_fields,
+                     to_numpy)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -19,7 +20,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument("file", metavar="FILE.pir")
     r.add_argument("--backend", choices=("numpy", "torch"), default="numpy",
                    help="numpy: the reference interpreter (default); torch: the torch executor")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    r.add_argument("--seed", type=seed_arg, default=0, help="seed of the random inputs (default 0)")
     run_parallel.add_arguments(r)
     r.set_defaults(handler=cmd_run)
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.diagnostics import PartitaError
+from .common import float_arg, int_arg
 
 
 class RunError(PartitaError):
@@ -27,21 +28,23 @@ class RunError(PartitaError):
 def add_arguments(r: argparse.ArgumentParser) -> None:
     g = r.add_argument_group("parallel run (with --mesh)")
     g.add_argument("--mesh", help="device mesh, e.g. dp=2,tp=2; runs the graph in parallel")
-    g.add_argument("--nproc", type=int, help="number of processes (must equal the mesh size; default: it)")
+    g.add_argument("--nproc", type=int_arg(1), help="number of processes (must equal the mesh size; default: it)")
     g.add_argument("--strategy", default=None,
                    help="dp, zero1, zero2, zero3, megatron, sp, joined with '+' (e.g. dp+megatron)")
     g.add_argument("--annotate", action="append", default=[], metavar="NAME=PLACEMENT",
                    help="placement of one value, e.g. 'x=[dp, -]' (repeatable)")
     g.add_argument("--train", choices=("adamw", "sgd"), help="train: build the training step of a forward graph")
-    g.add_argument("--lr", type=float, default=1e-3, help="learning rate with --train (default 1e-3)")
-    g.add_argument("--steps", type=int, default=3, help="steps to run (default 3)")
+    g.add_argument("--lr", type=float_arg(0, above=True), default=1e-3,
+                   help="learning rate with --train (default 1e-3)")
+    g.add_argument("--steps", type=int_arg(1), default=3, help="steps to run (default 3)")
     g.add_argument("--check", action="store_true", help="compare every step with the single-device graph")
     g.add_argument("--plan", action="store_true", help="print the full plan (every collective and placement)")
     g.add_argument("--plan-json", metavar="FILE", help="write the plan as JSON")
-    g.add_argument("--show-rank", type=int, metavar="R", help="print the per-rank program (every rank runs it)")
+    g.add_argument("--show-rank", type=int_arg(0), metavar="R", help="print the per-rank program (every rank runs it)")
     g.add_argument("--checkpoint", metavar="DIR", help="save the final params as a sharded checkpoint in DIR")
     g.add_argument("--resume", metavar="DIR", help="start from the latest checkpoint in DIR (any mesh)")
-    g.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is a failure (default 60)")
+    g.add_argument("--timeout", type=float_arg(0, above=True), default=60.0,
+                   help="seconds before a silent peer is a failure (default 60)")
     g.add_argument("--dist-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="process-group backend: nccl with one GPU per rank, gloo on CPUs; auto (default) picks nccl "
                         "when this machine has a GPU for every local rank")
@@ -69,8 +72,6 @@ def _run_parallel(args: argparse.Namespace) -> int:
     from ..parallel.strategy import parallelize
     from ..runtime.parallel_run import launch
 
-    if args.steps < 1:
-        raise RunError(f"--steps must be at least 1, got {args.steps}")
     fwd = parse_file(args.file)
     verify(fwd)
     require_weights(fwd, args.file)

@@ -22,6 +22,7 @@ from ..ir.graph import Graph, Value, input_name
 from ..ir.weights import Weights
 from ..autodiff.memory import analyze, recompute
 from ..autodiff.training import Trainer, training_step
+from .common import float_arg, int_arg, random_array, seed_arg
 
 
 class TrainError(PartitaError):
@@ -34,17 +35,17 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "random batches, printing the loss of each step; saves the trained weights.")
     t.add_argument("file", metavar="FILE.pir")
     t.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="default adamw")
-    t.add_argument("--steps", type=int, default=10, help="number of steps (default 10)")
-    t.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-    t.add_argument("--weight-decay", type=float, default=None,
+    t.add_argument("--steps", type=int_arg(1), default=10, help="number of steps (default 10)")
+    t.add_argument("--lr", type=float_arg(0, above=True), default=1e-3, help="learning rate (default 1e-3)")
+    t.add_argument("--weight-decay", type=float_arg(0), default=None,
                    help="weight decay (default: 0.01 for adamw, 0 for sgd)")
-    t.add_argument("--momentum", type=float, default=0.0, help="sgd momentum (default 0)")
+    t.add_argument("--momentum", type=float_arg(0), default=0.0, help="sgd momentum (default 0)")
     t.add_argument("--loss", choices=("auto", "cross_entropy", "mse"), default="auto",
                    help="auto: output 0 if it is a scalar, else cross entropy over its last dim")
     t.add_argument("--backend", choices=("torch", "numpy"), default="torch", help="executor (default torch)")
     t.add_argument("--recompute", action="store_true",
                    help="recompute cheap forward values in backward instead of keeping them")
-    t.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
+    t.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     t.add_argument("--same-batch", action="store_true",
                    help="reuse one batch every step (the loss then falls as the model fits it)")
     t.add_argument("-o", "--output", metavar="OUT.safetensors",
@@ -73,15 +74,15 @@ def synthetic_batch(step: Graph, fwd: Graph, rng: np.random.Generator, classes: 
             continue
         name, t = input_name(v), v.type
         if name == "target" and t.dtype.is_int:
-            batch[name] = rng.integers(0, classes or 2, size=t.shape).astype(t.dtype.np)
+            batch[name] = random_array(v, lambda: rng.integers(0, classes or 2, size=t.shape).astype(t.dtype.np))
         elif t.dtype.is_float:
-            batch[name] = rng.standard_normal(t.shape).astype(t.dtype.np)
+            batch[name] = random_array(v, lambda: rng.standard_normal(t.shape).astype(t.dtype.np))
         elif t.dtype.is_int:
             fv = next((u for u in fwd.inputs if input_name(u) == name), None)
             high = (_vocab(fv) if fv is not None else None) or 8
-            batch[name] = rng.integers(0, high, size=t.shape).astype(t.dtype.np)
+            batch[name] = random_array(v, lambda: rng.integers(0, high, size=t.shape).astype(t.dtype.np))
         else:
-            batch[name] = rng.random(t.shape) < 0.5
+            batch[name] = random_array(v, lambda: rng.random(t.shape) < 0.5)
     return batch
 
 
@@ -95,8 +96,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..ir.verifier import verify
     from .common import require_weights
 
-    if args.steps < 1:
-        raise TrainError(f"--steps must be at least 1, got {args.steps}")
     fwd = parse_file(args.file)
     verify(fwd)
     require_weights(fwd, args.file)

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..backend.common import bind_inputs, check_array, numpy_dtype_name
+from ..backend.common import bind_inputs, check_array, host_array, numpy_dtype_name
 from ..backend.numpy_ref import run_node_reference
 from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.graph import Graph, Node, Value
@@ -79,8 +79,8 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
         except PartitaError as e:
             raise MeshRunError(f"rank {r}: {e}") from None
         for v, a in bound:
-            arr = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a)
             try:
+                arr = host_array(v, a)
                 check_array(v, arr.shape, numpy_dtype_name(arr))
             except PartitaError as e:
                 raise MeshRunError(f"rank {r}: {e}") from None

@@ -7,15 +7,21 @@ arrays as NumPy), creates the mesh groups, compiles a ``TorchProgram`` with ``do
 once and runs the steps; outputs that alias an input (new params, optimizer state) become
 that input for the next step.
 
-Failures never hang: the parent watches a pipe from each rank and each rank's liveness (a
-rank killed by a signal reports nothing), stops every other rank on the first failure and
+Failures never hang: the parent watches a pipe from each rank, each rank's liveness (a
+rank killed by a signal reports nothing) and each rank's heartbeat and count of collectives
+entered (shared memory the rank writes), stops every other rank on the first failure and
 raises ``RankFailure``. Every collective runs with ``timeout_s``, so a rank whose peer died
-or stopped fails within that time, with an error naming the collective and its axis.
+or stopped fails within that time, with an error naming the collective and its axis; the
+heartbeats and counts then name the rank that stopped (no heartbeat) or never reached the
+collective. Every wait of the parent is bounded: a rank's job travels on its own pipe from a
+thread (so a rank that dies or stops while starting cannot block the parent), results are
+read by threads, and the processes are killed, not merely asked to stop.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import sys
@@ -31,7 +37,18 @@ from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.graph import Graph, input_name
 from ..parallel.mesh import Mesh
 
-FAULT_KINDS = ("raise", "exit", "kill", "stall")
+FAULT_KINDS = ("raise", "exit", "kill", "stall", "stop")
+
+# A spawned rank's heartbeat thread writes the time every HEARTBEAT_S seconds. Once a peer has
+# lost a rank (a collective timed out), a rank without a beat for STALE_S seconds is the one
+# that stopped; without any failure, a rank silent for longer than timeout_s is reported as
+# stopped on its own. A spawned process must have received its job within START_TIMEOUT_S
+# (or timeout_s when that is longer): the interpreter starts and imports partita before that.
+# After the first failure the parent waits up to GRACE_S for its cause to show up.
+HEARTBEAT_S = 0.2
+STALE_S = 2.0
+START_TIMEOUT_S = 60.0
+GRACE_S = 2.0
 
 
 class LaunchError(PartitaError):
@@ -41,12 +58,23 @@ class LaunchError(PartitaError):
 
 class CollectiveFailure(ExecutionError):
     """A collective failed or timed out on this rank, most often because a peer rank of its
-    group died or stopped; the message names the op, the axis, the group and the location."""
+    group died or stopped; the message names the op, the axis, the group and the location.
+    ``ordinal`` is the collective's number among those the rank entered (the rendezvous is
+    1), ``group`` its ranks and ``what`` the collective in words."""
+
+    def __init__(self, message: str, ordinal: int | None = None, group: Sequence[int] | None = None,
+                 what: str | None = None) -> None:
+        super().__init__(message)
+        self.ordinal = ordinal
+        self.group = list(group) if group is not None else None
+        self.what = what
 
 
 class RankFailure(PartitaError):
-    """A rank raised, died, or lost a peer. ``rank``, ``step`` (None: before the first step)
-    and ``kind`` ("error", "died" or "collective") describe the first failure; ``others``
+    """A rank raised, died, stopped, or lost a peer. ``rank``, ``step`` (None: before the
+    first step) and ``kind`` ("error", "died", "stuck": alive but stopped, or never reaching
+    a collective its peers waited for, or "collective": it lost a peer) describe the first
+    failure; ``others``
     maps each other rank that did not finish to what became of it; ``remote_traceback`` is
     the failing rank's Python traceback when it sent one (spawned ranks)."""
 
@@ -251,7 +279,7 @@ def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_ran
             for r in range(n):
                 per_rank[r].append(_rank_arrays(step_inputs[r], r, f"inputs[{s}][{r}]", mine))
         where = [f"inputs[{s}]" for s in range(steps)]
-    if not isinstance(steps, int) or steps < 1:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LaunchError(f"run_ranks: steps must be a positive integer, got {steps!r}")
     for r, g in enumerate(graph_list):
         if mine is not None and r != mine:
@@ -268,16 +296,40 @@ def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_ran
 
 # --- one rank ------------------------------------------------------------------------------
 
+class _Tracker:
+    """Counts the collectives a rank has entered: the rendezvous is 1, the creation of the
+    mesh groups 2, then every collective of every step. A spawned rank keeps the count in
+    shared memory (``cells[rank]``) where the parent reads it, to tell a rank that never
+    reached a collective from the peers that waited for it."""
+
+    def __init__(self, rank: int, cells: Any = None) -> None:
+        self.rank = rank
+        self.cells = cells
+        self.count = 0
+
+    def enter(self) -> int:
+        self.count += 1
+        if self.cells is not None:
+            self.cells[self.rank] = self.count
+        return self.count
+
+
 def _location(node) -> str:
     loc = node.text_loc or node.loc
     return f" at {loc}" if loc else ""
 
 
+def _first_line(e: BaseException) -> str:
+    # gloo's messages go on with generic advice after the first sentence.
+    return (str(e).strip().splitlines() or [""])[0].split(" This is typically")[0][:300]
+
+
 def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[int, int, str] | None,
-                step_cell: list[int]) -> None:
+                step_cell: list[int], tracker: _Tracker) -> None:
     """Wrap the program's collective steps so a failure names the op, axis, group and the
-    likely cause; with a "raise" fault, make the first compute node of this rank raise at the
-    fault step (so the injected error takes the path a real one does).
+    likely cause, and so each collective counts in ``tracker`` as it is entered; with a
+    "raise" fault, make the first compute node of this rank raise at the fault step (so the
+    injected error takes the path a real one does).
 
     ``TorchProgram.steps`` are tuples ``(fn, operand slots, attrs, result slots, dtypes,
     frees, waits, node)``; only ``fn`` is replaced. A collective started asynchronously fails
@@ -295,25 +347,24 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
             if node.attrs.get("group_size", 1) <= 1 or axis not in mesh.names:
                 continue
             group = mesh.group_of(rank, axis)
+            what = f"{node.op} over axis '{axis}' (group of ranks {group}){_location(node)}"
 
-            def fail(e: Exception, node=node, axis=axis, group=group) -> None:
-                # gloo's messages go on with generic advice after the first sentence.
-                first = (str(e).strip().splitlines() or [""])[0].split(" This is typically")[0][:300]
+            def fail(e: Exception, ordinal: int | None = None, what=what, group=group) -> None:
                 raise CollectiveFailure(
-                    f"{node.op} over axis '{axis}' (group of ranks {group}){_location(node)} failed on rank "
-                    f"{rank} at step {step_cell[0]}: {type(e).__name__}: {first}; a peer rank of this group "
-                    f"probably died or stopped before reaching this collective (each collective waits at "
-                    f"most timeout_s={timeout_s:g} s)") from e
+                    f"{what} failed on rank {rank} at step {step_cell[0]}: {type(e).__name__}: {_first_line(e)}; "
+                    f"a peer rank of this group probably died or stopped before reaching this collective "
+                    f"(each collective waits at most timeout_s={timeout_s:g} s)", ordinal, group, what) from e
 
             def wrapped(args, attrs, fn=fn, fail=fail):
+                ordinal = tracker.enter()
                 try:
                     res = fn(args, attrs)
                 except PartitaError:
                     raise
                 except Exception as e:
-                    fail(e)
+                    fail(e, ordinal)
                 if type(res) is Pending:
-                    res.on_error = fail
+                    res.on_error = lambda e, fail=fail, ordinal=ordinal: fail(e, ordinal)
                 return res
             program.steps[i] = (wrapped, *st[1:])
         elif injected:
@@ -326,7 +377,27 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
             program.steps[i] = (raising, *st[1:])
 
 
-def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) -> tuple:
+def _world_collective(job: _Job, tracker: _Tracker, what: str, fn: Callable[[], Any],
+                      only_timeouts: bool) -> Any:
+    """Run a collective of every rank (the rendezvous, the mesh groups, the final barrier),
+    counted in ``tracker``; its failure is a lost peer (with ``only_timeouts``, only a time
+    out is: any other failure, such as a port in use, is the rank's own error)."""
+    ordinal = tracker.enter()
+    try:
+        return fn()
+    except PartitaError:
+        raise
+    except Exception as e:
+        text = f"{type(e).__name__} {e}".lower()
+        if only_timeouts and "timed out" not in text and "timeout" not in text:
+            raise
+        raise CollectiveFailure(
+            f"{what} failed on rank {job.rank}: {type(e).__name__}: {_first_line(e)}; a peer rank probably died "
+            f"or stopped before reaching it (it waits at most timeout_s={job.timeout_s:g} s)", ordinal,
+            list(range(job.world)), what) from e
+
+
+def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], tracker: _Tracker) -> tuple:
     """Join the process group, build the mesh groups, compile and run the steps of one rank;
     returns (outputs per step, final weights, seconds per step, setup seconds)."""
     import torch
@@ -343,10 +414,14 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
     timeout = timedelta(seconds=job.timeout_s)
     if not dist.is_initialized():
         if job.init == "env://":
-            dist.init_process_group(job.backend, init_method="env://", timeout=timeout)
+            _world_collective(job, tracker, "the rendezvous (init_process_group, env://)",
+                              lambda: dist.init_process_group(job.backend, init_method="env://", timeout=timeout),
+                              only_timeouts=True)
         else:
-            dist.init_process_group(job.backend, init_method=job.init, rank=job.rank, world_size=job.world,
-                                    timeout=timeout)
+            _world_collective(job, tracker, f"the rendezvous (init_process_group on {job.init})",
+                              lambda: dist.init_process_group(job.backend, init_method=job.init, rank=job.rank,
+                                                              world_size=job.world, timeout=timeout),
+                              only_timeouts=True)
     graph = parse(job.graph_text, f"<@{job.graph_name} rank {job.rank}>")
     device = None
     if job.backend == "nccl":
@@ -354,10 +429,12 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
         local = int(os.environ.get("LOCAL_RANK", job.rank))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    previous = comm.set_groups(comm.new_mesh_groups(mesh, timeout=timeout))
+    groups = _world_collective(job, tracker, "the creation of the mesh groups (new_group)",
+                               lambda: comm.new_mesh_groups(mesh, timeout=timeout), only_timeouts=True)
+    previous = comm.set_groups(groups)
     try:
         program = TorchProgram(graph, donate=True, overlap=True, device=device)
-        _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell)
+        _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
@@ -378,6 +455,8 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
                     os._exit(3)
                 if fault[2] == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if fault[2] == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if fault[2] == "stall":
                     time.sleep(job.timeout_s * 3 + 30)
             given = job.inputs[s] if len(job.inputs) > 1 else job.inputs[0]
@@ -396,30 +475,49 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int]) 
         step_cell[0] = job.steps
         # Every rank has finished its collectives before any leaves, so none tears down a
         # connection a peer still reads from.
-        dist.barrier()
+        _world_collective(job, tracker, "the final barrier (every rank)", dist.barrier, only_timeouts=False)
         return outputs, final, timings, setup
     finally:
         comm.set_groups(previous)
 
 
-def _describe(e: BaseException) -> tuple[str, str]:
-    kind = "collective" if isinstance(e, CollectiveFailure) else "error"
-    return kind, f"{type(e).__name__}: {e}"
+def _describe(e: BaseException) -> tuple[str, str, dict | None]:
+    """(kind, message, where) of a rank's failure; ``where`` describes a failed collective
+    (its ordinal, group and words) for the parent to find the rank that did not reach it."""
+    if isinstance(e, CollectiveFailure):
+        return "collective", f"{type(e).__name__}: {e}", {"ordinal": e.ordinal, "group": e.group, "what": e.what}
+    return "error", f"{type(e).__name__}: {e}", None
 
 
-def _worker_main(job: _Job, conn) -> None:
-    """Entry point of a spawned rank: runs the job and sends ``ready``, ``step`` and finally
-    ``done`` or ``error`` messages on ``conn``."""
+def _heartbeat(beats: Any, rank: int) -> None:
+    while True:
+        beats[rank] = time.monotonic()
+        time.sleep(HEARTBEAT_S)
+
+
+def _worker_main(rank: int, jobs, conn, beats, entered) -> None:
+    """Entry point of a spawned rank: starts the heartbeat, receives its job on ``jobs``,
+    runs it and sends ``started``, ``ready``, ``step`` and finally ``done`` or ``error``
+    messages on ``conn``."""
+    import threading
+
+    threading.Thread(target=_heartbeat, args=(beats, rank), daemon=True, name="partita-heartbeat").start()
     step_cell = [-1]
     try:
-        outputs, final, timings, setup = _run_rank(job, conn.send, step_cell)
-        conn.send(("done", job.rank, outputs, final, timings, setup))
+        job = jobs.recv()
+    except BaseException:  # noqa: BLE001 -- the parent is gone or gave up on this rank
+        os._exit(2)
+    jobs.close()
+    try:
+        conn.send(("started", rank))
+        outputs, final, timings, setup = _run_rank(job, conn.send, step_cell, _Tracker(rank, entered))
+        conn.send(("done", rank, outputs, final, timings, setup))
         code = 0
     except BaseException as e:  # noqa: BLE001 -- a rank reports whatever stopped it
-        kind, message = _describe(e)
+        kind, message, where = _describe(e)
         try:
-            conn.send(("error", job.rank, step_cell[0] if step_cell[0] >= 0 else None, kind, message,
-                       traceback.format_exc()))
+            conn.send(("error", rank, step_cell[0] if step_cell[0] >= 0 else None, kind, message,
+                       traceback.format_exc(), where))
         except Exception:
             pass
         code = 1
@@ -457,19 +555,81 @@ def _step_text(step: int | None, steps: int | None = None) -> str:
     return f"at step {step}"
 
 
-_PRIORITY = {"error": 0, "died": 1, "collective": 2}
+def _proc_state(pid: int | None) -> str:
+    """The process's state letter and its meaning from /proc (Linux), or ""."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError, TypeError):
+        return ""
+    names = {"T": "stopped by a signal, such as SIGSTOP", "t": "stopped by a debugger", "D": "in uninterruptible I/O",
+             "R": "running", "S": "sleeping"}
+    return f"state {state}: {names.get(state, 'see proc(5)')}"
 
 
-def _first(failures: list[tuple[int, int, int | None, str, str]]) -> tuple[int, int, int | None, str, str]:
-    """The failure to report: a rank's own error before a death before a lost peer (the
-    usual consequence of the other two), the earliest of a kind first."""
+def check_spawnable(who: str = "run_ranks") -> None:
+    """Refuse up front a main module that multiprocessing's "spawn" cannot re-import in each
+    rank: a script read from standard input (``python - < train.py``: its ``__file__`` is
+    "<stdin>") or one whose file is gone. Spawn re-runs the main module's file in every child
+    before the child can receive its job; when that fails the child dies at once. ``python
+    -c``, an interactive session and ``python -m`` have no file to re-run (or import by
+    name) and work."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return
+    from multiprocessing import process
+
+    full = path if os.path.isabs(path) or process.ORIGINAL_DIR is None else os.path.join(process.ORIGINAL_DIR, path)
+    if os.path.exists(full):
+        return
+    fix = ("save the script to a file and run it as `python train.py` (calling launch under "
+           "`if __name__ == \"__main__\":`), run it with `python -c`, or under torchrun")
+    if path == "<stdin>":
+        raise LaunchError(f"{who}: the main module is a script read from standard input ('<stdin>'); the rank "
+                          f"processes are started with multiprocessing's \"spawn\", which re-runs the main "
+                          f"module's file in every rank and cannot re-read standard input; {fix}")
+    raise LaunchError(f"{who}: the main module's file {full} does not exist (moved or deleted since it started); "
+                      f"the rank processes are started with multiprocessing's \"spawn\", which re-runs that file "
+                      f"in every rank; {fix}")
+
+
+_PRIORITY = {"error": 0, "died": 1, "stuck": 2, "collective": 3}
+_HEAD = {"error": "raised", "died": "died", "stuck": "is stuck", "collective": "lost a peer"}
+
+
+def _first(failures: list[tuple]) -> tuple:
+    """The failure to report: a rank's own error before a death before a stuck rank before a
+    lost peer (the usual consequence of the other three), the earliest of a kind first."""
     return failures[min(range(len(failures)), key=lambda i: (failures[i][0], i))]
+
+
+def _send_job(conn, job: _Job) -> None:
+    """Send a rank its job (on a thread: the write waits for the rank to read it)."""
+    try:
+        conn.send(job)
+    except Exception:  # noqa: BLE001 -- the rank died or was stopped: its watcher reports it
+        pass
+    finally:
+        conn.close()
+
+
+def _read_results(conn, rank: int, events: "queue.Queue") -> None:
+    """Put every message of a rank on ``events``, then (rank, None) at its end."""
+    try:
+        while True:
+            events.put((rank, conn.recv()))
+    except Exception:  # noqa: BLE001 -- EOF (the rank ended) or a message cut off by its death
+        pass
+    events.put((rank, None))
 
 
 def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: list[list[dict]], steps: int,
            backend: str, timeout_s: float, threads: int | None, fault, progress) -> RunResult:
     import multiprocessing
-    from multiprocessing.connection import wait
+    import threading
 
     from ..ir.printer import print_graph
 
@@ -477,28 +637,24 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
     texts: dict[int, str] = {}
     port = _free_port()
     ctx = multiprocessing.get_context("spawn")
-    procs, conns = [], []
-    for r, g in enumerate(graph_list):
-        text = texts.get(id(g))
-        if text is None:
-            text = texts[id(g)] = print_graph(g)
-        job = _Job(r, n, str(mesh), text, g.name, weights[r], per_rank[r], steps, backend, timeout_s,
-                   threads, fault, f"tcp://127.0.0.1:{port}")
-        recv_end, send_end = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker_main, args=(job, send_end), daemon=True, name=f"partita-rank-{r}")
-        p.start()
-        send_end.close()  # the parent keeps only the read end, so a dead rank reads as EOF
-        procs.append(p)
-        conns.append(recv_end)
+    beats = ctx.RawArray("d", n)     # each rank's last heartbeat (time.monotonic; 0: none yet)
+    entered = ctx.RawArray("q", n)   # the collectives each rank has entered
+    events: queue.Queue = queue.Queue()
+    procs: list[Any] = []
+    readers: list[threading.Thread] = []
+    result_conns: list[Any] = []
+    start_limit = max(START_TIMEOUT_S, timeout_s)
 
     done: dict[int, tuple] = {}
     last_step: dict[int, int | None] = {r: None for r in range(n)}
-    failures: list[tuple[int, int, int | None, str, str]] = []  # (priority, rank, step, kind, message)
+    # (priority, rank, step, kind, message, where)
+    failures: list[tuple[int, int, int | None, str, str, dict | None]] = []
     tracebacks: dict[int, str] = {}
-    open_conns = {r: conns[r] for r in range(n)}
-    first_failure_at: float | None = None
-
+    ended: set[int] = set()         # ranks whose pipe reached its end
+    exited_at: dict[int, float] = {}
+    started: set[int] = set()
     ready: set[int] = set()
+    first_failure_at: float | None = None
 
     def current(r: int) -> int | None:
         """The step rank r is in (None: setup; ``steps``: past its last step)."""
@@ -507,9 +663,17 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
         last = last_step[r]
         return 0 if last is None else last + 1
 
-    def handle(r: int, msg: tuple) -> None:
+    def failed(r: int) -> bool:
+        return any(f[1] == r for f in failures)
+
+    def handle(r: int, msg: tuple | None) -> None:
+        if msg is None:
+            ended.add(r)
+            return
         tag = msg[0]
-        if tag == "ready":
+        if tag == "started":
+            started.add(r)
+        elif tag == "ready":
             ready.add(r)
         elif tag == "step":
             last_step[r] = msg[2]
@@ -518,72 +682,137 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
         elif tag == "done":
             done[r] = msg
         elif tag == "error":
-            _, _, step, kind, message, tracebacks[r] = msg
-            failures.append((_PRIORITY[kind], r, step, kind, message))
+            _, _, step, kind, message, tracebacks[r], where = msg
+            failures.append((_PRIORITY[kind], r, step, kind, message, where))
 
-    def drain(r: int) -> None:
-        c = open_conns.get(r)
-        while c is not None:
-            try:
-                if not c.poll():
-                    return
-                handle(r, c.recv())
-            except (EOFError, OSError):
-                del open_conns[r]
-                return
+    def stuck(r: int, message: str) -> None:
+        failures.append((_PRIORITY["stuck"], r, current(r), "stuck", message, None))
+
+    def silent_for(r: int, now: float) -> float:
+        return now - beats[r] if beats[r] > 0 else 0.0
+
+    def frozen_text(r: int, now: float) -> str:
+        state = _proc_state(procs[r].pid)
+        return (f"the process is alive but has not run for {silent_for(r, now):.1f} s (no heartbeat"
+                f"{'; ' + state if state else ''}): it was stopped (SIGSTOP) or is frozen")
+
+    def blame(now: float) -> None:
+        """For each lost peer, the ranks of its group that stopped (no heartbeat) or never
+        reached the collective (fewer collectives entered: comparable when every rank runs
+        the same program) are stuck."""
+        spmd = len(set(texts.values())) == 1
+        for f in list(failures):
+            if f[3] != "collective" or not f[5] or f[5].get("group") is None:
+                continue
+            where = f[5]
+            for p in where["group"]:
+                if p == f[1] or p in done or failed(p) or procs[p].exitcode is not None:
+                    continue
+                if silent_for(p, now) > STALE_S:
+                    stuck(p, f"{frozen_text(p, now)}; rank {f[1]} lost it as a peer")
+                elif spmd and where.get("ordinal") is not None and entered[p] < where["ordinal"]:
+                    stuck(p, f"it is running but did not reach {where['what']}, which rank {f[1]} waited "
+                             f"timeout_s={timeout_s:g} s for (counting the rendezvous and the mesh groups, "
+                             f"rank {p} has entered {entered[p]} collectives; that one is rank {f[1]}'s "
+                             f"collective {where['ordinal']})")
 
     try:
+        for r, g in enumerate(graph_list):
+            text = texts.get(id(g))
+            if text is None:
+                text = texts[id(g)] = print_graph(g)
+            job = _Job(r, n, str(mesh), text, g.name, weights[r], per_rank[r], steps, backend, timeout_s,
+                       threads, fault, f"tcp://127.0.0.1:{port}")
+            job_recv, job_send = ctx.Pipe(duplex=False)
+            res_recv, res_send = ctx.Pipe(duplex=False)
+            # The process object spawn writes to the child is small (the job goes on its own
+            # pipe), so starting cannot block on a child that dies before reading it.
+            p = ctx.Process(target=_worker_main, args=(r, job_recv, res_send, beats, entered), daemon=True,
+                            name=f"partita-rank-{r}")
+            p.start()
+            procs.append(p)
+            # The parent keeps only its ends, so a dead rank reads as EOF and a write to it fails.
+            job_recv.close()
+            res_send.close()
+            threading.Thread(target=_send_job, args=(job_send, job), daemon=True,
+                             name=f"partita-send-{r}").start()
+            reader = threading.Thread(target=_read_results, args=(res_recv, r, events), daemon=True,
+                                      name=f"partita-read-{r}")
+            reader.start()
+            readers.append(reader)
+            result_conns.append(res_recv)
+        spawned_at = time.monotonic()
+
         while True:
-            pending = [r for r in range(n) if r not in done and not any(f[1] == r for f in failures)]
+            pending = [r for r in range(n) if r not in done and not failed(r)]
             if not pending:
                 break
             if failures:
                 # A peer's lost connection often arrives before the death or error that
                 # caused it: give the cause a moment to show up.
-                if _first(failures)[3] == "error" or (first_failure_at is not None
-                                          and time.monotonic() - first_failure_at > 2.0):
+                if _first(failures)[3] == "error" or time.monotonic() - first_failure_at > GRACE_S:
                     break
-            watch = [open_conns[r] for r in pending if r in open_conns] + [procs[r].sentinel for r in pending]
-            for obj in wait(watch, timeout=0.5):
-                for r in pending:
-                    if obj is open_conns.get(r) or obj is procs[r].sentinel:
-                        drain(r)
-            for r in pending:
-                if r in done or any(f[1] == r for f in failures):
+            batch: list[tuple[int, Any]] = []
+            try:
+                batch.append(events.get(timeout=0.1))
+                while True:
+                    batch.append(events.get_nowait())
+            except queue.Empty:
+                pass
+            for r, msg in batch:
+                handle(r, msg)
+            now = time.monotonic()
+            for r in range(n):
+                if r in done or failed(r):
                     continue
-                if procs[r].exitcode is not None:
-                    drain(r)
-                    if r not in done and not any(f[1] == r for f in failures):
-                        failures.append((_PRIORITY["died"], r, current(r), "died",
-                                         f"the process {_exit_text(procs[r].exitcode)}"))
+                code = procs[r].exitcode
+                if code is not None:
+                    # A rank that raised sends its error before it exits: read its pipe to the
+                    # end before calling it dead.
+                    if r not in ended and now - exited_at.setdefault(r, now) < 5.0:
+                        continue
+                    text = f"the process {_exit_text(code)}"
+                    if r not in started:
+                        text += (" before it received its job: a spawned rank first re-imports the main module, "
+                                 "and a script must call launch/run_ranks under `if __name__ == \"__main__\":` "
+                                 "(the rank's own traceback is on standard error)")
+                    failures.append((_PRIORITY["died"], r, current(r), "died", text, None))
+                elif r not in started:
+                    if now - spawned_at > start_limit:
+                        stuck(r, f"the process did not start: it had not received its job {start_limit:g} s after "
+                                 f"it was spawned ({_proc_state(procs[r].pid) or 'alive'})")
+                elif silent_for(r, now) > max(timeout_s, STALE_S):
+                    stuck(r, frozen_text(r, now))
             if failures and first_failure_at is None:
-                first_failure_at = time.monotonic()
+                first_failure_at = now
+        if failures:
+            blame(time.monotonic())
     finally:
+        # Killed, not asked: a stopped process does not act on SIGTERM until continued.
         for p in procs:
-            if p.is_alive():
-                p.terminate()
+            if p.exitcode is None:
+                p.kill()
         for p in procs:
             p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        for c in conns:
+        for t in readers:
+            t.join(timeout=2)
+        for c in result_conns:
             c.close()
 
     if failures:
-        _, rank, step, kind, message = _first(failures)
+        _, rank, step, kind, message, _ = _first(failures)
         others = {}
         for r in range(n):
             if r == rank or r in done:
                 continue
             mine = [f for f in failures if f[1] == r]
             if mine:
-                others[r] = f"{_step_text(mine[0][2], steps)}: {mine[0][4]}"
+                f = min(mine, key=lambda f: f[0])
+                others[r] = f"{_HEAD[f[3]]} {_step_text(f[2], steps)}: {f[4]}"
             else:
                 others[r] = f"stopped by run_ranks {_step_text(current(r), steps)}"
         coords = ", ".join(f"{a}={c}" for a, c in zip(mesh.names, mesh.coords(rank)))
-        head = {"error": "raised", "died": "died", "collective": "lost a peer"}[kind]
-        text = (f"rank {rank} ({coords} on {mesh}) {head} {_step_text(step, steps)}: {message}")
+        text = f"rank {rank} ({coords} on {mesh}) {_HEAD[kind]} {_step_text(step, steps)}: {message}"
         if others:
             text += "\nother ranks:\n" + "\n".join(f"  rank {r}: {t}" for r, t in sorted(others.items()))
         raise RankFailure(text, rank, step, kind, others, tracebacks.get(rank))
@@ -619,12 +848,12 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
             progress(rank, msg[2], msg[3])
 
     try:
-        outs, final, timings, setup = _run_rank(job, report, step_cell)
+        outs, final, timings, setup = _run_rank(job, report, step_cell, _Tracker(rank))
     except PartitaError as e:
-        kind, message = _describe(e)
+        kind, message, _ = _describe(e)
         step = step_cell[0] if step_cell[0] >= 0 else None
-        head = "lost a peer" if kind == "collective" else "raised"
-        raise RankFailure(f"rank {rank} ({mesh}) {head} {_step_text(step)}: {message}", rank, step, kind) from e
+        raise RankFailure(f"rank {rank} ({mesh}) {_HEAD[kind]} {_step_text(step)}: {message}", rank, step,
+                          kind) from e
     except Exception as e:
         step = step_cell[0] if step_cell[0] >= 0 else None
         raise RankFailure(f"rank {rank} ({mesh}) raised {_step_text(step)}: {type(e).__name__}: {e}",
@@ -660,11 +889,12 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     ``timeout_s`` bounds rendezvous and every collective. ``progress(rank, step, seconds)``
     is called as steps finish. ``threads``: torch intra-op threads per rank (None: leave
     torch's default). ``_fault=(rank, step, kind)`` injects a failure for tests: "raise" (the
-    rank's first compute node raises), "exit" (os._exit(3)), "kill" (SIGKILL) or "stall" (the
-    rank sleeps, so its peers' collectives time out).
+    rank's first compute node raises), "exit" (os._exit(3)), "kill" (SIGKILL), "stall" (the
+    rank sleeps, so its peers' collectives time out) or "stop" (the rank sends itself SIGSTOP).
 
-    Raises ``LaunchError`` for arguments that cannot make a run, ``RankFailure`` when a rank
-    raises, dies or loses a peer.
+    Raises ``LaunchError`` for arguments that cannot make a run (and, outside torchrun, for a
+    main module that spawn cannot re-import: ``check_spawnable``), ``RankFailure`` when a rank
+    raises, dies, stops or loses a peer.
     """
     mine = None
     if _torchrun_env():
@@ -677,10 +907,11 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     backend = resolve_backend(backend, local_ranks)
     mesh, graph_list, weights, per_rank, steps = _normalize(graphs, mesh, weights_by_rank, inputs, steps,
                                                             executor, backend, _fault, mine)
-    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise LaunchError(f"run_ranks: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if _torchrun_env():
         return _join(mesh, graph_list, weights, per_rank, steps, backend, float(timeout_s), threads, _fault,
                      progress)
+    check_spawnable("run_ranks")
     return _spawn(mesh, graph_list, weights, per_rank, steps, backend, float(timeout_s), threads, _fault,
                   progress)

@@ -139,9 +139,10 @@ def one_line_error(rc: int, out: str, err: str) -> str:
     return lines[0]
 
 
-def test_train_zero_steps(capsys, model):
-    msg = one_line_error(*call(capsys, "train", model, "--steps", 0))
-    assert "--steps must be at least 1, got 0" in msg
+def test_train_zero_steps_is_a_usage_error(capsys, model):
+    rc, _, err = call(capsys, "train", model, "--steps", 0)
+    assert rc == 2
+    assert "argument --steps: must be at least 1, got 0" in err and "Traceback" not in err
 
 
 def test_train_momentum_with_adamw(capsys, model):
