@@ -185,7 +185,7 @@ def test_torchrun_rank_failure_names_the_rank_step_and_node(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode != 0
     msg = (tmp_path / "error_0.txt").read_text()
-    assert msg.startswith("rank 0 (mesh(tp=1)) raised at step 1: ExecutionError: matmul at <@mlp rank 0>:"), msg
+    assert msg.startswith("rank 0 (mesh(tp=1)) raised at step 1: ExecutionError: %a = matmul at <@mlp rank 0>:"), msg
     assert not (tmp_path / "result_0.npz").exists()
 
 
@@ -213,7 +213,7 @@ def test_a_rank_that_raises(dp_step):
     assert time.monotonic() - t < 30
     msg = str(e.value)
     assert (e.value.rank, e.value.step, e.value.kind) == (1, 1, "error")
-    assert msg.startswith("rank 1 (dp=1 on mesh(dp=2)) raised at step 1: ExecutionError: matmul at "), msg
+    assert msg.startswith("rank 1 (dp=1 on mesh(dp=2)) raised at step 1: ExecutionError: %a = matmul at "), msg
     assert "injected fault" in msg
     # The node's line in the rank's program text.
     line = int(msg.split("rank 1>:")[1].split(":")[0])
