@@ -101,8 +101,15 @@ def launch(program: Any, nproc: int | None = None, inputs: Any = None, **options
 
 def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any) -> Graph:
     """Run a pass pipeline (a string like ``"canonicalize,cse,dce"``) over ``graph``."""
+    import inspect
+
+    from .ir.diagnostics import PassError
     from .passes.manager import PassManager
 
+    known = [p for p in inspect.signature(PassManager.parse).parameters if p not in ("cls", "pipeline")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise PassError(f"optimize: unknown option(s) {', '.join(unknown)}; the options are {', '.join(known)}")
     return PassManager.parse(passes, **options).run(graph)
 
 

@@ -80,6 +80,31 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
       them alive (``partita.autodiff.memory.recompute``).
     The forward is first run through ``fuse-activations`` (spelled-out GELU/SiLU -> one op).
     """
+    if not isinstance(forward, Graph):
+        raise AutodiffError(f"training_step: the forward graph must be a partita.Graph, got {type(forward).__name__}")
+    if loss is not None and not isinstance(loss, str):
+        if isinstance(loss, bool) or not isinstance(loss, (int, np.integer)):
+            raise AutodiffError(f"training_step: loss must be None, the index of the output that is the loss, or "
+                                f"one of {', '.join(LOSSES)}; got {type(loss).__name__} {loss!r:.60}")
+        if not 0 <= loss < len(forward.outputs):
+            raise AutodiffError(f"training_step: loss={loss}, but @{forward.name} has {len(forward.outputs)} "
+                                f"output(s); give the index of the output that is the scalar loss")
+    if optimizer is not None and (not isinstance(optimizer, str) or optimizer not in ("adamw", "sgd")):
+        raise AutodiffError(f"training_step: unknown optimizer {optimizer!r:.60}; choose 'adamw' or 'sgd', or None "
+                            f"for the gradients without an update")
+    if optimizer is not None:
+        import inspect
+
+        update = apply_adamw if optimizer == "adamw" else apply_sgd
+        known = [p.name for p in list(inspect.signature(update).parameters.values())[1:]
+                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        unknown = sorted(set(optimizer_options) - set(known))
+        if unknown:
+            raise AutodiffError(f"training_step: unknown option(s) {', '.join(unknown)} for optimizer '{optimizer}'; "
+                                f"its options are {', '.join(known)}")
+    elif optimizer_options:
+        raise AutodiffError(f"training_step: option(s) {', '.join(sorted(optimizer_options))} need an optimizer; "
+                            f"with optimizer=None there is no update to configure")
     g = forward.clone()
     if isinstance(loss, str):
         _append_loss(g, loss, output)

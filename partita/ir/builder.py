@@ -59,6 +59,8 @@ class Builder:
         """Create, type and insert one node; returns the node."""
         from ..ops.registry import get_op
 
+        if not isinstance(op, str):
+            raise PartitaError(f"emit: an op is named by a string (like 'add'), got {type(op).__name__} {op!r:.40}")
         opdef = get_op(op)
         operands = list(operands)
         for i, v in enumerate(operands):

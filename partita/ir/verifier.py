@@ -17,6 +17,9 @@ def verify(graph: Graph) -> Graph:
     """Check every IR invariant of ``graph``; return it unchanged or raise VerifyError."""
     from ..ops.registry import OPS
 
+    if not isinstance(graph, Graph):
+        raise VerifyError(f"verify: the graph must be a partita.Graph (from partita.load, partita.parse or an "
+                          f"import), got {type(graph).__name__}")
     nm = _ValueNames(graph)
     defined: set[Value] = set()
     names: dict[str, Value] = {}

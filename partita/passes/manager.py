@@ -334,6 +334,9 @@ class PassManager:
         """Build a manager from pipeline text; PassError (with column and choices) if malformed."""
         if not isinstance(pipeline, str):
             raise PassError(f"a pipeline is a string like 'canonicalize,cse,dce', got {type(pipeline).__name__}")
+        for flag, value in (("verify_each", verify_each), ("timing", timing), ("snapshot", snapshot)):
+            if not isinstance(value, bool):
+                raise PassError(f"pass manager option {flag} must be True or False, got {type(value).__name__}")
         passes = _PipelineParser(pipeline).parse()
         return cls(passes, verify_each=verify_each, timing=timing, print_ir_before=print_ir_before,
                    print_ir_after=print_ir_after, out=out, reproducer_dir=reproducer_dir, snapshot=snapshot)
@@ -458,8 +461,14 @@ def _reproducer_note(path: Path | None) -> str:
 def _check_print_names(names: typing.Iterable[str], what: str) -> frozenset[str]:
     if isinstance(names, str):
         names = [n for n in names.split(",") if n]
-    out = frozenset(names)
+    try:
+        out = frozenset(names)
+    except TypeError:
+        raise PassError(f"{what}: give pass names (a comma-separated string or a list of names) or 'all', "
+                        f"not a {type(names).__name__}") from None
     for n in out:
+        if not isinstance(n, str):
+            raise PassError(f"{what}: pass names are strings, got {type(n).__name__} {n!r:.40}")
         if n != "all" and n not in PASSES:
             raise PassError(f"{what}: unknown pass '{n}'{suggest(n, PASSES)}; "
                             f"give pass names or 'all' (passes: {', '.join(sorted(PASSES))})")
