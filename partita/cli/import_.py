@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from ..ir.diagnostics import WeightsError
 from ..ir.graph import Graph
-from .common import EXIT_OK, CLIError, seed_arg, weight_problems, weights_path
+from .common import EXIT_OK, CLIError, _bytes, _physical_memory, seed_arg, weight_problems, weights_path
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -107,13 +107,28 @@ def example_tensors(types: list[str], seed: int) -> list[Any]:
             t = parse_type(text, f"--example #{i + 1}")
         except ParseError as e:
             raise CLIError(f"--example {text!r} is not a tensor type like 'f32[8,128]':\n{e}") from None
+        if t.dtype.storage:
+            raise CLIError(f"--example #{i + 1} {text!r}: {t.dtype.name} is a storage type (quantized data, "
+                           "cast and data movement only); a PyTorch module's example input needs a type torch "
+                           "computes with, e.g. f32, bf16, i64 or bool")
         shape = tuple(t.shape)
-        if t.dtype.is_float:
-            x = torch.randn(shape, generator=gen).to(to_torch_dtype(t.dtype))
-        elif t.dtype.is_int:
-            x = torch.randint(0, 8, shape, generator=gen).to(to_torch_dtype(t.dtype))
-        else:
-            x = torch.rand(shape, generator=gen) < 0.5
+        need = t.numel * max(4, t.dtype.itemsize)
+        memory = _physical_memory()
+        if t.rank > 64 or (memory is not None and need > memory):
+            why = (f"{t.rank} dims, more than the 64 a tensor may have" if t.rank > 64 else
+                   f"{_bytes(need)} of random values, more than this machine's {_bytes(memory or 0)} of memory")
+            raise CLIError(f"--example #{i + 1} {text!r}: {why}; give it a smaller shape")
+        try:
+            if t.dtype.is_float:
+                x = torch.randn(shape, generator=gen).to(to_torch_dtype(t.dtype))
+            elif t.dtype.is_int:
+                x = torch.randint(0, 8, shape, generator=gen).to(to_torch_dtype(t.dtype))
+            else:
+                x = torch.rand(shape, generator=gen) < 0.5
+        except (RuntimeError, ValueError, TypeError, MemoryError) as e:
+            raise CLIError(f"--example #{i + 1} {text!r}: torch cannot make random values of that type "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}); "
+                           "give a dtype torch has and a smaller shape") from None
         out.append(x)
     return out
 

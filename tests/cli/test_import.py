@@ -166,6 +166,10 @@ def test_torch_factory_imports_and_matches_eager(factory_pkg, capsys) -> None:
     (["mypkg.models:build", "--example", "f33[2,5]"], "--example 'f33[2,5]' is not a tensor type"),
     (["mypkg.models:build", "--example", "i64[2,5"], "expected ',' or ']' in the shape"),
     (["mypkg.models:build"], "give the type of each positional input"),
+    # Example types torch cannot make, caught before torch is asked (they were internal errors).
+    (["mypkg.models:build", "--example", "f32[99999999999999]"], "more than this machine's"),
+    (["mypkg.models:build", "--example", "f32[" + ",".join(["1"] * 70) + "]"], "70 dims, more than the 64"),
+    (["mypkg.models:build", "--example", "u4[3]"], "u4 is a storage type"),
     # A wrong example type reaches torch.export, whose message comes back as the importer's error.
     (["mypkg.models:build", "--example", "f32[2,5]", "--example", "f32[2,5,4]"], "torch.export failed on Net"),
     (["mypkg.models:build", "--example", "i64[2,5]", "--input-shape", "x=2"], "--input-shape is for ONNX"),
