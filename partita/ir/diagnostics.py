@@ -58,6 +58,10 @@ class ExecutionError(PartitaError):
     """A graph could not be run: missing inputs or weights, wrong input shapes."""
 
 
+class DenseTooLargeError(ExecutionError):
+    """A dense tensor attribute (a splat, until then kept as one value) is too large to build."""
+
+
 class WeightsError(PartitaError):
     """A weights file is missing, corrupt, or does not match the graph."""
 

@@ -71,10 +71,38 @@ def format_attr(v: Any) -> str:
     if isinstance(v, DType):
         return v.name
     if isinstance(v, tuple):
-        return "[" + ", ".join(format_attr(x) for x in v) + "]"
+        return _format_list(v)
     if isinstance(v, DenseAttr):
         return format_dense(v)
-    raise TypeError(f"cannot print attribute value {v!r} of type {type(v).__name__}")
+    raise TypeError(f"cannot print attribute value of type {type(v).__name__}")
+
+
+def _format_list(v: tuple) -> str:
+    """A (nested) list, without recursion: a value built in code may nest deeper than the
+    parser's limit, and an error message that shows it must not fail."""
+    out: list[str] = ["["]
+    stack = [iter(v)]
+    first = True
+    while stack:
+        x = next(stack[-1], _END)
+        if x is _END:
+            stack.pop()
+            out.append("]")
+            first = False
+            continue
+        if not first:
+            out.append(", ")
+        if isinstance(x, tuple):
+            out.append("[")
+            stack.append(iter(x))
+            first = True
+        else:
+            out.append(format_attr(x))
+            first = False
+    return "".join(out)
+
+
+_END = object()
 
 
 def _format_float(x: float) -> str:
@@ -87,16 +115,30 @@ def _format_float(x: float) -> str:
 
 
 def format_dense(d: DenseAttr) -> str:
-    a = d.array
     t = d.type
-    if a.size > 1 and d.is_splat():
-        body = _scalar_text(a.reshape(-1)[:1], t.dtype)[0]
-    elif a.ndim == 0:
-        body = _scalar_text(a.reshape(1), t.dtype)[0]
+    size = d.size
+    if size > 1 and d.is_splat():  # a splat prints as its value, and is never built as an array
+        body = _scalar_text(d.splat_array().reshape(1), t.dtype)[0]
+    elif size == 0:
+        # Empty: nested down to the first 0 ([[], []] for f32[2,0]) when that is short;
+        # `[]` reads back as any empty tensor.
+        lists = 1
+        for n in t.shape:
+            if n == 0:
+                break
+            lists *= n
+        body = _nest([], t.shape) if lists <= EMPTY_LISTS else "[]"
+    elif t.rank == 0:
+        body = _scalar_text(d.array.reshape(1), t.dtype)[0]
     else:
+        a = d.array
         flat = _scalar_text(a.reshape(-1), t.dtype)
         body = _nest(flat, a.shape)
     return f"dense<{format_type(t)}, {body}>"
+
+
+# The most innermost lists an empty tensor prints (see format_dense).
+EMPTY_LISTS = 1024
 
 
 def _scalar_text(flat: np.ndarray, dt: DType) -> list[str]:

@@ -477,6 +477,9 @@ def _is_collective(n: Node) -> bool:
 
 def _attr_text(v: Any) -> str:
     if isinstance(v, DenseAttr):
+        s = v.splat_array()
+        if s is not None:  # by its one value: a splat's array may be too large to build
+            return f"dense<{s.dtype.str}{list(v.shape)}:splat:{s.tobytes().hex()}>"
         a = v.array
         return f"dense<{a.dtype.str}{list(a.shape)}:{hashlib.sha1(a.tobytes()).hexdigest()}>"
     if isinstance(v, tuple):

@@ -74,9 +74,8 @@ def effect_classes() -> dict[str, int]:
 
 def _dense_splat(node: Node) -> Any:
     v = node.attrs.get("value")
-    if not isinstance(v, DenseAttr) or v.array.size == 0 or not v.is_splat():
-        return _NOT_SPLAT
-    return v.array.reshape(-1)[0].item()
+    s = v.splat_value() if isinstance(v, DenseAttr) else None  # never builds a splat's array
+    return _NOT_SPLAT if s is None else s
 
 
 def _full_splat(node: Node) -> Any:
