@@ -9,13 +9,14 @@ path, which is the definition of the language and produces every error message.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import numpy as np
 
-from .attrs import DenseAttr
-from .diagnostics import AttributeError_, GraphEditError, ParseError, PartitaError
+from .attrs import DenseAttr, check_size
+from .diagnostics import AttributeError_, DenseTooLargeError, GraphEditError, ParseError, PartitaError
 from .dtypes import DTYPES
 from .graph import ROLES, Graph, Node, Value, bulk_build
 from .mesh import Mesh
@@ -58,6 +59,21 @@ _CONTINUED = re.compile(r"(?:[ \t\r\n]+|//[^\n]*)*(?:,|loc\b|partial\b)")
 # characters and nothing may follow the types but a loc. Such lines take the general path,
 # which alone knows the graph's mesh and reports placement errors.
 _AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The deepest nesting of lists in an attribute value or a dense literal (NumPy's limit on
+# dimensions): deeper text is an error, so nothing that reads values recurses without bound.
+MAX_DEPTH = 64
+# Runs of ", value" inside a dense literal, read in one match (the values of large constants
+# dominate the text): integers, or finite float numbers; each must end where a token ends.
+# Anything else (inf, nan, a comment, a bad value) ends the run and takes the token path.
+_END_OF_VALUE = r"(?=[ \t\r\n,\]])"
+_INT_TEXT = r"-?[0-9]+"
+_FLOAT_TEXT = r"-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+)"
+_INT_RUN = re.compile(r"(?:[ \t\r\n]*,[ \t\r\n]*" + _INT_TEXT + _END_OF_VALUE + ")+")
+_FLOAT_RUN = re.compile(r"(?:[ \t\r\n]*,[ \t\r\n]*" + _FLOAT_TEXT + _END_OF_VALUE + ")+")
+# The values of a matched run (its boundaries are already checked; the alternatives are
+# tried in the lexer's order, so each value is read as the lexer reads it).
+_INT_RUN_ITEM = re.compile(_INT_TEXT)
+_FLOAT_RUN_ITEM = re.compile(_FLOAT_TEXT)
 
 
 class Token:
@@ -662,7 +678,8 @@ class _Parser:
         self.expect("=", f"'=' after attribute name '{ntok.text}'")
         return ntok.text, self.parse_attr_value(), ntok
 
-    def parse_attr_value(self) -> Any:
+    def parse_attr_value(self, depth: int = 0) -> Any:
+        """One attribute value; ``depth`` is the number of lists around it (at most MAX_DEPTH)."""
         tok = self.tok
         k = tok.kind
         if k == "number":
@@ -691,11 +708,14 @@ class _Parser:
             raise self.error(f"expected an attribute value (number, true/false, \"string\", dtype, [list] or "
                              f"dense<...>), found {tok.describe()}", tok)
         if self.at("["):
+            if depth >= MAX_DEPTH:
+                raise self.error(f"attribute value nested deeper than {MAX_DEPTH} lists (the maximum depth); "
+                                 f"flatten the value")
             self.advance()
             items = []
             if not self.at("]"):
                 while True:
-                    items.append(self.parse_attr_value())
+                    items.append(self.parse_attr_value(depth + 1))
                     if self.at(","):
                         self.advance()
                         continue
@@ -714,44 +734,163 @@ class _Parser:
     def parse_dense(self) -> DenseAttr:
         self.advance()
         self.expect("<", "'<' after dense")
+        t_tok = self.tok
         t = self.parse_type()
+        if t.rank > MAX_DEPTH:
+            raise self.error(f"dense<{t}> has {t.rank} dimensions; a tensor has at most {MAX_DEPTH}", t_tok)
         self.expect(",", "',' between the type and the values of dense<...>")
         v_tok = self.tok
-        lit = self.parse_attr_value()
+        texts, shape = self.parse_dense_literal(t)
         self.expect(">", "'>' to close dense<...>")
-        dt = t.dtype
-        if isinstance(lit, tuple):
-            shape = _nested_shape(lit)
-            if shape is None:
-                raise self.error(f"dense values are a ragged nested list; the type says {t}", v_tok)
-            if shape != t.shape and not (t.numel == 0 and _count_leaves(lit) == 0):
-                raise self.error(f"dense values have shape {list(shape)} but the type says {t}", v_tok)
-            leaves = list(_leaves(lit))
-        else:
-            leaves = [lit]
-        want = "true or false" if dt.is_bool else "integers" if dt.is_int else "numbers"
-        for x in leaves:
-            ok = (type(x) is bool if dt.is_bool else type(x) is int if dt.is_int
-                  else type(x) in (int, float))
-            if not ok:
-                shown = "a list" if isinstance(x, tuple) else _show_literal(x)
-                raise self.error(f"dense<{t}> takes {want}, found {shown}", v_tok)
+        splat = shape is None
+        if not splat and shape != t.shape and not (t.numel == 0 and not texts):
+            raise self.error(f"dense values have shape {list(shape)} but the type says {t}", v_tok)
+        values = self.dense_values(t, texts, v_tok)
+        if splat:
+            return DenseAttr.splat(values[0], t.shape, t.dtype)
         try:
-            with np.errstate(over="raise"):
-                if isinstance(lit, tuple):
-                    arr = np.array(leaves, dtype=dt.np).reshape(t.shape)
+            check_size(t, f"dense<{t}>")
+        except DenseTooLargeError as e:
+            raise self.error(str(e), v_tok) from None
+        return DenseAttr(values.reshape(t.shape))
+
+    def parse_dense_literal(self, t: TensorType) -> tuple[list[str], tuple[int, ...] | None]:
+        """The values of ``dense<t, ...>``: their texts in row-major order and the shape of
+        the nesting (None for a splat, a single value). Without recursion; at most
+        MAX_DEPTH lists deep. Each value is checked to be of the kind the dtype takes;
+        ``dense_values`` checks the ranges."""
+        start = self.tok
+        if not self.at("["):
+            self.dense_leaf(t)
+            return [self.advance().text], None
+        dt = t.dtype
+        run = None if dt.is_bool else _INT_RUN.match if dt.is_int else _FLOAT_RUN.match
+        find = _INT_RUN_ITEM.findall if dt.is_int else _FLOAT_RUN_ITEM.findall
+        text = self.text
+        texts: list[str] = []
+        dims: list[int | None] = []  # dims[d]: the length of every list d+1 deep
+        counts: list[int] = []       # items so far in each open list, outermost first
+        leaf_depth = 0               # how many lists hold the values (0: none seen yet)
+
+        def ragged() -> ParseError:
+            return self.error(f"dense values are a ragged nested list; the type says {t}", start)
+
+        while True:
+            if self.at("["):
+                if len(counts) >= MAX_DEPTH:
+                    raise self.error(f"dense values nested deeper than {MAX_DEPTH} lists (the maximum "
+                                     f"depth: a tensor has at most {MAX_DEPTH} dimensions)")
+                if counts:
+                    counts[-1] += 1
+                counts.append(0)
+                self.advance()
+                if not self.at("]"):
+                    continue
+            else:
+                self.dense_leaf(t)
+                if leaf_depth == 0:
+                    leaf_depth = len(counts)
+                elif leaf_depth != len(counts):
+                    raise ragged()
+                texts.append(self.tok.text)
+                n = 1
+                # The values that follow in the printer's layout (", 1.5, -2.0") in one match.
+                m = run(text, self.pos) if run is not None else None
+                if m is not None:
+                    more = find(m.group())
+                    texts.extend(more)
+                    n += len(more)
+                    self.pos = m.end()
+                counts[-1] += n
+                self.advance()
+            # After a value or a '[': close lists, then a ',' starts the next item.
+            while True:
+                if self.at("]"):
+                    n = counts.pop()
+                    d = len(counts)
+                    while len(dims) <= d:
+                        dims.append(None)
+                    if dims[d] is None:
+                        dims[d] = n
+                    elif dims[d] != n:
+                        raise ragged()
+                    self.advance()
+                    if not counts:
+                        if texts and leaf_depth != len(dims):
+                            raise ragged()
+                        return texts, tuple(dims)  # type: ignore[arg-type]
+                elif self.at(","):
+                    self.advance()
+                    break
                 else:
-                    arr = np.full(t.shape, lit, dtype=dt.np)
-        except (ValueError, TypeError, OverflowError, FloatingPointError) as e:
-            raise self.error(f"dense values do not fit {t}: {e}", v_tok) from None
-        if dt.is_float and dt.bits < 64:
-            finite = np.array([x for x in leaves if isinstance(x, (int, float)) and abs(x) != float("inf")
-                               and x == x], dtype=np.float64)
-            with np.errstate(over="ignore"):
-                overflow = finite.size and not np.all(np.isfinite(finite.astype(dt.np)))
-            if overflow:
-                raise self.error(f"dense values do not fit {t}: a value is out of range for {dt}", v_tok)
-        return DenseAttr(arr)
+                    raise self.error(f"expected ',' or ']' in the values of dense<{t}>, found {self.tok.describe()}")
+
+    def dense_leaf(self, t: TensorType) -> None:
+        """Check that the current token is a value ``dense<t, ...>`` may hold (not its range)."""
+        tok, dt = self.tok, t.dtype
+        k, text = tok.kind, tok.text
+        if dt.is_bool:
+            ok = k == "ident" and text in ("true", "false")
+        elif dt.is_int:
+            ok = k == "number" and text.lstrip("-").isdigit()
+        else:
+            ok = k == "number" or k == "ident" and text in ("inf", "nan")
+        if not ok:
+            want = "true or false" if dt.is_bool else "integers" if dt.is_int else "numbers"
+            found = "end of input" if k == "eof" else text if k in ("number", "ident", "string") else repr(text)
+            raise self.error(f"dense<{t}> takes {want}, found {found}")
+
+    def leaf_error(self, v_tok: Token, i: int, msg: str) -> ParseError:
+        """An error at value ``i`` of the dense literal that starts at ``v_tok`` (found again by
+        lexing the literal: values keep only their text while they are read)."""
+        sub = _Parser.__new__(_Parser)
+        sub.text, sub.file, sub.pos, sub._line_starts = self.text, self.file, v_tok.start, self._line_starts
+        seen = -1
+        while True:
+            tok = sub._lex()
+            if tok.kind != "punct" or tok.text not in "[],":
+                seen += 1
+                if seen == i or tok.kind == "eof":
+                    return self.error_at(tok.start, msg)
+
+    def dense_values(self, t: TensorType, texts: list[str], v_tok: Token) -> np.ndarray:
+        """The values (checked by dense_leaf) as a flat array of ``t``'s dtype; a value the
+        dtype cannot hold is an error at that value."""
+        dt = t.dtype
+        if dt.is_bool:
+            return np.array([x == "true" for x in texts], dtype=np.bool_)
+        if dt.is_int:
+            ints = list(map(int, texts))
+            lo, hi = (0, (1 << dt.bits) - 1) if dt.kind == "uint" else (-(1 << (dt.bits - 1)), (1 << (dt.bits - 1)) - 1)
+            if ints and (min(ints) < lo or max(ints) > hi):
+                i = next(i for i, x in enumerate(ints) if not lo <= x <= hi)
+                raise self.leaf_error(v_tok, i, f"dense value {ints[i]} is out of range for {dt} ({lo}..{hi})")
+            return np.array(ints, dtype=dt.np)
+        vals = np.array(list(map(float, texts)), dtype=np.float64)
+        with np.errstate(all="ignore"):
+            inf = np.isinf(vals)
+            if inf.any():  # a finite literal beyond f64 (1e400) reads as inf: out of range
+                for i in np.flatnonzero(inf).tolist():
+                    if texts[i] not in ("inf", "-inf"):
+                        raise self.leaf_error(v_tok, i, f"dense value {texts[i]} is out of range for {dt} "
+                                                        f"({_float_range(dt)})")
+            if dt.bits == 64:
+                return vals
+            arr = vals.astype(dt.np)
+            back = arr.astype(np.float64)
+            finite = np.isfinite(vals)
+            bad = finite & ~np.isfinite(back)
+            limit = _saturating_limit(dt)
+            if limit is not None:
+                bad |= finite & (np.abs(vals) >= limit)
+            no_inf = inf & ~np.isinf(back)
+            no_nan = np.isnan(vals) & ~np.isnan(back)
+        for mask, which in ((bad, ""), (no_inf, ", which has no infinity"), (no_nan, ", which has no NaN")):
+            if mask.any():
+                i = int(np.argmax(mask))
+                raise self.leaf_error(v_tok, i, f"dense value {texts[i]} is out of range for {dt}{which} "
+                                                f"({_float_range(dt)})")
+        return arr
 
     def parse_loc(self) -> Location:
         self.advance()
@@ -782,36 +921,32 @@ def _number(s: str) -> int | float:
     return int(s)
 
 
-def _leaves(lit):
-    if isinstance(lit, tuple):
-        for x in lit:
-            yield from _leaves(x)
-    else:
-        yield lit
+def _float_range(dt) -> str:
+    """The finite values of float dtype ``dt``, for messages: ``-448.0..448.0``."""
+    if dt.name == "f8e8m0":
+        return "powers of two 2**-127..2**127"
+    mx = float(_finfo(dt).max)
+    # As the printer writes values: the shortest f32 text below 64 bits (3.4028235e+38).
+    s = repr(mx) if dt.bits == 64 else str(np.float32(mx))
+    return f"finite values -{s}..{s}"
 
 
-def _count_leaves(lit) -> int:
-    return sum(1 for _ in _leaves(lit))
+def _finfo(dt):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dt.np)
 
 
-def _show_literal(x) -> str:
-    if x is True or x is False:
-        return "true" if x else "false"
-    if isinstance(x, str):
-        return json.dumps(x)
-    return "none" if x is None else str(x)
-
-
-def _nested_shape(lit) -> tuple[int, ...] | None:
-    if not isinstance(lit, tuple):
-        return ()
-    if not lit:
-        return (0,)
-    inner = [_nested_shape(x) for x in lit]
-    first = inner[0]
-    if first is None or any(s != first for s in inner):
-        return None
-    return (len(lit),) + first
+def _saturating_limit(dt) -> float | None:
+    """For a float dtype whose NumPy conversion saturates (f4e2m1: 1e6 becomes 6.0), the
+    magnitude from which a value rounds (to nearest even) beyond the largest finite value;
+    None when the conversion itself overflows to inf or NaN."""
+    with np.errstate(all="ignore"):
+        if not np.isfinite(np.array(np.inf).astype(dt.np).astype(np.float64)):
+            return None
+    fi = _finfo(dt)
+    mx = float(fi.max)
+    return mx + 2.0 ** (math.floor(math.log2(mx)) - fi.nmant) / 2
 
 
 _DEF_USE = re.compile(r"^[ \t]*((?:%[A-Za-z0-9_.]+)(?:, %[A-Za-z0-9_.]+)*) = [A-Za-z_][A-Za-z0-9_.]*\(([^)]*)\)", re.M)

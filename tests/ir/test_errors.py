@@ -189,14 +189,16 @@ def test_dense_literal_errors():
 
     parse_error(text("[1.0, 2.0, 3.0]"), 2, "[1.0", "dense values have shape [3] but the type says f32[2]")
     parse_error(text("[[1.0], 2.0]"), 2, "[[1.0]", "ragged nested list; the type says f32[2]")
-    parse_error(text("[1.5, 2]", "i64[2]"), 2, "[1.5", "dense<i64[2]> takes integers, found 1.5")
-    parse_error(text("[1, 0]", "bool[2]"), 2, "[1, 0]", "dense<bool[2]> takes true or false, found 1")
-    parse_error(text("[true, 1.0]"), 2, "[true", "dense<f32[2]> takes numbers, found true")
+    # A value of the wrong kind or out of range: the caret is under that value.
+    parse_error(text("[1.5, 2]", "i64[2]"), 2, "1.5", "dense<i64[2]> takes integers, found 1.5")
+    parse_error(text("[1, 0]", "bool[2]"), 2, "1, 0", "dense<bool[2]> takes true or false, found 1")
+    parse_error(text("[true, 1.0]"), 2, "true", "dense<f32[2]> takes numbers, found true")
     parse_error(text('"ab"'), 2, '"ab"', 'dense<f32[2]> takes numbers, found "ab"')
-    parse_error(text("[300, 1]", "u8[2]"), 2, "[300", "dense values do not fit u8[2]")
-    parse_error(text("[1e39, 0.0]"), 2, "[1e39", "dense values do not fit f32[2]")
-    parse_error(text("[70000.0, 0.0]", "f16[2]"), 2, "[70000", "dense values do not fit f16[2]")
-    parse_error(text("[1e39, 0.0]", "bf16[2]"), 2, "[1e39", "dense values do not fit bf16[2]")
+    parse_error(text("[1, 300]", "u8[2]"), 2, "300", "dense value 300 is out of range for u8 (0..255)")
+    parse_error(text("[1e39, 0.0]"), 2, "1e39", "dense value 1e39 is out of range for f32",
+                "finite values -3.4028235e+38..3.4028235e+38")
+    parse_error(text("[0.0, 70000.0]", "f16[2]"), 2, "70000", "dense value 70000.0 is out of range for f16")
+    parse_error(text("[1e39, 0.0]", "bf16[2]"), 2, "1e39", "dense value 1e39 is out of range for bf16")
     parse_error(text("[1.0, 2.0]").replace("dense<f32[2],", "dense<f32[2]"), 2, "[1.0",
                 "expected ',' between the type and the values of dense<...>, found '['")
 
