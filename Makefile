@@ -16,6 +16,7 @@ LOCK_TOOL := pip-tools==7.6.2
 LOCK_FLAGS ?=
 PYTEST_TIMEOUT ?= 300
 BENCH_ARGS ?=
+FUZZ_ARGS ?=
 
 .PHONY: setup demo test bench fuzz lock lock-upgrade clean
 
@@ -42,6 +43,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/bench_ir.py $(BENCH_ARGS)
+
+# The long fuzzing campaign (tests/fuzz/campaign.py; docs/reliability.md), e.g.
+# make fuzz FUZZ_ARGS="--minutes 5 --seed 0 --targets pir,onnx"
+fuzz: $(STAMP)
+	$(PY) tools/fuzz.py $(FUZZ_ARGS)
 
 # Re-resolve the lock in a throw-away virtualenv holding only the lock tool.
 lock:

@@ -746,8 +746,10 @@ class _Parser:
         if not splat and shape != t.shape and not (t.numel == 0 and not texts):
             raise self.error(f"dense values have shape {list(shape)} but the type says {t}", v_tok)
         values = self.dense_values(t, texts, v_tok)
-        if splat:
-            return DenseAttr.splat(values[0], t.shape, t.dtype)
+        if splat or t.numel == 0:
+            # Kept as one value: an empty tensor is one too (its value is never read), so no
+            # array is built for f32[99999999999999999999999,0] either, which NumPy refuses.
+            return DenseAttr.splat(values[0] if splat else 0, t.shape, t.dtype)
         try:
             check_size(t, f"dense<{t}>")
         except DenseTooLargeError as e:

@@ -223,6 +223,18 @@ def test_empty_tensor_with_a_huge_dimension_prints_briefly():
     assert g.first.attrs["value"].shape == (10**12, 0)
 
 
+def test_empty_tensor_numpy_cannot_index():
+    # Zero elements, but NumPy refuses the shape (a dim past 2**63): it is kept unbuilt, and
+    # prints and parses back; building it is the located error.
+    ty = "f8e4m3fnuz[99999999999999999999999,1,0]"
+    d = round_trips(const(ty, "[]")).first.attrs["value"]
+    assert d.size == 0 and d == parse(const(ty, "1.0")).first.attrs["value"]
+    assert print_graph(parse(const(ty, "1.0"))) == const(ty, "[]")
+    with pytest.raises(DenseTooLargeError, match="cannot be built as an array"):
+        d.array
+    assert parse(const("i8[3,0]", "[[], [], []]")).first.attrs["value"] == DenseAttr(np.zeros((3, 0), np.int8))
+
+
 def test_splat_survives_pickling_unbuilt():
     d = parse(const(HUGE, "-2.0")).first.attrs["value"]
     d2 = pickle.loads(pickle.dumps(d))

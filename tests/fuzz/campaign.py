@@ -1,0 +1,1446 @@
+"""The fuzzing campaign: seeded generators and one function per target.
+
+The promise every target checks: for any input a user can give, partita either succeeds or
+raises a ``partita.PartitaError`` whose message names the place (a ``file:line:col``, a
+``%value`` or ``@graph``, an input, argument or function name); the CLI exits 0, 1 or 2 and
+prints no traceback; nothing hangs (each case runs under a time limit); and on random valid
+graphs both executors and every optimization pass agree.
+
+Targets (each ``target_*`` function returns a ``Counts``):
+
+- ``pir``: structure-aware mutations of ``.pir`` text (characters, tokens and lines of the
+  seeds of tests/ir/test_fuzz.py, plus literals, dtypes, dims, attribute values, dense
+  literals, meshes and placements, deep nesting, huge shapes and splats, out-of-range
+  literals for every dtype); accepted text must print and parse back, and small accepted
+  graphs run on both executors and through fold-constants with the same results.
+- ``onnx``: small valid models built with ``onnx.helper``, mutated field by field (dims,
+  element types, raw data, attributes, names, opsets, op types and domains) or as bytes
+  (truncated, bit-flipped), imported with ``partita.import_onnx``.
+- ``api``: the public functions called with junk arguments of many types.
+- ``graphs``: random valid graphs (``strategies.graphs``) through every optimization pass
+  and both executors, and casts of extreme values through both executors and folding.
+- ``cli``: ``partita`` commands on mutated files and bad flags, in process and as
+  subprocesses.
+
+Every case is deterministic in ``(seed, target, case number)``. A violation carries a
+reproducer (text, model bytes, an argv, or a line of Python) and violations with the same
+signature are counted together. tests/fuzz/test_campaign.py runs a bounded campaign;
+tools/fuzz.py runs a long one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import math
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+_TESTS = Path(__file__).resolve().parent.parent
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+REPO = _TESTS.parent
+
+import numpy as np  # noqa: E402
+
+import partita  # noqa: E402
+from partita.ir import PartitaError  # noqa: E402
+
+TARGETS = ("pir", "onnx", "api", "graphs", "cli")
+
+# --- time limits ----------------------------------------------------------------------------
+
+
+class CaseTimeout(BaseException):
+    """A case ran past its time limit (a BaseException, so ``except Exception`` in the code
+    under test cannot swallow it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise CaseTimeout in the main thread after ``seconds``. An outer timer (pytest-timeout's)
+    is saved and re-armed with what is left of it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CaseTimeout(f"ran past {seconds} s")
+
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay > 0:
+            left = max(old_delay - (time.monotonic() - start), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, old_interval)
+
+
+# --- counts and violations ------------------------------------------------------------------
+
+
+@dataclass
+class Violation:
+    target: str
+    kind: str          # crash, hang, unplaced-message, empty-message, roundtrip, mismatch, exit-code, traceback
+    message: str
+    reproducer: dict
+    count: int = 1
+
+    def render(self) -> str:
+        lines = [f"[{self.target}] {self.kind} (x{self.count}): {self.message}"]
+        for k, v in self.reproducer.items():
+            lines.append(f"  {k}: {v!r}" if not isinstance(v, str) or "\n" not in v else f"  {k}:\n{v}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "kind": self.kind, "message": self.message, "count": self.count,
+                "reproducer": self.reproducer}
+
+
+@dataclass
+class Counts:
+    target: str
+    cases: int = 0
+    accepted: int = 0
+    clean: int = 0
+    seconds: float = 0.0
+    violations: dict[str, Violation] = field(default_factory=dict)
+    notes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_violations(self) -> int:
+        return sum(v.count for v in self.violations.values())
+
+    def note(self, what: str) -> None:
+        self.notes[what] = self.notes.get(what, 0) + 1
+
+    def violate(self, signature: str, kind: str, message: str, reproducer: dict) -> None:
+        sig = f"{kind}|{signature}"
+        v = self.violations.get(sig)
+        if v is None:
+            self.violations[sig] = Violation(self.target, kind, message[:2000], reproducer)
+        else:
+            v.count += 1
+            # Keep the smallest reproducer of a signature.
+            if len(repr(reproducer)) < len(repr(v.reproducer)):
+                v.reproducer, v.message = reproducer, message[:2000]
+
+    def merge(self, other: "Counts") -> None:
+        self.cases += other.cases
+        self.accepted += other.accepted
+        self.clean += other.clean
+        self.seconds += other.seconds
+        for k, n in other.notes.items():
+            self.notes[k] = self.notes.get(k, 0) + n
+        for sig, v in other.violations.items():
+            if sig in self.violations:
+                self.violations[sig].count += v.count
+            else:
+                self.violations[sig] = v
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "cases": self.cases, "accepted": self.accepted, "clean_errors": self.clean,
+                "violations": self.n_violations, "distinct_violations": len(self.violations),
+                "seconds": round(self.seconds, 2), "notes": dict(sorted(self.notes.items())),
+                "details": [v.to_json() for v in self.violations.values()]}
+
+
+def _where(e: BaseException, line: bool = True) -> str:
+    """The innermost frame of partita's own code (else the innermost frame) of a traceback:
+    ``file:line`` (for messages) or ``file:function`` (for signatures, which must not move
+    when someone edits the file)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if "/partita/" in f.filename.replace("\\", "/")]
+    f = (mine or frames or [None])[-1]
+    if f is None:
+        return "?"
+    name = f.filename.replace("\\", "/")
+    name = name[name.rfind("/partita/") + 1:] if "/partita/" in name else os.path.basename(name)
+    return f"{name}:{f.lineno}" if line else f"{name}:{f.name}"
+
+
+_PLACE = re.compile(r"[\w./<>-]+:\d+:\d+|[%@][\w.]+")
+
+
+def names_place(msg: str, places: Iterable[str] = ()) -> bool:
+    """Whether an error message says where: a file:line:col, a %value or @graph, or one of
+    ``places`` (the file, argument or function names of the case)."""
+    return bool(_PLACE.search(msg)) or any(p and p in msg for p in places)
+
+
+def attempt(counts: Counts, fn: Callable[[], Any], reproducer: dict, places: Iterable[str] = (),
+            timeout: float = 10.0) -> tuple[str, Any]:
+    """Run one case: ('ok', value), ('error', PartitaError) or ('violation', exception).
+    Counts a clean error; records a violation for anything else (and for an error message
+    that is empty or does not say where)."""
+    try:
+        with time_limit(timeout):
+            value = fn()
+    except CaseTimeout:
+        counts.violate(reproducer.get("call", "") or "hang", "hang", f"no answer within {timeout} s", reproducer)
+        return "violation", None
+    except PartitaError as e:
+        msg = str(e)
+        if not msg.strip():
+            counts.violate(type(e).__name__ + _where(e, False), "empty-message", f"{type(e).__name__} with no message",
+                           reproducer)
+            return "violation", e
+        if not names_place(msg, places):
+            counts.violate(f"{type(e).__name__}@{_where(e, False)}", "unplaced-message",
+                           f"{type(e).__name__} names no place (expected a file:line:col, %value, or one of "
+                           f"{sorted(set(p for p in places if p))}): {msg}", reproducer)
+            return "violation", e
+        counts.clean += 1
+        return "error", e
+    except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001  (the point of the campaign)
+        counts.violate(f"{type(e).__name__}@{_where(e, False)}", "crash",
+                       f"{type(e).__name__} at {_where(e)}: {str(e)[:500]}", reproducer)
+        return "violation", e
+    return "ok", value
+
+
+# --- comparing outputs ----------------------------------------------------------------------
+
+_TOL = {"f64": (1e-9, 1e-12), "f32": (1e-4, 1e-5), "f16": (1e-2, 1e-3), "bf16": (2e-2, 1e-2)}
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            import ml_dtypes
+            return x.float().numpy().astype(ml_dtypes.bfloat16)
+        try:
+            return x.numpy()
+        except TypeError:
+            return x.to(torch.int64).numpy()
+    return np.asarray(x)
+
+
+def compare(a: Any, b: Any, dtype_name: str) -> str | None:
+    """None if two outputs agree (floats within the dtype's tolerance, NaN at the same places,
+    infinities equal; other dtypes exactly), else what differs."""
+    a, b = to_numpy(a), to_numpy(b)
+    if a.shape != b.shape:
+        return f"shape {a.shape} vs {b.shape}"
+    if a.dtype.kind in "biu" and b.dtype.kind in "biu":
+        if not np.array_equal(a, b):
+            return f"values differ: {a.ravel()[:8]} vs {b.ravel()[:8]}"
+        return None
+    try:
+        x, y = a.astype(np.float64), b.astype(np.float64)
+    except (TypeError, ValueError):
+        return None if np.array_equal(a, b) else "values differ"
+    nx, ny = np.isnan(x), np.isnan(y)
+    if not np.array_equal(nx, ny):
+        return f"NaN at different places: {a.ravel()[:8]} vs {b.ravel()[:8]}"
+    rtol, atol = _TOL.get(dtype_name, (0.13, 1e-3))  # storage floats: one step of the mantissa
+    x, y = x[~nx], y[~ny]
+    inf = np.isinf(x) | np.isinf(y)
+    if not np.array_equal(x[inf], y[inf]):
+        return f"infinities differ: {a.ravel()[:8]} vs {b.ravel()[:8]}"
+    if not np.allclose(x[~inf], y[~inf], rtol=rtol, atol=atol):
+        return f"values differ beyond rtol={rtol}, atol={atol}: {a.ravel()[:8]} vs {b.ravel()[:8]}"
+    return None
+
+
+def compare_all(got: Sequence[Any], want: Sequence[Any], graph: Any) -> str | None:
+    if len(got) != len(want):
+        return f"{len(got)} outputs vs {len(want)}"
+    for i, (a, b) in enumerate(zip(got, want)):
+        dtype_name = graph.outputs[i].type.dtype.name if i < len(graph.outputs) else "f32"
+        d = compare(a, b, dtype_name)
+        if d:
+            return f"output {i} ({dtype_name}): {d}"
+    return None
+
+
+def small_inputs(graph: Any, seed: int) -> dict[str, np.ndarray]:
+    """Random arrays for the graph's inputs of role ``input`` (params and state come from the
+    graph's weights, or random when it has none), as strategies.random_inputs makes them."""
+    from strategies import random_inputs
+
+    arrays = random_inputs(graph, seed)
+    return {k: v for k, v in arrays.items() if k not in graph.weights}
+
+
+def numel_of(graph: Any) -> int:
+    total = 0
+    for v in list(graph.inputs) + [r for n in graph.nodes for r in n.results]:
+        total += int(np.prod(v.type.shape, dtype=object))
+    return total
+
+
+# --- target: .pir text ----------------------------------------------------------------------
+
+DTYPE_NAMES = ("bool", "u8", "u16", "u32", "u64", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64",
+               "f8e4m3fn", "f8e4m3fnuz", "f8e5m2", "f8e5m2fnuz", "f8e8m0", "f4e2m1", "i4", "u4", "i2", "u2")
+_INT_RANGE = {"u8": (0, 255), "u16": (0, 2**16 - 1), "u32": (0, 2**32 - 1), "u64": (0, 2**64 - 1),
+              "i8": (-128, 127), "i16": (-2**15, 2**15 - 1), "i32": (-2**31, 2**31 - 1), "i64": (-2**63, 2**63 - 1),
+              "i4": (-8, 7), "u4": (0, 15), "i2": (-2, 1), "u2": (0, 3), "bool": (0, 1)}
+_FLOAT_MAX = {"f16": 65504.0, "bf16": 3.3895e38, "f32": 3.4028235e38, "f64": 1.7976931348623157e308,
+              "f8e4m3fn": 448.0, "f8e4m3fnuz": 240.0, "f8e5m2": 57344.0, "f8e5m2fnuz": 57344.0,
+              "f8e8m0": 1.7e38, "f4e2m1": 6.0}
+EXTREME_LITERALS = ("0", "-0", "1", "-1", "255", "256", "-129", "128", "65535", "65536", "-32769",
+                    "2147483648", "-2147483649", "4294967296", "9223372036854775807", "9223372036854775808",
+                    "-9223372036854775809", "18446744073709551616", "99999999999999999999999999999", "1e400",
+                    "-1e400", "1e39", "3.5e38", "65505.0", "65520.0", "449.0", "241.0", "57345.0", "6.5", "7.0",
+                    "0.3", "1e-50", "-0.0", "nan", "inf", "-inf", "0.5", "1.5", "-8", "-9", "15", "16", "-2",
+                    "-3", "3", "4", "true", "false", "none", '"s"', "1" * 400, "0." + "0" * 300 + "1")
+HUGE_DIMS = ("0", "1", "100000", "2147483647", "2147483648", "4294967296", "9223372036854775807",
+             "9223372036854775808", "99999999999999999999999", "1" * 60)
+NESTING = (3, 40, 1000, 50000, 300000)
+
+LITERALS_SEED = """graph @lit(%x: f32[2,2], %n: i32[2]) -> (f32[2,2], i4[3], u8[2], i32[2]) {
+  %a = constant() {value=dense<i4[3], [-8, 0, 7]>} : i4[3]
+  %b = constant() {value=dense<u4[2], [0, 15]>} : u4[2]
+  %c = constant() {value=dense<i2[2], [-2, 1]>} : i2[2]
+  %d = constant() {value=dense<u2[2], 3>} : u2[2]
+  %e = constant() {value=dense<f8e4m3fn[2], [448.0, -0.5]>} : f8e4m3fn[2]
+  %f = full() {value=255, shape=[2], dtype=u8} : u8[2]
+  %g = full() {value=1.5, shape=[2,2]} : f32[2,2]
+  %h = add(%x, %g) : f32[2,2]
+  %k = cast(%h) {dtype=i8} : i8[2,2]
+  %m = cast(%k) {dtype=f32} : f32[2,2]
+  %p = cast(%e) {dtype=f32} : f32[2]
+  %q = cast(%p) {dtype=i32} : i32[2]
+  %r = add(%n, %q) : i32[2]
+  return %m, %a, %f, %r
+}
+"""
+
+OPS_SEED = """graph @ops(%x: f32[2,3,4], %y: f32[4,5] param) -> (f32[2,3,5], f32[2,5]) {
+  %0 = matmul(%x, %y) : f32[2,3,5]
+  %1 = sum(%0) {axes=[1]} : f32[2,5]
+  %2 = transpose(%0) {perm=[0, 2, 1]} : f32[2,5,3]
+  %3 = reshape(%2) {shape=[10, 3]} : f32[10,3]
+  %4 = slice(%3) {axis=0, start=1, end=9, step=2} : f32[4,3]
+  %5 = concat(%4, %4) {axis=1} : f32[4,6]
+  %6 = softmax(%5) {axis=-1} : f32[4,6]
+  %7 = relu(%0) : f32[2,3,5]
+  return %7, %1
+}
+"""
+
+
+def _pir_seeds() -> tuple[list[str], list[str], Any]:
+    from ir.test_fuzz import SEEDS, VOCAB, _TOKEN
+
+    return list(SEEDS) + [LITERALS_SEED, OPS_SEED], list(VOCAB), _TOKEN
+
+
+@contextlib.contextmanager
+def ir_test_ops_registered():
+    """The test-only ops of tests/ir/conftest.py (one attribute of every kind, one with
+    several results), which some seeds use; removed afterwards."""
+    from ir.conftest import _make_test_ops
+    from partita.ops.registry import OPS
+
+    added = []
+    for op in _make_test_ops():
+        if op.name not in OPS:
+            OPS[op.name] = op
+            added.append(op.name)
+    try:
+        yield
+    finally:
+        for name in added:
+            OPS.pop(name, None)
+
+
+def _literal_for(rng: random.Random, dtype: str) -> str:
+    """A literal at or just past the edge of ``dtype``'s range, or an odd one."""
+    r = rng.random()
+    if r < 0.35 and dtype in _INT_RANGE:
+        lo, hi = _INT_RANGE[dtype]
+        return str(rng.choice((lo, hi, lo - 1, hi + 1, lo - 2**rng.randint(1, 70), hi + 2**rng.randint(1, 70))))
+    if r < 0.6 and dtype in _FLOAT_MAX:
+        m = _FLOAT_MAX[dtype]
+        return repr(float(rng.choice((m, -m, m * 1.0001, m * 2, m * 1e10, m / 3, 1e-45, 2.0**-127))))
+    return rng.choice(EXTREME_LITERALS)
+
+
+def _shape_text(rng: random.Random, huge: bool) -> str:
+    n = rng.randint(0, 4)
+    dims = [rng.choice(HUGE_DIMS) if huge and rng.random() < 0.5 else str(rng.randint(0, 3)) for _ in range(n)]
+    return ",".join(dims)
+
+
+def _nested(rng: random.Random, depth: int, leaf: str) -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+def _insert_before_return(text: str, line: str) -> str:
+    i = text.rfind("  return")
+    if i < 0:
+        return text + line
+    return text[:i] + line + "\n" + text[i:]
+
+
+_NUMBER = re.compile(r"(?<![\w.%@])-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+(?:[eE][-+]?\d+)?|\d+)(?![\w.])")
+_DTYPE_TOK = re.compile(r"\b(?:" + "|".join(sorted(DTYPE_NAMES, key=len, reverse=True)) + r")\b")
+_DIM = re.compile(r"(?<=[\[,])\d+(?=[\],@])")
+_ATTR_VALUE = re.compile(r"(?<=[{,] )?\b([a-z_]+)=([^,}]+)")
+ATTR_VALUES = ("1", "-1", "0.5", "nan", "-inf", "true", "none", '"x"', '""', "f32", "i4", "[]", "[1, 2]", "[[1]]",
+               "[1, 2.5]", "[true]", '["a"]', "[none]", "dense<f32[2], 1.0>", "dense<f32[], nan>",
+               "dense<i4[2], [7, 8]>", "dense<u2[1], 4>", "dense<bool[1], 2>", "dense<f8e5m2[1], 1e9>",
+               "dense<f32[2], [1.0]>", "dense<f32[2], [[1.0, 2.0]]>", "9223372036854775808", "-9223372036854775809",
+               "1e400", "[" * 200 + "]" * 200, '"\\ud800"', '"\\u0000"')
+MESH_TEXTS = (" mesh(dp=2)", " mesh(dp=0)", " mesh(dp=-1)", " mesh(dp=2, dp=2)", " mesh(tp=99999999999999999999)",
+              " mesh()", " mesh(dp=2, tp=2)", " mesh(dp=1.5)", " mesh(9=2)", " mesh(dp=2,)", " mesh(dp)",
+              " mesh(" + ", ".join(f"a{i}=2" for i in range(70)) + ")", " mesh(dp=4294967296, tp=4294967296)")
+PLACEMENTS = ("@dp", "@tp", "@dp@tp", "@dp@dp", "@xp", "@", "@0", " partial(dp)", " partial(dp, dp)",
+              " partial()", " partial(zz)")
+
+
+def mutate_pir(rng: random.Random, text: str, vocab: Sequence[str], token_re: Any) -> tuple[str, str]:
+    """One mutation of ``text``; returns (new text, the mutation's name)."""
+    kind = rng.choice(("del_char", "ins_char", "rep_char", "del_tok", "ins_tok", "rep_tok", "swap_lines",
+                       "dup_line", "del_line", "truncate",
+                       "literal", "literal", "dtype", "dtype", "dim", "dim", "attr", "attr", "nest", "nest",
+                       "splat", "range", "range", "full", "cast", "mesh", "placement"))
+    if not text:
+        return text, kind
+    lines = text.split("\n")
+    i = rng.randrange(len(text))
+
+    def pick(regex):
+        ms = list(regex.finditer(text))
+        return rng.choice(ms) if ms else None
+
+    if kind in ("del_char", "ins_char", "rep_char"):
+        ch = chr(rng.choice((rng.randrange(0x20, 0x7f), rng.randrange(0, 0x300), 0, 0x663, 0xe9, 0x2028)))
+        if kind == "del_char":
+            return text[:i] + text[i + 1:], kind
+        return text[:i] + ch + text[i + (kind == "rep_char"):], kind
+    if kind in ("del_tok", "ins_tok", "rep_tok"):
+        toks = [m.span() for m in token_re.finditer(text)]
+        a, b = rng.choice(toks)
+        if kind == "del_tok":
+            return text[:a] + text[b:], kind
+        return text[:a] + rng.choice(vocab) + text[b if kind == "rep_tok" else a:], kind
+    if kind == "swap_lines":
+        x, y = rng.randrange(len(lines)), rng.randrange(len(lines))
+        lines[x], lines[y] = lines[y], lines[x]
+        return "\n".join(lines), kind
+    if kind == "dup_line":
+        x = rng.randrange(len(lines))
+        lines.insert(x, lines[x])
+        return "\n".join(lines), kind
+    if kind == "del_line":
+        del lines[rng.randrange(len(lines))]
+        return "\n".join(lines), kind
+    if kind == "truncate":
+        return text[:i], kind
+    if kind == "literal":
+        m = pick(_NUMBER)
+        if m:
+            return text[:m.start()] + rng.choice(EXTREME_LITERALS + tuple(_literal_for(rng, d) for d in ("i4", "u8"))) \
+                + text[m.end():], kind
+    if kind == "dtype":
+        m = pick(_DTYPE_TOK)
+        if m:
+            return text[:m.start()] + rng.choice(DTYPE_NAMES) + text[m.end():], kind
+    if kind == "dim":
+        m = pick(_DIM)
+        if m:
+            return text[:m.start()] + rng.choice(HUGE_DIMS) + text[m.end():], kind
+    if kind == "attr":
+        ms = [m for m in _ATTR_VALUE.finditer(text) if "{" in text[max(0, m.start() - 200):m.start()]]
+        if ms:
+            m = rng.choice(ms)
+            return text[:m.start(2)] + rng.choice(ATTR_VALUES) + text[m.end(2):], kind
+    if kind == "nest":
+        depth = rng.choice(NESTING)
+        where = rng.random()
+        if where < 0.4:
+            line = (f"  %zn = constant() {{value=dense<f32[1], {_nested(rng, depth, '1.0')}>}} : f32[1]")
+        elif where < 0.7:
+            line = f"  %zn = sum(%{_first_input(text)}) {{axes={_nested(rng, depth, '0')}}} : f32[]"
+        else:
+            line = f"  %zn = full() {{value={_nested(rng, depth, '1')}, shape=[1]}} : f32[1]"
+        return _insert_before_return(text, line), kind
+    if kind == "splat":
+        dt = rng.choice(DTYPE_NAMES)
+        shape = _shape_text(rng, huge=True)
+        op = rng.choice(("constant", "full"))
+        lit = _literal_for(rng, dt) if rng.random() < 0.3 else ("true" if dt == "bool" else "1")
+        if op == "constant":
+            line = f"  %zs = constant() {{value=dense<{dt}[{shape}], {lit}>}} : {dt}[{shape}]"
+        else:
+            line = f"  %zs = full() {{value={lit}, shape=[{shape}], dtype={dt}}} : {dt}[{shape}]"
+        return _insert_before_return(text, line), kind
+    if kind == "range":
+        dt = rng.choice(DTYPE_NAMES)
+        n = rng.randint(0, 3)
+        lits = [_literal_for(rng, dt) for _ in range(max(n, 1))]
+        lit = lits[0] if n == 0 else "[" + ", ".join(lits[:n]) + "]"
+        shape = "" if n == 0 else str(n)
+        line = f"  %zr = constant() {{value=dense<{dt}[{shape}], {lit}>}} : {dt}[{shape}]"
+        return _insert_before_return(text, line), kind
+    if kind == "full":
+        dt = rng.choice(DTYPE_NAMES)
+        line = f"  %zf = full() {{value={_literal_for(rng, dt)}, shape=[2], dtype={dt}}} : {dt}[2]"
+        return _insert_before_return(text, line), kind
+    if kind == "cast":
+        src, dst = rng.choice(DTYPE_NAMES), rng.choice(DTYPE_NAMES)
+        lit = _literal_for(rng, dst) if rng.random() < 0.7 else _literal_for(rng, src)
+        attrs = rng.choice(("", ", saturate=false", ", round_mode=\"down\"", ", round_mode=\"nearest\"",
+                            ", saturate=1", ", round_mode=\"sideways\""))
+        body = (f"  %zc0 = constant() {{value=dense<{src}[1], [{lit}]>}} : {src}[1]\n"
+                f"  %zc1 = cast(%zc0) {{dtype={dst}{attrs}}} : {dst}[1]")
+        return _insert_before_return(text, body), kind
+    if kind == "mesh":
+        m = re.search(r" mesh\([^)]*\)", text)
+        new = rng.choice(MESH_TEXTS)
+        if m:
+            return text[:m.start()] + new + text[m.end():], kind
+        j = text.find(" {\n")
+        if j >= 0:
+            return text[:j] + new + text[j:], kind
+    if kind == "placement":
+        m = pick(_DIM)
+        if m:
+            p = rng.choice(PLACEMENTS)
+            if p.startswith(" partial"):
+                k = text.find("]", m.end())
+                return text[:k + 1] + p + text[k + 1:], kind
+            return text[:m.end()] + p + text[m.end():], kind
+    # The structural mutation found nothing to work on: a generic one instead.
+    return mutate_pir(rng, text, vocab, token_re)
+
+
+def _first_input(text: str) -> str:
+    m = re.search(r"\(%([\w.]+)", text)
+    return m.group(1) if m else "x"
+
+
+def check_pir_text(counts: Counts, text: str, run_small: bool = True, timeout: float = 10.0) -> None:
+    """One case of the ``pir`` target (also used by tests to replay a reproducer)."""
+    from partita.ir import parse, print_graph, verify
+
+    counts.cases += 1
+    repro = {"text": text}
+    status, g = attempt(counts, lambda: verify(parse(text, "fuzz.pir")), repro, ("fuzz.pir",), timeout)
+    if status != "ok":
+        return
+    counts.accepted += 1
+
+    def roundtrip():
+        printed = print_graph(g)
+        g2 = verify(parse(printed, "printed.pir"))
+        again = print_graph(g2)
+        if again != printed:
+            return f"print -> parse -> print changes the text:\n{printed}\nvs\n{again}"
+        return None
+
+    status, diff = attempt(counts, roundtrip, repro, ("printed.pir",), timeout)
+    if status == "error":
+        counts.clean -= 1
+        counts.violate(_where(diff, False), "roundtrip", f"accepted text does not survive print -> parse: {diff}", repro)
+        return
+    if status == "ok" and diff:
+        counts.violate(diff.split("\n")[0], "roundtrip", diff, repro)
+        return
+    if run_small and g.mesh is None and numel_of(g) <= 20000:
+        check_executors(counts, g, repro, timeout, passes=("fold-constants",))
+
+
+def _run(graph: Any, inputs: dict, backend: str) -> list:
+    return partita.run(graph, inputs, backend=backend)
+
+
+def check_executors(counts: Counts, g: Any, repro: dict, timeout: float, passes: Sequence[str] = ()) -> None:
+    """Both executors on the same random inputs agree, and so does the graph after each of
+    ``passes``; a clean error from an executor is allowed (u64 ops on torch, say)."""
+    from partita.ir import parse, print_graph
+    from partita.passes import PassManager
+
+    text = print_graph(g)
+    seed = zlib.crc32(text.encode())
+    try:
+        inputs = small_inputs(g, seed)
+    except Exception:  # noqa: BLE001  (dtypes random_inputs cannot make)
+        counts.note("inputs-not-made")
+        return
+    ref_repro = dict(repro, inputs_seed=seed)
+    status, ref = attempt(counts, lambda: _run(g, inputs, "numpy"), dict(ref_repro, backend="numpy"), (), timeout)
+    if status != "ok":
+        return
+    status, got = attempt(counts, lambda: _run(g, inputs, "torch"), dict(ref_repro, backend="torch"), (), timeout)
+    if status == "ok":
+        d = compare_all(got, ref, g)
+        if d:
+            counts.violate(_mismatch_sig("torch", g, d), "mismatch", f"torch vs numpy: {d}",
+                           dict(ref_repro, graph=text, compare="torch vs numpy"))
+    for name in passes:
+        def optimized(name=name):
+            return PassManager.parse(name, reproducer_dir=None).run(parse(text, "fuzz.pir"))
+
+        status, out = attempt(counts, optimized, dict(ref_repro, graph=text, passes=name), (name,), timeout)
+        if status == "error":
+            # A pass that keeps meaning must take every verified graph: its error is a bug.
+            counts.clean -= 1
+            counts.violate(f"{name}|{type(out).__name__}@{_where(out, False)}", "pass-failed",
+                           f"{name} fails on a verified graph: {str(out)[:600]}", dict(ref_repro, graph=text, passes=name))
+        if status != "ok":
+            continue
+        if [v.name for v in out.inputs] != [v.name for v in g.inputs]:
+            counts.note(f"{name}: inputs renamed, not compared")
+            continue
+        out.weights = g.weights
+        status, after = attempt(counts, lambda: _run(out, inputs, "numpy"), dict(ref_repro, passes=name), (), timeout)
+        if status == "ok":
+            d = compare_all(after, ref, g)
+            if d:
+                counts.violate(_mismatch_sig(name, g, d), "mismatch", f"{name} changes the numpy result: {d}",
+                               dict(ref_repro, graph=text, passes=name, after=print_graph(out)))
+
+
+def _mismatch_sig(what: str, g: Any, d: str) -> str:
+    ops = sorted({n.op for n in g.nodes})
+    return f"{what}|{','.join(ops)}|{re.sub(r'[-0-9.e+]+', '#', d.split(':')[0])}"
+
+
+def target_pir(seed: int = 0, cases: int | None = 100, seconds: float | None = None,
+               timeout: float = 10.0) -> Counts:
+    counts = Counts("pir")
+    seeds, vocab, token_re = _pir_seeds()
+    start = time.monotonic()
+    with ir_test_ops_registered():
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:pir:{i}")
+            text = rng.choice(seeds)
+            for _ in range(rng.randint(1, 3)):
+                text, _kind = mutate_pir(rng, text, vocab, token_re)
+            check_pir_text(counts, text, timeout=timeout)
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+def _case_numbers(cases: int | None, seconds: float | None, start: float):
+    i = 0
+    while (cases is None or i < cases) and (seconds is None or time.monotonic() - start < seconds):
+        yield i
+        i += 1
+
+
+# --- target: ONNX models --------------------------------------------------------------------
+
+
+def onnx_models() -> list[Any]:
+    """Small valid models over several op types the importer claims."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    def model(name, nodes, inputs, outputs, inits=(), opset=17):
+        graph = h.make_graph(nodes, name, inputs, outputs, initializer=list(inits))
+        m = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+        m.ir_version = 8
+        onnx.checker.check_model(m)
+        return m
+
+    vi = h.make_tensor_value_info
+    f = np.float32
+    rng = np.random.default_rng(0)
+    out = [
+        model("add_relu", [h.make_node("Add", ["x", "y"], ["s"], name="add0"),
+                           h.make_node("Relu", ["s"], ["z"], name="relu0")],
+              [vi("x", T.FLOAT, [2, 3]), vi("y", T.FLOAT, [2, 3])], [vi("z", T.FLOAT, [2, 3])]),
+        model("gemm_softmax", [h.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+                               h.make_node("Add", ["m", "b"], ["a"], name="bias"),
+                               h.make_node("Softmax", ["a"], ["z"], name="sm", axis=-1)],
+              [vi("x", T.FLOAT, [2, 3])], [vi("z", T.FLOAT, [2, 4])],
+              [nh.from_array(rng.standard_normal((3, 4)).astype(f), "w"), nh.from_array(np.ones(4, f), "b")]),
+        model("reshape_cast", [h.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+                               h.make_node("Transpose", ["r"], ["t"], name="tr", perm=[1, 0]),
+                               h.make_node("Cast", ["t"], ["z"], name="cast", to=T.INT32)],
+              [vi("x", T.FLOAT, [2, 3])], [vi("z", T.INT32, [2, 3])],
+              [nh.from_array(np.array([3, 2], np.int64), "shape")]),
+        model("conv_pool", [h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1],
+                                        kernel_shape=[3, 3]),
+                            h.make_node("MaxPool", ["c"], ["z"], name="pool", kernel_shape=[2, 2], strides=[2, 2])],
+              [vi("x", T.FLOAT, [1, 1, 4, 4])], [vi("z", T.FLOAT, [1, 2, 2, 2])],
+              [nh.from_array(rng.standard_normal((2, 1, 3, 3)).astype(f), "w")]),
+        model("concat_slice_sum", [h.make_node("Concat", ["x", "x"], ["c"], name="cat", axis=0),
+                                   h.make_node("Slice", ["c", "st", "en"], ["s"], name="slice"),
+                                   h.make_node("ReduceSum", ["s", "ax"], ["z"], name="rsum", keepdims=1)],
+              [vi("x", T.FLOAT, [2, 3])], [vi("z", T.FLOAT, [1, 3])],
+              [nh.from_array(np.array([1], np.int64), "st"), nh.from_array(np.array([3], np.int64), "en"),
+               nh.from_array(np.array([0], np.int64), "ax")]),
+        model("gather_where", [h.make_node("Gather", ["table", "i"], ["g"], name="gather", axis=0),
+                               h.make_node("Greater", ["g", "zero"], ["p"], name="gt"),
+                               h.make_node("Where", ["p", "g", "zero"], ["z"], name="where")],
+              [vi("i", T.INT64, [2])], [vi("z", T.FLOAT, [2, 3])],
+              [nh.from_array(rng.standard_normal((5, 3)).astype(f), "table"), nh.from_array(np.zeros((), f), "zero")]),
+        model("const_expand", [h.make_node("ConstantOfShape", ["shp"], ["c"], name="cos",
+                                           value=nh.from_array(np.array([2.5], f))),
+                               h.make_node("Expand", ["c", "shp2"], ["e"], name="expand"),
+                               h.make_node("Mul", ["e", "x"], ["z"], name="mul")],
+              [vi("x", T.FLOAT, [2, 3])], [vi("z", T.FLOAT, [2, 3])],
+              [nh.from_array(np.array([1, 3], np.int64), "shp"), nh.from_array(np.array([2, 3], np.int64), "shp2")]),
+        model("layernorm_gemm", [h.make_node("LayerNormalization", ["x", "g", "b"], ["n"], name="ln", axis=-1,
+                                             epsilon=1e-5),
+                                 h.make_node("Gemm", ["n", "w", "b2"], ["z"], name="gemm", transB=1, alpha=0.5)],
+              [vi("x", T.FLOAT, [2, 3])], [vi("z", T.FLOAT, [2, 4])],
+              [nh.from_array(np.ones(3, f), "g"), nh.from_array(np.zeros(3, f), "b"),
+               nh.from_array(rng.standard_normal((4, 3)).astype(f), "w"), nh.from_array(np.ones(4, f), "b2")]),
+        model("constant_cast_f16", [h.make_node("Constant", [], ["k"], name="k",
+                                                value=nh.from_array(np.array([1.0, -2.0, 300.0], f))),
+                                    h.make_node("Cast", ["k"], ["c"], name="c8", to=T.FLOAT16),
+                                    h.make_node("Cast", ["x"], ["xh"], name="xh", to=T.FLOAT16),
+                                    h.make_node("Add", ["xh", "c"], ["z"], name="add")],
+              [vi("x", T.FLOAT, [3])], [vi("z", T.FLOAT16, [3])]),
+    ]
+    return out
+
+
+_DTYPE_CODES = tuple(range(-2, 28)) + (40, 2**20, 2**31 - 1)
+
+
+def mutate_onnx(rng: random.Random, m: Any) -> str:
+    """Mutate ModelProto ``m`` in place, one structural field; returns what was done."""
+    g = m.graph
+    kind = rng.choice(("dim", "dim", "elem_type", "init_dtype", "raw_data", "raw_data", "init_dims", "attr",
+                       "attr", "attr_type", "name", "name", "opset", "op_type", "domain", "drop_node", "dup_node",
+                       "ir_version", "drop_output", "drop_attr", "typed_data"))
+    vis = list(g.input) + list(g.output)
+    if kind == "dim":
+        v = rng.choice(vis)
+        dims = v.type.tensor_type.shape.dim
+        if dims:
+            d = rng.choice(dims)
+            choice = rng.random()
+            if choice < 0.2:
+                d.dim_param = rng.choice(("N", "", "batch size", "?"))
+            elif choice < 0.3:
+                d.Clear()
+            else:
+                d.dim_value = rng.choice((0, 1, 7, -1, -5, 2**31, 2**40, 2**62, 2**63 - 1))
+        else:
+            v.type.tensor_type.shape.dim.add().dim_value = rng.choice((0, 3, 2**40))
+        return f"dim of {v.name}"
+    if kind == "elem_type":
+        v = rng.choice(vis)
+        v.type.tensor_type.elem_type = rng.choice(_DTYPE_CODES)
+        return f"elem_type of {v.name}"
+    inits = list(g.initializer)
+    consts = [a.t for n in g.node for a in n.attribute if a.type == a.TENSOR]
+    tensors = inits + consts
+    if kind == "init_dtype" and tensors:
+        t = rng.choice(tensors)
+        t.data_type = rng.choice(_DTYPE_CODES)
+        return f"data_type of {t.name}"
+    if kind == "raw_data" and tensors:
+        t = rng.choice(tensors)
+        raw = bytes(t.raw_data)
+        c = rng.random()
+        if c < 0.3:
+            t.raw_data = raw[:rng.randrange(len(raw) + 1)] if raw else b"\x01"
+        elif c < 0.6:
+            t.raw_data = raw + bytes(rng.randrange(1, 9))
+        elif c < 0.8:
+            t.raw_data = b""
+        else:
+            t.raw_data = bytes(rng.randrange(256) for _ in range(len(raw)))
+        return f"raw_data of {t.name}"
+    if kind == "init_dims" and tensors:
+        t = rng.choice(tensors)
+        dims = list(t.dims)
+        c = rng.random()
+        if c < 0.3 or not dims:
+            dims.append(rng.choice((0, 1, 2, 2**40)))
+        elif c < 0.6:
+            dims[rng.randrange(len(dims))] = rng.choice((-1, 0, 5, 2**31, 2**62))
+        else:
+            dims.pop()
+        del t.dims[:]
+        t.dims.extend(dims)
+        return f"dims of {t.name}"
+    if kind == "typed_data" and tensors:
+        t = rng.choice(tensors)
+        t.raw_data = b""
+        if rng.random() < 0.5:
+            t.float_data.extend([1.0] * rng.randint(0, 9))
+        else:
+            t.int64_data.extend([rng.choice((0, -1, 2**62, 300))] * rng.randint(0, 9))
+        return f"typed data of {t.name}"
+    nodes = list(g.node)
+    if not nodes:
+        g.node.add().op_type = rng.choice(("Relu", "Identity", ""))
+        return "a node without inputs or outputs"
+    n = rng.choice(nodes)
+    if kind in ("attr", "attr_type", "drop_attr") and n.attribute:
+        a = rng.choice(list(n.attribute))
+        if kind == "attr_type":
+            a.type = rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14))
+        elif kind == "drop_attr":
+            n.attribute.remove(a)
+        elif a.type == a.INT:
+            a.i = rng.choice((-2**63, -100, -1, 0, 1, 5, 100, 2**62))
+        elif a.type == a.FLOAT:
+            a.f = rng.choice((float("nan"), float("inf"), -1.0, 0.0, 1e38))
+        elif a.type == a.INTS:
+            vals = [rng.choice((-2**63, -5, -1, 0, 1, 3, 2**40)) for _ in range(rng.randint(0, 6))]
+            del a.ints[:]
+            a.ints.extend(vals)
+        elif a.type == a.TENSOR:
+            a.t.data_type = rng.choice(_DTYPE_CODES)
+        else:
+            a.s = b"\xff\xfe"
+        return f"attribute {a.name} of {n.name}"
+    if kind == "attr":
+        from onnx import helper as h
+        n.attribute.append(h.make_attribute(rng.choice(("axis", "perm", "to", "junk", "kernel_shape")),
+                                            rng.choice((3, -9, [1, 2, 3], 1.5, "s", [0.5]))))
+        return f"extra attribute on {n.name}"
+    if kind == "name":
+        names = [v.name for v in vis] + [x for nd in nodes for x in list(nd.input) + list(nd.output)]
+        new = rng.choice(names + ["", "missing", "x" * 300, "a b", "%x"])
+        c = rng.random()
+        if c < 0.4 and n.input:
+            n.input[rng.randrange(len(n.input))] = new
+        elif c < 0.7 and n.output:
+            n.output[rng.randrange(len(n.output))] = new
+        elif c < 0.85:
+            rng.choice(vis).name = new
+        else:
+            n.name = new
+        return f"a name in {n.name}"
+    if kind == "opset":
+        op = m.opset_import[0]
+        op.version = rng.choice((-1, 0, 1, 7, 12, 13, 18, 21, 22, 23, 24, 99, 2**40))
+        if rng.random() < 0.2:
+            m.opset_import.add(domain="ai.onnx.ml", version=rng.choice((1, 99)))
+        return "opset"
+    if kind == "op_type":
+        from partita.frontend.onnx import ONNX_TO_PARTITA
+        n.op_type = rng.choice(sorted(ONNX_TO_PARTITA) + ["Junk", "", "relu", "LSTM", "If", "Loop"])
+        return f"op_type of {n.name}"
+    if kind == "domain":
+        n.domain = rng.choice(("com.microsoft", "ai.onnx.ml", "junk", "ai.onnx"))
+        return f"domain of {n.name}"
+    if kind == "drop_node":
+        g.node.remove(n)
+        return f"removed {n.name}"
+    if kind == "dup_node":
+        g.node.append(n)
+        return f"duplicated {n.name}"
+    if kind == "ir_version":
+        m.ir_version = rng.choice((0, 1, 3, 11, 99))
+        return "ir_version"
+    if kind == "drop_output" and len(g.output):
+        del g.output[:]
+        return "no outputs"
+    return "nothing"
+
+
+def check_onnx_bytes(counts: Counts, data: bytes, what: str, tmp: Path, timeout: float = 10.0,
+                     run_small: bool = True) -> None:
+    """One case of the ``onnx`` target: import the model file ``data``."""
+    counts.cases += 1
+    path = tmp / "fuzz.onnx"
+    path.write_bytes(data)
+    repro = {"mutation": what, "model_b64": base64.b64encode(data).decode()}
+    died = _dies_in_shape_inference(data)
+    if died:
+        # import_onnx would take this process down with it: record it, do not run it here.
+        counts.violate(f"shape-inference|{died}", "abort",
+                       f"import_onnx kills the process ({died}) in onnx.shape_inference.infer_shapes", repro)
+        return
+    status, g = attempt(counts, lambda: partita.verify(partita.import_onnx(str(path))), repro,
+                        (str(path), "fuzz.onnx"), timeout)
+    if status != "ok":
+        return
+    counts.accepted += 1
+    if run_small and numel_of(g) <= 20000:
+        check_executors(counts, g, repro, timeout, passes=("canonicalize,cse,fold-constants,dce",))
+
+
+def _dies_in_shape_inference(data: bytes) -> str | None:
+    """Whether ONNX's shape inference (which import_onnx runs, in C++) kills the process on
+    this model: tried in a forked child. None if it returns or raises; else the signal."""
+    if not hasattr(os, "fork"):
+        return None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            import onnx
+
+            proto = onnx.ModelProto()
+            proto.ParseFromString(data)
+            onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+        except BaseException:  # noqa: BLE001  (an exception is not what this looks for)
+            code = 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return signal.Signals(os.WTERMSIG(status)).name
+    return None
+
+
+def target_onnx(seed: int = 0, cases: int | None = 100, seconds: float | None = None,
+                timeout: float = 10.0) -> Counts:
+    import onnx
+
+    counts = Counts("onnx")
+    models = onnx_models()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:onnx:{i}")
+            base = rng.choice(models)
+            m = onnx.ModelProto()
+            m.CopyFrom(base)
+            whats = [base.graph.name]
+            if rng.random() < 0.8:
+                for _ in range(rng.randint(1, 3)):
+                    try:
+                        whats.append(mutate_onnx(rng, m))
+                    except (ValueError, TypeError, IndexError):  # protobuf refused the value
+                        counts.note("mutation refused by protobuf")
+            data = m.SerializeToString()
+            if rng.random() < 0.25:
+                raw = bytearray(data)
+                if rng.random() < 0.5:
+                    raw = raw[:rng.randrange(len(raw))]
+                    whats.append("truncated")
+                else:
+                    for _ in range(rng.randint(1, 4)):
+                        raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+                    whats.append("bit flips")
+                data = bytes(raw)
+            check_onnx_bytes(counts, data, "; ".join(whats), tmp, timeout)
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+# --- target: API misuse ---------------------------------------------------------------------
+
+API_TEXT = """graph @mlp(%x: f32[4,8], %w: f32[8,4] param) -> (f32[4,4]) {
+  %0 = matmul(%x, %w) : f32[4,4]
+  %1 = relu(%0) : f32[4,4]
+  return %1
+}
+"""
+
+
+class WouldSpawn(Exception):
+    """Raised in place of starting rank processes: launch got this far with the arguments."""
+
+
+def _junk_values() -> list[tuple[str, Any]]:
+    import torch
+
+    g = partita.parse(API_TEXT, "junk.pir")
+    return [
+        ("None", None), ("True", True), ("0", 0), ("-1", -1), ("7", 7), ("2**70", 2**70), ("-2**70", -2**70),
+        ("1.5", 1.5), ("nan", float("nan")), ("inf", float("inf")), ("''", ""), ("'x'", "x"), ("'dp=2'", "dp=2"),
+        ("'f32[2]'", "f32[2]"), ("'%x'", "%x"), ("'\\x00'", "\x00"), ("'a'*10000", "a" * 10000),
+        ("b'bytes'", b"bytes"), ("bytearray(b'x')", bytearray(b"x")), ("[]", []), ("[None]", [None]),
+        ("[1, 2]", [1, 2]), ("['x']", ["x"]), ("()", ()), ("{}", {}), ("{'x': None}", {"x": None}),
+        ("{'x': 'str'}", {"x": "str"}), ("{'nope': 1}", {"nope": 1}), ("{1: 2}", {1: 2}),
+        ("{'x': [[1]]}", {"x": [[1]]}), ("{'x': {}}", {"x": {}}), ("object()", object()),
+        ("np.float32(1)", np.float32(1)), ("np.array(1.0)", np.array(1.0)), ("np.zeros((2, 2))", np.zeros((2, 2))),
+        ("np.zeros((4, 8), np.int64)", np.zeros((4, 8), np.int64)), ("np.array(['a'])", np.array(["a"])),
+        ("np.array([None], dtype=object)", np.array([None], dtype=object)),
+        ("np.zeros((4, 8), np.complex64)", np.zeros((4, 8), np.complex64)),
+        ("np.full((4, 8), np.nan, np.float32)", np.full((4, 8), np.nan, np.float32)),
+        ("torch.zeros(4, 8)", torch.zeros(4, 8)), ("torch.zeros(4, 8, dtype=torch.bool)", torch.zeros(4, 8, dtype=torch.bool)),
+        ("1j", 1j), ("set()", set()), ("lambda: 0", lambda: 0), ("type", type), ("Ellipsis", ...),
+        ("range(3)", range(3)), ("Path('/nonexistent/x.pir')", Path("/nonexistent/x.pir")),
+        ("a Graph", g), ("[np.zeros((4, 8), np.float32)] * 3", [np.zeros((4, 8), np.float32)] * 3),
+        ("{'x': np.zeros((4, 8), np.float32), 'w': 'w'}", {"x": np.zeros((4, 8), np.float32), "w": "w"}),
+        ("iter([1])", None),  # replaced per call (an iterator is used up)
+    ]
+
+
+def _api_calls() -> list[tuple[str, tuple[str, ...], Callable[[Any, Any], Any]]]:
+    """(call text with J for the junk, names that may appear in the message, fn(env, junk))."""
+    from partita.ir import Builder
+
+    def g_(env):
+        return partita.parse(API_TEXT, "api.pir")
+
+    def step(env):
+        return env["step"]
+
+    def prog(env):
+        return env["prog"]
+
+    X = np.ones((4, 8), np.float32)
+    batch = {"x": X, "target": np.zeros(4, np.int64)}
+    calls = [
+        ("partita.parse(J)", ("parse", "text"), lambda e, j: partita.parse(j)),
+        ("partita.parse(API_TEXT, J)", ("parse", "name"), lambda e, j: partita.parse(API_TEXT, j)),
+        ("partita.load(J)", ("load", "path"), lambda e, j: partita.load(j)),
+        ("partita.verify(J)", ("verify", "graph"), lambda e, j: partita.verify(j)),
+        ("partita.print_graph(J)", ("print_graph", "graph"), lambda e, j: partita.print_graph(j)),
+        ("partita.optimize(J)", ("optimize", "graph"), lambda e, j: partita.optimize(j, reproducer_dir=None)),
+        ("partita.optimize(g, passes=J)", ("optimize", "passes", "pipeline"),
+         lambda e, j: partita.optimize(g_(e), passes=j, reproducer_dir=None)),
+        ("partita.optimize(g, 'dce', verify_each=J)", ("optimize", "verify_each"),
+         lambda e, j: partita.optimize(g_(e), "dce", verify_each=j, reproducer_dir=None)),
+        ("partita.optimize(g, 'dce', print_ir_after=J)", ("optimize", "print_ir_after", "print-ir-after"),
+         lambda e, j: partita.optimize(g_(e), "dce", print_ir_after=j, out=io.StringIO(), reproducer_dir=None)),
+        ("partita.optimize(g, 'dce', reproducer_dir=J)", ("optimize", "reproducer_dir"),
+         lambda e, j: partita.optimize(g_(e), "dce", reproducer_dir=j)),
+        ("partita.optimize(g, 'dce', junk=J)", ("optimize", "junk"), lambda e, j: partita.optimize(g_(e), "dce", junk=j)),
+        ("partita.run(J)", ("run", "graph"), lambda e, j: partita.run(j, {"x": X})),
+        ("partita.run(g, J)", ("run", "inputs"), lambda e, j: partita.run(g_(e), j, {"w": np.ones((8, 4), np.float32)})),
+        ("partita.run(g, J, backend='torch')", ("run", "inputs"),
+         lambda e, j: partita.run(g_(e), j, {"w": np.ones((8, 4), np.float32)}, backend="torch")),
+        ("partita.run(g, {'x': J})", ("run", "x"), lambda e, j: partita.run(g_(e), {"x": j}, {"w": np.ones((8, 4), np.float32)})),
+        ("partita.run(g, [J], backend='torch')", ("run", "x"),
+         lambda e, j: partita.run(g_(e), [j], {"w": np.ones((8, 4), np.float32)}, backend="torch")),
+        ("partita.run(g, {'x': X}, weights=J)", ("run", "weights", "w"), lambda e, j: partita.run(g_(e), {"x": X}, j)),
+        ("partita.run(g, {'x': X}, weights=J, backend='torch')", ("run", "weights", "w"),
+         lambda e, j: partita.run(g_(e), {"x": X}, j, backend="torch")),
+        ("partita.run(g, {'x': X}, weights={'w': J})", ("run", "w"), lambda e, j: partita.run(g_(e), {"x": X}, {"w": j})),
+        ("partita.run(g, {'x': X}, backend=J)", ("run", "backend"), lambda e, j: partita.run(g_(e), {"x": X}, backend=j)),
+        ("partita.training_step(J)", ("training_step", "graph"), lambda e, j: partita.training_step(j, loss="cross_entropy")),
+        ("partita.training_step(g, loss=J)", ("training_step", "loss"), lambda e, j: partita.training_step(g_(e), loss=j)),
+        ("partita.training_step(g, 'cross_entropy', optimizer=J)", ("training_step", "optimizer"),
+         lambda e, j: partita.training_step(g_(e), "cross_entropy", optimizer=j)),
+        ("partita.training_step(g, 'cross_entropy', lr=J)", ("training_step", "lr"),
+         lambda e, j: partita.training_step(g_(e), "cross_entropy", lr=j)),
+        ("partita.training_step(g, 'cross_entropy', junk=J)", ("training_step", "junk"),
+         lambda e, j: partita.training_step(g_(e), "cross_entropy", junk=j)),
+        ("partita.parallelize(J, 'dp=2', 'dp')", ("parallelize", "graph"), lambda e, j: partita.parallelize(j, "dp=2", "dp")),
+        ("partita.parallelize(step, J, 'dp')", ("parallelize", "mesh"), lambda e, j: partita.parallelize(step(e), j, "dp")),
+        ("partita.parallelize(step, 'dp=2', J)", ("parallelize", "strategy"), lambda e, j: partita.parallelize(step(e), "dp=2", j)),
+        ("partita.parallelize(step, 'dp=2', annotations=J)", ("parallelize", "annotations"),
+         lambda e, j: partita.parallelize(step(e), "dp=2", annotations=j)),
+        ("partita.parallelize(step, 'dp=2', 'dp', junk=J)", ("parallelize", "junk"),
+         lambda e, j: partita.parallelize(step(e), "dp=2", "dp", junk=j)),
+        ("partita.launch(J, 2, batch)", ("launch", "program"), lambda e, j: partita.launch(j, 2, batch)),
+        ("partita.launch(prog, J, batch)", ("launch", "nproc"), lambda e, j: partita.launch(prog(e), j, batch)),
+        ("partita.launch(prog, 2, J)", ("launch", "inputs"), lambda e, j: partita.launch(prog(e), 2, j)),
+        ("partita.launch(prog, 2, batch, weights=J)", ("launch", "weights"),
+         lambda e, j: partita.launch(prog(e), 2, batch, weights=j)),
+        ("partita.launch(prog, 2, batch, steps=J)", ("launch", "steps"), lambda e, j: partita.launch(prog(e), 2, batch, steps=j)),
+        ("partita.launch(prog, 2, batch, timeout_s=J)", ("launch", "timeout_s"),
+         lambda e, j: partita.launch(prog(e), 2, batch, timeout_s=j)),
+        ("partita.launch(prog, 2, batch, tolerance=J)", ("launch", "tolerance"),
+         lambda e, j: partita.launch(prog(e), 2, batch, tolerance=j)),
+        ("partita.launch(prog, 2, batch, threads=J)", ("launch", "threads"),
+         lambda e, j: partita.launch(prog(e), 2, batch, threads=j)),
+        ("partita.launch(prog, 2, batch, backend=J)", ("launch", "backend"),
+         lambda e, j: partita.launch(prog(e), 2, batch, backend=j)),
+        ("partita.launch(prog, 2, batch, check=J)", ("launch", "check"), lambda e, j: partita.launch(prog(e), 2, batch, check=j)),
+        ("partita.import_onnx(J)", ("import_onnx", "model", "onnx"), lambda e, j: partita.import_onnx(j)),
+        ("partita.import_onnx(model, input_shapes=J)", ("import_onnx", "input_shapes", "<onnx>"),
+         lambda e, j: partita.import_onnx(e["onnx"], input_shapes=j)),
+        ("Builder(g).emit(J, x)", ("emit", "op"), lambda e, j: Builder(e["g"]).emit(j, e["g"].inputs[0])),
+        ("Builder(g).emit('add', x, J)", ("emit", "add", "operand"), lambda e, j: Builder(e["g"]).emit("add", e["g"].inputs[0], j)),
+        ("Builder(g).emit('sum', x, axes=J)", ("emit", "sum", "axes"),
+         lambda e, j: Builder(e["g"]).emit("sum", e["g"].inputs[0], axes=j)),
+        ("Builder(g).emit('full', value=J, shape=(2,))", ("emit", "full", "value"),
+         lambda e, j: Builder(e["g"]).emit("full", value=j, shape=(2,))),
+        ("Builder(g).emit('reshape', x, shape=J)", ("emit", "reshape", "shape"),
+         lambda e, j: Builder(e["g"]).emit("reshape", e["g"].inputs[0], shape=j)),
+        ("Builder(g).input(J, TensorType((2,), f32))", ("input", "name"),
+         lambda e, j: Builder(e["g"]).input(j, partita.TensorType((2,), partita.dtypes.f32))),
+    ]
+    return calls
+
+
+@contextlib.contextmanager
+def _no_spawning():
+    """Replace the rank runner of partita.launch with one that raises WouldSpawn."""
+    import partita.runtime.parallel_run as pr
+
+    def refuse(*args, **kwargs):
+        raise WouldSpawn("launch reached run_ranks")
+
+    saved = pr.run_ranks
+    pr.run_ranks = refuse
+    try:
+        yield
+    finally:
+        pr.run_ranks = saved
+
+
+def target_api(seed: int = 0, cases: int | None = 200, seconds: float | None = None,
+               timeout: float = 20.0) -> Counts:
+    counts = Counts("api")
+    start = time.monotonic()
+    g = partita.parse(API_TEXT, "api.pir")
+    g.weights["w"] = np.ones((8, 4), np.float32)
+    env: dict[str, Any] = {}
+    step = partita.training_step(g, loss="cross_entropy", optimizer="sgd", lr=0.1)
+    env["step"] = step
+    env["prog"] = partita.parallelize(step, "dp=2", "dp")
+    env["onnx"] = onnx_models()[0]
+    calls = _api_calls()
+    junk = _junk_values()
+    with tempfile.TemporaryDirectory() as d, contextlib.chdir(d), _no_spawning():
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:api:{i}")
+            text, places, fn = calls[i % len(calls)] if i < len(calls) else rng.choice(calls)
+            jtext, j = rng.choice(junk)
+            if jtext == "iter([1])":
+                j = iter([1])
+            env["g"] = partita.parse(API_TEXT, "api.pir")
+            counts.cases += 1
+            call = text.replace("J", jtext, 1) if "J" in text else text
+            repro = {"call": call}
+            # A message may name the place by quoting the junk itself (a path, a mesh text).
+            quoted = (j[:80],) if isinstance(j, str) and j.strip() else ()
+            status, _ = _attempt_api(counts, lambda: fn(env, j), repro, places + ("@mlp", "%x") + quoted, timeout)
+            if status == "ok":
+                counts.accepted += 1
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+def _attempt_api(counts, fn, repro, places, timeout):
+    def guarded():
+        try:
+            return fn()
+        except WouldSpawn:
+            counts.note("launch reached run_ranks")
+            return None
+
+    return attempt(counts, guarded, repro, places, timeout)
+
+
+# --- target: random valid graphs ------------------------------------------------------------
+
+GRAPH_PIPELINE = "canonicalize,cse,fold-constants,dce"
+# Passes that map a valid graph to one with the same meaning, with no options needed.
+MEANING_PRESERVING = ("canonicalize", "cse", "dce", "fold-constants", "fuse-activations", "split-projections")
+
+CAST_VALUES = (0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, 7.9, -8.5, 15.5, 127.5, 128.0, -129.0, 255.5, 256.0, 300.0,
+               -300.0, 65504.0, 65520.0, 1e5, 2.0**31, -2.0**31 - 1, 2.0**32, 2.0**63, -2.0**63, 2.0**64, 1e20, 448.0,
+               449.0, 464.0, 57344.0, 61440.0, 1e38, -1e38, float("inf"), float("-inf"), float("nan"), 1e-40, 3.0e-39)
+
+
+def optimization_passes() -> list[str]:
+    from partita.passes.manager import PASSES
+
+    return [p for p in MEANING_PRESERVING if p in PASSES] + [GRAPH_PIPELINE]
+
+
+def check_graph(counts: Counts, g: Any, timeout: float = 20.0) -> None:
+    """One random valid graph: both executors agree, and so does the graph after each pass."""
+    counts.cases += 1
+    counts.accepted += 1
+    from partita.ir import print_graph
+
+    check_executors(counts, g, {"text": print_graph(g)}, timeout, passes=optimization_passes())
+
+
+def cast_case(counts: Counts, rng: random.Random, timeout: float = 20.0) -> None:
+    """A cast of extreme values: numpy, torch, and folding the cast of a constant agree."""
+    from partita.ir import parse, print_graph
+    from partita.passes import PassManager
+
+    src = rng.choice(("f32", "f64", "f16", "bf16", "i32", "i64", "i8", "u8", "f8e4m3fn", "f8e5m2"))
+    dst = rng.choice(DTYPE_NAMES)
+    attrs = rng.choice(("", ", saturate=false", ', round_mode="down"', ', round_mode="nearest"'))
+    if attrs and "saturate" in attrs and not dst.startswith("f8e"):
+        attrs = ""
+    if "round_mode" in attrs and dst != "f8e8m0":
+        attrs = ""
+    vals = [rng.choice(CAST_VALUES) for _ in range(rng.randint(1, 6))]
+    arr = np.array(vals, np.float64)
+    from partita.ir.dtypes import DTYPES
+    with np.errstate(all="ignore"):
+        if DTYPES[src].is_int:
+            info = np.iinfo(DTYPES[src].np)
+            arr = np.nan_to_num(arr, nan=0.0, posinf=info.max, neginf=info.min)
+            arr = np.clip(np.trunc(arr), info.min, info.max)
+        src_arr = arr.astype(DTYPES[src].np)
+    lits = ", ".join(_fmt_literal(float(x), src) for x in src_arr.astype(np.float64))
+    n = len(vals)
+    text = (f"graph @cast(%x: {src}[{n}]) -> ({dst}[{n}], {dst}[{n}]) {{\n"
+            f"  %c = constant() {{value=dense<{src}[{n}], [{lits}]>}} : {src}[{n}]\n"
+            f"  %0 = cast(%x) {{dtype={dst}{attrs}}} : {dst}[{n}]\n"
+            f"  %1 = cast(%c) {{dtype={dst}{attrs}}} : {dst}[{n}]\n"
+            f"  return %0, %1\n}}\n")
+    counts.cases += 1
+    repro = {"text": text}
+    status, g = attempt(counts, lambda: parse(text, "cast.pir"), repro, ("cast.pir",), timeout)
+    if status != "ok":
+        return
+    counts.accepted += 1
+    inputs = {"x": src_arr}
+    status, ref = attempt(counts, lambda: _run(g, inputs, "numpy"), dict(repro, backend="numpy"), (), timeout)
+    if status != "ok":
+        return
+    d = compare(ref[0], ref[1], dst)
+    if d:
+        counts.violate(f"numpy-input-vs-constant|{src}->{dst}", "mismatch", f"numpy: cast of input vs of constant: {d}",
+                       repro)
+    status, got = attempt(counts, lambda: _run(g, inputs, "torch"), dict(repro, backend="torch"), (), timeout)
+    if status == "ok":
+        d = compare_all(got, ref, g)
+        if d:
+            counts.violate(f"torch|{src}->{dst}", "mismatch", f"cast {src}->{dst}: torch vs numpy: {d}",
+                           dict(repro, compare="torch vs numpy", values=[repr(x) for x in src_arr.tolist()]))
+    status, out = attempt(counts, lambda: PassManager.parse("fold-constants", reproducer_dir=None).run(
+        parse(text, "cast.pir")), dict(repro, passes="fold-constants"), (), timeout)
+    if status == "ok":
+        status, folded = attempt(counts, lambda: _run(out, inputs, "numpy"), dict(repro, passes="fold-constants"),
+                                 (), timeout)
+        if status == "ok":
+            d = compare(folded[1], ref[1], dst)
+            if d:
+                counts.violate(f"fold|{src}->{dst}", "mismatch", f"cast {src}->{dst}: folded vs numpy: {d}",
+                               dict(repro, passes="fold-constants", after=print_graph(out)))
+
+
+def _fmt_literal(x: float, src: str) -> str:
+    from partita.ir.dtypes import DTYPES
+    if DTYPES[src].is_int:
+        return str(int(x))
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x)
+
+
+def target_graphs(seed: int = 0, cases: int | None = 60, seconds: float | None = None,
+                  timeout: float = 20.0, batch: int = 20) -> Counts:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    from strategies import graphs
+
+    counts = Counts("graphs")
+    start = time.monotonic()
+    b = 0
+    while (cases is None or counts.cases < cases) and (seconds is None or time.monotonic() - start < seconds):
+        n = batch if cases is None else max(1, min(batch, (cases - counts.cases) // 2 or 1))
+
+        @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate], print_blob=False,
+                  suppress_health_check=list(HealthCheck))
+        @hseed(seed * 100003 + b)
+        @given(g=graphs())
+        def one_batch(g):
+            check_graph(counts, g, timeout)
+
+        one_batch()
+        for k in range(n):
+            cast_case(counts, random.Random(f"{seed}:cast:{b}:{k}"), timeout)
+        b += 1
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+# --- target: the command line ---------------------------------------------------------------
+
+BAD_FLAGS = ("--passes", "--passes=", "--passes=nope", "--passes=dce{x=1}", "--passes=fold-constants{max-elements=-1}",
+             "--passes=,,", "--seed", "--seed=-1", "--seed=abc", "--seed=99999999999999999999", "--backend=cuda",
+             "--backend=", "-o", "-o=/nonexistent/dir/o.pir", "--print-ir-after=zz", "--print-ir-after=all",
+             "--timing", "--no-verify", "--mesh=dp=0", "--mesh=junk", "--mesh=dp=2", "--steps=-1", "--steps=0",
+             "--lr=nan", "--lr=-1", "--optimizer=nope", "--example", "--example=f32[", "--example=f32[2,-1]",
+             "--", "-", "--x", "-h", "--input-shape=x:2,3", "--nproc=0")
+CLI_COMMANDS = ("verify", "opt", "run", "import", "train", "ops")
+SUBPROCESS_LIMIT_BYTES = 8 << 30
+
+
+def _limit_memory():  # pragma: no cover - runs in the child
+    resource.setrlimit(resource.RLIMIT_AS, (SUBPROCESS_LIMIT_BYTES, SUBPROCESS_LIMIT_BYTES))
+
+
+def run_cli_subprocess(argv: Sequence[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        p = subprocess.run([sys.executable, "-m", "partita", *argv], cwd=cwd, capture_output=True, text=True,
+                           timeout=timeout, env=env, preexec_fn=_limit_memory, errors="replace")
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stderr or b"").decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    return p.returncode, p.stderr
+
+
+def run_cli_inprocess(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
+    from partita.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        with time_limit(timeout), contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            rc = main(list(argv))
+    except CaseTimeout:
+        return None, err.getvalue()
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+    except BaseException:  # noqa: BLE001  (an exception escaping main is itself the finding)
+        return -1, err.getvalue() + traceback.format_exc()
+    return rc, err.getvalue()
+
+
+def check_cli(counts: Counts, argv: Sequence[str], files: dict[str, bytes], cwd: Path, subprocess_: bool,
+              timeout: float) -> None:
+    counts.cases += 1
+    for name, data in files.items():
+        (cwd / name).write_bytes(data)
+    rc, err = (run_cli_subprocess(argv, cwd, timeout) if subprocess_ else run_cli_inprocess(argv, timeout))
+    repro = {"argv": "partita " + " ".join(_shell_quote(a) for a in argv)}
+    for name, data in files.items():
+        try:
+            repro[name] = data.decode("utf-8") if name.endswith(".pir") else base64.b64encode(data).decode()
+        except UnicodeDecodeError:
+            repro[name + " (base64)"] = base64.b64encode(data).decode()
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    if rc is None:
+        counts.violate(f"{argv[0]}|hang", "hang", f"no exit within {timeout} s", repro)
+    elif "Traceback" in err:
+        counts.violate(f"{argv[0]}|{_traceback_sig(err)}", "traceback", f"exit {rc}, traceback: {last}", repro)
+    elif rc not in (0, 1, 2):
+        counts.violate(f"{argv[0]}|{rc}|{re.sub(r'[0-9]+', '#', last)[:80]}", "exit-code",
+                       f"exit {rc}: {err.strip()[:600]}", repro)
+    elif rc == 1 and "error" not in err:
+        counts.violate(f"{argv[0]}|silent", "empty-message", f"exit 1 without an error message: {err[:300]}", repro)
+    elif rc == 0:
+        counts.accepted += 1
+    else:
+        counts.clean += 1
+
+
+def _traceback_sig(err: str) -> str:
+    frames = re.findall(r'File "([^"]+)", line (\d+)', err)
+    mine = [f for f in frames if "/partita/" in f[0]]
+    f = (mine or frames or [("?", "0")])[-1]
+    return f"{os.path.basename(f[0])}:{f[1]}"
+
+
+def _shell_quote(a: str) -> str:
+    return a if re.fullmatch(r"[\w./=:,@%+-]+", a) else "'" + a.replace("'", "'\\''") + "'"
+
+
+def cli_case(rng: random.Random, seeds: Sequence[str], vocab: Sequence[str], token_re: Any,
+             models: Sequence[Any]) -> tuple[list[str], dict[str, bytes]]:
+    """An argv and the files it reads."""
+    import onnx
+
+    cmd = rng.choice(CLI_COMMANDS)
+    files: dict[str, bytes] = {}
+    if cmd == "import":
+        m = onnx.ModelProto()
+        m.CopyFrom(rng.choice(models))
+        for _ in range(rng.randint(0, 2)):
+            try:
+                mutate_onnx(rng, m)
+            except (ValueError, TypeError, IndexError):  # protobuf refused the value
+                pass
+        files["m.onnx"] = m.SerializeToString()
+        argv = ["import", "m.onnx", "-o", "out.pir"]
+    elif cmd == "ops":
+        argv = ["ops"] + ([rng.choice(("matmul", "nope", "", "cast", "full", "x" * 100))] if rng.random() < 0.7 else [])
+    else:
+        text = rng.choice([s for s in seeds if "ir_test." not in s])
+        for _ in range(rng.randint(0, 2)):
+            text, _k = mutate_pir(rng, text, vocab, token_re)
+        files["m.pir"] = text.encode("utf-8", "surrogatepass")
+        argv = [cmd, "m.pir"]
+        if cmd == "opt":
+            argv.append("--passes=" + rng.choice(("canonicalize,cse,fold-constants,dce", "dce", "fuse-activations",
+                                                   "grad", "split-projections", "grad,adamw{lr=0.01}")))
+        if cmd == "train":
+            argv += ["--steps", "1"]
+    for _ in range(rng.randint(0, 2)):
+        argv.insert(rng.randint(1, len(argv)), rng.choice(BAD_FLAGS))
+    return argv, files
+
+
+def target_cli(seed: int = 0, cases: int | None = 40, seconds: float | None = None, timeout: float = 60.0,
+               subprocesses: int = 3) -> Counts:
+    """In-process cases (``partita.cli.main``), and every so often (``subprocesses`` in a
+    bounded run; one in ten in a timed one) a real ``python -m partita`` process, where
+    ``run`` cases go too (random inputs of a huge type could fill memory: the child has an
+    address-space limit)."""
+    counts = Counts("cli")
+    seeds, vocab, token_re = _pir_seeds()
+    models = onnx_models()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as d:
+        cwd = Path(d)
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:cli:{i}")
+            argv, files = cli_case(rng, seeds, vocab, token_re, models)
+            if i == 0:  # always one huge-dims run with a negative seed, as a subprocess
+                files = {"m.pir": b"graph @big(%x: f32[100000,100000,100000]) -> (f32[100000,100000,100000]) {\n"
+                                  b"  %0 = neg(%x) : f32[100000,100000,100000]\n  return %0\n}\n"}
+                argv = ["run", "m.pir", "--seed", "-1"]
+            sub = (i < subprocesses) if cases is not None else (i % 10 == 0)
+            if argv[0] in ("run", "train") and not sub:
+                sub = _is_big(files.get("m.pir", b""))
+            n_before = counts.n_violations
+            check_cli(counts, argv, files, cwd, sub, timeout if sub else min(timeout, 30.0))
+            if sub:
+                counts.note("subprocess cases")
+            for f in list(cwd.iterdir()):
+                if f.is_file():
+                    f.unlink()
+            del n_before
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+def _is_big(text: bytes) -> bool:
+    """Whether a .pir file might ask for big random inputs (or does not parse far enough to tell)."""
+    from partita.ir import parse
+
+    try:
+        g = parse(text.decode("utf-8", "replace"), "m.pir")
+    except Exception:  # noqa: BLE001  (the command stops at the same parse error)
+        return False
+    return numel_of(g) > 100000
+
+
+# --- the whole campaign ---------------------------------------------------------------------
+
+TARGET_FUNCS: dict[str, Callable[..., Counts]] = {
+    "pir": target_pir, "onnx": target_onnx, "api": target_api, "graphs": target_graphs, "cli": target_cli,
+}
+
+
+def run_campaign(targets: Sequence[str] = TARGETS, seed: int = 0, seconds_per_target: float | None = None,
+                 cases: dict[str, int] | None = None) -> dict[str, Counts]:
+    out = {}
+    for t in targets:
+        if seconds_per_target is not None:
+            out[t] = TARGET_FUNCS[t](seed=seed, cases=None, seconds=seconds_per_target)
+        else:
+            out[t] = TARGET_FUNCS[t](seed=seed, cases=(cases or {}).get(t, 50))
+    return out
+
+
+def table(results: dict[str, Counts]) -> str:
+    rows = [("target", "cases", "accepted", "clean errors", "violations", "distinct", "seconds")]
+    for t, c in results.items():
+        rows.append((t, str(c.cases), str(c.accepted), str(c.clean), str(c.n_violations), str(len(c.violations)),
+                     f"{c.seconds:.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))
+                     for r in rows)
