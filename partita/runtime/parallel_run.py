@@ -41,6 +41,10 @@ class LaunchResult:
     run: RunResult
     checks: list[StepCheck] = field(default_factory=list)
     tolerance: float = 1e-4
+    # The step count the run started from (the resumed checkpoint's step, else 0) and the
+    # step of the checkpoint it saved (start_step + steps; None without checkpoint_dir).
+    start_step: int = 0
+    checkpoint_step: int | None = None
 
     @property
     def passed(self) -> bool | None:
@@ -83,31 +87,59 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     error per tensor within ``tolerance``). ``checkpoint_dir``: save the final params and
     state there as a sharded checkpoint (one file per rank's pieces; see checkpoint.py).
     ``resume_from``: start from the latest checkpoint in that directory, recut for this
-    program's mesh and placements. Raises LaunchError / RankFailure (see ``run_ranks``).
+    program's mesh and placements; the step count goes on from its step, so the checkpoint
+    a resumed run saves is ``step-<resumed step + steps>`` (the same directory may be both).
+    Every argument, and a checkpoint_dir that already holds that step (or a later one), is
+    checked before any process starts. Raises LaunchError / RankFailure (see ``run_ranks``).
     """
     from . import checkpoint as ckpt
+    from .launch import _torchrun_env, check_spawnable
 
-    mesh = program.mesh
-    if nproc is not None and nproc != mesh.size:
+    mesh = _check_program(program)
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc != mesh.size):
+        if isinstance(nproc, bool) or not isinstance(nproc, int):
+            raise LaunchError(f"launch: nproc must be an int equal to the mesh size, got {nproc!r} (a "
+                              f"{type(nproc).__name__}); the program's mesh {mesh} has {mesh.size} ranks: pass "
+                              f"nproc={mesh.size}, or leave nproc out")
         raise LaunchError(f"launch: nproc={nproc} but the program's mesh {mesh} has {mesh.size} ranks; "
                           f"use nproc={mesh.size}, or parallelize for a mesh of {nproc} ranks")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise LaunchError(f"launch: steps must be a positive int, got {steps!r}; pass the number of training "
+                          "steps, or leave it out to run one step per input mapping")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise LaunchError(f"launch: timeout_s must be a positive number of seconds, got {timeout_s!r}; it bounds "
+                          "the rendezvous and every collective (default 60)")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+        raise LaunchError(f"launch: tolerance must be a non-negative number, got {tolerance!r}")
     if inputs is None:
         raise LaunchError("launch: no inputs; pass the global data inputs by name (one mapping, or a list per step)")
-    per_step = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+    per_step = _per_step_inputs(inputs)
     if steps is None:
         steps = len(per_step)
     if len(per_step) not in (1, steps):
         raise LaunchError(f"launch: {len(per_step)} input mappings for {steps} steps; give one, or one per step")
+    for i, feed in enumerate(per_step):
+        _check_global_inputs(program, feed, "inputs" if isinstance(inputs, Mapping) else f"inputs[{i}]")
+    if weights is not None:
+        _check_global_weights(program, weights)
+    if not _torchrun_env():
+        check_spawnable("launch")
     layout = ckpt.ShardLayout.of(program.graph, _padding(program))
     shards: list[dict[str, np.ndarray]]
+    start = 0
     if resume_from is not None:
-        loaded = ckpt.load(resume_from, layout)
+        resumed = ckpt.latest_step(resume_from)
+        loaded = ckpt.load(resume_from, layout, step=resumed)
         assert isinstance(loaded, list)  # every rank's pieces (rank=None)
         shards = loaded
+        start = ckpt.read_manifest(resume_from, resumed)["step"]
         start_weights = program.assemble_weights(shards)
     else:
         start_weights = _full_weights(program, weights)
         shards = program.shard_weights(start_weights)
+    save_step = start + steps
+    if checkpoint_dir is not None:
+        _check_checkpoint_dir(checkpoint_dir, save_step, start, resume_from)
     rank_inputs = [program.shard_inputs(b) for b in per_step]
     feed = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
     res = run_ranks(program.local, mesh, shards, feed, steps, timeout_s=timeout_s, threads=threads,
@@ -119,23 +151,145 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
         _gather_ranks(res)
     outputs = [program.assemble_outputs(res.outputs[s]) for s in range(steps)]
     final = program.assemble_weights(res.weights)
-    result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance)
+    result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance, start_step=start)
     if checkpoint_dir is not None:
         if not joined:
-            ckpt.save(checkpoint_dir, steps, layout, [w for w in res.weights if w is not None])
+            ckpt.save(checkpoint_dir, save_step, layout, [w for w in res.weights if w is not None])
         else:
             import torch.distributed as dist
 
             # Each rank writes its own pieces; rank 0 commits once all have written.
             rank = dist.get_rank()
-            ckpt.write_shard(checkpoint_dir, steps, layout, rank, res.weights[rank] or {})
+            ckpt.write_shard(checkpoint_dir, save_step, layout, rank, res.weights[rank] or {})
             dist.barrier()
             if rank == 0:
-                ckpt.commit(checkpoint_dir, steps, layout)
+                ckpt.commit(checkpoint_dir, save_step, layout)
             dist.barrier()
+        result.checkpoint_step = save_step
     if check:
         result.checks = check_single_device(_single_device(program), start_weights, per_step, steps, outputs)
     return result
+
+
+def _check_program(program: Any) -> Any:
+    """The program's mesh; anything but a ``ParallelProgram`` is a LaunchError."""
+    from ..ir.graph import Graph
+    from ..parallel.strategy import ParallelProgram
+
+    if isinstance(program, ParallelProgram):
+        return program.mesh
+    if isinstance(program, Graph):
+        raise LaunchError(f"launch: got the graph @{program.name}, not a ParallelProgram; call "
+                          f"partita.parallelize first, e.g. prog = partita.parallelize(graph, \"dp=2\", \"dp\"), "
+                          f"and pass prog (partita.run runs a graph on one device)")
+    raise LaunchError(f"launch: the program is a {type(program).__name__}, not a ParallelProgram; call "
+                      f"partita.parallelize(graph, mesh, strategy) first and pass what it returns")
+
+
+def _per_step_inputs(inputs: Any) -> list[Mapping[str, Any]]:
+    """``inputs`` as one mapping per step (or one for every step)."""
+    if isinstance(inputs, Mapping):
+        return [inputs]
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence) or len(inputs) == 0:
+        raise LaunchError(f"launch: inputs is {_what(inputs)}; pass a mapping from input name to global array "
+                          "(used at every step), or a non-empty list with one such mapping per step")
+    for i, feed in enumerate(inputs):
+        if not isinstance(feed, Mapping):
+            raise LaunchError(f"launch: inputs[{i}] is {_what(feed)}, not a mapping; pass a list with one mapping "
+                              "from input name to global array per step")
+    return list(inputs)
+
+
+def _what(x: Any) -> str:
+    if isinstance(x, (str, bytes)):
+        return f"the {type(x).__name__} {x[:40]!r}"
+    if isinstance(x, Sequence) and len(x) == 0:
+        return f"an empty {type(x).__name__}"
+    name = type(x).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str, kind: str,
+                  how: str) -> None:
+    """Names (missing and unknown), shapes and dtypes of global arrays against ``want``
+    (name -> the value whose type they must have)."""
+    from ..backend.common import numpy_dtype_name
+
+    listing = ", ".join(f"%{n}: {v.type}" for n, v in want.items()) or "none"
+    unknown = [k for k in given if k not in want]
+    missing = [n for n in want if n not in given] if kind == "data input" else []
+    if unknown or missing:
+        parts = []
+        if missing:
+            parts.append(f"lacks {', '.join('%' + n for n in missing)}")
+        if unknown:
+            parts.append(f"has {', '.join(repr(str(k)) for k in unknown)}, which "
+                         f"{'is not a ' + kind if len(unknown) == 1 else 'are not ' + kind + 's'} of the program")
+        raise LaunchError(f"launch: {where} {' and '.join(parts)}; the program's {kind}s are {listing}{how}")
+    for name, a in given.items():
+        t = want[name].type
+        arr = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+        try:
+            got = numpy_dtype_name(arr) if isinstance(arr, np.ndarray) else str(arr.dtype).replace("torch.", "")
+        except Exception:  # noqa: BLE001 -- an unusual array type: its dtype text
+            got = str(arr.dtype)
+        if tuple(arr.shape) != tuple(t.shape) or got != t.dtype.name:
+            raise LaunchError(f"launch: {where}['{name}'] is {got}[{','.join(map(str, arr.shape))}] but the "
+                              f"program's {kind} %{name} is {t}; pass the global array (launch cuts it per "
+                              f"rank), of that shape and dtype")
+
+
+def _check_global_inputs(program: Any, feed: Mapping[str, Any], where: str) -> None:
+    from ..ir.graph import input_name
+
+    want = {input_name(v): v for v in program.graph.inputs if v.role == "input"}
+    _arrays_check(want, feed, where, "data input", "")
+
+
+def _check_global_weights(program: Any, weights: Mapping[str, Any]) -> None:
+    if not isinstance(weights, Mapping):
+        raise LaunchError(f"launch: weights is {_what(weights)}; pass a mapping from param/state name to global "
+                          "array, or leave weights out to use the graph's own")
+    from ..ir.graph import input_name
+
+    graph = _single_device(program)
+    want = {input_name(v): v for v in graph.inputs if v.role in ("param", "state")}
+    _arrays_check(want, weights, "weights", "param/state",
+                  " (missing state starts at zeros)")
+
+
+def _check_checkpoint_dir(checkpoint_dir: Any, save_step: int, start: int, resume_from: Any) -> None:
+    """Refuse, before any process starts, a save that could not be committed after training:
+    checkpoint_dir a file, or already holding step ``save_step`` or a later one."""
+    import os
+    from pathlib import Path
+
+    from . import checkpoint as ckpt
+
+    root = Path(checkpoint_dir)
+    if root.exists() and not root.is_dir():
+        raise LaunchError(f"launch: checkpoint_dir {root} is a file, not a directory; pass a directory (it is "
+                          "created if missing)")
+    have = ckpt.steps(root)
+    later = [s for s in have if s >= save_step]
+    latest = None
+    try:
+        latest = ckpt.latest_step(root)
+    except ckpt.CheckpointError:
+        pass
+    if latest is not None and latest >= save_step:
+        later.append(latest)
+    if later:
+        same = resume_from is not None and os.path.abspath(str(resume_from)) == os.path.abspath(str(root))
+        found = max(later)
+        fix = ("; resume from it (resume_from=checkpoint_dir: the steps go on from its step), save into another "
+               "directory, or delete the later steps" if not same else
+               f"; the run resumes from step {start} (the step {root / 'latest'} names), so it would save step "
+               f"{save_step}: write {found} into {root / 'latest'} to resume from step {found}, or save into "
+               f"another directory")
+        raise LaunchError(f"launch: checkpoint_dir {root} already holds step {found}, at or after the step this "
+                          f"run would save ({save_step} = {start} + steps={save_step - start}); checkpoints are "
+                          f"never overwritten nor moved back{fix}")
 
 
 def _gather_ranks(res: RunResult) -> None:

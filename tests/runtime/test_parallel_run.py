@@ -143,3 +143,156 @@ def test_launch_reports_a_dead_rank():
     with pytest.raises(RankFailure, match="rank 1") as e:
         partita.launch(prog, 2, _batches(2), timeout_s=20, _fault=(1, 1, "exit"))
     assert "step 1" in str(e.value) or "step 2" in str(e.value)
+
+
+# --- argument misuse: clean errors before any process starts ------------------------------------
+
+def test_launch_arguments_that_cannot_make_a_run():
+    fwd, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    b = _batches(1)[0]
+    with pytest.raises(LaunchError, match=r"got the graph @\S+, not a ParallelProgram; call partita.parallelize"):
+        partita.launch(step, 2, [b])
+    with pytest.raises(LaunchError, match=r"the program is a dict, not a ParallelProgram; call partita.parallelize"):
+        partita.launch({}, 2, [b])
+    with pytest.raises(LaunchError, match=r"nproc must be an int equal to the mesh size, got '2' \(a str\); the "
+                                          r"program's mesh mesh\(dp=2\) has 2 ranks: pass nproc=2"):
+        partita.launch(prog, "2", [b])
+    for steps in (-1, 0, 1.5, True):
+        with pytest.raises(LaunchError, match=f"steps must be a positive int, got {steps!r}"):
+            partita.launch(prog, 2, [b, b], steps=steps)
+    for t in (0, -3, "60", None):
+        with pytest.raises(LaunchError, match=f"timeout_s must be a positive number of seconds, got {t!r}"):
+            partita.launch(prog, 2, [b], timeout_s=t)
+    with pytest.raises(LaunchError, match=r"inputs is the str 'abc'; pass a mapping"):
+        partita.launch(prog, 2, "abc")
+    with pytest.raises(LaunchError, match=r"inputs is an empty list"):
+        partita.launch(prog, 2, [])
+    with pytest.raises(LaunchError, match=r"inputs\[1\] is an int, not a mapping"):
+        partita.launch(prog, 2, [b, 3])
+    with pytest.raises(LaunchError, match=r"weights is a list; pass a mapping"):
+        partita.launch(prog, 2, [b], weights=[1])
+
+
+def test_launch_checks_input_names_and_global_shapes():
+    fwd, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    b = _batches(1)[0]
+    listing = r"the program's data inputs are %x: f32\[16,12\], %target: i64\[16\]"
+    # An unknown key was ignored before; it is refused, naming it and listing the inputs.
+    with pytest.raises(LaunchError, match=r"inputs\[0\] has 'y', which is not a data input of the program; " + listing):
+        partita.launch(prog, 2, [dict(b, y=b["x"])])
+    with pytest.raises(LaunchError, match=r"inputs lacks %target and has 'tgt', which is not a data input of the "
+                                          r"program; " + listing):
+        partita.launch(prog, 2, {"x": b["x"], "tgt": b["target"]})
+    # Shapes and dtypes are the global ones: the advice is the global array, not a local shard.
+    with pytest.raises(LaunchError, match=r"inputs\[0\]\['x'\] is f32\[32,12\] but the program's data input %x is "
+                                          r"f32\[16,12\]; pass the global array \(launch cuts it per rank\)") as e:
+        partita.launch(prog, 2, [dict(b, x=np.zeros((32, 12), np.float32))])
+    assert "local shard" not in str(e.value)
+    with pytest.raises(LaunchError, match=r"inputs\[0\]\['target'\] is i32\[16\] but the program's data input "
+                                          r"%target is i64\[16\]"):
+        partita.launch(prog, 2, [dict(b, target=b["target"].astype(np.int32))])
+    w = {k: v for k, v in step.weights.items()}
+    with pytest.raises(LaunchError, match=r"weights has 'fc9.weight', which is not a param/state of the program; "
+                                          r"the program's param/states are %fc1.weight: f32\[32,12\]"):
+        partita.launch(prog, 2, [b], weights=dict(w, **{"fc9.weight": w["fc1.weight"]}))
+    with pytest.raises(LaunchError, match=r"weights\['fc1.weight'\] is f32\[12,32\] but the program's param/state "
+                                          r"%fc1.weight is f32\[32,12\]; pass the global array"):
+        partita.launch(prog, 2, [b], weights=dict(w, **{"fc1.weight": w["fc1.weight"].T.copy()}))
+
+
+def test_launch_resumes_into_its_own_directory_and_continues_the_step_count(tmp_path):
+    """Three steps saved into D, then three more resumed from D into D: saved as step-6, with
+    the losses and weights of an uninterrupted six-step run. A save that could not be
+    committed (the step, or a later one, already there) is refused before training."""
+    _, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    data = _batches(6, seed=7)
+    d = str(tmp_path / "ck")
+    whole = partita.launch(prog, 2, data, timeout_s=60)
+    first = partita.launch(prog, 2, data[:3], timeout_s=60, checkpoint_dir=d)
+    assert (first.start_step, first.checkpoint_step, ckpt.steps(d)) == (0, 3, [3])
+    then = partita.launch(prog, 2, data[3:], steps=3, timeout_s=60, checkpoint_dir=d, resume_from=d, check=True)
+    assert then.passed
+    assert (then.start_step, then.checkpoint_step, ckpt.steps(d), ckpt.latest_step(d)) == (3, 6, [3, 6], 6)
+    assert first.losses() + then.losses() == whole.losses()
+    saved = ckpt.load_full(d)
+    for name, a in whole.weights.items():
+        np.testing.assert_array_equal(then.weights[name], a, err_msg=name)
+        np.testing.assert_array_equal(saved[name], a, err_msg=name)
+    # A fresh 3-step run into D would save step 3 under the later step 6: refused before any
+    # process starts (no step ran), and D is unchanged.
+    ran = []
+    with pytest.raises(LaunchError, match=r"checkpoint_dir \S+ already holds step 6, at or after the step this run "
+                                          r"would save \(3 = 0 \+ steps=3\).*resume from it"):
+        partita.launch(prog, 2, data[:3], timeout_s=30, checkpoint_dir=d, progress=lambda *a: ran.append(a))
+    assert ran == [] and ckpt.steps(d) == [3, 6]
+    # A crash between the rename and the pointer leaves `latest` on 3 while step-6 exists:
+    # resuming from D into D would save step 6 again, refused up front with the fix.
+    (tmp_path / "ck" / "latest").write_text("3\n")
+    with pytest.raises(LaunchError, match=r"already holds step 6.*resumes from step 3.*write 6 into"):
+        partita.launch(prog, 2, data[3:], timeout_s=30, checkpoint_dir=d, resume_from=d,
+                       progress=lambda *a: ran.append(a))
+    assert ran == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(LaunchError, match=r"checkpoint_dir \S+file is a file, not a directory"):
+        partita.launch(prog, 2, data[:1], checkpoint_dir=str(tmp_path / "file"), progress=lambda *a: ran.append(a))
+    assert ran == []
+
+
+# --- the main module: what spawn can re-import ----------------------------------------------------
+
+SCRIPT = '''import numpy as np
+import partita
+g = partita.parse("""graph @wide(%x: f32[8,16], %w: f32[16,2048] param) -> (f32[8,2048]) {
+  %y = matmul(%x, %w) : f32[8,2048]
+  return %y
+}""")
+g.weights["w"] = np.ones((16, 2048), np.float32)  # 128 KiB: more than a pipe holds
+prog = partita.parallelize(g, "dp=2", "dp")
+res = partita.launch(prog, 2, {"x": np.ones((8, 16), np.float32)}, timeout_s=20)
+print("OK", float(res.outputs[0][0][0, 0]))
+'''
+
+
+def _python(args, tmp_path, stdin=None):
+    import os
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, *args], stdin=stdin, capture_output=True, text=True, timeout=180,
+                         cwd=tmp_path, env=env)
+    return out, time.monotonic() - t
+
+
+def test_launch_from_a_script_on_standard_input_is_refused_up_front(tmp_path):
+    # `python - < train.py` used to sit forever in spawn: each rank re-runs the main module's
+    # file ('<stdin>'), dies, and the parent blocked writing the job to it.
+    (tmp_path / "train.py").write_text(SCRIPT)
+    with open(tmp_path / "train.py") as f:
+        out, secs = _python(["-"], tmp_path, stdin=f)
+    assert out.returncode != 0
+    assert ("LaunchError: launch: the main module is a script read from standard input ('<stdin>')"
+            in out.stderr), out.stderr[-3000:]
+    assert "save the script to a file" in out.stderr
+    assert secs < 120
+
+
+def test_launch_from_python_c_works(tmp_path):
+    # `python -c` has no main file to re-run: spawn works, and launch does not refuse it.
+    out, _ = _python(["-c", SCRIPT], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK 16.0" in out.stdout
+
+
+def test_a_script_without_a_main_guard_fails_instead_of_hanging(tmp_path):
+    # Each spawned rank re-runs the unguarded script, whose launch fails inside the rank
+    # before it read its job; the job (over a pipe's capacity) used to block the parent.
+    (tmp_path / "train.py").write_text(SCRIPT)
+    out, secs = _python(["train.py"], tmp_path)
+    assert out.returncode != 0
+    assert "RankFailure: rank " in out.stderr, out.stderr[-3000:]
+    assert "before it received its job" in out.stderr and "if __name__ == \"__main__\":" in out.stderr
+    assert secs < 120
