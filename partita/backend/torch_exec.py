@@ -207,6 +207,15 @@ def to_numpy(t) -> np.ndarray:
     (the torch executor's storage-typed outputs) pass through."""
     if isinstance(t, np.ndarray):
         return t
+    try:
+        return _to_numpy(t)
+    except ValueError as e:  # a shape NumPy cannot hold, e.g. [2**63-1, 0] (torch can)
+        raise ExecutionError(f"a torch tensor of shape [{','.join(map(str, t.shape))}] ({t.dtype}) cannot be "
+                             f"given back as a NumPy array: {e}; give the value a shape NumPy can hold "
+                             "(dims whose product, zeros left out, fits in 63 bits)") from None
+
+
+def _to_numpy(t) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         import ml_dtypes
 

@@ -146,5 +146,5 @@ def _run_parallel(args: argparse.Namespace) -> int:
         losses = res.losses()
         print("output 0 per step: " + ", ".join(f"{x:.6f}" for x in losses))
     if args.checkpoint:
-        print(f"saved a sharded checkpoint of step {args.steps} in {args.checkpoint}")
+        print(f"saved a sharded checkpoint of step {res.checkpoint_step} in {args.checkpoint}")
     return 0

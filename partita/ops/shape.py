@@ -361,6 +361,8 @@ def check_fill_value(op: str, value, dt: DType, attr: str = "value") -> None:
                 raise TypeRuleError(f"{op}: '{attr}' is {value!r}, but {dt} has no infinities ({finite_values}); "
                                     "use a value in that range or a dtype with infinities (f16, f32, ...)")
             return
+        if dt is f8e8m0 and 0 < v < smallest and _rounds_to(v, dt) == smallest:
+            return  # the shortest text of 2**-127 (5.87747e-39) is just below it
         if not (smallest <= v and abs(v) < beyond):
             wider = "" if dt.bits == 64 else ", or a wider dtype (f64 holds up to 1.8e308)"
             raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range for {dt} ({finite_values}); "
@@ -373,6 +375,11 @@ def check_fill_value(op: str, value, dt: DType, attr: str = "value") -> None:
     if not lo <= int(value) <= hi:
         raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range for {dt} ({lo}..{hi}); "
                             "use a value in that range or a wider dtype")
+
+
+def _rounds_to(v: float, dt: DType) -> float:
+    with np.errstate(all="ignore"):
+        return float(np.asarray(v, dtype=np.float64).astype(dt.np).astype(np.float64))
 
 
 def fill_scalar(value, dt: DType):

@@ -413,3 +413,33 @@ def test_builder_refuses_a_fill_value_out_of_range():
     b = Builder(Graph("g"))
     with pytest.raises(TypeRuleError, match=r"full: 'value' 70000.0 is out of range for f16"):
         b.full(shape=(2,), value=70000.0, dtype=f16)
+
+
+def test_folding_a_cast_to_f8e8m0_gives_a_full_the_verifier_accepts():
+    """cast(-0.0) to f8e8m0 is its smallest value, 2**-127; folded into a ``full``, its
+    shortest text (5.87747e-39) lies just below 2**-127 yet rounds to it, so it is accepted."""
+    from partita.ir import parse, verify
+
+    g = parse("graph @g() -> (f8e8m0[3]) {\n  %0 = constant() {value=dense<f32[3], -0.0>} : f32[3]\n"
+              "  %1 = cast(%0) {dtype=f8e8m0} : f8e8m0[3]\n  return %1\n}\n", "f8.pir")
+    want = partita.run(g, [])[0]
+    folded = partita.optimize(g, passes="fold-constants")
+    assert [n.op for n in folded.nodes] == ["full"]
+    verify(folded)
+    assert partita.run(folded, [])[0].tobytes() == want.tobytes()
+    assert float(want.astype(np.float64)[0]) == 2.0 ** -127
+
+
+def test_torch_executor_names_an_output_numpy_cannot_hold():
+    """An empty tensor with a dim past NumPy's size limit: torch makes it, NumPy cannot take
+    it back. Both executors fail with a PartitaError, not a bare ValueError."""
+    from partita.ir import PartitaError, parse
+
+    n = 2 ** 63 - 1
+    g = parse(f"graph @g() -> (f32[{n},0]) {{\n  %0 = full() {{shape=[{n},0], value=1.0, dtype=f32}} : f32[{n},0]\n"
+              "  return %0\n}\n", "big.pir")
+    for backend, says in (("numpy", "array is too big"), ("torch", "cannot be given back as a NumPy array")):
+        with pytest.raises(PartitaError, match=says):
+            res = partita.run(g, [], backend=backend)
+            from partita.backend.torch_exec import to_numpy
+            to_numpy(res[0])
