@@ -189,11 +189,12 @@ def _physical_memory() -> int | None:
 
 
 def _bytes(n: int) -> str:
+    x: float = n
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} EiB"
+        if x < 1024 or unit == "EiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{x:.3g} {unit}"
+        x /= 1024
+    return f"{x:.3g} EiB"
 
 
 # --- argument types: a value out of range is a usage error (exit 2) --------------------------

@@ -79,8 +79,9 @@ class DenseAttr:
         a = self._array
         if a is None:
             check_size(self.type, f"dense<{self.type}> (a splat)")
+            s = self._held()
             try:
-                a = np.full(self._shape, self._scalar, dtype=self._scalar.dtype)
+                a = np.full(self._shape, s, dtype=s.dtype)
             except (MemoryError, ValueError) as e:
                 raise DenseTooLargeError(f"dense<{self.type}> (a splat) cannot be built as an array: "
                                          f"{type(e).__name__}: {e}") from None
@@ -90,7 +91,7 @@ class DenseAttr:
 
     @property
     def dtype(self) -> DType:
-        return from_numpy((self._array if self._scalar is None else self._scalar).dtype)
+        return from_numpy(self._held().dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -104,6 +105,14 @@ class DenseAttr:
     def type(self) -> TensorType:
         return TensorType(self._shape, self.dtype)
 
+    def _held(self) -> np.ndarray:
+        """What this holds: a splat's one value (0-d), else the array."""
+        if self._scalar is not None:
+            return self._scalar
+        if self._array is None:
+            raise AssertionError("a DenseAttr holds an array or a splat value")
+        return self._array
+
     def is_lazy_splat(self) -> bool:
         """True when this is a splat whose array has not been built."""
         return self._array is None
@@ -113,7 +122,7 @@ class DenseAttr:
         splat or empty)."""
         if self._scalar is not None:
             return self._scalar if self.size else None
-        a = self._array
+        a = self._held()
         if a.size == 0 or not self.is_splat():
             return None
         return a.reshape(-1)[0:1].reshape(())
@@ -121,7 +130,7 @@ class DenseAttr:
     def is_splat(self) -> bool:
         if self._scalar is not None:
             return True
-        a = self._array
+        a = self._held()
         if a.size <= 1:
             return True
         flat = a.reshape(-1)
@@ -135,13 +144,13 @@ class DenseAttr:
     def _key(self) -> tuple:
         """What equality and hashing compare: dtype, shape and the bytes, a splat's as one
         element (so a splat equals the same values given as an array)."""
-        dt = (self._array if self._scalar is None else self._scalar).dtype.str
+        dt = self._held().dtype.str
         if self.size == 0:
             return (dt, self._shape, b"")
         s = self.splat_array()
         if s is not None:
             return (dt, self._shape, "splat", s.tobytes())
-        return (dt, self._shape, self._array.tobytes())
+        return (dt, self._shape, self._held().tobytes())
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseAttr):

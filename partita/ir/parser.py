@@ -743,7 +743,7 @@ class _Parser:
         texts, shape = self.parse_dense_literal(t)
         self.expect(">", "'>' to close dense<...>")
         splat = shape is None
-        if not splat and shape != t.shape and not (t.numel == 0 and not texts):
+        if shape is not None and shape != t.shape and not (t.numel == 0 and not texts):
             raise self.error(f"dense values have shape {list(shape)} but the type says {t}", v_tok)
         values = self.dense_values(t, texts, v_tok)
         if splat or t.numel == 0:

@@ -117,8 +117,9 @@ def _format_float(x: float) -> str:
 def format_dense(d: DenseAttr) -> str:
     t = d.type
     size = d.size
-    if size > 1 and d.is_splat():  # a splat prints as its value, and is never built as an array
-        body = _scalar_text(d.splat_array().reshape(1), t.dtype)[0]
+    splat = d.splat_array() if size > 1 else None  # None: not a splat
+    if splat is not None:  # a splat prints as its value, and is never built as an array
+        body = _scalar_text(splat.reshape(1), t.dtype)[0]
     elif size == 0:
         # Empty: nested down to the first 0 ([[], []] for f32[2,0]) when that is short;
         # `[]` reads back as any empty tensor.

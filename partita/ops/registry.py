@@ -454,6 +454,8 @@ class RuleTable:
     ``OpDef.sharding`` read these tables.
     """
 
+    declared_at: Location
+
     def __init__(self, kind: str, fallback: Callable[[OpDef], Any] | None = None) -> None:
         if kind in RULE_TABLES:
             raise ValueError(f"rule table '{kind}' declared twice (first in {RULE_TABLES[kind].declared_at})")

@@ -79,7 +79,7 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     # GPT-2 computes q, k and v with one fused weight; one projection each lets tensor
     # parallelism split the attention by heads (see partita/passes/split_projections.py).
     fwd = PassManager.parse("split-projections").run(fwd)
-    step = training_step(fwd, loss="cross_entropy", optimizer="sgd", **SGD)
+    step = training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=SGD["lr"], momentum=SGD["momentum"])
     print(f"GPT-2 from a config: {cfg.n_layer} layers, {cfg.n_embd} wide, {cfg.n_head} heads, vocab "
           f"{cfg.vocab_size}; batch {batch} x {seq} tokens. Imported, its fused q/k/v projections split "
           f"(split-projections), and turned into one training step "
