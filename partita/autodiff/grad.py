@@ -227,6 +227,10 @@ def _backward(graph: Graph, loss: Value, targets: list[Value], active: set[Node]
             raise AutodiffError(f"{where(node)}: op '{node.op}' {why}, but the gradient of the loss reaches it "
                                 f"(result {_val(node.results[0])}); detach this path (e.g. compute it from "
                                 f"non-param inputs) or add a vjp rule (partita/autodiff/rules.py)")
+        if not callable(rule):
+            raise AutodiffError(f"internal error: the vjp rule of '{node.op}' is {rule!r}, neither a function nor "
+                                f"NOT_DIFFERENTIABLE ({NOT_DIFFERENTIABLE!r}); fix its registration "
+                                f"(partita/autodiff/rules.py)")
         ctx = VjpContext(graph, node)
         needs = [v in grads or _is_live(v, active, targets) for v in node.operands]
         try:

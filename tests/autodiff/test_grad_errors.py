@@ -202,6 +202,22 @@ graph @m(%x: f32[3], %w: f32[3] param) -> (f32[]) {
     assert "is not differentiable" in msg and "%y" in msg
 
 
+def test_vjp_rule_that_is_not_a_function_is_an_autodiff_error():
+    # A rule registered as a string other than NOT_DIFFERENTIABLE (a misspelling) was called,
+    # which raised TypeError: 'str' object is not callable.
+    from partita.autodiff.rules import RULES
+    with RULES.override("exp", "not_differentiable"):
+        msg = refuse("""
+graph @m(%x: f32[3], %w: f32[3] param) -> (f32[]) {
+  %y = mul(%x, %w) : f32[3] loc("model.py":12)
+  %z = exp(%y) : f32[3] loc("model.py":13)
+  %l = sum(%z) : f32[] loc("model.py":14)
+  return %l
+}""")
+    assert "vjp rule of 'exp'" in msg and "'not_differentiable'" in msg
+    assert "neither a function nor NOT_DIFFERENTIABLE" in msg
+
+
 # --- wrt --------------------------------------------------------------------------------------
 
 WRT = """
