@@ -45,6 +45,8 @@ all_gather, reduce_scatter and all_to_all (n-1)/n S; broadcast S (pipelined alon
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import ml_dtypes
 import numpy as np
 
@@ -278,7 +280,7 @@ class Pending:
     def __init__(self, tensor, work, finish=None, keep=None) -> None:
         self.tensor = tensor
         self.work = work
-        self.on_error = None
+        self.on_error: Callable[[BaseException], Any] | None = None
         self.finish = finish
         self.keep = keep
 

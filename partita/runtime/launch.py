@@ -582,7 +582,8 @@ def check_spawnable(who: str = "run_ranks") -> None:
         return
     from multiprocessing import process
 
-    full = path if os.path.isabs(path) or process.ORIGINAL_DIR is None else os.path.join(process.ORIGINAL_DIR, path)
+    origin = getattr(process, "ORIGINAL_DIR", None)  # the working directory at start (not in the stubs)
+    full = path if os.path.isabs(path) or origin is None else os.path.join(origin, path)
     if os.path.exists(full):
         return
     fix = ("save the script to a file and run it as `python train.py` (calling launch under "
@@ -750,7 +751,8 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
             if failures:
                 # A peer's lost connection often arrives before the death or error that
                 # caused it: give the cause a moment to show up.
-                if _first(failures)[3] == "error" or time.monotonic() - first_failure_at > GRACE_S:
+                if _first(failures)[3] == "error" or (first_failure_at is not None
+                                                     and time.monotonic() - first_failure_at > GRACE_S):
                     break
             batch: list[tuple[int, Any]] = []
             try:

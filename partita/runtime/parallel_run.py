@@ -141,8 +141,8 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     if checkpoint_dir is not None:
         _check_checkpoint_dir(checkpoint_dir, save_step, start, resume_from)
     rank_inputs = [program.shard_inputs(b) for b in per_step]
-    feed = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
-    res = run_ranks(program.local, mesh, shards, feed, steps, timeout_s=timeout_s, threads=threads,
+    rank_feed: Any = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
+    res = run_ranks(program.local, mesh, shards, rank_feed, steps, timeout_s=timeout_s, threads=threads,
                     progress=progress, backend=backend, _fault=_fault)
     joined = res.ranks != tuple(range(mesh.size))
     if joined:
