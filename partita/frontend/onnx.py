@@ -226,6 +226,8 @@ class OnnxNode:
 
     def const(self, i: int, what: str) -> np.ndarray:
         """The array of input ``i``, which must be an initializer or a Constant's output."""
+        if i >= len(self.proto.input) or self.proto.input[i] == "":
+            raise self.error(f"{what} (input {i}) is required but missing")
         name = self.proto.input[i]
         arr = self.ctx.consts.get(name)
         if arr is None:
@@ -687,8 +689,13 @@ def _axes_operand(n: OnnxNode, i: int, attr_since: int) -> list[int] | None:
     if n.ctx.opset >= attr_since:
         if "axes" in n.attrs:
             raise n.error(f"'axes' is an input since opset {attr_since}, not an attribute")
+        if not n.has_input(i):
+            return None
+        arr = n.const(i, "axes")
+        if arr.ndim > 1:
+            raise n.error(f"axes (input {i}) must be a 1-D list of axes, not a tensor of shape {list(arr.shape)}")
         # A 0-d axes constant is one axis, as onnxruntime reads it.
-        return [int(a) for a in np.atleast_1d(n.const(i, "axes"))] if n.has_input(i) else None
+        return [int(a) for a in np.atleast_1d(arr)]
     axes = n.attr("axes")
     return list(axes) if axes is not None else None
 
@@ -1549,6 +1556,42 @@ class _Importer:
         return attrs
 
 
+def _check_text(proto: Any, where: str) -> None:
+    """Every name the importer reads must be text: protobuf gives a string field that is not
+    valid UTF-8 as bytes. Raise naming the node (or value) that holds one."""
+    def bad(v: Any) -> bool:
+        return isinstance(v, (bytes, bytearray))
+
+    def show(v: Any) -> str:
+        return bytes(v).decode("utf-8", "backslashreplace")
+
+    msg = "is not valid UTF-8 text (the model is corrupt)"
+    for op in proto.opset_import:
+        if bad(op.domain):
+            raise OnnxImportError(f"{where}: opset_import domain '{show(op.domain)}' {msg}")
+    g = proto.graph
+    if bad(g.name):
+        raise OnnxImportError(f"{where}: the graph name '{show(g.name)}' {msg}")
+    for what, vis in (("graph input", g.input), ("graph output", g.output), ("value_info", g.value_info),
+                      ("initializer", g.initializer)):
+        for k, vi in enumerate(vis):
+            if bad(vi.name):
+                raise OnnxImportError(f"{where}: {what} #{k + 1} has a name '{show(vi.name)}' that {msg}")
+    for i, node in enumerate(g.node):
+        label = show(node.name) if bad(node.name) else (node.name or "<unnamed>")
+        op = show(node.op_type) if bad(node.op_type) else node.op_type
+        at = f"{Location(where, i + 1)}: node '{label}' ({op})"
+        if bad(node.name) or bad(node.op_type) or bad(node.domain):
+            raise OnnxImportError(f"{at}: its name, op_type or domain {msg}")
+        for kind, names in (("input", node.input), ("output", node.output)):
+            for k, name in enumerate(names):
+                if bad(name):
+                    raise OnnxImportError(f"{at}: {kind} {k} ('{show(name)}') {msg}")
+        for a in node.attribute:
+            if bad(a.name) or bad(a.ref_attr_name):
+                raise OnnxImportError(f"{at}: an attribute name ('{show(a.name)}') {msg}")
+
+
 def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
                 static_inputs: dict[str, Any] | None = None) -> Graph:
     """Import an ONNX model (a path or a ``onnx.ModelProto``) as a partita Graph.
@@ -1563,6 +1606,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
     """
     onnx = _onnx()
     proto, where, base_dir = _load(model)
+    _check_text(proto, where)
     opset = _opset(proto, where)
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)

@@ -56,6 +56,14 @@ class AttrSpec:
     default: Any = REQUIRED
     choices: tuple | None = None
 
+    def _float(self, value: Any, op: str) -> float:
+        """``value`` as a float; an integer beyond every float is an error, not an OverflowError."""
+        try:
+            return float(value)
+        except OverflowError:
+            raise AttributeError_(f"{op}: attribute '{self.name}' value {value!r} is out of range of a float "
+                                  f"(a float holds up to about 1.8e308)") from None
+
     def normalize(self, value: Any, op: str) -> Any:
         """Coerce ``value`` to this attribute's canonical Python form, or raise."""
         if value is None:
@@ -69,7 +77,7 @@ class AttrSpec:
             value = int(value) if ok else value
         elif k == "float":
             ok = _is_number(value)
-            value = float(value) if ok else value
+            value = self._float(value, op) if ok else value
         elif k == "bool":
             ok = isinstance(value, (bool, np.bool_))
             value = bool(value) if ok else value
@@ -86,7 +94,7 @@ class AttrSpec:
             value = tuple(int(v) for v in value) if ok else value
         elif k == "floats":
             ok = isinstance(value, (tuple, list)) and all(_is_number(v) for v in value)
-            value = tuple(float(v) for v in value) if ok else value
+            value = tuple(self._float(v, op) for v in value) if ok else value
         elif k == "scalar":
             ok = _is_number(value) or isinstance(value, (bool, np.bool_))
             if ok:

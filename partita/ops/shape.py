@@ -350,7 +350,8 @@ def check_fill_value(op: str, value, dt: DType, attr: str = "value") -> None:
         try:
             v = float(value)
         except OverflowError:  # an integer literal beyond every float
-            v = math.copysign(math.inf, value)
+            raise TypeRuleError(f"{op}: '{attr}' {value!r} is out of range of a float (a float holds up to "
+                                f"about 1.8e308), so {dt} cannot hold it; use a value in range") from None
         if math.isnan(v):
             if dt.name in _NO_NAN:
                 raise TypeRuleError(f"{op}: '{attr}' is nan, but {dt} has no NaN ({finite_values}); "

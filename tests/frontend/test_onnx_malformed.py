@@ -387,3 +387,44 @@ def test_partita_import_reports_each_malformed_file_in_one_line(tmp_path):
         assert expected in lines[0], (name, lines[0])
         assert "Traceback" not in r.stderr and r.stdout == ""
         assert not (tmp_path / "out.pir").exists()
+
+
+# --- names that are not text, operands of the wrong rank or missing -----------------------
+
+def _with_bytes(model, old: bytes, new: bytes):
+    """``model`` with a name replaced by bytes of the same length (protobuf then gives bytes
+    for a string field that is not valid UTF-8)."""
+    data = model.SerializeToString()
+    assert data.count(old) == 1
+    return onnx.load_from_string(data.replace(old, new))
+
+
+@pytest.mark.parametrize("where, fragments", [
+    ("graph", ("the graph name",)),
+    ("value", ("node 'n0' (Relu)", "input 0", "not valid UTF-8")),
+    ("node", ("node 'bad\\xec' (Relu)", "not valid UTF-8")),
+])
+def test_a_name_that_is_not_utf8_is_refused(where, fragments):
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    if where == "graph":
+        model = _with_bytes(_model([helper.make_node("Relu", ["x"], ["y"], name="n0")]), b"\x12\x01m", b"\x12\x01\xec")
+    elif where == "value":
+        model = _model([helper.make_node("Relu", ["xval"], ["y"], name="n0")],
+                       inputs=[x, helper.make_tensor_value_info("xvaL", F, [2, 3])])
+        data = model.SerializeToString().replace(b"xval", b"xv\xecl").replace(b"xvaL", b"xval")
+        model = onnx.load_from_string(data)
+    else:
+        model = _with_bytes(_model([helper.make_node("Relu", ["x"], ["y"], name="badX")]), b"badX", b"bad\xec")
+    _refused(model, *fragments)
+
+
+def test_an_axes_operand_of_rank_two_names_the_node():
+    axes = numpy_helper.from_array(np.array([[0], [1]], dtype=np.int64), "axes")
+    model = _model([helper.make_node("Unsqueeze", ["x", "axes"], ["y"], name="u")], inits=[axes])
+    _refused(model, "node 'u' (Unsqueeze)", "axes (input 1) must be a 1-D list", "[2, 1]")
+
+
+def test_a_constant_operand_that_is_missing_names_the_node():
+    # Slice needs starts and ends (inputs 1 and 2); only the data is given.
+    model = _model([helper.make_node("Slice", ["x"], ["y"], name="s")])
+    _refused(model, "node 's' (Slice)", "missing")

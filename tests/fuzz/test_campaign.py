@@ -25,15 +25,6 @@ CASES = {"pir": 400, "onnx": 300, "api": 250, "graphs": 60, "cli": 24}
 # (kind, a substring of the signature) -> where the defect lives. Signatures read
 # "kind|Exception@partita/file.py:function".
 KNOWN_OPEN: dict[tuple[str, str], str] = {
-    ("crash", "TypeError@partita/ir/parser.py:"): "parser: parse/load of a non-str, non-path argument",
-    ("crash", "AttributeError@partita/ir/printer.py:"): "printer: print_graph of a non-Graph",
-    ("crash", "TypeError@partita/frontend/onnx.py:run"): "ONNX importer: a string field that is not UTF-8 "
-                                                         "(protobuf gives bytes) after bit flips",
-    ("crash", "TypeError@partita/frontend/onnx.py:_axes_operand"): "ONNX importer: an axes operand of rank > 1",
-    ("crash", "@partita/__init__.py:import_onnx"): "ONNX importer: input_shapes that is not a mapping",
-    ("crash", "TypeError@partita/frontend/onnx.py:_sanitize"): "ONNX importer: a value name that is not UTF-8",
-    ("crash", "IndexError@partita/frontend/onnx.py:const"): "ONNX importer: a node with fewer inputs than its op "
-                                                            "needs (Conv's operands given to Slice)",
 }
 
 

@@ -371,3 +371,24 @@ def test_dense_values_across_lines_and_comments_are_located():
     with pytest.raises(ParseError) as ei:
         parse(bad + "      [4,\n 5, 6]]>" + tail, "lim.pir")
     assert (ei.value.loc.line, ei.value.loc.col) == (2, bad.splitlines()[1].index("-300") + 1)
+
+
+# --- integer literals beyond every float -------------------------------------------------
+
+BEYOND_FLOAT = "1" * 400
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_fill_value_beyond_every_float_is_a_located_error(sign):
+    text = f"graph @f() -> (f32[2]) {{\n  %a = full() {{shape=[2], value={sign}{BEYOND_FLOAT}, dtype=f32}} : f32[2]\n  return %a\n}}\n"
+    with pytest.raises(partita.PartitaError) as info:
+        verify(parse(text))
+    assert "out of range of a float" in str(info.value) and ":2:" in str(info.value)
+
+
+@pytest.mark.parametrize("attr", [f"f={BEYOND_FLOAT}", f"fs=[1.0, -{BEYOND_FLOAT}]"])
+def test_a_float_attribute_beyond_every_float_is_a_located_error(attr_ops, attr):
+    text = f"graph @a(%x: f32[4]) -> (f32[4]) {{\n  %a = ir_test.attrs(%x) {{{attr}}} : f32[4]\n  return %a\n}}\n"
+    with pytest.raises(partita.PartitaError) as info:
+        parse(text)
+    assert "out of range of a float" in str(info.value) and ":2:" in str(info.value)
