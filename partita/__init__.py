@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from . import ops as _ops  # noqa: F401  (registers every op)
 from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaError, TensorType, Value,
-                 VerifyError, Weights, parse, parse_file, print_graph, verify)
+                 VerifyError, Weights, parse_file, verify)
+from .ir import parse as _parse, print_graph as _print_graph
 from .ir import dtypes  # noqa: F401
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
@@ -21,9 +22,50 @@ from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 __version__ = "0.1.0"
 
 
+def _given(x: Any) -> str:
+    """``x`` as an error message shows what was given: its repr (cut short) and its type."""
+    r = repr(x)
+    return f"{r if len(r) <= 60 else r[:57] + '...'} ({type(x).__name__})"
+
+
+def _check_path(fn: str, path: Any, what: str, error: type = PartitaError) -> None:
+    """A file path argument: a non-empty str, bytes or os.PathLike without a NUL byte."""
+    import os
+
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise error(f"partita.{fn}: the path must be a str or os.PathLike naming {what}, got {_given(path)}")
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text:
+        raise error(f"partita.{fn}: an empty path names no file; give the path of {what}")
+    if "\0" in text:
+        raise error(f"partita.{fn}: the path {text!r} contains a NUL byte, which no file name can")
+
+
+def parse(text: str, filename: str = "<string>") -> Graph:
+    """Parse one ``graph`` from ``.pir`` text; raises ParseError with file:line:col."""
+    if not isinstance(text, str):
+        hint = "; for a file use partita.load(path)" if not isinstance(text, (bytes, bytearray)) else \
+            "; decode the bytes first (text.decode())"
+        raise PartitaError(f"partita.parse: text must be the .pir text as a str, got {_given(text)}{hint}")
+    return _parse(text, filename)
+
+
+def print_graph(graph: Graph) -> str:
+    """The ``.pir`` text of ``graph``."""
+    if not isinstance(graph, Graph):
+        raise PartitaError(f"partita.print_graph: the graph must be a partita.Graph (from partita.load, partita.parse "
+                           f"or an import), got {_given(graph)}")
+    return _print_graph(graph)
+
+
 def load(path) -> Graph:
     """Parse a ``.pir`` file; weights come from the ``.safetensors`` file beside it."""
-    return parse_file(path)
+    import os
+
+    _check_path("load", path, "a .pir file")
+    return parse_file(os.fsdecode(path) if isinstance(path, bytes) else path)
 
 
 def save(graph: Graph, path) -> None:
@@ -46,6 +88,8 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     if not isinstance(graph, Graph):
         raise PartitaError(f"partita.run: the graph must be a partita.Graph (from partita.load, partita.parse or "
                            f"an import), got {type(graph).__name__}")
+    if not isinstance(backend, str):
+        raise PartitaError(f"partita.run: backend must be 'numpy' or 'torch', got {_given(backend)}")
     if backend == "numpy":
         from .backend.numpy_ref import run as run_numpy
 
@@ -66,8 +110,18 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: Mappi
 
 def import_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """Import an ONNX model (a path or ``onnx.ModelProto``; see ``partita.frontend.onnx``)."""
-    from .frontend.onnx import import_onnx as _import_onnx
+    from .frontend.onnx import OnnxImportError, import_onnx as _import_onnx
 
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        _check_path("import_onnx", model, "an ONNX model file", OnnxImportError)
+    if input_shapes is not None:
+        if not isinstance(input_shapes, Mapping):
+            raise OnnxImportError(f"partita.import_onnx: input_shapes must be a mapping from input name to shape, e.g. "
+                                  f"{{'x': [1, 3, 224, 224]}}, or None; got {_given(input_shapes)}")
+        for key in input_shapes:
+            if not isinstance(key, str):
+                raise OnnxImportError(f"partita.import_onnx: input_shapes is keyed by the ONNX input's name, got the "
+                                      f"key {_given(key)}")
     return _import_onnx(model, dict(input_shapes) if input_shapes is not None else None)
 
 
@@ -85,8 +139,15 @@ def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
     """Rewrite ``graph`` for a device mesh (``"dp=2,tp=2"``) with a strategy (``"dp+megatron"``)
     and/or placements by value name; returns a ``ParallelProgram`` (per-rank program, plan).
     See partita/parallel/strategy.py and docs/parallel.md."""
+    import inspect
+
+    from .parallel.strategies.base import StrategyError
     from .parallel.strategy import parallelize as _parallelize
 
+    known = [n for n, p in inspect.signature(_parallelize).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise StrategyError(f"parallelize: unknown option(s) {', '.join(unknown)}; the options are {', '.join(known)}")
     return _parallelize(graph, mesh, strategy, annotations, **options)
 
 

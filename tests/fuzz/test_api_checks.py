@@ -78,3 +78,82 @@ def test_optimize_still_takes_its_options(g):
 def test_emit_of_a_non_string_op(g, junk):
     with pytest.raises(PartitaError, match=r"emit: an op is named by a string"):
         Builder(g).emit(junk, g.inputs[0])
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"junk": 0}, r"parallelize: unknown option\(s\) junk; the options are allow_replication, bucket_mb"),
+    ({"junk": 0, "bucket": 1}, r"unknown option\(s\) bucket, junk;"),
+])
+def test_parallelize_unknown_options(g, options, match):
+    step = partita.training_step(g, loss="cross_entropy", optimizer="sgd", lr=0.1)
+    with pytest.raises(PartitaError, match=match):
+        partita.parallelize(step, "dp=2", "dp", **options)
+
+
+def test_parallelize_still_takes_its_options(g):
+    step = partita.training_step(g, loss="cross_entropy", optimizer="sgd", lr=0.1)
+    assert partita.parallelize(step, "dp=2", "dp", bucket_mb=None, order=False) is not None
+
+
+@pytest.mark.parametrize("junk", [0, None, b"graph", ["x"]])
+def test_parse_of_a_non_string(junk):
+    with pytest.raises(PartitaError, match=r"partita.parse: text must be the .pir text as a str, got"):
+        partita.parse(junk)
+
+
+@pytest.mark.parametrize("junk, match", [
+    (0, r"partita.load: the path must be a str or os.PathLike naming a .pir file, got 0 \(int\)"),
+    ([], r"partita.load: the path must be a str or os.PathLike"),
+    ("", r"partita.load: an empty path names no file"),
+    ("a\x00b.pir", r"partita.load: the path 'a\\x00b.pir' contains a NUL byte"),
+])
+def test_load_paths(junk, match):
+    with pytest.raises(PartitaError, match=match):
+        partita.load(junk)
+
+
+def test_load_still_reads_a_file(g, tmp_path):
+    partita.save(g, tmp_path / "m.pir")
+    assert partita.print_graph(partita.load(tmp_path / "m.pir")) == partita.print_graph(g)
+    assert partita.load(str(tmp_path / "m.pir")).name == "mlp"
+
+
+@pytest.mark.parametrize("junk", ["", None, 0, {"x": 1}])
+def test_print_graph_of_a_non_graph(junk):
+    with pytest.raises(PartitaError, match=r"partita.print_graph: the graph must be a partita.Graph"):
+        partita.print_graph(junk)
+
+
+@pytest.mark.parametrize("junk", [np.zeros((2, 2)), np.array("numpy"), None, 1, ["numpy"]])
+def test_run_backend_not_a_string(g, junk):
+    with pytest.raises(PartitaError, match=r"partita.run: backend must be 'numpy' or 'torch', got"):
+        partita.run(g, {"x": np.zeros((4, 8), np.float32)}, {"w": np.ones((8, 4), np.float32)}, backend=junk)
+
+
+@pytest.mark.parametrize("junk, match", [
+    ("", r"partita.import_onnx: an empty path names no file"),
+    ("a\x00b.onnx", r"partita.import_onnx: the path 'a\\x00b.onnx' contains a NUL byte"),
+    (b"a\x00b.onnx", r"contains a NUL byte"),
+])
+def test_import_onnx_paths(junk, match):
+    pytest.importorskip("onnx")
+    with pytest.raises(PartitaError, match=match):
+        partita.import_onnx(junk)
+
+
+@pytest.mark.parametrize("junk, match", [
+    (0, r"partita.import_onnx: input_shapes must be a mapping from input name to shape.*got 0 \(int\)"),
+    ([1, 2], r"input_shapes must be a mapping"),
+    ("x", r"input_shapes must be a mapping"),
+    ({1: [2]}, r"input_shapes is keyed by the ONNX input's name, got the key 1 \(int\)"),
+])
+def test_import_onnx_input_shapes(junk, match):
+    pytest.importorskip("onnx")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import campaign
+
+    with pytest.raises(PartitaError, match=match):
+        partita.import_onnx(campaign.onnx_models()[0], input_shapes=junk)
