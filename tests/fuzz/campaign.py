@@ -1121,7 +1121,9 @@ def target_api(seed: int = 0, cases: int | None = 200, seconds: float | None = N
             call = text.replace("J", jtext, 1) if "J" in text else text
             repro = {"call": call}
             # A message may name the place by quoting the junk itself (a path, a mesh text).
-            quoted = (j[:80],) if isinstance(j, str) and j.strip() else ()
+            # A bytes or PathLike path is named by its text, as Python's own file errors name it.
+            named = os.fsdecode(os.fspath(j)) if isinstance(j, (bytes, os.PathLike)) else j
+            quoted = (named[:80],) if isinstance(named, str) and named.strip() else ()
             status, _ = _attempt_api(counts, lambda: fn(env, j), repro, places + ("@mlp", "%x") + quoted, timeout)
             if status == "ok":
                 counts.accepted += 1
