@@ -214,6 +214,7 @@ def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str,
     """Names (missing and unknown), shapes and dtypes of global arrays against ``want``
     (name -> the value whose type they must have)."""
     from ..backend.common import numpy_dtype_name
+    from .launch import _as_numpy
 
     listing = ", ".join(f"%{n}: {v.type}" for n, v in want.items()) or "none"
     unknown = [k for k in given if k not in want]
@@ -228,11 +229,8 @@ def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str,
         raise LaunchError(f"launch: {where} {' and '.join(parts)}; the program's {kind}s are {listing}{how}")
     for name, a in given.items():
         t = want[name].type
-        arr = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
-        try:
-            got = numpy_dtype_name(arr) if isinstance(arr, np.ndarray) else str(arr.dtype).replace("torch.", "")
-        except Exception:  # noqa: BLE001 -- an unusual array type: its dtype text
-            got = str(arr.dtype)
+        arr = _as_numpy(a)
+        got = numpy_dtype_name(arr)
         if tuple(arr.shape) != tuple(t.shape) or got != t.dtype.name:
             raise LaunchError(f"launch: {where}['{name}'] is {got}[{','.join(map(str, arr.shape))}] but the "
                               f"program's {kind} %{name} is {t}; pass the global array (launch cuts it per "
