@@ -201,12 +201,13 @@ def _per_step_inputs(inputs: Any) -> list[Mapping[str, Any]]:
 
 
 def _what(x: Any) -> str:
+    from ..backend.common import describe_value
+
     if isinstance(x, (str, bytes)):
         return f"the {type(x).__name__} {x[:40]!r}"
     if isinstance(x, Sequence) and len(x) == 0:
         return f"an empty {type(x).__name__}"
-    name = type(x).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    return describe_value(x)
 
 
 def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str, kind: str,
