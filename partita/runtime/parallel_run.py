@@ -96,11 +96,11 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     from .launch import _torchrun_env, check_spawnable
 
     mesh = _check_program(program)
-    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int) or nproc != mesh.size):
-        if isinstance(nproc, bool) or not isinstance(nproc, int):
-            raise LaunchError(f"launch: nproc must be an int equal to the mesh size, got {nproc!r} (a "
-                              f"{type(nproc).__name__}); the program's mesh {mesh} has {mesh.size} ranks: pass "
-                              f"nproc={mesh.size}, or leave nproc out")
+    if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int)):
+        raise LaunchError(f"launch: nproc must be an int equal to the mesh size, got {nproc!r} (a "
+                          f"{type(nproc).__name__}); the program's mesh {mesh} has {mesh.size} ranks: pass "
+                          f"nproc={mesh.size}, or leave nproc out")
+    if nproc is not None and nproc != mesh.size:
         raise LaunchError(f"launch: nproc={nproc} but the program's mesh {mesh} has {mesh.size} ranks; "
                           f"use nproc={mesh.size}, or parallelize for a mesh of {nproc} ranks")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
