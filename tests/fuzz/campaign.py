@@ -396,8 +396,19 @@ def _shape_text(rng: random.Random, huge: bool) -> str:
     return ",".join(dims)
 
 
-def _nested(rng: random.Random, depth: int, leaf: str) -> str:
+def _nested(depth: int, leaf: str) -> str:
     return "[" * depth + leaf + "]" * depth
+
+
+def _constant_line(name: str, dt: str, shape: str, lit: str) -> str:
+    """A ``constant`` of the dense literal ``lit``, as a line of a graph body."""
+    return f"  %{name} = constant() {{value=dense<{dt}[{shape}], {lit}>}} : {dt}[{shape}]"
+
+
+def _full_line(name: str, lit: str, shape: str, dt: str | None = None) -> str:
+    """A ``full`` of ``lit`` (of ``dt``; f32 with no dtype attribute when None), as a line."""
+    dtype = f", dtype={dt}" if dt else ""
+    return f"  %{name} = full() {{value={lit}, shape=[{shape}]{dtype}}} : {dt or 'f32'}[{shape}]"
 
 
 def _insert_before_return(text: str, line: str) -> str:
@@ -484,21 +495,18 @@ def mutate_pir(rng: random.Random, text: str, vocab: Sequence[str], token_re: An
         depth = rng.choice(NESTING)
         where = rng.random()
         if where < 0.4:
-            line = (f"  %zn = constant() {{value=dense<f32[1], {_nested(rng, depth, '1.0')}>}} : f32[1]")
+            line = _constant_line("zn", "f32", "1", _nested(depth, "1.0"))
         elif where < 0.7:
-            line = f"  %zn = sum(%{_first_input(text)}) {{axes={_nested(rng, depth, '0')}}} : f32[]"
+            line = f"  %zn = sum(%{_first_input(text)}) {{axes={_nested(depth, '0')}}} : f32[]"
         else:
-            line = f"  %zn = full() {{value={_nested(rng, depth, '1')}, shape=[1]}} : f32[1]"
+            line = _full_line("zn", _nested(depth, "1"), "1")
         return _insert_before_return(text, line), kind
     if kind == "splat":
         dt = rng.choice(DTYPE_NAMES)
         shape = _shape_text(rng, huge=True)
         op = rng.choice(("constant", "full"))
         lit = _literal_for(rng, dt) if rng.random() < 0.3 else ("true" if dt == "bool" else "1")
-        if op == "constant":
-            line = f"  %zs = constant() {{value=dense<{dt}[{shape}], {lit}>}} : {dt}[{shape}]"
-        else:
-            line = f"  %zs = full() {{value={lit}, shape=[{shape}], dtype={dt}}} : {dt}[{shape}]"
+        line = _constant_line("zs", dt, shape, lit) if op == "constant" else _full_line("zs", lit, shape, dt)
         return _insert_before_return(text, line), kind
     if kind == "range":
         dt = rng.choice(DTYPE_NAMES)
@@ -506,19 +514,18 @@ def mutate_pir(rng: random.Random, text: str, vocab: Sequence[str], token_re: An
         lits = [_literal_for(rng, dt) for _ in range(max(n, 1))]
         lit = lits[0] if n == 0 else "[" + ", ".join(lits[:n]) + "]"
         shape = "" if n == 0 else str(n)
-        line = f"  %zr = constant() {{value=dense<{dt}[{shape}], {lit}>}} : {dt}[{shape}]"
+        line = _constant_line("zr", dt, shape, lit)
         return _insert_before_return(text, line), kind
     if kind == "full":
         dt = rng.choice(DTYPE_NAMES)
-        line = f"  %zf = full() {{value={_literal_for(rng, dt)}, shape=[2], dtype={dt}}} : {dt}[2]"
+        line = _full_line("zf", _literal_for(rng, dt), "2", dt)
         return _insert_before_return(text, line), kind
     if kind == "cast":
         src, dst = rng.choice(DTYPE_NAMES), rng.choice(DTYPE_NAMES)
         lit = _literal_for(rng, dst) if rng.random() < 0.7 else _literal_for(rng, src)
         attrs = rng.choice(("", ", saturate=false", ", round_mode=\"down\"", ", round_mode=\"nearest\"",
                             ", saturate=1", ", round_mode=\"sideways\""))
-        body = (f"  %zc0 = constant() {{value=dense<{src}[1], [{lit}]>}} : {src}[1]\n"
-                f"  %zc1 = cast(%zc0) {{dtype={dst}{attrs}}} : {dst}[1]")
+        body = _constant_line("zc0", src, "1", f"[{lit}]") + f"\n  %zc1 = cast(%zc0) {{dtype={dst}{attrs}}} : {dst}[1]"
         return _insert_before_return(text, body), kind
     if kind == "mesh":
         m = re.search(r" mesh\([^)]*\)", text)
