@@ -144,19 +144,6 @@ class Counts:
             if len(repr(reproducer)) < len(repr(v.reproducer)):
                 v.reproducer, v.message = reproducer, message[:2000]
 
-    def merge(self, other: "Counts") -> None:
-        self.cases += other.cases
-        self.accepted += other.accepted
-        self.clean += other.clean
-        self.seconds += other.seconds
-        for k, n in other.notes.items():
-            self.notes[k] = self.notes.get(k, 0) + n
-        for sig, v in other.violations.items():
-            if sig in self.violations:
-                self.violations[sig].count += v.count
-            else:
-                self.violations[sig] = v
-
     def to_json(self) -> dict:
         return {"target": self.target, "cases": self.cases, "accepted": self.accepted, "clean_errors": self.clean,
                 "violations": self.n_violations, "distinct_violations": len(self.violations),
@@ -1412,14 +1399,12 @@ def target_cli(seed: int = 0, cases: int | None = 40, seconds: float | None = No
             sub = (i < subprocesses) if cases is not None else (i % 10 == 0)
             if argv[0] in ("run", "train") and not sub:
                 sub = _is_big(files.get("m.pir", b""))
-            n_before = counts.n_violations
             check_cli(counts, argv, files, cwd, sub, timeout if sub else min(timeout, 30.0))
             if sub:
                 counts.note("subprocess cases")
             for f in list(cwd.iterdir()):
                 if f.is_file():
                     f.unlink()
-            del n_before
     counts.seconds = time.monotonic() - start
     return counts
 
@@ -1440,17 +1425,6 @@ def _is_big(text: bytes) -> bool:
 TARGET_FUNCS: dict[str, Callable[..., Counts]] = {
     "pir": target_pir, "onnx": target_onnx, "api": target_api, "graphs": target_graphs, "cli": target_cli,
 }
-
-
-def run_campaign(targets: Sequence[str] = TARGETS, seed: int = 0, seconds_per_target: float | None = None,
-                 cases: dict[str, int] | None = None) -> dict[str, Counts]:
-    out = {}
-    for t in targets:
-        if seconds_per_target is not None:
-            out[t] = TARGET_FUNCS[t](seed=seed, cases=None, seconds=seconds_per_target)
-        else:
-            out[t] = TARGET_FUNCS[t](seed=seed, cases=(cases or {}).get(t, 50))
-    return out
 
 
 def table(results: dict[str, Counts]) -> str:
