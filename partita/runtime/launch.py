@@ -74,9 +74,9 @@ class RankFailure(PartitaError):
     """A rank raised, died, stopped, or lost a peer. ``rank``, ``step`` (None: before the
     first step) and ``kind`` ("error", "died", "stuck": alive but stopped, or never reaching
     a collective its peers waited for, or "collective": it lost a peer) describe the first
-    failure; ``others``
-    maps each other rank that did not finish to what became of it; ``remote_traceback`` is
-    the failing rank's Python traceback when it sent one (spawned ranks)."""
+    failure; ``others`` maps each other rank that did not finish to what became of it;
+    ``remote_traceback`` is the failing rank's Python traceback when it sent one (spawned
+    ranks)."""
 
     def __init__(self, message: str, rank: int, step: int | None, kind: str,
                  others: Mapping[int, str] | None = None, remote_traceback: str | None = None) -> None:
