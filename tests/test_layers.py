@@ -14,6 +14,7 @@ import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -117,11 +118,23 @@ def imports_of(module: str, path: Path, source: str, modules: set[str], is_packa
     return out
 
 
+def package_imports(root: Path) -> Iterator[tuple[str, Path, list[Import]]]:
+    """Every module of the package under ``root``: its name, its file and its imports."""
+    files = module_files(root)
+    names = set(files)
+    for module, path in files.items():
+        yield module, path, imports_of(module, path, path.read_text(), names, path.name == "__init__.py", root)
+
+
+def _no_layer(module: str) -> str:
+    return f"{module} is in no layer; add its folder to ORDER in tests/test_layers.py"
+
+
 def rule_for(src: str, target: str) -> str | None:
     """The rule that an import of ``target`` by a module of layer ``src`` breaks, or None."""
     dst = layer_of(target)
     if dst is None:
-        return f"{target} is in no layer; add its folder to ORDER in tests/test_layers.py"
+        return _no_layer(target)
     if dst == src:
         return None
     i, j = ORDER.index(src), ORDER.index(dst)
@@ -137,16 +150,13 @@ def rule_for(src: str, target: str) -> str | None:
 def check(root: Path, exceptions=KNOWN_EXCEPTIONS) -> tuple[list[Violation], list[tuple[str, str, str]]]:
     """The violations in the package under ``root`` (less the known exceptions), and the known
     exceptions that no longer occur."""
-    files = module_files(root)
-    names = set(files)
     found: list[Violation] = []
-    for module, path in files.items():
+    for module, path, imps in package_imports(root):
         src = layer_of(module)
         if src is None:
-            found.append(Violation(Import(module, str(path.relative_to(root)), 1, module),
-                                   f"{module} is in no layer; add its folder to ORDER in tests/test_layers.py"))
+            found.append(Violation(Import(module, str(path.relative_to(root)), 1, module), _no_layer(module)))
             continue
-        for imp in imports_of(module, path, path.read_text(), names, path.name == "__init__.py", root):
+        for imp in imps:
             rule = rule_for(src, imp.target)
             if rule is not None:
                 found.append(Violation(imp, rule))
@@ -159,10 +169,9 @@ def check(root: Path, exceptions=KNOWN_EXCEPTIONS) -> tuple[list[Violation], lis
 
 def edges(root: Path) -> dict[tuple[str, str], int]:
     """How many imports go from each layer to each other layer."""
-    files = module_files(root)
     out: dict[tuple[str, str], int] = {}
-    for module, path in files.items():
-        for imp in imports_of(module, path, path.read_text(), set(files), path.name == "__init__.py", root):
+    for module, _path, imps in package_imports(root):
+        for imp in imps:
             a, b = layer_of(module), layer_of(imp.target)
             if a != b:
                 out[(str(a), str(b))] = out.get((str(a), str(b)), 0) + 1
