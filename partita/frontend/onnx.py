@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -93,20 +94,17 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
     if t.HasField("segment"):
         raise OnnxImportError(f"{what}: segmented tensors (TensorProto.segment) are not supported")
     count, kind = math.prod(dims), _type_name(t.data_type)
-    source = "raw_data"
+    # The data's bytes, read once: each read of a bytes field copies it out of the message.
+    raw: bytes | None = None
     if t.data_location == tp.EXTERNAL:
-        raw = _external_bytes(t, what, base_dir)
-        t2 = tp()
-        t2.CopyFrom(t)
-        t2.data_location = tp.DEFAULT
-        del t2.external_data[:]
-        t2.raw_data = raw
-        t, source = t2, "its external data"
-    if t.HasField("raw_data"):
+        raw, source = _external_bytes(t, what, base_dir), "its external data"
+    elif t.HasField("raw_data"):
+        raw, source = t.raw_data, "raw_data"
+    if raw is not None:
         # 4- and 2-bit types are packed two and four to a byte.
         need = (count * dtype.bits + 7) // 8
-        if len(t.raw_data) != need:
-            raise OnnxImportError(f"{what}: {source} holds {len(t.raw_data)} bytes, but dims {dims} of {kind} "
+        if len(raw) != need:
+            raise OnnxImportError(f"{what}: {source} holds {len(raw)} bytes, but dims {dims} of {kind} "
                                   f"need {need}; the tensor is corrupt or truncated")
     else:
         field = onnx.helper.tensor_dtype_to_field(t.data_type)
@@ -117,12 +115,29 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
             raise OnnxImportError(f"{what}: {field} holds {have} values, but dims {dims} of {kind} need {need} "
                                   "(and there is no raw_data); the tensor is corrupt or truncated")
     try:
-        arr = onnx.numpy_helper.to_array(t)
+        arr = onnx.numpy_helper.to_array(t) if raw is None else _raw_array(t, raw, dtype, dims)
     except Exception as e:
         raise OnnxImportError(f"{what}: onnx cannot read the tensor: {e}") from None
     if tuple(arr.shape) != tuple(dims):
         raise OnnxImportError(f"{what}: the data reads as shape {list(arr.shape)}, not its dims {dims}")
     return arr
+
+
+def _raw_array(t: Any, raw: bytes, dtype: dt.DType, dims: list[int]) -> np.ndarray:
+    """The array of tensor ``t`` whose data is ``raw`` (its raw_data or external bytes), as
+    onnx.numpy_helper.to_array reads it. Whole-byte types on a little-endian host are a view
+    of ``raw``; the rest (packed 4- and 2-bit types, byte swapping) go through onnx."""
+    onnx = _onnx()
+    if dtype.bits >= 8 and sys.byteorder == "little":
+        return np.frombuffer(raw, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(dims)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        t2 = onnx.TensorProto()
+        t2.CopyFrom(t)
+        t2.data_location = onnx.TensorProto.DEFAULT
+        del t2.external_data[:]
+        t2.raw_data = raw
+        t = t2
+    return onnx.numpy_helper.to_array(t)
 
 
 def _external_bytes(t: Any, what: str, base_dir: str | None) -> bytes:
