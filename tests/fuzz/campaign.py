@@ -58,6 +58,7 @@ REPO = _TESTS.parent
 import numpy as np  # noqa: E402
 
 import partita  # noqa: E402
+from partita.cli.common import to_numpy  # noqa: E402  (torch tensors, bf16 included)
 from partita.ir import PartitaError  # noqa: E402
 
 TARGETS = ("pir", "onnx", "api", "graphs", "cli")
@@ -208,23 +209,6 @@ def attempt(counts: Counts, fn: Callable[[], Any], reproducer: dict, places: Ite
 # --- comparing outputs ----------------------------------------------------------------------
 
 _TOL = {"f64": (1e-9, 1e-12), "f32": (1e-4, 1e-5), "f16": (1e-2, 1e-3), "bf16": (2e-2, 1e-2)}
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        torch = None
-    if torch is not None and isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        if x.dtype == torch.bfloat16:
-            import ml_dtypes
-            return x.float().numpy().astype(ml_dtypes.bfloat16)
-        try:
-            return x.numpy()
-        except TypeError:
-            return x.to(torch.int64).numpy()
-    return np.asarray(x)
 
 
 def compare(a: Any, b: Any, dtype_name: str) -> str | None:
