@@ -205,12 +205,19 @@ def dp_step():
     return setup(training("mesh(dp=2)"), steps=1, seed=4)
 
 
-def test_a_rank_that_raises(dp_step):
+def _failing_run(dp_step, steps, timeout_s, fault):
+    """Run ``dp_step`` on dp=2 with ``fault`` injected: the RankFailure and the seconds it took."""
     local, weights, inputs = dp_step
     t = time.monotonic()
     with pytest.raises(RankFailure) as e:
-        run_ranks(local, "dp=2", weights, inputs[0], steps=3, timeout_s=20, _fault=(1, 1, "raise"))
-    assert time.monotonic() - t < 30
+        run_ranks(local, "dp=2", weights, inputs[0], steps=steps, timeout_s=timeout_s, _fault=fault)
+    return e, time.monotonic() - t
+
+
+def test_a_rank_that_raises(dp_step):
+    local = dp_step[0]
+    e, secs = _failing_run(dp_step, 3, 20, (1, 1, "raise"))
+    assert secs < 30
     msg = str(e.value)
     assert (e.value.rank, e.value.step, e.value.kind) == (1, 1, "error")
     assert msg.startswith("rank 1 (dp=1 on mesh(dp=2)) raised at step 1: ExecutionError: %a = matmul at "), msg
@@ -235,11 +242,8 @@ def test_a_rank_that_dies(dp_step, kind, how):
 def test_a_stalled_peer_is_named_as_the_rank_that_did_not_reach_the_collective(dp_step):
     # Rank 1 sleeps (alive, heartbeat running) while rank 0 waits in the gradient all_reduce:
     # the report blames rank 1, which entered fewer collectives, not rank 0 that lost it.
-    local, weights, inputs = dp_step
-    t = time.monotonic()
-    with pytest.raises(RankFailure) as e:
-        run_ranks(local, "dp=2", weights, inputs[0], steps=2, timeout_s=4, _fault=(1, 0, "stall"))
-    assert time.monotonic() - t < 4 + 15
+    e, secs = _failing_run(dp_step, 2, 4, (1, 0, "stall"))
+    assert secs < 4 + 15
     msg = str(e.value)
     assert (e.value.rank, e.value.step, e.value.kind) == (1, 0, "stuck"), msg
     assert msg.startswith("rank 1 (dp=1 on mesh(dp=2)) is stuck at step 0: it is running but did not reach "
@@ -253,11 +257,8 @@ def test_a_stalled_peer_is_named_as_the_rank_that_did_not_reach_the_collective(d
 def test_a_stopped_rank_is_named_within_the_timeout_bound(dp_step):
     # SIGSTOP freezes the whole rank (its heartbeat too); it is reported, not the peer that
     # lost it, within timeout_s plus a few seconds, and killed although it is stopped.
-    local, weights, inputs = dp_step
-    t = time.monotonic()
-    with pytest.raises(RankFailure) as e:
-        run_ranks(local, "dp=2", weights, inputs[0], steps=3, timeout_s=4, _fault=(1, 1, "stop"))
-    assert time.monotonic() - t < 4 + 15
+    e, secs = _failing_run(dp_step, 3, 4, (1, 1, "stop"))
+    assert secs < 4 + 15
     msg = str(e.value)
     assert (e.value.rank, e.value.step, e.value.kind) == (1, 1, "stuck"), msg
     assert msg.startswith("rank 1 (dp=1 on mesh(dp=2)) is stuck at step 1: the process is alive but has not run "
