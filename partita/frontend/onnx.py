@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import numpy as np
 
@@ -1405,7 +1405,10 @@ class _Importer:
     def run(self, input_shapes: dict[str, Sequence[int]], static: dict[str, np.ndarray]) -> Graph:
         g = self.proto.graph
         unknown: dict[str, list[str]] = {}
+        readers: dict[str, Any] = {}  # the first node that reads each name, for the initializers' errors
         for i, node in enumerate(g.node):
+            for name in node.input:
+                readers.setdefault(name, node)
             if node.domain not in ("", "ai.onnx") or node.op_type not in ONNX_TO_PARTITA:
                 op = node.op_type or "(empty op_type)"
                 key = op if node.domain in ("", "ai.onnx") else f"{node.domain}::{op}"
@@ -1417,26 +1420,17 @@ class _Importer:
         if not g.output:
             raise OnnxImportError(f"{self.where}: the graph declares no outputs; a model returns at least one value")
         taken: set[str] = set()
-        readers: dict[str, str] = {}
-        for node in g.node:
-            for name in node.input:
-                readers.setdefault(name, f"node '{node.name or '<unnamed>'}' ({node.op_type})")
         inits: dict[str, np.ndarray] = {}
         for k, t in enumerate(g.initializer):
-            if not t.name:
-                raise OnnxImportError(f"{self.where}: initializer #{k + 1} has no name; every initializer needs one")
-            if t.name in inits:
-                raise OnnxImportError(f"{self.where}: initializer '{t.name}' is defined twice; "
-                                      "ONNX value names must be unique")
-            what = f"{self.where}: initializer '{t.name}'" + (f", read by {readers[t.name]}" if t.name in readers else "")
+            self._check_name(t.name, k, inits, "initializer", "defined")
+            what = f"{self.where}: initializer '{t.name}'"
+            if t.name in readers:
+                reader = readers[t.name]
+                what += f", read by node '{reader.name or '<unnamed>'}' ({reader.op_type})"
             inits[t.name] = _tensor_array(t, what, self.base_dir)
         seen: set[str] = set()
         for k, vi in enumerate(g.input):
-            if not vi.name:
-                raise OnnxImportError(f"{self.where}: graph input #{k + 1} has no name; every input needs one")
-            if vi.name in seen:
-                raise OnnxImportError(f"{self.where}: graph input '{vi.name}' is declared twice; "
-                                      "ONNX value names must be unique")
+            self._check_name(vi.name, k, seen, "graph input", "declared")
             seen.add(vi.name)
         for name in static:
             if name not in seen or name in inits:
@@ -1487,6 +1481,13 @@ class _Importer:
             outs.append(self.values[vi.name])
         self.b.ret(*outs)
         return self.graph
+
+    def _check_name(self, name: str, k: int, seen: Container[str], what: str, verb: str) -> None:
+        """Entry ``k`` of the graph's initializers or inputs has a name, not one of ``seen``."""
+        if not name:
+            raise OnnxImportError(f"{self.where}: {what} #{k + 1} has no name; every {what.split()[-1]} needs one")
+        if name in seen:
+            raise OnnxImportError(f"{self.where}: {what} '{name}' is {verb} twice; ONNX value names must be unique")
 
     def _convert(self, i: int, node: Any, expected: dict[str, Any]) -> None:
         loc = Location(self.where, i + 1)
