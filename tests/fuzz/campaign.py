@@ -38,6 +38,7 @@ import os
 import random
 import re
 import resource
+import shlex
 import signal
 import subprocess
 import sys
@@ -1293,7 +1294,7 @@ def check_cli(counts: Counts, argv: Sequence[str], files: dict[str, bytes], cwd:
     for name, data in files.items():
         (cwd / name).write_bytes(data)
     rc, err = (run_cli_subprocess(argv, cwd, timeout) if subprocess_ else run_cli_inprocess(argv, timeout))
-    repro = {"argv": "partita " + " ".join(_shell_quote(a) for a in argv)}
+    repro = {"argv": "partita " + shlex.join(argv)}
     for name, data in files.items():
         try:
             repro[name] = data.decode("utf-8") if name.endswith(".pir") else base64.b64encode(data).decode()
@@ -1320,10 +1321,6 @@ def _traceback_sig(err: str) -> str:
     mine = [f for f in frames if "/partita/" in f[0]]
     f = (mine or frames or [("?", "0")])[-1]
     return f"{os.path.basename(f[0])}:{f[1]}"
-
-
-def _shell_quote(a: str) -> str:
-    return a if re.fullmatch(r"[\w./=:,@%+-]+", a) else "'" + a.replace("'", "'\\''") + "'"
 
 
 def cli_case(rng: random.Random, seeds: Sequence[str], vocab: Sequence[str], token_re: Any,
