@@ -16,16 +16,11 @@ from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaE
                  VerifyError, Weights, parse_file, verify)
 from .ir import parse as _parse, print_graph as _print_graph
 from .ir import dtypes  # noqa: F401
+from .ir.diagnostics import given as _given
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 
 __version__ = "0.1.0"
-
-
-def _given(x: Any) -> str:
-    """``x`` as an error message shows what was given: its repr (cut short) and its type."""
-    r = repr(x)
-    return f"{r if len(r) <= 60 else r[:57] + '...'} ({type(x).__name__})"
 
 
 def _check_path(fn: str, path: Any, what: str, error: type = PartitaError) -> None:

@@ -72,3 +72,9 @@ def suggest(name: str, candidates) -> str:
 
     close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def given(x: object) -> str:
+    """``x`` as an error message shows what was given: its repr (cut short) and its type."""
+    r = repr(x)
+    return f"{r if len(r) <= 60 else r[:57] + '...'} ({type(x).__name__})"
