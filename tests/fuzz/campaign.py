@@ -59,7 +59,6 @@ REPO = _TESTS.parent
 import numpy as np  # noqa: E402
 
 import partita  # noqa: E402
-from partita.cli.common import to_numpy  # noqa: E402  (torch tensors, bf16 included)
 from partita.ir import PartitaError  # noqa: E402
 
 TARGETS = ("pir", "onnx", "api", "graphs", "cli")
@@ -210,6 +209,16 @@ def attempt(counts: Counts, fn: Callable[[], Any], reproducer: dict, places: Ite
 # --- comparing outputs ----------------------------------------------------------------------
 
 _TOL = {"f64": (1e-9, 1e-12), "f32": (1e-4, 1e-5), "f16": (1e-2, 1e-3), "bf16": (2e-2, 1e-2)}
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """An output as a NumPy array: a torch tensor through the torch executor's own conversion
+    (bf16 and float8 included), anything else through ``np.asarray``."""
+    if hasattr(x, "detach"):
+        from partita.backend.torch_exec import to_numpy as torch_to_numpy
+
+        return torch_to_numpy(x)
+    return np.asarray(x)
 
 
 def compare(a: Any, b: Any, dtype_name: str) -> str | None:
