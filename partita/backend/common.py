@@ -139,6 +139,19 @@ def host_array(v: Value, a: Any) -> np.ndarray:
     return arr
 
 
+def as_numpy(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array: an array as it is, a torch tensor through the torch executor's
+    ``to_numpy`` (bf16 and float8 included; torch_exec is imported only then), anything else
+    through ``np.asarray``. No checks: for values partita made or was given as arrays."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):
+        from .torch_exec import to_numpy
+
+        return to_numpy(x)
+    return np.asarray(x)
+
+
 def _input_label(v: Value) -> str:
     return f"input %{v.name} ({v.role})"
 

@@ -241,17 +241,6 @@ def float_arg(low: float, above: bool = False) -> Callable[[str], float]:
     return parse
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """A NumPy array from a NumPy array or a torch tensor (bf16 included)."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):
-        from ..backend.torch_exec import to_numpy as torch_to_numpy
-
-        return torch_to_numpy(x)
-    return np.asarray(x)
-
-
 def summary_fields(a: np.ndarray, first: int = 4) -> list[str]:
     """min, max, mean, std and the first few values of an array, as display strings.
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.common import as_numpy
 from ..ir.graph import Graph
 from .common import (DEFAULT_PIPELINE, DEMO_MODEL, EXIT_ERROR, EXIT_OK, CLIError, Section, compare,
                      display_name, format_table, pass_manager, random_inputs, require_weights, seed_arg, short,
-                     summary_fields, to_numpy, weights_path)
+                     summary_fields, weights_path)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -67,7 +68,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results: dict[tuple[str, str], list[np.ndarray]] = {}
     for label, g in (("before", before), ("after", after)):
         for backend in ("numpy", "torch"):
-            results[label, backend] = [to_numpy(o) for o in run(g, inputs, backend=backend)]
+            results[label, backend] = [as_numpy(o) for o in run(g, inputs, backend=backend)]
     say.title(f"outputs on the same random inputs (seed {args.seed})")
     rows = []
     for label, backend in results:

@@ -7,9 +7,9 @@ import argparse
 import time
 from typing import Any
 
+from ..backend.common import as_numpy
 from . import run_parallel
-from .common import (EXIT_OK, display_name, format_table, random_inputs, require_weights, seed_arg, summary_fields,
-                     to_numpy)
+from .common import EXIT_OK, display_name, format_table, random_inputs, require_weights, seed_arg, summary_fields
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "torch":
         import torch  # noqa: F401  (imported here so the time below is the run, not the import)
     t0 = time.perf_counter()
-    outs = [to_numpy(o) for o in run(graph, inputs, backend=args.backend)]
+    outs = [as_numpy(o) for o in run(graph, inputs, backend=args.backend)]
     elapsed = time.perf_counter() - t0
     print(f"@{graph.name} on {args.backend} ({len(graph)} nodes, random inputs with seed {args.seed}, "
           f"{elapsed * 1e3:.1f} ms)")

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..backend.common import as_numpy
 from ..ir.diagnostics import WeightsError
 from ..ir.dtypes import DType, DTYPES, from_numpy
 from ..ir.graph import Graph, input_name
@@ -171,7 +172,7 @@ class ShardLayout:
                                   f"({', '.join(arrays) or 'none'})")
         specs = []
         for name, a in arrays.items():
-            arr = _as_array(a)
+            arr = as_numpy(a)
             try:
                 dt = from_numpy(arr.dtype)
             except KeyError:
@@ -290,7 +291,7 @@ def write_shard(ckpt_dir: "str | os.PathLike", step: int, layout: ShardLayout, r
                 raise CheckpointError(f"rank {rank}: local_weights lacks weight '{w.name}', whose piece this "
                                       f"rank stores; pass every param/state piece the rank holds")
             continue
-        arr = _as_array(local_weights[w.name])
+        arr = as_numpy(local_weights[w.name])
         want = layout.local_shape(w)
         if tuple(arr.shape) != want or arr.dtype != w.dtype.np:
             got_dt = _dtype_name(arr.dtype)
@@ -659,16 +660,6 @@ class _ShardFile:
 def _check_step(step: int) -> None:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"a checkpoint step is a non-negative integer, got {step!r}")
-
-
-def _as_array(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):
-        from ..backend.torch_exec import to_numpy  # torch only when torch tensors are saved
-
-        return to_numpy(x)
-    return np.asarray(x)
 
 
 def _dtype_name(dt: np.dtype) -> str:
