@@ -8,11 +8,13 @@ path, which is the definition of the language and produces every error message.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .attrs import DenseAttr, check_size
@@ -23,12 +25,17 @@ from .mesh import Mesh
 from .placement import Placement, PlacementError
 from .types import Location, TensorType
 
+# A number as the lexer reads it (its "number" token, but for -inf); the runs of values in
+# dense literals (below) read their values with the same text, so both agree on every value.
+_INT_TEXT = r"-?[0-9]+"
+_FLOAT_TEXT = r"-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+)"
+
 _TOKEN = re.compile(
     r"""
      (?P<ws>(?:[ \t\r\n]+|//[^\n]*)+)
     |(?P<value>%[A-Za-z0-9_.]+)
     |(?P<gname>@[A-Za-z0-9_.]+)
-    |(?P<number>-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+)|-inf\b)
+    |(?P<number>""" + _FLOAT_TEXT + r"""|-inf\b)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
     |(?P<string>"(?:[^"\\\n]|\\.)*")
     |(?P<arrow>->)
@@ -66,8 +73,6 @@ MAX_DEPTH = 64
 # dominate the text): integers, or finite float numbers; each must end where a token ends.
 # Anything else (inf, nan, a comment, a bad value) ends the run and takes the token path.
 _END_OF_VALUE = r"(?=[ \t\r\n,\]])"
-_INT_TEXT = r"-?[0-9]+"
-_FLOAT_TEXT = r"-?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+|\.[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+)"
 _INT_RUN = re.compile(r"(?:[ \t\r\n]*,[ \t\r\n]*" + _INT_TEXT + _END_OF_VALUE + ")+")
 _FLOAT_RUN = re.compile(r"(?:[ \t\r\n]*,[ \t\r\n]*" + _FLOAT_TEXT + _END_OF_VALUE + ")+")
 # The values of a matched run (its boundaries are already checked; the alternatives are
@@ -927,26 +932,22 @@ def _float_range(dt) -> str:
     """The finite values of float dtype ``dt``, for messages: ``-448.0..448.0``."""
     if dt.name == "f8e8m0":
         return "powers of two 2**-127..2**127"
-    mx = float(_finfo(dt).max)
+    mx = float(ml_dtypes.finfo(dt.np).max)
     # As the printer writes values: the shortest f32 text below 64 bits (3.4028235e+38).
     s = repr(mx) if dt.bits == 64 else str(np.float32(mx))
     return f"finite values -{s}..{s}"
 
 
-def _finfo(dt):
-    import ml_dtypes
-
-    return ml_dtypes.finfo(dt.np)
-
-
+@functools.cache
 def _saturating_limit(dt) -> float | None:
     """For a float dtype whose NumPy conversion saturates (f4e2m1: 1e6 becomes 6.0), the
     magnitude from which a value rounds (to nearest even) beyond the largest finite value;
-    None when the conversion itself overflows to inf or NaN."""
+    None when the conversion itself overflows to inf or NaN. Cached: one per dtype, while
+    dense literals ask for it once each."""
     with np.errstate(all="ignore"):
         if not np.isfinite(np.array(np.inf).astype(dt.np).astype(np.float64)):
             return None
-    fi = _finfo(dt)
+    fi = ml_dtypes.finfo(dt.np)
     mx = float(fi.max)
     return mx + 2.0 ** (math.floor(math.log2(mx)) - fi.nmant) / 2
 
