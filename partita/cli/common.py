@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.diagnostics import PartitaError, WeightsError
 from ..ir.graph import Graph, Value, input_name
+from ..ir.types import TensorType
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -168,17 +169,25 @@ def random_array(v: Value, make: Callable[[], np.ndarray]) -> np.ndarray:
     is more than NumPy can hold (over 64 dims) or than this machine's memory can (the random
     numbers are drawn in 64 bits before they are cast)."""
     t = v.type
-    need = t.numel * max(8, t.dtype.itemsize)
-    memory = _physical_memory()
-    if memory is not None and need > memory:
-        raise CLIError(f"input %{input_name(v)} is {t}: {_bytes(need)} of random values, more than this "
-                       f"machine's {_bytes(memory)} of memory; give it a smaller shape")
+    too_big = too_big_for_memory(t, 8)
+    if too_big:
+        raise CLIError(f"input %{input_name(v)} is {t}: {too_big}; give it a smaller shape")
     try:
         return make()
     except (ValueError, MemoryError) as e:
         raise CLIError(f"input %{input_name(v)} is {t}: NumPy cannot make random values of that shape "
                        f"({type(e).__name__}: {e or 'out of memory'}); give it a smaller shape, of at most "
                        "64 dims") from None
+
+
+def too_big_for_memory(t: TensorType, drawn_itemsize: int) -> str | None:
+    """Why random values of type ``t``, drawn ``drawn_itemsize`` bytes each before their cast,
+    are more than this machine's memory holds; None when they fit (or the memory is unknown)."""
+    need = t.numel * max(drawn_itemsize, t.dtype.itemsize)
+    memory = _physical_memory()
+    if memory is not None and need > memory:
+        return f"{_bytes(need)} of random values, more than this machine's {_bytes(memory)} of memory"
+    return None
 
 
 def _physical_memory() -> int | None:

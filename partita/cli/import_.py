@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from ..ir.diagnostics import WeightsError
 from ..ir.graph import Graph
-from .common import EXIT_OK, CLIError, _bytes, _physical_memory, seed_arg, weight_problems, weights_path
+from .common import EXIT_OK, CLIError, seed_arg, too_big_for_memory, weight_problems, weights_path
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -112,11 +112,8 @@ def example_tensors(types: list[str], seed: int) -> list[Any]:
                            "cast and data movement only); a PyTorch module's example input needs a type torch "
                            "computes with, e.g. f32, bf16, i64 or bool")
         shape = tuple(t.shape)
-        need = t.numel * max(4, t.dtype.itemsize)
-        memory = _physical_memory()
-        if t.rank > 64 or (memory is not None and need > memory):
-            why = (f"{t.rank} dims, more than the 64 a tensor may have" if t.rank > 64 else
-                   f"{_bytes(need)} of random values, more than this machine's {_bytes(memory or 0)} of memory")
+        why = f"{t.rank} dims, more than the 64 a tensor may have" if t.rank > 64 else too_big_for_memory(t, 4)
+        if why:
             raise CLIError(f"--example #{i + 1} {text!r}: {why}; give it a smaller shape")
         try:
             if t.dtype.is_float:
