@@ -133,13 +133,6 @@ class _Job:
     init: str  # "tcp://..." or "env://"
 
 
-def _as_numpy(a: Any) -> np.ndarray:
-    if type(a).__module__.startswith("torch"):
-        from ..backend.torch_exec import to_numpy
-        return to_numpy(a)
-    return np.asarray(a)
-
-
 def _check_rank_arrays(g: Graph, rank: int, weights: Mapping[str, Any], inputs: Mapping[str, Any],
                        where: str) -> None:
     """Names, shapes and dtypes of one rank's arrays against its program's inputs."""
@@ -191,7 +184,9 @@ def _rank_arrays(d: Any, r: int, what: str, mine: int | None) -> dict[str, np.nd
                           + (" (only under torchrun may other ranks' entries be None)" if mine is None else ""))
     if not isinstance(d, Mapping):
         raise LaunchError(f"run_ranks: {what} is a {type(d).__name__}; give a mapping name -> array")
-    return {k: _as_numpy(a) for k, a in d.items()}
+    from ..backend.common import as_numpy
+
+    return {k: as_numpy(a) for k, a in d.items()}
 
 
 BACKENDS = ("auto", "gloo", "nccl")

@@ -214,8 +214,7 @@ def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str,
                   how: str) -> None:
     """Names (missing and unknown), shapes and dtypes of global arrays against ``want``
     (name -> the value whose type they must have)."""
-    from ..backend.common import numpy_dtype_name
-    from .launch import _as_numpy
+    from ..backend.common import as_numpy, numpy_dtype_name
 
     listing = ", ".join(f"%{n}: {v.type}" for n, v in want.items()) or "none"
     unknown = [k for k in given if k not in want]
@@ -230,7 +229,7 @@ def _arrays_check(want: Mapping[str, Any], given: Mapping[str, Any], where: str,
         raise LaunchError(f"launch: {where} {' and '.join(parts)}; the program's {kind}s are {listing}{how}")
     for name, a in given.items():
         t = want[name].type
-        arr = _as_numpy(a)
+        arr = as_numpy(a)
         got = numpy_dtype_name(arr)
         if tuple(arr.shape) != tuple(t.shape) or got != t.dtype.name:
             raise LaunchError(f"launch: {where}['{name}'] is {got}[{','.join(map(str, arr.shape))}] but the "
