@@ -28,12 +28,17 @@ class Zero(DataParallel):
         self.shard(ctx, ctx.axis(self))
 
     def shard(self, ctx: AnnotationContext, axis: str) -> None:
+        from ...autodiff.memory import backward_start
+
         g, mesh = ctx.graph, ctx.mesh
         n = mesh.axis_size(axis)
         updates = [node for node in g.nodes if node.op in UPDATE_OPS]
         if not updates:
             raise StrategyError(f"strategy {self.name} shards the optimizer state, but @{g.name} has no "
                                 "optimizer update; build the graph with partita.training_step(..., optimizer='adamw')")
+        # Found once: the copies gather_point inserts read only their own param, so they do not
+        # change which readers of another param come before the backward section.
+        stop = backward_start(g) if self.stage == 3 else None
         for node in updates:
             p, grad = node.operands[0], node.operands[1]
             tp = ctx.fixed.get(p) or Placement.replicated(p.type.rank)
@@ -56,7 +61,7 @@ class Zero(DataParallel):
             if self.stage == 3:
                 ctx.place(p, sharded)
                 ctx.late[new_p] = sharded
-                gather_point(ctx, p, node, tp)
+                gather_point(ctx, p, node, tp, stop)
             else:
                 ctx.late[new_p] = tp
 
@@ -80,20 +85,19 @@ class Zero3(Zero):
     stage = 3
 
 
-def gather_point(ctx: AnnotationContext, p: Value, update: Node, whole: Placement) -> None:
+def gather_point(ctx: AnnotationContext, p: Value, update: Node, whole: Placement, stop: Node | None) -> None:
     """Every reader of a zero3-sharded param but its update reads a gathered copy: a
     same-shape reshape whose result is annotated whole over the data axis, which the
     partition turns into one all_gather right before the first reader. The forward's
     readers and the backward's get one copy each, as FSDP gathers twice: the forward's
-    copy dies after its last forward reader instead of living until the backward."""
-    from ...autodiff.memory import backward_start
+    copy dies after its last forward reader instead of living until the backward.
+    ``stop``: the first node of the backward section (``backward_start``), or None."""
     from ...ir.builder import Builder
 
     g = ctx.graph
     readers = [u for u in list(p.users) if u is not update]
     if not readers:
         return
-    stop = backward_start(g)
     forward = [u for u in readers if stop is None or u.is_before(stop)]
     backward = [u for u in readers if u not in forward]
     if forward and backward and not _reads_param_between(max(forward, key=lambda u: u._order),
