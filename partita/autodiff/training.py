@@ -13,7 +13,7 @@ each step's new versions back in as the next step's inputs.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from .grad import AutodiffError, grad
 from .optim import apply_adamw, apply_sgd
 
 LOSSES = ("cross_entropy", "mse")
+_OPTIMIZERS: dict[str, Callable[..., Any]] = {"adamw": apply_adamw, "sgd": apply_sgd}
 
 
 def _append_loss(graph: Graph, loss: str, output: int) -> None:
@@ -89,13 +90,14 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
         if not 0 <= loss < len(forward.outputs):
             raise AutodiffError(f"training_step: loss={loss}, but @{forward.name} has {len(forward.outputs)} "
                                 f"output(s); give the index of the output that is the scalar loss")
-    if optimizer is not None and (not isinstance(optimizer, str) or optimizer not in ("adamw", "sgd")):
-        raise AutodiffError(f"training_step: unknown optimizer {optimizer!r:.60}; choose 'adamw' or 'sgd', or None "
-                            f"for the gradients without an update")
+    update = None
     if optimizer is not None:
+        update = _OPTIMIZERS.get(optimizer) if isinstance(optimizer, str) else None
+        if update is None:
+            raise AutodiffError(f"training_step: unknown optimizer {optimizer!r:.60}; choose 'adamw' or 'sgd', or "
+                                f"None for the gradients without an update")
         import inspect
 
-        update = apply_adamw if optimizer == "adamw" else apply_sgd
         known = [p.name for p in list(inspect.signature(update).parameters.values())[1:]
                  if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
         unknown = sorted(set(optimizer_options) - set(known))
@@ -118,12 +120,8 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
     # Before grad, so a spelled-out GELU/SiLU differentiates as one gelu_grad/silu_grad.
     PassManager.parse("fuse-activations", verify_each=False).run(g)
     grad(g, wrt, loss_index=0, unused=unused)
-    if optimizer == "adamw":
-        apply_adamw(g, **optimizer_options)
-    elif optimizer == "sgd":
-        apply_sgd(g, **optimizer_options)
-    elif optimizer is not None:
-        raise AutodiffError(f"unknown optimizer '{optimizer}'; choose 'adamw' or 'sgd'")
+    if update is not None:
+        update(g, **optimizer_options)
     # Clean up what the rules emit one op at a time (transposes of transposes, repeated
     # broadcasts, unused forward values), as any other graph would be. Without an optimizer
     # the gradients are outputs known by their names (<p>.grad), which canonicalize and cse
