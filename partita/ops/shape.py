@@ -389,7 +389,7 @@ def fill_scalar(value, dt: DType):
     beyond the largest finite one, fills exactly what the reference does."""
     if not dt.is_float or dt.bits == 64:
         return value
-    return float(np.asarray(value, dtype=np.float64).astype(dt.np).astype(np.float64))
+    return _rounds_to(value, dt)
 
 
 def _pad_pairs(t: TensorType, pads) -> list[tuple[int, int]]:
@@ -520,12 +520,16 @@ def _iota_infer(ts, a):
     if dt.is_bool:
         raise TypeRuleError("iota: dtype bool cannot hold counts; use an integer or float dtype")
     last = a["shape"][axis] - 1 if a["shape"] else 0
-    if dt.is_int and last > int_range(dt)[1]:
-        raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} "
-                            f"({int_range(dt)[0]}..{int_range(dt)[1]}); use a wider dtype")
-    if dt.is_float and last >= _float_limits(dt)[0]:
-        raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} "
-                            f"({_float_limits(dt)[2]}); use a wider dtype")
+    if dt.is_int:
+        lo, hi = int_range(dt)
+        if last > hi:
+            raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} ({lo}..{hi}); "
+                                f"use a wider dtype")
+    elif dt.is_float:
+        beyond, _, finite_values = _float_limits(dt)
+        if last >= beyond:
+            raise TypeRuleError(f"iota: the counts 0..{last} along axis {axis} do not fit {dt} ({finite_values}); "
+                                f"use a wider dtype")
     return TensorType(a["shape"], a["dtype"])
 
 
