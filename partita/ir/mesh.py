@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..ir.diagnostics import PartitaError
+from .diagnostics import PartitaError
 
 
 class MeshError(PartitaError):

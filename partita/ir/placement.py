@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from ..ir.diagnostics import PartitaError, suggest
+from .diagnostics import PartitaError, suggest
 
 if TYPE_CHECKING:
     from .mesh import Mesh
