@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..ir.attrs import memory_limit
 from ..ir.diagnostics import PartitaError, WeightsError
 from ..ir.graph import Graph, Value, input_name
 from ..ir.types import TensorType
@@ -182,19 +183,12 @@ def random_array(v: Value, make: Callable[[], np.ndarray]) -> np.ndarray:
 
 def too_big_for_memory(t: TensorType, drawn_itemsize: int) -> str | None:
     """Why random values of type ``t``, drawn ``drawn_itemsize`` bytes each before their cast,
-    are more than this machine's memory holds; None when they fit (or the memory is unknown)."""
+    are more than this machine's memory holds (ir.attrs.memory_limit); None when they fit."""
     need = t.numel * max(drawn_itemsize, t.dtype.itemsize)
-    memory = _physical_memory()
-    if memory is not None and need > memory:
+    memory = memory_limit()
+    if need > memory:
         return f"{_bytes(need)} of random values, more than this machine's {_bytes(memory)} of memory"
     return None
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def _bytes(n: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping
 
+from ..ir.diagnostics import given as _given
 from ..ir.graph import Graph
 from ..ir.printer import value_names
 from ..ops.registry import OPS
@@ -54,12 +55,6 @@ def parse_placement(text: str | Placement, rank: int, what: str = "the annotatio
                             f" but the value has {rank} dim(s); give one entry per dim")
     dims = tuple(() if e in ("-", "_", "") else tuple(a.strip() for a in e.split("@")) for e in entries)
     return Placement(dims, partial)
-
-
-def _given(x: Any) -> str:
-    """``x`` as an error message shows what was given: its repr (cut short) and its type."""
-    r = repr(x)
-    return f"{r if len(r) <= 60 else r[:57] + '...'} ({type(x).__name__})"
 
 
 def _as_text(x: Any, rank: int | None = None) -> str:
