@@ -202,6 +202,20 @@ def test_launch_checks_input_names_and_global_shapes():
         partita.launch(prog, 2, [b], weights=dict(w, **{"fc1.weight": w["fc1.weight"].T.copy()}))
 
 
+def test_launch_takes_torch_tensors_as_global_arrays():
+    """Inputs and weights given as torch tensors pass launch's global checks (the check once
+    compared torch's dtype name, float32, with partita's, f32, and refused them)."""
+    from partita.runtime.parallel_run import _check_global_inputs, _check_global_weights
+
+    fwd, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    b = _batches(1)[0]
+    _check_global_inputs(prog, {k: torch.from_numpy(v) for k, v in b.items()}, "inputs[0]")
+    _check_global_weights(prog, {k: torch.from_numpy(np.asarray(v)) for k, v in step.weights.items()})
+    with pytest.raises(LaunchError, match=r"inputs\[0\]\['target'\] is i32\[16\]"):
+        _check_global_inputs(prog, dict(b, target=torch.from_numpy(b["target"].astype(np.int32))), "inputs[0]")
+
+
 def test_launch_resumes_into_its_own_directory_and_continues_the_step_count(tmp_path):
     """Three steps saved into D, then three more resumed from D into D: saved as step-6, with
     the losses and weights of an uninterrupted six-step run. A save that could not be
