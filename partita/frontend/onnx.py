@@ -12,6 +12,7 @@ Semantic choices are described in docs/onnx.md.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -93,7 +94,7 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
         raise OnnxImportError(f"{what}: dims {dims} hold a negative size; the tensor is malformed")
     if t.HasField("segment"):
         raise OnnxImportError(f"{what}: segmented tensors (TensorProto.segment) are not supported")
-    count, kind = math.prod(dims), _type_name(t.data_type)
+    count = math.prod(dims)
     # The data's bytes, read once: each read of a bytes field copies it out of the message.
     raw: bytes | None = None
     if t.data_location == tp.EXTERNAL:
@@ -104,7 +105,7 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
         # 4- and 2-bit types are packed two and four to a byte.
         need = (count * dtype.bits + 7) // 8
         if len(raw) != need:
-            raise OnnxImportError(f"{what}: {source} holds {len(raw)} bytes, but dims {dims} of {kind} "
+            raise OnnxImportError(f"{what}: {source} holds {len(raw)} bytes, but dims {dims} of {_type_name(t.data_type)} "
                                   f"need {need}; the tensor is corrupt or truncated")
     else:
         field = onnx.helper.tensor_dtype_to_field(t.data_type)
@@ -112,7 +113,8 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
         need = count if dtype.bits >= 8 else (count * dtype.bits + 7) // 8
         have = len(getattr(t, field))
         if have != need:
-            raise OnnxImportError(f"{what}: {field} holds {have} values, but dims {dims} of {kind} need {need} "
+            raise OnnxImportError(f"{what}: {field} holds {have} values, but dims {dims} of {_type_name(t.data_type)} "
+                                  f"need {need} "
                                   "(and there is no raw_data); the tensor is corrupt or truncated")
     try:
         arr = onnx.numpy_helper.to_array(t) if raw is None else _raw_array(t, raw, dtype, dims)
@@ -1541,10 +1543,7 @@ class _Importer:
         model's opset) gives it, and every attribute the schema requires present."""
         onnx = _onnx()
         ap = onnx.AttributeProto
-        try:
-            spec = onnx.defs.get_schema(n.proto.op_type, self.opset, "").attributes
-        except onnx.defs.SchemaError:
-            spec = {}
+        spec = _schema_attributes(n.proto.op_type, self.opset)
 
         def kind(code: int) -> str:
             try:
@@ -1562,14 +1561,27 @@ class _Importer:
             want = spec.get(a.name)
             if a.type == ap.UNDEFINED:
                 raise n.error(f"attribute '{a.name}' has no type (UNDEFINED); the model is malformed")
-            if want is not None and int(want.type) != a.type:
+            if want is not None and want[0] != a.type:
                 raise n.error(f"attribute '{a.name}' is of type {kind(a.type)}, but {n.proto.op_type} "
-                              f"(opset {self.opset}) takes {kind(int(want.type))}")
+                              f"(opset {self.opset}) takes {kind(want[0])}")
             attrs[a.name] = onnx.helper.get_attribute_value(a)
-        missing = [name for name, sa in spec.items() if sa.required and name not in attrs]
+        missing = [name for name, (_, required) in spec.items() if required and name not in attrs]
         if missing:
             raise n.error(f"the required attribute(s) {', '.join(repr(m) for m in missing)} are missing")
         return attrs
+
+
+@functools.cache
+def _schema_attributes(op_type: str, opset: int) -> dict[str, tuple[int, bool]]:
+    """The attributes the default-domain schema of ``op_type`` at ``opset`` declares (name ->
+    its type code and whether it is required), empty for an op without a schema; looked up
+    once per op and opset."""
+    onnx = _onnx()
+    try:
+        attrs = onnx.defs.get_schema(op_type, opset, "").attributes
+    except onnx.defs.SchemaError:
+        return {}
+    return {name: (int(a.type), bool(a.required)) for name, a in attrs.items()}
 
 
 def _check_text(proto: Any, where: str) -> None:
@@ -1594,6 +1606,11 @@ def _check_text(proto: Any, where: str) -> None:
             if bad(vi.name):
                 raise OnnxImportError(f"{where}: {what} #{k + 1} has a name '{show(vi.name)}' that {msg}")
     for i, node in enumerate(g.node):
+        # The usual case, every field text: one pass over them, no message built.
+        texts = [node.name, node.op_type, node.domain, *node.input, *node.output]
+        texts += [x for a in node.attribute for x in (a.name, a.ref_attr_name)]
+        if all(type(x) is str for x in texts):
+            continue
         label = show(node.name) if bad(node.name) else (node.name or "<unnamed>")
         op = show(node.op_type) if bad(node.op_type) else node.op_type
         at = f"{Location(where, i + 1)}: node '{label}' ({op})"

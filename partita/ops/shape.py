@@ -32,6 +32,7 @@ where it has several, or none:
 
 from __future__ import annotations
 
+import functools
 import math
 from math import prod
 
@@ -322,6 +323,7 @@ _NO_INF = frozenset({"f8e4m3fn", "f8e4m3fnuz", "f8e5m2fnuz", "f8e8m0", "f4e2m1"}
 _NO_NAN = frozenset({"f4e2m1"})
 
 
+@functools.cache
 def _float_limits(dt: DType) -> tuple[float, float, str]:
     """For float dtype ``dt``: the smallest magnitude that rounds (to nearest even) beyond its
     largest finite value, the smallest value it takes (-inf but for f8e8m0, which holds only
