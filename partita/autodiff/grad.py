@@ -106,8 +106,10 @@ class GradResult:
     grads: dict[str, Value]
 
 
-def _active_nodes(graph: Graph, wrt: list[Value], loss: Value) -> set[Node]:
-    """Nodes on a float path from some ``wrt`` input to the loss."""
+def _active_nodes(graph: Graph, wrt: list[Value], loss: "Value | Iterable[Value]") -> set[Node]:
+    """Nodes on a float path from some ``wrt`` input to the loss (or to any of the values
+    ``loss`` lists)."""
+    outs = [loss] if isinstance(loss, Value) else list(loss)
     live: set[Value] = set(wrt)
     forward: set[Node] = set()
     for node in graph.nodes:
@@ -119,9 +121,9 @@ def _active_nodes(graph: Graph, wrt: list[Value], loss: Value) -> set[Node]:
                     hit = True
             if hit:
                 forward.add(node)
-    if loss not in live:
+    needed: set[Value] = {v for v in outs if v in live}
+    if not needed:
         return set()
-    needed: set[Value] = {loss}
     active: set[Node] = set()
     for node in graph.reversed_nodes():
         if node in forward and any(r in needed for r in node.results):
@@ -209,12 +211,33 @@ def grad(graph: Graph, wrt: Iterable[str] | None = None, *, loss_index: int = 0,
 def _backward(graph: Graph, loss: Value, targets: list[Value], active: set[Node],
               unused: str) -> dict[str, Value]:
     """Append the backward nodes; return the gradient of each target by name (still unnamed)."""
-    grads: dict[Value, Value] = {}
     b_end = Builder(graph, loc=loss.producer.loc if loss.producer is not None else None)
     # The seed dL/dL = 1 opens the backward section; its name marks where that section starts
     # for the memory analysis, also after a round trip through the text form.
-    grads[loss] = b_end.full(shape=(), value=1.0, dtype=loss.type.dtype, name=SEED_NAME)
+    grads: dict[Value, Value] = {loss: b_end.full(shape=(), value=1.0, dtype=loss.type.dtype, name=SEED_NAME)}
+    _propagate_back(graph, grads, active, targets)
+    return _collect(graph, grads, targets, unused)
 
+
+def backward(graph: Graph, seeds: "dict[Value, Value]", wrt: list[Value]) -> dict[Value, Value | None]:
+    """Append to ``graph`` (in place) the vector-Jacobian product of its values ``seeds``
+    (value -> its cotangent, a value of the same type already in the graph) with respect to
+    ``wrt`` (inputs or any values): the reverse pass of a piece of a model whose outputs'
+    gradients arrive from elsewhere, as a pipeline stage's do. Returns each ``wrt`` value's
+    gradient, or None where the seeds do not depend on it. Values that are both seeded and
+    in ``wrt`` (a value passed through) get their seed plus what flows back to them."""
+    for v, ct in seeds.items():
+        if ct.type != v.type:
+            raise AutodiffError(f"backward: the cotangent of {_val(v)} is {ct.type}, but the value is {v.type}")
+    active = _active_nodes(graph, wrt, list(seeds))
+    grads: dict[Value, Value] = dict(seeds)
+    _propagate_back(graph, grads, active, wrt)
+    return {v: grads.get(v) for v in wrt}
+
+
+def _propagate_back(graph: Graph, grads: dict[Value, Value], active: set[Node], targets: list[Value]) -> None:
+    """Run the vjp rules of the ``active`` nodes in reverse order, accumulating into
+    ``grads`` (value -> gradient, seeded by the caller)."""
     order = [n for n in graph.nodes if n in active]
     for node in reversed(order):
         douts = [grads.get(r) for r in node.results]
@@ -247,6 +270,9 @@ def _backward(graph: Graph, loss: Value, targets: list[Value], active: set[Node]
             prev = grads.get(v)
             grads[v] = d if prev is None else ctx.b.add(prev, d)
 
+
+def _collect(graph: Graph, grads: dict[Value, Value], targets: list[Value], unused: str) -> dict[str, Value]:
+    """Each target's gradient by name, a zero where none reached it (``unused="zeros"``)."""
     out: dict[str, Value] = {}
     missing = []
     for v in targets:

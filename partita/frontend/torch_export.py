@@ -135,16 +135,29 @@ def _data_dependent_shape(val: Any) -> str | None:
     return "[" + ", ".join(str(d) for d in val.shape) + "]"
 
 
+def module_scope(node: Any) -> str:
+    """The module path of the innermost module that ran ``node`` (``"lm.transformer.h.3.attn"``),
+    from torch.export's module stack; empty for the top-level module or when it is unknown."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    path = last[0] if isinstance(last, tuple) and last and isinstance(last[0], str) else ""
+    return path
+
+
 def source_location(node: Any) -> Location | None:
-    """The innermost frame of the model's own code in ``node``'s stack trace (not torch's)."""
+    """The innermost frame of the model's own code in ``node``'s stack trace (not torch's),
+    with the module path that ran it (``Location.scope``)."""
     trace = node.meta.get("stack_trace")
-    if not trace:
-        return None
+    scope = module_scope(node)
     loc = None
-    for m in _FRAME.finditer(trace):
+    for m in _FRAME.finditer(trace or ""):
         path = m.group(1)
         if not path.startswith(_TORCH_DIR) and not path.startswith("<"):
-            loc = Location(path, int(m.group(2)))
+            loc = Location(path, int(m.group(2)), 0, scope)
+    if loc is None and scope:
+        loc = Location("<module>", 0, 0, scope)
     return loc
 
 

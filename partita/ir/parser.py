@@ -53,7 +53,7 @@ _FAST_NODE = re.compile(
     r"\(((?:%[\w.]+(?:, %[\w.]+)*)?)\)"
     r"(?: \{([^{}\n/]*)\})?"  # no braces inside (strings with them take the general path); no '/': a comment would hide the '}'
     r" : ([\w\[\],]+(?:, [\w\[\],]+)*)"
-    r"(?: loc\(\"([^\"\\\n]*)\":([0-9]+)(?::([0-9]+))?\))?"
+    r"(?: loc\(\"([^\"\\\n]*)\":([0-9]+)(?::([0-9]+))?(?: in \"([^\"\\\n]*)\")?\))?"
     r"[ \t]*(?:\n|\Z)",
     re.ASCII,
 )
@@ -509,7 +509,7 @@ class _Parser:
             m = match(text, pos)
             if m is None:
                 return pos
-            results_s, op, operands_s, attrs_s, types_s, lfile, lline, lcol = m.groups()
+            results_s, op, operands_s, attrs_s, types_s, lfile, lline, lcol, lscope = m.groups()
             end = m.end()
             if lfile is None and not startswith("  %", end) and continued(text, end):
                 return pos
@@ -556,10 +556,10 @@ class _Parser:
                 loc = None
             else:
                 # Frontends give many nodes the same source line: share one Location.
-                lkey = (lfile, lline, lcol)
+                lkey = (lfile, lline, lcol, lscope)
                 loc = loc_cache.get(lkey)
                 if loc is None:
-                    loc = loc_cache[lkey] = Location(lfile, int(lline), int(lcol) if lcol else 0)
+                    loc = loc_cache[lkey] = Location(lfile, int(lline), int(lcol) if lcol else 0, lscope or "")
             if not ln:
                 ln = self.line_col(pos)[0]
             node = build(op, operands, attrs.copy(), types, loc, names, (file, ln, m.start(2) - pos + 1))
@@ -909,8 +909,13 @@ class _Parser:
         if self.at(":"):
             self.advance()
             col = self.expect_count("a column number")
+        scope = ""
+        if self.tok.kind == "ident" and self.tok.text == "in":
+            self.advance()
+            scope = self.string_value(self.expect_kind("string", 'a quoted module path after "in", as in '
+                                                                  'loc("file":line in "h.3.attn")'))
         self.expect(")", "')' to close loc(...)")
-        return Location(self.string_value(f), ln, col)
+        return Location(self.string_value(f), ln, col, scope)
 
     def expect_count(self, what: str) -> int:
         tok = self.tok

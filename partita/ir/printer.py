@@ -167,8 +167,8 @@ def _nest(flat: list[str], shape: tuple[int, ...]) -> str:
 
 
 def format_loc(loc: Location) -> str:
-    s = f"loc({json.dumps(loc.file)}:{loc.line}"
-    return s + (f":{loc.col})" if loc.col else ")")
+    s = f"loc({json.dumps(loc.file)}:{loc.line}" + (f":{loc.col}" if loc.col else "")
+    return s + (f" in {json.dumps(loc.scope)})" if loc.scope else ")")
 
 
 class _Printer:

@@ -55,11 +55,14 @@ class TensorType:
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    """Where something came from: a file, a 1-based line and an optional 1-based column."""
+    """Where something came from: a file, a 1-based line and an optional 1-based column, and
+    the module path of the model that ran it (``scope``, e.g. ``"transformer.h.3.attn"``;
+    empty when unknown), which is how a pipeline cut names a layer."""
 
     file: str
     line: int
     col: int = 0
+    scope: str = ""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}" + (f":{self.col}" if self.col else "")

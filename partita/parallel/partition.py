@@ -265,6 +265,21 @@ class _Partitioner:
 
     def emit(self, node: Node, node_needs: dict[int, Placement]) -> None:
         mesh = self.mesh
+        if node.op == "recv":
+            # A recv's tensor arrives in the placement annotated on its result (the sender's
+            # send is placed alike): each rank receives its own piece.
+            r = node.results[0]
+            p = self.pl(r)
+            if p.partial:
+                raise PartitionError(f"@{self.g.name}: %{self.name(r)} = recv is placed {p}, a pending sum; place "
+                                     "what crosses between stages replicated or split, never partial")
+            attrs = dict(node.attrs, shape=list(p.local_shape(r.type.shape, mesh)))
+            lr = self.b.emit_node("recv", [], attrs, loc=node.loc).results[0]
+            if r.name is not None:
+                lr.name = r.name
+            self.vmap[r] = lr
+            self.moved[(r, p)] = lr
+            return
         types = [o.type for o in node.operands]
         rtypes = [r.type for r in node.results]
         spec = sharding_spec(node.op, types, node.attrs)

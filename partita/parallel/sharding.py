@@ -680,6 +680,14 @@ def _optimizer_update(ts, attrs):
     return DimSpec(ops, (labels,) * n_res)
 
 
+@rule("send")
+def _send(ts, attrs):
+    # A send hands over whatever piece its rank holds (the recv it meets is placed alike, see
+    # partition): every dim may be split, and nothing may be pending.
+    labels = _dims(ts[0])
+    return DimSpec((labels,), (), sums=frozenset(labels))
+
+
 # Ops that have no sharding rule on purpose, and why (the passes replicate them). The
 # collectives of ops/collective.py have none either: the passes insert them, placed as the
 # reshard they implement.
@@ -687,6 +695,8 @@ WITHOUT_RULE: dict[str, str] = {
     "constant": "no operands to take a placement from; its value is global (a consumer's split is a free local slice)",
     "full": "no operands; a replicated fill costs nothing to slice where a consumer wants a split",
     "iota": "no operands; its values are global positions, so a replicated iota is sliced, never recomputed locally",
+    "recv": "no operands; its result arrives in the placement annotated on it (the partition receives each rank's "
+            "piece, and the sender sends its piece alike)",
 }
 
 

@@ -1,0 +1,493 @@
+"""From a single-device training step (or forward graph) to one global-shaped program per pp
+rank: the schedule unrolled.
+
+1. ``microbatch_graph``: the step's forward and loss, re-typed for one microbatch (the
+   batch inputs split ``M`` ways, by the same propagation and partition that data
+   parallelism uses, on a virtual mesh axis ``mb``); the loss becomes the microbatch's share
+   (its mean times ``1/M``), so the shares of the ``M`` microbatches sum to the step's loss.
+2. ``partition_stages`` cuts it into ``S * v`` chunks; ``build_chunk_program`` derives each
+   chunk's backward and splits it into B and W.
+3. ``unroll`` writes, per pp rank, one straight-line graph with the batch's global shape:
+   the microbatches sliced from the batch inputs, then every action of the schedule and
+   every transfer (``send``/``recv`` over the ``pp`` axis) in the rank's program order, the
+   parameter gradients summed over the microbatches, the gradients of a weight that two
+   stages share swapped between them, and the optimizer update of the rank's params.
+
+Each rank's program is then an ordinary global graph that the SPMD strategies (dp, zero,
+megatron, sp) parallelize over the rest of the mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...ir.builder import Builder
+from ...ir.graph import Graph, Node, Value
+from ...ir.verifier import verify
+from ...ops.registry import OPS
+from ..mesh import Mesh
+from ..placement import Placement
+from ..strategies.base import UPDATE_OPS
+from .schedule import Action, PipelineError, Schedule, Transfer
+from .stage_graphs import ChunkProgram, build_chunk_program
+from .stages import StageCut, partition_stages
+
+MB_AXIS = "mb"
+
+
+@dataclass
+class MicrobatchGraph:
+    """The forward (and loss share) of one microbatch. ``batch_dim``: per value of ``graph``,
+    the dim that holds the microbatch's rows (None: none does); ``full``: the batch inputs'
+    names with their whole-batch types."""
+
+    graph: Graph
+    batch_dim: dict[Value, int | None]
+    loss: Value | None
+    outputs: list[Value]
+    full: dict[str, Any]
+
+
+def forward_of(step: Graph) -> tuple[Graph, bool]:
+    """The forward section of ``step``: for a training step (optimizer updates, or ``.grad``
+    outputs) the cone of its loss (output 0), else the graph itself. Returns (graph, training)."""
+    training = any(n.op in UPDATE_OPS for n in step.nodes) or any(
+        v.name and str(v.name).endswith(".grad") for v in step.outputs[1:])
+    g = step.clone()
+    if training:
+        if not step.outputs or step.outputs[0].type.shape != () or not step.outputs[0].type.dtype.is_float:
+            raise PipelineError(f"pipeline: @{step.name} looks like a training step but its output 0 is not a float "
+                                "scalar loss; build it with partita.training_step")
+        g.set_outputs([g.outputs[0]])
+    from ...passes.manager import PassManager
+
+    PassManager.parse("dce", verify_each=False).run(g)
+    return g, training
+
+
+def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
+    """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring)."""
+    from ..partition import _Partitioner
+    from ..propagate import propagate
+
+    batch = [v for v in fwd.inputs if v.role == "input"]
+    if not batch:
+        raise PipelineError(f"pipeline: @{fwd.name} has no 'input'-role graph input (the batch) to split into "
+                            "microbatches")
+    for v in batch:
+        if v.type.rank == 0 or v.type.shape[0] % microbatches:
+            n = v.type.shape[0] if v.type.rank else 1
+            raise PipelineError(
+                f"pipeline: microbatches={microbatches} does not divide the batch: %{v.name} {v.type} has {n} rows in "
+                f"dim 0; use a number of microbatches that divides {n} (e.g. {_divisors(n)}) or a batch that is a "
+                f"multiple of {microbatches}")
+    g = fwd.clone()
+    mesh = Mesh.of({MB_AXIS: microbatches})
+    g.mesh = mesh
+    for v in g.values():
+        v.placement = None
+    for v in g.inputs:
+        v.placement = Placement.split(v.type.rank, {0: MB_AXIS}) if v.role == "input" else \
+            Placement.replicated(v.type.rank)
+    prop = propagate(g)
+    part = _Partitioner(g, prop.reshards)
+    local, report = part.run()
+    # Only a reduction of the loss (or of an output) over the microbatches may need the other
+    # microbatches' rows; anything else mixes rows across microbatches, which a pipeline cannot
+    # do one microbatch at a time.
+    outs = set(local.outputs)
+    stray = [c for c in report.collectives if not c.consumer.startswith("output")]
+    if stray:
+        c = stray[0]
+        raise PipelineError(
+            f"pipeline: {c.consumer}{' at ' + c.source if c.source else ''} mixes the rows of different microbatches "
+            f"(it needs %{c.value} {c.have} as {c.want}); with microbatches={microbatches} its result would change "
+            "(batch statistics, a reduction over the batch inside the model). Use microbatches=1, or a model "
+            "whose rows are independent until the loss")
+    outputs = []
+    for v in local.outputs:
+        n = v.producer
+        while n is not None and OPS[n.op].collective is not None:
+            v = n.operands[0]
+            n = v.producer
+        outputs.append(v)
+    local.set_outputs(outputs)
+    from ...passes.manager import PassManager
+
+    PassManager.parse("dce", verify_each=False).run(local)
+    inv = {lv: gv for gv, lv in part.vmap.items()}
+    batch_dim: dict[Value, int | None] = {}
+    for lv in local.values():
+        gv = inv.get(lv)
+        p = gv.placement if gv is not None else None
+        d = None
+        if p is not None:
+            for i, axes in enumerate(p.dims):
+                if MB_AXIS in axes:
+                    d = i
+        batch_dim[lv] = d
+    full = {str(v.name): v.type for v in fwd.inputs if v.role == "input"}
+    loss = local.outputs[0] if training else None
+    return MicrobatchGraph(local, batch_dim, loss, list(local.outputs), full)
+
+
+def _divisors(n: int) -> str:
+    ds = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, ds[:8])) + (", ..." if len(ds) > 8 else "")
+
+
+@dataclass
+class RankProgram:
+    """One pp rank's global-shaped program and what it returns: ``outputs[i]`` is the step's
+    output ``source_index[i]`` (None: an output only this pipeline has); ``boundary``:
+    placements the SPMD strategies must give the values that cross between ranks, as
+    (value, batch dim or None)."""
+
+    rank: int
+    graph: Graph
+    source_index: list[int | None]
+    boundary: list[tuple[Value, int | None]] = field(default_factory=list)
+    tied_values: list[Value] = field(default_factory=list)
+
+
+@dataclass
+class Pipeline:
+    """Everything ``unroll`` made: the cut, the chunk programs, the schedule, each rank's
+    program, and the params two ranks share."""
+
+    cut: StageCut
+    chunks: list[ChunkProgram]
+    schedule: Schedule
+    ranks: list[RankProgram]
+    tied: list[str]
+    micro: MicrobatchGraph
+    training: bool
+    owners: dict[str, list[int]]
+
+
+class _Unroller:
+    def __init__(self, step: Graph, mbg: MicrobatchGraph, cut: StageCut, chunks: list[ChunkProgram],
+                 schedule: Schedule, training: bool, dp_size: int, axis: str) -> None:
+        self.step = step
+        self.mbg = mbg
+        self.cut = cut
+        self.chunks = chunks
+        self.s = schedule
+        self.training = training
+        self.dp = dp_size
+        self.axis = axis
+        S = schedule.stages
+        self.owners: dict[str, list[int]] = {}
+        for cp in chunks:
+            r = schedule.rank_of(cp.index)
+            for name in cp.params:
+                if r not in self.owners.setdefault(name, []):
+                    self.owners[name].append(r)
+        self.tied = sorted(n for n, rs in self.owners.items() if len(rs) > 1)
+        first, last = schedule.rank_of(0), schedule.rank_of(schedule.chunks - 1)
+        for n in self.tied:
+            if sorted(self.owners[n]) != sorted({first, last}) or S < 2:
+                raise PipelineError(
+                    f"pipeline: the param %{n} is read on pp ranks {self.owners[n]}; a weight may be shared only "
+                    f"between the first and the last stage (a tied embedding and head). Cut the stages so that "
+                    "its readers fall on one rank, e.g. with stages=[...]")
+
+    def build(self) -> list[RankProgram]:
+        order = self.s.program_order(tied=bool(self.tied) and self.training)
+        return [self._rank(r, order[r]) for r in range(self.s.stages)]
+
+    # --- one rank -------------------------------------------------------------------------
+    def _rank(self, r: int, items: list[Action | Transfer]) -> RankProgram:
+        s = self.s
+        S, M = s.stages, s.microbatches
+        g = Graph(f"{self.step.name}.pp{r}")
+        g.weights = type(self.step.weights)()
+        b = Builder(g)
+        mine = s.chunks_of(r)
+        # Inputs: the batch inputs its chunks read (whole-batch type), then its params.
+        batch_names: list[str] = []
+        param_names: list[str] = []
+        for c in mine:
+            for nm in self.chunks[c].batch:
+                if nm not in batch_names:
+                    batch_names.append(nm)
+            for nm in self.chunks[c].params:
+                if nm not in param_names:
+                    param_names.append(nm)
+        src_inputs = {str(v.name): v for v in self.step.inputs}
+        ins: dict[str, Value] = {}
+        for nm in [v for v in (str(x.name) for x in self.step.inputs) if v in batch_names or v in param_names]:
+            v = src_inputs[nm]
+            ins[nm] = g.add_input(nm, v.type, v.role or "input")
+            if nm in self.step.weights:
+                g.weights[nm] = self.step.weights[nm]
+        slices: dict[tuple[str, int], Value] = {}
+
+        def micro(nm: str, m: int) -> Value:
+            key = (nm, m)
+            if key not in slices:
+                slices[key] = self._slice(b, ins[nm], m, M, nm)
+            return slices[key]
+
+        env: dict[tuple[int, int], dict[Value, Value]] = {}
+        recv_act: dict[tuple[int, int], list[Value]] = {}
+        recv_ct: dict[tuple[int, int], list[Value | None]] = {}
+        acc: dict[str, Value] = {}
+        loss_parts: list[Value] = []
+        final_parts: list[list[Value]] = []
+        boundary: list[tuple[Value, int | None]] = []
+        tied_vals: list[Value] = []
+        tied_got: dict[str, Value] = {}
+
+        for it in items:
+            if isinstance(it, Action):
+                cp = self.chunks[it.chunk]
+                key = (it.chunk, it.mb)
+                if it.kind == "F":
+                    e: dict[Value, Value] = {}
+                    for i, v in enumerate(cp.recv):
+                        e[v] = recv_act[key][i]
+                    for nm, v in cp.batch.items():
+                        e[v] = micro(nm, it.mb)
+                    for nm, v in cp.params.items():
+                        e[v] = ins[nm]
+                    self._copy(b, cp.F, e)
+                    env[key] = e
+                    if cp.loss is not None:
+                        loss_parts.append(e[cp.loss])
+                    if cp.final:
+                        final_parts.append([e[v] for v in cp.final])
+                else:
+                    e = env[key]
+                    if it.kind == "B":
+                        if cp.cotangents:
+                            cts = recv_ct.get(key)
+                            for i, ct in enumerate(cp.cotangents):
+                                if ct is not None:
+                                    assert cts is not None, f"no gradient received for chunk {it.chunk}"
+                                    e[ct] = cts[i]  # type: ignore[assignment]
+                        self._copy(b, cp.B, e)
+                        if not s.split:
+                            self._copy(b, cp.W, e)
+                            self._accumulate(b, cp, e, acc)
+                    else:
+                        self._copy(b, cp.W, e)
+                        self._accumulate(b, cp, e, acc)
+                continue
+            t = it
+            if t.src == t.dst:  # both chunks on this rank: a hand-over, no transfer
+                assert t.after is not None
+                c, m = t.after.chunk, t.after.mb
+                if t.what == "act":
+                    recv_act[(c + 1, m)] = [env[(c, m)][v] for v in self.chunks[c].send]
+                else:
+                    recv_ct[(c - 1, m)] = [env[(c, m)][gv] if gv is not None else None
+                                           for gv in self.chunks[c].recv_grads]
+                continue
+            if t.what == "act":
+                assert t.after is not None and t.before is not None
+                c, m = t.after.chunk, t.after.mb
+                cp = self.chunks[c]
+                if t.src == r:
+                    for i, v in enumerate(cp.send):
+                        val = env[(c, m)][v]
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst)
+                        boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
+                else:
+                    nxt = self.chunks[c + 1]
+                    got = []
+                    for i, v in enumerate(nxt.recv):
+                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(v.type.shape),
+                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}")
+                        boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
+                        got.append(rv)
+                    recv_act[(c + 1, m)] = got
+            elif t.what == "grad":
+                assert t.after is not None and t.before is not None
+                c, m = t.after.chunk, t.after.mb
+                cp = self.chunks[c]
+                if t.src == r:
+                    for i, gv in enumerate(cp.recv_grads):
+                        if gv is None:
+                            continue
+                        val = env[(c, m)][gv]
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst)
+                        boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
+                else:
+                    prev = self.chunks[c - 1]
+                    got_ct: list[Value | None] = []
+                    for i, ct in enumerate(prev.cotangents):
+                        if ct is None:
+                            got_ct.append(None)
+                            continue
+                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(ct.type.shape),
+                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}")
+                        boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
+                        got_ct.append(rv)
+                    recv_ct[(c - 1, m)] = got_ct
+            else:  # the tied weights' gradients
+                for nm in self.tied:
+                    if t.src == r:
+                        b.send(acc[nm], axis=self.axis, group_size=S, peer=t.dst)
+                        tied_vals.append(acc[nm])
+                    else:
+                        p = src_inputs[nm]
+                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(p.type.shape),
+                                    dtype=p.type.dtype, name=f"pp.tied.{nm}")
+                        tied_vals.append(rv)
+                        tied_got[nm] = rv
+        if self.tied and self.training:
+            first = s.rank_of(0)
+            for nm in (x for x in self.tied if r in self.owners[x]):
+                # Both ranks add the two halves in the same order: the first stage's first, so
+                # that both hold bit-identical sums and updated copies.
+                mine_g, other = acc[nm], tied_got[nm]
+                acc[nm] = b.add(mine_g, other) if r == first else b.add(other, mine_g)
+        outs: list[Value] = []
+        src_index: list[int | None] = []
+        aliases: list[Value | None] = []
+        if loss_parts:
+            total = loss_parts[0]
+            for x in loss_parts[1:]:
+                total = b.add(total, x)
+            total.name = str(self.step.outputs[0].name or "loss") if self.training else total.name
+            outs.append(total)
+            src_index.append(0)
+            aliases.append(None)
+        if final_parts:
+            for k in range(len(final_parts[0])):
+                parts = [fp[k] for fp in final_parts]
+                d = self.mbg.batch_dim.get(self.mbg.outputs[k])
+                if len(parts) == 1:
+                    outs.append(parts[0])
+                elif d is None:
+                    raise PipelineError(f"pipeline: output {k} of @{self.step.name} has no batch dim to put the "
+                                        "microbatches' pieces back together along; use microbatches=1")
+                else:
+                    outs.append(b.concat(*parts, axis=d))
+                src_index.append(k)
+                aliases.append(None)
+        if self.training:
+            self._optimizer(g, b, r, ins, acc, outs, src_index, aliases)
+        g.set_outputs(outs, aliases)
+        verify(g)
+        return RankProgram(r, g, src_index, boundary, tied_vals)
+
+    def _bdim(self, v: Value) -> int | None:
+        return self.mbg.batch_dim.get(v)
+
+    def _slice(self, b: Builder, x: Value, m: int, M: int, name: str) -> Value:
+        """Microbatch ``m`` of the batch input ``x``: with dp ranks, each rank's contiguous
+        share of its own rows, so that the slice is local after the batch split."""
+        if M == 1:
+            return x
+        B = x.type.shape[0]
+        rows = B // M
+        if self.dp == 1:
+            return b.slice(x, axis=0, start=m * rows, end=(m + 1) * rows, name=f"{name}.mb{m}")
+        if rows % self.dp:
+            raise PipelineError(f"pipeline: a microbatch of %{name} has {rows} rows ({B} / {M} microbatches), which the "
+                                f"{self.dp} data-parallel ranks do not divide; use a batch of a multiple of {M * self.dp} "
+                                "rows or fewer microbatches")
+        rest = list(x.type.shape[1:])
+        y = b.reshape(x, shape=[self.dp, M, rows // self.dp] + rest)
+        y = b.slice(y, axis=1, start=m, end=m + 1)
+        return b.reshape(y, shape=[rows] + rest, name=f"{name}.mb{m}")
+
+    @staticmethod
+    def _copy(b: Builder, nodes: list[Node], e: dict[Value, Value]) -> None:
+        for n in nodes:
+            node = b.emit_node(n.op, [e[o] for o in n.operands], dict(n.attrs), loc=n.loc)
+            for a, x in zip(n.results, node.results):
+                e[a] = x
+
+    @staticmethod
+    def _accumulate(b: Builder, cp: ChunkProgram, e: dict[Value, Value], acc: dict[str, Value]) -> None:
+        for nm, gv in cp.param_grads.items():
+            val = e[gv] if gv in e else gv
+            acc[nm] = val if nm not in acc else b.add(acc[nm], val)
+
+    def _optimizer(self, g: Graph, b: Builder, r: int, ins: dict[str, Value], acc: dict[str, Value],
+                   outs: list[Value], src_index: list[int | None], aliases: list[Value | None]) -> None:
+        """Copy the step's optimizer updates of this rank's params (and what they read: the
+        state, a step counter) with the summed gradients in place of the step's own."""
+        step = self.step
+        owned = {nm for nm, rs in self.owners.items() if r in rs}
+        updates = [n for n in step.nodes if n.op in UPDATE_OPS and str(n.operands[0].name) in owned]
+        upd = set(updates)
+        need: set[Node] = set()
+        stack = [v for n in updates for i, v in enumerate(n.operands) if i != 1]
+        while stack:
+            v = stack.pop()
+            n = v.producer
+            if n is None or n in need:
+                continue
+            need.add(n)
+            stack.extend(n.operands)
+        e: dict[Value, Value] = {}
+        for n in step.nodes:
+            if n not in need and n not in upd:
+                continue
+            operands = []
+            for i, v in enumerate(n.operands):
+                if n in upd and i == 1:
+                    operands.append(acc[str(n.operands[0].name)])
+                    continue
+                if v not in e:
+                    assert v.producer is None, "the optimizer's cone is closed"
+                    nm = str(v.name)
+                    if nm not in ins:
+                        ins[nm] = g.add_input(nm, v.type, v.role or "state")
+                        if nm in step.weights:
+                            g.weights[nm] = step.weights[nm]
+                    e[v] = ins[nm]
+                operands.append(e[v])
+            node = b.emit_node(n.op, operands, dict(n.attrs), loc=n.loc)
+            for a_, x in zip(n.results, node.results):
+                e[a_] = x
+                x.name = a_.name
+        has_updates = any(n.op in UPDATE_OPS for n in step.nodes)
+        for i, v in enumerate(step.outputs):
+            if i == 0:
+                continue
+            if v in e:
+                outs.append(e[v])
+                src_index.append(i)
+                a = step.output_aliases[i] if step.output_aliases else None
+                aliases.append(ins.get(str(a.name)) if a is not None else None)
+            elif not has_updates and v.name and str(v.name).endswith(".grad") and str(v.name)[:-5] in owned:
+                gv = acc[str(v.name)[:-5]]
+                gv.name = str(v.name)
+                outs.append(gv)
+                src_index.append(i)
+                aliases.append(None)
+
+
+def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *, dp_size: int = 1,
+                   axis: str = "pp", cut: Any = None) -> Pipeline:
+    """The pipeline of ``step`` (see the module docstring)."""
+    fwd, training = forward_of(step)
+    if not training and not schedule.forward_only:
+        raise PipelineError(f"pipeline: @{step.name} is a forward graph (no optimizer update, no gradients); a "
+                            f"training schedule needs a training step (partita.training_step); for inference the "
+                            "pipeline runs forward only")
+    mbg = microbatch_graph(fwd, microbatches, training)
+    sc = partition_stages(mbg.graph, schedule.chunks, cut)
+    last = schedule.chunks - 1
+    chunks = [build_chunk_program(ch, ch.index == last, mbg.loss if ch.index == last else None,
+                                  forward_only=not training, outputs=None if training else mbg.outputs)
+              for ch in sc.chunks]
+    if schedule.split:
+        for cp in chunks[1:]:
+            if cp.params and not cp.W:
+                raise PipelineError(
+                    f"pipeline: schedule zero-bubble needs each chunk's backward split into input gradients (B) and "
+                    f"weight gradients (W), but chunk {cp.index} computes all of its weight gradients inside its "
+                    "input-gradient part (an op whose backward gives both at once); use schedule='1f1b'")
+    un = _Unroller(step, mbg, sc, chunks, schedule, training, dp_size, axis)
+    ranks = un.build()
+    return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners)
+
+
+__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "forward_of", "microbatch_graph"]
