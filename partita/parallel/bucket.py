@@ -354,15 +354,20 @@ def bucket_gathers(graph: Graph, size_mb: float = 4.0) -> BucketReport:
 
 
 def _upstream_masks(nodes: list[Node], bit: Mapping[Node, int]) -> dict[Node, int]:
-    """Per node, the bit set of the candidate collectives whose results reach its operands."""
+    """Per node, the bit set of the candidate collectives whose results reach its operands,
+    or reach an effectful node that comes before it (a send before a recv: fusing collectives
+    on both sides of a point-to-point exchange would wait for itself)."""
     up: dict[Node, int] = {}
     out: dict[Node, int] = {}
+    chain = _effect_chain(nodes)
     for n in nodes:
         m = 0
         for v in n.operands:
             p = v.producer
             if p is not None:
                 m |= out[p]
+        if n in chain:
+            m |= out[chain[n]]
         up[n] = m
         out[n] = m | bit.get(n, 0)
     return up

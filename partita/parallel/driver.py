@@ -12,7 +12,7 @@ are applied after the strategies and win over them.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..ir.diagnostics import given as _given
 from ..ir.graph import Graph
@@ -113,7 +113,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
-                gather_mb: float | None = 4.0) -> ParallelProgram:
+                gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
+                virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -130,6 +131,15 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     use, so that it overlaps the compute before (0: just in time, the least memory).
     ``gather_mb``: zero3's param all_gathers are fused into buckets of at most this many MiB
     of gathered params, taken in the order the program reads them (None: one per param).
+
+    With ``pp`` in the strategy (``"pp"``, ``"pp+dp"``, ``"pp+dp+megatron"``, ...) the model is
+    cut into pipeline stages over the mesh's ``pp`` axis and a ``PipelineProgram`` is returned
+    (partita/parallel/pipeline/): ``microbatches`` (default 1) splits the batch,
+    ``schedule`` is ``"1f1b"`` (default), ``"gpipe"``, ``"interleaved"`` (with
+    ``virtual_stages`` chunks per rank) or ``"zero-bubble"``; ``stages`` names the cut
+    (``["h.3", "h.7"]``: the layers later stages start at) or gives layers per stage
+    (``[3, 3, 2]``); by default the cut balances the stages' work. A forward graph gets a
+    forward-only (inference) pipeline.
     """
     import time
 
@@ -139,6 +149,21 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     m = _mesh(mesh)
     s = _strategy(strategy, m)
     _check_annotations(annotations)
+    if "pp" in s:
+        from .pipeline.driver import parallelize_pipeline
+
+        return parallelize_pipeline(graph, m, s, annotations, microbatches=1 if microbatches is None else microbatches,
+                                    schedule="1f1b" if schedule is None else schedule,
+                                    virtual_stages=1 if virtual_stages is None else virtual_stages, stages=stages,
+                                    allow_replication=allow_replication, bucket_mb=bucket_mb,
+                                    first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch,
+                                    gather_mb=gather_mb)
+    pipeline_only = [k for k, x in (("microbatches", microbatches), ("schedule", schedule),
+                                    ("virtual_stages", virtual_stages), ("stages", stages)) if x is not None]
+    if pipeline_only:
+        raise StrategyError(f"parallelize: {', '.join(pipeline_only)} {'is' if len(pipeline_only) == 1 else 'are'} "
+                            f"options of pipeline parallelism, but strategy {s} has no 'pp'; add it (e.g. "
+                            f"strategy='pp+{s}' on a mesh with a pp axis) or leave {pipeline_only[0]} out")
     g = graph.clone()
     for v in g.values():
         v.placement = None

@@ -329,6 +329,8 @@ class _Unroller:
             else:  # the tied weights' gradients
                 for nm in self.tied:
                     if t.src == r:
+                        if acc[nm].name is None or str(acc[nm].name).isdigit():
+                            acc[nm].name = f"pp.tied.out.{nm}"
                         b.send(acc[nm], axis=self.axis, group_size=S, peer=t.dst)
                         tied_vals.append(acc[nm])
                     else:

@@ -2,6 +2,8 @@
 
 Built in, in registration order (the order ``str`` of a parsed strategy names them):
 
+- ``pp`` (pp.py): pipeline stages over the pp axis (partita/parallel/pipeline/), each stage
+  parallelized with the other words;
 - ``dp`` (dp.py): the batch split over the data-parallel axis;
 - ``zero1``, ``zero2``, ``zero3`` (zero.py): dp with the optimizer state, the gradients and
   the params sharded in turn;
@@ -15,7 +17,7 @@ implement ``annotate(ctx)`` (and ``passes(ctx)`` where it rewrites the per-rank 
 
 from .base import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, lookup,
                    parse_strategy, register, registered, unregister)
-from . import dp, zero, megatron  # noqa: F401,E402  (register the built-in strategies, in this order)
+from . import pp, dp, zero, megatron  # noqa: F401,E402  (register the built-in strategies, in this order)
 
 __all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "lookup",
            "parse_strategy", "register", "registered", "unregister"]

@@ -1,0 +1,170 @@
+"""``PipelineProgram``: what ``parallelize`` returns for a strategy with ``pp``. One program per
+pp rank (each the SPMD program of its stage over the rest of the mesh), the schedule, the
+plan, and the conversions of arrays between the global view and every rank's pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ...ir.graph import Graph, input_name
+from ...ir.printer import print_graph
+from ..mesh import Mesh
+from ..strategies.base import ParsedStrategy, StrategyError
+from .build import Pipeline
+
+
+class WholeStage:
+    """A stage that no other mesh axis splits: every array is whole on its one rank."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.local = graph
+        self.graph = graph
+
+    def shard_weights(self, weights: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
+        out = {}
+        for v in self.graph.inputs:
+            if v.role in ("param", "state"):
+                name = input_name(v)
+                if name not in weights:
+                    if v.role == "state":
+                        out[name] = np.zeros(v.type.shape, v.type.dtype.np)
+                        continue
+                    raise StrategyError(f"no value for the param %{name} {v.type}; pass weights= with every param")
+                out[name] = np.array(weights[name])
+        return [out]
+
+    def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
+        out = {}
+        for v in self.graph.inputs:
+            if v.role == "input":
+                name = input_name(v)
+                if name not in inputs:
+                    raise StrategyError(f"no value for the input %{name} {v.type}")
+                out[name] = np.array(inputs[name])
+        return [out]
+
+    def assemble_outputs(self, outputs_by_rank: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+        return [np.asarray(o) for o in outputs_by_rank[0]]
+
+    def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in weights_by_rank[0].items()}
+
+
+@dataclass
+class PipelineProgram:
+    """The result of ``parallelize`` with ``pp``: ``stages[p]`` is pp rank ``p``'s program
+    (a ParallelProgram over ``submesh``, or a WholeStage when the mesh has no other axis);
+    global rank ``r`` runs ``rank_graphs()[r]``. Arrays move between the global view and the
+    ranks' pieces with ``shard_*`` and ``assemble*``, as for a ParallelProgram."""
+
+    source: Graph
+    mesh: Mesh
+    axis: str
+    strategy: ParsedStrategy
+    pipeline: Pipeline
+    stages: list[Any]
+    submesh: Mesh | None
+    plan: Any = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def single_device(self) -> Graph:
+        return self.source
+
+    @property
+    def schedule(self):
+        return self.pipeline.schedule
+
+    @property
+    def graph(self) -> Graph:
+        """The single-device graph (a pipeline has one placed graph per stage: ``stages``)."""
+        return self.source
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(pp rank, rank within the stage's submesh) of global rank ``rank``."""
+        c = list(self.mesh.coords(rank))
+        p = c.pop(self.mesh.index(self.axis))
+        return p, (self.submesh.rank(c) if self.submesh is not None else 0)
+
+    def rank_graphs(self) -> list[Graph]:
+        """The program of every global rank (row-major over the mesh)."""
+        return [self.stages[self.coords(r)[0]].local for r in range(self.mesh.size)]
+
+    @property
+    def local(self) -> Graph:
+        """Rank 0's program (the first stage's)."""
+        return self.stages[0].local
+
+    def _spread(self, per_stage: list[list[Any]]) -> list[Any]:
+        out = []
+        for r in range(self.mesh.size):
+            p, q = self.coords(r)
+            out.append(per_stage[p][q])
+        return out
+
+    def _by_stage(self, per_rank: Sequence[Any]) -> list[list[Any]]:
+        n = self.submesh.size if self.submesh is not None else 1
+        out: list[list[Any]] = [[None] * n for _ in self.stages]
+        for r, x in enumerate(per_rank):
+            p, q = self.coords(r)
+            out[p][q] = x
+        return out
+
+    def shard_weights(self, weights: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+        """Each rank's pieces of its stage's params and optimizer state (default: the
+        single-device graph's weights; missing state starts at zeros)."""
+        src = dict(self.source.weights if weights is None else weights)
+        return self._spread([st.shard_weights({k: v for k, v in src.items() if _has(st.graph, k)})
+                             for st in self.stages])
+
+    def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
+        """Each rank's pieces of the data inputs its stage reads."""
+        for v in self.source.inputs:
+            if v.role == "input" and input_name(v) not in inputs:
+                raise StrategyError(f"no value for the input %{input_name(v)} {v.type}")
+        return self._spread([st.shard_inputs({k: v for k, v in inputs.items() if _has(st.graph, k)})
+                             for st in self.stages])
+
+    def assemble_outputs(self, outputs_by_rank: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+        """The single-device graph's outputs, from the ranks that compute them."""
+        res: list[Any] = [None] * len(self.source.outputs)
+        for p, group in enumerate(self._by_stage(outputs_by_rank)):
+            outs = self.stages[p].assemble_outputs(group)
+            for k, i in enumerate(self.pipeline.ranks[p].source_index):
+                if i is not None and res[i] is None:
+                    res[i] = outs[k]
+        return res
+
+    def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """The global params and optimizer state (a weight two stages share from the first)."""
+        out: dict[str, np.ndarray] = {}
+        for p, group in enumerate(self._by_stage(weights_by_rank)):
+            for k, v in self.stages[p].assemble_weights(group).items():
+                out.setdefault(k, v)
+        return out
+
+    def simulate(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
+        """Run every rank's program in this process (NumPy reference, exact collectives and
+        point-to-point transfers) on the global ``inputs``; returns the global outputs."""
+        from ..simulate import run_mesh
+
+        outs = run_mesh(self.rank_graphs(), self.mesh, self.shard_inputs(inputs), self.shard_weights(weights))
+        return self.assemble_outputs(outs)
+
+    def text(self, rank: int = 0) -> str:
+        """The program of global rank ``rank`` as text."""
+        return print_graph(self.rank_graphs()[rank])
+
+
+def _has(graph: Graph, name: str) -> bool:
+    try:
+        graph.input(name)
+        return True
+    except Exception:
+        return False
+
+
+__all__ = ["PipelineProgram", "WholeStage"]
