@@ -511,7 +511,9 @@ register(OpDef(
 
 P2P_EFFECT = "p2p"
 _P2P_EFFECTS = frozenset({P2P_EFFECT})
-_PEER_ATTRS = _GROUP_ATTRS + (AttrSpec("peer", "int"),)
+# ``tag``: what the transfer is for, in words (a pipeline names the schedule action:
+# "activations of F3, chunk 0 -> 1"); only error messages and reports read it.
+_PEER_ATTRS = _GROUP_ATTRS + (AttrSpec("peer", "int"), AttrSpec("tag", "str", ""))
 
 
 def is_point_to_point(node) -> bool:
@@ -602,5 +604,7 @@ register(OpDef(
 register(OpDef(
     name="recv", operands=(), infer=_recv_infer, reference=_p2p_reference("recv"), torch=_recv_torch,
     attrs=_PEER_ATTRS + (AttrSpec("shape", "ints"), AttrSpec("dtype", "dtype")), effects=_P2P_EFFECTS,
-    cost=_recv_cost, doc="receive a tensor of the given shape and dtype from the rank of this rank's axis group "
+    cost=_recv_cost, size_attrs=lambda a, outs: {**a, "shape": list(outs[0].shape)},
+    # A padded recv receives the real rows and pads them with zeros (parallel/partition.py).
+    pad_zeros="always", doc="receive a tensor of the given shape and dtype from the rank of this rank's axis group "
     "whose coordinate along axis is peer"))

@@ -194,6 +194,13 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         # forward from the inputs, and no annotated intermediate pulls its producers along.
         for v in g.inputs:
             ctx.fixed.setdefault(v, Placement.replicated(v.type.rank))
+    # An updated param or state keeps its input's placement, so that each rank's new piece is
+    # the next step's input piece (the output aliases its input): a gradient that arrives in
+    # another placement (summed from a pipeline stage that shares the weight) is resharded.
+    for new, old in zip(g.outputs, g.output_aliases or []):
+        if old is not None and old in ctx.fixed and new.producer is not None and new not in ctx.fixed \
+                and new not in ctx.late:
+            ctx.late[new] = ctx.fixed[old]
     for v, p in ctx.fixed.items():
         v.placement = p
     timings["annotate"] = time.perf_counter() - t0

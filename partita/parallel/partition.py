@@ -263,8 +263,28 @@ class _Partitioner:
                 self.report.collectives.remove(self.entry[gone])
         return self.new, self.report
 
+    def _real_whole(self, v: Value, p: Placement, what: str) -> dict[int, int]:
+        """The real sizes of ``v``'s padded dims (none when it is not padded), which must
+        be whole: a value crosses between stages at its real size."""
+        real = dict(self.real_sizes.get(v, {}))
+        for d in real:
+            if p.dims[d]:
+                raise PartitionError(f"@{self.g.name}: %{self.name(v)} ({what}) is padded in dim {d} and split there "
+                                     f"({p}); a padded value crosses between stages whole in that dim: place it "
+                                     "replicated there")
+        return real
+
     def emit(self, node: Node, node_needs: dict[int, Placement]) -> None:
         mesh = self.mesh
+        if node.op == "send" and node.operands[0] in self.real_sizes:
+            o = node.operands[0]
+            have = self.pl(o)
+            want = node_needs.get(0, Placement(have.dims, ()))
+            x = self.reshard(o, self.vmap[o], have, want, self.describe(node), 0, node.loc)
+            for d, n in sorted(self._real_whole(o, want, "sent").items()):
+                x = self.b.emit("slice", x, axis=d, start=0, end=n, loc=node.loc)
+            self.b.emit_node("send", [x], dict(node.attrs), loc=node.loc)
+            return
         if node.op == "recv":
             # A recv's tensor arrives in the placement annotated on its result (the sender's
             # send is placed alike): each rank receives its own piece.
@@ -273,8 +293,18 @@ class _Partitioner:
             if p.partial:
                 raise PartitionError(f"@{self.g.name}: %{self.name(r)} = recv is placed {p}, a pending sum; place "
                                      "what crosses between stages replicated or split, never partial")
-            attrs = dict(node.attrs, shape=list(p.local_shape(r.type.shape, mesh)))
+            local = list(p.local_shape(r.type.shape, mesh))
+            real = self._real_whole(r, p, "recv")
+            attrs = dict(node.attrs, shape=[real.get(d, n) for d, n in enumerate(local)])
             lr = self.b.emit_node("recv", [], attrs, loc=node.loc).results[0]
+            if real:
+                # A padded value crosses at its real size (the peer may not pad it): the padding
+                # is zeros, as the padding rewrite assumes of a recv (pad_zeros "always").
+                pads = []
+                for d, n in enumerate(local):
+                    pads += [0, n - real.get(d, n)]
+                lr.name = None
+                lr = self.b.emit("pad", lr, pads=pads, value=0.0, loc=node.loc)
             if r.name is not None:
                 lr.name = r.name
             self.vmap[r] = lr

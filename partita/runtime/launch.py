@@ -343,6 +343,11 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
                 continue
             group = mesh.group_of(rank, axis)
             what = f"{node.op} over axis '{axis}' (group of ranks {group}){_location(node)}"
+            if is_point_to_point(node):
+                peer = group[node.attrs["peer"]]
+                tag = node.attrs.get("tag")
+                what = (f"{node.op} {'to' if node.operands else 'from'} rank {peer} over axis '{axis}'"
+                        + (f" ({tag})" if tag else "") + _location(node))
 
             def fail(e: Exception, ordinal: int | None = None, what=what, group=group) -> None:
                 raise CollectiveFailure(

@@ -292,14 +292,14 @@ class _Unroller:
                 if t.src == r:
                     for i, v in enumerate(cp.send):
                         val = env[(c, m)][v]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst)
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("act", c, m, i))
                         boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
                 else:
                     nxt = self.chunks[c + 1]
                     got = []
                     for i, v in enumerate(nxt.recv):
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(v.type.shape),
-                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}")
+                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}", tag=_tag("act", c, m, i))
                         boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
                         got.append(rv)
                     recv_act[(c + 1, m)] = got
@@ -312,7 +312,7 @@ class _Unroller:
                         if gv is None:
                             continue
                         val = env[(c, m)][gv]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst)
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("grad", c, m, i))
                         boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
                 else:
                     prev = self.chunks[c - 1]
@@ -322,7 +322,7 @@ class _Unroller:
                             got_ct.append(None)
                             continue
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(ct.type.shape),
-                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}")
+                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}", tag=_tag("grad", c, m, i))
                         boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
                         got_ct.append(rv)
                     recv_ct[(c - 1, m)] = got_ct
@@ -331,12 +331,12 @@ class _Unroller:
                     if t.src == r:
                         if acc[nm].name is None or str(acc[nm].name).isdigit():
                             acc[nm].name = f"pp.tied.out.{nm}"
-                        b.send(acc[nm], axis=self.axis, group_size=S, peer=t.dst)
+                        b.send(acc[nm], axis=self.axis, group_size=S, peer=t.dst, tag=f"gradient of the shared %{nm}")
                         tied_vals.append(acc[nm])
                     else:
                         p = src_inputs[nm]
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(p.type.shape),
-                                    dtype=p.type.dtype, name=f"pp.tied.{nm}")
+                                    dtype=p.type.dtype, name=f"pp.tied.{nm}", tag=f"gradient of the shared %{nm}")
                         tied_vals.append(rv)
                         tied_got[nm] = rv
         if self.tied and self.training:
@@ -464,6 +464,13 @@ class _Unroller:
                 outs.append(gv)
                 src_index.append(i)
                 aliases.append(None)
+
+
+def _tag(what: str, chunk: int, mb: int, i: int) -> str:
+    """The words a transfer's send and recv carry (``tag``): which schedule action it serves."""
+    if what == "act":
+        return f"activation {i} of F{mb}: chunk {chunk} -> {chunk + 1}"
+    return f"gradient {i} of B{mb}: chunk {chunk} -> {chunk - 1}"
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *, dp_size: int = 1,

@@ -77,8 +77,6 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
         prog.local.mesh = mesh
         progs.append(prog)
-    if pipe.tied and submesh is not None:
-        _fit_tied(pipe, progs)
     timings["stages"] = time.perf_counter() - t1
     out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings)
     t2 = time.perf_counter()
@@ -118,54 +116,6 @@ def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int) 
             p = Placement.replicated(rank)
         out[str(val.name)] = p
     return out
-
-
-def _fit_tied(pipe: Any, progs: list[Any]) -> None:
-    """A weight shared by the first and last stage may be padded on one of them only (a
-    vocabulary padded to split it): that stage sends the real rows of its gradient and pads
-    what it receives with zeros, so both sides exchange the real shape."""
-    from ...ir.builder import Builder
-    from ...ops.collective import is_point_to_point
-
-    for prog in progs:
-        pads = prog.padding.inputs if getattr(prog, "padding", None) else {}
-        local = prog.local
-        # The tied exchange comes after every other transfer of the step (the schedule's
-        # global order puts it at the end), one send per shared weight in name order.
-        sends = [n for n in local.nodes if is_point_to_point(n) and n.operands]
-        tied_send = dict(zip(pipe.tied, sends[len(sends) - len(pipe.tied):]))
-        for nm in pipe.tied:
-            real = pads.get(nm)
-            if not real:
-                continue
-            for node in list(local.nodes):
-                if not is_point_to_point(node):
-                    continue
-                if node.operands and tied_send.get(nm) is node:
-                    x = node.operands[0]
-                    b = Builder(local)
-                    b.set_insertion_before(node)
-                    for d, n in sorted(real.items()):
-                        x = b.slice(x, axis=d, start=0, end=n)
-                    local.set_operand(node, 0, x)
-                elif not node.operands and node.results[0].name == f"pp.tied.{nm}":
-                    r = node.results[0]
-                    full = r.type.shape
-                    shape = [real.get(d, n) for d, n in enumerate(full)]
-                    attrs = dict(node.attrs, shape=shape)
-                    b = Builder(local)
-                    b.set_insertion_before(node)
-                    got = b.emit_node("recv", [], attrs, loc=node.loc).results[0]
-                    pads_attr = []
-                    for d, n in enumerate(full):
-                        pads_attr += [0, n - shape[d]]
-                    padded = b.pad(got, pads=pads_attr, value=0.0)
-                    local.replace_all_uses(r, padded)
-                    local.erase(node)
-                    got.name = f"pp.tied.{nm}"
-        from ...ir.verifier import verify
-
-        verify(local)
 
 
 def check_program(prog: PipelineProgram) -> None:
