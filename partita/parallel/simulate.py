@@ -333,7 +333,8 @@ def _same_collective(a: Node, b: Node) -> bool:
 def _describe(node: Node | None) -> str:
     if node is None:
         return "no collective"
-    attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in node.attrs.items())
+    # Every attribute (a mismatch may be in a default), but an empty tag says nothing.
+    attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in node.attrs.items() if not (k == "tag" and v == ""))
     loc = node.text_loc or node.loc
     types = ", ".join(str(v.type) for v in node.operands)
     return f"{node.op}({types}) {{{attrs}}}" + (f" at {loc}" if loc else "")

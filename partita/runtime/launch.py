@@ -105,6 +105,9 @@ class RunResult:
     weights: list[dict[str, np.ndarray] | None]
     timings: list[list[float] | None]
     init_seconds: list[float | None] = field(default_factory=list)
+    # ``recv_seconds[rank][step]``: the seconds that step spent inside point-to-point recvs
+    # (a pipeline stage waiting for its neighbours: the bubble as measured).
+    recv_seconds: list[list[float] | None] = field(default_factory=list)
 
     def step_seconds(self) -> list[float]:
         """Per step, the slowest filled rank's time: what one step costs the whole mesh."""
@@ -320,7 +323,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[int, int, str] | None,
-                step_cell: list[int], tracker: _Tracker) -> None:
+                step_cell: list[int], tracker: _Tracker, wait_cell: list[float] | None = None) -> None:
     """Wrap the program's collective steps so a failure names the op, axis, group and the
     likely cause, and so each collective counts in ``tracker`` as it is entered; with a
     "raise" fault, make the first compute node of this rank raise at the fault step (so the
@@ -355,14 +358,20 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
                     f"a peer rank of this group probably died or stopped before reaching this collective "
                     f"(each collective waits at most timeout_s={timeout_s:g} s)", ordinal, group, what) from e
 
-            def wrapped(args, attrs, fn=fn, fail=fail):
+            timed = wait_cell is not None and is_point_to_point(node) and not node.operands
+
+            def wrapped(args, attrs, fn=fn, fail=fail, timed=timed):
                 ordinal = tracker.enter()
+                t0 = time.perf_counter() if timed else 0.0
                 try:
                     res = fn(args, attrs)
                 except PartitaError:
                     raise
                 except Exception as e:
                     fail(e, ordinal)
+                if timed:
+                    assert wait_cell is not None
+                    wait_cell[0] += time.perf_counter() - t0
                 if type(res) is Pending:
                     res.on_error = lambda e, fail=fail, ordinal=ordinal: fail(e, ordinal)
                 return res
@@ -434,7 +443,8 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
     previous = comm.set_groups(groups)
     try:
         program = TorchProgram(graph, donate=True, overlap=True, device=device)
-        _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker)
+        wait_cell = [0.0]
+        _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker, wait_cell)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
@@ -444,7 +454,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             carried = {k: t.to(device) for k, t in carried.items()}
         setup = time.perf_counter() - t0
         report(("ready", job.rank, setup))
-        outputs, timings = [], []
+        outputs, timings, waits = [], [], []
         fault = job.fault if job.fault is not None and job.fault[0] == job.rank else None
         for s in range(job.steps):
             step_cell[0] = s
@@ -464,8 +474,10 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
                     if not (s > 0 and k in aliased)}
             feed.update(carried)
             t = time.perf_counter()
+            wait_cell[0] = 0.0
             outs = program(feed, {})
             timings.append(time.perf_counter() - t)
+            waits.append(wait_cell[0])
             # Copies: the next step may update an aliased output's buffer in place.
             outputs.append([np.array(to_numpy(o), copy=True) for o in outs])
             for i, name in aliases:
@@ -476,7 +488,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         # Every rank has finished its collectives before any leaves, so none tears down a
         # connection a peer still reads from.
         _world_collective(job, tracker, "the final barrier (every rank)", dist.barrier, only_timeouts=False)
-        return outputs, final, timings, setup
+        return outputs, final, timings, setup, waits
     finally:
         comm.set_groups(previous)
 
@@ -510,8 +522,8 @@ def _worker_main(rank: int, jobs, conn, beats, entered) -> None:
     jobs.close()
     try:
         conn.send(("started", rank))
-        outputs, final, timings, setup = _run_rank(job, conn.send, step_cell, _Tracker(rank, entered))
-        conn.send(("done", rank, outputs, final, timings, setup))
+        outputs, final, timings, setup, waits = _run_rank(job, conn.send, step_cell, _Tracker(rank, entered))
+        conn.send(("done", rank, outputs, final, timings, setup, waits))
         code = 0
     except BaseException as e:  # noqa: BLE001 -- a rank reports whatever stopped it
         kind, message, where = _describe(e)
@@ -823,11 +835,12 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
     final: list[Any] = [None] * n
     timings: list[Any] = [None] * n
     init: list[Any] = [None] * n
-    for r, (_, _, outs, w, t, setup) in done.items():
+    recv: list[Any] = [None] * n
+    for r, (_, _, outs, w, t, setup, waits) in done.items():
         for s in range(steps):
             outputs[s][r] = outs[s]
-        final[r], timings[r], init[r] = w, t, setup
-    return RunResult(mesh, steps, tuple(range(n)), outputs, final, timings, init)
+        final[r], timings[r], init[r], recv[r] = w, t, setup, waits
+    return RunResult(mesh, steps, tuple(range(n)), outputs, final, timings, init, recv)
 
 
 def _torchrun_env() -> bool:
@@ -850,7 +863,7 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
             progress(rank, msg[2], msg[3])
 
     try:
-        outs, final, timings, setup = _run_rank(job, report, step_cell, _Tracker(rank))
+        outs, final, timings, setup, waits = _run_rank(job, report, step_cell, _Tracker(rank))
     except PartitaError as e:
         kind, message, _ = _describe(e)
         step = step_cell[0] if step_cell[0] >= 0 else None
@@ -866,8 +879,9 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
     final_all: list[Any] = [None] * n
     timing_all: list[Any] = [None] * n
     init: list[Any] = [None] * n
-    final_all[rank], timing_all[rank], init[rank] = final, timings, setup
-    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init)
+    recv: list[Any] = [None] * n
+    final_all[rank], timing_all[rank], init[rank], recv[rank] = final, timings, setup, waits
+    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init, recv)
 
 
 def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank: Sequence[Mapping[str, Any]],

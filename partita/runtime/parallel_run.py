@@ -157,6 +157,8 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     outputs = [program.assemble_outputs(res.outputs[s]) for s in range(steps)]
     final = program.assemble_weights(res.weights)
     result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance, start_step=start)
+    if pipelined and getattr(program, "plan", None) is not None:
+        program.plan.record_measured(res)
     if checkpoint_dir is not None:
         if not joined:
             ckpt.save(checkpoint_dir, save_step, layout, [w for w in res.weights if w is not None])
@@ -301,14 +303,17 @@ def _gather_ranks(res: RunResult) -> None:
     import torch.distributed as dist
 
     (mine,) = res.ranks
-    payload = ([res.outputs[s][mine] for s in range(res.steps)], res.weights[mine], res.timings[mine])
+    payload = ([res.outputs[s][mine] for s in range(res.steps)], res.weights[mine], res.timings[mine],
+               res.recv_seconds[mine] if res.recv_seconds else None)
     got: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(got, payload)
-    for r, (outs, w, t) in enumerate(got):
+    res.recv_seconds = [None] * len(got)
+    for r, (outs, w, t, waits) in enumerate(got):
         for s in range(res.steps):
             res.outputs[s][r] = outs[s]
         res.weights[r] = w
         res.timings[r] = t
+        res.recv_seconds[r] = waits
     res.ranks = tuple(range(len(got)))
 
 

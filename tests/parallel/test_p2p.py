@@ -117,7 +117,10 @@ def test_records():
         d = OPS[name]
         assert d.effects == frozenset({"p2p"}) and d.collective is None, name
         assert [a.name for a in d.attrs][:3] == ["axis", "group_size", "peer"], name
-        assert d.vjp is NOT_DIFFERENTIABLE and d.sharding is None, name
+        assert d.vjp is NOT_DIFFERENTIABLE, name
+    # A send hands over the piece its rank holds (every dim may be split); a recv has no rule:
+    # partition receives the piece its annotated placement gives each rank.
+    assert OPS["send"].sharding is not None and OPS["recv"].sharding is None
     assert OPS["send"].operands == ("x",) and OPS["recv"].operands == ()
     t = TensorType((4, 8), f32)
     attrs = OPS["send"].normalize_attrs({"axis": "pp", "group_size": 2, "peer": 1})
@@ -405,7 +408,7 @@ def test_a_recv_whose_sender_never_sends_fails_on_gloo_ranks_instead_of_hanging(
         run_ranks(graphs, "pp=2", weights, inputs, timeout_s=3)
     assert time.monotonic() - t < 60
     # Rank 1 waits for an activation that never comes, so rank 0 waits for a gradient.
-    assert re.search(r"recv over axis 'pp' \(group of ranks \[0, 1\]\) at <@stage[01] rank [01]>:\d+:\d+ failed on "
+    assert re.search(r"recv from rank [01] over axis 'pp' at <@stage[01] rank [01]>:\d+:\d+ failed on "
                      r"rank [01] at step 0: .*a peer rank of this group probably died", str(info.value)), str(info.value)
 
 
@@ -474,3 +477,16 @@ def test_torch_send_recv_dtypes_on_two_gloo_ranks():
     from gloo_ranks import assert_all_ranks_passed, run_on_gloo_ranks
 
     assert_all_ranks_passed(run_on_gloo_ranks(_dtype_worker))
+
+
+def test_send_hands_over_any_split_and_refuses_a_pending_sum():
+    from partita.parallel.mesh import Mesh
+    from partita.parallel.placement import Placement
+    from partita.parallel.sharding import Conflict, result_placements, sharding_spec
+
+    t = TensorType((4, 8), f32)
+    spec = sharding_spec("send", [t], OPS["send"].normalize_attrs({"axis": "pp", "group_size": 2, "peer": 1}))
+    mesh = Mesh.of("dp=2,tp=2")
+    for p in (Placement.replicated(2), Placement.split(2, {0: "dp"}), Placement.split(2, {0: "dp", 1: "tp"})):
+        assert result_placements(spec, [p], [t], mesh) == []
+    assert isinstance(result_placements(spec, [Placement.split(2, {}, partial=("dp",))], [t], mesh), Conflict)

@@ -99,6 +99,25 @@ class PipelinePlan:
                 "stage_plans": [sp.to_dict() if sp is not None else None for sp in self.stage_plans],
                 "timings_s": self.timings, "chart": self.chart}
 
+    def record_measured(self, run: Any) -> None:
+        """Take the bubble as measured in a launch (``run``: its RunResult): per step, the
+        fraction of the slowest rank's step time that the ranks spent waiting inside recvs,
+        averaged over the ranks and over the steps after the first (which also pays for
+        warm-up)."""
+        have = [r for r in run.ranks if run.recv_seconds and run.recv_seconds[r] is not None]
+        if not have or not run.steps:
+            return
+        steps = list(range(1, run.steps)) or [0]
+        span = run.step_seconds()
+        fr = []
+        waits = []
+        for s in steps:
+            w = [run.recv_seconds[r][s] for r in have]
+            waits.append(sum(w) / len(w))
+            fr.append(sum(w) / (len(w) * span[s]) if span[s] > 0 else 0.0)
+        self.measured_bubble = sum(fr) / len(fr)
+        self.measured_wait_s = [sum(run.recv_seconds[r][s] for s in steps) / len(steps) for r in have]
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
