@@ -108,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from ..runtime.demo import demo_parallel
 
-    say.title("parallel: a GPT-2 training step on a dp=2 x tp=2 mesh of 4 processes")
+    say.title("parallel: a GPT-2 training step on a pp=2 x dp=2 x tp=2 mesh of 8 processes (1F1B pipeline)")
     if not demo_parallel(args.seed, out_dir=Path("build/demo")):
         print("\nThe parallel run disagrees with the single-device step: this is a bug.", file=sys.stderr)
         return EXIT_ERROR

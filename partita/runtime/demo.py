@@ -1,10 +1,13 @@
-"""The parallel part of ``partita demo``: a GPT-2-style model trained on a dp=2 x tp=2 mesh.
+"""The parallel part of ``partita demo``: a GPT-2-style model trained on a pp=2 x dp=2 x tp=2 mesh.
 
 A small GPT-2 is built from a config (random weights; nothing is downloaded), imported,
-its fused q/k/v projection split in three (``split-projections``), turned into one training step (cross-entropy, SGD with momentum), parallelized with
-``dp+megatron`` for ``mesh(dp=2, tp=2)``, and run for a few steps on 4 local CPU processes
-over gloo. The single-device step runs on the same batches beside it; the demo prints both
-losses per step and ends with the check's verdict.
+its fused q/k/v projection split in three (``split-projections``), turned into one training
+step (cross-entropy, SGD with momentum), parallelized with ``pp+dp+megatron`` for
+``mesh(pp=2, dp=2, tp=2)``: two pipeline stages running the 1F1B schedule over 4
+microbatches, each stage data- and tensor-parallel over 4 ranks. It runs for a few steps on
+8 local CPU processes over gloo, with the single-device step on the same batches beside it;
+the demo prints the plan and the schedule, one rank's program, both losses per step, and
+ends with the check's verdict.
 """
 
 from __future__ import annotations
@@ -38,28 +41,39 @@ def gpt2_from_config(layers: int = 2, width: int = 64, heads: int = 4, vocab: in
     return Logits().eval(), cfg
 
 
-def _excerpt(text: str, head: int = 14) -> str:
-    """The first lines of a per-rank program, then every collective with its line number."""
+_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "shard_slice", "broadcast")
+
+
+def _excerpt(text: str, head: int = 14, p2p_only: bool = False) -> str:
+    """The first lines of a per-rank program, then every collective (with ``p2p_only``: every
+    send and recv, the collectives between them counted) with its line."""
     lines = text.splitlines()
     out = lines[:head]
-    hidden = 0
-    for i, line in enumerate(lines[head:-1], head):
-        if any(f"= {op}(" in line for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                              "shard_slice", "broadcast")):
-            if hidden:
-                out.append(f"    ... {hidden} lines ...")
-                hidden = 0
+    hidden = colls = 0
+
+    def flush() -> None:
+        nonlocal hidden, colls
+        if hidden:
+            out.append(f"    ... {hidden} lines" + (f", {colls} collective(s)" if colls else "") + " ...")
+        hidden = colls = 0
+
+    for line in lines[head:-1]:
+        is_coll = any(f"= {op}(" in line for op in _COLLECTIVES)
+        is_p2p = "= recv(" in line or line.lstrip().startswith("send(")
+        if is_p2p or (is_coll and not p2p_only):
+            flush()
             out.append(line[:150] + (" ..." if len(line) > 150 else ""))
         else:
             hidden += 1
-    if hidden:
-        out.append(f"    ... {hidden} lines ...")
+            colls += is_coll
+    flush()
     out.append(lines[-1])
     return "\n".join(out)
 
 
-def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strategy: str = "dp+megatron",
-                  out_dir: Path | None = None) -> bool:
+def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "pp=2,dp=2,tp=2", strategy: str = "pp+dp+megatron",
+                  out_dir: Path | None = None, microbatches: int = 4, schedule: str = "1f1b",
+                  layers: int = 4) -> bool:
     """Run the demo; returns whether every step agreed with the single-device step."""
     import torch
 
@@ -71,7 +85,7 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     from .parallel_run import launch
 
     torch.manual_seed(seed)
-    model, cfg = gpt2_from_config()
+    model, cfg = gpt2_from_config(layers=layers)
     batch, seq = 8, 32
     ids = torch.randint(0, cfg.vocab_size, (batch, seq))
     t0 = time.perf_counter()
@@ -85,20 +99,28 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
           f"(split-projections), and turned into one training step "
           f"(cross-entropy, SGD lr={SGD['lr']} momentum={SGD['momentum']}): {len(step)} nodes in "
           f"{time.perf_counter() - t0:.1f} s")
-    prog = parallelize(step, mesh, strategy)
-    print(f"\npartita.parallelize(step, mesh='{mesh}', strategy='{strategy}') in "
-          f"{prog.plan.timings['total']:.2f} s\n")
+    pipelined = "pp" in strategy.split("+")
+    extra = dict(microbatches=microbatches, schedule=schedule) if pipelined else {}
+    t1 = time.perf_counter()
+    prog = parallelize(step, mesh, strategy, **extra)
+    opts = "".join(f", {k}={v!r}" for k, v in extra.items())
+    print(f"\npartita.parallelize(step, mesh='{mesh}', strategy='{strategy}'{opts}) in "
+          f"{time.perf_counter() - t1:.2f} s\n")
     print(prog.plan.summary())
+    if pipelined:
+        print("\nthe schedule, one row per pp rank (every rank of a stage runs the same row):")
+        print(prog.plan.chart)
     text = print_graph(prog.local)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "rank_program.pir").write_text(text)
         (out_dir / "plan.json").write_text(prog.plan.to_json())
     coords = ", ".join(f"{a}={c}" for a, c in zip(prog.mesh.names, prog.mesh.coords(0)))
-    print(f"\nthe per-rank program ({len(prog.local)} nodes; rank 0 at {coords} runs it on its own pieces, as "
-          f"every rank does), its first lines and every collective"
+    same = "the other ranks of its stage run the same program" if pipelined else "as every rank does"
+    print(f"\nrank 0's program ({len(prog.local)} nodes; rank 0 at {coords} runs it on its own pieces; {same}), "
+          f"its first lines and every " + ("send and recv" if pipelined else "collective")
           + (f" (all of it: {out_dir / 'rank_program.pir'})" if out_dir is not None else "") + ":")
-    print(_excerpt(text))
+    print(_excerpt(text, p2p_only=pipelined))
     rng = np.random.default_rng(seed)
     data = [{"ids": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64),
              "target": rng.integers(0, cfg.vocab_size, (batch, seq)).astype(np.int64)} for _ in range(steps)]
@@ -112,7 +134,9 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "dp=2,tp=2", strate
     t1 = time.perf_counter()
     res = launch(prog, n, data, check=True)
     print(f"{steps} steps in {time.perf_counter() - t1:.1f} s including process start-up; median step "
-          f"{np.median(res.step_seconds) * 1e3:.0f} ms on the slowest rank\n")
+          f"{np.median(res.step_seconds) * 1e3:.0f} ms on the slowest rank"
+          + (f"; bubble predicted {prog.plan.bubble:.0%}, measured {prog.plan.measured_bubble:.0%} (time in recv)"
+             if pipelined and prog.plan.measured_bubble is not None else "") + "\n")
     print(f"{'step':>4}  {'loss (' + str(n) + ' ranks)':>16}  {'loss (1 device)':>16}  {'worst rel. error':>17}")
     for c in res.checks:
         print(f"{c.step:>4}  {c.loss:>16.6f}  {c.single_loss:>16.6f}  {c.worst:>17.2e}")
