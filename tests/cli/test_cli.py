@@ -396,13 +396,19 @@ def test_demo(capsys):
     assert len(losses) >= 3 and all(abs(a - b) <= 1e-4 * max(1.0, abs(a)) for a, b in losses)
     assert losses[-1][0] < losses[0][0]
     assert "agree on every loss" in train
-    # The parallel section: a GPT-2 step on 4 processes, checked against one device.
+    # The parallel section: a GPT-2 step on 8 processes (two 1F1B pipeline stages, each
+    # dp x tp), checked against one device.
     par = out.split("== parallel", 1)[1]
-    assert "plan: dp+megatron on mesh(dp=2, tp=2) (4 ranks)" in par
-    # The odd vocabulary (as GPT-2's) is padded and split over tp.
+    assert "plan: pp+dp+megatron on mesh(pp=2, dp=2, tp=2): 2 pipeline stage(s), 4 microbatches, schedule 1f1b" in par
+    assert "stage 0: dp+megatron on mesh(dp=2, tp=2) (4 ranks)" in par
+    # The odd vocabulary (as GPT-2's) is padded and split over tp; the tied embedding's
+    # gradient is summed between the first and last stage.
     assert "padded from 257 to 258 along dim 0 so that 'tp' (size 2) splits it" in par
-    assert "is vocab-parallel over 'tp'" in par
-    assert "the per-rank program" in par and "all_reduce(" in par
+    assert "gradients summed between them: %lm.transformer.wte.weight" in par
+    chart = par.split("the schedule, one row per pp rank", 1)[1]
+    assert "rank 0 |F0" in chart and "rank 1 |" in chart
+    assert "rank 0's program" in par and "send(" in par and "= recv(" in par
+    assert "measured" in par
     assert "check: PASS" in par
     # The printed IR after optimization is itself valid and has the node count announced.
     ir_after = out.split("== IR after", 1)[1].split("\n", 1)[1].split("\n== ", 1)[0]

@@ -80,11 +80,16 @@ class PipelinePlan:
                          f"{_fmt(s.peak_activation_bytes):>10} {_fmt(s.sent_bytes):>10}")
         lines.append("  (per rank of the stage; 'held': the most microbatches whose activations the schedule keeps "
                      "at once)")
+        seen: set[str] = set()
         for p, sp in enumerate(self.stage_plans):
             if sp is not None:
                 first = sp.summary().splitlines()
                 lines.append(f"  stage {p}: " + first[0].removeprefix("plan: "))
                 lines += ["  " + x for x in first[1:3]]
+                for n in sp.notes:
+                    if n not in seen:
+                        seen.add(n)
+                        lines.append(f"    note: {n}")
         return "\n".join(lines)
 
     def text(self) -> str:
