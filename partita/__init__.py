@@ -133,7 +133,9 @@ def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
                 annotations: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """Rewrite ``graph`` for a device mesh (``"dp=2,tp=2"``) with a strategy (``"dp+megatron"``)
     and/or placements by value name; returns a ``ParallelProgram`` (per-rank program, plan).
-    See partita/parallel/strategy.py and docs/parallel.md."""
+    With ``pp`` in the strategy (``mesh="pp=2,dp=2,tp=2", strategy="pp+dp+megatron",
+    microbatches=8, schedule="1f1b"``) it returns a ``PipelineProgram``: one program per
+    pipeline stage. See partita/parallel/driver.py, docs/parallel.md and docs/pipeline.md."""
     import inspect
 
     from .parallel.strategies.base import StrategyError

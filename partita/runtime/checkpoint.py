@@ -54,7 +54,7 @@ from ..parallel.mesh import Mesh
 from ..parallel.placement import Placement
 
 __all__ = ["CheckpointError", "ShardLayout", "WeightSpec", "commit", "latest_step", "load", "load_full",
-           "model_fingerprint", "read_manifest", "save", "steps", "write_shard"]
+           "model_fingerprint", "read_manifest", "save", "stage_dir", "stage_dirs", "steps", "write_shard"]
 
 FORMAT = "partita-checkpoint"
 VERSION = 1
@@ -410,17 +410,52 @@ def save(ckpt_dir: "str | os.PathLike", step: int, layout: ShardLayout,
 
 # --- loading ------------------------------------------------------------------------------
 
-def steps(ckpt_dir: "str | os.PathLike") -> list[int]:
-    """The committed steps in ``ckpt_dir`` (``step-<N>`` directories), ascending."""
+# A pipeline's checkpoint is one checkpoint per stage, ``stage-<p>/``, each over its stage's
+# ranks (every stage saves only its own params); a weight two stages share is in both. The
+# functions below read such a directory as one: its steps are those every stage committed.
+_STAGE_RE = re.compile(r"^stage-(\d+)$")
+
+
+def stage_dir(ckpt_dir: "str | os.PathLike", stage: int) -> Path:
+    """Where pipeline stage ``stage`` saves its checkpoint inside ``ckpt_dir``."""
+    return Path(ckpt_dir) / f"stage-{stage}"
+
+
+def stage_dirs(ckpt_dir: "str | os.PathLike") -> list[Path]:
+    """The stage checkpoints of a pipeline checkpoint, by stage (empty for any other)."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
+    found = sorted((int(m.group(1)), f) for f in root.iterdir() if (m := _STAGE_RE.match(f.name)) and f.is_dir())
+    return [f for _, f in found]
+
+
+def steps(ckpt_dir: "str | os.PathLike") -> list[int]:
+    """The committed steps in ``ckpt_dir`` (``step-<N>`` directories), ascending; of a
+    pipeline checkpoint, the steps every stage committed."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    stages = stage_dirs(root)
+    if stages:
+        common = set(steps(stages[0]))
+        for d in stages[1:]:
+            common &= set(steps(d))
+        return sorted(common)
     return sorted(int(m.group(1)) for f in root.iterdir() if (m := _STEP_RE.match(f.name)) and f.is_dir())
 
 
 def latest_step(ckpt_dir: "str | os.PathLike") -> int | None:
-    """The step ``latest`` points at (without it, the highest committed step), or None."""
+    """The step ``latest`` points at (without it, the highest committed step), or None; of
+    a pipeline checkpoint, the latest step every stage committed."""
     root = Path(ckpt_dir)
+    stages = stage_dirs(root)
+    if stages:
+        latest = [latest_step(d) for d in stages]
+        if any(x is None for x in latest):
+            return None
+        common = [x for x in steps(root) if x <= min(x for x in latest if x is not None)]
+        return common[-1] if common else None
     pointer = root / LATEST
     if pointer.exists():
         text = pointer.read_text().strip()
@@ -433,12 +468,29 @@ def latest_step(ckpt_dir: "str | os.PathLike") -> int | None:
 
 
 def read_manifest(ckpt_dir: "str | os.PathLike", step: int | None = None) -> dict:
-    """The manifest of ``step`` (default: the latest), checked for form."""
+    """The manifest of ``step`` (default: the latest), checked for form (of a pipeline
+    checkpoint: its first stage's, whose ``step`` is the pipeline's)."""
+    stages = stage_dirs(ckpt_dir)
+    if stages:
+        return _Checkpoint.open(stages[0], latest_step(ckpt_dir) if step is None else step).manifest
     return _Checkpoint.open(ckpt_dir, step).manifest
 
 
 def load_full(ckpt_dir: "str | os.PathLike", step: int | None = None) -> dict[str, np.ndarray]:
-    """The global arrays of ``step`` (default: the latest), reassembled bit-exactly."""
+    """The global arrays of ``step`` (default: the latest), reassembled bit-exactly (of a
+    pipeline checkpoint: every stage's; a weight two stages share is bit-identical in both)."""
+    stages = stage_dirs(ckpt_dir)
+    if stages:
+        at = latest_step(ckpt_dir) if step is None else step
+        if at is None:
+            raise CheckpointError(f"{ckpt_dir}: no step that every pipeline stage ({len(stages)}) committed; a save "
+                                  "was interrupted before the last stage committed: resume from an earlier run's "
+                                  "checkpoint")
+        out: dict[str, np.ndarray] = {}
+        for d in stages:
+            for k, v in load_full(d, at).items():
+                out.setdefault(k, v)
+        return out
     ck = _Checkpoint.open(ckpt_dir, step)
     return {name: ck.assemble(name, tuple((0, n) for n in e["shape"])) for name, e in ck.manifest["weights"].items()}
 

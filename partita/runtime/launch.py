@@ -37,7 +37,7 @@ from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.graph import Graph, input_name
 from ..parallel.mesh import Mesh
 
-FAULT_KINDS = ("raise", "exit", "kill", "stall", "stop")
+FAULT_KINDS = ("raise", "exit", "kill", "stall", "stop", "kill-mid")
 
 # A spawned rank's heartbeat thread writes the time every HEARTBEAT_S seconds. Once a peer has
 # lost a rank (a collective timed out), a rank without a beat for STALE_S seconds is the one
@@ -312,6 +312,45 @@ class _Tracker:
         return self.count
 
 
+def _communicating(graph: Graph, mesh: Mesh, rank: int) -> list:
+    """The nodes of ``graph`` that ``_instrument`` counts as entered, in program order."""
+    from ..ops.collective import is_point_to_point
+    from ..ops.registry import OPS
+
+    out = []
+    for node in graph.nodes:
+        if OPS[node.op].collective is not None or is_point_to_point(node):
+            if node.attrs.get("group_size", 1) > 1 and node.attrs.get("axis") in mesh.names:
+                out.append(node)
+    return out
+
+
+def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int | None) -> str:
+    """What a rank that died was doing: the communication it had entered last (its count of
+    entered collectives, ``entered``, includes the rendezvous and the mesh groups), with the
+    pipeline action a send or recv serves; empty when unknown."""
+    if step is None or entered < 3:
+        return ""
+    nodes = _communicating(graph, mesh, rank)
+    k = entered - 3 - step * len(nodes)
+    if not nodes or not 0 <= k < len(nodes):
+        return ""
+    node = nodes[k]
+    axis = node.attrs["axis"]
+    tag = node.attrs.get("tag")
+    if node.attrs.get("peer") is not None and node.op in ("send", "recv"):
+        peer = mesh.group_of(rank, axis)[node.attrs["peer"]]
+        what = f"{node.op} {'to' if node.op == 'send' else 'from'} rank {peer} over axis '{axis}'"
+    else:
+        what = f"{node.op} over axis '{axis}'"
+    return f"{what}{f' ({tag})' if tag else ''}{_location(node)}, its {_ordinal_text(k + 1)} communication of the step"
+
+
+def _ordinal_text(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
 def _location(node) -> str:
     loc = node.text_loc or node.loc
     return f" at {loc}" if loc else ""
@@ -337,6 +376,7 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
     from ..ops.registry import OPS
 
     at_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "raise" else None
+    kill_count = [0]
     injected = at_step is not None
     for i, st in enumerate(program.steps):
         fn, node = st[0], st[-1]
@@ -359,9 +399,16 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
                     f"(each collective waits at most timeout_s={timeout_s:g} s)", ordinal, group, what) from e
 
             timed = wait_cell is not None and is_point_to_point(node) and not node.operands
+            # "kill-mid": the rank dies at the fault step as it enters its third point-to-point
+            # op (or collective), in the middle of a pipeline schedule.
+            mid = fault is not None and fault[0] == rank and fault[2] == "kill-mid"
 
-            def wrapped(args, attrs, fn=fn, fail=fail, timed=timed):
+            def wrapped(args, attrs, fn=fn, fail=fail, timed=timed, mid=mid):
                 ordinal = tracker.enter()
+                if mid and step_cell[0] == fault[1]:
+                    kill_count[0] += 1
+                    if kill_count[0] == 3:
+                        os.kill(os.getpid(), signal.SIGKILL)
                 t0 = time.perf_counter() if timed else 0.0
                 try:
                     res = fn(args, attrs)
@@ -786,6 +833,9 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
                     if r not in ended and now - exited_at.setdefault(r, now) < 5.0:
                         continue
                     text = f"the process {_exit_text(code)}"
+                    last = _entered_node(graph_list[r], mesh, r, int(entered[r]), current(r))
+                    if last:
+                        text += f" in {last}"
                     if r not in started:
                         text += (" before it received its job: a spawned rank first re-imports the main module, "
                                  "and a script must call launch/run_ranks under `if __name__ == \"__main__\":` "
@@ -906,7 +956,9 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     is called as steps finish. ``threads``: torch intra-op threads per rank (None: leave
     torch's default). ``_fault=(rank, step, kind)`` injects a failure for tests: "raise" (the
     rank's first compute node raises), "exit" (os._exit(3)), "kill" (SIGKILL), "stall" (the
-    rank sleeps, so its peers' collectives time out) or "stop" (the rank sends itself SIGSTOP).
+    rank sleeps, so its peers' collectives time out), "stop" (the rank sends itself SIGSTOP)
+    or "kill-mid" (SIGKILL as the rank enters its third send, recv or collective of that step:
+    a pipeline stage dying in the middle of its schedule).
 
     Raises ``LaunchError`` for arguments that cannot make a run (and, outside torchrun, for a
     main module that spawn cannot re-import: ``check_spawnable``), ``RankFailure`` when a rank

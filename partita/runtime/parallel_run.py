@@ -125,19 +125,27 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     if not _torchrun_env():
         check_spawnable("launch")
     pipelined = hasattr(program, "rank_graphs")
-    if pipelined and (checkpoint_dir is not None or resume_from is not None):
-        raise LaunchError("launch: checkpoints of a pipeline program are not supported yet; run it without "
-                          "checkpoint_dir/resume_from, or checkpoint a program without pp")
+    if pipelined and checkpoint_dir is not None and _torchrun_env():
+        raise LaunchError("launch: under torchrun a pipeline program does not save checkpoints yet; launch it "
+                          "from one process (partita.launch spawns the ranks), or run without checkpoint_dir")
     layout = None if pipelined else ckpt.ShardLayout.of(program.graph, _padding(program))
     shards: list[dict[str, np.ndarray]]
     start = 0
     if resume_from is not None:
         resumed = ckpt.latest_step(resume_from)
-        loaded = ckpt.load(resume_from, layout, step=resumed)
-        assert isinstance(loaded, list)  # every rank's pieces (rank=None)
-        shards = loaded
+        if pipelined or ckpt.stage_dirs(resume_from):
+            # A pipeline's checkpoint (one per stage), or a pipeline resuming from any
+            # checkpoint: the global arrays, cut for this program's stages and placements.
+            start_weights = ckpt.load_full(resume_from, resumed)
+            _check_global_weights(program, start_weights)
+            shards = program.shard_weights(start_weights)
+        else:
+            assert layout is not None
+            loaded = ckpt.load(resume_from, layout, step=resumed)
+            assert isinstance(loaded, list)  # every rank's pieces (rank=None)
+            shards = loaded
+            start_weights = program.assemble_weights(shards)
         start = ckpt.read_manifest(resume_from, resumed)["step"]
-        start_weights = program.assemble_weights(shards)
     else:
         start_weights = _full_weights(program, weights)
         shards = program.shard_weights(start_weights)
@@ -159,7 +167,11 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     result = LaunchResult(outputs, final, res.step_seconds(), res, tolerance=tolerance, start_step=start)
     if pipelined and getattr(program, "plan", None) is not None:
         program.plan.record_measured(res)
-    if checkpoint_dir is not None:
+    if checkpoint_dir is not None and pipelined:
+        _save_pipeline(program, checkpoint_dir, save_step, res)
+        result.checkpoint_step = save_step
+    elif checkpoint_dir is not None:
+        assert layout is not None
         if not joined:
             ckpt.save(checkpoint_dir, save_step, layout, [w for w in res.weights if w is not None])
         else:
@@ -176,6 +188,17 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     if check:
         result.checks = check_single_device(_single_device(program), start_weights, per_step, steps, outputs)
     return result
+
+
+def _save_pipeline(program: Any, checkpoint_dir: str, step: int, res: RunResult) -> None:
+    """One checkpoint per pipeline stage (``stage-<p>/``), each of its ranks' pieces under its
+    stage program's layout; a weight two stages share is saved by both."""
+    from . import checkpoint as ckpt
+
+    by_stage = program._by_stage(res.weights)
+    for p, st in enumerate(program.stages):
+        layout = ckpt.ShardLayout.of(st.graph, _padding(st))
+        ckpt.save(ckpt.stage_dir(checkpoint_dir, p), step, layout, by_stage[p])
 
 
 def _check_program(program: Any) -> Any:
