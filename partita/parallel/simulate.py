@@ -136,6 +136,51 @@ def run_mesh(graph: Graph | Sequence[Graph], mesh: Mesh | str,
     return [[envs[r][v] for v in g.outputs] for r, g in enumerate(graphs)]
 
 
+def check_deadlock_free(graphs: Sequence[Graph], mesh: Mesh | str,
+                        error: type[PartitaError] = MeshRunError) -> int:
+    """Prove, without running anything, that the per-rank ``graphs`` cannot deadlock: play
+    their communication alone in lockstep, as ``run_mesh`` does (a collective proceeds when
+    every member of its group waits in it, a send when its peer waits in the matching recv,
+    sends synchronous), and raise ``error`` naming where every rank waits if they ever
+    stop. Assumes ``pair_point_to_point`` and ``check_collective_order`` pass. Returns how
+    many communications were played."""
+    mesh = Mesh.of(mesh)
+    progs = [[n for n in g.nodes if _communicates(n) and n.attrs.get("group_size", 1) > 1] for g in graphs]
+    partner = pair_point_to_point(graphs, mesh, error)
+    pcs = [0] * len(progs)
+    played = 0
+    while True:
+        waiting = {r: progs[r][pcs[r]] for r in range(len(progs)) if pcs[r] < len(progs[r])}
+        if not waiting:
+            return played
+        progressed = False
+        done: set[int] = set()
+        for r, node in sorted(waiting.items()):
+            if r in done:
+                continue
+            if is_point_to_point(node):
+                if not node.operands:
+                    continue
+                d, recv = partner[(r, node)]
+                if d not in done and waiting.get(d) is recv:
+                    pcs[r] += 1
+                    pcs[d] += 1
+                    done.update((r, d))
+                    played += 1
+                    progressed = True
+                continue
+            members = mesh.group_of(r, node.attrs["axis"])
+            if all(m in waiting and m not in done and not is_point_to_point(waiting[m])
+                   and waiting[m].attrs.get("axis") == node.attrs["axis"] for m in members):
+                for m in members:
+                    pcs[m] += 1
+                    done.add(m)
+                played += 1
+                progressed = True
+        if not progressed:
+            raise error(_deadlock_message(waiting, partner, mesh))
+
+
 def _communicates(node: Node) -> bool:
     return OPS[node.op].collective is not None or is_point_to_point(node)
 

@@ -490,3 +490,20 @@ def test_send_hands_over_any_split_and_refuses_a_pending_sum():
     for p in (Placement.replicated(2), Placement.split(2, {0: "dp"}), Placement.split(2, {0: "dp", 1: "tp"})):
         assert result_placements(spec, [p], [t], mesh) == []
     assert isinstance(result_placements(spec, [Placement.split(2, {}, partial=("dp",))], [t], mesh), Conflict)
+
+
+def test_check_deadlock_free_proves_an_order_and_refuses_two_sends_that_wait_for_each_other():
+    from partita.ir.parser import parse
+    from partita.parallel.simulate import MeshRunError, check_deadlock_free
+
+    def stage(name: str, peer: int, send_first: bool) -> str:
+        send = f'  send(%x) {{axis="pp", group_size=2, peer={peer}}}'
+        recv = f'  %y = recv() {{axis="pp", group_size=2, peer={peer}, shape=[4], dtype=f32}} : f32[4]'
+        body = [send, recv] if send_first else [recv, send]
+        return f"graph @{name}(%x: f32[4]) -> (f32[4]) {{\n" + "\n".join(body) + "\n  return %y\n}"
+
+    ok = [parse(stage("s0", 1, True)), parse(stage("s1", 0, False))]
+    assert check_deadlock_free(ok, "pp=2") == 2
+    both = [parse(stage("s0", 1, True)), parse(stage("s1", 0, True))]
+    with pytest.raises(MeshRunError, match=r"deadlock on mesh\(pp=2\): rank 0 waits in send.*rank 1 waits in send"):
+        check_deadlock_free(both, "pp=2")

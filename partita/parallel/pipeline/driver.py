@@ -120,15 +120,18 @@ def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int) 
 
 def check_program(prog: PipelineProgram) -> None:
     """Prove before anything runs that the ranks' programs meet: every send pairs with its
-    recv (same type), and along every mesh axis each group issues the same collectives in
-    the same order (``check_collective_order``); raises PipelineError naming both ranks."""
+    recv (same type), along every mesh axis each group issues the same collectives in the
+    same order (``check_collective_order``), and played in lockstep with sends that wait
+    for their recv, the communication never stops (``check_deadlock_free``); raises
+    PipelineError naming the ranks and the nodes."""
     from ..bucket import CollectiveOrderError, check_collective_order
-    from ..simulate import MeshRunError, pair_point_to_point
+    from ..simulate import MeshRunError, check_deadlock_free, pair_point_to_point
 
     graphs = prog.rank_graphs()
     try:
         pair_point_to_point(graphs, prog.mesh)
         check_collective_order(graphs, prog.mesh)
+        check_deadlock_free(graphs, prog.mesh)
     except (MeshRunError, CollectiveOrderError) as e:
         raise PipelineError(f"pipeline on {prog.mesh}: the per-rank programs would not meet: {e}") from None
 
