@@ -50,6 +50,12 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                         "when this machine has a GPU for every local rank")
     g.add_argument("--allow-replication", action="store_true",
                    help="accept ops without a sharding rule that gather split operands")
+    p = r.add_argument_group("pipeline (with 'pp' in --strategy and a pp axis in --mesh)")
+    p.add_argument("--microbatches", type=int_arg(1), help="split the batch into this many microbatches (default 1)")
+    p.add_argument("--schedule", help="gpipe, 1f1b (default), interleaved or zero-bubble")
+    p.add_argument("--virtual-stages", type=int_arg(1), help="model chunks per pp rank (schedule interleaved)")
+    p.add_argument("--stages", metavar="CUT",
+                   help="the stage cut: layer names each later stage starts at (h.3,h.7) or layers per stage (3,3,2)")
 
 
 def cmd_run_parallel(args: argparse.Namespace) -> int:
@@ -97,12 +103,22 @@ def _run_parallel(args: argparse.Namespace) -> int:
         if not sep:
             raise RunError(f"--annotate '{a}': write NAME=PLACEMENT, e.g. 'x=[dp, -]'")
         annotations[name.strip()] = placement.strip()
+    pipeline: dict[str, Any] = {}
+    for key in ("microbatches", "schedule", "virtual_stages"):
+        if getattr(args, key, None) is not None:
+            pipeline[key] = getattr(args, key)
+    if getattr(args, "stages", None):
+        parts = [x.strip() for x in args.stages.split(",") if x.strip()]
+        pipeline["stages"] = [int(x) for x in parts] if all(x.isdigit() for x in parts) else parts
     t0 = time.perf_counter()
     prog = parallelize(graph, args.mesh, args.strategy, annotations or None,
-                       allow_replication=args.allow_replication)
+                       allow_replication=args.allow_replication, **pipeline)
+    timings = prog.plan.timings
     print(f"parallelize @{graph.name} for {prog.mesh} with {prog.strategy}: {time.perf_counter() - t0:.2f} s "
-          f"({', '.join(f'{k} {v:.2f} s' for k, v in prog.plan.timings.items() if k != 'total')})")
+          f"({', '.join(f'{k} {v:.2f} s' for k, v in timings.items() if k != 'total')})")
     print(prog.plan.text() if args.plan else prog.plan.summary())
+    if hasattr(prog, "rank_graphs") and not args.plan:
+        print("\nschedule:\n" + prog.plan.chart)
     if args.plan_json:
         Path(args.plan_json).write_text(prog.plan.to_json())
         print(f"wrote the plan to {args.plan_json}")
@@ -110,8 +126,13 @@ def _run_parallel(args: argparse.Namespace) -> int:
         if not 0 <= args.show_rank < prog.mesh.size:
             raise RunError(f"--show-rank {args.show_rank}: the mesh {prog.mesh} has ranks 0..{prog.mesh.size - 1}")
         coords = ", ".join(f"{a}={c}" for a, c in zip(prog.mesh.names, prog.mesh.coords(args.show_rank)))
-        print(f"\nthe per-rank program (rank {args.show_rank} at {coords} runs it on its own pieces):")
-        print(prog.text())
+        if hasattr(prog, "rank_graphs"):
+            print(f"\nrank {args.show_rank}'s program (at {coords}; the ranks of its pipeline stage run it on their "
+                  "own pieces):")
+            print(prog.text(args.show_rank))
+        else:
+            print(f"\nthe per-rank program (rank {args.show_rank} at {coords} runs it on its own pieces):")
+            print(prog.text())
     rng = np.random.default_rng(args.seed)
     batches = [synthetic_batch(graph, fwd, rng, classes) for _ in range(args.steps)]
     n = prog.mesh.size
@@ -129,6 +150,9 @@ def _run_parallel(args: argparse.Namespace) -> int:
                  checkpoint_dir=args.checkpoint, resume_from=args.resume, progress=progress)
     print(f"{args.steps} step(s) in {time.perf_counter() - t1:.2f} s (including process start); median step "
           f"{np.median(res.step_seconds) * 1e3:.1f} ms on the slowest rank")
+    if hasattr(prog, "rank_graphs") and prog.plan.measured_bubble is not None:
+        print(f"pipeline bubble: predicted {prog.plan.bubble:.1%}, measured {prog.plan.measured_bubble:.1%} (the time "
+              "the ranks spent waiting in recv)")
     if args.check:
         print(f"\n{'step':>4}  {'loss (' + str(n) + ' ranks)':>16}  {'loss (1 device)':>16}  {'worst rel. error':>16}")
         for c in res.checks:

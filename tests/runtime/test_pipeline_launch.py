@@ -89,3 +89,29 @@ def test_stage_checkpoints_load_onto_another_cut_and_mesh_bit_exactly(gpt2_step,
     dp = partita.parallelize(step, "dp=2", "dp")
     third = launch(dp, 2, data[:1], check=True, resume_from=str(tmp_path / "ck"), timeout_s=60)
     assert third.passed and third.losses()[0] == pytest.approx(float(single[0]), rel=1e-5)
+
+
+def test_cli_runs_a_pipeline_with_its_options_and_prints_the_schedule(gpt2_step, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from partita.runtime.demo import gpt2_from_config
+
+    torch.manual_seed(0)
+    model, cfg = gpt2_from_config(layers=4)
+    fwd = partita.import_torch(model, (torch.randint(0, cfg.vocab_size, (B, T)),))
+    partita.save(fwd, str(tmp_path / "gpt.pir"))
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "partita", "run", str(tmp_path / "gpt.pir"), "--mesh", "pp=2",
+                          "--strategy", "pp", "--train", "sgd", "--microbatches", "4", "--schedule", "gpipe",
+                          "--stages", "1,3", "--steps", "2", "--check"],
+                         capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "2 pipeline stage(s), 4 microbatches, schedule gpipe" in text, text
+    assert "cut: layers per chunk [1, 3]" in text, text
+    assert "rank 0 |F0" in text and "pipeline bubble: predicted" in text, text
+    assert "check: PASS" in text, text
