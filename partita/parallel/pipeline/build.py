@@ -215,6 +215,13 @@ class _Unroller:
             for nm in self.chunks[c].params:
                 if nm not in param_names:
                     param_names.append(nm)
+        if not batch_names:
+            # A middle stage that reads no batch input (all it needs arrives from the stage
+            # before) still takes the first one, unread: the data-parallel strategies find the
+            # batch by it, and split it as they split the values this rank receives.
+            batch0 = next((str(v.name) for v in self.step.inputs if v.role == "input"), None)
+            if batch0 is not None:
+                batch_names.append(batch0)
         src_inputs = {str(v.name): v for v in self.step.inputs}
         ins: dict[str, Value] = {}
         for nm in [v for v in (str(x.name) for x in self.step.inputs) if v in batch_names or v in param_names]:
@@ -366,6 +373,14 @@ class _Unroller:
                 elif d is None:
                     raise PipelineError(f"pipeline: output {k} of @{self.step.name} has no batch dim to put the "
                                         "microbatches' pieces back together along; use microbatches=1")
+                elif self.dp > 1:
+                    # With dp ranks a microbatch holds each dp rank's share of its rows (see
+                    # _slice): put every dp rank's shares back in order, then the ranks.
+                    shape = list(parts[0].type.shape)
+                    n = shape[d]
+                    split = [b.reshape(x, shape=shape[:d] + [self.dp, n // self.dp] + shape[d + 1:]) for x in parts]
+                    whole = b.concat(*split, axis=d + 1)
+                    outs.append(b.reshape(whole, shape=shape[:d] + [n * len(parts)] + shape[d + 1:]))
                 else:
                     outs.append(b.concat(*parts, axis=d))
                 src_index.append(k)
@@ -482,7 +497,7 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
                             f"training schedule needs a training step (partita.training_step); for inference the "
                             "pipeline runs forward only")
     mbg = microbatch_graph(fwd, microbatches, training)
-    sc = partition_stages(mbg.graph, schedule.chunks, cut)
+    sc = partition_stages(mbg.graph, schedule.chunks, cut, virtual=schedule.virtual)
     last = schedule.chunks - 1
     chunks = [build_chunk_program(ch, ch.index == last, mbg.loss if ch.index == last else None,
                                   forward_only=not training, outputs=None if training else mbg.outputs)

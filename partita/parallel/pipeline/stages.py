@@ -121,8 +121,13 @@ def _short(layer: str) -> str:
     return ".".join(parts[-2:]) if len(parts) >= 2 else layer
 
 
-def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence[int] | None = None) -> StageCut:
-    """Cut the forward ``graph`` (its nodes in order; not changed) into ``chunks`` chunks."""
+def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence[int] | None = None, *,
+                     virtual: int = 1) -> StageCut:
+    """Cut the forward ``graph`` (its nodes in order; not changed) into ``chunks`` chunks
+    (``virtual`` of them per pp rank: only for the messages)."""
+    if isinstance(stages, (str, bytes)):
+        raise PipelineError(f"pipeline: stages={stages!r} is one string; give a list: stages=[{stages!r}] (the "
+                            "layers later stages start at) or layer counts per stage such as stages=[2, 2]")
     nodes = list(graph.nodes)
     raw = {n: _node_layer(n) for n in nodes}
     layers: list[str] = []
@@ -134,11 +139,16 @@ def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence
     if len(layers) < chunks:
         found = f"{len(layers)} ({', '.join(_short(x) for x in layers[:6])}{', ...' if len(layers) > 6 else ''})" \
             if layers else "none"
+        asked = f"{chunks} chunk(s) asked for" + (
+            f" ({chunks // virtual} pp ranks x virtual_stages={virtual})" if virtual > 1 else "")
+        if virtual > 1:
+            fix = (f"use pp ranks x virtual_stages <= {max(len(layers), 1)} (e.g. virtual_stages="
+                   f"{max(len(layers) // max(chunks // virtual, 1), 1)}), or a model with more layers")
+        else:
+            fix = f"use at most {max(len(layers), 1)} pipeline stages, or a model with more layers"
         raise PipelineError(
-            f"pipeline: {chunks} chunk(s) asked for, but @{graph.name} has {found} layers to cut between (a layer is "
-            "a module path ending in a number, such as transformer.h.3, from the nodes' source scopes or the params' "
-            f"names); use at most {max(len(layers), 1)} pipeline stages (times virtual_stages), or a model with more "
-            "layers")
+            f"pipeline: {asked}, but @{graph.name} has {found} layers to cut between (a layer is a module path ending "
+            "in a number, such as transformer.h.3, from the nodes' source scopes or the params' names); " + fix)
     # Each node's effective layer: its own, never before its operands' (so that sorting by it
     # keeps the order topological); nodes outside the layers go with what they read.
     # A node outside the layers that reads only graph inputs and other such nodes (an
