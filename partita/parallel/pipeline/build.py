@@ -299,14 +299,14 @@ class _Unroller:
                 if t.src == r:
                     for i, v in enumerate(cp.send):
                         val = env[(c, m)][v]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("act", c, m, i))
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("act", c, m, i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
                 else:
                     nxt = self.chunks[c + 1]
                     got = []
                     for i, v in enumerate(nxt.recv):
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(v.type.shape),
-                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}", tag=_tag("act", c, m, i))
+                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}", tag=_tag("act", c, m, i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
                         got.append(rv)
                     recv_act[(c + 1, m)] = got
@@ -319,7 +319,7 @@ class _Unroller:
                         if gv is None:
                             continue
                         val = env[(c, m)][gv]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("grad", c, m, i))
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("grad", c, m, i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
                 else:
                     prev = self.chunks[c - 1]
@@ -329,7 +329,7 @@ class _Unroller:
                             got_ct.append(None)
                             continue
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(ct.type.shape),
-                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}", tag=_tag("grad", c, m, i))
+                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}", tag=_tag("grad", c, m, i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
                         got_ct.append(rv)
                     recv_ct[(c - 1, m)] = got_ct
@@ -481,11 +481,13 @@ class _Unroller:
                 aliases.append(None)
 
 
-def _tag(what: str, chunk: int, mb: int, i: int) -> str:
+def _tag(what: str, chunk: int, mb: int, i: int, stages: int, virtual: int) -> str:
     """The words a transfer's send and recv carry (``tag``): which schedule action it serves."""
+    def where(c: int) -> str:
+        return f"stage {c}" if virtual == 1 else f"chunk {c} (stage {c % stages})"
     if what == "act":
-        return f"activation {i} of F{mb}: chunk {chunk} -> {chunk + 1}"
-    return f"gradient {i} of B{mb}: chunk {chunk} -> {chunk - 1}"
+        return f"activation {i} of F{mb}: {where(chunk)} -> {where(chunk + 1)}"
+    return f"gradient {i} of B{mb}: {where(chunk)} -> {where(chunk - 1)}"
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *, dp_size: int = 1,
