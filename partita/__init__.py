@@ -141,7 +141,8 @@ def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
     from .parallel.strategies.base import StrategyError
     from .parallel.strategy import parallelize as _parallelize
 
-    known = [n for n, p in inspect.signature(_parallelize).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    known = [n for n, p in inspect.signature(_parallelize).parameters.items()
+             if p.kind is p.KEYWORD_ONLY and not n.startswith("_")]
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise StrategyError(f"parallelize: unknown option(s) {', '.join(unknown)}; the options are {', '.join(known)}")

@@ -114,7 +114,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
-                virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None) -> Any:
+                virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
+                _track: bool = False) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -165,6 +166,11 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                             f"options of pipeline parallelism, but strategy {s} has no 'pp'; add it (e.g. "
                             f"strategy='pp+{s}' on a mesh with a pp axis) or leave {pipeline_only[0]} out")
     g = graph.clone()
+    # With _track, what each node and value of the caller's graph became in the copy (the
+    # strategies rewrite the copy in place: its original nodes keep their identity).
+    origin = None
+    if _track:
+        origin = dict(zip(graph.nodes, g.nodes)), dict(zip(graph.values(), g.values()))
     for v in g.values():
         v.placement = None
     g.mesh = m
@@ -226,8 +232,16 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
             "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
             "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
     t2 = time.perf_counter()
-    local, part = partition_with_report(g, prop.reshards,
-                                        real_sizes=ctx.padding.values if ctx.padding is not None else None)
+    tracked = None
+    if _track:
+        from .partition import partition_tracked
+
+        local, part, spans, vmap = partition_tracked(g, prop.reshards,
+                                                     real_sizes=ctx.padding.values if ctx.padding is not None else None)
+        tracked = (spans, vmap, origin, g)
+    else:
+        local, part = partition_with_report(g, prop.reshards,
+                                            real_sizes=ctx.padding.values if ctx.padding is not None else None)
     timings["partition"] = time.perf_counter() - t2
     for st in s.annotation_order():
         for ps in st.passes(ctx):
@@ -253,7 +267,10 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
                         for rep in (buckets, gathers) if rep is not None for b in rep.fused]
     plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
-    return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding)
+    prog = ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding)
+    if tracked is not None:
+        prog.tracked = tracked  # type: ignore[attr-defined]
+    return prog
 
 
 def _forced_replication(g: Graph, prop: PropagationReport) -> list[str]:

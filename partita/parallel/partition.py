@@ -118,6 +118,17 @@ def partition_with_report(graph: Graph, reshards: "list[ReshardNeed] | None" = N
     return _Partitioner(graph, reshards, real_sizes).run()
 
 
+def partition_tracked(graph: Graph, reshards: "list[ReshardNeed] | None" = None, *,
+                      real_sizes: "Mapping[Value, Mapping[int, int]] | None" = None
+                      ) -> tuple[Graph, PartitionReport, dict[Node, list[Node]], dict[Value, Value]]:
+    """``partition_with_report`` that also returns, per global node, the local nodes made for
+    it, and the map from each global value to its local value."""
+    p = _Partitioner(graph, reshards, real_sizes)
+    p.spans = {}
+    local, report = p.run()
+    return local, report, p.spans, dict(p.vmap)
+
+
 def local_piece(array: Any, placement: Placement | None, mesh: Mesh, rank: int, what: str = "the tensor") -> np.ndarray:
     """The piece of the global ``array`` that ``rank`` holds under ``placement`` (None:
     replicated). A split dim is cut by its axes major to minor. Pending sums have no single
@@ -184,6 +195,10 @@ class _Partitioner:
         # The report entry of each one-step reshard's result, for rewrites after the fact.
         self.entry: dict[Value, InsertedCollective] = {}
         self.memo: dict = {}  # shared by the local forms (local_forms.LocalForm.memo)
+        # With ``track``: per global node, the local nodes its emission made (its operands'
+        # reshards, its local form, its result's reshard), for passes that copy pieces of the
+        # per-rank program (a pipeline unrolls a one-microbatch template).
+        self.spans: dict[Node, list[Node]] | None = None
 
     def name(self, v: Value) -> str:
         return self.names.get(v, "?")
@@ -244,7 +259,15 @@ class _Partitioner:
             self.vmap[v] = w
             self.moved[(v, self.pl(v))] = w
         for node in self.g.nodes:
+            before = self.new.last
             self.emit(node, needs.get(node, {}))
+            if self.spans is not None:
+                n = before.next if before is not None else self.new.first
+                made = []
+                while n is not None:
+                    made.append(n)
+                    n = n.next
+                self.spans[node] = made
         outs: list[Value] = []
         for i, v in enumerate(self.g.outputs):
             p = self.pl(v)

@@ -149,6 +149,15 @@ class RankProgram:
     source_index: list[int | None]
     boundary: list[tuple[Value, int | None]] = field(default_factory=list)
     tied_values: list[Value] = field(default_factory=list)
+    # A template (one microbatch, unrolled later on the per-rank program; see local_unroll):
+    # each node's section, the param gradients each chunk's W adds up (in order), the
+    # values the microbatches' sums replace, and the batch inputs at one microbatch's shape.
+    template: bool = False
+    sections: dict[Node, tuple] = field(default_factory=dict)
+    chunk_grads: dict[int, list[tuple[str, Value]]] = field(default_factory=dict)
+    acc_values: dict[str, Value] = field(default_factory=dict)
+    loss_share: Value | None = None
+    finals: list[tuple[Value, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -168,7 +177,8 @@ class Pipeline:
 
 class _Unroller:
     def __init__(self, step: Graph, mbg: MicrobatchGraph, cut: StageCut, chunks: list[ChunkProgram],
-                 schedule: Schedule, training: bool, dp_size: int, axis: str) -> None:
+                 schedule: Schedule, training: bool, dp_size: int, axis: str, template: bool = False) -> None:
+        self.template = template
         self.step = step
         self.mbg = mbg
         self.cut = cut
@@ -194,7 +204,8 @@ class _Unroller:
                     "its readers fall on one rank, e.g. with stages=[...]")
 
     def build(self) -> list[RankProgram]:
-        order = self.s.program_order(tied=bool(self.tied) and self.training)
+        sched = template_schedule(self.s) if self.template else self.s
+        order = sched.program_order(tied=bool(self.tied) and self.training)
         return [self._rank(r, order[r]) for r in range(self.s.stages)]
 
     # --- one rank -------------------------------------------------------------------------
@@ -204,6 +215,23 @@ class _Unroller:
         g = Graph(f"{self.step.name}.pp{r}")
         g.weights = type(self.step.weights)()
         b = Builder(g)
+        tpl = self.template
+        sections: dict[Node, tuple] = {}
+        chunk_grads: dict[int, list[tuple[str, Value]]] = {}
+        last_mark: list[Node | None] = [None]
+
+        def mark(key: tuple) -> None:
+            """Every node appended since the last mark belongs to section ``key``."""
+            n = last_mark[0].next if last_mark[0] is not None else g.first
+            while n is not None:
+                sections[n] = key
+                n = n.next
+            last_mark[0] = g.last
+
+        def mtext(m: int) -> str:
+            # A template stands for every microbatch: its transfers' names and tags say "MB",
+            # which the unroll replaces by each microbatch's number.
+            return "MB" if tpl else str(m)
         mine = s.chunks_of(r)
         # Inputs: the batch inputs its chunks read (whole-batch type), then its params.
         batch_names: list[str] = []
@@ -224,15 +252,22 @@ class _Unroller:
                 batch_names.append(batch0)
         src_inputs = {str(v.name): v for v in self.step.inputs}
         ins: dict[str, Value] = {}
+        mb_types = {nm: v.type for cp in self.chunks for nm, v in cp.batch.items()}
         for nm in [v for v in (str(x.name) for x in self.step.inputs) if v in batch_names or v in param_names]:
             v = src_inputs[nm]
-            ins[nm] = g.add_input(nm, v.type, v.role or "input")
+            t = v.type
+            if tpl and v.role == "input":
+                # The template takes one microbatch as it is.
+                t = mb_types.get(nm) or t.with_shape((t.shape[0] // M,) + tuple(t.shape[1:]))
+            ins[nm] = g.add_input(nm, t, v.role or "input")
             if nm in self.step.weights:
                 g.weights[nm] = self.step.weights[nm]
         slices: dict[tuple[str, int], Value] = {}
 
         def micro(nm: str, m: int) -> Value:
             key = (nm, m)
+            if tpl:
+                return ins[nm]
             if key not in slices:
                 slices[key] = self._slice(b, ins[nm], m, M, nm)
             return slices[key]
@@ -246,6 +281,7 @@ class _Unroller:
         boundary: list[tuple[Value, int | None]] = []
         tied_vals: list[Value] = []
         tied_got: dict[str, Value] = {}
+        acc_before_tied: dict[str, Value] | None = None
 
         for it in items:
             if isinstance(it, Action):
@@ -259,7 +295,9 @@ class _Unroller:
                         e[v] = micro(nm, it.mb)
                     for nm, v in cp.params.items():
                         e[v] = ins[nm]
+                    mark(("pre",))
                     self._copy(b, cp.F, e)
+                    mark(("F", it.chunk))
                     env[key] = e
                     if cp.loss is not None:
                         loss_parts.append(e[cp.loss])
@@ -275,12 +313,17 @@ class _Unroller:
                                     assert cts is not None, f"no gradient received for chunk {it.chunk}"
                                     e[ct] = cts[i]  # type: ignore[assignment]
                         self._copy(b, cp.B, e)
+                        mark(("B", it.chunk))
                         if not s.split:
                             self._copy(b, cp.W, e)
-                            self._accumulate(b, cp, e, acc)
+                            mark(("W", it.chunk))
+                            self._accumulate(b, cp, e, acc, chunk_grads)
+                            mark(("acc",))
                     else:
                         self._copy(b, cp.W, e)
-                        self._accumulate(b, cp, e, acc)
+                        mark(("W", it.chunk))
+                        self._accumulate(b, cp, e, acc, chunk_grads)
+                        mark(("acc",))
                 continue
             t = it
             if t.src == t.dst:  # both chunks on this rank: a hand-over, no transfer
@@ -299,17 +342,21 @@ class _Unroller:
                 if t.src == r:
                     for i, v in enumerate(cp.send):
                         val = env[(c, m)][v]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("act", c, m, i, S, s.virtual))
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst,
+                               tag=_tag("act", c, mtext(m), i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
+                    mark(("send", "act", c))
                 else:
                     nxt = self.chunks[c + 1]
                     got = []
                     for i, v in enumerate(nxt.recv):
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(v.type.shape),
-                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{m}.{i}", tag=_tag("act", c, m, i, S, s.virtual))
+                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mtext(m)}.{i}",
+                                    tag=_tag("act", c, mtext(m), i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
                         got.append(rv)
                     recv_act[(c + 1, m)] = got
+                    mark(("recv", "act", c))
             elif t.what == "grad":
                 assert t.after is not None and t.before is not None
                 c, m = t.after.chunk, t.after.mb
@@ -319,8 +366,10 @@ class _Unroller:
                         if gv is None:
                             continue
                         val = env[(c, m)][gv]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst, tag=_tag("grad", c, m, i, S, s.virtual))
+                        b.send(val, axis=self.axis, group_size=S, peer=t.dst,
+                               tag=_tag("grad", c, mtext(m), i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
+                    mark(("send", "grad", c))
                 else:
                     prev = self.chunks[c - 1]
                     got_ct: list[Value | None] = []
@@ -329,11 +378,14 @@ class _Unroller:
                             got_ct.append(None)
                             continue
                         rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(ct.type.shape),
-                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{m}.{i}", tag=_tag("grad", c, m, i, S, s.virtual))
+                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mtext(m)}.{i}",
+                                    tag=_tag("grad", c, mtext(m), i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
                         got_ct.append(rv)
                     recv_ct[(c - 1, m)] = got_ct
+                    mark(("recv", "grad", c))
             else:  # the tied weights' gradients
+                acc_before_tied = dict(acc)
                 for nm in self.tied:
                     if t.src == r:
                         if acc[nm].name is None or str(acc[nm].name).isdigit():
@@ -346,6 +398,7 @@ class _Unroller:
                                     dtype=p.type.dtype, name=f"pp.tied.{nm}", tag=f"gradient of the shared %{nm}")
                         tied_vals.append(rv)
                         tied_got[nm] = rv
+        acc_values = dict(acc) if acc_before_tied is None else acc_before_tied
         if self.tied and self.training:
             first = s.rank_of(0)
             for nm in (x for x in self.tied if r in self.owners[x]):
@@ -353,6 +406,7 @@ class _Unroller:
                 # that both hold bit-identical sums and updated copies.
                 mine_g, other = acc[nm], tied_got[nm]
                 acc[nm] = b.add(mine_g, other) if r == first else b.add(other, mine_g)
+        mark(("tied",))
         outs: list[Value] = []
         src_index: list[int | None] = []
         aliases: list[Value | None] = []
@@ -364,7 +418,15 @@ class _Unroller:
             outs.append(total)
             src_index.append(0)
             aliases.append(None)
-        if final_parts:
+        mark(("loss",))
+        finals: list[tuple[Value, int | None]] = []
+        if final_parts and tpl:
+            for k, x in enumerate(final_parts[0]):
+                outs.append(x)
+                finals.append((x, self.mbg.batch_dim.get(self.mbg.outputs[k])))
+                src_index.append(k)
+                aliases.append(None)
+        elif final_parts:
             for k in range(len(final_parts[0])):
                 parts = [fp[k] for fp in final_parts]
                 d = self.mbg.batch_dim.get(self.mbg.outputs[k])
@@ -385,11 +447,21 @@ class _Unroller:
                     outs.append(b.concat(*parts, axis=d))
                 src_index.append(k)
                 aliases.append(None)
+        mark(("final",))
         if self.training:
             self._optimizer(g, b, r, ins, acc, outs, src_index, aliases)
+        mark(("opt",))
         g.set_outputs(outs, aliases)
         verify(g)
-        return RankProgram(r, g, src_index, boundary, tied_vals)
+        rp = RankProgram(r, g, src_index, boundary, tied_vals)
+        if tpl:
+            rp.template = True
+            rp.sections = sections
+            rp.chunk_grads = chunk_grads
+            rp.acc_values = acc_values
+            rp.loss_share = loss_parts[0] if loss_parts else None
+            rp.finals = finals
+        return rp
 
     def _bdim(self, v: Value) -> int | None:
         return self.mbg.batch_dim.get(v)
@@ -420,9 +492,12 @@ class _Unroller:
                 e[a] = x
 
     @staticmethod
-    def _accumulate(b: Builder, cp: ChunkProgram, e: dict[Value, Value], acc: dict[str, Value]) -> None:
+    def _accumulate(b: Builder, cp: ChunkProgram, e: dict[Value, Value], acc: dict[str, Value],
+                    record: "dict[int, list[tuple[str, Value]]] | None" = None) -> None:
         for nm, gv in cp.param_grads.items():
             val = e[gv] if gv in e else gv
+            if record is not None:
+                record.setdefault(cp.index, []).append((nm, val))
             acc[nm] = val if nm not in acc else b.add(acc[nm], val)
 
     def _optimizer(self, g: Graph, b: Builder, r: int, ins: dict[str, Value], acc: dict[str, Value],
@@ -449,7 +524,11 @@ class _Unroller:
             operands = []
             for i, v in enumerate(n.operands):
                 if n in upd and i == 1:
-                    operands.append(acc[str(n.operands[0].name)])
+                    a = acc[str(n.operands[0].name)]
+                    # A template reads the summed gradient through its own node, so that a
+                    # placement the strategies give the update's gradient (ZeRO's split) is
+                    # made once per step, not once per microbatch.
+                    operands.append(b.reshape(a, shape=list(a.type.shape)) if self.template else a)
                     continue
                 if v not in e:
                     assert v.producer is None, "the optimizer's cone is closed"
@@ -481,6 +560,21 @@ class _Unroller:
                 aliases.append(None)
 
 
+def template_schedule(s: Schedule) -> Schedule:
+    """One microbatch through every chunk (forwards in chunk order, then the backwards in
+    reverse, then the weight parts): the order of a template, whatever the real schedule."""
+    acts = []
+    for p in range(s.stages):
+        mine = s.chunks_of(p)
+        row = [Action("F", c, 0) for c in mine]
+        if not s.forward_only:
+            row += [Action("B", c, 0) for c in reversed(mine)]
+            if s.split:
+                row += [Action("W", c, 0) for c in reversed(mine)]
+        acts.append(row)
+    return Schedule(s.name, s.stages, s.virtual, 1, acts, split=s.split, forward_only=s.forward_only)
+
+
 def _tag(what: str, chunk: int, mb: int, i: int, stages: int, virtual: int) -> str:
     """The words a transfer's send and recv carry (``tag``): which schedule action it serves."""
     def where(c: int) -> str:
@@ -491,7 +585,7 @@ def _tag(what: str, chunk: int, mb: int, i: int, stages: int, virtual: int) -> s
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *, dp_size: int = 1,
-                   axis: str = "pp", cut: Any = None) -> Pipeline:
+                   axis: str = "pp", cut: Any = None, template: bool = False) -> Pipeline:
     """The pipeline of ``step`` (see the module docstring)."""
     fwd, training = forward_of(step)
     if not training and not schedule.forward_only:
@@ -511,7 +605,7 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
                     f"pipeline: schedule zero-bubble needs each chunk's backward split into input gradients (B) and "
                     f"weight gradients (W), but chunk {cp.index} computes all of its weight gradients inside its "
                     "input-gradient part (an op whose backward gives both at once); use schedule='1f1b'")
-    un = _Unroller(step, mbg, sc, chunks, schedule, training, dp_size, axis)
+    un = _Unroller(step, mbg, sc, chunks, schedule, training, dp_size, axis, template)
     ranks = un.build()
     return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners)
 

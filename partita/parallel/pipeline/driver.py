@@ -12,6 +12,7 @@ from ..mesh import Mesh
 from ..placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError, UPDATE_OPS
 from .build import build_pipeline, forward_of
+from .local_unroll import local_sections, unroll_local
 from .program import PipelineProgram, WholeStage
 from .schedule import PipelineError, make_schedule
 
@@ -62,22 +63,61 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     dp_axis = rest.dp_axis
     dp = submesh.axis_size(dp_axis) if (submesh is not None and dp_axis is not None) else 1
     timings: dict[str, float] = {}
-    pipe = build_pipeline(graph, S, M, sched, dp_size=dp, axis=axis, cut=stages)
+    for v in graph.inputs:
+        if v.role == "input" and v.type.rank and v.type.shape[0] % M == 0 and (v.type.shape[0] // M) % dp:
+            rows = v.type.shape[0] // M
+            raise PipelineError(f"pipeline: a microbatch of %{v.name} has {rows} rows ({v.type.shape[0]} / {M} "
+                                f"microbatches), which the {dp} data-parallel ranks do not divide; use a batch of a "
+                                f"multiple of {M * dp} rows or fewer microbatches")
+    pipe = build_pipeline(graph, S, M, sched, dp_size=dp, axis=axis, cut=stages, template=True)
     timings["pipeline"] = time.perf_counter() - t0
+    bucket_mb = spmd.pop("bucket_mb", 25.0)
+    first_mb = spmd.pop("first_bucket_mb", 1.0)
+    order = spmd.pop("order", True)
+    prefetch = spmd.pop("prefetch", 1)
+    gather_mb = spmd.pop("gather_mb", 4.0)
+    items = sched.program_order(tied=bool(pipe.tied) and training)
     progs: list[Any] = []
     t1 = time.perf_counter()
+    unroll_s = 0.0
     for rp in pipe.ranks:
+        # Each stage's template (one microbatch) is parallelized, then unrolled per schedule
+        # action on the per-rank program (local_unroll.py): compile time does not grow with M.
         if submesh is None:
-            progs.append(WholeStage(rp.graph))
-            continue
-        notes = _boundary_annotations(rp, submesh, dp_axis, dp)
-        try:
-            prog = parallelize(rp.graph, submesh, str(rest), notes, **spmd)
-        except StrategyError as e:
-            raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
-        prog.local.mesh = mesh
-        progs.append(prog)
-    timings["stages"] = time.perf_counter() - t1
+            st: Any = WholeStage(rp.graph)
+            local, spans = rp.graph, None
+            vmap: dict[Value, Value] | None = None
+        else:
+            notes = _boundary_annotations(rp, submesh, dp_axis, dp)
+            try:
+                st = parallelize(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None, order=False,
+                                 _track=True, **spmd)
+            except StrategyError as e:
+                raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
+            local = st.local
+            spans, part_map, (node_origin, value_origin), copy = st.tracked
+            vmap = {v: part_map[c] for v, c in value_origin.items() if c in part_map}
+
+        def loc(v: Value) -> Value:
+            return vmap[v] if vmap is not None else v
+
+        t = time.perf_counter()
+        sections = local_sections(rp.graph, local, rp.sections, spans,
+                                  (copy, node_origin) if spans is not None else None)
+        batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
+        unrolled = unroll_local(local, sections, sched, rp.rank, items[rp.rank], batch=batch,
+                                chunk_grads={c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()},
+                                acc_values={nm: loc(v) for nm, v in rp.acc_values.items()},
+                                loss_share=loc(rp.loss_share) if rp.loss_share is not None else None,
+                                finals=[(loc(v), d) for v, d in rp.finals], tied=bool(pipe.tied), mesh=mesh)
+        unroll_s += time.perf_counter() - t
+        if submesh is not None:
+            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb)
+        unrolled.mesh = mesh
+        st.local = unrolled
+        progs.append(st)
+    timings["stages"] = time.perf_counter() - t1 - unroll_s
+    timings["unroll"] = unroll_s
     out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings)
     t2 = time.perf_counter()
     check_program(out)
@@ -87,6 +127,20 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     out.plan = build_pipeline_plan(out)
     timings["total"] = time.perf_counter() - t0
     return out
+
+
+def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool, prefetch: int,
+                        gather_mb: Any) -> None:
+    """The bucketing and ordering of collectives that ``parallelize`` runs on a per-rank
+    program, here on the unrolled one (a template's buckets would mix microbatches)."""
+    from ..bucket import bucket_gathers, bucket_gradients, order_collectives
+
+    if bucket_mb is not None:
+        bucket_gradients(local, bucket_mb, first_mb)
+    if gather_mb is not None:
+        bucket_gathers(local, gather_mb)
+    if order:
+        order_collectives(local, prefetch)
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int) -> dict[str, Placement]:

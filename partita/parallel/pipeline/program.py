@@ -132,11 +132,35 @@ class PipelineProgram:
         """The single-device graph's outputs, from the ranks that compute them."""
         res: list[Any] = [None] * len(self.source.outputs)
         for p, group in enumerate(self._by_stage(outputs_by_rank)):
-            outs = self.stages[p].assemble_outputs(group)
+            outs = self._stage_outputs(p, group)
             for k, i in enumerate(self.pipeline.ranks[p].source_index):
                 if i is not None and res[i] is None:
                     res[i] = outs[k]
         return res
+
+    def _stage_outputs(self, p: int, group: list[Any]) -> list[np.ndarray]:
+        """Stage ``p``'s outputs from its ranks; a forward-only pipeline's outputs hold every
+        microbatch (the stage's placed graph types them for one)."""
+        st = self.stages[p]
+        rp = self.pipeline.ranks[p]
+        finals = {i: d for i, o in enumerate(rp.graph.outputs) for v, d in rp.finals if o is v and d is not None}
+        if not finals or isinstance(st, WholeStage):
+            return st.assemble_outputs(group)
+        from ..pad import cut_array
+        from ..placement import Placement
+        from ..program import assemble
+
+        out = []
+        M = self.pipeline.schedule.microbatches
+        for i, v in enumerate(st.graph.outputs):
+            pl = Placement(v.placement.dims, ()) if v.placement is not None else None
+            shape = list(v.type.shape)
+            if i in finals:
+                shape[finals[i]] *= M
+            full = assemble([np.asarray(o[i]) for o in group], pl, st.mesh, shape)
+            pads = st.padding.outputs.get(i) if st.padding is not None else None
+            out.append(cut_array(full, pads) if pads else full)
+        return out
 
     def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """The global params and optimizer state (a weight two stages share from the first)."""
