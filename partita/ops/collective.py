@@ -521,7 +521,11 @@ def is_point_to_point(node) -> bool:
     one peer rank of its axis group, named by ``peer``, and is paired rather than group-wide.
     A send has one operand and no result, a recv no operand and one result."""
     d = OPS.get(node.op)
-    return d is not None and P2P_EFFECT in d.effects_of(node.attrs)
+    if d is None:
+        return False
+    e = d.effects
+    # Most records declare a fixed set: no call for them (passes ask this of every node).
+    return P2P_EFFECT in (e(node.attrs) if callable(e) else e)
 
 
 def _check_peer(name: str, attrs: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...ir.builder import Builder
-from ...ir.graph import Graph, Node, Value
+from ...ir.graph import Graph, Node, Value, bulk_build
 from ...ir.types import TensorType
 from ...ir.verifier import verify
 from .schedule import Action, PipelineError, Schedule, Transfer
@@ -126,12 +126,18 @@ class _Unroll:
                             "this is an internal error of the pipeline's sections")
 
     def copy(self, key: tuple, m: int | None) -> None:
+        """Append a copy of section ``key`` for microbatch ``m`` (None: the once-per-step
+        sections). The template is typed and verified: its nodes are copied with their
+        types, not inferred again (the whole program is verified once at the end)."""
         store = self.env[m] if m is not None else self.once
+        append = self.U._append_unchecked
         for n in self.by_key.get(key, ()):
             attrs = dict(n.attrs)
-            if m is not None and isinstance(attrs.get("tag"), str):
-                attrs["tag"] = attrs["tag"].replace("MB", str(m))
-            node = self.b.emit_node(n.op, [self.lookup(o, m) for o in n.operands], attrs, loc=n.loc)
+            tag = attrs.get("tag")
+            if m is not None and isinstance(tag, str):
+                attrs["tag"] = tag.replace("MB", str(m))
+            node = Node(n.op, [self.lookup(o, m) for o in n.operands], attrs, [r.type for r in n.results], n.loc)
+            append(node)
             for a, x in zip(n.results, node.results):
                 store[a] = x
                 self.last[a] = x
@@ -139,6 +145,10 @@ class _Unroll:
                     x.name = str(a.name).replace("MB", str(m)) if m is not None else a.name
 
     def run(self, items: list[Action | Transfer]) -> Graph:
+        with bulk_build():
+            return self._run(items)
+
+    def _run(self, items: list[Action | Transfer]) -> Graph:
         L, U, b = self.L, self.U, self.b
         for v in L.inputs:
             name = str(v.name)
