@@ -301,37 +301,37 @@ class _Partitioner:
         mesh = self.mesh
         if node.op == "send" and node.operands[0] in self.real_sizes:
             o = node.operands[0]
-            have = self.pl(o)
-            want = node_needs.get(0, Placement(have.dims, ()))
-            x = self.reshard(o, self.vmap[o], have, want, self.describe(node), 0, node.loc)
-            for d, n in sorted(self._real_whole(o, want, "sent").items()):
+            have0 = self.pl(o)
+            want0 = node_needs.get(0, Placement(have0.dims, ()))
+            x = self.reshard(o, self.vmap[o], have0, want0, self.describe(node), 0, node.loc)
+            for d, n in sorted(self._real_whole(o, want0, "sent").items()):
                 x = self.b.emit("slice", x, axis=d, start=0, end=n, loc=node.loc)
             self.b.emit_node("send", [x], dict(node.attrs), loc=node.loc)
             return
         if node.op == "recv":
             # A recv's tensor arrives in the placement annotated on its result (the sender's
             # send is placed alike): each rank receives its own piece.
-            r = node.results[0]
-            p = self.pl(r)
-            if p.partial:
-                raise PartitionError(f"@{self.g.name}: %{self.name(r)} = recv is placed {p}, a pending sum; place "
+            rv = node.results[0]
+            rp = self.pl(rv)
+            if rp.partial:
+                raise PartitionError(f"@{self.g.name}: %{self.name(rv)} = recv is placed {rp}, a pending sum; place "
                                      "what crosses between stages replicated or split, never partial")
-            local = list(p.local_shape(r.type.shape, mesh))
-            real = self._real_whole(r, p, "recv")
-            attrs = dict(node.attrs, shape=[real.get(d, n) for d, n in enumerate(local)])
-            lr = self.b.emit_node("recv", [], attrs, loc=node.loc).results[0]
-            if real:
+            local = list(rp.local_shape(rv.type.shape, mesh))
+            whole = self._real_whole(rv, rp, "recv")
+            lr = self.b.emit_node("recv", [], dict(node.attrs, shape=[whole.get(d, n) for d, n in enumerate(local)]),
+                                  loc=node.loc).results[0]
+            if whole:
                 # A padded value crosses at its real size (the peer may not pad it): the padding
                 # is zeros, as the padding rewrite assumes of a recv (pad_zeros "always").
                 pads = []
                 for d, n in enumerate(local):
-                    pads += [0, n - real.get(d, n)]
+                    pads += [0, n - whole.get(d, n)]
                 lr.name = None
                 lr = self.b.emit("pad", lr, pads=pads, value=0.0, loc=node.loc)
-            if r.name is not None:
-                lr.name = r.name
-            self.vmap[r] = lr
-            self.moved[(r, p)] = lr
+            if rv.name is not None:
+                lr.name = rv.name
+            self.vmap[rv] = lr
+            self.moved[(rv, rp)] = lr
             return
         types = [o.type for o in node.operands]
         rtypes = [r.type for r in node.results]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ def demo_parallel(seed: int = 0, steps: int = 5, mesh: str = "pp=2,dp=2,tp=2", s
           f"(cross-entropy, SGD lr={SGD['lr']} momentum={SGD['momentum']}): {len(step)} nodes in "
           f"{time.perf_counter() - t0:.1f} s")
     pipelined = "pp" in strategy.split("+")
-    extra = dict(microbatches=microbatches, schedule=schedule) if pipelined else {}
+    extra: dict[str, Any] = dict(microbatches=microbatches, schedule=schedule) if pipelined else {}
     t1 = time.perf_counter()
     prog = parallelize(step, mesh, strategy, **extra)
     opts = "".join(f", {k}={v!r}" for k, v in extra.items())

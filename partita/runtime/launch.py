@@ -401,11 +401,11 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
             timed = wait_cell is not None and is_point_to_point(node) and not node.operands
             # "kill-mid": the rank dies at the fault step as it enters its third point-to-point
             # op (or collective), in the middle of a pipeline schedule.
-            mid = fault is not None and fault[0] == rank and fault[2] == "kill-mid"
+            mid_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "kill-mid" else None
 
-            def wrapped(args, attrs, fn=fn, fail=fail, timed=timed, mid=mid):
+            def wrapped(args, attrs, fn=fn, fail=fail, timed=timed, mid_step=mid_step):
                 ordinal = tracker.enter()
-                if mid and step_cell[0] == fault[1]:
+                if mid_step is not None and step_cell[0] == mid_step:
                     kill_count[0] += 1
                     if kill_count[0] == 3:
                         os.kill(os.getpid(), signal.SIGKILL)

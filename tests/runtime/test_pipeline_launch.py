@@ -115,3 +115,11 @@ def test_cli_runs_a_pipeline_with_its_options_and_prints_the_schedule(gpt2_step,
     assert "cut: layers per chunk [1, 3]" in text, text
     assert "rank 0 |F0" in text and "pipeline bubble: predicted" in text, text
     assert "check: PASS" in text, text
+
+
+@pytest.mark.parametrize("schedule, virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)])
+def test_every_schedule_on_gloo_ranks_agrees_with_one_device(gpt2_step, schedule, virtual):
+    step, vocab = gpt2_step
+    prog = partita.parallelize(step, "pp=2", "pp", microbatches=4, schedule=schedule, virtual_stages=virtual)
+    res = launch(prog, 2, _data(vocab, 2, seed=3), check=True, timeout_s=60)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]

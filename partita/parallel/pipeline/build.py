@@ -107,10 +107,10 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
             "whose rows are independent until the loss")
     outputs = []
     for v in local.outputs:
-        n = v.producer
-        while n is not None and OPS[n.op].collective is not None:
-            v = n.operands[0]
-            n = v.producer
+        prod = v.producer
+        while prod is not None and OPS[prod.op].collective is not None:
+            v = prod.operands[0]
+            prod = v.producer
         outputs.append(v)
     local.set_outputs(outputs)
     from ...passes.manager import PassManager
@@ -325,24 +325,24 @@ class _Unroller:
                         self._accumulate(b, cp, e, acc, chunk_grads)
                         mark(("acc",))
                 continue
-            t = it
-            if t.src == t.dst:  # both chunks on this rank: a hand-over, no transfer
-                assert t.after is not None
-                c, m = t.after.chunk, t.after.mb
-                if t.what == "act":
+            tr = it
+            if tr.src == tr.dst:  # both chunks on this rank: a hand-over, no transfer
+                assert tr.after is not None
+                c, m = tr.after.chunk, tr.after.mb
+                if tr.what == "act":
                     recv_act[(c + 1, m)] = [env[(c, m)][v] for v in self.chunks[c].send]
                 else:
                     recv_ct[(c - 1, m)] = [env[(c, m)][gv] if gv is not None else None
                                            for gv in self.chunks[c].recv_grads]
                 continue
-            if t.what == "act":
-                assert t.after is not None and t.before is not None
-                c, m = t.after.chunk, t.after.mb
+            if tr.what == "act":
+                assert tr.after is not None and tr.before is not None
+                c, m = tr.after.chunk, tr.after.mb
                 cp = self.chunks[c]
-                if t.src == r:
+                if tr.src == r:
                     for i, v in enumerate(cp.send):
                         val = env[(c, m)][v]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst,
+                        b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
                                tag=_tag("act", c, mtext(m), i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
                     mark(("send", "act", c))
@@ -350,23 +350,23 @@ class _Unroller:
                     nxt = self.chunks[c + 1]
                     got = []
                     for i, v in enumerate(nxt.recv):
-                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(v.type.shape),
+                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(v.type.shape),
                                     dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mtext(m)}.{i}",
                                     tag=_tag("act", c, mtext(m), i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
                         got.append(rv)
                     recv_act[(c + 1, m)] = got
                     mark(("recv", "act", c))
-            elif t.what == "grad":
-                assert t.after is not None and t.before is not None
-                c, m = t.after.chunk, t.after.mb
+            elif tr.what == "grad":
+                assert tr.after is not None and tr.before is not None
+                c, m = tr.after.chunk, tr.after.mb
                 cp = self.chunks[c]
-                if t.src == r:
+                if tr.src == r:
                     for i, gv in enumerate(cp.recv_grads):
                         if gv is None:
                             continue
                         val = env[(c, m)][gv]
-                        b.send(val, axis=self.axis, group_size=S, peer=t.dst,
+                        b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
                                tag=_tag("grad", c, mtext(m), i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
                     mark(("send", "grad", c))
@@ -377,7 +377,7 @@ class _Unroller:
                         if ct is None:
                             got_ct.append(None)
                             continue
-                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(ct.type.shape),
+                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(ct.type.shape),
                                     dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mtext(m)}.{i}",
                                     tag=_tag("grad", c, mtext(m), i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
@@ -387,14 +387,14 @@ class _Unroller:
             else:  # the tied weights' gradients
                 acc_before_tied = dict(acc)
                 for nm in self.tied:
-                    if t.src == r:
+                    if tr.src == r:
                         if acc[nm].name is None or str(acc[nm].name).isdigit():
                             acc[nm].name = f"pp.tied.out.{nm}"
-                        b.send(acc[nm], axis=self.axis, group_size=S, peer=t.dst, tag=f"gradient of the shared %{nm}")
+                        b.send(acc[nm], axis=self.axis, group_size=S, peer=tr.dst, tag=f"gradient of the shared %{nm}")
                         tied_vals.append(acc[nm])
                     else:
                         p = src_inputs[nm]
-                        rv = b.recv(axis=self.axis, group_size=S, peer=t.src, shape=list(p.type.shape),
+                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(p.type.shape),
                                     dtype=p.type.dtype, name=f"pp.tied.{nm}", tag=f"gradient of the shared %{nm}")
                         tied_vals.append(rv)
                         tied_got[nm] = rv
@@ -550,8 +550,8 @@ class _Unroller:
             if v in e:
                 outs.append(e[v])
                 src_index.append(i)
-                a = step.output_aliases[i] if step.output_aliases else None
-                aliases.append(ins.get(str(a.name)) if a is not None else None)
+                alias = step.output_aliases[i] if step.output_aliases else None
+                aliases.append(ins.get(str(alias.name)) if alias is not None else None)
             elif not has_updates and v.name and str(v.name).endswith(".grad") and str(v.name)[:-5] in owned:
                 gv = acc[str(v.name)[:-5]]
                 gv.name = str(v.name)
@@ -575,7 +575,7 @@ def template_schedule(s: Schedule) -> Schedule:
     return Schedule(s.name, s.stages, s.virtual, 1, acts, split=s.split, forward_only=s.forward_only)
 
 
-def _tag(what: str, chunk: int, mb: int, i: int, stages: int, virtual: int) -> str:
+def _tag(what: str, chunk: int, mb: int | str, i: int, stages: int, virtual: int) -> str:
     """The words a transfer's send and recv carry (``tag``): which schedule action it serves."""
     def where(c: int) -> str:
         return f"stage {c}" if virtual == 1 else f"chunk {c} (stage {c % stages})"

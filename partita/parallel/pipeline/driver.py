@@ -63,10 +63,10 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     dp_axis = rest.dp_axis
     dp = submesh.axis_size(dp_axis) if (submesh is not None and dp_axis is not None) else 1
     timings: dict[str, float] = {}
-    for v in graph.inputs:
-        if v.role == "input" and v.type.rank and v.type.shape[0] % M == 0 and (v.type.shape[0] // M) % dp:
-            rows = v.type.shape[0] // M
-            raise PipelineError(f"pipeline: a microbatch of %{v.name} has {rows} rows ({v.type.shape[0]} / {M} "
+    for x in graph.inputs:
+        if x.role == "input" and x.type.rank and x.type.shape[0] % M == 0 and (x.type.shape[0] // M) % dp:
+            rows = x.type.shape[0] // M
+            raise PipelineError(f"pipeline: a microbatch of %{x.name} has {rows} rows ({x.type.shape[0]} / {M} "
                                 f"microbatches), which the {dp} data-parallel ranks do not divide; use a batch of a "
                                 f"multiple of {M * dp} rows or fewer microbatches")
     pipe = build_pipeline(graph, S, M, sched, dp_size=dp, axis=axis, cut=stages, template=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from ...ir.graph import Graph, Node, Value
 from ...ops.registry import OPS
@@ -201,7 +201,7 @@ def _cut(layers: list[str], work: list[float], mem: list[int], chunks: int,
     L = len(layers)
     if stages is None:
         return _balanced(work, mem, chunks), "balanced by work"
-    st = list(stages)
+    st: list[Any] = list(stages)
     if all(isinstance(s, int) and not isinstance(s, bool) for s in st):
         if len(st) != chunks or any(s < 1 for s in st) or sum(st) != L:
             raise PipelineError(f"pipeline: stages={st} gives layers per chunk, so it needs {chunks} positive "
@@ -312,6 +312,12 @@ def _cone(v: Value) -> list[Node]:
     return list(out)
 
 
+def _at(pos: dict[Node, int], v: Value) -> tuple[int, int]:
+    """Where a node's result ``v`` is made: (its producer's position, its index)."""
+    assert v.producer is not None
+    return pos[v.producer], v.index
+
+
 def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers: list[str], bounds: list[int],
                   work: list[float], how: str) -> StageCut:
     k = len(bounds) - 1
@@ -353,11 +359,10 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
         body = sorted(own | extra, key=lambda n: pos[n])
         # What crosses into this chunk from the one before: values produced earlier and read
         # here or later (passed through), in a fixed order (by producer position).
-        recv = sorted((v for v, s in sent_from.items() if s < c <= last_use[v]),
-                      key=lambda v: (pos[v.producer], v.index))
-        send = sorted((v for v, s in sent_from.items() if s <= c < last_use[v]),
-                      key=lambda v: (pos[v.producer], v.index))
-        batch, params = [], []
+        recv = sorted((v for v, s in sent_from.items() if s < c <= last_use[v]), key=lambda v: _at(pos, v))
+        send = sorted((v for v, s in sent_from.items() if s <= c < last_use[v]), key=lambda v: _at(pos, v))
+        batch: list[Value] = []
+        params: list[Value] = []
         seen: set[Value] = set()
         for n in body:
             for v in n.operands:
@@ -365,7 +370,7 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
                     seen.add(v)
                     (params if v.role != "input" else batch).append(v)
         ch = Chunk(c, layers[bounds[c]:bounds[c + 1]], body, recv, send, batch, params,
-                   sorted(recompute[c], key=lambda v: (pos[v.producer], v.index)))
+                   sorted(recompute[c], key=lambda v: _at(pos, v)))
         ch.work = sum(node_work(n) for n in body)
         ch.param_bytes = sum(nbytes(p) for p in params)
         ch.activation_bytes = sum(nbytes(r) for n in members[c] for r in n.results)
