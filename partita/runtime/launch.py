@@ -329,6 +329,8 @@ def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int |
     """What a rank that died was doing: the communication it had entered last (its count of
     entered collectives, ``entered``, includes the rendezvous and the mesh groups), with the
     pipeline action a send or recv serves; empty when unknown."""
+    from ..parallel.simulate import _ordinal
+
     if step is None or entered < 3:
         return ""
     nodes = _communicating(graph, mesh, rank)
@@ -343,12 +345,7 @@ def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int |
         what = f"{node.op} {'to' if node.op == 'send' else 'from'} rank {peer} over axis '{axis}'"
     else:
         what = f"{node.op} over axis '{axis}'"
-    return f"{what}{f' ({tag})' if tag else ''}{_location(node)}, its {_ordinal_text(k + 1)} communication of the step"
-
-
-def _ordinal_text(k: int) -> str:
-    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
-    return f"{k}{suffix}"
+    return f"{what}{f' ({tag})' if tag else ''}{_location(node)}, its {_ordinal(k + 1)} communication of the step"
 
 
 def _location(node) -> str:
