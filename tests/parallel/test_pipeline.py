@@ -437,6 +437,14 @@ def test_gpt2_tied_embedding_is_shared_by_first_and_last_stage(gpt2, mesh, strat
     got = prog.simulate(gpt2.inputs)
     i = _output_of(gpt2.step, GPT2_TIED)
     assert rel_err(got[i], gpt2.want[i]) <= TOL
+    # Each of the two ranks sends its gradient of the shared weight once per step, and the
+    # middle ranks take no part.
+    for r, g in enumerate(prog.rank_graphs()):
+        p = prog.coords(r)[0]
+        sends = [n for n in g.nodes if n.op == "send" and "shared" in n.attrs.get("tag", "")]
+        recvs = [n for n in g.nodes if n.op == "recv" and "shared" in n.attrs.get("tag", "")]
+        want = 1 if p in (0, S - 1) else 0
+        assert (len(sends), len(recvs)) == (want, want), (r, len(sends), len(recvs))
     # The update is real (both stages' gradients in it), not the unchanged weight.
     before = np.asarray(gpt2.step.weights[GPT2_TIED])
     assert rel_err(got[i], before) > 10 * TOL

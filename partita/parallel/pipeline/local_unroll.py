@@ -165,6 +165,7 @@ class _Unroll:
                 self.shared[v] = U.add_input(name, v.type, v.role or "input")
         U.weights = type(L.weights)(dict(L.weights))
         split = self.sched.split
+        tied_done = False
         for it in items:
             if isinstance(it, Action):
                 c, m = it.chunk, it.mb
@@ -183,8 +184,12 @@ class _Unroll:
                 continue
             t = it
             if t.what == "tied":
-                self.sums()
-                self.copy(("tied",), None)
+                # The tied section holds both directions of the exchange, in this rank's
+                # order: it is copied once, at the first of the two transfers.
+                if not tied_done:
+                    self.sums()
+                    self.copy(("tied",), None)
+                    tied_done = True
                 continue
             if t.src == t.dst:
                 continue  # both chunks here: the later one reads the earlier's values directly
