@@ -88,6 +88,9 @@ class TorchProgram:
             if overlap and opdef.torch_async is not None and not carried and len(n.results) == 1:
                 fn = opdef.torch_async
                 pending.add(slot[n.results[0]])
+            elif overlap and opdef.torch_async is not None and not carried and not n.results:
+                # A result-less asynchronous op (a send): started here, waited for at the end.
+                fn = opdef.torch_async
             self.steps.append((fn, tuple(slot[v] for v in n.operands), n.attrs,
                                tuple(slot[r] for r in n.results), dtypes, frees, waits, n))
         self.num_slots = len(slot)
@@ -129,6 +132,7 @@ class TorchProgram:
                 check_array(v, arr.shape, numpy_dtype_name(arr))
                 t = to_tensor(arr)
             env[v.index] = t if device is None else t.to(device)
+        inflight: list = []  # result-less asynchronous ops (sends) still in flight
         with torch.inference_mode(), self._device_context():
             for fn, args, attrs, outs, dtypes, frees, waits, node in self.steps:
                 try:
@@ -142,7 +146,10 @@ class TorchProgram:
                         raise
                     raise err from e
                 if type(res) is Pending:
-                    env[outs[0]] = res
+                    if outs:
+                        env[outs[0]] = res
+                    else:
+                        inflight.append(res)
                     continue
                 if len(outs) == 1:
                     if type(res) in (list, tuple):
@@ -158,6 +165,8 @@ class TorchProgram:
             for i in self.pending_outputs:
                 if type(env[i]) is Pending:
                     env[i] = env[i].result()
+            for p in inflight:
+                p.result()
         return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
 
 

@@ -45,6 +45,8 @@ all_gather, reduce_scatter and all_to_all (n-1)/n S; broadcast S (pipelined alon
 
 from __future__ import annotations
 
+import time
+
 from typing import Any, Callable
 
 import ml_dtypes
@@ -275,7 +277,7 @@ class Pending:
     ``on_error`` (set by the runtime) turns a failure into the error that names the
     collective."""
 
-    __slots__ = ("tensor", "work", "on_error", "finish", "keep")
+    __slots__ = ("tensor", "work", "on_error", "finish", "keep", "waited")
 
     def __init__(self, tensor, work, finish=None, keep=None) -> None:
         self.tensor = tensor
@@ -283,14 +285,20 @@ class Pending:
         self.on_error: Callable[[BaseException], Any] | None = None
         self.finish = finish
         self.keep = keep
+        # A one-element list the seconds spent waiting are added to (set by the runtime to
+        # measure a pipeline's time in recvs), or None.
+        self.waited: list[float] | None = None
 
     def result(self):
+        t0 = time.perf_counter() if self.waited is not None else 0.0
         try:
             self.work.wait()
         except Exception as e:
             if self.on_error is not None:
                 self.on_error(e)
             raise
+        if self.waited is not None:
+            self.waited[0] += time.perf_counter() - t0
         self.keep = None
         return self.tensor if self.finish is None else self.finish(self.tensor)
 
@@ -593,6 +601,22 @@ def _recv_torch(args, attrs):
     return out
 
 
+def _send_torch_async(args, attrs):
+    """``isend`` of a copy of x (a later node may update x's buffer in place while the
+    transfer is in flight); the executor waits for every send at the end of the program."""
+    (x,) = args
+    g, dst = _peer_rank("send", attrs)
+    buf = x.detach().clone(memory_format=torch.contiguous_format)
+    return Pending(None, _dist().isend(buf, dst=dst, group=g), keep=buf)
+
+
+def _recv_torch_async(args, attrs):
+    """``irecv``: the program goes on and waits where the tensor is first read."""
+    g, src = _peer_rank("recv", attrs)
+    out = torch.empty(attrs["shape"], dtype=carrier_dtype(attrs["dtype"]))
+    return Pending(out, _dist().irecv(out, src=src, group=g))
+
+
 def _send_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
     return Cost(0, 0, ins[0].nbytes)
 
@@ -603,10 +627,11 @@ def _recv_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Co
 
 register(OpDef(
     name="send", operands=("x",), infer=_send_infer, reference=_p2p_reference("send"), torch=_send_torch,
-    attrs=_PEER_ATTRS, effects=_P2P_EFFECTS, cost=_send_cost,
+    torch_async=_send_torch_async, attrs=_PEER_ATTRS, effects=_P2P_EFFECTS, cost=_send_cost,
     doc="send x to the rank of this rank's axis group whose coordinate along axis is peer; no result"))
 register(OpDef(
     name="recv", operands=(), infer=_recv_infer, reference=_p2p_reference("recv"), torch=_recv_torch,
+    torch_async=_recv_torch_async,
     attrs=_PEER_ATTRS + (AttrSpec("shape", "ints"), AttrSpec("dtype", "dtype")), effects=_P2P_EFFECTS,
     cost=_recv_cost, size_attrs=lambda a, outs: {**a, "shape": list(outs[0].shape)},
     # A padded recv receives the real rows and pads them with zeros (parallel/partition.py).

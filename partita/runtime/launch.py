@@ -416,6 +416,8 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
                 if timed:
                     assert wait_cell is not None
                     wait_cell[0] += time.perf_counter() - t0
+                    if type(res) is Pending:  # an irecv: its wait, where it is read, counts
+                        res.waited = wait_cell
                 if type(res) is Pending:
                     res.on_error = lambda e, fail=fail, ordinal=ordinal: fail(e, ordinal)
                 return res
