@@ -337,9 +337,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_on_ranks(jobs: list[RankJob], timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``jobs`` (one per rank) on spawned processes; returns each rank's report, or raises
-    ``EquivalenceError`` / ``RankError`` as soon as a rank reports one (never hangs)."""
+def run_on_ranks(jobs: list[Any], timeout_s: float, target: Any = None, name: str = "bench-rank"
+                 ) -> list[dict[str, Any]]:
+    """Run ``jobs`` (one per rank, ``job.rank``) on spawned processes, each with
+    ``target(job, queue)`` (default: this module's rank entry point), which puts
+    ``(rank, kind, payload)``: "ok", "mismatch" or "error"; returns each rank's payload, or
+    raises ``EquivalenceError`` / ``RankError`` as soon as a rank reports one (never hangs)."""
     import multiprocessing
 
     # A spawned rank imports this module by name, with the parent's sys.path at start.
@@ -348,7 +351,7 @@ def run_on_ranks(jobs: list[RankJob], timeout_s: float) -> list[dict[str, Any]]:
             sys.path.append(d)
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(job, q), daemon=True, name=f"bench-rank-{job.rank}")
+    procs = [ctx.Process(target=target or _rank_main, args=(job, q), daemon=True, name=f"{name}-{job.rank}")
              for job in jobs]
     for p in procs:
         p.start()

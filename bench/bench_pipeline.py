@@ -100,7 +100,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import queue  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -123,6 +122,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from partita.ir.diagnostics import PartitaError  # noqa: E402
+
+import bench_parallel  # noqa: E402  (its rank runner; this directory is on the path above)
 
 RESULTS_DIR = ROOT / "bench" / "results"
 DEFAULT_OUT = RESULTS_DIR / "bench_pipeline.json"
@@ -416,45 +417,13 @@ def run_torch(m: Model, case: Case, state: dict[str, np.ndarray], x: np.ndarray,
 
 
 def spawn_ranks(jobs: list[Any], target, timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``target(job, queue)`` for each job (one per rank, ``job.rank``) on processes
-    spawned with torch.multiprocessing; returns each rank's report, or raises RankError as
+    """Run ``target(job, queue)`` for each job (one per rank, ``job.rank``) on spawned
+    processes (bench_parallel's runner); returns each rank's report, or raises RankError as
     soon as a rank reports an error or dies (never hangs)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(j, q), daemon=True, name=f"bench-pp-rank-{j.rank}") for j in jobs]
-    for p in procs:
-        p.start()
-    got: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
     try:
-        while len(got) < len(jobs):
-            try:
-                rank, kind, payload = q.get(timeout=1.0)
-            except queue.Empty:
-                dead = [j.rank for j, p in zip(jobs, procs) if j.rank not in got and p.exitcode is not None]
-                if dead:
-                    try:
-                        rank, kind, payload = q.get(timeout=2.0)
-                    except queue.Empty:
-                        raise RankError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) "
-                                        "without reporting") from None
-                elif time.monotonic() > deadline:
-                    raise RankError(f"ranks {sorted(set(range(len(jobs))) - set(got))} did not finish within "
-                                    f"{timeout_s:.0f} s") from None
-                else:
-                    continue
-            if kind == "error":
-                raise RankError(f"rank {rank} raised:\n{payload}")
-            got[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-    return [got[r] for r in range(len(jobs))]
+        return bench_parallel.run_on_ranks(jobs, timeout_s, target, name="bench-pp-rank")
+    except bench_parallel.RankError as e:
+        raise RankError(str(e)) from None
 
 
 def _torch_rank_main(job: TorchJob, q) -> None:
@@ -1095,8 +1064,8 @@ def print_pipeline(res: dict[str, Any]) -> None:
           f"of {res['steps_per_launch']}; a step's time is the slowest rank's; partita / torch is the median of "
           "the per-round ratios against the peer's back-to-back steps, as partita's launch runs them; "
           "'barrier': the peer's steps each after a dist.barrier(). Measured bubble: the ranks' mean time inside "
-          "p2p waits (partita: recvs; torch: _wait_batch_p2p) over the slowest rank's step; partita's sends block "
-          "until the peer posts its recv, and that idle time is not in its figure: --profile shows it.)")
+          "p2p waits (partita: the waits of its recvs, which run asynchronously as its sends do; torch: "
+          "_wait_batch_p2p) over the slowest rank's step.)")
     for c in res["cases"]:
         pc, tc = c["partita_check"], c["torch_check"]
         print(f"check {c['case']}: loss partita {pc['loss']:.6f}, torch {tc['loss']:.6f}, single device "
