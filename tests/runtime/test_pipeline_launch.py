@@ -80,9 +80,9 @@ def test_stage_checkpoints_load_onto_another_cut_and_mesh_bit_exactly(gpt2_step,
     assert set(full) == set(res.weights)
     for k, v in res.weights.items():
         np.testing.assert_array_equal(full[k], v, err_msg=k)
-    # Another stage cut and schedule, and a mesh without pp, both start from it.
-    other = partita.parallelize(step, "pp=2", "pp", microbatches=4, stages=[1, 3], schedule="zero-bubble")
-    again = launch(other, 2, data[:1], check=True, resume_from=str(tmp_path / "ck"), timeout_s=60)
+    # Another pp size, stage cut and schedule, and a mesh without pp, all start from it.
+    other = partita.parallelize(step, "pp=4", "pp", microbatches=4, stages=[1, 1, 1, 1], schedule="zero-bubble")
+    again = launch(other, 4, data[:1], check=True, resume_from=str(tmp_path / "ck"), timeout_s=60)
     assert again.passed and again.start_step == 2
     single = partita.run(step, {**full, **data[0]})
     assert again.losses()[0] == pytest.approx(float(single[0]), rel=1e-5)
