@@ -662,3 +662,15 @@ def test_bad_options_are_clear_errors(gpt2, mesh, strategy, kw, exc, words):
 
 def test_pipeline_error_is_a_strategy_error():
     assert issubclass(PipelineError, StrategyError)
+
+
+def test_llama_stages_recompute_the_rotary_tables_and_send_only_the_residual_stream(llama):
+    # The rotary tables come from a buffer (role "state") and the positions: each later
+    # stage recomputes them instead of receiving them, and a buffer read on several stages
+    # is not a shared weight.
+    prog = _pp(llama.step, "pp=4", "pp", microbatches=4)
+    for ch in prog.pipeline.cut.chunks[1:]:
+        assert len(ch.recv) == 1 and ch.recomputed, (ch.index, len(ch.recv), len(ch.recomputed))
+    assert prog.pipeline.tied == []
+    got = prog.simulate(llama.inputs)
+    assert rel_err(got[0], llama.want[0]) <= TOL

@@ -194,7 +194,10 @@ class _Unroller:
             for name in cp.params:
                 if r not in self.owners.setdefault(name, []):
                     self.owners[name].append(r)
-        self.tied = sorted(n for n, rs in self.owners.items() if len(rs) > 1)
+        # Only a trainable param read on two ranks is shared (its gradients are summed); a
+        # buffer (role "state") that several stages read is an input of each.
+        roles = {str(v.name): v.role for v in step.inputs}
+        self.tied = sorted(n for n, rs in self.owners.items() if len(rs) > 1 and roles.get(n) == "param")
         first, last = schedule.rank_of(0), schedule.rank_of(schedule.chunks - 1)
         for n in self.tied:
             if sorted(self.owners[n]) != sorted({first, last}) or S < 2:

@@ -13,9 +13,9 @@ memory; or the user names it: ``stages=["h.3", "h.7"]`` (the layers each later c
 at) or ``stages=[3, 3, 2]`` (layers per chunk).
 
 Every value a chunk reads from an earlier one crosses the cut: it is sent forward, and its
-gradient sent back, unless it is computed from the batch inputs and constants alone and
-recomputing it costs less than sending it (a causal mask, position ids): then the later
-chunk recomputes it.
+gradient sent back, unless it is computed from the batch inputs, the model's buffers and
+constants alone and recomputing it costs less than sending it (a causal mask, position ids,
+rotary tables): then the later chunk recomputes it.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def _balanced(work: list[float], mem: list[int], k: int) -> list[int]:
 
 
 def _inputs_only(v: Value, memo: dict[Value, bool]) -> bool:
-    """Whether ``v`` is computed from batch inputs and constants alone (no param)."""
+    """Whether ``v`` is computed from batch inputs, buffers and constants alone (no param)."""
     if v in memo:
         return memo[v]
     stack = [v]
@@ -289,7 +289,9 @@ def _inputs_only(v: Value, memo: dict[Value, bool]) -> bool:
             ok = ok and memo[x]
             continue
         if x.producer is None:
-            if x.role != "input":
+            # The batch inputs and the model's buffers (role "state": the forward only reads
+            # them; every stage that needs one takes it as an input) are free to read again.
+            if x.role not in ("input", "state"):
                 ok = False
                 break
             continue
