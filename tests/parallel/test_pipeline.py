@@ -674,3 +674,14 @@ def test_llama_stages_recompute_the_rotary_tables_and_send_only_the_residual_str
     assert prog.pipeline.tied == []
     got = prog.simulate(llama.inputs)
     assert rel_err(got[0], llama.want[0]) <= TOL
+
+
+def test_sequence_parallel_stages_send_each_ranks_sequence_piece(gpt2):
+    # With sp the residual stream between layers is split over tp along the sequence: a
+    # stage sends that piece (a 1/tp share), as Megatron-LM does, not the gathered tensor.
+    prog = _pp(gpt2.step, "pp=2,tp=2", "pp+megatron+sp", microbatches=2)
+    T = gpt2.inputs["ids"].shape[1]
+    acts = [n for n in prog.rank_graphs()[0].nodes if n.op == "send" and "activation" in n.attrs.get("tag", "")]
+    assert acts and all(n.operands[0].type.shape[1] == T // 2 for n in acts), [n.operands[0].type for n in acts]
+    got = prog.simulate(gpt2.inputs)
+    assert rel_err(got[0], gpt2.want[0]) <= TOL

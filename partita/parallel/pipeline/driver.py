@@ -88,7 +88,8 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             local, spans = rp.graph, None
             vmap: dict[Value, Value] | None = None
         else:
-            notes = _boundary_annotations(rp, submesh, dp_axis, dp)
+            notes = _boundary_annotations(rp, submesh, dp_axis, dp,
+                                          rest.tp_axis if rest.sequence_parallel else None)
             try:
                 st = parallelize(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None, order=False,
                                  _track=True, **spmd)
@@ -143,10 +144,14 @@ def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool
         order_collectives(local, prefetch)
 
 
-def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int) -> dict[str, Placement]:
+def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
+                          sp_axis: str | None = None) -> dict[str, Placement]:
     """Placements for every value that crosses between pp ranks: its batch dim split over the
     data-parallel axis (as the stage's batch is), whole along everything else; the sender and
-    the receiver annotate alike, so each rank sends and receives its own piece."""
+    the receiver annotate alike, so each rank sends and receives its own piece. With sequence
+    parallelism (``sp_axis``) a float activation ``[batch, seq, ...]`` also has its sequence
+    dim split over that axis, as the residual stream between layers is (Megatron-LM sends the
+    sequence-parallel piece too): each rank sends a 1/tp share."""
     out: dict[str, Placement] = {}
     k = 0
     taken = {str(x.name) for x in rp.graph.values() if x.name is not None}
@@ -164,11 +169,13 @@ def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int) 
                 val.name = name
                 taken.add(name)
         rank = val.type.rank
+        splits: dict[int, str] = {}
         if dp_axis is not None and d is not None and dp > 1 and val.type.shape[d] % dp == 0:
-            p = Placement.split(rank, {d: dp_axis})
-        else:
-            p = Placement.replicated(rank)
-        out[str(val.name)] = p
+            splits[d] = dp_axis
+        if sp_axis is not None and d is not None and rank >= 3 and val.type.dtype.is_float \
+                and val.type.shape[d + 1] % submesh.axis_size(sp_axis) == 0:
+            splits[d + 1] = sp_axis
+        out[str(val.name)] = Placement.split(rank, splits) if splits else Placement.replicated(rank)
     return out
 
 

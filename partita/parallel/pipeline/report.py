@@ -32,6 +32,7 @@ class StageReport:
     sent_bytes: int
     sends: int
     recvs: int
+    chunk_layers: list[list[str]] = field(default_factory=list)  # per chunk of the rank
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -73,8 +74,7 @@ class PipelinePlan:
         lines.append(f"  {'stage':>5}  {'layers':<22} {'params':>10} {'grads':>10} {'opt state':>10} "
                      f"{'act/mb':>10} {'held':>4} {'peak act':>10} {'sent/step':>10}")
         for s in self.per_stage:
-            span = (f"{_short(s.layers[0])}..{_short(s.layers[-1])}" if len(s.layers) > 1 else _short(s.layers[0])) \
-                if s.layers else "-"
+            span = "+".join(_span(ls) for ls in s.chunk_layers) if s.chunk_layers else "-"
             lines.append(f"  {s.rank:>5}  {span:<22} {_fmt(s.param_bytes):>10} {_fmt(s.grad_bytes):>10} "
                          f"{_fmt(s.state_bytes):>10} {_fmt(s.activation_bytes_per_microbatch):>10} {s.in_flight:>4} "
                          f"{_fmt(s.peak_activation_bytes):>10} {_fmt(s.sent_bytes):>10}")
@@ -127,6 +127,13 @@ class PipelinePlan:
         return json.dumps(self.to_dict(), indent=2)
 
 
+def _span(layers: list[str]) -> str:
+    """``h.0..h.3`` for a chunk's layers (one name for one layer)."""
+    if not layers:
+        return "-"
+    return f"{_short(layers[0])}..{_short(layers[-1])}" if len(layers) > 1 else _short(layers[0])
+
+
 def _short(layer: str) -> str:
     parts = layer.split(".")
     return ".".join(parts[-2:]) if len(parts) >= 2 else layer
@@ -176,7 +183,8 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
         per.append(StageReport(p, chunks, layers, len(local), params, params if pipe.training else 0, state,
                                per_mb, held[p], per_mb * held[p] // max(len(chunks), 1),
                                max(mem.peak_bytes - mem.input_bytes, 0),
-                               sum(_nbytes(n.operands[0]) for n in sends), len(sends), len(recvs)))
+                               sum(_nbytes(n.operands[0]) for n in sends), len(sends), len(recvs),
+                               [list(pipe.cut.chunks[c].layers) for c in chunks]))
     plans = [getattr(st, "plan", None) for st in prog.stages]
     return PipelinePlan(str(prog.mesh), str(prog.strategy), sched.name, sched.stages, sched.virtual,
                         sched.microbatches, pipe.cut.how, per, sched.bubble(), sched.chart(), list(pipe.tied), plans,
