@@ -685,3 +685,13 @@ def test_sequence_parallel_stages_send_each_ranks_sequence_piece(gpt2):
     assert acts and all(n.operands[0].type.shape[1] == T // 2 for n in acts), [n.operands[0].type for n in acts]
     got = prog.simulate(gpt2.inputs)
     assert rel_err(got[0], gpt2.want[0]) <= TOL
+
+
+def test_annotations_place_the_stages_inputs_and_refuse_intermediate_values(gpt2):
+    w = "lm.transformer.h.3.mlp.c_fc.weight"
+    prog = _pp(gpt2.step, "pp=2,dp=2", "pp+dp", microbatches=2, annotations={w: "[-, dp]"})
+    assert prog.stages[1].plan.placements[w] == "[-, dp]"
+    got = prog.simulate(gpt2.inputs)
+    assert rel_err(got[0], gpt2.want[0]) <= TOL
+    with pytest.raises(PipelineError, match=r"annotations may place the graph's inputs .* %17 is not one"):
+        _pp(gpt2.step, "pp=2,dp=2", "pp+dp", microbatches=2, annotations={"17": "[dp, -]"})

@@ -42,9 +42,15 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     S = mesh.axis_size(axis)
     M = _positive("microbatches", microbatches, "the batch is split into that many microbatches (e.g. 2 * the pp size)")
     v = _positive("virtual_stages", virtual_stages, "use 1, or 2 or more with schedule='interleaved'")
-    if annotations:
-        raise PipelineError("parallelize: annotations by value name are not supported with pp yet (each stage is its "
-                            "own program); leave annotations out, or parallelize without pp")
+    user = {str(k).lstrip("%"): p for k, p in (annotations or {}).items()}
+    if user:
+        inputs = {str(x.name) for x in graph.inputs}
+        inner = sorted(k for k in user if k not in inputs)
+        if inner:
+            raise PipelineError(
+                f"parallelize: with pp, annotations may place the graph's inputs (params, state, the batch), which "
+                f"each stage takes as they are; %{inner[0]} is not one (each stage's program computes its own copy "
+                "of an intermediate value). Annotate an input, or parallelize without pp")
     rest_words = [s.name for s in strategy.strategies if s.name != "pp"]
     others = [(a, n) for a, n in zip(mesh.names, mesh.shape) if a != axis]
     submesh = Mesh.of(others) if others else None
@@ -88,8 +94,10 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             local, spans = rp.graph, None
             vmap: dict[Value, Value] | None = None
         else:
-            notes = _boundary_annotations(rp, submesh, dp_axis, dp,
-                                          rest.tp_axis if rest.sequence_parallel else None)
+            notes: dict[str, Any] = _boundary_annotations(rp, submesh, dp_axis, dp,
+                                                          rest.tp_axis if rest.sequence_parallel else None)
+            mine = {str(x.name) for x in rp.graph.inputs}
+            notes.update({k: p for k, p in user.items() if k in mine})
             try:
                 st = parallelize(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None, order=False,
                                  _track=True, **spmd)
