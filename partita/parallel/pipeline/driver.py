@@ -177,7 +177,7 @@ def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
                 val.name = name
                 taken.add(name)
         rank = val.type.rank
-        splits: dict[int, str] = {}
+        splits: dict[int, str | Sequence[str]] = {}
         if dp_axis is not None and d is not None and dp > 1 and val.type.shape[d] % dp == 0:
             splits[d] = dp_axis
         if sp_axis is not None and d is not None and rank >= 3 and val.type.dtype.is_float \
