@@ -100,7 +100,6 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUME
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -401,17 +400,11 @@ class TorchJob:
     torch_lr: float = LR  # a different value makes the check fail (the test of the check)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_torch(m: Model, case: Case, state: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, steps: int,
               check: bool, timeout_s: float, torch_lr: float = LR) -> list[dict[str, Any]]:
     """Spawn the peer's ranks for ``case``; each reports its check step (if ``check``) and the
     timings of ``steps`` steps with a barrier and ``steps`` without. Never hangs."""
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{bench_parallel._free_port()}"
     jobs = [TorchJob(m, case, r, init, state, x, y, steps, check, timeout_s, torch_lr) for r in range(case.pp)]
     return spawn_ranks(jobs, _torch_rank_main, timeout_s)
 
@@ -926,7 +919,7 @@ def profile_case(cfg: Config, case: Case, step, xname: str, state: dict[str, np.
     data = {xname: x, "target": y}
     weights, inputs = prog.shard_weights(), prog.shard_inputs(data)
     texts = [print_graph(g) for g in prog.rank_graphs()]
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{bench_parallel._free_port()}"
     jobs = [ProfileJob(m, case, r, init, str(prog.mesh), texts[r], weights[r], inputs[r], state, x, y, steps,
                        cfg.timeout_s) for r in range(case.pp)]
     reports = spawn_ranks(jobs, _profile_rank_main, cfg.timeout_s + steps * 30)

@@ -1,5 +1,5 @@
-"""From a single-device training step (or forward graph) to one global-shaped program per pp
-rank: the schedule unrolled.
+"""From a single-device training step (or forward graph) to one template program per pp
+rank: one microbatch through the rank's chunks.
 
 1. ``microbatch_graph``: the step's forward and loss, re-typed for one microbatch (the
    batch inputs split ``M`` ways, by the same propagation and partition that data
@@ -7,14 +7,15 @@ rank: the schedule unrolled.
    (its mean times ``1/M``), so the shares of the ``M`` microbatches sum to the step's loss.
 2. ``partition_stages`` cuts it into ``S * v`` chunks; ``build_chunk_program`` derives each
    chunk's backward and splits it into B and W.
-3. ``unroll`` writes, per pp rank, one straight-line graph with the batch's global shape:
-   the microbatches sliced from the batch inputs, then every action of the schedule and
-   every transfer (``send``/``recv`` over the ``pp`` axis) in the rank's program order, the
-   parameter gradients summed over the microbatches, the gradients of a weight that two
-   stages share swapped between them, and the optimizer update of the rank's params.
+3. ``_Unroller`` writes, per pp rank, one graph for one microbatch (``template_schedule``'s
+   order): every action of the rank's chunks and every transfer (``send``/``recv`` over the
+   ``pp`` axis), the parameter gradients summed over its chunks, the gradients of a weight
+   that two stages share swapped between them, and the optimizer update of the rank's
+   params; each node marked with its section.
 
-Each rank's program is then an ordinary global graph that the SPMD strategies (dp, zero,
-megatron, sp) parallelize over the rest of the mesh.
+Each template is then an ordinary global graph that the SPMD strategies (dp, zero, megatron,
+sp) parallelize over the rest of the mesh, and local_unroll.py copies its local pieces once
+per action of the real schedule.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..placement import Placement
 from ..strategies.base import UPDATE_OPS
 from .schedule import Action, PipelineError, Schedule, Transfer
 from .stage_graphs import ChunkProgram, build_chunk_program
-from .stages import StageCut, partition_stages
+from .stages import StageCut, partition_stages, value_cone
 
 MB_AXIS = "mb"
 
@@ -49,11 +50,17 @@ class MicrobatchGraph:
     full: dict[str, Any]
 
 
+def is_training(graph: Graph) -> bool:
+    """Whether ``graph`` is a training step: it updates params (an optimizer update) or
+    returns gradients (outputs named ``<param>.grad``)."""
+    return any(n.op in UPDATE_OPS for n in graph.nodes) or any(
+        v.name and str(v.name).endswith(".grad") for v in graph.outputs[1:])
+
+
 def forward_of(step: Graph) -> tuple[Graph, bool]:
     """The forward section of ``step``: for a training step (optimizer updates, or ``.grad``
     outputs) the cone of its loss (output 0), else the graph itself. Returns (graph, training)."""
-    training = any(n.op in UPDATE_OPS for n in step.nodes) or any(
-        v.name and str(v.name).endswith(".grad") for v in step.outputs[1:])
+    training = is_training(step)
     g = step.clone()
     if training:
         if not step.outputs or step.outputs[0].type.shape != () or not step.outputs[0].type.dtype.is_float:
@@ -149,10 +156,9 @@ class RankProgram:
     source_index: list[int | None]
     boundary: list[tuple[Value, int | None]] = field(default_factory=list)
     tied_values: list[Value] = field(default_factory=list)
-    # A template (one microbatch, unrolled later on the per-rank program; see local_unroll):
-    # each node's section, the param gradients each chunk's W adds up (in order), the
-    # values the microbatches' sums replace, and the batch inputs at one microbatch's shape.
-    template: bool = False
+    # The program is a template (one microbatch, unrolled on the per-rank program by
+    # local_unroll): each node's section, the param gradients each chunk's W adds up (in
+    # order), the values the microbatches' sums replace, and the outputs to put back together.
     sections: dict[Node, tuple] = field(default_factory=dict)
     chunk_grads: dict[int, list[tuple[str, Value]]] = field(default_factory=dict)
     acc_values: dict[str, Value] = field(default_factory=dict)
@@ -177,15 +183,13 @@ class Pipeline:
 
 class _Unroller:
     def __init__(self, step: Graph, mbg: MicrobatchGraph, cut: StageCut, chunks: list[ChunkProgram],
-                 schedule: Schedule, training: bool, dp_size: int, axis: str, template: bool = False) -> None:
-        self.template = template
+                 schedule: Schedule, training: bool, axis: str) -> None:
         self.step = step
         self.mbg = mbg
         self.cut = cut
         self.chunks = chunks
         self.s = schedule
         self.training = training
-        self.dp = dp_size
         self.axis = axis
         S = schedule.stages
         self.owners: dict[str, list[int]] = {}
@@ -207,8 +211,7 @@ class _Unroller:
                     "its readers fall on one rank, e.g. with stages=[...]")
 
     def build(self) -> list[RankProgram]:
-        sched = template_schedule(self.s) if self.template else self.s
-        order = sched.program_order(tied=bool(self.tied) and self.training)
+        order = template_schedule(self.s).program_order(tied=bool(self.tied) and self.training)
         return [self._rank(r, order[r]) for r in range(self.s.stages)]
 
     # --- one rank -------------------------------------------------------------------------
@@ -218,7 +221,6 @@ class _Unroller:
         g = Graph(f"{self.step.name}.pp{r}")
         g.weights = type(self.step.weights)()
         b = Builder(g)
-        tpl = self.template
         sections: dict[Node, tuple] = {}
         chunk_grads: dict[int, list[tuple[str, Value]]] = {}
         last_mark: list[Node | None] = [None]
@@ -231,12 +233,11 @@ class _Unroller:
                 n = n.next
             last_mark[0] = g.last
 
-        def mtext(m: int) -> str:
-            # A template stands for every microbatch: its transfers' names and tags say "MB",
-            # which the unroll replaces by each microbatch's number.
-            return "MB" if tpl else str(m)
+        # The template stands for every microbatch: its transfers' names and tags say "MB",
+        # which the unroll replaces by each microbatch's number.
+        mb = "MB"
         mine = s.chunks_of(r)
-        # Inputs: the batch inputs its chunks read (whole-batch type), then its params.
+        # Inputs: the batch inputs its chunks read (one microbatch's type), then its params.
         batch_names: list[str] = []
         param_names: list[str] = []
         for c in mine:
@@ -259,21 +260,11 @@ class _Unroller:
         for nm in [v for v in (str(x.name) for x in self.step.inputs) if v in batch_names or v in param_names]:
             v = src_inputs[nm]
             t = v.type
-            if tpl and v.role == "input":
-                # The template takes one microbatch as it is.
+            if v.role == "input":
                 t = mb_types.get(nm) or t.with_shape((t.shape[0] // M,) + tuple(t.shape[1:]))
             ins[nm] = g.add_input(nm, t, v.role or "input")
             if nm in self.step.weights:
                 g.weights[nm] = self.step.weights[nm]
-        slices: dict[tuple[str, int], Value] = {}
-
-        def micro(nm: str, m: int) -> Value:
-            key = (nm, m)
-            if tpl:
-                return ins[nm]
-            if key not in slices:
-                slices[key] = self._slice(b, ins[nm], m, M, nm)
-            return slices[key]
 
         env: dict[tuple[int, int], dict[Value, Value]] = {}
         recv_act: dict[tuple[int, int], list[Value]] = {}
@@ -295,7 +286,7 @@ class _Unroller:
                     for i, v in enumerate(cp.recv):
                         e[v] = recv_act[key][i]
                     for nm, v in cp.batch.items():
-                        e[v] = micro(nm, it.mb)
+                        e[v] = ins[nm]
                     for nm, v in cp.params.items():
                         e[v] = ins[nm]
                     mark(("pre",))
@@ -346,7 +337,7 @@ class _Unroller:
                     for i, v in enumerate(cp.send):
                         val = env[(c, m)][v]
                         b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
-                               tag=_tag("act", c, mtext(m), i, S, s.virtual))
+                               tag=_tag("act", c, mb, i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
                     mark(("send", "act", c))
                 else:
@@ -354,8 +345,8 @@ class _Unroller:
                     got = []
                     for i, v in enumerate(nxt.recv):
                         rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(v.type.shape),
-                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mtext(m)}.{i}",
-                                    tag=_tag("act", c, mtext(m), i, S, s.virtual))
+                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mb}.{i}",
+                                    tag=_tag("act", c, mb, i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
                         got.append(rv)
                     recv_act[(c + 1, m)] = got
@@ -370,7 +361,7 @@ class _Unroller:
                             continue
                         val = env[(c, m)][gv]
                         b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
-                               tag=_tag("grad", c, mtext(m), i, S, s.virtual))
+                               tag=_tag("grad", c, mb, i, S, s.virtual))
                         boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
                     mark(("send", "grad", c))
                 else:
@@ -381,8 +372,8 @@ class _Unroller:
                             got_ct.append(None)
                             continue
                         rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(ct.type.shape),
-                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mtext(m)}.{i}",
-                                    tag=_tag("grad", c, mtext(m), i, S, s.virtual))
+                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mb}.{i}",
+                                    tag=_tag("grad", c, mb, i, S, s.virtual))
                         boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
                         got_ct.append(rv)
                     recv_ct[(c - 1, m)] = got_ct
@@ -414,40 +405,17 @@ class _Unroller:
         src_index: list[int | None] = []
         aliases: list[Value | None] = []
         if loss_parts:
-            total = loss_parts[0]
-            for x in loss_parts[1:]:
-                total = b.add(total, x)
+            (total,) = loss_parts  # one microbatch: its share (the unroll sums them)
             total.name = str(self.step.outputs[0].name or "loss") if self.training else total.name
             outs.append(total)
             src_index.append(0)
             aliases.append(None)
         mark(("loss",))
         finals: list[tuple[Value, int | None]] = []
-        if final_parts and tpl:
+        if final_parts:
             for k, x in enumerate(final_parts[0]):
                 outs.append(x)
                 finals.append((x, self.mbg.batch_dim.get(self.mbg.outputs[k])))
-                src_index.append(k)
-                aliases.append(None)
-        elif final_parts:
-            for k in range(len(final_parts[0])):
-                parts = [fp[k] for fp in final_parts]
-                d = self.mbg.batch_dim.get(self.mbg.outputs[k])
-                if len(parts) == 1:
-                    outs.append(parts[0])
-                elif d is None:
-                    raise PipelineError(f"pipeline: output {k} of @{self.step.name} has no batch dim to put the "
-                                        "microbatches' pieces back together along; use microbatches=1")
-                elif self.dp > 1:
-                    # With dp ranks a microbatch holds each dp rank's share of its rows (see
-                    # _slice): put every dp rank's shares back in order, then the ranks.
-                    shape = list(parts[0].type.shape)
-                    n = shape[d]
-                    split = [b.reshape(x, shape=shape[:d] + [self.dp, n // self.dp] + shape[d + 1:]) for x in parts]
-                    whole = b.concat(*split, axis=d + 1)
-                    outs.append(b.reshape(whole, shape=shape[:d] + [n * len(parts)] + shape[d + 1:]))
-                else:
-                    outs.append(b.concat(*parts, axis=d))
                 src_index.append(k)
                 aliases.append(None)
         mark(("final",))
@@ -456,36 +424,11 @@ class _Unroller:
         mark(("opt",))
         g.set_outputs(outs, aliases)
         verify(g)
-        rp = RankProgram(r, g, src_index, boundary, tied_vals)
-        if tpl:
-            rp.template = True
-            rp.sections = sections
-            rp.chunk_grads = chunk_grads
-            rp.acc_values = acc_values
-            rp.loss_share = loss_parts[0] if loss_parts else None
-            rp.finals = finals
-        return rp
+        return RankProgram(r, g, src_index, boundary, tied_vals, sections, chunk_grads, acc_values,
+                           loss_parts[0] if loss_parts else None, finals)
 
     def _bdim(self, v: Value) -> int | None:
         return self.mbg.batch_dim.get(v)
-
-    def _slice(self, b: Builder, x: Value, m: int, M: int, name: str) -> Value:
-        """Microbatch ``m`` of the batch input ``x``: with dp ranks, each rank's contiguous
-        share of its own rows, so that the slice is local after the batch split."""
-        if M == 1:
-            return x
-        B = x.type.shape[0]
-        rows = B // M
-        if self.dp == 1:
-            return b.slice(x, axis=0, start=m * rows, end=(m + 1) * rows, name=f"{name}.mb{m}")
-        if rows % self.dp:
-            raise PipelineError(f"pipeline: a microbatch of %{name} has {rows} rows ({B} / {M} microbatches), which the "
-                                f"{self.dp} data-parallel ranks do not divide; use a batch of a multiple of {M * self.dp} "
-                                "rows or fewer microbatches")
-        rest = list(x.type.shape[1:])
-        y = b.reshape(x, shape=[self.dp, M, rows // self.dp] + rest)
-        y = b.slice(y, axis=1, start=m, end=m + 1)
-        return b.reshape(y, shape=[rows] + rest, name=f"{name}.mb{m}")
 
     @staticmethod
     def _copy(b: Builder, nodes: list[Node], e: dict[Value, Value]) -> None:
@@ -511,15 +454,7 @@ class _Unroller:
         owned = {nm for nm, rs in self.owners.items() if r in rs}
         updates = [n for n in step.nodes if n.op in UPDATE_OPS and str(n.operands[0].name) in owned]
         upd = set(updates)
-        need: set[Node] = set()
-        stack = [v for n in updates for i, v in enumerate(n.operands) if i != 1]
-        while stack:
-            v = stack.pop()
-            n = v.producer
-            if n is None or n in need:
-                continue
-            need.add(n)
-            stack.extend(n.operands)
+        need = value_cone([v for n in updates for i, v in enumerate(n.operands) if i != 1])
         e: dict[Value, Value] = {}
         for n in step.nodes:
             if n not in need and n not in upd:
@@ -531,7 +466,7 @@ class _Unroller:
                     # A template reads the summed gradient through its own node, so that a
                     # placement the strategies give the update's gradient (ZeRO's split) is
                     # made once per step, not once per microbatch.
-                    operands.append(b.reshape(a, shape=list(a.type.shape)) if self.template else a)
+                    operands.append(b.reshape(a, shape=list(a.type.shape)))
                     continue
                 if v not in e:
                     assert v.producer is None, "the optimizer's cone is closed"
@@ -587,8 +522,8 @@ def _tag(what: str, chunk: int, mb: int | str, i: int, stages: int, virtual: int
     return f"gradient {i} of B{mb}: {where(chunk)} -> {where(chunk - 1)}"
 
 
-def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *, dp_size: int = 1,
-                   axis: str = "pp", cut: Any = None, template: bool = False) -> Pipeline:
+def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *,
+                   axis: str = "pp", cut: Any = None) -> Pipeline:
     """The pipeline of ``step`` (see the module docstring)."""
     fwd, training = forward_of(step)
     if not training and not schedule.forward_only:
@@ -608,9 +543,10 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
                     f"pipeline: schedule zero-bubble needs each chunk's backward split into input gradients (B) and "
                     f"weight gradients (W), but chunk {cp.index} computes all of its weight gradients inside its "
                     "input-gradient part (an op whose backward gives both at once); use schedule='1f1b'")
-    un = _Unroller(step, mbg, sc, chunks, schedule, training, dp_size, axis, template)
+    un = _Unroller(step, mbg, sc, chunks, schedule, training, axis)
     ranks = un.build()
     return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners)
 
 
-__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "forward_of", "microbatch_graph"]
+__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "forward_of", "is_training",
+           "microbatch_graph"]

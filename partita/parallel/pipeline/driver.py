@@ -10,8 +10,8 @@ from typing import Any, Mapping, Sequence
 from ...ir.graph import Graph, Value
 from ..mesh import Mesh
 from ..placement import Placement
-from ..strategies.base import ParsedStrategy, StrategyError, UPDATE_OPS
-from .build import build_pipeline, forward_of
+from ..strategies.base import ParsedStrategy, StrategyError
+from .build import build_pipeline, is_training
 from .local_unroll import local_sections, unroll_local
 from .program import PipelineProgram, WholeStage
 from .schedule import PipelineError, make_schedule
@@ -21,11 +21,6 @@ def _positive(name: str, x: Any, fix: str) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or x < 1:
         raise PipelineError(f"parallelize: {name} must be a positive int, got {x!r}; {fix}")
     return x
-
-
-def is_training(graph: Graph) -> bool:
-    return any(n.op in UPDATE_OPS for n in graph.nodes) or any(
-        v.name and str(v.name).endswith(".grad") for v in graph.outputs[1:])
 
 
 def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
@@ -75,7 +70,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             raise PipelineError(f"pipeline: a microbatch of %{x.name} has {rows} rows ({x.type.shape[0]} / {M} "
                                 f"microbatches), which the {dp} data-parallel ranks do not divide; use a batch of a "
                                 f"multiple of {M * dp} rows or fewer microbatches")
-    pipe = build_pipeline(graph, S, M, sched, dp_size=dp, axis=axis, cut=stages, template=True)
+    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages)
     timings["pipeline"] = time.perf_counter() - t0
     bucket_mb = spmd.pop("bucket_mb", 25.0)
     first_mb = spmd.pop("first_bucket_mb", 1.0)
@@ -111,14 +106,14 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             return vmap[v] if vmap is not None else v
 
         t = time.perf_counter()
-        sections = local_sections(rp.graph, local, rp.sections, spans,
+        sections = local_sections(local, rp.sections, spans,
                                   (copy, node_origin) if spans is not None else None)
         batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
         unrolled = unroll_local(local, sections, sched, rp.rank, items[rp.rank], batch=batch,
                                 chunk_grads={c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()},
                                 acc_values={nm: loc(v) for nm, v in rp.acc_values.items()},
                                 loss_share=loc(rp.loss_share) if rp.loss_share is not None else None,
-                                finals=[(loc(v), d) for v, d in rp.finals], tied=bool(pipe.tied), mesh=mesh)
+                                finals=[(loc(v), d) for v, d in rp.finals], mesh=mesh)
         unroll_s += time.perf_counter() - t
         if submesh is not None:
             _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb)

@@ -42,7 +42,7 @@ def _inherit(nodes: list[Node], out: dict[Node, tuple], default: tuple) -> None:
             out[n] = out[prods[-1]] if prods else default
 
 
-def local_sections(template: Graph, local: Graph, sections: dict[Node, tuple],
+def local_sections(local: Graph, sections: dict[Node, tuple],
                    spans: dict[Node, list[Node]] | None, copy: "tuple[Graph, dict[Node, Node]] | None" = None
                    ) -> dict[Node, tuple]:
     """The section of every node of the local template ``local``: that of the template node
@@ -84,7 +84,7 @@ class _Unroll:
     def __init__(self, local: Graph, section: dict[Node, tuple], sched: Schedule, rank: int, *,
                  batch: dict[str, int], chunk_grads: dict[int, list[tuple[str, Value]]],
                  acc_values: dict[str, Value], loss_share: Value | None,
-                 finals: list[tuple[Value, int | None]], tied: bool, mesh: Any = None) -> None:
+                 finals: list[tuple[Value, int | None]], mesh: Any = None) -> None:
         self.L = local
         self.sched = sched
         self.rank = rank
@@ -94,7 +94,6 @@ class _Unroll:
         self.acc_values = acc_values
         self.loss_share = loss_share
         self.finals = finals
-        self.tied = tied
         self.by_key: dict[tuple, list[Node]] = {}
         for n in local.nodes:
             self.by_key.setdefault(section[n], []).append(n)
@@ -241,14 +240,14 @@ class _Unroll:
 def unroll_local(local: Graph, sections: dict[Node, tuple], sched: Schedule, rank: int, items: list[Any], *,
                  batch: dict[str, int], chunk_grads: dict[int, list[tuple[str, Value]]],
                  acc_values: dict[str, Value], loss_share: Value | None,
-                 finals: list[tuple[Value, int | None]], tied: bool, mesh: Any = None) -> Graph:
+                 finals: list[tuple[Value, int | None]], mesh: Any = None) -> Graph:
     """The program of pp rank ``rank`` for ``sched`` (its ``items``: actions and transfers in
     program order) from its local template ``local`` whose nodes' ``sections`` are known;
     ``batch``: the batch inputs by name with their batch dim; the rest as the template's
     RankProgram records them, mapped to the local template's values; ``mesh``: the whole
     mesh the program runs on (the template's is its stage's)."""
     return _Unroll(local, sections, sched, rank, batch=batch, chunk_grads=chunk_grads, acc_values=acc_values,
-                   loss_share=loss_share, finals=finals, tied=tied, mesh=mesh).run(items)
+                   loss_share=loss_share, finals=finals, mesh=mesh).run(items)
 
 
 __all__ = ["local_sections", "unroll_local"]

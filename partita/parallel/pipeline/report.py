@@ -159,6 +159,9 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
     pipe = prog.pipeline
     sched = pipe.schedule
     held = sched.in_flight()
+    # Activations per microbatch: a stage rank holds its piece (the dp split cuts the rows).
+    dp_axis = prog.strategy.dp_axis if prog.strategy is not None else None
+    scale = prog.submesh.axis_size(dp_axis) if prog.submesh is not None and dp_axis is not None else 1
     per = []
     for p, st in enumerate(prog.stages):
         local: Graph = st.local
@@ -166,16 +169,6 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
         layers = [lay for c in chunks for lay in pipe.cut.chunks[c].layers]
         params = sum(_nbytes(v) for v in local.inputs if v.role == "param")
         state = sum(_nbytes(v) for v in local.inputs if v.role == "state")
-        # Activations per microbatch: a stage rank holds its piece (the dp split cuts the rows).
-        sub = prog.submesh
-        scale = 1
-        if sub is not None and prog.strategy is not None:
-            from ..strategies.base import parse_strategy
-
-            words = [s.name for s in prog.strategy.strategies if s.name != "pp"]
-            rest = parse_strategy("+".join(words), sub) if words else None
-            if rest is not None and rest.dp_axis is not None:
-                scale = sub.axis_size(rest.dp_axis)
         per_mb = sum(_saved_bytes(pipe.chunks[c]) for c in chunks) // scale
         mem = analyze(local)
         sends = [n for n in local.nodes if is_point_to_point(n) and n.operands]

@@ -23,7 +23,7 @@ from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import verify
 from .schedule import PipelineError
-from .stages import Chunk
+from .stages import Chunk, value_cone
 
 
 @dataclass
@@ -58,19 +58,6 @@ class ChunkProgram:
     def splittable(self) -> bool:
         """Whether some param gradient work can run apart from the input gradients."""
         return bool(self.W)
-
-
-def _cone(values: list[Value]) -> set[Node]:
-    out: set[Node] = set()
-    stack = list(values)
-    while stack:
-        v = stack.pop()
-        n = v.producer
-        if n is None or n in out:
-            continue
-        out.add(n)
-        stack.extend(n.operands)
-    return out
 
 
 def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward_only: bool = False,
@@ -155,9 +142,9 @@ def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward
             k += 1
     names = list(param_grads)
     param_grads = {nm: o[k + i] for i, nm in enumerate(names)}
-    f_set = _cone(send + ([loss_v] if loss_v is not None else []) + final)
-    b_set = _cone([x for x in new_rg if x is not None]) - f_set
-    w_set = _cone(list(param_grads.values())) - f_set - b_set
+    f_set = value_cone(send + ([loss_v] if loss_v is not None else []) + final)
+    b_set = value_cone([x for x in new_rg if x is not None]) - f_set
+    w_set = value_cone(list(param_grads.values())) - f_set - b_set
     order = list(g.nodes)
     cp = ChunkProgram(chunk.index, g, [g.input(f"pp.recv{i}") for i in range(len(recv))], send,
                       {nm: g.input(nm) for nm in batch}, {nm: g.input(nm) for nm in params},

@@ -300,18 +300,17 @@ def _inputs_only(v: Value, memo: dict[Value, bool]) -> bool:
     return ok
 
 
-def _cone(v: Value) -> list[Node]:
-    """The nodes ``v`` is computed from (any order)."""
+def value_cone(values: Sequence[Value]) -> set[Node]:
+    """The nodes ``values`` are computed from."""
     out: set[Node] = set()
-    stack = [v]
+    stack = list(values)
     while stack:
-        x = stack.pop()
-        n = x.producer
+        n = stack.pop().producer
         if n is None or n in out:
             continue
         out.add(n)
         stack.extend(n.operands)
-    return list(out)
+    return out
 
 
 def _at(pos: dict[Node, int], v: Value) -> tuple[int, int]:
@@ -329,7 +328,7 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
         members[home[n]].append(n)
     memo: dict[Value, bool] = {}
     # Values read by a later chunk than their producer's: recompute or send.
-    recompute: list[dict[Value, list[Node]]] = [{} for _ in range(k)]
+    recompute: list[dict[Value, set[Node]]] = [{} for _ in range(k)]
     sent_from: dict[Value, int] = {}
     last_use: dict[Value, int] = {}
     for n in nodes:
@@ -341,7 +340,7 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
             if src >= c:
                 continue
             if _inputs_only(v, memo):
-                cone = _cone(v)
+                cone = value_cone([v])
                 cost = sum(node_work(x) for x in cone)
                 if cost <= SEND_BYTE_FLOPS * nbytes(v) + SEND_FLOPS or not v.type.dtype.is_float:
                     recompute[c][v] = cone
@@ -380,4 +379,4 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
     return StageCut(graph, chunks, layers, how)
 
 
-__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_work", "partition_stages"]
+__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_work", "partition_stages", "value_cone"]
