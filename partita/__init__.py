@@ -17,6 +17,7 @@ from .ir import (Builder, DenseAttr, Graph, Location, Node, ParseError, PartitaE
 from .ir import parse as _parse, print_graph as _print_graph
 from .ir import dtypes  # noqa: F401
 from .ir.diagnostics import given as _given
+from . import codegen as _codegen  # noqa: F401,E402  (the fused op and the fuse-kernels pass)
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the bottom, then the executors (they define what a graph means, and every layer that runs a
 # graph uses them: the ONNX/torch import checks, the Trainer, run_mesh), then the stages
 # from import to launch.
-ORDER = ("ir", "ops", "backend", "frontend", "passes", "autodiff", "parallel", "runtime", "api", "examples",
+ORDER = ("ir", "ops", "backend", "frontend", "passes", "codegen", "autodiff", "parallel", "runtime", "api", "examples",
          "cli")
 
 # Modules of a layer above that a layer may import as well (with their submodules): the IR

@@ -46,6 +46,9 @@ rule = RULES.rule
 for _name in ("argmax", "argmin", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
               "logical_and", "logical_or", "logical_not", "iota", "full", "constant"):
     RULES[_name] = NOT_DIFFERENTIABLE
+# A fused kernel (partita/codegen) is made after autodiff: fuse-kernels runs on the training
+# step's graph, forward, backward and update together, so the grad pass never meets one.
+RULES["fused"] = NOT_DIFFERENTIABLE
 # sign is piecewise constant: its derivative is 0 wherever it exists (as in PyTorch).
 RULES["sign"] = lambda ctx, node, d, needs: [None]
 

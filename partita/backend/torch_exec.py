@@ -81,6 +81,8 @@ class TorchProgram:
             if donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use):
                 fn = opdef.torch_inplace
             carried = any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results))
+            if opdef.torch_prepare is not None and not carried:
+                fn = opdef.torch_prepare(n)
             if carried:
                 fn = _carried_step(n, opdef)
             waits = tuple(s for s in dict.fromkeys(slot[v] for v in n.operands) if s in pending)

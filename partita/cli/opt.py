@@ -25,6 +25,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="print the IR to stderr after pass NAME (repeatable, or comma-separated)")
     o.add_argument("--no-verify", action="store_true",
                    help="skip the verifier on the input and between passes (faster, less safe)")
+    o.add_argument("--emit", choices=("ir", "kernels", "kernels-optimized"), default="ir",
+                   help="what to print: the optimized IR (default), or the generated kernels of it (each "
+                        "fused group's body and its LLVM IR; kernels-optimized: after LLVM's optimizations). "
+                        "A pipeline without fuse-kernels is fused first.")
     o.set_defaults(handler=cmd_opt)
 
 
@@ -45,6 +49,16 @@ def cmd_opt(args: argparse.Namespace) -> int:
                        print_ir_after=name_list(args.print_ir_after))
     before = len(graph)
     result = pm.run(graph)  # with timing=True the manager prints its table to stderr
+    if args.emit != "ir":
+        from ..codegen import emit_kernels
+
+        text = emit_kernels(result, optimized=args.emit == "kernels-optimized")
+        if args.output:
+            Path(args.output).write_text(text)
+            print(f"wrote {args.output} (kernels)", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        return EXIT_OK
     if args.output:
         out = Path(args.output)
         save(result, out)

@@ -336,8 +336,12 @@ class Graph:
         for r in node.results:
             r.graph = None
 
-    def replace_all_uses(self, old: Value, new: Value) -> None:
-        """Make every user of ``old`` (nodes and graph outputs) use ``new`` instead."""
+    def replace_all_uses(self, old: Value, new: Value, check_order: bool = True) -> None:
+        """Make every user of ``old`` (nodes and graph outputs) use ``new`` instead.
+
+        ``check_order=False`` lets a user come before ``new``'s producer; the caller then
+        restores a topological order with ``topo_sort`` (the kernel fusion pass does, after
+        replacing a group by one node)."""
         if old is new:
             return
         self._check_owned(old, "the replaced value")
@@ -345,7 +349,7 @@ class Graph:
         if old.type != new.type:
             raise GraphEditError(f"cannot replace {old!r} with {new!r}: types differ ({old.type} vs {new.type})")
         p = new.producer
-        if p is not None:
+        if p is not None and check_order:
             # Checked for every user first, so a refused edit leaves the graph untouched.
             for user in old.users:
                 if not p.is_before(user):

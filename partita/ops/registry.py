@@ -238,6 +238,10 @@ class OpDef:
     # ``Pending`` (ops/collective.py) at once; the executor waits for it where the result is
     # first read, so computation overlaps the transfer (TorchProgram(overlap=True)).
     torch_async: Callable | None = None
+    # An optional builder of the torch executor's step function for one node, called once
+    # when a program is prepared: ``node -> (tensors, attrs) -> tensor(s)``. The fused-kernel
+    # op compiles its kernel here, so a program's run time holds no compilation.
+    torch_prepare: Callable | None = None
     defined_at: Location | None = None
     _attr_index: dict = field(default_factory=dict, repr=False)
 
@@ -429,7 +433,7 @@ def record_problems(op: OpDef) -> list[str]:
     for fname in ("infer", "reference", "torch", "cost"):
         if not callable(getattr(op, fname)):
             out.append(f"{fname} must be a function, got {getattr(op, fname)!r}")
-    for fname in ("pad_ranged", "size_attrs", "torch_inplace", "torch_async", "collective"):
+    for fname in ("pad_ranged", "size_attrs", "torch_inplace", "torch_async", "torch_prepare", "collective"):
         v = getattr(op, fname)
         if v is not None and not callable(v):
             out.append(f"{fname} must be a function or None, got {v!r}")

@@ -57,6 +57,10 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "logical_and": [([("bool", (4, 2)), ("bool", (4, 2))], {})],
     "logical_or": [([("bool", (4, 2)), ("bool", (1, 2))], {})],
     "logical_not": [([("bool", (4, 2))], {})],
+    # A fused kernel runs replicated (its body has fixed shapes): nothing to split.
+    "fused": [([("f", (4, 6)), ("f", (6,))], {"body": "graph @kernel(%x0: f32[4,6], %x1: f32[6]) -> (f32[4,6]) {\n"
+                                                       "  %0 = add(%x0, %x1) : f32[4,6]\n  %1 = tanh(%0) : f32[4,6]\n"
+                                                       "  return %1\n}\n"})],
     "where": [([("bool", (4, 6)), ("f", (4, 6)), ("f", (6,))], {}), ([("bool", (4, 1)), ("f", (4, 6)), ("f", (4, 6))], {})],
     **{n: [([("f", (4, 2))], {})] for n in ("neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu",
                                              "silu", "erf", "sign")},

@@ -1,0 +1,113 @@
+"""Generated code: fused kernels compiled with LLVM, cached on disk (docs/codegen.md).
+
+    prog = partita.codegen.CompiledProgram(graph)   # fuse-kernels, compile, prepare
+    outs = prog([x])                                  # as TorchProgram: torch tensors out
+    print(prog.report())                              # kernels, where they came from, fallbacks
+
+- ``fusion``: the ``fuse-kernels`` pass (groups of elementwise ops -> ``fused`` nodes);
+- ``lowering``: a fused body -> LLVM IR (vectorized loops over broadcast strides);
+- ``mathlib``: vectorizable exp/log/tanh/erf;
+- ``jit``: LLVM through llvmlite, one engine per process, the on-disk kernel cache;
+- ``kernels``: a fused node's step function for the torch executor.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+from ..ir.graph import Graph
+from . import op  # noqa: F401  (registers the fused op)
+from . import fusion  # noqa: F401  (registers the fuse-kernels pass)
+from .fusion import FuseKernels, body_of, plan_groups
+from .jit import CodegenError, cache_dir, jit
+from .kernels import fallbacks, kernel_name
+
+__all__ = ["CompiledProgram", "FuseKernels", "plan_groups", "body_of", "CodegenError", "cache_dir", "jit",
+           "fallbacks", "kernel_name", "emit_kernels"]
+
+
+class CompiledProgram:
+    """``graph`` with its elementwise groups fused into generated kernels, ready to run.
+
+    The graph is copied, ``fuse-kernels`` and ``dce`` run on the copy (``fuse=False`` skips
+    them, for a graph fused already), and the torch executor prepares it, compiling each
+    kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
+    that. Calls take and return what ``TorchProgram`` does."""
+
+    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, fuse: bool = True,
+                 min_ops: int = 2) -> None:
+        from ..backend.torch_exec import TorchProgram
+        from ..passes.dce import DeadCodeElimination
+
+        t0 = time.perf_counter()
+        g = graph.clone()
+        if fuse:
+            g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
+            g = DeadCodeElimination().run(g)
+        self.graph = g
+        before = _stats()
+        self.program = TorchProgram(g, donate=donate, overlap=overlap)
+        after = _stats()
+        self.kernels = [n for n in g.nodes if n.op == "fused"]
+        self.cache = {k: after[k] - before[k] for k in after}
+        self.compile_seconds = time.perf_counter() - t0
+
+    def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
+                 weights: Mapping[str, Any] | None = None) -> list:
+        return self.program(inputs, weights)
+
+    def report(self) -> str:
+        names = {kernel_name(n.attrs["body"]) for n in self.kernels}
+        fb = [f for f in fallbacks() if f.kernel in names]
+        lines = [f"{len(self.kernels)} fused node(s), {len(names)} distinct kernel(s); "
+                 f"compiled {self.cache['compiled']}, from the disk cache {self.cache['disk_hits']}, "
+                 f"already in this process {self.cache['memory_hits']}; {self.compile_seconds:.3f} s"]
+        for f in fb:
+            lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
+        return "\n".join(lines)
+
+
+def _stats() -> dict[str, int]:
+    s = jit().stats
+    return {"compiled": s.compiled, "disk_hits": s.disk_hits, "memory_hits": s.memory_hits, "corrupt": s.corrupt}
+
+
+def emit_kernels(graph: Graph, optimized: bool = False) -> str:
+    """The kernels of ``graph`` (fused by ``fuse-kernels`` here if it has no fused nodes yet)
+    as text: each body in the IR text form and its LLVM IR (after LLVM's optimizations with
+    ``optimized=True``)."""
+    from .op import body_graph
+    from .lowering import LoweringError, lower
+
+    g = graph
+    if not any(n.op == "fused" for n in g.nodes):
+        g = FuseKernels().run(graph.clone())
+    from ..ir.printer import print_graph_lines
+
+    out: list[str] = []
+    seen: set[str] = set()
+    lines, where = print_graph_lines(g)
+    for n in g.nodes:
+        if n.op != "fused":
+            continue
+        text = n.attrs["body"]
+        name = kernel_name(text)
+        line = lines[where[n]]
+        users = line.split(" = fused(")[0].strip()
+        loc = n.text_loc or n.loc
+        at = f" ({loc})" if loc else ""
+        if name in seen:
+            out.append(f"; {users} = {name} (as above){at}\n")
+            continue
+        seen.add(name)
+        out.append(f"; ---- kernel {name} for {users}{at}\n; body:\n" +
+                   "".join(f";   {ln}\n" for ln in text.splitlines()))
+        try:
+            low = lower(body_graph(text), name)
+            out.append(jit().optimized_ir(low.ir) if optimized else low.ir)
+        except LoweringError as e:
+            out.append(f"; not lowered (runs on ATen): {e}\n")
+    if not out:
+        return "; no fused kernels: the graph has no group of two or more elementwise ops\n"
+    return "\n".join(out)

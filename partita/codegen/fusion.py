@@ -1,0 +1,216 @@
+"""The ``fuse-kernels`` pass: groups of elementwise ops become ``fused`` nodes.
+
+What groups (the cost rule). An elementwise op written as its own ATen kernel reads its
+operands from memory and writes its result back; in a chain of them every intermediate makes a
+round trip through memory, which on this machine costs far more than the arithmetic (the
+clamp-mul-add chain of docs/codegen-choice.md: 36 ATen kernels 13.7 ms, one fused loop 1.6 ms).
+So a group is grown from a consumer towards its producers, and a producer joins when
+
+1. it lowers (``lowering.supported``: the op and its dtypes have a kernel), and
+2. its result broadcasts to the group's iteration space (the root's shape), and
+3. either every user of its result is already in the group (the value disappears from memory),
+   or its result has the iteration space's shape and also becomes one of the kernel's outputs,
+   which costs one store instead of a separate kernel's load and store, as long as the group
+   stays convex (no path leaves the group and comes back; the pass checks).
+
+Scalar fills and splat constants are copied into each group that reads them (they are
+immediates in the kernel). Producers are taken latest first, so all users that could join a
+group are considered before their producers. A group becomes a kernel only when it saves at
+least one round trip: ``min_ops`` (default 2) compute ops; a lone op stays an ATen call, which
+is as fast. ``max_ops`` (default 96) bounds one kernel's compile time.
+
+The pass runs on any graph, single-device or a per-rank program (collectives are not
+elementwise, so they stay where they are). Every group's body is the group as a graph in
+canonical text (see partita/codegen/op.py), checked by the reference interpreter like any pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.printer import print_graph
+from ..ops.registry import OPS
+from ..passes.manager import Pass, register_pass
+from .lowering import supported
+
+__all__ = ["FuseKernels", "plan_groups", "Group"]
+
+_SPLATS = ("full", "constant")
+_FREE = ("broadcast_to",)
+
+
+@dataclass
+class Group:
+    root: Node
+    members: list[Node]          # in graph order, splat copies included
+    inputs: list[Value]
+    outputs: list[Value]
+
+    @property
+    def compute_ops(self) -> int:
+        return sum(1 for n in self.members if n.op not in _SPLATS and n.op not in _FREE)
+
+
+def _broadcasts_to(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    if len(shape) > len(space):
+        return False
+    return all(d == 1 or d == s for d, s in zip(shape[::-1], space[::-1]))
+
+
+def _fusible(n: Node) -> bool:
+    if len(n.results) != 1:
+        return False
+    opdef = OPS.get(n.op)
+    if opdef is None or opdef.effects_of(n.attrs):
+        return False
+    if n.op in _SPLATS:
+        r = n.results[0]
+        if n.op == "full" and isinstance(n.attrs["value"], bool) and not r.type.dtype.is_bool:
+            return False
+        return supported(n.op, [], [r.type.dtype], n.attrs) is None
+    if not (opdef.elementwise or n.op in _FREE):
+        return False
+    return supported(n.op, [v.type.dtype for v in n.operands], [n.results[0].type.dtype], n.attrs) is None
+
+
+def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group]:
+    """The groups ``fuse-kernels`` makes of ``graph``, roots last first."""
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    fusible = {n: _fusible(n) for n in nodes}
+    taken: set[Node] = set()
+    groups: list[Group] = []
+    for root in reversed(nodes):
+        if root in taken or not fusible[root] or root.op in _SPLATS or root.op in _FREE:
+            continue
+        space = tuple(root.results[0].type.shape)
+        members: set[Node] = {root}
+        splats: set[Node] = set()
+        heap: list[int] = []
+        for v in root.operands:
+            if v.producer is not None:
+                heapq.heappush(heap, -pos[v.producer])
+        seen: set[Node] = set()
+        while heap:
+            p = nodes[-heapq.heappop(heap)]
+            if p in seen or p in members or p in taken:
+                continue
+            seen.add(p)
+            if not fusible[p]:
+                continue
+            r = p.results[0]
+            if p.op in _SPLATS:
+                splats.add(p)
+                continue
+            if len(members) >= max_ops:
+                continue
+            shape = tuple(r.type.shape)
+            if not _broadcasts_to(shape, space):
+                continue
+            outside = [u for u in r.users if u not in members]
+            if outside or r.is_output:
+                if shape != space or not _convex(nodes, pos, members, outside, pos[root]):
+                    continue
+            members.add(p)
+            for v in p.operands:
+                if v.producer is not None and v.producer not in members:
+                    heapq.heappush(heap, -pos[v.producer])
+        group_nodes = sorted(members | splats, key=pos.__getitem__)
+        g = _make_group(root, group_nodes, members)
+        if g.compute_ops < min_ops or not g.inputs:
+            continue  # too small to pay, or constants only (fold-constants computes those)
+        taken |= members
+        groups.append(g)
+    return groups
+
+
+def _convex(nodes: list[Node], pos: dict[Node, int], members: set[Node], outside: list[Node], limit: int) -> bool:
+    """No path from the nodes ``outside`` (users of a candidate) reaches a member."""
+    stack = [u for u in outside if pos[u] < limit]
+    seen: set[Node] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for r in n.results:
+            for u in r.users:
+                if u in members:
+                    return False
+                if pos[u] < limit and u not in seen:
+                    stack.append(u)
+    return True
+
+
+def _make_group(root: Node, group_nodes: list[Node], members: set[Node]) -> Group:
+    inside = set(group_nodes)
+    inputs: list[Value] = []
+    seen: set[Value] = set()
+    for n in group_nodes:
+        for v in n.operands:
+            if (v.producer is None or v.producer not in inside) and v not in seen:
+                seen.add(v)
+                inputs.append(v)
+    outputs = []
+    for n in group_nodes:
+        if n not in members:
+            continue
+        r = n.results[0]
+        if r.is_output or any(u not in inside for u in r.users) or n is root:
+            outputs.append(r)
+    return Group(root, group_nodes, inputs, outputs)
+
+
+def body_of(group: Group) -> Graph:
+    """The group as a graph of its own: the body of its ``fused`` node, canonically named."""
+    body = Graph("kernel")
+    env: dict[Value, Value] = {}
+    for i, v in enumerate(group.inputs):
+        env[v] = body.add_input(f"x{i}", v.type)
+    for n in group.members:
+        new = Node(n.op, [env[v] for v in n.operands], dict(n.attrs), [n.results[0].type])
+        body.append(new)
+        env[n.results[0]] = new.results[0]
+    body.set_outputs([env[v] for v in group.outputs])
+    return body
+
+
+@register_pass
+class FuseKernels(Pass):
+    """Groups of elementwise ops (with broadcasts and scalar constants) become ``fused`` nodes,
+    each run as one generated kernel (partita/codegen; the cost rule is in fusion.py)."""
+
+    name = "fuse-kernels"
+
+    @dataclass
+    class Options:
+        min_ops: int = 2
+        max_ops: int = 96
+
+    def run(self, graph: Graph) -> Graph:
+        groups = plan_groups(graph, self.options.min_ops, self.options.max_ops)
+        if not groups:
+            return graph
+        # Bodies first: rewriting one group replaces values another group reads.
+        texts = [print_graph(body_of(g)) for g in groups]
+        repl: dict[Value, Value] = {}
+        for g, text in zip(groups, texts):
+            ins = [repl.get(v, v) for v in g.inputs]
+            node = Node("fused", ins, {"body": text}, [v.type for v in g.outputs], g.root.loc)
+            anchor = g.root
+            for v in ins:
+                if v.producer is not None and anchor.is_before(v.producer):
+                    anchor = v.producer
+            graph.insert_after(anchor, node)
+            for old, new in zip(g.outputs, node.results):
+                graph.replace_all_uses(old, new, check_order=False)
+                repl[old] = new
+            for n in reversed(g.members):
+                if n.op in _SPLATS and any(u not in g.members for r in n.results for u in r.users):
+                    continue  # a splat other nodes still read
+                if not any(r.users or r.is_output for r in n.results):
+                    graph.erase(n)
+        graph.topo_sort()
+        return graph

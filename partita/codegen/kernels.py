@@ -1,0 +1,119 @@
+"""Running a ``fused`` node: its kernel compiled once, called with the tensors' buffers.
+
+``prepare_fused(node)`` lowers the node's body (``lowering.lower``), gets its machine code from
+the process's JIT (memory, disk cache or a fresh compile) and returns the torch executor's
+step function. The step makes the operands contiguous (a view that is not, such as a transpose,
+is copied once), allocates the outputs and calls the kernel over the outermost loop; with more
+than one torch thread and enough elements, the outermost loop is split between threads (ctypes
+releases the GIL while a kernel runs).
+
+When the body cannot be lowered or the compiler fails, the step runs the body op by op on ATen
+and the reason is recorded (``fallbacks()``) and reported once as a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..ops._lazy import to_torch_dtype, torch
+
+__all__ = ["prepare_fused", "fallbacks", "Fallback", "kernel_name", "PARALLEL_MIN_ELEMENTS"]
+
+# Below this many elements a kernel runs on one thread whatever torch's thread count: handing
+# a slice to a pool thread costs some 20 microseconds.
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Fallback:
+    kernel: str
+    where: str
+    reason: str
+
+
+_FALLBACKS: list[Fallback] = []
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def fallbacks() -> list[Fallback]:
+    """The fused nodes of this process that run on ATen instead of a generated kernel, and why."""
+    return list(_FALLBACKS)
+
+
+def kernel_name(body_text: str) -> str:
+    return "pk_" + hashlib.sha256(body_text.encode()).hexdigest()[:16]
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < n:
+            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="partita-kernel")
+        return _POOL
+
+
+def _where(node) -> str:
+    loc = node.text_loc or node.loc
+    return f" at {loc}" if loc else ""
+
+
+def prepare_fused(node) -> Callable:
+    from .op import _torch, body_graph
+    from .jit import CodegenError, jit
+    from .lowering import LoweringError, lower
+
+    text = node.attrs["body"]
+    name = kernel_name(text)
+    body = body_graph(text)
+    try:
+        low = lower(body, name)
+        k = jit().kernel(name, low.ir, low.n_inputs + low.n_outputs)
+    except (LoweringError, CodegenError) as e:
+        fb = Fallback(name, _where(node), str(e))
+        _FALLBACKS.append(fb)
+        warnings.warn(f"partita: fused kernel {name}{fb.where} runs op by op on ATen: {e}", RuntimeWarning,
+                      stacklevel=2)
+        return _torch
+    fn = k.fn
+    shapes = [tuple(v.type.shape) for v in body.outputs]
+    dtypes = [to_torch_dtype(v.type.dtype) for v in body.outputs]
+    outer = low.loops[0]
+    numel = 1
+    for d in low.shape:
+        numel *= d
+    single = len(shapes) == 1
+    empty = torch.empty
+    get_threads = torch.get_num_threads
+
+    def step(args: list, attrs: dict) -> Any:
+        ptrs = [(a if a.is_contiguous() else a.contiguous()) for a in args]
+        outs = [empty(s, dtype=d) for s, d in zip(shapes, dtypes)]
+        if numel:
+            addrs = [t.data_ptr() for t in ptrs] + [o.data_ptr() for o in outs]
+            nt = get_threads()
+            if nt > 1 and numel >= PARALLEL_MIN_ELEMENTS and outer > 1:
+                _run_parallel(fn, addrs, outer, min(nt, outer))
+            else:
+                fn(*addrs, 0, outer)
+        return outs[0] if single else outs
+
+    return step
+
+
+def _call(fn, addrs: list[int], lo: int, hi: int) -> None:
+    fn(*addrs, lo, hi)
+
+
+def _run_parallel(fn, addrs: list[int], outer: int, nt: int) -> None:
+    bounds = [outer * i // nt for i in range(nt + 1)]
+    pool = _pool(nt - 1)
+    futs = [pool.submit(_call, fn, addrs, bounds[i], bounds[i + 1]) for i in range(1, nt)]
+    fn(*addrs, bounds[0], bounds[1])
+    for f in futs:
+        f.result()

@@ -1,0 +1,457 @@
+"""Lowering of a fused kernel's body (a small partita graph of elementwise ops) to LLVM IR.
+
+The body's outputs all have one shape, the *iteration space*. Every value of the body is
+computed at each point of it: an input of a smaller shape is read through broadcast strides
+(0 along the dims it lacks or has as 1), and a value computed from such inputs is simply
+recomputed per point, which is what broadcasting means. Before the loops are written, adjacent
+dims that every operand walks alike are merged, so a kernel over contiguous tensors is one flat
+loop and a bias broadcast over rows is two loops with a unit-stride inner one.
+
+The kernel's signature is ``void NAME(ptr in0, ..., ptr out0, ..., i64 lo, i64 hi)``: one
+pointer per body input and output (contiguous buffers), and the range of the outermost merged
+dim to compute, so that several threads can each take a slice. The innermost loop carries
+``llvm.loop.vectorize.width`` (8 lanes of f32, the AVX2 width; LLVM's own cost model picked 4
+on some CPUs and left exp scalar).
+
+Semantics follow the op records: no fast-math and no FMA contraction, so add/mul/div chains
+round exactly as the unfused ATen ops do; transcendental functions come from ``mathlib`` (f32)
+or libm (f64) and agree with the reference to a few ulp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.dtypes import DType
+from ..ir.graph import Graph, Value
+from .mathlib import F32_FUNCTIONS, F64_LIBM, declarations, f32 as f32c, f64 as f64c
+
+__all__ = ["LoweringError", "Lowered", "lower", "supported", "KERNEL_DTYPES"]
+
+# The dtypes a generated kernel reads and writes. bool lives in memory as one byte (as torch
+# holds it) and in registers as i1.
+KERNEL_DTYPES = {"f32": "float", "f64": "double", "i32": "i32", "i64": "i64", "bool": "i1"}
+_MEM = {"f32": "float", "f64": "double", "i32": "i32", "i64": "i64", "bool": "i8"}
+_VECTOR_WIDTH = 8
+
+
+class LoweringError(Exception):
+    """A body the code generator cannot lower (the fusion pass asks ``supported`` first)."""
+
+
+# Ops by how they lower. Each entry says which operand dtypes it takes.
+_FLOAT_UNARY = {"exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "gelu", "silu", "erf"}
+_NUM_UNARY = {"neg", "abs", "relu", "sign"}
+_ARITH = {"add", "sub", "mul", "div", "maximum", "minimum", "pow"}
+_COMPARE = {"equal": ("oeq", "eq"), "not_equal": ("une", "ne"), "less": ("olt", "slt"),
+            "less_equal": ("ole", "sle"), "greater": ("ogt", "sgt"), "greater_equal": ("oge", "sge")}
+_LOGIC = {"logical_and", "logical_or", "logical_not"}
+_SPLATS = {"full", "constant"}
+_PASS = {"broadcast_to"}
+LOWERED_OPS = _FLOAT_UNARY | _NUM_UNARY | _ARITH | set(_COMPARE) | _LOGIC | _SPLATS | _PASS | {"where", "cast"}
+
+
+def supported(op: str, operand_dtypes: list[DType], result_dtypes: list[DType], attrs: dict) -> str | None:
+    """None when a node of ``op`` with these dtypes lowers; else the reason it does not."""
+    if op not in LOWERED_OPS:
+        return f"no lowering for {op}"
+    for d in (*operand_dtypes, *result_dtypes):
+        if d.name not in KERNEL_DTYPES:
+            return f"{op} on {d} (kernels take {', '.join(KERNEL_DTYPES)})"
+    if op == "constant" and not attrs["value"].is_splat():
+        return "a constant that is not one repeated value is read from memory"
+    if op in _ARITH and result_dtypes[0].is_int and op in ("div", "pow"):
+        return f"{op} on integers"
+    if op in _ARITH and result_dtypes[0].is_bool:
+        return f"{op} on bool"
+    if op in _FLOAT_UNARY and not result_dtypes[0].is_float:
+        return f"{op} with a {result_dtypes[0]} result"
+    return None
+
+
+@dataclass
+class Lowered:
+    """One kernel: its LLVM IR and how to call it."""
+
+    name: str
+    ir: str
+    n_inputs: int
+    n_outputs: int
+    shape: tuple[int, ...]            # the iteration space (every output's shape)
+    loops: tuple[int, ...]            # its dims after merging; the kernel splits loops[0]
+    math: set[str] = field(default_factory=set)
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.math: set[str] = set()
+
+    def tmp(self) -> str:
+        self.n += 1
+        return f"%t{self.n}"
+
+    def op(self, text: str) -> str:
+        t = self.tmp()
+        self.lines.append(f"  {t} = {text}")
+        return t
+
+
+def _strides_in(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
+    """Element strides of a contiguous tensor of ``shape`` over the iteration ``space``
+    (right-aligned, 0 where it broadcasts)."""
+    out = [0] * len(space)
+    s = 1
+    for k in range(1, len(shape) + 1):
+        d = shape[-k]
+        if d != 1:
+            out[-k] = s
+        s *= d
+    return out
+
+
+def merge_dims(space: tuple[int, ...], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 dims and merge adjacent dims that every operand walks alike."""
+    dims = [(d, [s[k] for s in strides]) for k, d in enumerate(space) if d != 1]
+    if not dims:
+        return [1], [[0] for _ in strides]
+    out_d = [dims[0][0]]
+    out_s = [list(dims[0][1])]
+    for d, ss in dims[1:]:
+        prev = out_s[-1]
+        if all(p == s * d for p, s in zip(prev, ss)):
+            out_d[-1] *= d
+            out_s[-1] = list(ss)
+        else:
+            out_d.append(d)
+            out_s.append(list(ss))
+    per_operand = [[out_s[k][i] for k in range(len(out_d))] for i in range(len(strides))]
+    return out_d, per_operand
+
+
+def _ty(dt: DType) -> str:
+    return KERNEL_DTYPES[dt.name]
+
+
+def _const(value: Any, dt: DType) -> str:
+    if dt.name == "f32":
+        return f32c(float(value))
+    if dt.name == "f64":
+        return f64c(float(value))
+    if dt.is_bool:
+        return "true" if bool(value) else "false"
+    return str(int(value))
+
+
+def _convert(e: _Emitter, v: str, src: DType, dst: DType) -> str:
+    """``v`` of ``src`` as ``dst`` with the cast op's semantics (docs/ir.md)."""
+    if src == dst:
+        return v
+    s, d = _ty(src), _ty(dst)
+    if dst.is_bool:
+        if src.is_float:
+            return e.op(f"fcmp une {s} {v}, 0.0")
+        return e.op(f"icmp ne {s} {v}, 0")
+    if src.is_bool:
+        return e.op(f"uitofp i1 {v} to {d}") if dst.is_float else e.op(f"zext i1 {v} to {d}")
+    if src.is_float and dst.is_float:
+        return e.op(f"fpext {s} {v} to {d}") if dst.bits > src.bits else e.op(f"fptrunc {s} {v} to {d}")
+    if src.is_float:  # to an integer: toward zero, saturating, NaN to 0
+        return e.op(f"call {d} @llvm.fptosi.sat.{d}.{'f32' if s == 'float' else 'f64'}({s} {v})")
+    if dst.is_float:
+        return e.op(f"sitofp {s} {v} to {d}")
+    return e.op(f"sext {s} {v} to {d}") if dst.bits > src.bits else e.op(f"trunc {s} {v} to {d}")
+
+
+def _fmax(e: _Emitter, t: str, a: str, b: str, greater: bool) -> str:
+    """NaN-propagating max/min: a if a is beyond b or a is NaN, else b."""
+    c = e.op(f"fcmp {'ogt' if greater else 'olt'} {t} {a}, {b}")
+    n = e.op(f"fcmp uno {t} {a}, 0.0")
+    k = e.op(f"or i1 {c}, {n}")
+    return e.op(f"select i1 {k}, {t} {a}, {t} {b}")
+
+
+def _call_math(e: _Emitter, fn: str, v: str, dt: DType) -> str:
+    if dt.name == "f32":
+        name = {"exp": "pt_expf", "log": "pt_logf", "tanh": "pt_tanhf", "erf": "pt_erff"}.get(fn)
+        if name is not None:
+            e.math.add(name)
+            return e.op(f"call float @{name}(float {v})")
+        return e.op(f"call float @llvm.{fn}.f32(float {v})")  # sin, cos: libm through the intrinsic
+    e.math.add(F64_LIBM[fn])
+    return e.op(f"call double @{F64_LIBM[fn]}(double {v})")
+
+
+def _lower_node(e: _Emitter, op: str, attrs: dict, args: list[tuple[str, DType]], out: DType,
+                splat_rhs: float | None) -> str:
+    t = _ty(out)
+    if op in _PASS:
+        return _convert(e, args[0][0], args[0][1], out)
+    if op == "cast":
+        return _convert(e, args[0][0], args[0][1], out)
+    if op in _COMPARE:
+        from ..ir.dtypes import promote
+
+        ct = promote(args[0][1], args[1][1])
+        a = _convert(e, args[0][0], args[0][1], ct)
+        b = _convert(e, args[1][0], args[1][1], ct)
+        fp, ip = _COMPARE[op]
+        if ct.is_float:
+            return e.op(f"fcmp {fp} {_ty(ct)} {a}, {b}")
+        if ct.is_bool:
+            return e.op(f"icmp {'u' + ip[1:] if ip[0] == 's' else ip} i1 {a}, {b}")
+        return e.op(f"icmp {ip} {_ty(ct)} {a}, {b}")
+    if op in _LOGIC:
+        bs = [_convert(e, v, d, _bool()) for v, d in args]
+        if op == "logical_not":
+            return e.op(f"xor i1 {bs[0]}, true")
+        return e.op(f"{'and' if op == 'logical_and' else 'or'} i1 {bs[0]}, {bs[1]}")
+    if op == "where":
+        c = _convert(e, args[0][0], args[0][1], _bool())
+        a = _convert(e, args[1][0], args[1][1], out)
+        b = _convert(e, args[2][0], args[2][1], out)
+        return e.op(f"select i1 {c}, {t} {a}, {t} {b}")
+    xs = [_convert(e, v, d, out) for v, d in args]
+    x = xs[0]
+    fl = out.is_float
+    if op in _ARITH:
+        y = xs[1]
+        if op in ("add", "sub", "mul", "div"):
+            name = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}[op]
+            return e.op(f"{'f' if fl else ''}{name} {t} {x}, {y}")
+        if op in ("maximum", "minimum"):
+            if fl:
+                return _fmax(e, t, x, y, op == "maximum")
+            c = e.op(f"icmp {'sgt' if op == 'maximum' else 'slt'} {t} {x}, {y}")
+            return e.op(f"select i1 {c}, {t} {x}, {t} {y}")
+        # pow: small integer and half exponents exactly as multiplications / sqrt
+        if splat_rhs == 2.0:
+            return e.op(f"fmul {t} {x}, {x}")
+        if splat_rhs == 3.0:
+            sq = e.op(f"fmul {t} {x}, {x}")
+            return e.op(f"fmul {t} {sq}, {x}")
+        if splat_rhs == 1.0:
+            return x
+        if splat_rhs == 0.5:
+            return e.op(f"call {t} @llvm.sqrt.{_suffix(out)}({t} {x})")
+        return e.op(f"call {t} @llvm.pow.{_suffix(out)}({t} {x}, {t} {y})")
+    if op == "neg":
+        return e.op(f"fneg {t} {x}") if fl else e.op(f"sub {t} 0, {x}")
+    if op == "abs":
+        if fl:
+            return e.op(f"call {t} @llvm.fabs.{_suffix(out)}({t} {x})")
+        n = e.op(f"sub {t} 0, {x}")
+        c = e.op(f"icmp slt {t} {x}, 0")
+        return e.op(f"select i1 {c}, {t} {n}, {t} {x}")
+    if op == "relu":
+        zero = "0.0" if fl else "0"
+        c = e.op(f"{'fcmp olt' if fl else 'icmp slt'} {t} {x}, {zero}")
+        return e.op(f"select i1 {c}, {t} {zero}, {t} {x}")
+    if op == "sign":
+        one, mone, zero = ("1.0", "-1.0", "0.0") if fl else ("1", "-1", "0")
+        pos = e.op(f"{'fcmp ogt' if fl else 'icmp sgt'} {t} {x}, {zero}")
+        neg = e.op(f"{'fcmp olt' if fl else 'icmp slt'} {t} {x}, {zero}")
+        a = e.op(f"select i1 {neg}, {t} {mone}, {t} {x}")
+        return e.op(f"select i1 {pos}, {t} {one}, {t} {a}")
+    if op == "sqrt":
+        return e.op(f"call {t} @llvm.sqrt.{_suffix(out)}({t} {x})")
+    if op == "rsqrt":
+        s = e.op(f"call {t} @llvm.sqrt.{_suffix(out)}({t} {x})")
+        return e.op(f"fdiv {t} {_const(1.0, out)}, {s}")
+    if op in ("exp", "log", "tanh", "erf", "sin", "cos"):
+        return _call_math(e, op, x, out)
+    if op == "sigmoid":
+        n = e.op(f"fneg {t} {x}")
+        ex = _call_math(e, "exp", n, out)
+        d = e.op(f"fadd {t} {_const(1.0, out)}, {ex}")
+        return e.op(f"fdiv {t} {_const(1.0, out)}, {d}")
+    if op == "silu":
+        n = e.op(f"fneg {t} {x}")
+        ex = _call_math(e, "exp", n, out)
+        d = e.op(f"fadd {t} {_const(1.0, out)}, {ex}")
+        return e.op(f"fdiv {t} {x}, {d}")
+    if op == "gelu":
+        if attrs.get("approximate", "none") == "tanh":
+            # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))), ATen's order
+            x3 = e.op(f"fmul {t} {x}, {x}")
+            x3 = e.op(f"fmul {t} {x3}, {x}")
+            k = e.op(f"fmul {t} {x3}, {_const(0.044715, out)}")
+            inner = e.op(f"fadd {t} {x}, {k}")
+            inner = e.op(f"fmul {t} {inner}, {_const(math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5, out)}")
+            th = _call_math(e, "tanh", inner, out)
+            one = e.op(f"fadd {t} {th}, {_const(1.0, out)}")
+            h = e.op(f"fmul {t} {x}, {_const(0.5, out)}")
+            return e.op(f"fmul {t} {h}, {one}")
+        s = e.op(f"fmul {t} {x}, {_const(math.sqrt(0.5), out)}")
+        er = _call_math(e, "erf", s, out)
+        one = e.op(f"fadd {t} {er}, {_const(1.0, out)}")
+        h = e.op(f"fmul {t} {x}, {_const(0.5, out)}")
+        return e.op(f"fmul {t} {h}, {one}")
+    raise LoweringError(f"no lowering for {op}")
+
+
+def _bool() -> DType:
+    from ..ir.dtypes import bool_
+
+    return bool_
+
+
+def _suffix(dt: DType) -> str:
+    return "f32" if dt.name == "f32" else "f64"
+
+
+def _splat_of(v: Value) -> float | None:
+    """The one value of a splat constant or a scalar fill, else None."""
+    p = v.producer
+    if p is None:
+        return None
+    if p.op == "full":
+        return float(p.attrs["value"]) if not isinstance(p.attrs["value"], bool) else None
+    if p.op == "constant" and p.attrs["value"].is_splat():
+        sv = p.attrs["value"].splat_value()
+        try:
+            return float(sv)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _used_declarations(decls: str, fn: str) -> str:
+    """The declarations (and helper bodies) that ``fn`` or a kept helper calls."""
+    import re
+
+    blocks = re.split(r"\n(?=declare |define )", decls)
+    named: dict[str, str] = {}
+    for b in blocks:
+        m = re.search(r"@([\w.]+)\(", b)
+        if m is not None:
+            named[m.group(1)] = b
+    keep: list[str] = []
+    text = fn
+    changed = True
+    while changed:
+        changed = False
+        for nm, b in named.items():
+            if b not in keep and re.search(r"@" + re.escape(nm) + r"\(", text):
+                keep.append(b)
+                text += "\n" + b
+                changed = True
+    return "\n".join(b for b in blocks if b in keep)
+
+
+def lower(body: Graph, name: str) -> Lowered:
+    """LLVM IR for ``body`` as kernel ``name``; raises LoweringError when it cannot."""
+    outs = list(body.outputs)
+    if not outs:
+        raise LoweringError("a kernel body without outputs")
+    space = tuple(outs[0].type.shape)
+    for o in outs:
+        if tuple(o.type.shape) != space:
+            raise LoweringError(f"kernel outputs of different shapes ({list(space)} and {list(o.type.shape)})")
+    ins = list(body.inputs)
+    for v in (*ins, *outs):
+        if v.type.dtype.name not in KERNEL_DTYPES:
+            raise LoweringError(f"%{v.name or '?'} is {v.type.dtype} (kernels take {', '.join(KERNEL_DTYPES)})")
+    for v in ins:
+        if len(v.type.shape) > len(space) or any(d not in (1, s) for d, s in
+                                                 zip(v.type.shape[::-1], space[::-1])):
+            raise LoweringError(f"input %{v.name} of shape {list(v.type.shape)} does not broadcast to {list(space)}")
+    strides = [_strides_in(tuple(v.type.shape), space) for v in ins] + [_strides_in(space, space) for _ in outs]
+    loops, per = merge_dims(space, strides)
+    k = len(loops)
+    n_ops = len(ins) + len(outs)
+    e = _Emitter()
+    head: list[str] = []
+    # loop nest
+    head.append("entry:")
+    head.append("  %empty = icmp sge i64 %lo, %hi")
+    head.append("  br i1 %empty, label %exit, label %L0")
+    offs = ["0"] * n_ops  # offset expression of each operand at the enclosing level
+    blocks: list[str] = []
+    for j in range(k):
+        prev = "entry" if j == 0 else f"L{j - 1}"
+        start = "%lo" if j == 0 else "0"
+        blocks.append(f"L{j}:")
+        blocks.append(f"  %i{j} = phi i64 [ {start}, %{prev} ], [ %i{j}n, %{'L' + str(j) if j == k - 1 else 'X' + str(j)} ]")
+        new_offs = []
+        for i in range(n_ops):
+            s = per[i][j]
+            if s == 0:
+                new_offs.append(offs[i])
+                continue
+            if s == 1:
+                term = f"%i{j}"
+            else:
+                term = f"%s{j}_{i}"
+                blocks.append(f"  {term} = mul nsw i64 %i{j}, {s}")
+            if offs[i] == "0":
+                new_offs.append(term)
+            else:
+                nm = f"%o{j}_{i}"
+                blocks.append(f"  {nm} = add nsw i64 {offs[i]}, {term}")
+                new_offs.append(nm)
+        offs = new_offs
+        if j < k - 1:
+            blocks.append(f"  br label %L{j + 1}")
+    # innermost body: loads, the body's nodes, stores
+    env: dict[Value, tuple[str, DType]] = {}
+    for i, v in enumerate(ins):
+        dt = v.type.dtype
+        ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{i}, i64 {offs[i]}")
+        ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
+        if dt.is_bool:
+            ld = e.op(f"icmp ne i8 {ld}, 0")
+        env[v] = (ld, dt)
+    for node in body.nodes:
+        r = node.results[0]
+        if len(node.results) != 1:
+            raise LoweringError(f"{node.op} has {len(node.results)} results")
+        why = supported(node.op, [v.type.dtype for v in node.operands], [r.type.dtype], node.attrs)
+        if why is not None:
+            raise LoweringError(why)
+        if node.op in _SPLATS:
+            sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
+            env[r] = (_const(sv, r.type.dtype), r.type.dtype)
+            continue
+        args = [env[v] for v in node.operands]
+        splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
+        env[r] = (_lower_node(e, node.op, node.attrs, args, r.type.dtype, splat_rhs), r.type.dtype)
+    for i, o in enumerate(outs):
+        val, dt = env[o]
+        want = o.type.dtype
+        val = _convert(e, val, dt, want)
+        if want.is_bool:
+            val = e.op(f"zext i1 {val} to i8")
+        slot = len(ins) + i
+        ptr = e.op(f"getelementptr inbounds {_MEM[want.name]}, ptr %a{slot}, i64 {offs[slot]}")
+        e.lines.append(f"  store {_MEM[want.name]} {val}, ptr {ptr}")
+    blocks += e.lines
+    # latches, innermost first
+    inner = k - 1
+    end = "%hi" if inner == 0 else str(loops[inner])
+    blocks.append(f"  %i{inner}n = add nsw i64 %i{inner}, 1")
+    blocks.append(f"  %d{inner} = icmp eq i64 %i{inner}n, {end}")
+    nxt = "exit" if inner == 0 else f"X{inner - 1}"
+    blocks.append(f"  br i1 %d{inner}, label %{nxt}, label %L{inner}, !llvm.loop !0")
+    for j in range(k - 2, -1, -1):
+        end = "%hi" if j == 0 else str(loops[j])
+        blocks.append(f"X{j}:")
+        blocks.append(f"  %i{j}n = add nsw i64 %i{j}, 1")
+        blocks.append(f"  %d{j} = icmp eq i64 %i{j}n, {end}")
+        blocks.append(f"  br i1 %d{j}, label %{'exit' if j == 0 else 'X' + str(j - 1)}, label %L{j}")
+    blocks.append("exit:")
+    blocks.append("  ret void")
+    params = ", ".join([f"ptr noalias nocapture readonly %a{i}" for i in range(len(ins))] +
+                       [f"ptr noalias nocapture %a{len(ins) + i}" for i in range(len(outs))] + ["i64 %lo", "i64 %hi"])
+    fn = f"define void @{name}({params}) nounwind {{\n" + "\n".join(head + blocks) + "\n}"
+    extra = ["declare i32 @llvm.fptosi.sat.i32.f32(float)", "declare i64 @llvm.fptosi.sat.i64.f32(float)",
+             "declare i32 @llvm.fptosi.sat.i32.f64(double)", "declare i64 @llvm.fptosi.sat.i64.f64(double)",
+             "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
+    decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
+    meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {_VECTOR_WIDTH}}}'
+    ir = "\n\n".join([f"; partita kernel {name}: {len(ins)} input(s), {len(outs)} output(s), "
+                      f"space {list(space)}, loops {loops}", decls, fn, meta]) + "\n"
+    return Lowered(name, ir, len(ins), len(outs), space, tuple(loops), e.math)

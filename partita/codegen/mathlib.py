@@ -1,0 +1,209 @@
+"""Vectorizable f32 math functions as LLVM IR, inlined into every kernel that uses them.
+
+LLVM's own ``llvm.exp.f32`` and friends lower to scalar libm calls, which stop the loop
+vectorizer. These are straight-line code (polynomials, selects, bit casts), so once inlined the
+vectorizer turns a whole fused chain with ``exp`` or ``tanh`` in it into 8-wide AVX2 code.
+Accuracy (checked by tests/codegen/test_mathlib.py over the whole float range):
+
+- ``exp``: range reduction by ``n = rint(x * log2 e)`` with ln 2 split in two (Cody and Waite),
+  Cephes' degree-6 polynomial, the scale ``2**n`` applied as two exact powers of two so that
+  denormal results come out right; overflow to inf above 88.72, 0 below -103.98, NaN kept.
+- ``log``: Cephes' ``logf`` (frexp, a degree-8 polynomial around 1, ln 2 split in two);
+  denormals scaled first; 0 -> -inf, negative -> NaN, inf -> inf.
+- ``tanh``: the odd 13/6 rational minimax used by Eigen and ONNX Runtime's MLAS, clamped at
+  +-7.905 (where tanh rounds to +-1 in f32), ``x`` itself below 4e-4.
+- ``erf``: Eigen's 13/8 rational approximation on [-4, 4] (+-1 beyond, where erf rounds to 1).
+
+f64 kernels call libm (``exp``, ``log``, ``tanh``, ``erf``), exact to the ulp but scalar.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["f32", "f64", "F32_FUNCTIONS", "F64_LIBM", "declarations"]
+
+
+def f32(value: float) -> str:
+    """An f32 constant as LLVM IR spells it: the double the float rounds to, in hex."""
+    as_f32 = struct.unpack("f", struct.pack("f", float(value)))[0]
+    return "0x%016X" % struct.unpack("Q", struct.pack("d", as_f32))[0]
+
+
+def f64(value: float) -> str:
+    return "0x%016X" % struct.unpack("Q", struct.pack("d", float(value)))[0]
+
+
+def _horner(var: str, coeffs: list[float], tag: str) -> tuple[list[str], str]:
+    """Lines computing the polynomial ``coeffs[0] * v**k + ... + coeffs[-1]`` in ``var``."""
+    lines = []
+    acc = f32(coeffs[0])
+    for i, c in enumerate(coeffs[1:]):
+        lines.append(f"  %{tag}m{i} = fmul float {acc}, {var}")
+        lines.append(f"  %{tag}a{i} = fadd float %{tag}m{i}, {f32(c)}")
+        acc = f"%{tag}a{i}"
+    return lines, acc
+
+
+def _exp() -> str:
+    p_lines, p = _horner("%r", [1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3, 4.1665795894E-2,
+                               1.6666665459E-1, 5.0000001201E-1], "p")
+    body = "\n".join(p_lines)
+    return f"""define internal float @pt_expf(float %x) alwaysinline {{
+  %lo = call float @llvm.maxnum.f32(float %x, float {f32(-104.0)})
+  %xc = call float @llvm.minnum.f32(float %lo, float {f32(89.0)})
+  %t = fmul float %xc, {f32(1.44269504088896341)}
+  %n = call float @llvm.rint.f32(float %t)
+  %nh = fmul float %n, {f32(0.693359375)}
+  %r1 = fsub float %xc, %nh
+  %nl = fmul float %n, {f32(-2.12194440e-4)}
+  %r = fsub float %r1, %nl
+{body}
+  %rr = fmul float %r, %r
+  %q = fmul float {p}, %rr
+  %q1 = fadd float %q, %r
+  %y = fadd float %q1, {f32(1.0)}
+  %ni = fptosi float %n to i32
+  %n1 = ashr i32 %ni, 1
+  %n2 = sub i32 %ni, %n1
+  %b1 = add i32 %n1, 127
+  %s1b = shl i32 %b1, 23
+  %s1 = bitcast i32 %s1b to float
+  %b2 = add i32 %n2, 127
+  %s2b = shl i32 %b2, 23
+  %s2 = bitcast i32 %s2b to float
+  %y1 = fmul float %y, %s1
+  %y2 = fmul float %y1, %s2
+  %big = fcmp ogt float %x, {f32(88.72283935546875)}
+  %y3 = select i1 %big, float 0x7FF0000000000000, float %y2
+  %small = fcmp olt float %x, {f32(-103.97208404541016)}
+  %y4 = select i1 %small, float 0.0, float %y3
+  %nan = fcmp uno float %x, 0.0
+  %res = select i1 %nan, float %x, float %y4
+  ret float %res
+}}"""
+
+
+def _log() -> str:
+    p_lines, p = _horner("%m", [7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1, -1.2420140846E-1,
+                               1.4249322787E-1, -1.6668057665E-1, 2.0000714765E-1, -2.4999993993E-1,
+                               3.3333331174E-1], "p")
+    body = "\n".join(p_lines)
+    return f"""define internal float @pt_logf(float %x) alwaysinline {{
+  %den = fcmp olt float %x, {f32(1.1754943508222875e-38)}
+  %xs = fmul float %x, {f32(8388608.0)}
+  %xn = select i1 %den, float %xs, float %x
+  %eadj = select i1 %den, i32 -23, i32 0
+  %bits = bitcast float %xn to i32
+  %eb = lshr i32 %bits, 23
+  %ebm = and i32 %eb, 255
+  %e0 = sub i32 %ebm, 126
+  %e1 = add i32 %e0, %eadj
+  %mb = and i32 %bits, 8388607
+  %mb1 = or i32 %mb, 1056964608
+  %m0 = bitcast i32 %mb1 to float
+  %lt = fcmp olt float %m0, {f32(0.707106781186547524)}
+  %m2 = fadd float %m0, %m0
+  %ma = fsub float %m2, 1.0
+  %mbb = fsub float %m0, 1.0
+  %m = select i1 %lt, float %ma, float %mbb
+  %ed = sub i32 %e1, 1
+  %e = select i1 %lt, i32 %ed, i32 %e1
+  %fe = sitofp i32 %e to float
+  %z = fmul float %m, %m
+{body}
+  %y0 = fmul float {p}, %m
+  %y1 = fmul float %y0, %z
+  %c1 = fmul float %fe, {f32(-2.12194440e-4)}
+  %y2 = fadd float %y1, %c1
+  %hz = fmul float %z, -0.5
+  %y3 = fadd float %y2, %hz
+  %r0 = fadd float %m, %y3
+  %c2 = fmul float %fe, {f32(0.693359375)}
+  %r1 = fadd float %r0, %c2
+  %zero = fcmp oeq float %x, 0.0
+  %r2 = select i1 %zero, float 0xFFF0000000000000, float %r1
+  %neg = fcmp olt float %x, 0.0
+  %r3 = select i1 %neg, float 0x7FF8000000000000, float %r2
+  %inf = fcmp oeq float %x, 0x7FF0000000000000
+  %r4 = select i1 %inf, float %x, float %r3
+  %nan = fcmp uno float %x, 0.0
+  %res = select i1 %nan, float %x, float %r4
+  ret float %res
+}}"""
+
+
+def _rational(name: str, clamp: float, num: list[float], den: list[float], small: float | None) -> str:
+    n_lines, n = _horner("%x2", num, "n")
+    d_lines, d = _horner("%x2", den, "d")
+    small_lines = ""
+    if small is not None:
+        small_lines = f"""  %ax = call float @llvm.fabs.f32(float %x)
+  %tiny = fcmp olt float %ax, {f32(small)}
+  %q1 = select i1 %tiny, float %x, float %q
+"""
+    else:
+        small_lines = "  %q1 = select i1 true, float %q, float %q\n"
+    return f"""define internal float @{name}(float %x) alwaysinline {{
+  %lo = call float @llvm.maxnum.f32(float %x, float {f32(-clamp)})
+  %xc = call float @llvm.minnum.f32(float %lo, float {f32(clamp)})
+  %x2 = fmul float %xc, %xc
+{chr(10).join(n_lines)}
+  %p = fmul float {n}, %xc
+{chr(10).join(d_lines)}
+  %q = fdiv float %p, {d}
+{small_lines}  %nan = fcmp uno float %x, 0.0
+  %res = select i1 %nan, float %x, float %q1
+  ret float %res
+}}"""
+
+
+def _tanh() -> str:
+    return _rational("pt_tanhf", 7.90531110763549805,
+                     [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+                      1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03],
+                     [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03],
+                     0.0004)
+
+
+def _erf() -> str:
+    return _rational("pt_erff", 4.0,
+                     [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+                      -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02],
+                     [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+                      -1.42647390514189e-02],
+                     None)
+
+
+# name -> (the function's IR, the functions it calls)
+F32_FUNCTIONS = {"pt_expf": _exp(), "pt_logf": _log(), "pt_tanhf": _tanh(), "pt_erff": _erf()}
+
+# f64 math through libm: partita op -> the C function.
+F64_LIBM = {"exp": "exp", "log": "log", "tanh": "tanh", "erf": "erf", "sin": "sin", "cos": "cos"}
+
+_INTRINSICS = """declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.maximum.f32(float, float)
+declare float @llvm.minimum.f32(float, float)
+declare double @llvm.maximum.f64(double, double)
+declare double @llvm.minimum.f64(double, double)
+declare float @llvm.rint.f32(float)
+declare float @llvm.fabs.f32(float)
+declare double @llvm.fabs.f64(double)
+declare float @llvm.sqrt.f32(float)
+declare double @llvm.sqrt.f64(double)
+declare float @llvm.sin.f32(float)
+declare float @llvm.cos.f32(float)
+declare float @llvm.pow.f32(float, float)
+declare double @llvm.pow.f64(double, double)"""
+
+
+def declarations(used: set[str]) -> str:
+    """The declarations and helper bodies a module that calls ``used`` functions needs."""
+    parts = [_INTRINSICS]
+    for name in sorted(used):
+        if name in F32_FUNCTIONS:
+            parts.append(F32_FUNCTIONS[name])
+        else:
+            parts.append(f"declare double @{name}(double)")
+    return "\n\n".join(parts)
