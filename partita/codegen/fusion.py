@@ -7,11 +7,13 @@ clamp-mul-add chain of docs/codegen-choice.md: 36 ATen kernels 13.7 ms, one fuse
 So a group is grown from a consumer towards its producers, and a producer joins when
 
 1. it lowers (``lowering.supported``: the op and its dtypes have a kernel), and
-2. its result broadcasts to the group's iteration space (the root's shape), and
+2. its result has as many elements as the root's (reshapes between members are free: the kernel
+   walks one flat index); a smaller value (a bias, a row of scales) is computed outside and
+   read by the kernel through broadcast strides, never recomputed per element, and
 3. either every user of its result is already in the group (the value disappears from memory),
-   or its result has the iteration space's shape and also becomes one of the kernel's outputs,
-   which costs one store instead of a separate kernel's load and store, as long as the group
-   stays convex (no path leaves the group and comes back; the pass checks).
+   or it also becomes one of the kernel's outputs, which costs one store instead of a separate
+   kernel's load and store, as long as the group stays convex (no path leaves the group and
+   comes back; the pass checks).
 
 Scalar fills and splat constants are copied into each group that reads them (they are
 immediates in the kernel). Producers are taken latest first, so all users that could join a
@@ -38,7 +40,7 @@ from .lowering import supported
 __all__ = ["FuseKernels", "plan_groups", "Group"]
 
 _SPLATS = ("full", "constant")
-_FREE = ("broadcast_to",)
+_FREE = ("broadcast_to", "reshape")
 
 
 @dataclass
@@ -51,12 +53,6 @@ class Group:
     @property
     def compute_ops(self) -> int:
         return sum(1 for n in self.members if n.op not in _SPLATS and n.op not in _FREE)
-
-
-def _broadcasts_to(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
-    if len(shape) > len(space):
-        return False
-    return all(d == 1 or d == s for d, s in zip(shape[::-1], space[::-1]))
 
 
 def _fusible(n: Node) -> bool:
@@ -85,7 +81,7 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
     for root in reversed(nodes):
         if root in taken or not fusible[root] or root.op in _SPLATS or root.op in _FREE:
             continue
-        space = tuple(root.results[0].type.shape)
+        size = root.results[0].type.numel
         members: set[Node] = {root}
         splats: set[Node] = set()
         heap: list[int] = []
@@ -106,12 +102,11 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
                 continue
             if len(members) >= max_ops:
                 continue
-            shape = tuple(r.type.shape)
-            if not _broadcasts_to(shape, space):
-                continue
+            if r.type.numel != size:
+                continue  # a smaller value: computed outside, read through broadcast strides
             outside = [u for u in r.users if u not in members]
             if outside or r.is_output:
-                if shape != space or not _convex(nodes, pos, members, outside, pos[root]):
+                if not _convex(nodes, pos, members, outside, pos[root]):
                     continue
             members.add(p)
             for v in p.operands:

@@ -49,7 +49,7 @@ _COMPARE = {"equal": ("oeq", "eq"), "not_equal": ("une", "ne"), "less": ("olt", 
             "less_equal": ("ole", "sle"), "greater": ("ogt", "sgt"), "greater_equal": ("oge", "sge")}
 _LOGIC = {"logical_and", "logical_or", "logical_not"}
 _SPLATS = {"full", "constant"}
-_PASS = {"broadcast_to"}
+_PASS = {"broadcast_to", "reshape"}
 LOWERED_OPS = _FLOAT_UNARY | _NUM_UNARY | _ARITH | set(_COMPARE) | _LOGIC | _SPLATS | _PASS | {"where", "cast"}
 
 
@@ -342,27 +342,95 @@ def _used_declarations(decls: str, fn: str) -> str:
     return "\n".join(b for b in blocks if b in keep)
 
 
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _refine(shapes: list[tuple[int, ...]]) -> list[int]:
+    """The coarsest dims (outer to inner) that every shape in ``shapes`` (all of one numel) is
+    a grouping of: cut the flat index at every suffix product of every shape."""
+    cuts = {1}
+    for sh in shapes:
+        p = 1
+        for d in reversed(sh):
+            p *= d
+            cuts.add(p)
+    c = sorted(cuts)
+    return [c[j + 1] // c[j] for j in range(len(c) - 1)][::-1] or [1]
+
+
+def _to_refined(shape: tuple[int, ...], strides: list[int], refined: list[int]) -> list[int]:
+    """Strides over ``refined`` of an operand walked with ``strides`` over ``shape``."""
+    out = []
+    inner = 1  # product of the refined dims inside the current one
+    bounds = []  # (inner product of dim k, stride of dim k), from the innermost dim out
+    p = 1
+    for d, st in zip(reversed(shape), reversed(strides)):
+        bounds.append((p, p * d, st))
+        p *= d
+    for rd in reversed(refined):
+        for lo, hi, st in bounds:
+            if lo <= inner < hi:
+                out.append(st * (inner // lo))
+                break
+        else:
+            out.append(0)
+        inner *= rd
+    return out[::-1]
+
+
 def lower(body: Graph, name: str) -> Lowered:
-    """LLVM IR for ``body`` as kernel ``name``; raises LoweringError when it cannot."""
+    """LLVM IR for ``body`` as kernel ``name``; raises LoweringError when it cannot.
+
+    Every computed value and every output has the outputs' element count N; they are walked by
+    one flat index (reshapes are free). Inputs with fewer elements are read through broadcast
+    strides in the shape of the op that reads them; scalar fills are immediates."""
     outs = list(body.outputs)
     if not outs:
         raise LoweringError("a kernel body without outputs")
     space = tuple(outs[0].type.shape)
-    for o in outs:
-        if tuple(o.type.shape) != space:
-            raise LoweringError(f"kernel outputs of different shapes ({list(space)} and {list(o.type.shape)})")
+    n = _numel(space)
     ins = list(body.inputs)
     for v in (*ins, *outs):
         if v.type.dtype.name not in KERNEL_DTYPES:
             raise LoweringError(f"%{v.name or '?'} is {v.type.dtype} (kernels take {', '.join(KERNEL_DTYPES)})")
-    for v in ins:
-        if len(v.type.shape) > len(space) or any(d not in (1, s) for d, s in
-                                                 zip(v.type.shape[::-1], space[::-1])):
-            raise LoweringError(f"input %{v.name} of shape {list(v.type.shape)} does not broadcast to {list(space)}")
-    strides = [_strides_in(tuple(v.type.shape), space) for v in ins] + [_strides_in(space, space) for _ in outs]
-    loops, per = merge_dims(space, strides)
+    for o in outs:
+        if _numel(o.type.shape) != n:
+            raise LoweringError(f"kernel outputs of different sizes ({list(space)} and {list(o.type.shape)})")
+    full = {v for v in ins if _numel(v.type.shape) == n}
+    views: list[tuple[int, tuple[int, ...]]] = []  # (input index, the shape it is read in)
+    view_of: dict[tuple[int, tuple[int, ...]], int] = {}
+    shapes = [tuple(o.type.shape) for o in outs] + [tuple(v.type.shape) for v in full]
+    index = {v: i for i, v in enumerate(ins)}
+    for node in body.nodes:
+        r = node.results[0]
+        if node.op in _SPLATS:
+            continue
+        if _numel(r.type.shape) != n:
+            raise LoweringError(f"{node.op} computes {list(r.type.shape)}, not the kernel's {n} elements "
+                                "(a smaller value is computed outside and read as an input)")
+        shapes.append(tuple(r.type.shape))
+        for v in node.operands:
+            if v in index:
+                shp = tuple(v.type.shape) if v in full else tuple(r.type.shape)
+                key = (index[v], shp)
+                if key not in view_of:
+                    if v not in full and (len(v.type.shape) > len(shp) or any(
+                            d not in (1, s) for d, s in zip(v.type.shape[::-1], shp[::-1]))):
+                        raise LoweringError(f"input %{v.name} of shape {list(v.type.shape)} does not broadcast to "
+                                            f"{list(shp)}")
+                    view_of[key] = len(views)
+                    views.append(key)
+    refined = _refine(shapes) if n else [0]
+    strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for i, shp in views]
+    strides += [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), refined)
+                for o in outs]
+    loops, per = merge_dims(tuple(refined), strides)
     k = len(loops)
-    n_ops = len(ins) + len(outs)
+    n_ops = len(views) + len(outs)
     e = _Emitter()
     head: list[str] = []
     # loop nest
@@ -398,13 +466,20 @@ def lower(body: Graph, name: str) -> Lowered:
             blocks.append(f"  br label %L{j + 1}")
     # innermost body: loads, the body's nodes, stores
     env: dict[Value, tuple[str, DType]] = {}
-    for i, v in enumerate(ins):
-        dt = v.type.dtype
-        ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{i}, i64 {offs[i]}")
-        ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
-        if dt.is_bool:
-            ld = e.op(f"icmp ne i8 {ld}, 0")
-        env[v] = (ld, dt)
+    loaded: dict[int, tuple[str, DType]] = {}
+
+    def load(v: Value, consumer_shape: tuple[int, ...]) -> tuple[str, DType]:
+        shp = tuple(v.type.shape) if v in full else consumer_shape
+        slot = view_of[(index[v], shp)]
+        if slot not in loaded:
+            dt = v.type.dtype
+            ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {offs[slot]}")
+            ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
+            if dt.is_bool:
+                ld = e.op(f"icmp ne i8 {ld}, 0")
+            loaded[slot] = (ld, dt)
+        return loaded[slot]
+
     for node in body.nodes:
         r = node.results[0]
         if len(node.results) != 1:
@@ -416,17 +491,16 @@ def lower(body: Graph, name: str) -> Lowered:
             sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
             env[r] = (_const(sv, r.type.dtype), r.type.dtype)
             continue
-        args = [env[v] for v in node.operands]
+        args = [env[v] if v in env else load(v, tuple(r.type.shape)) for v in node.operands]
         splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
         env[r] = (_lower_node(e, node.op, node.attrs, args, r.type.dtype, splat_rhs), r.type.dtype)
     for i, o in enumerate(outs):
-        val, dt = env[o]
+        val, dt = env[o] if o in env else load(o, tuple(o.type.shape))
         want = o.type.dtype
         val = _convert(e, val, dt, want)
         if want.is_bool:
             val = e.op(f"zext i1 {val} to i8")
-        slot = len(ins) + i
-        ptr = e.op(f"getelementptr inbounds {_MEM[want.name]}, ptr %a{slot}, i64 {offs[slot]}")
+        ptr = e.op(f"getelementptr inbounds {_MEM[want.name]}, ptr %a{len(ins) + i}, i64 {offs[len(views) + i]}")
         e.lines.append(f"  store {_MEM[want.name]} {val}, ptr {ptr}")
     blocks += e.lines
     # latches, innermost first

@@ -10,8 +10,9 @@ Accuracy (checked by tests/codegen/test_mathlib.py over the whole float range):
   denormal results come out right; overflow to inf above 88.72, 0 below -103.98, NaN kept.
 - ``log``: Cephes' ``logf`` (frexp, a degree-8 polynomial around 1, ln 2 split in two);
   denormals scaled first; 0 -> -inf, negative -> NaN, inf -> inf.
-- ``tanh``: the odd 13/6 rational minimax used by Eigen and ONNX Runtime's MLAS, clamped at
-  +-7.905 (where tanh rounds to +-1 in f32), ``x`` itself below 4e-4.
+- ``tanh``: below |x| = 0.625 the odd 13/6 rational minimax used by Eigen and ONNX Runtime's
+  MLAS (``x`` itself below 4e-4); above, ``1 - 2 / (exp(2|x|) + 1)``, so that ``1 + tanh(x)``
+  near -1 (GELU's tanh form) keeps its accuracy.
 - ``erf``: Eigen's 13/8 rational approximation on [-4, 4] (+-1 beyond, where erf rounds to 1).
 
 f64 kernels call libm (``exp``, ``log``, ``tanh``, ``erf``), exact to the ulp but scalar.
@@ -159,11 +160,32 @@ def _rational(name: str, clamp: float, num: list[float], den: list[float], small
 
 
 def _tanh() -> str:
-    return _rational("pt_tanhf", 7.90531110763549805,
-                     [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
-                      1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03],
-                     [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03],
-                     0.0004)
+    """Below |x| = 0.625 the rational approximation (accurate to a few ulp, no cancellation);
+    above it ``1 - 2 / (exp(2|x|) + 1)`` with the sign of x, which keeps ``1 + tanh(x)`` (GELU's
+    tanh form near -1) accurate: the rational's few ulp near -1 become a large relative error
+    there."""
+    small = _rational("pt_tanhf_small", 7.90531110763549805,
+                      [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+                       1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03],
+                      [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03],
+                      0.0004)
+    return small + f"""
+
+define internal float @pt_tanhf(float %x) alwaysinline {{
+  %s = call float @pt_tanhf_small(float %x)
+  %ax = call float @llvm.fabs.f32(float %x)
+  %a2 = fmul float %ax, 2.0
+  %e = call float @pt_expf(float %a2)
+  %e1 = fadd float %e, 1.0
+  %q = fdiv float 2.0, %e1
+  %t = fsub float 1.0, %q
+  %big = fcmp oge float %ax, {f32(0.625)}
+  %neg = fcmp olt float %x, 0.0
+  %tn = fneg float %t
+  %l = select i1 %neg, float %tn, float %t
+  %r = select i1 %big, float %l, float %s
+  ret float %r
+}}"""
 
 
 def _erf() -> str:
@@ -200,10 +222,8 @@ declare double @llvm.pow.f64(double, double)"""
 
 def declarations(used: set[str]) -> str:
     """The declarations and helper bodies a module that calls ``used`` functions needs."""
-    parts = [_INTRINSICS]
+    parts = [_INTRINSICS] + list(F32_FUNCTIONS.values())  # the caller keeps the ones it calls
     for name in sorted(used):
-        if name in F32_FUNCTIONS:
-            parts.append(F32_FUNCTIONS[name])
-        else:
+        if name not in F32_FUNCTIONS:
             parts.append(f"declare double @{name}(double)")
     return "\n\n".join(parts)

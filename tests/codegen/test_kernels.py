@@ -120,6 +120,20 @@ def _float_graph(seed):
         pool.append(b.input(f"x{i}", TensorType(_sub_shape(rng, space), dt)))
     made = []
     for _ in range(int(rng.integers(2, 10))):
+        if rng.random() < 0.12 and made:
+            # a reshape of a computed value (free inside a kernel: one flat index)
+            v = made[-1]
+            n = v.type.numel
+            divs = [d for d in range(1, n + 1) if n and n % d == 0]
+            shape = (n,) if not divs or rng.random() < 0.4 else (int(rng.choice(divs)), n // int(rng.choice(divs)))
+            if len(shape) == 2 and shape[0] * shape[1] != n:
+                shape = (shape[0], n // shape[0])
+            v = b.emit("reshape", v, shape=shape)
+            pool.append(v)
+            made.append(v)
+            if rng.random() < 0.5:
+                pool.append(b.input(f"x{len(b.graph.inputs)}", TensorType(_sub_shape(rng, shape), dt)))
+            continue
         if rng.random() < 0.5:
             op = str(rng.choice(FLOAT_UNARY))
             a = pool[int(rng.integers(len(pool)))]
@@ -131,9 +145,14 @@ def _float_graph(seed):
                 v = b.emit(op, a)
         else:
             op = str(rng.choice(FLOAT_BINARY))
-            v = b.emit(op, pool[int(rng.integers(len(pool)))], pool[int(rng.integers(len(pool)))])
+            try:
+                v = b.emit(op, pool[int(rng.integers(len(pool)))], pool[int(rng.integers(len(pool)))])
+            except partita.PartitaError:
+                continue  # shapes that do not broadcast (after a reshape)
         pool.append(v)
         made.append(v)
+    if not made:
+        made.append(b.emit("exp", pool[0]))
     b.ret(made[-1], made[len(made) // 2])
     return verify(b.graph), rng
 
@@ -153,7 +172,23 @@ def _check(graph, rng, exact: bool):
             else:
                 assert np.array_equal(r, g), (r, g, partita.print_graph(prog.graph))
     else:
-        assert_same_outputs(ref, got, partita.print_graph(prog.graph))
+        # Within the reference's tolerance, or, where the graph itself amplifies rounding (a sqrt
+        # near 0 after a GELU), no further from the reference than twice what ATen's own
+        # kernels are from it there.
+        aten = [partita.backend.torch_exec.to_numpy(t) for t in
+                partita.backend.torch_exec.TorchProgram(graph)([torch.from_numpy(a.copy()) for a in ins])]
+        for r, g, a in zip(ref, got, aten):
+            assert r.dtype == g.dtype and r.shape == g.shape
+            assert np.array_equal(np.isnan(r), np.isnan(g)), (r, g)
+            fin = ~np.isnan(r)
+            rtol, atol = (1e-5, 1e-6) if r.dtype == np.float32 else (1e-12, 1e-12)
+            r64, g64, a64 = (x[fin].astype(np.float64) for x in (r, g, a))
+            inf = np.isinf(r64)
+            assert np.array_equal(r64[inf], g64[inf])
+            with np.errstate(invalid="ignore"):
+                allowed = atol + rtol * np.abs(r64) + 2 * np.abs(a64 - r64)
+                bad = np.abs(g64 - r64)[~inf] > allowed[~inf]
+            assert not bad.any(), (partita.print_graph(prog.graph), r64[~inf][bad], g64[~inf][bad], a64[~inf][bad])
     return prog
 
 
@@ -163,7 +198,7 @@ def test_exact_ops_bit_for_bit(seed):
     _check(graph, rng, exact=True)
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", range(100))
 def test_float_chains_within_ulps(seed):
     graph, rng = _float_graph(seed)
     _check(graph, rng, exact=False)
@@ -246,5 +281,5 @@ def test_math_functions_over_the_float_range(fn):
     assert np.array_equal(ref[inf], got[inf])
     fin = ~(np.isnan(ref) | inf)
     ulp = np.abs(got[fin].astype(np.float64) - ref64[fin]) / np.spacing(np.abs(ref[fin])).astype(np.float64)
-    bound = {"exp": 1.0, "log": 1.0, "tanh": 8.0, "erf": 40.0}[fn]
+    bound = {"exp": 1.0, "log": 1.0, "tanh": 5.0, "erf": 40.0}[fn]
     assert ulp.max() <= bound, (fn, ulp.max(), x[fin][np.argmax(ulp)])
