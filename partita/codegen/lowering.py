@@ -48,9 +48,10 @@ _ARITH = {"add", "sub", "mul", "div", "maximum", "minimum", "pow"}
 _COMPARE = {"equal": ("oeq", "eq"), "not_equal": ("une", "ne"), "less": ("olt", "slt"),
             "less_equal": ("ole", "sle"), "greater": ("ogt", "sgt"), "greater_equal": ("oge", "sge")}
 _LOGIC = {"logical_and", "logical_or", "logical_not"}
+_GRADS = {"relu_grad", "sigmoid_grad", "tanh_grad", "silu_grad", "gelu_grad"}
 _SPLATS = {"full", "constant"}
 _PASS = {"broadcast_to", "reshape"}
-LOWERED_OPS = _FLOAT_UNARY | _NUM_UNARY | _ARITH | set(_COMPARE) | _LOGIC | _SPLATS | _PASS | {"where", "cast"}
+LOWERED_OPS = _FLOAT_UNARY | _NUM_UNARY | _ARITH | set(_COMPARE) | _LOGIC | _SPLATS | _PASS | _GRADS | {"where", "cast"}
 
 
 def supported(op: str, operand_dtypes: list[DType], result_dtypes: list[DType], attrs: dict) -> str | None:
@@ -66,7 +67,7 @@ def supported(op: str, operand_dtypes: list[DType], result_dtypes: list[DType], 
         return f"{op} on integers"
     if op in _ARITH and result_dtypes[0].is_bool:
         return f"{op} on bool"
-    if op in _FLOAT_UNARY and not result_dtypes[0].is_float:
+    if op in (_FLOAT_UNARY | _GRADS) and not result_dtypes[0].is_float:
         return f"{op} with a {result_dtypes[0]} result"
     return None
 
@@ -254,8 +255,14 @@ def _lower_node(e: _Emitter, op: str, attrs: dict, args: list[tuple[str, DType]]
         one, mone, zero = ("1.0", "-1.0", "0.0") if fl else ("1", "-1", "0")
         pos = e.op(f"{'fcmp ogt' if fl else 'icmp sgt'} {t} {x}, {zero}")
         neg = e.op(f"{'fcmp olt' if fl else 'icmp slt'} {t} {x}, {zero}")
-        a = e.op(f"select i1 {neg}, {t} {mone}, {t} {x}")
+        z = x
+        if fl:  # NaN gives 0, as in PyTorch (and the op's reference)
+            nan = e.op(f"fcmp uno {t} {x}, 0.0")
+            z = e.op(f"select i1 {nan}, {t} 0.0, {t} {x}")
+        a = e.op(f"select i1 {neg}, {t} {mone}, {t} {z}")
         return e.op(f"select i1 {pos}, {t} {one}, {t} {a}")
+    if op in _GRADS:
+        return _lower_grad(e, op, attrs, xs[0], xs[1], out)
     if op == "sqrt":
         return e.op(f"call {t} @llvm.sqrt.{_suffix(out)}({t} {x})")
     if op == "rsqrt":
@@ -291,6 +298,43 @@ def _lower_node(e: _Emitter, op: str, attrs: dict, args: list[tuple[str, DType]]
         h = e.op(f"fmul {t} {x}, {_const(0.5, out)}")
         return e.op(f"fmul {t} {h}, {one}")
     raise LoweringError(f"no lowering for {op}")
+
+
+def _lower_grad(e: _Emitter, op: str, attrs: dict, dy: str, x: str, out: DType) -> str:
+    """The activation gradients, in their references' operation order (partita/ops/backward.py)."""
+    t = _ty(out)
+
+    def c(v: float) -> str:
+        return _const(v, out)
+
+    def f(opname: str, a: str, b: str) -> str:
+        return e.op(f"{opname} {t} {a}, {b}")
+
+    if op == "relu_grad":
+        pos = e.op(f"fcmp ogt {t} {x}, 0.0")
+        return e.op(f"select i1 {pos}, {t} {dy}, {t} 0.0")
+    if op == "sigmoid_grad":
+        return f("fmul", f("fmul", dy, x), f("fsub", c(1.0), x))
+    if op == "tanh_grad":
+        return f("fmul", dy, f("fsub", c(1.0), f("fmul", x, x)))
+    if op == "silu_grad":
+        ex = _call_math(e, "exp", e.op(f"fneg {t} {x}"), out)
+        s = f("fdiv", c(1.0), f("fadd", c(1.0), ex))
+        return f("fmul", f("fmul", dy, s), f("fadd", c(1.0), f("fmul", x, f("fsub", c(1.0), s))))
+    k = math.sqrt(2.0 / math.pi)
+    if attrs.get("approximate", "none") == "tanh":
+        x3 = f("fmul", f("fmul", x, x), x)
+        inner = f("fmul", c(k), f("fadd", x, f("fmul", c(0.044715), x3)))
+        th = _call_math(e, "tanh", inner, out)
+        dinner = f("fmul", c(k), f("fadd", c(1.0), f("fmul", f("fmul", c(3.0 * 0.044715), x), x)))
+        a = f("fmul", c(0.5), f("fadd", c(1.0), th))
+        b = f("fmul", f("fmul", f("fmul", c(0.5), x), f("fsub", c(1.0), f("fmul", th, th))), dinner)
+        return f("fmul", dy, f("fadd", a, b))
+    er = _call_math(e, "erf", f("fdiv", x, c(math.sqrt(2.0))), out)
+    cdf = f("fmul", c(0.5), f("fadd", c(1.0), er))
+    ex = _call_math(e, "exp", f("fmul", f("fmul", c(-0.5), x), x), out)
+    pdf = f("fdiv", ex, c(math.sqrt(2.0 * math.pi)))
+    return f("fmul", dy, f("fadd", cdf, f("fmul", x, pdf)))
 
 
 def _bool() -> DType:
