@@ -153,17 +153,23 @@ class Trainer:
         if missing:
             raise AutodiffError(f"@{step.name}: no initial value for {', '.join('%' + n for n in missing)}")
         self._program: Any = None
-        if backend == "torch":
+        if backend in ("torch", "codegen"):
             from ..backend.torch_exec import TorchProgram, to_tensor
 
             # The trainer owns its copies of the params and state and donates them to each
             # step, so the optimizer updates them in place (the outputs alias them).
-            self._program = TorchProgram(step, donate=True)
+            if backend == "codegen":
+                from ..codegen import CompiledProgram
+
+                self._program = CompiledProgram(step, donate=True)
+            else:
+                self._program = TorchProgram(step, donate=True)
             self.values: dict[str, Any] = {n: to_tensor(np.array(src[n])) for n in carried}
         elif backend == "numpy":
             self.values = {n: np.asarray(src[n]) for n in carried}
         else:
-            raise AutodiffError(f"unknown backend '{backend}'; choose 'torch' or 'numpy'")
+            raise AutodiffError(f"unknown backend '{backend}'; choose 'torch', 'codegen' (generated kernels, "
+                                f"docs/codegen.md) or 'numpy'")
 
     def step(self, batch: Mapping[str, Any]) -> float:
         """Run one step on ``batch`` (the ``input``-role inputs by name); returns the loss."""

@@ -33,7 +33,8 @@ from .common import bind_inputs, check_array, host_array, node_error, numpy_dtyp
 class TorchProgram:
     """A graph prepared for repeated execution with torch."""
 
-    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, device: Any = None) -> None:
+    def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, device: Any = None,
+                 kernels: Mapping[str, Any] | None = None) -> None:
         """``donate=True``: the caller gives up the input buffers that outputs alias (as a
         training loop does with its params and optimizer state), so ops with an in-place
         implementation may update them where they are instead of allocating new ones.
@@ -43,7 +44,11 @@ class TorchProgram:
         torch.distributed).
         ``device`` (e.g. ``"cuda:0"``; default the CPU): where the program computes. Inputs are
         moved there, tensors the ops create are made there (torch's default-device context
-        is set around every call), and outputs stay there."""
+        is set around every call), and outputs stay there.
+        ``kernels``: builders of other step functions by op name, ``(node, inplace) -> step or
+        None`` (None: this node keeps its op's implementation); ``inplace`` says the node may
+        write its results into its donated operands. partita.codegen passes its generated
+        kernels (the fused AdamW update) here."""
         self.graph = graph
         self.device = None if device is None else torch.device(device)
         self._on_device = self.device is not None and self.device.type != "cpu"
@@ -78,11 +83,16 @@ class TorchProgram:
             frees = tuple(slot[v] for v in dict.fromkeys(n.operands) if last_use[v] == i and v not in outputs)
             dtypes = tuple(carrier_dtype(r.type.dtype) for r in n.results)
             fn = opdef.torch
-            if donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use):
+            inplace = donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use)
+            if inplace:
                 fn = opdef.torch_inplace
             carried = any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results))
             if opdef.torch_prepare is not None and not carried:
                 fn = opdef.torch_prepare(n)
+            elif kernels is not None and n.op in kernels and not carried:
+                made = kernels[n.op](n, inplace)
+                if made is not None:
+                    fn = made
             if carried:
                 fn = _carried_step(n, opdef)
             waits = tuple(s for s in dict.fromkeys(slot[v] for v in n.operands) if s in pending)

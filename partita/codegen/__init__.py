@@ -8,7 +8,8 @@
 - ``lowering``: a fused body -> LLVM IR (vectorized loops over broadcast strides);
 - ``mathlib``: vectorizable exp/log/tanh/erf;
 - ``jit``: LLVM through llvmlite, one engine per process, the on-disk kernel cache;
-- ``kernels``: a fused node's step function for the torch executor.
+- ``kernels``: a fused node's step function for the torch executor;
+- ``optimizer``: the AdamW update as one kernel per parameter.
 """
 
 from __future__ import annotations
@@ -47,7 +48,17 @@ class CompiledProgram:
             g = DeadCodeElimination().run(g)
         self.graph = g
         before = _stats()
-        self.program = TorchProgram(g, donate=donate, overlap=overlap)
+        from .optimizer import prepare_adamw
+
+        self.optimizer_kernels: list = []  # the adamw_update nodes that run as generated kernels
+
+        def adamw(node, inplace):
+            fn = prepare_adamw(node, inplace)
+            if fn is not None:
+                self.optimizer_kernels.append(node)
+            return fn
+
+        self.program = TorchProgram(g, donate=donate, overlap=overlap, kernels={"adamw_update": adamw})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self.cache = {k: after[k] - before[k] for k in after}
@@ -63,6 +74,8 @@ class CompiledProgram:
         lines = [f"{len(self.kernels)} fused node(s), {len(names)} distinct kernel(s); "
                  f"compiled {self.cache['compiled']}, from the disk cache {self.cache['disk_hits']}, "
                  f"already in this process {self.cache['memory_hits']}; {self.compile_seconds:.3f} s"]
+        if self.optimizer_kernels:
+            lines.append(f"{len(self.optimizer_kernels)} AdamW update(s) as generated kernels")
         for f in fb:
             lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
         return "\n".join(lines)

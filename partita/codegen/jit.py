@@ -171,8 +171,10 @@ class Jit:
         pb.getModulePassManager().run(mod, pb)
         return str(mod)
 
-    def kernel(self, name: str, ir: str, n_args: int, use_disk: bool = True) -> CompiledKernel:
-        """The callable kernel ``name`` (with ``n_args`` pointer arguments, then lo and hi)."""
+    def kernel(self, name: str, ir: str, n_args: int, use_disk: bool = True,
+               argtypes: list | None = None) -> CompiledKernel:
+        """The callable kernel ``name`` (with ``n_args`` pointer arguments, then lo and hi; or
+        the ctypes ``argtypes`` given)."""
         with self.lock:
             key = self.key(ir)
             got = self.kernels.get(key)
@@ -203,7 +205,8 @@ class Jit:
                 raise CodegenError(f"kernel {name} is missing from its machine code (cache entry {path}); delete the "
                                    "entry and run again")
             self.stats.load_seconds += time.perf_counter() - t1
-            proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_args), ctypes.c_int64, ctypes.c_int64)
+            types = argtypes if argtypes is not None else [ctypes.c_void_p] * n_args + [ctypes.c_int64] * 2
+            proto = ctypes.CFUNCTYPE(None, *types)
             k = CompiledKernel(name, addr, n_args, source, proto(addr))
             self.kernels[key] = k
             return k

@@ -128,8 +128,11 @@ def test_gradients_match_torch_autograd(name: str) -> None:
         assert_close(got.numpy(), w.numpy(), f"gradient of {n}")
 
 
+@pytest.mark.parametrize("backend", ["torch", "codegen"])
 @pytest.mark.parametrize("name", MODELS)
-def test_twenty_adamw_steps_match_a_pytorch_loop(name: str) -> None:
+def test_twenty_adamw_steps_match_a_pytorch_loop(name: str, backend: str) -> None:
+    """Also with generated code (backend="codegen": fused elementwise kernels in the forward and
+    backward, the AdamW update as one kernel per parameter, in place)."""
     model, x, target = _case(name)
     fwd = partita.import_torch(model, (x,))
     # eps=1e-6 rather than 1e-8: the key bias of attention has an exactly zero gradient (it
@@ -139,7 +142,12 @@ def test_twenty_adamw_steps_match_a_pytorch_loop(name: str) -> None:
     opts = dict(lr=3e-3, weight_decay=0.01, eps=1e-6)
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", **opts)
     partita.verify(partita.parse(partita.print_graph(step)))
-    trainer = Trainer(step)
+    trainer = Trainer(step, backend=backend)
+    if backend == "codegen":
+        n_params = sum(1 for v in step.inputs if v.role == "param")
+        assert len(trainer._program.optimizer_kernels) == n_params
+        # (the CNN's step has no two elementwise ops in a row: relu and relu_grad stand alone)
+        assert trainer._program.kernels or name == "cnn", "elementwise groups of the step run as fused kernels"
     opt = torch.optim.AdamW(model.parameters(), **opts)
     feed = {_input_name(fwd): x.numpy(), "target": target.numpy()}
     ours, theirs = [], []
