@@ -25,10 +25,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="print the IR to stderr after pass NAME (repeatable, or comma-separated)")
     o.add_argument("--no-verify", action="store_true",
                    help="skip the verifier on the input and between passes (faster, less safe)")
-    o.add_argument("--emit", choices=("ir", "kernels", "kernels-optimized"), default="ir",
+    o.add_argument("--emit", choices=("ir", "kernels", "kernels-optimized", "memory-plan"), default="ir",
                    help="what to print: the optimized IR (default), or the generated kernels of it (each "
-                        "fused group's body and its LLVM IR; kernels-optimized: after LLVM's optimizations). "
-                        "A pipeline without fuse-kernels is fused first.")
+                        "fused group's body and its LLVM IR; kernels-optimized: after LLVM's optimizations), "
+                        "or the static memory plan of the compiled program (buffers, arena offsets, "
+                        "lifetimes, peak). A pipeline without fuse-kernels is fused first.")
     o.set_defaults(handler=cmd_opt)
 
 
@@ -50,9 +51,13 @@ def cmd_opt(args: argparse.Namespace) -> int:
     before = len(graph)
     result = pm.run(graph)  # with timing=True the manager prints its table to stderr
     if args.emit != "ir":
-        from ..codegen import emit_kernels
+        from ..codegen import CompiledProgram, emit_kernels
 
-        text = emit_kernels(result, optimized=args.emit == "kernels-optimized")
+        if args.emit == "memory-plan":
+            plan = CompiledProgram(result, fuse=not any(n.op == "fused" for n in result.nodes)).memory_plan
+            text = plan.text() if plan is not None else "; no memory plan\n"
+        else:
+            text = emit_kernels(result, optimized=args.emit == "kernels-optimized")
         if args.output:
             Path(args.output).write_text(text)
             print(f"wrote {args.output} (kernels)", file=sys.stderr)

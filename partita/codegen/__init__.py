@@ -20,6 +20,8 @@ from typing import Any, Mapping, Sequence
 from ..ir.graph import Graph
 from . import op  # noqa: F401  (registers the fused op)
 from . import fusion  # noqa: F401  (registers the fuse-kernels pass)
+from . import library  # noqa: F401  (registers conv2d_pointwise, linear_pointwise and the fuse-library pass)
+from . import inference  # noqa: F401  (registers the fold-batch-norm pass)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
 from .kernels import fallbacks, kernel_name
@@ -34,10 +36,15 @@ class CompiledProgram:
     The graph is copied, ``fuse-kernels`` and ``dce`` run on the copy (``fuse=False`` skips
     them, for a graph fused already), and the torch executor prepares it, compiling each
     kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
-    that. Calls take and return what ``TorchProgram`` does."""
+    that. Calls take and return what ``TorchProgram`` does.
+
+    ``plan_memory`` (default on): the values that kernels and matmuls write live in one arena
+    laid out once (``memory.py``; ``memory_plan.text()`` prints it), so a call allocates only
+    what ATen allocates itself. The arena belongs to the program: one call at a time (a program
+    is not reentrant across threads); outputs are never in it."""
 
     def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, fuse: bool = True,
-                 min_ops: int = 2) -> None:
+                 min_ops: int = 2, plan_memory: bool = True) -> None:
         from ..backend.torch_exec import TorchProgram
         from ..passes.dce import DeadCodeElimination
 
@@ -61,8 +68,46 @@ class CompiledProgram:
         self.program = TorchProgram(g, donate=donate, overlap=overlap, kernels={"adamw_update": adamw})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
+        self.memory_plan = None
+        self._arena = None
+        if plan_memory:
+            self._bind_memory_plan()
         self.cache = {k: after[k] - before[k] for k in after}
         self.compile_seconds = time.perf_counter() - t0
+
+    def _bind_memory_plan(self) -> None:
+        from ..ir.printer import print_graph_lines
+        from ..ops._lazy import torch
+        from .kernels import prepare_fused
+        from .memory import arena_views, plan_memory
+        from .op import _torch as aten_fused
+
+        prog = self.program
+        nodes = [st[7] for st in prog.steps]
+        lines, where = print_graph_lines(self.graph)
+        names: dict = {}
+        for n, i in where.items():
+            lhs = lines[i].split(" = ", 1)[0].strip()
+            if " = " in lines[i]:
+                for r, nm in zip(n.results, lhs.split(", ")):
+                    names[r] = nm
+        plan = plan_memory(self.graph, nodes, names)
+        self.memory_plan = plan
+        if not plan.planned():
+            return
+        self._arena, views = arena_views(plan, torch)
+        for i, st in enumerate(prog.steps):
+            node = st[7]
+            outs = [views.get(r) for r in node.results]
+            if all(o is None for o in outs):
+                continue
+            if node.op == "fused" and st[0] is not aten_fused:  # a kernel (not the ATen fallback)
+                fn = prepare_fused(node, outs)
+            elif node.op == "matmul":
+                fn = _matmul_into(outs[0], torch)
+            else:
+                continue
+            prog.steps[i] = (fn,) + tuple(st[1:])
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
@@ -79,6 +124,14 @@ class CompiledProgram:
         for f in fb:
             lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
         return "\n".join(lines)
+
+
+def _matmul_into(out, torch):
+    matmul = torch.matmul
+
+    def step(args: list, attrs: dict):
+        return matmul(args[0], args[1], out=out)
+    return step
 
 
 def _stats() -> dict[str, int]:

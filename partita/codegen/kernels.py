@@ -63,7 +63,9 @@ def _where(node) -> str:
     return f" at {loc}" if loc else ""
 
 
-def prepare_fused(node) -> Callable:
+def prepare_fused(node, outs: list | None = None) -> Callable:
+    """The step function of a ``fused`` node. ``outs``: for each result, a tensor to write it
+    into (from the memory plan), or None to allocate it on each call."""
     from .op import _torch, body_graph
     from .jit import CodegenError, jit
     from .lowering import LoweringError, lower
@@ -90,18 +92,26 @@ def prepare_fused(node) -> Callable:
     single = len(shapes) == 1
     empty = torch.empty
     get_threads = torch.get_num_threads
+    given = list(outs) if outs is not None else [None] * len(shapes)
+    fixed = [o.data_ptr() if o is not None else 0 for o in given]
+    planned = all(o is not None for o in given)
 
     def step(args: list, attrs: dict) -> Any:
         ptrs = [(a if a.is_contiguous() else a.contiguous()) for a in args]
-        outs = [empty(s, dtype=d) for s, d in zip(shapes, dtypes)]
+        if planned:
+            res = given
+            out_addrs = fixed
+        else:
+            res = [o if o is not None else empty(s, dtype=d) for o, s, d in zip(given, shapes, dtypes)]
+            out_addrs = [o.data_ptr() for o in res]
         if numel:
-            addrs = [t.data_ptr() for t in ptrs] + [o.data_ptr() for o in outs]
+            addrs = [t.data_ptr() for t in ptrs] + out_addrs
             nt = get_threads()
             if nt > 1 and numel >= PARALLEL_MIN_ELEMENTS and outer > 1:
                 _run_parallel(fn, addrs, outer, min(nt, outer))
             else:
                 fn(*addrs, 0, outer)
-        return outs[0] if single else outs
+        return res[0] if single else list(res)
 
     return step
 

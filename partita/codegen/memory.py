@@ -1,0 +1,176 @@
+"""The static memory plan: one arena, an offset for every planned buffer, reused as lifetimes allow.
+
+Which values are planned. Those whose producing step writes into a buffer it is given:
+generated kernels (``fused``, whose outputs the kernel stores) and ``matmul`` (``out=``).
+Everything else is allocated by ATen when it runs, and the plan still counts it, so the
+peak it reports covers the whole program.
+
+Lifetimes come from the order in which the program runs its steps. A value lives from the step
+that makes it to the last step that reads it. An op that may return a view of its operand or
+the operand itself (the data-movement ops, such as reshape, transpose, slice and broadcast, and
+``cast``) joins its result's lifetime to the operand's, so a buffer is never reused while a
+view of it is still alive. Graph outputs, and values that reach an output through such views,
+are never planned: the caller keeps them after the call. Inputs, donated or not, belong to the
+caller.
+
+Placement is greedy by size, as TFLite's arena planner does it. Buffers are taken largest first,
+and each goes to the lowest offset, 64-byte aligned, that no buffer live at the same time
+overlaps. Two buffers live at the same step never share memory, so a kernel never writes over
+an input it is still reading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.graph import Graph, Node, Value
+from ..ops.registry import OPS, movement_cost
+
+__all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN"]
+
+ALIGN = 64
+# Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
+PLANNED_OPS = frozenset({"fused", "matmul"})
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _may_alias(node: Node) -> bool:
+    opdef = OPS.get(node.op)
+    return opdef is not None and (opdef.cost is movement_cost or node.op == "cast")
+
+
+@dataclass
+class Buffer:
+    value: Value
+    name: str
+    nbytes: int
+    first: int           # the step that writes it
+    last: int            # the last step that reads it (or a view of it)
+    offset: int = -1     # in the arena; -1: not planned (ATen allocates it)
+    why: str = ""        # why it is not planned
+
+
+@dataclass
+class MemoryPlan:
+    buffers: list[Buffer]
+    arena_bytes: int
+    steps: int
+    unplanned_peak: int          # most bytes ATen-allocated values hold at one step
+    peak_bytes: int              # arena + unplanned peak: the program's own activation memory
+    no_reuse_bytes: int          # every planned buffer on its own
+    by_value: dict[Value, Buffer] = field(default_factory=dict, repr=False)
+
+    def planned(self) -> list[Buffer]:
+        return [b for b in self.buffers if b.offset >= 0]
+
+    def text(self) -> str:
+        """The plan as a table: every buffer, its bytes, arena offset and live steps."""
+        mb = 1 << 20
+        lines = [f"; memory plan: {len(self.planned())} planned buffer(s) in an arena of {self.arena_bytes / mb:.2f} MiB "
+                 f"(without reuse {self.no_reuse_bytes / mb:.2f} MiB); ATen-allocated values peak at "
+                 f"{self.unplanned_peak / mb:.2f} MiB; peak {self.peak_bytes / mb:.2f} MiB over {self.steps} steps",
+                 ";   value                          bytes       offset    live steps"]
+        for b in sorted(self.buffers, key=lambda b: (b.offset < 0, b.offset, b.first)):
+            where = f"{b.offset:>10}" if b.offset >= 0 else f"{'(ATen)':>10}"
+            lines.append(f";   {b.name:<28} {b.nbytes:>10} {where}    {b.first}..{b.last}"
+                         + (f"  {b.why}" if b.why and b.offset < 0 and b.why != "ATen allocates it" else ""))
+        return "\n".join(lines) + "\n"
+
+
+def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | None = None) -> MemoryPlan:
+    """The plan for ``graph`` run as ``step_nodes`` in this order (the torch executor's steps)."""
+    order = {n: i for i, n in enumerate(step_nodes)}
+    # alias classes: a view (or possibly the same tensor) shares its base's memory
+    parent: dict[Value, Value] = {}
+
+    def root(v: Value) -> Value:
+        while v in parent:
+            v = parent[v]
+        return v
+
+    for n in step_nodes:
+        if _may_alias(n):
+            for r in n.results:
+                for o in n.operands:
+                    a, b = root(r), root(o)
+                    if a is not b:
+                        parent[a] = b
+    first: dict[Value, int] = {}
+    last: dict[Value, int] = {}
+    members: dict[Value, list[Value]] = {}
+    for n in step_nodes:
+        i = order[n]
+        for r in n.results:
+            rt = root(r)
+            members.setdefault(rt, []).append(r)
+            first[rt] = min(first.get(rt, i), i)
+            last[rt] = max(last.get(rt, i), i)
+        for v in n.operands:
+            rt = root(v)
+            last[rt] = max(last.get(rt, i), i)
+    outputs = {root(v) for v in graph.outputs}
+    inputs = {root(v) for v in graph.inputs}
+    buffers: list[Buffer] = []
+    by_value: dict[Value, Buffer] = {}
+    for n in step_nodes:
+        for r in n.results:
+            rt = root(r)
+            if rt is not r:
+                continue  # a view: its base's buffer holds it
+            why = ""
+            if n.op not in PLANNED_OPS:
+                why = "ATen allocates it"
+            elif rt in outputs:
+                why = "reaches a graph output"
+            elif rt in inputs:
+                why = "aliases a graph input"
+            b = Buffer(r, (names or {}).get(r, f"%{r.name}" if r.name else f"{n.op}#{order[n]}"), r.type.nbytes,
+                       first[rt], last[rt], -1, why)
+            buffers.append(b)
+            by_value[r] = b
+    planned = [b for b in buffers if not b.why]
+    placed: list[Buffer] = []
+    for b in sorted(planned, key=lambda b: (-b.nbytes, b.first)):
+        size = _aligned(b.nbytes)
+        busy = sorted((p.offset, p.offset + _aligned(p.nbytes)) for p in placed
+                      if p.first <= b.last and b.first <= p.last)
+        off = 0
+        best = None
+        for lo, hi in busy:
+            if lo - off >= size and (best is None or lo - off < best[1]):
+                best = (off, lo - off)
+            off = max(off, hi)
+        b.offset = best[0] if best is not None else off
+        placed.append(b)
+    arena = max((b.offset + _aligned(b.nbytes) for b in placed), default=0)
+    steps = len(step_nodes)
+    live = [0] * (steps + 1)
+    for b in buffers:
+        if b.offset < 0 and b.value.producer is not None:
+            live[b.first] += b.nbytes
+            live[b.last + 1] -= b.nbytes
+    peak_un = cur = 0
+    for d in live:
+        cur += d
+        peak_un = max(peak_un, cur)
+    return MemoryPlan(buffers, arena, steps, peak_un, arena + peak_un,
+                      sum(_aligned(b.nbytes) for b in placed), by_value)
+
+
+def arena_views(plan: MemoryPlan, torch: Any) -> tuple[Any, dict[Value, Any]]:
+    """One arena tensor and, for every planned value, a tensor of its type over its bytes."""
+    from ..ops._lazy import to_torch_dtype
+
+    arena = torch.empty(max(plan.arena_bytes, 1), dtype=torch.uint8)
+    views = {}
+    for b in plan.planned():
+        t = b.value.type
+        dt = to_torch_dtype(t.dtype)
+        n = t.numel
+        chunk = arena[b.offset:b.offset + n * t.dtype.itemsize]
+        views[b.value] = chunk.view(dt).view(tuple(t.shape))
+    return arena, views
