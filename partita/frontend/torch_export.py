@@ -913,6 +913,52 @@ def _without_kv_cache(module: Any) -> Iterator[None]:
         config.use_cache = True
 
 
+def convert_call(cx: _Converter, node: Any, converters: dict[Any, Conv] | None = None) -> None:
+    """Convert one ``call_function`` node with its entry in ``converters`` (default
+    ``ATEN_TO_PARTITA``; ``operator.getitem`` always has its own), binding its result in
+    ``cx.env``. An op without a converter, or a case its converter cannot express, is recorded
+    in ``cx.problems`` with its source line and its result poisoned; nodes that read only
+    poisoned results are skipped. Shared by ``import_torch`` and the FX importer
+    (``partita.frontend.fx``)."""
+    table = ATEN_TO_PARTITA if converters is None else converters
+    loc = source_location(node)
+    dynamic = _data_dependent_shape(node.meta.get("val"))
+    if dynamic is not None:
+        where = f"{loc}: " if loc else ""
+        raise FrontendError(
+            f"{where}{_target_name(node)} ({node.name}) makes a tensor of shape {dynamic}, which depends "
+            "on the input data; partita needs static shapes. Compute it with a fixed shape instead "
+            "(for example a mask and where() in place of nonzero() or boolean indexing), or keep this "
+            "step outside the imported module")
+    args = _map_args(cx, node.args)
+    kwargs = {k: _map_args(cx, a) for k, a in node.kwargs.items()}
+    conv = table.get(node.target) or _PYTHON_FUNCTIONS.get(node.target)
+    if conv is None:
+        cx.problems.append((_target_name(node), loc, "no converter"))
+        cx.env[node] = _POISON
+        return
+    if _has_poison(args) or _has_poison(list(kwargs.values())):
+        cx.env[node] = _POISON
+        return
+    cx.b.loc = loc
+    try:
+        result = conv(cx, *args, **kwargs)
+    except Unsupported as e:
+        cx.problems.append((_target_name(node), loc, str(e)))
+        cx.env[node] = _POISON
+        return
+    except TypeError as e:
+        # The op has an argument form its converter was not written for.
+        cx.problems.append((_target_name(node), loc, f"arguments the converter does not handle ({e})"))
+        cx.env[node] = _POISON
+        return
+    except PartitaError as e:
+        where = f"{loc}: " if loc else ""
+        raise FrontendError(f"{where}converting {_target_name(node)} ({node.name}): {e}") from e
+    _check_type(node, result, loc)
+    cx.env[node] = result
+
+
 def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None = None,
                  *, name: str | None = None, timings: dict[str, float] | None = None) -> Graph:
     """Export ``module`` with ``torch.export`` on the example inputs and convert it to a Graph.
@@ -972,42 +1018,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
                 graph.weights[input_name] = to_numpy(value)
                 tied[id(value)] = v
         elif node.op == "call_function":
-            loc = source_location(node)
-            dynamic = _data_dependent_shape(node.meta.get("val"))
-            if dynamic is not None:
-                where = f"{loc}: " if loc else ""
-                raise FrontendError(
-                    f"{where}{_target_name(node)} ({node.name}) makes a tensor of shape {dynamic}, which depends "
-                    "on the input data; partita needs static shapes. Compute it with a fixed shape instead "
-                    "(for example a mask and where() in place of nonzero() or boolean indexing), or keep this "
-                    "step outside the imported module")
-            args = _map_args(cx, node.args)
-            kwargs = {k: _map_args(cx, a) for k, a in node.kwargs.items()}
-            conv = ATEN_TO_PARTITA.get(node.target) or _PYTHON_FUNCTIONS.get(node.target)
-            if conv is None:
-                cx.problems.append((_target_name(node), loc, "no converter"))
-                cx.env[node] = _POISON
-                continue
-            if _has_poison(args) or _has_poison(list(kwargs.values())):
-                cx.env[node] = _POISON
-                continue
-            cx.b.loc = loc
-            try:
-                result = conv(cx, *args, **kwargs)
-            except Unsupported as e:
-                cx.problems.append((_target_name(node), loc, str(e)))
-                cx.env[node] = _POISON
-                continue
-            except TypeError as e:
-                # The op has an argument form its converter was not written for.
-                cx.problems.append((_target_name(node), loc, f"arguments the converter does not handle ({e})"))
-                cx.env[node] = _POISON
-                continue
-            except PartitaError as e:
-                where = f"{loc}: " if loc else ""
-                raise FrontendError(f"{where}converting {_target_name(node)} ({node.name}): {e}") from e
-            _check_type(node, result, loc)
-            cx.env[node] = result
+            convert_call(cx, node)
         elif node.op == "output":
             if cx.problems:
                 raise FrontendError(_unsupported_message(type(module).__name__, cx.problems))

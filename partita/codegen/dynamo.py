@@ -1,0 +1,321 @@
+"""``torch.compile(model, backend="partita")``: partita as a TorchDynamo backend.
+
+    import torch
+    model = torch.compile(model, backend="partita")   # found through the entry point
+    y = model(x)                                        # graphs compiled on the first call
+    print(partita.codegen.dynamo.stats().report())      # what was compiled, what fell back
+
+Dynamo captures FX graphs (splitting them itself at graph breaks) and hands each one to
+``partita_backend``. That runs AOTAutograd with partita's decomposition table
+(``partita.frontend.fx.decomposition_table``), so partita receives functionalized graphs of
+core ATen ops: one inference graph, or a forward and a backward graph when a gradient is
+needed. Each is compiled by ``compile_fx_graph``: imported with ``partita.frontend.fx``,
+optimized with the default pipeline (``PIPELINE``, as ``partita opt``), and built as a
+``CompiledProgram`` (``fuse-kernels``: elementwise groups become LLVM kernels).
+
+A graph partita cannot take (an ATen op without a converter, symbolic shapes, a non-CPU
+tensor, ...) is not an error: the backend warns once, naming the ops and their source lines,
+and runs that graph's own FX code on ATen instead. ``stats()`` counts both kinds.
+
+Importing this module registers the backend under the name ``"partita"`` with dynamo; the
+package's entry point (group ``torch_dynamo_backends``) makes the name known without the
+import. ``import partita`` does not import this module (dynamo is slow to import).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from . import CompiledProgram
+
+__all__ = ["partita_backend", "compile_fx_graph", "stats", "reset_stats", "Stats", "GraphRecord", "PIPELINE",
+           "PartitaFallbackWarning"]
+
+# The optimization pipeline run before fusion: the default of ``partita opt``
+# (partita/cli/common.py DEFAULT_PIPELINE). CompiledProgram then runs fuse-kernels and dce.
+PIPELINE = "canonicalize,cse,fold-constants,dce"
+
+BACKEND_NAME = "partita"
+
+
+class PartitaFallbackWarning(UserWarning):
+    """A graph that partita could not compile runs on ATen (its FX code) instead."""
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One graph the backend was given.
+
+    ``kind`` is ``"forward"``, ``"backward"`` or ``"inference"`` (AOTAutograd's three graph
+    kinds); ``aten_ops`` counts its call nodes; ``kernels`` the fused nodes of the compiled
+    graph. ``fallback`` is the reason the graph runs on ATen, None when partita compiled it;
+    ``unsupported`` names the ops without a conversion in that case. ``program`` is the
+    ``CompiledProgram`` (None after a fallback)."""
+
+    kind: str
+    name: str
+    aten_ops: int
+    kernels: int
+    seconds: float
+    fallback: str | None = None
+    unsupported: tuple[str, ...] = ()
+    program: CompiledProgram | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """What the backend did since the last ``reset_stats()``: one record per graph."""
+
+    graphs: tuple[GraphRecord, ...]
+
+    @property
+    def compiled(self) -> int:
+        """Graphs partita compiled."""
+        return sum(1 for g in self.graphs if g.fallback is None)
+
+    @property
+    def fallbacks(self) -> int:
+        """Graphs that run on ATen because partita could not compile them."""
+        return sum(1 for g in self.graphs if g.fallback is not None)
+
+    @property
+    def kernels(self) -> int:
+        """Fused kernel nodes over all compiled graphs."""
+        return sum(g.kernels for g in self.graphs)
+
+    def report(self) -> str:
+        lines = [f"partita backend: {self.compiled} graph(s) compiled, {self.fallbacks} on ATen, "
+                 f"{self.kernels} fused kernel node(s)"]
+        for g in self.graphs:
+            how = "on ATen: " + g.fallback.splitlines()[0] if g.fallback else f"{g.kernels} fused node(s)"
+            lines.append(f"  {g.name} ({g.kind}, {g.aten_ops} ATen ops, {g.seconds:.2f} s): {how}")
+        return "\n".join(lines)
+
+
+_LOCK = threading.Lock()
+_RECORDS: list[GraphRecord] = []
+_WARNED: set[str] = set()
+
+
+def stats() -> Stats:
+    """The graphs compiled and fallen back since the last ``reset_stats()``."""
+    with _LOCK:
+        return Stats(tuple(_RECORDS))
+
+
+def reset_stats() -> None:
+    """Forget the records, and which fallbacks were warned about (each warns once again)."""
+    with _LOCK:
+        _RECORDS.clear()
+        _WARNED.clear()
+
+
+@dataclass(frozen=True)
+class _Options:
+    passes: str = PIPELINE
+    fallback: str = "warn"      # "warn": run the graph on ATen; "error": raise
+    min_ops: int = 2
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | None) -> "_Options":
+        options = dict(options or {})
+        unknown = set(options) - {"passes", "fallback", "min_ops"}
+        if unknown:
+            raise ValueError(f"torch.compile(backend='partita'): unknown option(s) {', '.join(sorted(unknown))}; "
+                             "the options are passes (a pipeline), fallback ('warn' or 'error') and min_ops")
+        o = cls(**options)
+        if o.fallback not in ("warn", "error"):
+            raise ValueError(f"torch.compile(backend='partita'): fallback must be 'warn' or 'error', got {o.fallback!r}")
+        return o
+
+
+def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The dynamo backend: AOTAutograd with partita's decompositions, partita compiling the
+    forward, backward and inference graphs it makes (``compile_fx_graph``).
+
+    ``torch.compile(model, backend="partita", options={...})`` takes ``passes`` (the pipeline
+    run before fusion, default ``PIPELINE``), ``fallback`` (``"warn"``, the default, runs a
+    graph partita cannot compile on ATen; ``"error"`` raises) and ``min_ops`` (the smallest
+    group fuse-kernels makes a kernel of)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from ..frontend.fx import decomposition_table
+
+    options = _Options.parse(kwargs.get("options"))
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        def compile_graph(fx_gm: Any, inputs: Sequence[Any]) -> Callable[..., Any]:
+            return compile_fx_graph(fx_gm, inputs, kind=kind, _options=options)
+        return compile_graph
+
+    aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                       inference_compiler=compiler("inference"), decompositions=decomposition_table())
+    return aot(gm, example_inputs)
+
+
+_COUNTER = [0]
+
+
+def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inference",
+                     passes: str = PIPELINE, fallback: str = "warn", _options: _Options | None = None) -> Any:
+    """Compile one ATen-level FX graph (AOTAutograd's boxed convention: the result takes a list
+    of the flat inputs and returns what the FX graph returns). A graph partita cannot take
+    runs as ``gm.forward`` instead, with a warning (``fallback="warn"``) or raises
+    (``fallback="error"``)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from ..frontend.fx import UnsupportedGraph, import_fx
+
+    opts = _options or _Options(passes=passes, fallback=fallback)
+    with _LOCK:
+        _COUNTER[0] += 1
+        name = f"dynamo_{kind}_{_COUNTER[0]}"
+    aten_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    t0 = time.perf_counter()
+    try:
+        _check_inputs(example_inputs)
+        # AOTAutograd calls its compilers under its fake-tensor mode; the program computes its
+        # constant tensors once, here, and they must be real.
+        with unset_fake_temporarily():
+            imported = import_fx(gm, name=name)
+            graph = _optimize(imported.graph, opts.passes)
+            program = CompiledProgram(graph, min_ops=opts.min_ops)
+    except Exception as e:
+        if opts.fallback == "error":
+            raise
+        reason = str(e) or type(e).__name__
+        ops = e.ops if isinstance(e, UnsupportedGraph) else ()
+        _record(GraphRecord(kind, name, aten_ops, 0, time.perf_counter() - t0, reason, ops))
+        _warn_once(kind, name, e, ops)
+        return make_boxed_func(gm.forward)
+    _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program))
+    return _Runner(program, imported)
+
+
+def _check_inputs(example_inputs: Sequence[Any]) -> None:
+    import torch
+
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            raise _NotForPartita(f"input {i} is on {x.device}; partita's kernels run on the CPU")
+
+
+class _NotForPartita(Exception):
+    pass
+
+
+def _optimize(graph: Any, passes: str) -> Any:
+    from ..passes import PassManager
+
+    if not passes:
+        return graph
+    return PassManager.parse(passes, reproducer_dir=None).run(graph)
+
+
+def _record(rec: GraphRecord) -> None:
+    with _LOCK:
+        _RECORDS.append(rec)
+
+
+def _warn_once(kind: str, name: str, error: Exception, ops: tuple[str, ...]) -> None:
+    from ..frontend.fx import UnsupportedGraph
+
+    if isinstance(error, UnsupportedGraph):
+        key = "ops:" + "\n".join(sorted({f"{op} {loc}" for op, loc, _ in error.problems}))
+        uses = [f"  {loc or '<unknown location>'}: {op}" + ("" if why == "no converter" else f": {why}")
+                for op, loc, why in error.problems]
+        what = (f"{len(error.problems)} use(s) of {len(ops)} op(s) partita cannot convert ({', '.join(ops)}):\n"
+                + "\n".join(uses) + "\n(a converter for such an op goes in partita/frontend/fx.py, FX_CONVERTERS)")
+    else:
+        key = f"{type(error).__name__}: {error}"
+        what = f"partita cannot compile it: {type(error).__name__}: {error}"
+    with _LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(f"partita backend: the {kind} graph {name} runs on ATen (its own FX code) instead; {what}",
+                  PartitaFallbackWarning, stacklevel=2)
+
+
+class _Runner:
+    """A compiled graph in AOTAutograd's boxed convention: takes the list of flat inputs
+    (cleared, so the caller's references do not keep them alive), adds the random inputs
+    drawn for this run, and returns the outputs in the FX graph's structure."""
+
+    def __init__(self, program: CompiledProgram, imported: Any) -> None:
+        # An instance attribute: dynamo's disable() wrapper (around backward graphs) copies the
+        # callable's __dict__, which is how AOTAutograd still sees the boxed convention.
+        self._boxed_call = True
+        self.program = program
+        self.layout = imported.layout
+        self.draw_random = imported.draw_random if imported.random else None
+        self.as_list = imported.output_list
+        # Outputs that are no view of an input: (output index, the FX node they view).
+        self.fresh = [(j, root) for j, (root, of_input) in enumerate(imported.roots) if not of_input]
+
+    def __call__(self, args: list) -> Any:
+        inputs = list(args)
+        args.clear()
+        if self.draw_random is not None:
+            inputs.extend(self.draw_random())
+        outs = [_ordinary(t) for t in self.program(inputs)]
+        if self.fresh:
+            _unalias(inputs, outs, self.fresh)
+        result = [None if i is None else outs[i] for i in self.layout]
+        return result if self.as_list else tuple(result)
+
+
+def _unalias(inputs: list, outs: list, fresh: list[tuple[int, str]]) -> None:
+    """Copy each output that shares memory where the FX graph's does not: partita returns an
+    operand itself for a clone, a cast to the same dtype or a reshape, where FX makes a new
+    tensor that the caller may write into. An output may share memory with an input only if it
+    views one, and with another output only if both view the same FX node."""
+    import torch
+
+    taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    owner: dict[int, str] = {}
+    for j, root in fresh:
+        t = outs[j]
+        if not isinstance(t, torch.Tensor) or not t.numel():
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in taken or owner.get(ptr, root) != root:
+            outs[j] = t = t.clone()
+            ptr = t.untyped_storage().data_ptr()
+        owner[ptr] = root
+
+
+def _ordinary(t: Any) -> Any:
+    """``t`` as an ordinary tensor: the torch executor computes under inference mode, and an
+    inference tensor could be neither saved for backward nor updated in place later. The
+    result shares ``t``'s memory (no copy)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor) or not t.is_inference():
+        return t
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                                 t.stride())
+
+
+def _register() -> None:
+    """Make ``backend="partita"`` work once this module is imported, without the entry point.
+
+    When dynamo found the entry point already, it registers the function itself on first use
+    (registering it here too would be a duplicate name), so only an unknown name is registered."""
+    try:
+        from torch._dynamo.backends import registry
+    except ImportError:  # a torch without dynamo: nothing to register with
+        return
+    known = getattr(registry, "_BACKENDS", {})
+    fns = getattr(registry, "_COMPILER_FNS", {})
+    if BACKEND_NAME in fns or known.get(BACKEND_NAME) is not None:
+        return
+    registry.register_backend(partita_backend, name=BACKEND_NAME)
+
+
+_register()
