@@ -49,6 +49,10 @@ for _name in ("argmax", "argmin", "equal", "not_equal", "greater", "greater_equa
 # A fused kernel (partita/codegen) is made after autodiff: fuse-kernels runs on the training
 # step's graph, forward, backward and update together, so the grad pass never meets one.
 RULES["fused"] = NOT_DIFFERENTIABLE
+# The library kernels with fused epilogues (partita/codegen/library.py) are made by
+# fuse-library for inference, after any training: no gradient.
+RULES["conv2d_pointwise"] = NOT_DIFFERENTIABLE
+RULES["linear_pointwise"] = NOT_DIFFERENTIABLE
 # sign is piecewise constant: its derivative is 0 wherever it exists (as in PyTorch).
 RULES["sign"] = lambda ctx, node, d, needs: [None]
 

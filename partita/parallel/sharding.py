@@ -268,6 +268,19 @@ def _fused(ts, attrs):
     return DimSpec(tuple((None,) * t.rank for t in ts), tuple((None,) * t.rank for t in outs))
 
 
+def _replicated(op: str):
+    def fn(ts, attrs):
+        outs = OPS[op].infer_types(list(ts), attrs)
+        return DimSpec(tuple((None,) * t.rank for t in ts), tuple((None,) * t.rank for t in outs))
+    return fn
+
+
+# The library kernels with fused epilogues (partita/codegen/library.py) are made for
+# single-device inference by fuse-library: they run replicated, as fused kernels do.
+for _n in ("conv2d_pointwise", "linear_pointwise"):
+    RULES[_n] = _replicated(_n)
+
+
 @rule("cumsum")
 def _cumsum(ts, attrs):
     (t,) = ts

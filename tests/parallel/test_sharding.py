@@ -61,6 +61,10 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "fused": [([("f", (4, 6)), ("f", (6,))], {"body": "graph @kernel(%x0: f32[4,6], %x1: f32[6]) -> (f32[4,6]) {\n"
                                                        "  %0 = add(%x0, %x1) : f32[4,6]\n  %1 = tanh(%0) : f32[4,6]\n"
                                                        "  return %1\n}\n"})],
+    # The library kernels with fused epilogues run replicated (made for single-device inference).
+    "conv2d_pointwise": [([("f", (2, 3, 6, 6)), ("f", (4, 3, 3, 3)), ("f", (4,)), ("f", (2, 4, 6, 6))],
+                          {"padding": [1, 1], "binary": "add", "unary": "relu"})],
+    "linear_pointwise": [([("f", (4, 6)), ("f", (2, 6)), ("f", (2,))], {"unary": "gelu", "weight_layout": "nk"})],
     "where": [([("bool", (4, 6)), ("f", (4, 6)), ("f", (6,))], {}), ([("bool", (4, 1)), ("f", (4, 6)), ("f", (4, 6))], {})],
     **{n: [([("f", (4, 2))], {})] for n in ("neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu",
                                              "silu", "erf", "sign")},

@@ -21,7 +21,8 @@ from partita.passes import PassManager
 from strategies import assert_same_outputs, random_inputs, run_reference
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-PASS_DIRS = ("dce", "cse", "fold-constants", "canonicalize", "fuse-activations", "fuse-kernels")
+PASS_DIRS = ("dce", "cse", "fold-constants", "canonicalize", "fuse-activations", "fuse-kernels", "fuse-library",
+             "fold-batch-norm")
 FILES = sorted(p for d in PASS_DIRS for p in (GOLDEN / d).glob("*.pir"))
 
 

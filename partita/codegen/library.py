@@ -1,0 +1,689 @@
+"""Library kernels with fused epilogues: oneDNN convolution and linear with their post-ops.
+
+Two ops and one pass (docs/codegen.md, "Library kernels"):
+
+    %3 = conv2d_pointwise(%x, %w, %b, %skip) {padding=[1, 1], binary="add", unary="relu"} : f32[8,32,64,64]
+    %5 = linear_pointwise(%h, %w1, %b1) {unary="gelu", weight_layout="nk"} : f32[32,4096]
+
+- ``conv2d_pointwise(x, weight, bias?, other?)`` means conv2d(x, weight, bias), then
+  ``binary(., other)`` (``add``: a residual of the result's shape), then ``unary``. The
+  operands say which optional ones are there: ``other`` is the last operand when ``binary`` is
+  not "none", so three operands with ``binary="add"`` are x, weight and other.
+- ``linear_pointwise(x, weight, bias?)`` means matmul(x, W) + bias, then ``unary``, for
+  ``x [..., K]`` and a 2-D weight: W is ``weight`` laid out [K, N] (``weight_layout="kn"``,
+  as a graph built with matmul holds it) or ``transpose(weight)`` for a weight laid out [N, K]
+  (``"nk"``, as torch.nn.Linear and the importer hold it).
+
+Each op's NumPy reference composes the references of the ops it replaces (conv2d or
+transpose+matmul, add, the activation) with the interpreter's rounding after each one, so the
+reference gives bit-identical results before and after ``fuse-library``.
+
+What runs is chosen by one rule table, ``KERNELS``: ``(op, (binary, unary)) -> Kernel``. A
+pair the library cannot run in the graph's order (oneDNN's binary overload applies its
+binary post-op first and then takes only ``relu``) has no entry; the pass leaves that
+activation as its own node, and a node built by hand with such a pair runs on ATen op by op
+(``aten_step``). Nothing else branches on the epilogue.
+
+Weights. A weight is a graph input (role ``param``) whose tensor the caller passes at every
+call, the same tensor object each time in inference. The step that ``torch_prepare`` builds
+keeps one packed copy per node (``PackedWeight``): oneDNN's blocked layout for a convolution
+weight, the [N, K] contiguous copy for a [K, N] linear weight. The copy is used only while the
+caller passes the same tensor object (a weak reference) at the same ``tensor._version`` (torch
+bumps it on every in-place write); anything else runs the unpacked kernel for that call and
+remembers the new tensor, which is packed when it comes again unchanged. So a new tensor or an
+in-place update is noticed, a weight used once is never packed, and a NumPy weight (converted
+to a new tensor at each call) always runs unpacked. Inference tensors (made under
+torch.inference_mode) have no version counter and are never packed. Writes torch cannot see
+(through ``tensor.data``, or the NumPy array a tensor shares memory with) are not noticed:
+assign new tensors instead.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir.diagnostics import TypeRuleError
+from ..ir.dtypes import f32
+from ..ir.graph import Graph, Node, Value
+from ..ir.types import TensorType
+from ..ops._lazy import torch
+from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
+from ..passes.manager import Pass, register_pass
+from ..passes.rewrite import has_effects
+
+__all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
+           "aten_step", "PREPACK", "packed_weight_stats"]
+
+# Whether prepared steps keep packed weights (the benchmark turns it off to measure what
+# packing buys; read when a program is prepared).
+PREPACK = True
+
+
+@dataclass(frozen=True)
+class Unary:
+    """A unary epilogue: the partita op (and attributes) it stands for, and oneDNN's post-op."""
+
+    op: str
+    attrs: dict = field(default_factory=dict)
+    onednn: str = ""
+    algorithm: str | None = None
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A binary epilogue: the partita op it stands for and oneDNN's binary post-op."""
+
+    op: str
+    onednn: str
+
+
+# The epilogues the ops can express. "none" is no epilogue. oneDNN names SiLU "swish" and
+# takes GELU's form as its algorithm ("none": erf, "tanh").
+UNARY: dict[str, Unary | None] = {
+    "none": None,
+    "relu": Unary("relu", {}, "relu"),
+    "gelu": Unary("gelu", {"approximate": "none"}, "gelu", "none"),
+    "gelu_tanh": Unary("gelu", {"approximate": "tanh"}, "gelu", "tanh"),
+    "silu": Unary("silu", {}, "swish"),
+    "sigmoid": Unary("sigmoid", {}, "sigmoid"),
+    "tanh": Unary("tanh", {}, "tanh"),
+}
+BINARY: dict[str, Binary | None] = {
+    "none": None,
+    "add": Binary("add", "add"),
+}
+
+_CONV_ATTRS = ("stride", "padding", "dilation", "groups")
+
+
+def unary_kind(op: str, attrs: dict) -> str | None:
+    """The ``UNARY`` kind of a node ``op{attrs}``, or None when it is no epilogue."""
+    for kind, u in UNARY.items():
+        if u is not None and u.op == op and all(attrs.get(k) == v for k, v in u.attrs.items()):
+            return kind
+    return None
+
+
+def binary_kind(op: str) -> str | None:
+    for kind, b in BINARY.items():
+        if b is not None and b.op == op:
+            return kind
+    return None
+
+
+# --- the operands of the two ops -----------------------------------------------------------
+
+def _conv_parts(args: list, attrs: dict) -> tuple[Any, Any, Any, Any]:
+    """(x, weight, bias or None, other or None) of a conv2d_pointwise node's operands."""
+    has_other = attrs["binary"] != "none"
+    other = args[-1] if has_other else None
+    rest = args[:-1] if has_other else args
+    return rest[0], rest[1], (rest[2] if len(rest) > 2 else None), other
+
+
+def _linear_parts(args: list, attrs: dict) -> tuple[Any, Any, Any]:
+    return args[0], args[1], (args[2] if len(args) > 2 else None)
+
+
+def _require_float(op: str, ts: list[tuple[TensorType | None, str]]) -> None:
+    """Float operands of one dtype. The library kernels are f32; another float dtype (the
+    reference's f64, say) runs on ATen."""
+    x = ts[0][0]
+    assert x is not None
+    if not x.dtype.is_float or x.dtype.storage:
+        raise TypeRuleError(f"{op}: the input must be a float tensor (f32 runs the library kernel), got {x}")
+    for t, what in ts[1:]:
+        if t is not None and t.dtype is not x.dtype:
+            raise TypeRuleError(f"{op}: {what} must have the input's dtype {x.dtype}, got {t}")
+
+
+def _conv_infer(ts: list[TensorType], attrs: dict) -> TensorType:
+    binary = attrs["binary"]
+    n = len(ts)
+    if binary == "none" and n > 3:
+        raise TypeRuleError(f"conv2d_pointwise: 4 operands (x, weight, bias, other) need a binary epilogue, "
+                            f"but binary is \"none\"; give binary=\"add\" or drop the last operand")
+    if binary != "none" and n < 3:
+        raise TypeRuleError(f"conv2d_pointwise: binary=\"{binary}\" needs the operand 'other' after x and weight "
+                            "(and the optional bias)")
+    x, w, b, other = _conv_parts(list(ts), attrs)
+    _require_float("conv2d_pointwise", [(x, "the input"), (w, "the weight"), (b, "the bias"), (other, "other")])
+    base = [x, w] + ([b] if b is not None else [])
+    y = OPS["conv2d"].infer(base, {k: attrs[k] for k in _CONV_ATTRS})
+    if isinstance(y, list):  # conv2d has one result
+        y = y[0]
+    if other is not None and other != y:
+        raise TypeRuleError(f"conv2d_pointwise: other must have the convolution's type {y} "
+                            f"(a residual of the same shape), got {other}")
+    return y
+
+
+def _linear_shapes(x: TensorType, w: TensorType, layout: str) -> tuple[int, int]:
+    if w.rank != 2:
+        raise TypeRuleError(f"linear_pointwise: the weight must be 2-d, got {w}")
+    if x.rank < 2:
+        raise TypeRuleError(f"linear_pointwise: the input must be at least 2-d [..., K], got {x}")
+    k, n = (w.shape if layout == "kn" else w.shape[::-1])
+    if x.shape[-1] != k:
+        lay = "[K, N]" if layout == "kn" else "[N, K]"
+        raise TypeRuleError(f"linear_pointwise: the input {x} has K={x.shape[-1]} but the weight {w} "
+                            f"(laid out {lay}, weight_layout=\"{layout}\") has K={k}")
+    return k, n
+
+
+def _linear_infer(ts: list[TensorType], attrs: dict) -> TensorType:
+    x, w, b = _linear_parts(list(ts), attrs)
+    _require_float("linear_pointwise", [(x, "the input"), (w, "the weight"), (b, "the bias")])
+    _, n = _linear_shapes(x, w, attrs["weight_layout"])
+    if b is not None and b.shape != (n,):
+        raise TypeRuleError(f"linear_pointwise: the bias must have shape [{n}] (one per output feature), got {b}")
+    return TensorType(x.shape[:-1] + (n,), x.dtype)
+
+
+# --- NumPy references: the replaced ops' references, rounded after each as the interpreter does
+
+def _ref(op: str, args: list, attrs: dict, dtype) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        a = np.asarray(OPS[op].reference(args, attrs))
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+def _epilogue_ref(y: np.ndarray, binary: str, other: Any, unary: str) -> np.ndarray:
+    b = BINARY[binary]
+    if b is not None:
+        y = _ref(b.op, [y, other], {}, y.dtype)
+    u = UNARY[unary]
+    if u is not None:
+        y = _ref(u.op, [y], dict(u.attrs), y.dtype)
+    return y
+
+
+def _conv_reference(args, attrs):
+    x, w, b, other = _conv_parts(list(args), attrs)
+    y = _ref("conv2d", [x, w] + ([b] if b is not None else []), {k: attrs[k] for k in _CONV_ATTRS}, x.dtype)
+    return _epilogue_ref(y, attrs["binary"], other, attrs["unary"])
+
+
+def _linear_reference(args, attrs):
+    x, w, b = _linear_parts(list(args), attrs)
+    if attrs["weight_layout"] == "nk":
+        w = _ref("transpose", [w], {"perm": (1, 0)}, w.dtype)
+    y = _ref("matmul", [x, w], {}, x.dtype)
+    if b is not None:
+        y = _ref("add", [y, b], {}, y.dtype)
+    return _epilogue_ref(y, "none", None, attrs["unary"])
+
+
+# --- ATen: the replaced ops' torch implementations, one after another -----------------------
+
+def _aten_epilogue(y, binary: str, other, unary: str):
+    b = BINARY[binary]
+    if b is not None:
+        y = OPS[b.op].torch([y, other], {})
+    u = UNARY[unary]
+    if u is not None:
+        y = OPS[u.op].torch([y], dict(u.attrs))
+    return y
+
+
+def _aten_conv(args, attrs):
+    x, w, b, other = _conv_parts(list(args), attrs)
+    y = OPS["conv2d"].torch([x, w] + ([b] if b is not None else []), {k: attrs[k] for k in _CONV_ATTRS})
+    return _aten_epilogue(y, attrs["binary"], other, attrs["unary"])
+
+
+def _aten_linear(args, attrs):
+    x, w, b = _linear_parts(list(args), attrs)
+    if attrs["weight_layout"] == "nk":
+        w = w.t()
+    if b is not None and x.dim() == 2:
+        y = torch.addmm(b, x, w)
+    else:
+        y = OPS["matmul"].torch([x, w], {})
+        if b is not None:
+            y = OPS["add"].torch([y, b], {})
+    return _aten_epilogue(y, "none", None, attrs["unary"])
+
+
+ATEN = {"conv2d_pointwise": _aten_conv, "linear_pointwise": _aten_linear}
+
+
+def aten_step(op: str) -> Callable:
+    """The op run as the ops it replaces, on ATen: for a device other than the CPU, a build of
+    torch without oneDNN, a dtype other than f32, an empty tensor, a node below its kernel's
+    ``min_flops``, or an epilogue pair the library has no kernel for."""
+    return ATEN[op]
+
+
+# --- packed weights ---------------------------------------------------------------------------
+
+_STATS = {"packed": 0, "unpacked_calls": 0}
+
+
+def packed_weight_stats() -> dict[str, int]:
+    """How many weights this process packed, and how many calls ran a kernel unpacked."""
+    return dict(_STATS)
+
+
+class PackedWeight:
+    """One node's packed copy of its weight operand (see the module doc for the key).
+
+    ``get(w)`` is the packed copy of ``w`` when ``w`` is the tensor seen at the previous call
+    (the same object, at the same ``_version``), packing it on its second unchanged sighting;
+    None otherwise (the caller runs the unpacked kernel)."""
+
+    __slots__ = ("pack", "ref", "version", "packed")
+
+    def __init__(self, pack: Callable) -> None:
+        self.pack = pack
+        self.ref: Any = None
+        self.version = -1
+        self.packed: Any = None
+
+    def get(self, w: Any) -> Any:
+        try:
+            version = w._version
+        except RuntimeError:  # an inference tensor: in-place writes would go unseen
+            return None
+        ref = self.ref
+        if ref is not None and version == self.version and ref() is w:
+            packed = self.packed
+            if packed is None:
+                packed = self.packed = self.pack(w)
+                _STATS["packed"] += 1
+            return packed
+        try:
+            self.ref = weakref.ref(w)
+        except TypeError:
+            self.ref = None
+            return None
+        self.version = version
+        self.packed = None
+        return None
+
+
+# --- the rule table: (op, (binary, unary)) -> the library kernel that runs it --------------------
+
+@dataclass(frozen=True)
+class Kernel:
+    """A library kernel: ``name`` says what runs; ``prepare(node) -> step`` builds the torch
+    executor's step function for one node (its packed weight cache included). Below
+    ``min_flops`` (the node's cost) the call's fixed overhead outweighs what the kernel saves,
+    and the node runs on ATen instead."""
+
+    name: str
+    prepare: Callable[[Any], Callable]
+    min_flops: int = 0
+
+
+def _mkldnn_ok() -> bool:
+    return bool(torch.backends.mkldnn.is_available())
+
+
+def _conv_kernel(binary: str, unary: str) -> Kernel:
+    u = UNARY[unary]
+    b = BINARY[binary]
+    attr = "none" if u is None else u.onednn
+    alg = None if u is None else u.algorithm
+    if b is None:
+        name = f"mkldnn._convolution_pointwise(attr={attr!r}" + (f", algorithm={alg!r})" if alg else ")")
+    else:
+        name = f"mkldnn._convolution_pointwise.binary(binary_attr={b.onednn!r}, unary_attr=" + \
+            (f"{attr!r})" if u is not None else "None)")
+
+    def prepare(node) -> Callable:
+        attrs = node.attrs
+        pad, stride, dil, groups = (list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]),
+                                    attrs["groups"])
+        in_size = list(node.operands[0].type.shape)
+        fallback = aten_step("conv2d_pointwise")
+        cache = PackedWeight(lambda w: torch.ops.mkldnn._reorder_convolution_weight(
+            w, pad, stride, dil, groups, in_size)) if PREPACK else None
+        # A result the caller gets back is contiguous; between library convolutions a
+        # packed kernel's channels-last result is passed on as it is.
+        to_caller = node.results[0].is_output
+        channels_last = torch.channels_last
+        has_other = b is not None
+        has_bias = len(node.operands) == (4 if has_other else 3)
+        if b is None:
+            conv = torch.ops.mkldnn._convolution_pointwise.default
+            scalars: list = []
+
+            def call(x, w, bias, other):
+                return conv(x, w, bias, pad, stride, dil, groups, attr, scalars, alg)
+        else:
+            convb = torch.ops.mkldnn._convolution_pointwise.binary
+            uattr = None if u is None else u.onednn
+            ualg = None if u is None else u.algorithm
+            battr = b.onednn
+
+            def call(x, w, bias, other):
+                return convb(x, other, w, bias, pad, stride, dil, groups, battr, None, uattr, [], ualg)
+
+        def step(args: list, attrs: dict) -> Any:
+            x = args[0]
+            if not x.is_cpu:
+                return fallback(args, attrs)
+            w = args[1]
+            bias = args[2] if has_bias else None
+            other = args[-1] if has_other else None
+            packed = cache.get(w) if cache is not None else None
+            if packed is None:
+                _STATS["unpacked_calls"] += 1
+                y = call(x, w, bias, other)
+            else:
+                if not x.is_contiguous(memory_format=channels_last):
+                    x = x.contiguous(memory_format=channels_last)
+                y = call(x, packed, bias, other)
+            return y.contiguous() if to_caller else y
+
+        return step
+
+    return Kernel(name, prepare)
+
+
+# oneDNN's inner product costs some 18 microseconds more per call than ATen's addmm, one thread,
+# on an AMD EPYC: addmm wins below about 4 MFLOP ([32,256]x[256,256]: 70 vs 82 us), oneDNN
+# above about 30 ([64,512]x[512,512]: 449 vs 472 us; bench/bench_library.py for larger shapes).
+LINEAR_MIN_FLOPS = 8_000_000
+
+
+def _linear_kernel(unary: str) -> Kernel:
+    u = UNARY[unary]
+    attr = "none" if u is None else u.onednn
+    alg = None if u is None else u.algorithm
+    name = f"mkldnn._linear_pointwise(attr={attr!r}" + (f", algorithm={alg!r})" if alg else ")")
+
+    def prepare(node) -> Callable:
+        lin = torch.ops.mkldnn._linear_pointwise.default
+        fallback = aten_step("linear_pointwise")
+        kn = node.attrs["weight_layout"] == "kn"
+        has_bias = len(node.operands) == 3
+        scalars: list = []
+        # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a view,
+        # which the library reads as it is) until the packed [N, K] copy exists.
+        cache = PackedWeight(lambda w: w.t().contiguous()) if PREPACK and kn else None
+
+        def step(args: list, attrs: dict) -> Any:
+            x = args[0]
+            if not x.is_cpu:
+                return fallback(args, attrs)
+            w = args[1]
+            bias = args[2] if has_bias else None
+            if kn:
+                packed = cache.get(w) if cache is not None else None
+                if packed is None:
+                    _STATS["unpacked_calls"] += 1
+                    packed = w.t()
+                w = packed
+            return lin(x, w, bias, attr, scalars, alg)
+
+        return step
+
+    return Kernel(name, prepare, LINEAR_MIN_FLOPS)
+
+
+# oneDNN's convolution takes any one unary post-op, or the binary post-op followed by relu
+# (its binary overload refuses every other unary post-op: "Unary Fusion behavior undefined");
+# the linear kernel takes any one unary post-op. Each entry applies binary, then unary.
+KERNELS: dict[tuple[str, tuple[str, str]], Kernel] = {
+    **{("conv2d_pointwise", ("none", u)): _conv_kernel("none", u) for u in UNARY},
+    ("conv2d_pointwise", ("add", "none")): _conv_kernel("add", "none"),
+    ("conv2d_pointwise", ("add", "relu")): _conv_kernel("add", "relu"),
+    **{("linear_pointwise", ("none", u)): _linear_kernel(u) for u in UNARY},
+}
+
+
+def epilogue_of(attrs: dict) -> tuple[str, str]:
+    return (attrs.get("binary", "none"), attrs["unary"])
+
+
+def kernel_for(op: str, attrs: dict) -> Kernel | None:
+    """The library kernel that runs ``op`` with the epilogue of ``attrs``, or None."""
+    return KERNELS.get((op, epilogue_of(attrs)))
+
+
+def _prepare(node) -> Callable:
+    kernel = kernel_for(node.op, node.attrs)
+    types = [v.type for v in node.operands] + [r.type for r in node.results]
+    if kernel is None or any(t.numel == 0 or t.dtype is not f32 for t in types) or not _mkldnn_ok():
+        return aten_step(node.op)
+    flops = OPS[node.op].cost_of(types[:len(node.operands)], types[len(node.operands):], node.attrs).flops
+    if flops < kernel.min_flops:
+        return aten_step(node.op)
+    return kernel.prepare(node)
+
+
+def _library_runs(op: str, args: list, attrs: dict) -> bool:
+    return (kernel_for(op, attrs) is not None and args[0].is_cpu and _mkldnn_ok()
+            and all(a.dtype is torch.float32 and a.numel() for a in args))
+
+
+def _torch_conv(args, attrs):
+    """Without a prepared step (no packed weight): the library kernel on the weight as given."""
+    if not _library_runs("conv2d_pointwise", args, attrs):
+        return _aten_conv(args, attrs)
+    x, w, b, other = _conv_parts(list(args), attrs)
+    u = UNARY[attrs["unary"]]
+    pad, stride, dil, g = list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]), attrs["groups"]
+    if other is None:
+        return torch.ops.mkldnn._convolution_pointwise(x, w, b, pad, stride, dil, g, "none" if u is None else u.onednn,
+                                                       [], None if u is None else u.algorithm)
+    bb = BINARY[attrs["binary"]]
+    assert bb is not None
+    return torch.ops.mkldnn._convolution_pointwise.binary(x, other, w, b, pad, stride, dil, g, bb.onednn, None,
+                                                          None if u is None else u.onednn, [],
+                                                          None if u is None else u.algorithm)
+
+
+def _torch_linear(args, attrs):
+    if not _library_runs("linear_pointwise", args, attrs):
+        return _aten_linear(args, attrs)
+    x, w, b = _linear_parts(list(args), attrs)
+    u = UNARY[attrs["unary"]]
+    if attrs["weight_layout"] == "kn":
+        w = w.t()
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none" if u is None else u.onednn, [],
+                                              None if u is None else u.algorithm)
+
+
+def _epilogue_flops(n: int, attrs: dict) -> int:
+    return n * ((attrs.get("binary", "none") != "none") + (attrs["unary"] != "none"))
+
+
+def _conv_cost(ins, outs, attrs):
+    w = ins[1]
+    cg, k = w.shape[1], w.shape[2:]
+    n = outs[0].numel
+    return Cost(2 * n * cg * math.prod(k) + _epilogue_flops(n, attrs), sum(t.nbytes for t in ins), outs[0].nbytes)
+
+
+def _linear_cost(ins, outs, attrs):
+    k = ins[0].shape[-1]
+    n = outs[0].numel
+    return Cost(2 * n * k + _epilogue_flops(n, attrs), sum(t.nbytes for t in ins), outs[0].nbytes)
+
+
+_UNARY_ATTR = AttrSpec("unary", "str", "none", choices=tuple(UNARY))
+
+register(OpDef(
+    name="conv2d_pointwise", operands=("x", "weight", "bias?", "other?"),
+    attrs=(AttrSpec("stride", "ints", (1, 1)), AttrSpec("padding", "ints", (0, 0)),
+           AttrSpec("dilation", "ints", (1, 1)), AttrSpec("groups", "int", 1),
+           AttrSpec("binary", "str", "none", choices=tuple(BINARY)), _UNARY_ATTR),
+    infer=_conv_infer, reference=_conv_reference, torch=_torch_conv, cost=_conv_cost, torch_prepare=_prepare,
+    doc="conv2d(x, weight, bias) then binary(., other) then unary, as one oneDNN convolution with post-ops "
+        "(f32). other is the last operand when binary is not \"none\" and has the result's type. Made by "
+        "the fuse-library pass (docs/codegen.md, \"Library kernels\"); the weight is kept packed while the "
+        "caller passes the same tensor unchanged.",
+))
+
+register(OpDef(
+    name="linear_pointwise", operands=("x", "weight", "bias?"),
+    attrs=(_UNARY_ATTR, AttrSpec("weight_layout", "str", "kn", choices=("kn", "nk"))),
+    infer=_linear_infer, reference=_linear_reference, torch=_torch_linear, cost=_linear_cost,
+    torch_prepare=_prepare,
+    doc="matmul(x, W) + bias then unary, as one oneDNN inner product with a post-op (f32); x is [..., K], "
+        "W is weight laid out [K, N] (weight_layout=\"kn\") or transpose(weight) for a weight [N, K] (\"nk\"). "
+        "Made by the fuse-library pass (docs/codegen.md, \"Library kernels\").",
+))
+
+
+# --- the fuse-library pass ----------------------------------------------------------------------
+
+def _sole_user(v: Value) -> Node | None:
+    """The one node that reads ``v``, once, when ``v`` is not also a graph output."""
+    if v.is_output or len(v.users) != 1:
+        return None
+    ((u, count),) = v.users.items()
+    return u if count == 1 else None
+
+
+def _other_operand(node: Node, v: Value) -> Value | None:
+    """The operand of binary ``node`` that is not ``v``: ``v`` must be its lhs, or either
+    operand of a commutative op, and must not be both."""
+    if len(node.operands) != 2 or len(node.results) != 1:
+        return None
+    a, b = node.operands
+    if a is v and b is not v:
+        return b
+    if b is v and a is not v and OPS[node.op].commutative:
+        return a
+    return None
+
+
+def _is_weight(v: Value) -> bool:
+    """A value whose tensor is the same at every call: a param or state input, or a constant."""
+    if v.is_input:
+        return v.role in ("param", "state")
+    p = v.producer
+    return p is not None and not p.operands and len(p.results) == 1 and not has_effects(p)
+
+
+def _all_f32(*vs: Value) -> bool:
+    return all(v.type.dtype is f32 for v in vs)
+
+
+def _take_unary(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
+    u = _sole_user(y)
+    if u is None or len(u.operands) != 1 or len(u.results) != 1 or u.results[0].type != y.type:
+        return "none", y
+    kind = unary_kind(u.op, u.attrs)
+    if kind is None or (op, (binary, kind)) not in KERNELS:
+        return "none", y
+    chain.append(u)
+    return kind, u.results[0]
+
+
+def _replace_chain(graph: Graph, chain: list[Node], op: str, operands: list[Value], attrs: dict,
+                   before: list[Node]) -> Node:
+    last = chain[-1]
+    new = Node(op, operands, OPS[op].normalize_attrs(attrs), [last.results[0].type], chain[0].loc)
+    for n in before:
+        graph.insert_before(last, n)
+    graph.insert_before(last, new)
+    graph.replace_all_uses(last.results[0], new.results[0])
+    for n in reversed(chain):
+        graph.erase(n)
+    return new
+
+
+def _fuse_conv(graph: Graph, node: Node) -> Node | None:
+    y = node.results[0]
+    if len(node.results) != 1 or y.type.rank != 4 or not _all_f32(*node.operands, y):
+        return None
+    x, w = node.operands[:2]
+    bias = node.operands[2] if len(node.operands) > 2 else None
+    o = y.type.shape[1]
+    chain = [node]
+    before: list[Node] = []
+    u = _sole_user(y)
+    # A per-channel bias added after a conv without one: the conv's bias operand.
+    if bias is None and u is not None and u.op == "add":
+        c = _other_operand(u, y)
+        if c is not None and c.type.dtype is f32 and c.type.shape in ((1, o, 1, 1), (o, 1, 1)) and \
+                u.results[0].type == y.type:
+            p = c.producer
+            if p is not None and p.op == "reshape" and p.operands[0].type == TensorType((o,), f32):
+                bias = p.operands[0]
+            else:
+                r = Node("reshape", [c], OPS["reshape"].normalize_attrs({"shape": (o,)}), [TensorType((o,), f32)],
+                         u.loc)
+                before.append(r)
+                bias = r.results[0]
+            chain.append(u)
+            y = u.results[0]
+            u = _sole_user(y)
+    binary, other = "none", None
+    if u is not None:
+        kind = binary_kind(u.op)
+        if kind is not None and ("conv2d_pointwise", (kind, "none")) in KERNELS:
+            c = _other_operand(u, y)
+            if c is not None and c.type == y.type and u.results[0].type == y.type:
+                binary, other = kind, c
+                chain.append(u)
+                y = u.results[0]
+    unary, y = _take_unary("conv2d_pointwise", binary, y, chain)
+    operands = [x, w] + ([bias] if bias is not None else []) + ([other] if other is not None else [])
+    attrs = {k: node.attrs[k] for k in _CONV_ATTRS}
+    attrs.update(binary=binary, unary=unary)
+    return _replace_chain(graph, chain, "conv2d_pointwise", operands, attrs, before)
+
+
+def _fuse_linear(graph: Graph, node: Node) -> Node | None:
+    x, wv = node.operands
+    y = node.results[0]
+    if x.type.rank < 2 or wv.type.rank != 2 or not _all_f32(x, wv, y):
+        return None
+    p = wv.producer
+    if p is not None and p.op == "transpose" and tuple(p.attrs["perm"]) == (1, 0) and _is_weight(p.operands[0]):
+        layout, weight = "nk", p.operands[0]
+    elif _is_weight(wv):
+        layout, weight = "kn", wv
+    else:
+        return None  # a product of two activations: no weight to keep packed
+    n = y.type.shape[-1]
+    chain = [node]
+    bias = None
+    u = _sole_user(y)
+    if u is not None and u.op == "add":
+        c = _other_operand(u, y)
+        if c is not None and c.type == TensorType((n,), f32) and u.results[0].type == y.type:
+            bias = c
+            chain.append(u)
+            y = u.results[0]
+    unary, y = _take_unary("linear_pointwise", "none", y, chain)
+    operands = [x, weight] + ([bias] if bias is not None else [])
+    return _replace_chain(graph, chain, "linear_pointwise", operands, {"unary": unary, "weight_layout": layout}, [])
+
+
+# The ops a library kernel starts from, and how each takes its epilogue.
+ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
+    "conv2d": _fuse_conv,
+    "matmul": _fuse_linear,
+}
+
+
+@register_pass
+class FuseLibrary(Pass):
+    """conv2d and matmul by a weight, with the bias add, residual add and activation after
+    them, become ``conv2d_pointwise`` / ``linear_pointwise`` nodes run by oneDNN with fused
+    post-ops (f32; inference). Runs before ``fuse-kernels``, which would otherwise take the
+    bias add and the activation. An epilogue is taken only in the graph's order and only where
+    ``KERNELS`` has a kernel for it; an intermediate result read by anything else ends it."""
+
+    name = "fuse-library"
+
+    def run(self, graph: Graph) -> Graph:
+        for node in list(graph.nodes):
+            if node.graph is not graph:
+                continue  # taken into an earlier node's epilogue
+            fuse = ANCHORS.get(node.op)
+            if fuse is not None:
+                fuse(graph, node)
+        return graph
