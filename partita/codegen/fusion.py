@@ -13,7 +13,8 @@ So a group is grown from a consumer towards its producers, and a producer joins 
 3. either every user of its result is already in the group (the value disappears from memory),
    or it also becomes one of the kernel's outputs, which costs one store instead of a separate
    kernel's load and store, as long as the group stays convex (no path leaves the group and
-   comes back; the pass checks).
+   comes back; the pass checks) and no op with effects (a send, recv or collective) would have
+   to move later for it.
 
 Scalar fills and splat constants are copied into each group that reads them (they are
 immediates in the kernel). Producers are taken latest first, so all users that could join a
@@ -122,7 +123,10 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
 
 
 def _convex(nodes: list[Node], pos: dict[Node, int], members: set[Node], outside: list[Node], limit: int) -> bool:
-    """No path from the nodes ``outside`` (users of a candidate) reaches a member."""
+    """No path from the nodes ``outside`` (users of a candidate) reaches a member, and none of
+    the nodes that the fused node's placement (at the root) would pull later has effects: a
+    send, recv or collective must keep its place in the program (moving a send after a recv
+    deadlocks a pipeline)."""
     stack = [u for u in outside if pos[u] < limit]
     seen: set[Node] = set()
     while stack:
@@ -130,6 +134,9 @@ def _convex(nodes: list[Node], pos: dict[Node, int], members: set[Node], outside
         if n in seen:
             continue
         seen.add(n)
+        opdef = OPS.get(n.op)
+        if opdef is None or opdef.effects_of(n.attrs):
+            return False
         for r in n.results:
             for u in r.users:
                 if u in members:

@@ -134,6 +134,7 @@ class _Job:
     threads: int | None
     fault: tuple[int, int, str] | None
     init: str  # "tcp://..." or "env://"
+    executor: str = "torch"  # or "codegen": generated kernels (partita.codegen.CompiledProgram)
 
 
 def _check_rank_arrays(g: Graph, rank: int, weights: Mapping[str, Any], inputs: Mapping[str, Any],
@@ -226,10 +227,13 @@ def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_ran
     (torchrun), whose arrays alone are needed and checked."""
     mesh = Mesh.of(mesh)
     n = mesh.size
-    if executor != "torch":
+    if executor not in ("torch", "codegen"):
         raise LaunchError(f"run_ranks: executor={executor!r} cannot run collectives across processes; use "
-                          "executor=\"torch\" (partita.parallel.simulate.run_mesh runs the NumPy reference "
-                          "on a simulated mesh)")
+                          "executor=\"torch\" (ATen kernels) or \"codegen\" (generated kernels, docs/codegen.md); "
+                          "partita.parallel.simulate.run_mesh runs the NumPy reference on a simulated mesh")
+    if executor == "codegen" and backend == "nccl":
+        raise LaunchError("run_ranks: executor=\"codegen\" generates CPU kernels and the ranks would compute on "
+                          "GPUs (nccl); use executor=\"torch\" there, or backend=\"gloo\"")
     if isinstance(graphs, Graph):
         graph_list = [graphs] * n
     else:
@@ -488,7 +492,15 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
                                lambda: comm.new_mesh_groups(mesh, timeout=timeout), only_timeouts=True)
     previous = comm.set_groups(groups)
     try:
-        program = TorchProgram(graph, donate=True, overlap=True, device=device)
+        if job.executor == "codegen":
+            from ..codegen import CompiledProgram
+
+            # Generated kernels; collectives stay where they are (fusion never moves an op
+            # with effects), and the plan's arena holds only this rank's temporaries.
+            compiled = CompiledProgram(graph, donate=True, overlap=True)
+            program = compiled.program
+        else:
+            program = TorchProgram(graph, donate=True, overlap=True, device=device)
         wait_cell = [0.0]
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker, wait_cell)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
@@ -686,7 +698,7 @@ def _read_results(conn, rank: int, events: "queue.Queue") -> None:
 
 
 def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: list[list[dict]], steps: int,
-           backend: str, timeout_s: float, threads: int | None, fault, progress) -> RunResult:
+           backend: str, timeout_s: float, threads: int | None, fault, progress, executor: str = "torch") -> RunResult:
     import multiprocessing
     import threading
 
@@ -781,7 +793,7 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
             if text is None:
                 text = texts[id(g)] = print_graph(g)
             job = _Job(r, n, str(mesh), text, g.name, weights[r], per_rank[r], steps, backend, timeout_s,
-                       threads, fault, f"tcp://127.0.0.1:{port}")
+                       threads, fault, f"tcp://127.0.0.1:{port}", executor)
             job_recv, job_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             # The process object spawn writes to the child is small (the job goes on its own
@@ -897,14 +909,14 @@ def _torchrun_env() -> bool:
 
 
 def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: list[list[dict]], steps: int,
-          backend: str, timeout_s: float, threads: int | None, fault, progress) -> RunResult:
+          backend: str, timeout_s: float, threads: int | None, fault, progress, executor: str = "torch") -> RunResult:
     """Run this process's rank in the process group torchrun set up."""
     from ..ir.printer import print_graph
 
     rank, n = int(os.environ["RANK"]), mesh.size
     g = graph_list[rank]
     job = _Job(rank, n, str(mesh), print_graph(g), g.name, weights[rank], per_rank[rank], steps, backend,
-               timeout_s, threads, fault, "env://")
+               timeout_s, threads, fault, "env://", executor)
     step_cell = [-1]
 
     def report(msg: tuple) -> None:
@@ -951,7 +963,9 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     other ranks' entries of ``weights_by_rank`` and ``inputs`` may then be None.
     ``backend``: "auto" (NCCL when this machine has a GPU per local rank, else gloo), "gloo"
     or "nccl" (rank r computes on ``cuda:<local rank>``; see ``resolve_backend``).
-    ``timeout_s`` bounds rendezvous and every collective. ``progress(rank, step, seconds)``
+    ``executor``: "torch" (each node's ATen implementation) or "codegen" (partita.codegen's
+    generated kernels and memory plan; CPU ranks only). ``timeout_s`` bounds rendezvous and
+    every collective. ``progress(rank, step, seconds)``
     is called as steps finish. ``threads``: torch intra-op threads per rank (None: leave
     torch's default). ``_fault=(rank, step, kind)`` injects a failure for tests: "raise" (the
     rank's first compute node raises), "exit" (os._exit(3)), "kill" (SIGKILL), "stall" (the
@@ -978,7 +992,7 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
         raise LaunchError(f"run_ranks: timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if _torchrun_env():
         return _join(mesh, graph_list, weights, per_rank, steps, backend, float(timeout_s), threads, _fault,
-                     progress)
+                     progress, executor)
     check_spawnable("run_ranks")
     return _spawn(mesh, graph_list, weights, per_rank, steps, backend, float(timeout_s), threads, _fault,
-                  progress)
+                  progress, executor)

@@ -74,7 +74,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
            weights: Mapping[str, Any] | None = None, steps: int | None = None, *, check: bool = False,
            tolerance: float = 1e-4, timeout_s: float = 60.0, threads: int | None = 1, backend: str = "auto",
            progress: Callable[[int, int, float], None] | None = None,
-           checkpoint_dir: str | None = None, resume_from: str | None = None,
+           checkpoint_dir: str | None = None, resume_from: str | None = None, executor: str = "torch",
            _fault: tuple[int, int, str] | None = None) -> LaunchResult:
     """Run ``program`` (from ``partita.parallelize``) on ``nproc`` local processes.
 
@@ -83,6 +83,8 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     zeros); default the graph's own. ``nproc`` must equal the mesh size (default: it).
     ``backend``: "auto" (default: NCCL with one GPU per rank when this machine has them,
     else gloo), "gloo" or "nccl" (``run_ranks``).
+    ``executor``: "torch" (ATen kernels, the default) or "codegen" (generated kernels and the
+    static memory plan on every rank; docs/codegen.md).
     ``check``: also run the single-device graph and compare each step's outputs (relative
     error per tensor within ``tolerance``). ``checkpoint_dir``: save the final params and
     state there as a sharded checkpoint (one file per rank's pieces; see checkpoint.py).
@@ -156,7 +158,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     rank_feed: Any = rank_inputs[0] if len(rank_inputs) == 1 else rank_inputs
     graphs = program.rank_graphs() if pipelined else program.local
     res = run_ranks(graphs, mesh, shards, rank_feed, steps, timeout_s=timeout_s, threads=threads,
-                    progress=progress, backend=backend, _fault=_fault)
+                    progress=progress, backend=backend, executor=executor, _fault=_fault)
     joined = res.ranks != tuple(range(mesh.size))
     if joined:
         # Under torchrun this process ran one rank: every process gathers the others' pieces

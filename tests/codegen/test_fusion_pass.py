@@ -114,7 +114,7 @@ def test_same_group_in_every_layer_is_one_kernel():
 def test_collectives_and_effects_stay_where_they_are():
     text = """graph @f(%x: f32[4,8]) -> (f32[4,8]) {
   %0 = exp(%x) : f32[4,8]
-  %1 = dropout(%0) {p=0.5, seed=1} : f32[4,8]
+  %1 = dropout(%0) {p=0.5, train=true, seed=1} : f32[4,8]
   %2 = tanh(%1) : f32[4,8]
   %3 = neg(%2) : f32[4,8]
   return %3
@@ -127,3 +127,22 @@ def test_collectives_and_effects_stay_where_they_are():
     out = FuseKernels().run(g)
     ops = [n.op for n in out.nodes]
     assert "dropout" in ops and ops.index("dropout") < ops.index("fused")
+
+
+def test_no_op_with_effects_is_pulled_after_the_kernel():
+    """exp's result is read by a training dropout (an op with effects, like a send) before the group's
+    root: making exp an extra output would place the kernel, and so the dropout, later. The
+    pass keeps exp out instead (a send moved after a recv deadlocks a pipeline)."""
+    text = """graph @f(%x: f32[4,8]) -> (f32[4,8], f32[4,8]) {
+  %0 = exp(%x) : f32[4,8]
+  %1 = dropout(%0) {p=0.5, train=true, seed=1} : f32[4,8]
+  %2 = tanh(%0) : f32[4,8]
+  %3 = mul(%2, %2) : f32[4,8]
+  return %3, %1
+}
+"""
+    g = partita.parse(text)
+    (group,) = plan_groups(g)
+    assert [n.op for n in group.members] == ["tanh", "mul"]
+    out = FuseKernels().run(g)
+    assert [n.op for n in out.nodes] == ["exp", "dropout", "fused"]
