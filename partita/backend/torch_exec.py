@@ -83,9 +83,10 @@ class TorchProgram:
             frees = tuple(slot[v] for v in dict.fromkeys(n.operands) if last_use[v] == i and v not in outputs)
             dtypes = tuple(carrier_dtype(r.type.dtype) for r in n.results)
             fn = opdef.torch
-            inplace = donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use)
-            if inplace:
+            inplace = False
+            if donate and opdef.torch_inplace is not None and _may_update_in_place(graph, n, opdef, i, last_use):
                 fn = opdef.torch_inplace
+                inplace = True
             carried = any(v.type.dtype.name in CARRIER_NAMES for v in (*n.operands, *n.results))
             if opdef.torch_prepare is not None and not carried:
                 fn = opdef.torch_prepare(n)

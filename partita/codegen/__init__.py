@@ -9,7 +9,10 @@
 - ``mathlib``: vectorizable exp/log/tanh/erf;
 - ``jit``: LLVM through llvmlite, one engine per process, the on-disk kernel cache;
 - ``kernels``: a fused node's step function for the torch executor;
-- ``optimizer``: the AdamW update as one kernel per parameter.
+- ``optimizer``: the AdamW update as one kernel per parameter;
+- ``library``: oneDNN convolution and linear with fused epilogues (``conv2d_pointwise``,
+  ``linear_pointwise``), their packed weights, the ``fuse-library`` pass;
+- ``inference``: inference rewrites (the ``fold-batch-norm`` pass).
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ class CompiledProgram:
         self.program = TorchProgram(g, donate=donate, overlap=overlap, kernels={"adamw_update": adamw})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
-        self.memory_plan = None
-        self._arena = None
+        self.memory_plan: Any = None   # a memory.MemoryPlan once planned
+        self._arena: Any = None
         if plan_memory:
             self._bind_memory_plan()
         self.cache = {k: after[k] - before[k] for k in after}
@@ -107,7 +110,7 @@ class CompiledProgram:
                 fn = _matmul_into(outs[0], torch)
             else:
                 continue
-            prog.steps[i] = (fn,) + tuple(st[1:])
+            prog.steps[i] = (fn, *st[1:])
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:

@@ -92,12 +92,13 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
     single = len(shapes) == 1
     empty = torch.empty
     get_threads = torch.get_num_threads
-    given = list(outs) if outs is not None else [None] * len(shapes)
+    given: list[Any] = list(outs) if outs is not None else [None] * len(shapes)
     fixed = [o.data_ptr() if o is not None else 0 for o in given]
     planned = all(o is not None for o in given)
 
     def step(args: list, attrs: dict) -> Any:
         ptrs = [(a if a.is_contiguous() else a.contiguous()) for a in args]
+        res: list[Any]
         if planned:
             res = given
             out_addrs = fixed

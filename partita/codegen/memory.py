@@ -96,9 +96,9 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
         if _may_alias(n):
             for r in n.results:
                 for o in n.operands:
-                    a, b = root(r), root(o)
-                    if a is not b:
-                        parent[a] = b
+                    ra, ro = root(r), root(o)
+                    if ra is not ro:
+                        parent[ra] = ro
     first: dict[Value, int] = {}
     last: dict[Value, int] = {}
     members: dict[Value, list[Value]] = {}
