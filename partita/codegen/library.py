@@ -387,10 +387,12 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
     return Kernel(name, prepare)
 
 
-# oneDNN's inner product costs some 18 microseconds more per call than ATen's addmm, one thread,
-# on an AMD EPYC: addmm wins below about 4 MFLOP ([32,256]x[256,256]: 70 vs 82 us), oneDNN
-# above about 30 ([64,512]x[512,512]: 449 vs 472 us; bench/bench_library.py for larger shapes).
-LINEAR_MIN_FLOPS = 8_000_000
+# oneDNN's inner product costs some 15 microseconds more per call than ATen's addmm (one thread,
+# AMD EPYC; bench/bench_library.py --part linear): [8,64]x[64,10] 21 vs 5 us, [32,256]x[256,256]
+# 69 vs 51 us, [64,512]x[512,512] 353 vs 362 us. With a post-op, which saves ATen's separate
+# activation, the break-even comes sooner: 73 vs 71 us and 374 vs 402 us on the last two.
+LINEAR_MIN_FLOPS = 32_000_000
+LINEAR_MIN_FLOPS_POST_OP = 8_000_000
 
 
 def _linear_kernel(unary: str) -> Kernel:
@@ -425,7 +427,7 @@ def _linear_kernel(unary: str) -> Kernel:
 
         return step
 
-    return Kernel(name, prepare, LINEAR_MIN_FLOPS)
+    return Kernel(name, prepare, LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP)
 
 
 # oneDNN's convolution takes any one unary post-op, or the binary post-op followed by relu

@@ -1,0 +1,268 @@
+"""Benchmark of the library kernels with fused epilogues (docs/codegen.md, "Library kernels").
+
+    .venv/bin/python bench/bench_library.py                    # both parts, 1 thread, 30 rounds
+    .venv/bin/python bench/bench_library.py --part linear      # only the fp32 linear paths
+    .venv/bin/python bench/bench_library.py --part models --rounds 40
+    .venv/bin/python bench/bench_library.py --quick            # tiny sizes, 3 rounds (a smoke test)
+
+Part ``linear``: the fp32 CPU ways to compute ``x @ W + b`` (and with GELU after it) on the
+shapes of an MLP 1024-4096-4096-1024 at batch 32 and of GPT-2 small's layers [512,256]x[256,768]:
+``torch.matmul`` + add (what the executor ran before), ``torch.addmm`` on W [K, N],
+``F.linear`` on W^T [N, K], ``mkldnn._linear_pointwise`` on the [N, K] copy and on the
+transposed view, ``mkl._mkl_linear`` with the weight packed by ``mkl._mkl_reorder_linear_weight``;
+and three small products, where a library call's fixed cost shows.
+
+Part ``models``: a ResNet-style CNN (8 x 3 x 64 x 64; stem conv 3->32 + BN + ReLU; residual
+blocks 32->32, 32->64 with stride 2 and a 1x1 downsampling conv, 64->64; global average pool;
+linear head to 10 classes; Conv2d(bias=False)-BatchNorm2d-ReLU throughout) and the MLP
+1024-4096-4096-1024 with GELU at batch 32, both imported by ``partita.import_torch`` in eval mode:
+
+  eager   the module under torch.inference_mode
+  before  ``TorchProgram`` on the graph after ``canonicalize,fuse-activations,cse,dce``
+  after   ``partita.codegen.CompiledProgram`` on the graph after
+          ``canonicalize,fold-batch-norm,fuse-library,fuse-kernels,cse,dce``
+  after-unpacked  the same with ``library.PREPACK = False`` (what packing the weights buys)
+
+Every partita program gets its params as torch tensors, the same objects at every call (the
+inference case the packed weights are for), and its outputs are checked against eager (1e-4
+relative) before timing. One thread (``torch.set_num_threads(1)`` and the OMP/MKL variables set
+before torch is imported); after warm-up, each round times every candidate once, the starting
+candidate rotating per round; figures are medians over the rounds, ratios medians of the
+per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+BEFORE = "canonicalize,fuse-activations,cse,dce"
+AFTER = "canonicalize,fold-batch-norm,fuse-library,fuse-kernels,cse,dce"
+
+
+def rounds_of(cands: dict, rounds: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Per candidate, the seconds of one call in each round (candidates interleaved)."""
+    names = list(cands)
+    with torch.inference_mode():
+        for f in cands.values():
+            for _ in range(warmup):
+                f()
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            f = cands[k]
+            with torch.inference_mode():
+                t = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t)
+    return times
+
+
+def med_ms(v: list[float]) -> float:
+    return statistics.median(v) * 1e3
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+# --- part 1: the fp32 linear paths -----------------------------------------------------------
+
+LINEAR_SHAPES = [(32, 1024, 4096), (32, 4096, 4096), (32, 4096, 1024), (512, 256, 768)]
+# Small products, where a library call's fixed cost shows (library.LINEAR_MIN_FLOPS).
+SMALL_SHAPES = [(8, 64, 10), (32, 256, 256), (64, 512, 512)]
+
+
+def bench_linear(rounds: int, quick: bool) -> None:
+    shapes = [(4, 64, 128)] if quick else LINEAR_SHAPES + SMALL_SHAPES
+    print("\n### fp32 linear paths, one thread (ms, median of %d rounds)\n" % rounds)
+    heads = None
+    for m, k, n in shapes:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=g)
+        w = torch.randn(k, n, generator=g) * 0.02
+        b = torch.randn(n, generator=g)
+        wt = w.t().contiguous()
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(wt, m)
+        lp = torch.ops.mkldnn._linear_pointwise
+        cands = {
+            "matmul + add": lambda: torch.matmul(x, w) + b,
+            "addmm W[K,N]": lambda: torch.addmm(b, x, w),
+            "F.linear W^T[N,K]": lambda: F.linear(x, wt, b),
+            "mkldnn linear [N,K] copy": lambda: lp(x, wt, b, "none", [], None),
+            "mkldnn linear W.t() view": lambda: lp(x, w.t(), b, "none", [], None),
+            "mkl_linear packed": lambda: torch.ops.mkl._mkl_linear(x, packed, wt, b, m),
+            "addmm, then gelu": lambda: F.gelu(torch.addmm(b, x, w)),
+            "mkldnn linear + gelu post-op": lambda: lp(x, wt, b, "gelu", [], "none"),
+        }
+        ref = torch.addmm(b, x, w)
+        for name, f in cands.items():
+            want = F.gelu(ref) if "gelu" in name else ref
+            got = f()
+            assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max()) + 1e-5, name
+        t = rounds_of(cands, rounds)
+        if heads is None:
+            heads = list(cands)
+            print("| shape | " + " | ".join(heads) + " |")
+            print("|---" * (len(heads) + 1) + "|")
+        print(f"| [{m},{k}]x[{k},{n}] | " + " | ".join(f"{med_ms(t[h]):.3f}" for h in heads) + " |", flush=True)
+
+
+# --- part 2: the models ------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = self.b2(self.c2(y))
+        return torch.relu(y + (x if self.down is None else self.down(x)))
+
+
+class ResNetish(nn.Module):
+    """Stem conv 3->c0, residual blocks (c0->c0, c0->c1 stride 2, c1->c1), pool, linear head."""
+
+    def __init__(self, c0: int = 32, c1: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c0, 3, 1, 1, bias=False), nn.BatchNorm2d(c0), nn.ReLU())
+        self.blocks = nn.Sequential(Block(c0, c0, 1), Block(c0, c1, 2), Block(c1, c1, 1))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(c1, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+
+
+def randomize_bn(m: nn.Module, seed: int = 0) -> nn.Module:
+    """Non-trivial running statistics and affine parameters (fresh ones fold to the identity)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                c = mod.num_features
+                mod.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
+                mod.running_var.copy_(torch.rand(c, generator=g) * 1.5 + 0.5)
+                mod.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                mod.bias.copy_(torch.rand(c, generator=g) * 0.6 - 0.3)
+    return m
+
+
+def mlp(sizes=(1024, 4096, 4096, 1024)) -> nn.Module:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(nn.GELU())
+    return nn.Sequential(*layers)
+
+
+def tensor_weights(graph) -> dict:
+    """The graph's params and state as torch tensors (made once: the same objects each call)."""
+    return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in graph.weights.items()}
+
+
+def build(model: nn.Module, x: torch.Tensor) -> dict:
+    import partita
+    from partita.backend.torch_exec import TorchProgram
+    from partita.codegen import CompiledProgram, library
+
+    g = partita.import_torch(model, (x,))
+    before = partita.optimize(g.clone(), BEFORE)
+    after = partita.optimize(g.clone(), AFTER)
+    wb, wa = tensor_weights(before), tensor_weights(after)
+    pb = TorchProgram(before)
+    pa = CompiledProgram(after)
+    old = library.PREPACK
+    library.PREPACK = False
+    try:
+        pu = CompiledProgram(after)
+    finally:
+        library.PREPACK = old
+    ops = sorted({n.op for n in after.nodes})
+    return {
+        "graph": after, "ops": ops,
+        "cands": {
+            "eager": lambda: model(x),
+            "before": lambda: pb([x], wb)[0],
+            "after": lambda: pa([x], wa)[0],
+            "after-unpacked": lambda: pu([x], wa)[0],
+        },
+    }
+
+
+def bench_models(rounds: int, quick: bool) -> None:
+    torch.manual_seed(0)
+    if quick:
+        cases = [("ResNet-style CNN 2x3x16x16", randomize_bn(ResNetish(8, 16).eval()), torch.randn(2, 3, 16, 16)),
+                 ("MLP 64-128-128-64 GELU, batch 4", mlp((64, 128, 128, 64)).eval(), torch.randn(4, 64))]
+    else:
+        cases = [("ResNet-style CNN 8x3x64x64", randomize_bn(ResNetish().eval()), torch.randn(8, 3, 64, 64)),
+                 ("MLP 1024-4096-4096-1024 GELU, batch 32", mlp().eval(), torch.randn(32, 1024))]
+    print(f"\n### models, one thread (ms, median of {rounds} rounds; ratio = median of per-round ratios)\n")
+    print("| model | eager | before | after | after, unpacked weights | after / before | after / eager |")
+    print("|---|---|---|---|---|---|---|")
+    notes = []
+    for name, model, x in cases:
+        b = build(model, x)
+        with torch.inference_mode():
+            want = model(x)
+            for k, f in b["cands"].items():
+                got = f()
+                rel = float((got - want).abs().max() / want.abs().max())
+                assert rel <= 1e-4, f"{name}: {k} is {rel:.2e} off eager in relative terms"
+                if k != "eager":
+                    notes.append(f"{name}: {k} max |error| / max |eager| = {rel:.1e}")
+        t = rounds_of(b["cands"], rounds)
+        print(f"| {name} | {med_ms(t['eager']):.2f} | {med_ms(t['before']):.2f} | {med_ms(t['after']):.2f} | "
+              f"{med_ms(t['after-unpacked']):.2f} | {ratio(t['after'], t['before']):.3f} | "
+              f"{ratio(t['after'], t['eager']):.3f} |", flush=True)
+        notes.append(f"{name}: ops after the passes: {', '.join(b['ops'])}")
+    print()
+    for n in notes:
+        print("- " + n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("all", "linear", "models"), default="all")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and 3 rounds (a smoke test)")
+    args = ap.parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rounds = 3 if args.quick else args.rounds
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+        if args.part in ("all", "linear"):
+            bench_linear(rounds, args.quick)
+        if args.part in ("all", "models"):
+            bench_models(rounds, args.quick)
+    finally:
+        torch.set_num_threads(threads)  # as it was: a test calls main inside its own process
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
