@@ -419,3 +419,14 @@ def test_resnet_style_model_ends_as_library_kernels_and_matches_eager():
         _close(prog([x], weights)[0], want)
     _close(prog([x])[0], want)                                          # graph.weights (NumPy)
     _close(numpy_ref.run(out, [x.numpy()])[0], want)
+
+
+def test_a_per_channel_constant_after_a_conv_becomes_its_bias():
+    b = Builder()
+    x = b.input("x", T(1, 2, 5, 5))
+    c = b.constant(value=np.arange(3, dtype=np.float32).reshape(1, 3, 1, 1))
+    y = b.relu(b.add(b.conv2d(x, b.param("w", T(3, 2, 3, 3))), c))
+    out, before, after = _fuse(verify(b.ret(y)))
+    assert [n.op for n in out.nodes] == ["constant", "reshape", "conv2d_pointwise"]
+    assert len(out.last.operands) == 3 and out.last.attrs["unary"] == "relu"
+    assert np.array_equal(before[0], after[0])
