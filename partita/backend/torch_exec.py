@@ -50,6 +50,7 @@ class TorchProgram:
         write its results into its donated operands. partita.codegen passes its generated
         kernels (the fused AdamW update) here."""
         self.graph = graph
+        self.donate = donate
         self.device = None if device is None else torch.device(device)
         self._on_device = self.device is not None and self.device.type != "cpu"
         slot: dict[Value, int] = {}
@@ -63,7 +64,8 @@ class TorchProgram:
             for r in n.results:
                 slot[r] = len(slot)
         outputs = set(graph.outputs)
-        self.steps = []
+        self.steps: list = _Steps(self)
+        self._run: Any = None  # the generated straight-line function of the steps (made on first call)
         pending: set[int] = set()  # slots an asynchronous collective fills
         # Nodes without operands or effects (constants, full, iota) give the same tensor on
         # every call: they are computed here once, unless they are outputs (a caller may
@@ -146,41 +148,110 @@ class TorchProgram:
                 t = to_tensor(arr)
             env[v.index] = t if device is None else t.to(device)
         inflight: list = []  # result-less asynchronous ops (sends) still in flight
+        run = self._run
+        if run is None:
+            run = self._run = _generate(self)
         with torch.inference_mode(), self._device_context():
-            for fn, args, attrs, outs, dtypes, frees, waits, node in self.steps:
-                try:
-                    for i in waits:
-                        if type(env[i]) is Pending:
-                            env[i] = env[i].result()
-                    res = fn([env[i] for i in args], attrs)
-                except Exception as e:
-                    err = node_error(node, e, "torch implementation")
-                    if err is e:
-                        raise
-                    raise err from e
-                if type(res) is Pending:
-                    if outs:
-                        env[outs[0]] = res
-                    else:
-                        inflight.append(res)
-                    continue
-                if len(outs) == 1:
-                    if type(res) in (list, tuple):
-                        res = res[0]
-                    if res.dtype is not dtypes[0]:
-                        res = res.to(dtypes[0])
-                    env[outs[0]] = res
-                else:
-                    for o, r, dt in zip(outs, res, dtypes):
-                        env[o] = r if r.dtype is dt else r.to(dt)
-                for i in frees:
-                    env[i] = None
+            try:
+                run(env, inflight)
+            except Exception as e:
+                node = _failed_node(self, e)
+                if node is None:
+                    raise
+                err = node_error(node, e, "torch implementation")
+                if err is e:
+                    raise
+                raise err from e
             for i in self.pending_outputs:
                 if type(env[i]) is Pending:
                     env[i] = env[i].result()
             for p in inflight:
                 p.result()
         return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
+
+
+class _Steps(list):
+    """``TorchProgram.steps``: replacing a step (the runtime wraps collectives, codegen binds
+    planned buffers) drops the generated function, which is made again on the next call."""
+
+    def __init__(self, owner: "TorchProgram") -> None:
+        super().__init__()
+        self._owner = owner
+
+    def __setitem__(self, i, v) -> None:
+        super().__setitem__(i, v)
+        self._owner._run = None
+
+    def append(self, v) -> None:
+        super().append(v)
+        self._owner._run = None
+
+
+_GENERATED_FILE = "<partita program>"
+
+
+def _generate(prog: "TorchProgram"):
+    """The program's steps as one straight-line Python function over local variables: no
+    interpreter loop, no per-step tuple unpacking or slot list indexing. Its source lines map
+    back to steps (``_failed_node``), so an error still names its node."""
+    steps = list(prog.steps)
+    made = {o for st in steps for o in st[3]}
+    used = sorted({a for st in steps for a in (*st[1], *st[6])} | set(prog.output_slots))
+    lines = ["def _run(env, inflight):"]
+    line_step: dict[int, int] = {}
+    for sl in used:
+        if sl not in made:
+            lines.append(f"    s{sl} = env[{sl}]")
+    ns: dict[str, Any] = {"Pending": Pending}
+    for k, (fn, args, attrs, outs, dtypes, frees, waits, node) in enumerate(steps):
+        ns[f"F{k}"], ns[f"A{k}"] = fn, attrs
+        for w in waits:
+            lines.append(f"    if type(s{w}) is Pending: s{w} = s{w}.result()")
+            line_step[len(lines)] = k
+        call = f"F{k}([{', '.join(f's{a}' for a in args)}], A{k})"
+        if not outs:
+            lines.append(f"    r = {call}")
+            line_step[len(lines)] = k
+            lines.append("    if type(r) is Pending: inflight.append(r)")
+        elif len(outs) == 1:
+            o = outs[0]
+            ns[f"D{k}"] = dtypes[0]
+            lines.append(f"    s{o} = {call}")
+            line_step[len(lines)] = k
+            lines.append(f"    if type(s{o}) in (list, tuple): s{o} = s{o}[0]")
+            lines.append(f"    if type(s{o}) is not Pending and s{o}.dtype is not D{k}: s{o} = s{o}.to(D{k})")
+        else:
+            lines.append(f"    r = {call}")
+            line_step[len(lines)] = k
+            for j, o in enumerate(outs):
+                ns[f"D{k}_{j}"] = dtypes[j]
+                lines.append(f"    s{o} = r[{j}] if r[{j}].dtype is D{k}_{j} else r[{j}].to(D{k}_{j})")
+        for f in frees:
+            lines.append(f"    s{f} = None")
+    for sl in dict.fromkeys(prog.output_slots):
+        lines.append(f"    env[{sl}] = s{sl}")
+    lines.append("    return None")
+    code = compile("\n".join(lines) + "\n", _GENERATED_FILE, "exec")
+    exec(code, ns)
+    fn = ns["_run"]
+    fn._line_step = line_step
+    fn._source = "\n".join(lines)
+    return fn
+
+
+def _failed_node(prog: "TorchProgram", e: BaseException) -> Node | None:
+    """The node whose step raised ``e`` inside the generated function."""
+    tb = e.__traceback__
+    line = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == _GENERATED_FILE:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    run = prog._run
+    if line is None or run is None:
+        return None
+    k = run._line_step.get(line)
+    return None if k is None else prog.steps[k][7]
 
 
 def _may_update_in_place(graph: Graph, node: Node, opdef: OpDef, i: int, last_use: dict[Value, int]) -> bool:

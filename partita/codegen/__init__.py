@@ -71,6 +71,7 @@ class CompiledProgram:
         self.program = TorchProgram(g, donate=donate, overlap=overlap, kernels={"adamw_update": adamw})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
+        self._weights: Any = None
         self.memory_plan: Any = None   # a memory.MemoryPlan once planned
         self._arena: Any = None
         if plan_memory:
@@ -114,6 +115,15 @@ class CompiledProgram:
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
+        if weights is None and len(self.graph.weights) and not self.program.donate:
+            # The graph's own weights, as torch tensors made once: the same tensors every
+            # call, so packed library weights stay packed and nothing is converted again.
+            # (A donating program updates its weights in place: it converts them each call.)
+            if self._weights is None:
+                from ..backend.torch_exec import to_tensor
+
+                self._weights = {k: to_tensor(v) for k, v in self.graph.weights.items()}
+            weights = self._weights
         return self.program(inputs, weights)
 
     def report(self) -> str:
