@@ -36,9 +36,11 @@ __all__ = ["CompiledProgram", "FuseKernels", "plan_groups", "body_of", "CodegenE
 class CompiledProgram:
     """``graph`` with its elementwise groups fused into generated kernels, ready to run.
 
-    The graph is copied, ``fuse-kernels`` and ``dce`` run on the copy (``fuse=False`` skips
-    them, for a graph fused already), and the torch executor prepares it, compiling each
-    kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
+    The graph is copied, and on the copy run ``fold-batch-norm`` and ``fuse-library`` (oneDNN
+    convolutions and linear layers with their epilogues; ``library``, default on unless the
+    program donates its inputs as a training step does), then ``fuse-kernels`` and ``dce``
+    (``fuse=False`` skips all of them, for a graph fused already); the torch executor prepares
+    it, compiling each kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
     that. Calls take and return what ``TorchProgram`` does.
 
     ``plan_memory`` (default on): the values that kernels and matmuls write live in one arena
@@ -47,12 +49,18 @@ class CompiledProgram:
     is not reentrant across threads); outputs are never in it."""
 
     def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, fuse: bool = True,
-                 min_ops: int = 2, plan_memory: bool = True) -> None:
+                 min_ops: int = 2, plan_memory: bool = True, library: bool | None = None) -> None:
         from ..backend.torch_exec import TorchProgram
         from ..passes.dce import DeadCodeElimination
 
         t0 = time.perf_counter()
         g = graph.clone()
+        if library is None:
+            library = not donate  # inference: a training step's weights change every step
+        if fuse and library:
+            from ..passes.manager import PassManager
+
+            g = PassManager.parse("fold-batch-norm,fuse-library").run(g)
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)
