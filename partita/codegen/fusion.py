@@ -79,6 +79,11 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
     fusible = {n: _fusible(n) for n in nodes}
     taken: set[Node] = set()
     groups: list[Group] = []
+    for red in reversed(nodes):
+        g = _reduction_group(red, nodes, pos, fusible, taken, min_ops, max_ops)
+        if g is not None:
+            taken |= set(n for n in g.members if n.op not in _SPLATS)
+            groups.append(g)
     for root in reversed(nodes):
         if root in taken or not fusible[root] or root.op in _SPLATS or root.op in _FREE:
             continue
@@ -120,6 +125,74 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
         taken |= members
         groups.append(g)
     return groups
+
+
+def _reduction_group(red: Node, nodes: list[Node], pos: dict[Node, int], fusible: dict[Node, bool],
+                     taken: set[Node], min_ops: int, max_ops: int) -> Group | None:
+    """A row-reduction kernel around ``red`` (sum/mean/max/min over trailing axes): the
+    elementwise prologue that only it reads, and the row-size elementwise ops after it
+    (``rsqrt(mean + eps)``), each reading nothing made after the reduction but the chain."""
+    from .lowering import REDUCTIONS, trailing_reduction
+
+    if red.op not in REDUCTIONS or red in taken or len(red.results) != 1:
+        return None
+    x, r = red.operands[0], red.results[0]
+    if not r.type.dtype.is_float or r.type.dtype.name not in ("f32", "f64") or x.type.numel == 0:
+        return None
+    if trailing_reduction(tuple(x.type.shape), red.attrs) is None:
+        return None
+    size = x.type.numel
+    members: set[Node] = {red}
+    splats: set[Node] = set()
+    heap: list[int] = []
+    if x.producer is not None:
+        heapq.heappush(heap, -pos[x.producer])
+    seen: set[Node] = set()
+    while heap:
+        p = nodes[-heapq.heappop(heap)]
+        if p in seen or p in members or p in taken:
+            continue
+        seen.add(p)
+        if not fusible[p]:
+            continue
+        if p.op in _SPLATS:
+            splats.add(p)
+            continue
+        pr = p.results[0]
+        if len(members) >= max_ops or pr.type.numel != size or pr.is_output or any(u not in members for u in pr.users):
+            continue  # the prologue is full size: a value read elsewhere stays outside
+        members.add(p)
+        for v in p.operands:
+            if v.producer is not None and v.producer not in members:
+                heapq.heappush(heap, -pos[v.producer])
+    # the row epilogue
+    cur = red
+    while len(members) < max_ops:
+        users = list(cur.results[0].users)
+        if len(users) != 1:
+            break
+        u = users[0]
+        if u in taken or not fusible[u] or u.op in _SPLATS or u.results[0].type.numel != r.type.numel:
+            break
+        ok = True
+        for v in u.operands:
+            if v is cur.results[0]:
+                continue
+            p = v.producer
+            if p is None or p.op in _SPLATS or pos[p] < pos[red]:
+                if p is not None and p.op in _SPLATS:
+                    splats.add(p)
+                continue
+            ok = False
+        if not ok:
+            break
+        members.add(u)
+        cur = u
+    group_nodes = sorted(members | splats, key=pos.__getitem__)
+    g = _make_group(cur, group_nodes, members)
+    if g.compute_ops < min_ops or not g.inputs:
+        return None
+    return g
 
 
 def _convex(nodes: list[Node], pos: dict[Node, int], members: set[Node], outside: list[Node], limit: int) -> bool:

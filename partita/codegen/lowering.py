@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.dtypes import DType
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Node, Value
 from .mathlib import F32_FUNCTIONS, F64_LIBM, declarations, f32 as f32c, f64 as f64c
 
 __all__ = ["LoweringError", "Lowered", "lower", "supported", "KERNEL_DTYPES"]
@@ -90,6 +90,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.n = 0
         self.math: set[str] = set()
+        self.scalar_calls = False  # a libm call in the loop: LLVM cannot vectorize it
 
     def tmp(self) -> str:
         self.n += 1
@@ -181,7 +182,9 @@ def _call_math(e: _Emitter, fn: str, v: str, dt: DType) -> str:
         if name is not None:
             e.math.add(name)
             return e.op(f"call float @{name}(float {v})")
+        e.scalar_calls = True
         return e.op(f"call float @llvm.{fn}.f32(float {v})")  # sin, cos: libm through the intrinsic
+    e.scalar_calls = True
     e.math.add(F64_LIBM[fn])
     return e.op(f"call double @{F64_LIBM[fn]}(double {v})")
 
@@ -238,6 +241,7 @@ def _lower_node(e: _Emitter, op: str, attrs: dict, args: list[tuple[str, DType]]
             return x
         if splat_rhs == 0.5:
             return e.op(f"call {t} @llvm.sqrt.{_suffix(out)}({t} {x})")
+        e.scalar_calls = True
         return e.op(f"call {t} @llvm.pow.{_suffix(out)}({t} {x}, {t} {y})")
     if op == "neg":
         return e.op(f"fneg {t} {x}") if fl else e.op(f"sub {t} 0, {x}")
@@ -435,6 +439,8 @@ def lower(body: Graph, name: str) -> Lowered:
     outs = list(body.outputs)
     if not outs:
         raise LoweringError("a kernel body without outputs")
+    if any(nd.op in REDUCTIONS for nd in body.nodes):
+        return _lower_reduction(body, name)
     space = tuple(outs[0].type.shape)
     n = _numel(space)
     ins = list(body.inputs)
@@ -570,6 +576,316 @@ def lower(body: Graph, name: str) -> Lowered:
              "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
     decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
     meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {_VECTOR_WIDTH}}}'
+    if e.scalar_calls:  # asking for vector lanes LLVM cannot give only makes it print a remark
+        fn = fn.replace(", !llvm.loop !0", "")
     ir = "\n\n".join([f"; partita kernel {name}: {len(ins)} input(s), {len(outs)} output(s), "
                       f"space {list(space)}, loops {loops}", decls, fn, meta]) + "\n"
     return Lowered(name, ir, len(ins), len(outs), space, tuple(loops), e.math)
+
+
+# --- row reductions --------------------------------------------------------------------------
+#
+# A body with sum/mean/max/min nodes is a row-reduction kernel: its full-size values (the
+# prologue, N elements) are reduced over their trailing C elements into R = N / C row values,
+# and row-size ops after the reductions (the epilogue: ``rsqrt(mean + eps)``) are computed once
+# per row. For each row the kernel runs one loop over the row's C elements that computes the
+# prologue and updates every accumulator, then finishes the statistics and the epilogue and
+# stores the row's outputs. Sums accumulate with ``reassoc`` so that LLVM vectorizes them with
+# several partial sums (ATen's own reductions also add in blocks; the result differs from a
+# sequential sum by rounding only). max/min propagate NaN.
+
+REDUCTIONS = {"sum", "mean", "max", "min"}
+
+
+def reduced_axes(shape: tuple[int, ...], attrs: dict) -> tuple[int, ...]:
+    axes = attrs.get("axes")
+    r = len(shape)
+    if axes is None:
+        return tuple(range(r))
+    return tuple(sorted(a % r if r else 0 for a in axes))
+
+
+def trailing_reduction(shape: tuple[int, ...], attrs: dict) -> int | None:
+    """C, the elements reduced per row, when the reduction is over trailing axes; else None."""
+    axes = reduced_axes(shape, attrs)
+    r = len(shape)
+    if not axes or axes != tuple(range(r - len(axes), r)):
+        return None
+    c = _numel(shape[r - len(axes):])
+    return c if c > 0 else None
+
+
+def _nest(tag: str, dims: list[int], per: list[list[int]], base: list[str], lo: str | None, hi: str | None,
+          body: "Any") -> tuple[list[str], list[str]]:
+    """A loop nest over ``dims`` (outer to inner) with operand offsets; ``body(offs)`` gives the
+    innermost lines. Returns (lines of the nest, the label the nest exits to is '<tag>.exit')."""
+    k = len(dims)
+    lines: list[str] = [f"{tag}pre:", f"  br label %{tag}L0"]  # the caller branches to <tag>pre
+    offs = list(base)
+    for j in range(k):
+        prev = f"{tag}pre" if j == 0 else f"{tag}L{j - 1}"
+        start = lo if (j == 0 and lo is not None) else "0"
+        latch = f"{tag}B" if j == k - 1 else f"{tag}X{j}"
+        lines.append(f"{tag}L{j}:")
+        lines.append(f"  %{tag}i{j} = phi i64 [ {start}, %{prev} ], [ %{tag}i{j}n, %{latch} ]")
+        new = []
+        for i, ss in enumerate(per):
+            s = ss[j]
+            if s == 0:
+                new.append(offs[i])
+                continue
+            term = f"%{tag}i{j}" if s == 1 else f"%{tag}s{j}_{i}"
+            if s != 1:
+                lines.append(f"  {term} = mul nsw i64 %{tag}i{j}, {s}")
+            if offs[i] == "0":
+                new.append(term)
+            else:
+                nm = f"%{tag}o{j}_{i}"
+                lines.append(f"  {nm} = add nsw i64 {offs[i]}, {term}")
+                new.append(nm)
+        offs = new
+        if j < k - 1:
+            lines.append(f"  br label %{tag}L{j + 1}")
+    inner = body(offs)
+    lines += inner
+    lines.append(f"  br label %{tag}B")
+    lines.append(f"{tag}B:")
+    end = hi if (k - 1 == 0 and hi is not None) else str(dims[k - 1])
+    lines.append(f"  %{tag}i{k - 1}n = add nsw i64 %{tag}i{k - 1}, 1")
+    lines.append(f"  %{tag}d{k - 1} = icmp eq i64 %{tag}i{k - 1}n, {end}")
+    nxt = f"{tag}exit" if k == 1 else f"{tag}X{k - 2}"
+    lines.append(f"  br i1 %{tag}d{k - 1}, label %{nxt}, label %{tag}L{k - 1}, !llvm.loop !0")
+    for j in range(k - 2, -1, -1):
+        end = hi if (j == 0 and hi is not None) else str(dims[j])
+        lines.append(f"{tag}X{j}:")
+        lines.append(f"  %{tag}i{j}n = add nsw i64 %{tag}i{j}, 1")
+        lines.append(f"  %{tag}d{j} = icmp eq i64 %{tag}i{j}n, {end}")
+        lines.append(f"  br i1 %{tag}d{j}, label %{tag + 'exit' if j == 0 else tag + 'X' + str(j - 1)}, label %{tag}L{j}")
+    lines.append(f"{tag}exit:")
+    return lines, offs
+
+
+def _lower_reduction(body: Graph, name: str) -> Lowered:
+    outs = list(body.outputs)
+    ins = list(body.inputs)
+    for v in (*ins, *outs):
+        if v.type.dtype.name not in KERNEL_DTYPES:
+            raise LoweringError(f"%{v.name or '?'} is {v.type.dtype} (kernels take {', '.join(KERNEL_DTYPES)})")
+    reds = [n for n in body.nodes if n.op in REDUCTIONS]
+    src = reds[0].operands[0]
+    n_full = src.type.numel
+    c = trailing_reduction(tuple(src.type.shape), reds[0].attrs)
+    if c is None:
+        raise LoweringError("a reduction that is not over trailing axes")
+    for r in reds:
+        if r.operands[0].type.numel != n_full or trailing_reduction(tuple(r.operands[0].type.shape), r.attrs) != c:
+            raise LoweringError("reductions over different rows in one kernel")
+        if not r.results[0].type.dtype.is_float:
+            raise LoweringError(f"{r.op} on {r.results[0].type.dtype} (reductions take f32 and f64)")
+    n_rows = n_full // c
+    # which values are per element (full) and which per row
+    row: set[Value] = set()
+    full_shapes: list[tuple[int, ...]] = [tuple(src.type.shape)]
+    row_shapes: list[tuple[int, ...]] = [tuple(o.type.shape) for o in outs]
+    for node in body.nodes:
+        res = node.results[0]
+        if node.op in _SPLATS:
+            continue
+        if node.op in REDUCTIONS:
+            row.add(res)
+            row_shapes.append(tuple(res.type.shape))
+            continue
+        why = supported(node.op, [v.type.dtype for v in node.operands], [res.type.dtype], node.attrs)
+        if why is not None:
+            raise LoweringError(why)
+        if any(v in row for v in node.operands) or res.type.numel == n_rows and n_rows != n_full:
+            if res.type.numel != n_rows:
+                raise LoweringError(f"{node.op} uses a row statistic at full size (computed in a kernel of its own)")
+            row.add(res)
+            row_shapes.append(tuple(res.type.shape))
+        else:
+            if res.type.numel != n_full:
+                raise LoweringError(f"{node.op} computes {list(res.type.shape)}, neither a row nor the full size")
+            full_shapes.append(tuple(res.type.shape))
+    for o in outs:
+        if o.type.numel != n_rows or (o not in row and o.producer is not None and o.producer.op not in _SPLATS):
+            raise LoweringError("a reduction kernel's outputs are per row")
+    # dims: the full index cut at every full shape's boundaries, at C, and at every row shape's
+    # boundaries (times C); outer dims cover the rows, inner dims the row's C elements
+    cuts = {1, c}
+    for sh in full_shapes:
+        p = 1
+        for d in reversed(sh):
+            p *= d
+            cuts.add(p)
+    for sh in row_shapes:
+        p = 1
+        for d in reversed(sh):
+            p *= d
+            cuts.add(p * c)
+    cs = sorted(x for x in cuts if x <= n_full)
+    refined = [cs[j + 1] // cs[j] for j in range(len(cs) - 1)][::-1] or [1]
+    n_inner = sum(1 for j in range(len(cs) - 1) if cs[j] < c)
+    if n_inner == 0:          # C == 1: one element per row
+        refined, n_inner = refined + [1], 1
+    if len(refined) == n_inner:  # one row
+        refined = [1] + refined
+    outer_dims = refined[:len(refined) - n_inner]
+    inner_dims = refined[len(refined) - n_inner:]
+    index = {v: i for i, v in enumerate(ins)}
+    # loads: (input, shape it is read in, full or row)
+    full_views: dict[tuple[int, tuple[int, ...]], int] = {}
+    row_views: dict[tuple[int, tuple[int, ...]], int] = {}
+    for node in body.nodes:
+        res = node.results[0]
+        if node.op in _SPLATS:
+            continue
+        for v in node.operands:
+            if v not in index:
+                continue
+            if res in row and node.op not in REDUCTIONS:
+                shp = tuple(v.type.shape) if v.type.numel == n_rows else tuple(res.type.shape)
+                row_views.setdefault((index[v], shp), len(row_views))
+            else:
+                shp = tuple(v.type.shape) if v.type.numel == n_full else tuple(
+                    (node.operands[0] if node.op in REDUCTIONS else res).type.shape)
+                full_views.setdefault((index[v], shp), len(full_views))
+    for (i, shp) in list(full_views) + list(row_views):
+        v = ins[i]
+        if v.type.numel not in (_numel(shp),) and (len(v.type.shape) > len(shp) or any(
+                d not in (1, s) for d, s in zip(v.type.shape[::-1], shp[::-1]))):
+            raise LoweringError(f"input %{v.name} of shape {list(v.type.shape)} does not broadcast to {list(shp)}")
+    full_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for (i, shp) in full_views]
+    row_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), outer_dims) for (i, shp) in row_views]
+    out_strides = [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), outer_dims)
+                   for o in outs]
+    n_outer = len(outer_dims)
+    outer_per = [s[:n_outer] for s in full_strides] + row_strides + out_strides
+    inner_per = [s[n_outer:] for s in full_strides]
+    o_loops, o_per = merge_dims(tuple(outer_dims), outer_per) if outer_per else (merge_dims(tuple(outer_dims), [[0] * n_outer])[0], [])
+    i_loops, i_per = merge_dims(tuple(inner_dims), inner_per) if inner_per else (merge_dims(tuple(inner_dims), [[0] * len(inner_dims)])[0], [])
+    if not o_per:
+        o_per = [[0] * len(o_loops)]
+    e = _Emitter()
+    acc_of: dict[Node, str] = {}
+    lines = ["entry:"]
+    for k, r in enumerate(reds):
+        t = _ty(r.results[0].type.dtype)
+        acc_of[r] = f"%acc{k}"
+        lines.append(f"  %acc{k} = alloca {t}")
+    lines.append("  %empty = icmp sge i64 %lo, %hi")
+    lines.append("  br i1 %empty, label %exit, label %Opre")
+    nf, nr = len(full_views), len(row_views)
+
+    def row_body(offs: list[str]) -> list[str]:
+        out_lines: list[str] = []
+        for k, r in enumerate(reds):
+            dt = r.results[0].type.dtype
+            init = {"sum": "0.0", "mean": "0.0", "max": "0xFFF0000000000000", "min": "0x7FF0000000000000"}[r.op]
+            out_lines.append(f"  store {_ty(dt)} {init}, ptr %acc{k}")
+        inner_base = offs[:nf]
+
+        def elem_body(ioffs: list[str]) -> list[str]:
+            e.lines = []
+            env: dict[Value, tuple[str, DType]] = {}
+            loaded: dict[int, tuple[str, DType]] = {}
+
+            def load(v: Value, shp: tuple[int, ...]) -> tuple[str, DType]:
+                key = (index[v], tuple(v.type.shape) if v.type.numel == n_full else shp)
+                slot = full_views[key]
+                if slot not in loaded:
+                    dt = v.type.dtype
+                    ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {ioffs[slot]}")
+                    ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
+                    if dt.is_bool:
+                        ld = e.op(f"icmp ne i8 {ld}, 0")
+                    loaded[slot] = (ld, dt)
+                return loaded[slot]
+
+            for node in body.nodes:
+                res = node.results[0]
+                if res in row and node.op not in REDUCTIONS:
+                    continue
+                if node.op in _SPLATS:
+                    sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
+                    env[res] = (_const(sv, res.type.dtype), res.type.dtype)
+                    continue
+                if node.op in REDUCTIONS:
+                    v = node.operands[0]
+                    val, dt = env[v] if v in env else load(v, tuple(v.type.shape))
+                    t = _ty(dt)
+                    acc = acc_of[node]
+                    cur = e.op(f"load {t}, ptr {acc}")
+                    if node.op in ("sum", "mean"):
+                        nxt = e.op(f"fadd reassoc {t} {cur}, {val}")
+                    else:  # NaN-propagating, as torch.max; LLVM vectorizes it as a reduction
+                        fn = "maximum" if node.op == "max" else "minimum"
+                        nxt = e.op(f"call {t} @llvm.{fn}.{_suffix(dt)}({t} {cur}, {t} {val})")
+                    e.lines.append(f"  store {t} {nxt}, ptr {acc}")
+                    continue
+                args = [env[v] if v in env else load(v, tuple(res.type.shape)) for v in node.operands]
+                splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
+                env[res] = (_lower_node(e, node.op, node.attrs, args, res.type.dtype, splat_rhs), res.type.dtype)
+            return list(e.lines)
+
+        nest, _ = _nest("I", i_loops, i_per or [[0] * len(i_loops)], inner_base or ["0"], None, None, elem_body)
+        out_lines.append("  br label %Ipre")
+        out_lines += nest
+        # finish the statistics, the row epilogue, the stores
+        e.lines = []
+        env: dict[Value, tuple[str, DType]] = {}
+        for node in body.nodes:
+            res = node.results[0]
+            if node.op in _SPLATS:
+                sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
+                env[res] = (_const(sv, res.type.dtype), res.type.dtype)
+                continue
+            if res not in row:
+                continue
+            if node.op in REDUCTIONS:
+                dt = res.type.dtype
+                t = _ty(dt)
+                v = e.op(f"load {t}, ptr {acc_of[node]}")
+                if node.op == "mean":
+                    v = e.op(f"fdiv {t} {v}, {_const(float(c), dt)}")
+                env[res] = (v, dt)
+                continue
+
+            def rload(v: Value, shp: tuple[int, ...]) -> tuple[str, DType]:
+                key = (index[v], tuple(v.type.shape) if v.type.numel == n_rows else shp)
+                slot = nf + row_views[key]
+                dt = v.type.dtype
+                ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {offs[slot]}")
+                ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
+                return (e.op(f"icmp ne i8 {ld}, 0") if dt.is_bool else ld), dt
+
+            args = [env[v] if v in env else rload(v, tuple(res.type.shape)) for v in node.operands]
+            splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
+            env[res] = (_lower_node(e, node.op, node.attrs, args, res.type.dtype, splat_rhs), res.type.dtype)
+        for i, o in enumerate(outs):
+            val, dt = env[o]
+            val = _convert(e, val, dt, o.type.dtype)
+            if o.type.dtype.is_bool:
+                val = e.op(f"zext i1 {val} to i8")
+            ptr = e.op(f"getelementptr inbounds {_MEM[o.type.dtype.name]}, ptr %a{len(ins) + i}, i64 {offs[nf + nr + i]}")
+            e.lines.append(f"  store {_MEM[o.type.dtype.name]} {val}, ptr {ptr}")
+        return out_lines + list(e.lines)
+
+    nest, _ = _nest("O", o_loops, o_per, ["0"] * len(o_per), "%lo", "%hi", row_body)
+    lines += nest
+    lines.append("  br label %exit")
+    lines.append("exit:")
+    lines.append("  ret void")
+    params = ", ".join([f"ptr noalias nocapture readonly %a{i}" for i in range(len(ins))] +
+                       [f"ptr noalias nocapture %a{len(ins) + i}" for i in range(len(outs))] + ["i64 %lo", "i64 %hi"])
+    fn = f"define void @{name}({params}) nounwind {{\n" + "\n".join(lines) + "\n}"
+    extra = ["declare i32 @llvm.fptosi.sat.i32.f32(float)", "declare i64 @llvm.fptosi.sat.i64.f32(float)",
+             "declare i32 @llvm.fptosi.sat.i32.f64(double)", "declare i64 @llvm.fptosi.sat.i64.f64(double)",
+             "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
+    decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
+    meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {_VECTOR_WIDTH}}}'
+    if e.scalar_calls:
+        fn = fn.replace(", !llvm.loop !0", "")
+    ir = "\n\n".join([f"; partita kernel {name}: row reduction, {len(ins)} input(s), {len(outs)} output(s), "
+                      f"{n_rows} rows of {c}, loops {o_loops} x {i_loops}", decls, fn, meta]) + "\n"
+    return Lowered(name, ir, len(ins), len(outs), tuple(outs[0].type.shape), tuple(o_loops), e.math)

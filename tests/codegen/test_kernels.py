@@ -292,3 +292,48 @@ def test_math_functions_over_the_float_range(fn):
     ulp = np.abs(got[fin].astype(np.float64) - ref64[fin]) / np.spacing(np.abs(ref[fin])).astype(np.float64)
     bound = {"exp": 1.0, "log": 1.0, "tanh": 5.0, "erf": 4.0}[fn]
     assert ulp.max() <= bound, (fn, ulp.max(), x[fin][np.argmax(ulp)])
+
+
+RED_SHAPES = [((4,), 1), ((3, 7), 1), ((2, 3, 9), 2), ((5, 17), 1), ((2, 1, 33), 1), ((1, 65), 1), ((4, 2, 3), 3)]
+
+
+def _reduction_graph(seed):
+    """prologue (elementwise, with broadcast inputs) -> sum/mean/max/min over trailing axes ->
+    row epilogue (elementwise on the row values, with splats and a row-size input)."""
+    rng = np.random.default_rng(2000 + seed)
+    shape, k = RED_SHAPES[seed % len(RED_SHAPES)]
+    dt = DTYPES["f64" if seed % 6 == 5 else "f32"]
+    b = Builder()
+    x = b.input("x", TensorType(shape, dt))
+    w = b.input("w", TensorType(shape[len(shape) - k:], dt))
+    v = b.mul(x, w)
+    for _ in range(int(rng.integers(0, 3))):
+        op = str(rng.choice(["tanh", "exp", "abs", "neg", "relu"]))
+        v = b.emit(op, v)
+    if rng.random() < 0.5:
+        v = b.pow(v, b.full(shape=(), value=2.0, dtype=dt))
+    red = str(rng.choice(["sum", "mean", "max", "min"]))
+    keep = bool(rng.random() < 0.5)
+    axes = tuple(range(len(shape) - k, len(shape)))
+    r = b.emit(red, v, axes=axes, keepdim=keep)
+    rows = b.input("rows", r.type)
+    for _ in range(int(rng.integers(1, 4))):
+        op = str(rng.choice(["add_eps", "rsqrt_abs", "mul_rows", "tanh"]))
+        if op == "add_eps":
+            r = b.add(r, b.full(shape=(), value=1e-6, dtype=dt))
+        elif op == "rsqrt_abs":
+            r = b.rsqrt(b.add(b.abs(r), b.full(shape=(), value=1e-3, dtype=dt)))
+        elif op == "mul_rows":
+            r = b.mul(r, rows)
+        else:
+            r = b.tanh(r)
+    b.ret(r)
+    return verify(b.graph), rng
+
+
+@pytest.mark.parametrize("seed", range(42))
+def test_row_reductions_against_the_reference(seed):
+    graph, rng = _reduction_graph(seed)
+    prog = _check(graph, rng, exact=False)
+    assert not any(n.op in ("sum", "mean", "max", "min") for n in prog.graph.nodes), \
+        partita.print_graph(prog.graph)
