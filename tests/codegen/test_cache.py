@@ -132,3 +132,36 @@ def test_emit_kernels_cli(tmp_path):
 def test_jit_key_depends_on_the_ir():
     j = jit()
     assert j.key("a") != j.key("b") and j.key("a") == j.key("a")
+
+
+def test_without_a_working_compiler_programs_run_on_aten(monkeypatch):
+    """LLVM missing or failing: every kernel falls back to ATen with the reason, nothing crashes,
+    results are right (the AdamW update keeps its ATen implementation too)."""
+    jit_mod = sys.modules["partita.codegen.jit"]
+
+    def broken():
+        raise jit_mod.CodegenError("the code generator needs llvmlite, which is not installed (simulated)")
+
+    monkeypatch.setattr(jit_mod, "jit", broken)  # what every caller looks up, _stats included
+    b = Builder()
+    x = b.input("x", TensorType((4, 5), DTYPES["f32"]))
+    g = verify(b.ret(b.tanh(b.mul(x, x))))
+    n0 = len(fallbacks())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        prog = CompiledProgram(g)
+    assert any("llvmlite" in str(m.message) for m in w)
+    assert len(fallbacks()) > n0
+    xs = torch.randn(4, 5)
+    assert torch.allclose(prog([xs])[0], torch.tanh(xs * xs))
+    bb = Builder()
+    T = TensorType((6,), DTYPES["f32"])
+    p, gr, m, v = (bb.input(n, T) for n in "pgmv")
+    s = bb.input("s", TensorType((), DTYPES["f32"]))
+    upd = verify(bb.ret(*bb.adamw_update(p, gr, m, v, s)))
+    prog2 = CompiledProgram(upd)
+    assert prog2.optimizer_kernels == []
+    args = [torch.randn(6), torch.randn(6), torch.zeros(6), torch.zeros(6), torch.tensor(1.0)]
+    want = partita.run(upd, [a.numpy() for a in args])
+    for got, ref in zip(prog2(args), want):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=1e-6)
