@@ -178,10 +178,10 @@ def _reduction_group(red: Node, nodes: list[Node], pos: dict[Node, int], fusible
         for v in u.operands:
             if v is cur.results[0]:
                 continue
-            p = v.producer
-            if p is None or p.op in _SPLATS or pos[p] < pos[red]:
-                if p is not None and p.op in _SPLATS:
-                    splats.add(p)
+            q = v.producer
+            if q is None or q.op in _SPLATS or pos[q] < pos[red]:
+                if q is not None and q.op in _SPLATS:
+                    splats.add(q)
                 continue
             ok = False
         if not ok:
