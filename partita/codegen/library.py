@@ -659,9 +659,28 @@ def _fuse_linear(graph: Graph, node: Node) -> Node | None:
             bias = c
             chain.append(u)
             y = u.results[0]
-    unary, y = _take_unary("linear_pointwise", "none", y, chain)
+    unary, y2 = _take_unary("linear_pointwise", "none", y, chain)
     operands = [x, weight] + ([bias] if bias is not None else [])
-    return _replace_chain(graph, chain, "linear_pointwise", operands, {"unary": unary, "weight_layout": layout}, [])
+    attrs = {"unary": unary, "weight_layout": layout}
+    if unary == "none":
+        # A reshape between the bias add and the activation (transformers' [B*T, N] -> [B, T, N]):
+        # the activation is elementwise, so it is taken before the reshape, which stays.
+        r = _sole_user(y)
+        if r is not None and r.op == "reshape":
+            unary2, act = _take_unary("linear_pointwise", "none", r.results[0], [])
+            if unary2 != "none":
+                a = _sole_user(r.results[0])
+                assert a is not None
+                new = Node("linear_pointwise", operands, OPS["linear_pointwise"].normalize_attrs(
+                    {"unary": unary2, "weight_layout": layout}), [y.type], chain[0].loc)
+                graph.insert_before(r, new)
+                graph.set_operand(r, 0, new.results[0])
+                graph.replace_all_uses(act, r.results[0])
+                graph.erase(a)
+                for n in reversed(chain):
+                    graph.erase(n)
+                return new
+    return _replace_chain(graph, chain, "linear_pointwise", operands, attrs, [])
 
 
 # The ops a library kernel starts from, and how each takes its epilogue.
