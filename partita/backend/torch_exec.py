@@ -64,7 +64,7 @@ class TorchProgram:
             for r in n.results:
                 slot[r] = len(slot)
         outputs = set(graph.outputs)
-        self.steps: list = _Steps(self)
+        self._steps: list = _Steps(self)
         self._run: Any = None  # the generated straight-line function of the steps (made on first call)
         pending: set[int] = set()  # slots an asynchronous collective fills
         # Nodes without operands or effects (constants, full, iota) give the same tensor on
@@ -116,6 +116,21 @@ class TorchProgram:
         self.output_converters = [(slot[v], v.type.dtype if v.type.dtype.name in CARRIER_NAMES else None)
                                   for v in graph.outputs]
         self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
+
+    @property
+    def steps(self) -> list:
+        """The steps ``(fn, operand slots, attrs, result slots, dtypes, frees, waits, node)`` in
+        the order they run. Replacing one (``steps[i] = ...``) or all of them (``steps = [...]``)
+        makes the generated function again on the next call."""
+        return self._steps
+
+    @steps.setter
+    def steps(self, value: list) -> None:
+        new = _Steps(self)
+        for v in value:
+            new.append(v)
+        self._steps = new
+        self._run = None
 
     def _device_context(self):
         """Factory calls inside make their tensors on this program's device."""

@@ -76,7 +76,18 @@ class CompiledProgram:
                 self.optimizer_kernels.append(node)
             return fn
 
-        self.program = TorchProgram(g, donate=donate, overlap=overlap, kernels={"adamw_update": adamw})
+        from .library import matmul_kernel
+
+        self.library_matmuls: set = set()  # matmul nodes run by oneDNN (not in the memory plan)
+
+        def matmul(node, inplace):
+            fn = matmul_kernel(node, inplace)
+            if fn is not None:
+                self.library_matmuls.add(node)
+            return fn
+
+        self.program = TorchProgram(g, donate=donate, overlap=overlap,
+                                    kernels={"adamw_update": adamw, "matmul": matmul})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None
@@ -103,7 +114,7 @@ class CompiledProgram:
             if " = " in lines[i]:
                 for r, nm in zip(n.results, lhs.split(", ")):
                     names[r] = nm
-        plan = plan_memory(self.graph, nodes, names)
+        plan = plan_memory(self.graph, nodes, names, unplanned=self.library_matmuls)
         self.memory_plan = plan
         if not plan.planned():
             return

@@ -81,8 +81,11 @@ class MemoryPlan:
         return "\n".join(lines) + "\n"
 
 
-def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | None = None) -> MemoryPlan:
-    """The plan for ``graph`` run as ``step_nodes`` in this order (the torch executor's steps)."""
+def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | None = None,
+                unplanned: set[Node] | None = None) -> MemoryPlan:
+    """The plan for ``graph`` run as ``step_nodes`` in this order (the torch executor's steps).
+    ``unplanned``: nodes of a planned op whose step allocates its own result after all (a
+    matmul that oneDNN runs)."""
     order = {n: i for i, n in enumerate(step_nodes)}
     # alias classes: a view (or possibly the same tensor) shares its base's memory
     parent: dict[Value, Value] = {}
@@ -124,6 +127,8 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
             why = ""
             if n.op not in PLANNED_OPS:
                 why = "ATen allocates it"
+            elif unplanned is not None and n in unplanned:
+                why = "oneDNN allocates it"
             elif rt in outputs:
                 why = "reaches a graph output"
             elif rt in inputs:

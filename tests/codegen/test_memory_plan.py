@@ -105,3 +105,21 @@ def test_emit_memory_plan_cli(tmp_path):
                        text=True, cwd=str(Path(__file__).resolve().parents[2]), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("; memory plan:") and "live steps" in r.stdout
+
+
+def test_large_matmuls_run_on_onednn_outside_the_plan():
+    """A matmul of two activations above the library threshold runs as oneDNN's inner product
+    (x @ b as linear(x, b.T)); its result is not in the arena, and the values are right."""
+    b = Builder()
+    x = b.input("x", TensorType((128, 256), F32))
+    y = b.input("y", TensorType((256, 512), F32))
+    z = b.tanh(b.matmul(b.exp(x), b.mul(y, y)))
+    g = verify(b.ret(z))
+    prog = CompiledProgram(g)
+    assert len(prog.library_matmuls) == 1
+    (mm,) = prog.library_matmuls
+    buf = prog.memory_plan.by_value[mm.results[0]]
+    assert buf.offset < 0 and "oneDNN" in buf.why
+    xs, ys = torch.randn(128, 256) * 0.1, torch.randn(256, 512) * 0.1
+    want = torch.tanh(torch.exp(xs) @ (ys * ys))
+    torch.testing.assert_close(prog([xs, ys])[0], want, rtol=1e-5, atol=1e-5)
