@@ -25,6 +25,7 @@ from . import op  # noqa: F401  (registers the fused op)
 from . import fusion  # noqa: F401  (registers the fuse-kernels pass)
 from . import library  # noqa: F401  (registers conv2d_pointwise, linear_pointwise and the fuse-library pass)
 from . import inference  # noqa: F401  (registers the fold-batch-norm pass)
+from . import layout  # noqa: F401  (registers the assign-layout pass)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
 from .kernels import fallbacks, kernel_name
@@ -60,7 +61,7 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            g = PassManager.parse("fold-batch-norm,fuse-library").run(g)
+            g = PassManager.parse("fold-batch-norm,fuse-library,assign-layout").run(g)
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)

@@ -22,7 +22,7 @@ from strategies import assert_same_outputs, random_inputs, run_reference
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 PASS_DIRS = ("dce", "cse", "fold-constants", "canonicalize", "fuse-activations", "fuse-kernels", "fuse-library",
-             "fold-batch-norm")
+             "fold-batch-norm", "assign-layout")
 FILES = sorted(p for d in PASS_DIRS for p in (GOLDEN / d).glob("*.pir"))
 
 
