@@ -37,9 +37,10 @@ __all__ = ["CompiledProgram", "FuseKernels", "plan_groups", "body_of", "CodegenE
 class CompiledProgram:
     """``graph`` with its elementwise groups fused into generated kernels, ready to run.
 
-    The graph is copied, and on the copy run ``fold-batch-norm`` and ``fuse-library`` (oneDNN
-    convolutions and linear layers with their epilogues; ``library``, default on unless the
-    program donates its inputs as a training step does), then ``fuse-kernels`` and ``dce``
+    The graph is copied, and on the copy run ``fold-batch-norm``, ``fuse-library`` (oneDNN
+    convolutions and linear layers with their epilogues) and ``assign-layout`` (channels-last
+    regions of CNNs, by cost) -- ``library``, default on unless the program donates its inputs
+    as a training step does -- then ``fuse-kernels`` and ``dce``
     (``fuse=False`` skips all of them, for a graph fused already); the torch executor prepares
     it, compiling each kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
     that. Calls take and return what ``TorchProgram`` does.

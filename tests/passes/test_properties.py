@@ -26,7 +26,9 @@ PROPERTY = settings(max_examples=40, deadline=None, database=None, print_blob=Tr
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 PIPELINES = ["dce", "cse", "fold-constants", "canonicalize", "canonicalize,cse,fold-constants,dce",
-             "fold-constants{max-elements=2},canonicalize,cse,dce", "fuse-activations,dce"]
+             "fold-constants{max-elements=2},canonicalize,cse,dce", "fuse-activations,dce",
+             # the code generator's passes (partita/codegen), in CompiledProgram's order
+             "fold-batch-norm,fuse-library,assign-layout,fuse-kernels,dce"]
 
 
 def _optimize(pipeline: str, g):
