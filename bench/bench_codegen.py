@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_codegen.py --threads 2 --rounds 30
     .venv/bin/python bench/bench_codegen.py --models gpt2,llama --peers eager,ort
     .venv/bin/python bench/bench_codegen.py --executors aten           # only the ATen executor
+    .venv/bin/python bench/bench_codegen.py --memory                   # and measured peak memory (+5 min)
     .venv/bin/python bench/bench_codegen.py --quick                    # tiny sizes, 3 rounds, no Inductor
 
 partita's side: the model is imported with ``partita.import_torch`` (torch.export), optimized with
@@ -12,15 +13,18 @@ partita's side: the model is imported with ``partita.import_torch`` (torch.expor
 ``fuse-activations`` before it, as ``training_step`` runs it) and run by one of ``EXECUTORS``:
 
   aten     ``partita.backend.torch_exec.TorchProgram(graph)``: one ATen call per node
-  codegen  ``partita.codegen.CompiledProgram(graph)``, when ``import partita.codegen`` succeeds
-           and the module has ``CompiledProgram``; otherwise the column is left out with a note
+  codegen  ``partita.codegen.CompiledProgram(graph)`` with its default options (fold-batch-norm,
+           fuse-library, fuse-kernels, the memory plan, the generated run function), when
+           ``import partita.codegen`` succeeds and the module has ``CompiledProgram``;
+           otherwise the column is left out with a note
 
 Both are called the same way: ``prog(inputs) -> list of outputs``, where ``inputs`` is the list
 of the graph's ``input``-role values (CPU torch tensors, in the graph's order) and params and
 buffers come from ``graph.weights``. For the training step the executor gets a dict by name
 that also holds the params and optimizer state, as ``partita.autodiff.Trainer`` feeds
-``TorchProgram`` (with ``donate=True`` when the executor's constructor takes ``donate``).
-Outputs may be torch tensors or NumPy arrays.
+``TorchProgram`` (with ``donate=True`` when the executor's constructor takes ``donate``, as
+both do: ``CompiledProgram(step, donate=True)`` runs AdamW as generated kernels and leaves the
+library passes out). Outputs may be torch tensors or NumPy arrays.
 
 Before timing, every candidate's outputs are compared with eager's (the max absolute error,
 and that error over the output's largest magnitude); a partita executor above 1e-3 relative
@@ -48,8 +52,34 @@ candidates of a model are timed in the same rounds: each round times each candid
 medians over rounds; every ratio (partita / peer: above 1 means partita is slower) is the
 median of the per-round ratios. Compile times: partita's is ``optimize`` plus the executor's
 construction (``import_torch`` is reported apart, split into torch.export and partita's
-conversion); its first call is reported too. The script prints Markdown tables and writes
-JSON to bench/results/codegen-<time>.json.
+conversion); its first call is reported too.
+
+Codegen's compile, cold and warm (``--compile-probe``, on unless ``--quick``): the imported
+graph is saved (``partita.save``) and loaded in a fresh interpreter, which times ``optimize``
+and ``CompiledProgram`` (``training_step`` and ``CompiledProgram(step, donate=True)`` for the
+training step), torch.export being outside it. Cold: ``PARTITA_CACHE_DIR`` is a new, empty
+directory for that model, and nothing of partita has compiled in that process before (its
+kernels are also cached in memory, so a build later in the same process would not be cold).
+Warm: a second fresh process on the cache the first one filled. Each is done
+``--compile-repeats`` times (3) and the median is reported, with the slowest and the kernels
+that process compiled or read from disk.
+
+Peak memory (``--memory``; it adds minutes, so it is off by default): partita's plan
+(``CompiledProgram.memory_plan.peak_bytes``, with ``arena_bytes``), and for every candidate a
+fresh process (``_worker_memory``) with ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB (so what a
+call frees goes back to the system), which builds the candidate, warms it up, resets the
+kernel's peak counter (``/proc/self/clear_refs``), runs it a few times and reports VmHWM minus
+the resident size before those runs, and apart from it what building and warming up kept.
+Two such processes run at a time, after every model's timed rounds.
+
+Profile (``--profile``, on unless ``--quick``): after the rounds, 10 more interleaved rounds
+(5 for the training step) of one profiled call per candidate (``profile_rounds``): each
+partita program's steps timed one by one (``StepProfiler``), eager and Inductor under
+``torch.profiler`` and a second ONNX Runtime session with its own profiler; the ops are
+summed by category (GEMM, conv, attention, norm, other) beside the time outside them.
+
+The script prints Markdown tables, the issue's targets for codegen (met or missed), and writes
+JSON to bench/results/codegen-<time>.json. ``--worker`` is the fresh processes' entry.
 """
 
 from __future__ import annotations
@@ -117,7 +147,7 @@ def _aten(graph: partita.Graph) -> Callable:
     return TorchProgram(graph)
 
 
-EXECUTORS: dict[str, Callable[[partita.Graph], Callable]] = {"aten": _aten}
+EXECUTORS: dict[str, Callable[..., Callable]] = {"aten": _aten}  # (graph, donate=...) -> program
 EXECUTOR_NOTES: list[str] = []
 
 
@@ -444,10 +474,10 @@ def _median_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b))
 
 
-def warm_inductor() -> float:
+def warm_inductor(workdir: str | None = None) -> float:
     """One untimed compile of a tiny function, so that Inductor's imports and process-wide
     set-up are not charged to the first model's cold compile."""
-    d = tempfile.mkdtemp(prefix="bench_codegen-inductor-warm-")
+    d = tempfile.mkdtemp(prefix="inductor-warm-", dir=workdir)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     t0 = time.perf_counter()
     f = torch.compile(lambda x: torch.relu(x) * 2.0 + 1.0)
@@ -498,11 +528,22 @@ def _quiet_fds(log_path: str):
             os.close(saved[1])
 
 
+def ort_session(path: str) -> Any:
+    """An ONNX Runtime session as the benchmark runs it: all graph optimizations, sequential
+    execution, ``THREADS`` intra-op threads, one inter-op thread, the CPU provider."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
 def build_ort(case: Case, workdir: str) -> dict[str, Any]:
     """Export with the TorchScript exporter (opset 17), trying ``case.onnx_variants`` in
     order; returns the session and its feeds, or the errors."""
-    import onnxruntime as ort
-
     variants = case.onnx_variants or [("as is", case.module)]
     errors: list[str] = []
     for label, module in variants:
@@ -514,12 +555,7 @@ def build_ort(case: Case, workdir: str) -> dict[str, Any]:
                 torch.onnx.export(module, case.args, path, input_names=list(case.names), output_names=["out"],
                                   dynamo=False, opset_version=17)
             t1 = time.perf_counter()
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = THREADS
-            so.inter_op_num_threads = 1
-            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            sess = ort_session(path)
             t2 = time.perf_counter()
         except Exception as e:  # exporters raise many types; the table needs the message
             errors.append(f"{label}: {_first_line(e)}")
@@ -527,7 +563,7 @@ def build_ort(case: Case, workdir: str) -> dict[str, Any]:
         by_name = dict(zip(case.names, case.args))
         # The exporter drops inputs the graph does not use; feed only those the session has.
         feeds = {i.name: by_name[i.name].numpy() for i in sess.get_inputs()}
-        return {"session": sess, "feeds": feeds, "export_s": t1 - t0, "session_s": t2 - t1, "variant": label,
+        return {"session": sess, "feeds": feeds, "path": path, "export_s": t1 - t0, "session_s": t2 - t1, "variant": label,
                 "errors": errors, "nodes": _onnx_nodes(path)}
     return {"session": None, "errors": errors}
 
@@ -558,12 +594,42 @@ def build_partita(name: str, imported: partita.Graph, args: tuple, refs: list[to
     except Exception as e:  # a partita bug: reported in the row, and the run fails
         traceback.print_exc()
         return {"error": _first_line(e)}
-    return {"prog": prog, "inputs": inputs, "optimize_s": t1 - t0, "build_s": t2 - t1, "compile_s": t2 - t0,
-            "first_call_s": t3 - t2, "nodes": len(g), "check": accuracy(outs, refs)}
+    r = {"prog": prog, "inputs": inputs, "optimize_s": t1 - t0, "build_s": t2 - t1, "compile_s": t2 - t0,
+         "first_call_s": t3 - t2, "nodes": len(g), "check": accuracy(outs, refs)}
+    r.update(_program_facts(prog))
+    return r
+
+
+def _program_facts(prog: Any) -> dict[str, Any]:
+    """What a CompiledProgram says about itself: its memory plan and its kernels."""
+    out: dict[str, Any] = {}
+    plan = getattr(prog, "memory_plan", None)
+    if plan is not None:
+        out["plan"] = {"peak_bytes": plan.peak_bytes, "arena_bytes": plan.arena_bytes,
+                       "unplanned_peak_bytes": getattr(plan, "unplanned_peak", None)}
+    if hasattr(prog, "kernels"):
+        out["fused_nodes"] = len(prog.kernels)
+    if getattr(prog, "optimizer_kernels", None):
+        out["adamw_kernels"] = len(prog.optimizer_kernels)
+    return out
+
+
+@dataclass
+class Extras:
+    """The measurements besides the timed rounds (see the module's docstring)."""
+
+    quick: bool = False
+    compile_probe: bool = True   # codegen's cold and warm compile, each in a fresh process
+    compile_repeats: int = 3
+    memory: bool = False         # measured peak memory, a fresh process per candidate
+    profile: bool = True         # per-op time of each partita program
+    dirs: dict[str, str] = field(default_factory=dict)  # per model: Inductor's cache dir, the ONNX file
+    memory_jobs: list[tuple[str, str, dict, dict]] = field(default_factory=list)
 
 
 def bench_inference(case: Case, executors: list[str], peers: list[str], rounds: int, calls: int, warmup: int,
-                    workdir: str) -> dict[str, Any]:
+                    workdir: str, extras: Extras | None = None) -> dict[str, Any]:
+    extras = extras or Extras(compile_probe=False, profile=False)
     model, args = case.module.eval(), case.args
     res: dict[str, Any] = {"model": case.key, "label": case.label, "executors": {}, "peers": {}}
     with torch.inference_mode():
@@ -571,12 +637,17 @@ def bench_inference(case: Case, executors: list[str], peers: list[str], rounds: 
     timings: dict[str, float] = {}
     imported = import_torch(model, args, timings=timings)
     res["import"] = {"export_s": timings["export"], "convert_s": timings["convert"], "nodes": len(imported)}
+    graph_path = _save_graph(imported, case.key, workdir) if extras.compile_probe or extras.memory else None
+    if graph_path is not None and extras.compile_probe and "codegen" in executors:
+        res["compile_probe"] = compile_probe(case.key, graph_path, False, workdir, extras.compile_repeats)
     cands: dict[str, Callable[[], Any]] = {}
+    progs: dict[str, Any] = {}
     for name in executors:
         r = build_partita(name, imported, args, refs)
         res["executors"][name] = {k: v for k, v in r.items() if k not in ("prog", "inputs")}
         if "prog" in r:
             cands[f"partita:{name}"] = functools.partial(r["prog"], r["inputs"])
+            progs[name] = r["prog"]
     if "eager" in peers:
         def eager() -> Any:
             with torch.inference_mode():
@@ -584,7 +655,7 @@ def bench_inference(case: Case, executors: list[str], peers: list[str], rounds: 
         cands["eager"] = eager
         res["peers"]["eager"] = {}
     if "inductor" in peers:
-        _fresh_inductor_cache(workdir, case.key)
+        extras.dirs[f"{case.key}:inductor"] = _fresh_inductor_cache(workdir, case.key)
         compiled = torch.compile(model)
         try:
             t0 = time.perf_counter()
@@ -606,6 +677,8 @@ def bench_inference(case: Case, executors: list[str], peers: list[str], rounds: 
             res["peers"]["ort"] = {"error": "; ".join(o["errors"])}
         else:
             sess, feeds = o["session"], o["feeds"]
+            extras.dirs[f"{case.key}:onnx"] = o["path"]
+            ort_feeds = feeds
             cands["ort"] = functools.partial(sess.run, None, feeds)
             res["peers"]["ort"] = {"export_s": o["export_s"], "session_s": o["session_s"], "variant": o["variant"],
                                    "export_errors": o["errors"], "onnx_nodes": o["nodes"],
@@ -615,6 +688,16 @@ def bench_inference(case: Case, executors: list[str], peers: list[str], rounds: 
             fn()
     times = time_rounds(cands, rounds, calls)
     _summarize(res, times)
+    if extras.profile:
+        profs: dict[str, Any] = {f"partita:{name}": StepProfiler(_torch_program(prog), cands[f"partita:{name}"])
+                                 for name, prog in progs.items()}
+        profs.update({peer: TorchOpProfiler(cands[peer]) for peer in ("eager", "inductor") if peer in cands})
+        if "ort" in cands:
+            profs["ort"] = OrtProfiler(extras.dirs[f"{case.key}:onnx"], ort_feeds, workdir)
+        for n, pr in profile_rounds(profs, 2 if extras.quick else 10).items():
+            (res["executors"][n.split(":", 1)[1]] if n.startswith("partita:") else res["peers"][n])["profile"] = pr
+    if extras.memory:
+        queue_memory_jobs(case, executors, peers, graph_path, extras, workdir)
     return res
 
 
@@ -635,7 +718,7 @@ class ProgramTrainer:
     """``partita.autodiff.Trainer``'s loop over any executor: the step's params and optimizer
     state are fed by name and each output that aliases an input becomes its next value. The
     trainer owns those buffers, so an executor that takes ``donate`` (as ``TorchProgram``
-    does) gets ``donate=True``, as ``Trainer`` gives its program."""
+    and ``CompiledProgram`` do) gets ``donate=True``, as ``Trainer`` gives its program."""
 
     def __init__(self, step: partita.Graph, factory: Callable) -> None:
         import inspect
@@ -665,10 +748,54 @@ def _ce_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
-def bench_training(case: Case, executors: list[str], peers: list[str], rounds: int, calls: int, warmup: int,
-                   workdir: str) -> dict[str, Any]:
+def partita_trainer(name: str, fwd: partita.Graph) -> tuple[Any, float, float]:
+    """``training_step`` of the imported forward graph, run by executor ``name`` (``Trainer``
+    for aten, ``ProgramTrainer`` otherwise); the trainer, and the seconds of each part."""
     from partita.autodiff import Trainer
 
+    t0 = time.perf_counter()
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", lr=LR)
+    t1 = time.perf_counter()
+    trainer = Trainer(step) if name == "aten" else ProgramTrainer(step, EXECUTORS[name])
+    return trainer, t1 - t0, time.perf_counter() - t1
+
+
+def eager_train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """One step of the eager loop with ``torch.optim.AdamW`` (its default implementation)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = _ce_loss(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
+def inductor_train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], float]:
+    """``torch.compile`` of the whole step with ``torch.optim.AdamW(fused=True)``; compiled on
+    its first call."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = _ce_loss(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled_step = torch.compile(train_step)
+    return lambda: compiled_step(x, y).item()
+
+
+def _trainer_program(trainer: Any) -> Any:
+    return trainer.prog if isinstance(trainer, ProgramTrainer) else trainer._program
+
+
+def bench_training(case: Case, executors: list[str], peers: list[str], rounds: int, calls: int, warmup: int,
+                   workdir: str, extras: Extras | None = None) -> dict[str, Any]:
+    extras = extras or Extras(compile_probe=False, profile=False)
     model = case.module.eval()  # no dropout, as in bench/bench_train.py
     (x,), y = case.args, case.train_target
     res: dict[str, Any] = {"model": case.key, "label": case.label, "executors": {}, "peers": {}, "training": True}
@@ -676,16 +803,17 @@ def bench_training(case: Case, executors: list[str], peers: list[str], rounds: i
     timings: dict[str, float] = {}
     fwd = import_torch(model, (x,), timings=timings)
     res["import"] = {"export_s": timings["export"], "convert_s": timings["convert"], "nodes": len(fwd)}
+    graph_path = _save_graph(fwd, case.key, workdir) if extras.compile_probe or extras.memory else None
+    if graph_path is not None and extras.compile_probe and "codegen" in executors:
+        res["compile_probe"] = compile_probe(case.key, graph_path, True, workdir, extras.compile_repeats)
     (xname,) = [str(v.name) for v in fwd.inputs if v.role == "input"]
     batch = {xname: x, "target": y}
     steps: dict[str, Callable[[], float]] = {}
+    trainers: dict[str, Any] = {}
     first_losses: dict[str, list[float]] = {}
     for name in executors:
         try:
-            t0 = time.perf_counter()
-            step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", lr=LR)
-            t1 = time.perf_counter()
-            trainer = Trainer(step) if name == "aten" else ProgramTrainer(step, EXECUTORS[name])
+            trainer, opt_s, build_s = partita_trainer(name, fwd)
             t2 = time.perf_counter()
             losses = [trainer.step(batch)]
             t3 = time.perf_counter()
@@ -694,43 +822,29 @@ def bench_training(case: Case, executors: list[str], peers: list[str], rounds: i
             traceback.print_exc()
             res["executors"][name] = {"error": _first_line(e)}
             continue
-        res["executors"][name] = {"optimize_s": t1 - t0, "build_s": t2 - t1, "compile_s": t2 - t0,
-                                  "first_call_s": t3 - t2, "nodes": len(step)}
+        res["executors"][name] = {"optimize_s": opt_s, "build_s": build_s, "compile_s": opt_s + build_s,
+                                  "first_call_s": t3 - t2, "nodes": len(trainer.graph if name == "aten" else
+                                                                         trainer.prog.graph)}
+        res["executors"][name].update(_program_facts(_trainer_program(trainer)))
         first_losses[f"partita:{name}"] = losses
         steps[f"partita:{name}"] = functools.partial(trainer.step, batch)
-    eager_opt = torch.optim.AdamW(model.parameters(), lr=LR)
-
-    def eager_step() -> float:
-        eager_opt.zero_grad(set_to_none=True)
-        loss = _ce_loss(model, x, y)
-        loss.backward()
-        eager_opt.step()
-        return loss.item()
-
+        trainers[name] = trainer
+    eager_step = eager_train_step(model, x, y)
     # Eager is always run for the check; it is timed only when asked for.
     first_losses["eager"] = [eager_step(), eager_step()]
     if "eager" in peers:
         steps["eager"] = eager_step
         res["peers"]["eager"] = {}
     if "inductor" in peers:
-        _fresh_inductor_cache(workdir, case.key)
-        opt_c = torch.optim.AdamW(compiled_model.parameters(), lr=LR, fused=True)
-
-        def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            opt_c.zero_grad(set_to_none=True)
-            loss = _ce_loss(compiled_model, x, y)
-            loss.backward()
-            opt_c.step()
-            return loss
-
-        compiled_step = torch.compile(train_step)
+        extras.dirs[f"{case.key}:inductor"] = _fresh_inductor_cache(workdir, case.key)
+        compiled_step = inductor_train_step(compiled_model, x, y)
         try:
             t0 = time.perf_counter()
-            losses = [compiled_step(x, y).item()]
+            losses = [compiled_step()]
             cold = time.perf_counter() - t0
-            losses.append(compiled_step(x, y).item())
+            losses.append(compiled_step())
             first_losses["inductor"] = losses
-            steps["inductor"] = lambda: compiled_step(x, y).item()
+            steps["inductor"] = compiled_step
             res["peers"]["inductor"] = {"cold_compile_s": cold, "optimizer": "torch.optim.AdamW(fused=True)"}
         except Exception as e:
             traceback.print_exc()
@@ -750,7 +864,397 @@ def bench_training(case: Case, executors: list[str], peers: list[str], rounds: i
             fn()
     times = time_rounds(steps, rounds, calls)
     _summarize(res, times)
+    if extras.profile:
+        profs: dict[str, Any] = {f"partita:{name}": StepProfiler(_torch_program(_trainer_program(trainer)),
+                                                                 steps[f"partita:{name}"])
+                                 for name, trainer in trainers.items()}
+        profs.update({peer: TorchOpProfiler(steps[peer]) for peer in ("eager", "inductor") if peer in steps})
+        for n, pr in profile_rounds(profs, 2 if extras.quick else 5).items():
+            (res["executors"][n.split(":", 1)[1]] if n.startswith("partita:") else res["peers"][n])["profile"] = pr
+    if extras.memory:
+        queue_memory_jobs(case, executors, peers, graph_path, extras, workdir)
     return res
+
+
+# --- per-op profile of a partita program --------------------------------------------------
+
+def _torch_program(prog: Any) -> Any:
+    """The ``TorchProgram`` that runs ``prog`` (a CompiledProgram holds one as ``.program``)."""
+    return getattr(prog, "program", prog)
+
+
+def _profile_result(wall_s: float, ops: dict[str, dict[str, float]], calls: int) -> dict[str, Any]:
+    """Per-call figures: ``ops`` holds totals (seconds, steps) over ``calls`` calls."""
+    out = {op: {"ms": e["s"] / calls * 1e3, "steps": e["steps"] // calls} for op, e in ops.items() if e["s"] > 0}
+    wall = wall_s / calls * 1e3
+    inside = sum(e["ms"] for e in out.values())
+    return {"wall_ms": wall, "steps_ms": inside, "outside_ms": wall - inside, "calls": calls,
+            "ops": dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))}
+
+
+class StepProfiler:
+    """Per-op time of a ``TorchProgram``: each step's function is wrapped with a timer while
+    the profiler is open (the program regenerates its run function when its steps are
+    replaced) and put back by ``result``. ``outside_ms`` is the call's time that no step
+    accounts for: the generated run function, input conversion, the caller (a trainer's
+    feed), and the timers themselves (about 0.1 us a step)."""
+
+    def __init__(self, tp: Any, call: Callable[[], Any]) -> None:
+        self.tp, self.fn, self.orig = tp, call, list(tp.steps)
+        self.acc = [0.0] * len(self.orig)
+        self.wall, self.calls = 0.0, 0
+        clock = time.perf_counter
+        acc = self.acc
+
+        def timed(k: int, fn: Callable) -> Callable:
+            def step(args: Any, attrs: Any) -> Any:
+                t0 = clock()
+                r = fn(args, attrs)
+                acc[k] += clock() - t0
+                return r
+            return step
+
+        tp.steps[:] = [(timed(k, st[0]), *st[1:]) for k, st in enumerate(self.orig)]
+
+    def call(self) -> None:
+        t0 = time.perf_counter()
+        self.fn()
+        self.wall += time.perf_counter() - t0
+        self.calls += 1
+
+    def reset(self) -> None:
+        self.acc[:] = [0.0] * len(self.acc)
+        self.wall, self.calls = 0.0, 0
+
+    def result(self) -> dict[str, Any]:
+        self.tp.steps[:] = self.orig
+        ops: dict[str, dict[str, float]] = {}
+        for st, t in zip(self.orig, self.acc):
+            node = st[7]
+            op = node.op
+            if op in ("linear_pointwise", "conv2d_pointwise") and node.attrs.get("unary", "none") != "none":
+                op = f"{op}+{node.attrs['unary']}"
+            e = ops.setdefault(op, {"s": 0.0, "steps": 0})
+            e["s"] += t
+            e["steps"] += self.calls
+        return _profile_result(self.wall, ops, max(self.calls, 1))
+
+
+class TorchOpProfiler:
+    """Per-op self time of eager or Inductor code under ``torch.profiler`` (CPU), one profiler
+    session per call. Inductor's generated C++ has no events of its own: its time is the self
+    time of its compiled region; the ops it calls (the GEMMs, convolutions, SDPA) have theirs."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.fn = call
+        self.reset()
+
+    def reset(self) -> None:
+        self.ops: dict[str, dict[str, float]] = {}
+        self.wall, self.calls = 0.0, 0
+
+    def call(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            self.fn()
+            self.wall += time.perf_counter() - t0
+        self.calls += 1
+        for ev in prof.key_averages():
+            e = self.ops.setdefault(ev.key, {"s": 0.0, "steps": 0})
+            e["s"] += ev.self_cpu_time_total / 1e6
+            e["steps"] += ev.count
+
+    def result(self) -> dict[str, Any]:
+        return _profile_result(self.wall, self.ops, max(self.calls, 1))
+
+
+class OrtProfiler:
+    """Per-op-type kernel time of an ONNX Runtime session made like the timed one, with ORT's
+    own profiler on; only the nodes of the calls after the last ``reset`` count."""
+
+    def __init__(self, path: str, feeds: dict[str, Any], workdir: str) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = THREADS
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(workdir, "ort-profile")
+        self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        self.feeds = feeds
+        self.skip = 0
+        self.wall, self.calls = 0.0, 0
+
+    def call(self) -> None:
+        t0 = time.perf_counter()
+        self.sess.run(None, self.feeds)
+        self.wall += time.perf_counter() - t0
+        self.calls += 1
+
+    def reset(self) -> None:
+        self.skip += self.calls
+        self.wall, self.calls = 0.0, 0
+
+    def result(self) -> dict[str, Any]:
+        events = json.loads(Path(self.sess.end_profiling()).read_text())
+        runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
+        start = runs[self.skip] if len(runs) > self.skip else 0
+        ops: dict[str, dict[str, float]] = {}
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+                o = ops.setdefault(e["args"].get("op_name", "?"), {"s": 0.0, "steps": 0})
+                o["s"] += e["dur"] / 1e6
+                o["steps"] += 1
+        return _profile_result(self.wall, ops, max(self.calls, 1))
+
+
+def profile_rounds(profilers: dict[str, Any], rounds: int) -> dict[str, dict[str, Any]]:
+    """One untimed call of each, then ``rounds`` rounds of one profiled call of each, the
+    starting candidate rotating as in ``time_rounds``, so that the profiles share the
+    machine's state as the timed rounds do."""
+    names = list(profilers)
+    for n in names:
+        profilers[n].call()
+        profilers[n].reset()
+    for r in range(rounds):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            profilers[n].call()
+    return {n: pr.result() for n, pr in profilers.items()}
+
+
+_CATEGORIES = (("conv", ("conv",)),
+               ("GEMM", ("linear", "matmul", "gemm", "addmm", "aten::mm", "bmm")),
+               ("attention", ("attention", "scaled_dot_product", "softmax")),
+               ("norm", ("norm",)))
+
+
+def op_category(op: str) -> str:
+    """conv, GEMM, attention, norm or other: a rough grouping of the op names of partita,
+    ATen and ONNX Runtime (an ORT ``Attention`` node holds its QKV GEMM; an exported
+    attention that was not fused is MatMul and Softmax nodes)."""
+    n = op.lower()
+    for cat, keys in _CATEGORIES:
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+# --- fresh processes: compile cold and warm, peak memory -----------------------------------
+
+WORKER = "--worker"
+_WORKER_MARK = "bench_codegen worker result: "
+MEMORY_PEERS = ("eager", "inductor", "ort")
+MEMORY_JOBS = 2
+
+
+def _save_graph(graph: partita.Graph, key: str, workdir: str) -> str:
+    """The imported graph as .pir (and .safetensors), for the fresh processes to load."""
+    path = os.path.join(workdir, f"{key}.pir")
+    partita.save(graph, path)
+    return path
+
+
+def _run_worker(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Runs this script's worker mode in a fresh interpreter; its JSON result or an error."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--threads", str(THREADS), WORKER, json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"worker timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_WORKER_MARK):
+            return json.loads(line[len(_WORKER_MARK):])
+    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
+    return {"error": f"worker exited with status {proc.returncode}: {tail[0][:200]}"}
+
+
+def compile_probe(key: str, graph_path: str, training: bool, workdir: str, repeats: int = 3) -> dict[str, Any]:
+    """partita's compile of the codegen executor, each in a fresh process: cold (an empty
+    ``PARTITA_CACHE_DIR`` made for this model) and warm (a second process on the cache the
+    cold one filled), ``repeats`` times each; ``cold`` and ``warm`` are the runs with the
+    median time, with every run's time in ``compile_s_all``."""
+    spec = {"kind": "compile", "graph": graph_path, "training": training}
+    runs = []
+    for _ in range(repeats):
+        env = {"PARTITA_CACHE_DIR": tempfile.mkdtemp(prefix=f"partita-kernels-{key}-", dir=workdir)}
+        runs.append({"cold": _run_worker(spec, env, 600), "warm": _run_worker(spec, env, 600)})
+    out: dict[str, Any] = {"runs": runs}
+    for kind in ("cold", "warm"):
+        got = [r[kind] for r in runs]
+        bad = [g for g in got if "error" in g]
+        if bad:
+            out[kind] = bad[0]
+            continue
+        got.sort(key=lambda g: g["compile_s"])
+        out[kind] = {**got[(len(got) - 1) // 2], "compile_s_all": [g["compile_s"] for g in got]}
+    return out
+
+
+def queue_memory_jobs(case: Case, executors: list[str], peers: list[str], graph_path: str | None, extras: Extras,
+                      workdir: str) -> None:
+    """The memory measurements of ``case``, one job per candidate, run at the end of the run
+    (``run_memory_jobs``), after every timed round."""
+    training = case.train_target is not None
+    inputs_path = os.path.join(workdir, f"{case.key}-inputs.pt")
+    torch.save({"args": case.args, "target": case.train_target}, inputs_path)
+    for cand in [p for p in MEMORY_PEERS if p in peers] + list(executors):
+        if cand == "ort" and (training or f"{case.key}:onnx" not in extras.dirs):
+            continue
+        spec = {"kind": "memory", "key": case.key, "quick": extras.quick, "candidate": cand, "graph": graph_path,
+                "inputs": inputs_path, "onnx": extras.dirs.get(f"{case.key}:onnx")}
+        # Blocks of 128 KiB and more are mapped and unmapped one by one (a fixed threshold, not
+        # glibc's sliding one), so what a call frees goes back to the system and the resident
+        # size between calls is what the candidate keeps.
+        env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+        if cand == "inductor" and f"{case.key}:inductor" in extras.dirs:
+            env["TORCHINDUCTOR_CACHE_DIR"] = extras.dirs[f"{case.key}:inductor"]
+        extras.memory_jobs.append((case.key, cand, spec, env))
+
+
+def run_memory_jobs(results: list[dict[str, Any]], extras: Extras) -> float:
+    """Runs the queued memory jobs, ``MEMORY_JOBS`` fresh processes at a time (memory, not
+    time, is measured, so they may share the CPUs); the results go to each model's
+    ``memory``. Returns the seconds taken."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    by_key = {r["model"]: r for r in results}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=MEMORY_JOBS) as pool:
+        futs = [(key, cand, pool.submit(_run_worker, spec, env, 900)) for key, cand, spec, env in extras.memory_jobs]
+        for key, cand, fut in futs:
+            by_key[key].setdefault("memory", {})[cand] = fut.result()
+    return time.perf_counter() - t0
+
+
+def _proc_status() -> dict[str, int]:
+    """VmRSS and VmHWM of this process, in bytes."""
+    got: dict[str, int] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmHWM"):
+                got[k] = int(v.split()[0]) * 1024
+    return got
+
+
+def _worker_compile(spec: dict[str, Any]) -> dict[str, Any]:
+    """Loads the imported graph (outside the timing), then times what partita does to it:
+    ``optimize`` and the codegen executor's construction (``training_step`` and the executor
+    with ``donate=True`` for the training step). Nothing of partita has compiled in this
+    process before, so the kernels come from the disk cache or LLVM."""
+    from partita.codegen import cache_dir
+
+    factory = EXECUTORS["codegen"]
+    g = partita.load(spec["graph"])
+    entries_before = sum(1 for _ in cache_dir().rglob("*.o")) if cache_dir().exists() else 0
+    t0 = time.perf_counter()
+    if spec["training"]:
+        step = partita.training_step(g, loss="cross_entropy", optimizer="adamw", lr=LR)
+        t1 = time.perf_counter()
+        prog = factory(step, donate=True)
+    else:
+        opt = partita.optimize(g, PIPELINE)
+        t1 = time.perf_counter()
+        prog = factory(opt)
+    t2 = time.perf_counter()
+    entries_after = sum(1 for _ in cache_dir().rglob("*.o")) if cache_dir().exists() else 0
+    return {"optimize_s": t1 - t0, "build_s": t2 - t1, "compile_s": t2 - t0,
+            "program_compile_seconds": getattr(prog, "compile_seconds", None), "cache": getattr(prog, "cache", None),
+            "cache_entries_before": entries_before, "cache_entries_after": entries_after, **_program_facts(prog)}
+
+
+def _worker_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """One candidate's memory: its inputs, and the model (eager, Inductor, ORT) or the
+    imported graph with its weights (partita), are made first; then the resident size
+    ``rss_start`` is read; the candidate is built and
+    warmed up (3 calls); ``rss_before`` is read, the peak counter is reset (``clear_refs``
+    5), the candidate runs ``calls`` times and VmHWM is read. ``peak_bytes`` = VmHWM -
+    rss_before: what the calls themselves take above what stays between them. ``held_bytes``
+    = rss_before - rss_start: what building and warming up kept (compiled code, packed or
+    copied weights, an arena, allocator caches)."""
+    cand = spec["candidate"]
+    saved = torch.load(spec["inputs"])
+    args, target = saved["args"], saved["target"]
+    training = target is not None
+    if cand in EXECUTORS:  # partita needs only its graph; the peers need the model
+        graph, model = partita.load(spec["graph"]), None
+    else:
+        case = make_case(spec["key"], QUICK if spec["quick"] else FULL)
+        graph, model = None, case.module.eval()
+    warmup, calls = (1, 2) if spec["quick"] else (3, 5)
+    facts: dict[str, Any] = {}
+    gc.collect()
+    rss_start = _proc_status()["VmRSS"]
+    fn: Callable[[], Any]
+    if training:
+        (x,), y = args, target
+        if cand == "eager":
+            fn = eager_train_step(model, x, y)
+        elif cand == "inductor":
+            fn = inductor_train_step(model, x, y)
+        else:
+            assert graph is not None
+            trainer, _, _ = partita_trainer(cand, graph)
+            (xname,) = [str(v.name) for v in graph.inputs if v.role == "input"]
+            fn = functools.partial(trainer.step, {xname: x, "target": y})
+            facts = _program_facts(_trainer_program(trainer))
+    else:
+        if cand == "eager":
+            assert model is not None
+
+            def fn() -> Any:
+                with torch.inference_mode():
+                    return model(*args)
+        elif cand == "inductor":
+            compiled = torch.compile(model)
+
+            def fn() -> Any:
+                with torch.no_grad():
+                    return compiled(*args)
+        elif cand == "ort":
+            sess = ort_session(spec["onnx"])
+            by_name = dict(zip(case.names, args))  # the exporter may drop an unused input
+            feeds = {i.name: by_name[i.name].numpy() for i in sess.get_inputs()}
+            fn = functools.partial(sess.run, None, feeds)
+        else:
+            assert graph is not None
+            prog = EXECUTORS[cand](partita.optimize(graph, PIPELINE))
+            fn = functools.partial(prog, list(args))
+            facts = _program_facts(prog)
+    for _ in range(warmup):
+        fn()
+    gc.collect()
+    rss_before = _proc_status()["VmRSS"]
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    for _ in range(calls):
+        fn()
+    st = _proc_status()
+    return {"rss_start": rss_start, "rss_before": rss_before, "hwm": st["VmHWM"], "calls": calls,
+            "peak_bytes": st["VmHWM"] - rss_before, "held_bytes": rss_before - rss_start, **facts}
+
+
+def worker_main(argv: list[str]) -> int:
+    """``--worker SPEC``: one fresh-process measurement, printed as a marked JSON line."""
+    spec = json.loads(argv[argv.index(WORKER) + 1])
+    torch.set_num_threads(THREADS)
+    warnings.filterwarnings("ignore")
+    try:
+        res = _worker_compile(spec) if spec["kind"] == "compile" else _worker_memory(spec)
+    except Exception as e:
+        traceback.print_exc()
+        res = {"error": _first_line(e)}
+    res["partita"] = str(Path(partita.__file__).resolve().parent)  # the tree this process ran
+    print(_WORKER_MARK + json.dumps(res, default=str), flush=True)
+    return 0
 
 
 _find_codegen()
@@ -802,10 +1306,13 @@ def format_tables(results: list[dict[str, Any]], executors: list[str]) -> str:
         if r.get("training") and "inductor" in peers and "error" not in peers["inductor"]:
             notes.append(f"{r['label']}: the Inductor column is torch.compile of the step with "
                          "torch.optim.AdamW(fused=True); eager uses torch.optim.AdamW's default")
+    probed = any("compile_probe" in r for r in results)
     rows += ["", "| model | nodes (imported / optimized, or step) | torch.export (s) | partita convert (s) | "
              + " | ".join(f"partita compile, {n} (s) | first call, {n} (ms)" for n in executors)
+             + (" | codegen cold, fresh process (s, median) | codegen warm, fresh process (s, median)" if probed
+                else "")
              + " | Inductor cold compile (s) | ORT export + session (s) |",
-             "|---|---:|---:|---:|" + "---:|---:|" * len(executors) + "---:|---:|"]
+             "|---|---:|---:|---:|" + "---:|---:|" * len(executors) + "---:|---:|" * probed + "---:|---:|"]
     for r in results:
         imp, peers = r["import"], r["peers"]
         built = [r["executors"][n]["nodes"] for n in executors if "nodes" in r["executors"].get(n, {})]
@@ -815,6 +1322,9 @@ def format_tables(results: list[dict[str, Any]], executors: list[str]) -> str:
             e = r["executors"].get(n, {})
             cells += ([f"{e['compile_s']:.3f}", f"{e['first_call_s'] * 1e3:,.1f}"] if "compile_s" in e
                       else ["-", "-"])
+        if probed:
+            probe = r.get("compile_probe", {})
+            cells += [_probe_cell(probe.get("cold")), _probe_cell(probe.get("warm"))]
         ind = peers.get("inductor", {})
         ort = peers.get("ort", {})
         cells.append(f"{ind['cold_compile_s']:.1f}" if "cold_compile_s" in ind else "-")
@@ -824,6 +1334,125 @@ def format_tables(results: list[dict[str, Any]], executors: list[str]) -> str:
     if notes:
         rows += [""] + [f"- {n}" for n in notes]
     return "\n".join(rows)
+
+
+def _probe_cell(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "-"
+    if "error" in p:
+        return "failed"
+    c = p.get("cache") or {}
+    how = []
+    if c.get("compiled"):
+        how.append(f"{c['compiled']} compiled")
+    if c.get("disk_hits"):
+        how.append(f"{c['disk_hits']} from disk")
+    times = p.get("compile_s_all", [])
+    spread = f"max {max(times):.3f}; " if len(times) > 1 else ""
+    return f"{p['compile_s']:.3f} ({spread}{', '.join(how) if how else 'no kernels'})"
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:,.1f}"
+
+
+def format_memory(results: list[dict[str, Any]], executors: list[str]) -> str:
+    """Peak memory: codegen's plan, and what each candidate's calls took (held between calls)."""
+    cands = [c for c in MEMORY_PEERS + tuple(executors) if any(c in r.get("memory", {}) for r in results)]
+    plan_of = [n for n in executors if any("plan" in r["executors"].get(n, {}) for r in results)]
+    if not cands and not plan_of:
+        return ""
+    head = ["model"] + [f"{n} plan peak (arena)" for n in plan_of] + [_LABEL.get(c, c) for c in cands]
+    rows = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for r in results:
+        cells = [r["label"]]
+        for n in plan_of:
+            pl = r["executors"].get(n, {}).get("plan")
+            cells.append(f"{_mib(pl['peak_bytes'])} ({_mib(pl['arena_bytes'])})" if pl else "-")
+        mem = r.get("memory", {})
+        for c in cands:
+            m = mem.get(c)
+            cells.append("-" if m is None else "failed" if "error" in m
+                         else f"{_mib(m['peak_bytes'])} (+{_mib(m['held_bytes'])})")
+        rows.append("| " + " | ".join(cells) + " |")
+    errs = [f"- {r['label']}: {c} memory worker failed: {m['error']}" for r in results
+            for c, m in r.get("memory", {}).items() if "error" in m]
+    return "\n".join(rows + ([""] + errs if errs else []))
+
+
+_LABEL = {"eager": "eager", "inductor": "Inductor", "ort": "ORT", "aten": "partita aten", "codegen": "partita codegen"}
+
+
+def format_profiles(results: list[dict[str, Any]], executors: list[str], top: int = 6) -> str:
+    """Where the time goes: per model and candidate, ms a call by op category (``op_category``)
+    and outside the ops; then each partita program's ops by share of a call."""
+    cats = [c for c, _ in _CATEGORIES] + ["other"]
+    rows = ["| model | candidate | ms a call, profiled | " + " | ".join(cats) + " | outside the ops |",
+            "|---|---|---:|" + "---:|" * (len(cats) + 1)]
+    lines = []
+    for r in results:
+        for name, entry in ([(f"partita {n}", r["executors"].get(n, {})) for n in executors]
+                            + [(_LABEL[p], r["peers"].get(p, {})) for p in PEERS]):
+            pr = entry.get("profile")
+            if not pr:
+                continue
+            by = dict.fromkeys(cats, 0.0)
+            for op, e in pr["ops"].items():
+                by[op_category(op)] += e["ms"]
+            rows.append(f"| {r['label']} | {name} | {pr['wall_ms']:,.2f} | " + " | ".join(f"{by[c]:,.2f}" for c in cats)
+                        + f" | {pr['outside_ms']:,.2f} |")
+        for n in executors:
+            pr = r["executors"].get(n, {}).get("profile")
+            if not pr:
+                continue
+            wall = pr["wall_ms"]
+            parts = [f"{op} {e['ms'] / wall:.0%} ({e['steps']})" for op, e in list(pr["ops"].items())[:top]]
+            lines.append(f"- {r['label']}, {n}: {wall:,.2f} ms a call: " + ", ".join(parts)
+                         + f"; outside the steps {pr['outside_ms'] / wall:.0%}")
+    if len(rows) == 2:
+        return ""
+    return "\n".join(rows + [""] + lines)
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def targets(results: list[dict[str, Any]], name: str = "codegen") -> list[str]:
+    """The issue's targets for executor ``name``, each met or missed, with the figure."""
+    lines = []
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    inf = [r for r in results if not r.get("training") and "ratio" in r["executors"].get(name, {})]
+    for r in inf:
+        e, peers = r["executors"][name], r["peers"]
+        timed = [p for p in ("inductor", "ort") if p in e["ratio"] and "ms" in peers.get(p, {})]
+        if not timed:
+            continue
+        best = min(timed, key=lambda p: peers[p]["ms"])
+        ratio = e["ratio"][best]
+        lines.append(f"{r['label']}: {name} / better of Inductor and ORT ({_LABEL[best]}) {ratio:.2f}: "
+                     f"{mark(ratio <= 1.0)}")
+    rs = [r["executors"][name]["ratio"]["eager"] for r in inf if "eager" in r["executors"][name]["ratio"]]
+    if rs:
+        g = _geomean(rs)
+        lines.append(f"geometric mean over eager ({len(rs)} inference models): {1 / g:.2f}x faster (target 1.4x): "
+                     f"{mark(1 / g >= 1.4)}")
+    for r in results:
+        e = r["executors"].get(name, {})
+        if r.get("training") and "inductor" in e.get("ratio", {}):
+            ratio = e["ratio"]["inductor"]
+            lines.append(f"{r['label']}: {name} / torch.compile + fused AdamW {ratio:.2f}: {mark(ratio <= 1.0)}")
+    for r in results:
+        probe = r.get("compile_probe", {})
+        cold, warm = probe.get("cold", {}), probe.get("warm", {})
+        if "compile_s" in cold and "compile_s" in warm:
+            lines.append(f"{r['label']}: compile cold {cold['compile_s']:.3f} s (target <= 2 s): "
+                         f"{mark(cold['compile_s'] <= 2.0)}, warm {warm['compile_s']:.3f} s (target < 0.2 s): "
+                         f"{mark(warm['compile_s'] < 0.2)}")
+    return lines
 
 
 def geomeans(results: list[dict[str, Any]], executors: list[str]) -> list[str]:
@@ -870,6 +1499,15 @@ def main(argv: list[str] | None = None) -> int:
                                                             "1 for the training step; 1 with --quick)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls per candidate before the rounds (default 3)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 3 rounds, Inductor only if --peers names it")
+    ap.add_argument("--compile-probe", action=argparse.BooleanOptionalAction, default=None,
+                    help="codegen's compile cold and warm, each in a fresh process (default: on; off with --quick)")
+    ap.add_argument("--compile-repeats", type=int, default=3, help="cold and warm compile processes per model; the "
+                                                                    "median is reported (default 3)")
+    ap.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                    help="measured peak memory, a fresh process per candidate and model (default: off; it adds "
+                         "about 5 minutes to the full run)")
+    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                    help="per-op time of each partita program (default: on; off with --quick)")
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default: bench/results/codegen-TIME.json)")
     args = ap.parse_args(argv)
     if args.threads != THREADS:
@@ -899,11 +1537,15 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     rounds = args.rounds or (3 if args.quick else 60)
     warmup = 1 if args.quick else args.warmup
+    extras = Extras(quick=args.quick,
+                    compile_probe=not args.quick if args.compile_probe is None else args.compile_probe,
+                    compile_repeats=max(args.compile_repeats, 1), memory=bool(args.memory),
+                    profile=not args.quick if args.profile is None else args.profile)
     workdir = tempfile.mkdtemp(prefix="bench_codegen-")
     t_start = time.perf_counter()
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own, from torch.export internals
     warm_export_s = warm_export()
-    warm_s = warm_inductor() if "inductor" in peers else None
+    warm_s = warm_inductor(workdir) if "inductor" in peers else None
     results = []
     try:
         for key in models:
@@ -912,10 +1554,14 @@ def main(argv: list[str] | None = None) -> int:
             calls = args.calls or (1 if args.quick or training else 3)
             t0 = time.perf_counter()
             bench = bench_training if training else bench_inference
-            r = bench(case, executors, peers, rounds, calls, warmup, workdir)
+            r = bench(case, executors, peers, rounds, calls, warmup, workdir, extras)
             r["rounds"], r["calls"], r["wall_s"] = rounds, calls, time.perf_counter() - t0
             print(f"{case.label}: done in {r['wall_s']:.0f} s", file=sys.stderr, flush=True)
             results.append(r)
+        if extras.memory_jobs:
+            gc.collect()
+            memory_s = run_memory_jobs(results, extras)
+            print(f"memory: {len(extras.memory_jobs)} fresh processes in {memory_s:.0f} s", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     total_s = time.perf_counter() - t_start
@@ -924,6 +1570,23 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in geomeans(results, executors):
         print(line)
+    mem = format_memory(results, executors)
+    if mem:
+        print("\nPeak memory, MiB: partita's plan (its arena), and per candidate what its calls took above the "
+              "resident size between calls (+ what building and warming up kept):\n")
+        print(mem)
+    prof = format_profiles(results, executors)
+    if prof:
+        print("\nWhere the time goes (ms a call by op category, profiled: partita's steps timed one by one, eager "
+              "and Inductor under torch.profiler, ORT with its own profiler); then partita's ops by share of a call "
+              "(steps per op in parentheses):\n")
+        print(prof)
+    if "codegen" in executors:
+        lines = targets(results)
+        if lines:
+            print("\nTargets (codegen):")
+            for line in lines:
+                print(f"  {line}")
     failures = []
     for r in results:
         for name, e in r["executors"].items():
@@ -932,13 +1595,24 @@ def main(argv: list[str] | None = None) -> int:
             elif e["check"]["rel"] > ACCURACY_RTOL:
                 failures.append(f"{r['label']}: partita ({name}) differs from eager by {e['check']['max_abs_err']:.3g} "
                                 f"({e['check']['rel']:.3g} of the output's scale; limit {ACCURACY_RTOL})")
+    broken = [f"{r['label']}: {what} {c}: {m['error']}" for r in results
+              for what, group in (("compile probe", r.get("compile_probe", {})), ("memory worker", r.get("memory", {})))
+              for c, m in group.items() if isinstance(m, dict) and "error" in m]
     print(f"threads {THREADS}, {rounds} rounds, pipeline {PIPELINE}, total {total_s:.0f} s")
     if failures:
         print("\nACCURACY CHECK FAILED:")
         for f in failures:
             print(f"  {f}")
     else:
-        print(f"accuracy check passed: every partita output within {ACCURACY_RTOL} (relative) of eager")
+        worst = max(((e["check"]["rel"], e["check"]["max_abs_err"], name, r["label"]) for r in results
+                     for name, e in r["executors"].items()), default=None)
+        print(f"accuracy check passed: every partita output within {ACCURACY_RTOL} (relative) of eager"
+              + (f"; the largest difference {worst[1]:.2g} ({worst[0]:.2g} relative), {worst[2]} on {worst[3]}"
+                 if worst else ""))
+    if broken:
+        print("\nMEASUREMENT FAILED:")
+        for f in broken:
+            print(f"  {f}")
 
     out = args.out or RESULTS_DIR / time.strftime("codegen-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -948,13 +1622,14 @@ def main(argv: list[str] | None = None) -> int:
             "threads": THREADS, "python": platform.python_version(), "torch": torch.__version__,
             "onnxruntime": _version("onnxruntime"), "transformers": _version("transformers"),
             "pipeline": PIPELINE, "executors": executors, "executor_notes": EXECUTOR_NOTES, "peers": peers,
-            "rounds": rounds, "quick": args.quick, "export_warmup_s": warm_export_s, "inductor_warmup_s": warm_s, "total_s": total_s}
+            "rounds": rounds, "quick": args.quick, "compile_probe": extras.compile_probe, "memory": extras.memory,
+            "profile": extras.profile, "export_warmup_s": warm_export_s, "inductor_warmup_s": warm_s, "total_s": total_s}
     for r in results:
         for e in (*r["executors"].values(), *r["peers"].values()):
             e.pop("prog", None)
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
     print(f"\nwrote {out}", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if failures or broken else 0
 
 
 def _git_head() -> str | None:
@@ -979,4 +1654,4 @@ def _version(module: str) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main(sys.argv[1:]) if WORKER in sys.argv[1:] else main())
