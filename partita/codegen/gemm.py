@@ -1,0 +1,580 @@
+"""A generated f32 GEMM: ``C[M, N] = A[M, K] @ B[K, N] (+ bias[N]), then an activation``.
+
+The structure is the one of BLIS and of ONNX Runtime's MLAS (Goto's algorithm): ``B`` is
+packed once into column panels of ``NR`` columns (``[ceil(N / NR), K, NR]``, the last panel
+zero-padded), which is what an inference weight becomes at its first call; ``A`` is packed per
+call into row panels of ``MR`` rows for a block of ``KC`` columns; the micro-kernel keeps an
+``MR x NR`` tile of ``C`` in registers (MR * NR / lanes accumulators: 12 ymm on AVX2 with
+MR = 6, NR = 16; 24 zmm on AVX-512 with MR = 12, NR = 32) and, for each k, loads one row of
+the B panel, broadcasts each of the MR values of A and does MR * NR / lanes fused
+multiply-adds. The loops around it:
+
+    for pc in range(0, K, KC):               # a KC-slice of B's panels stays in L2
+        for ic in range(0, M, MC):           # pack A[ic:ic+MC, pc:pc+KC] (L2)
+            for p in panels[plo:phi]:        # one B micro-panel, KC x NR (L1)
+                for ir in range(0, mc, MR):  # the micro-kernel
+                    C[tile] (+)= A_panel @ B_panel
+
+The first KC-slice stores its tile, the later ones add to it, and the last one adds the bias
+and applies the activation to the tile while it is in L1 (a short loop the vectorizer turns
+into vector code, the math functions inlined from ``mathlib``). Threads split the panels
+(``plo``, ``phi``): each packs its own copy of A into its own workspace.
+
+One kernel serves every shape: M, N, K and the strides are arguments. The function is
+
+    void NAME(ptr A, i64 lda, i64 sak, ptr Bp, ptr bias, ptr C, i64 ldc, i64 M, i64 N, i64 K,
+              ptr workspace, i64 plo, i64 phi)
+
+where ``A[i, k]`` is at ``A + i * lda + k * sak`` (so a transposed view needs no copy),
+``bias`` is null for none, and ``workspace`` holds at least ``MC * KC`` floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .mathlib import declarations, f32
+
+__all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PARALLEL_MIN_MACS"]
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    lanes: int       # f32 per vector register
+    mr: int          # rows of the register tile
+    nr: int          # columns of the register tile (a multiple of lanes)
+    kc: int          # depth of one packed block
+    mc: int          # rows of A packed at once (a multiple of mr)
+    unroll: int = 4  # k steps per trip of the micro-kernel's loop
+    prefetch: bool = True  # prefetch the next B panel while this one is used
+
+    @property
+    def workspace(self) -> int:
+        return self.mc * self.kc
+
+
+def gemm_configs(lanes: int) -> tuple[GemmConfig, ...]:
+    """The register tiles for ``lanes`` f32 lanes, each with 12 (AVX2) or 24 (AVX-512)
+    accumulators: 6 x 16 and 4 x 24 for AVX2 (with 2 or 3 B rows and a broadcast, 15 or 16 of
+    the 16 ymm registers), 12 x 32 and 8 x 48 for AVX-512 (27 or 28 of 32 zmm). Both do one
+    fused multiply-add per broadcast and B row load pair alike; which one a node uses is the
+    one that computes the fewest padded rows and columns (``choose``): 4 x 24 for the 32 rows
+    of a batch-32 MLP (6 x 16 would compute 36), 6 x 16 where M is a multiple of 6."""
+    if lanes >= 16:
+        return (GemmConfig(lanes=16, mr=12, nr=32, kc=256, mc=96), GemmConfig(lanes=16, mr=8, nr=48, kc=256, mc=96))
+    return (GemmConfig(lanes=8, mr=6, nr=16, kc=256, mc=72), GemmConfig(lanes=8, mr=4, nr=24, kc=256, mc=72))
+
+
+def gemm_config(lanes: int) -> GemmConfig:
+    """The first (default) tile for ``lanes``."""
+    return gemm_configs(lanes)[0]
+
+
+def choose(m: int, n: int, lanes: int) -> GemmConfig:
+    """The tile with the least padded work for an [m, n] result (ties: the first)."""
+    def padded(c: GemmConfig) -> int:
+        return -(-m // c.mr) * c.mr * (-(-n // c.nr) * c.nr)
+    return min(gemm_configs(lanes), key=padded)
+
+
+# activation -> (scalar IR lines on %v giving %r, math functions used)
+def _act_lines(act: str) -> tuple[list[str], set[str]]:
+    if act == "none":
+        return ["  %r = fadd float %v, 0.0"], set()
+    if act == "relu":
+        return ["  %c = fcmp ogt float %v, 0.0", "  %r = select i1 %c, float %v, float 0.0"], set()
+    if act == "gelu":
+        return [f"  %s = fmul float %v, {f32(0.7071067811865476)}",
+                "  %e = call float @pt_erff(float %s)",
+                "  %e1 = fadd float %e, 1.0",
+                "  %h = fmul float %v, 0.5",
+                "  %r = fmul float %h, %e1"], {"erf"}
+    if act == "gelu_tanh":
+        return ["  %x2 = fmul float %v, %v",
+                "  %x3 = fmul float %x2, %v",
+                f"  %i0 = fmul float %x3, {f32(0.044715)}",
+                "  %i1 = fadd float %v, %i0",
+                f"  %i2 = fmul float %i1, {f32(0.7978845608028654)}",
+                "  %t = call float @pt_tanhf(float %i2)",
+                "  %t1 = fadd float %t, 1.0",
+                "  %h = fmul float %v, 0.5",
+                "  %r = fmul float %h, %t1"], {"tanh"}
+    if act == "silu":
+        return ["  %n = fneg float %v",
+                "  %e = call float @pt_expf(float %n)",
+                "  %d = fadd float %e, 1.0",
+                "  %r = fdiv float %v, %d"], {"exp"}
+    if act == "sigmoid":
+        return ["  %n = fneg float %v",
+                "  %e = call float @pt_expf(float %n)",
+                "  %d = fadd float %e, 1.0",
+                "  %r = fdiv float 1.0, %d"], {"exp"}
+    if act == "tanh":
+        return ["  %r = call float @pt_tanhf(float %v)"], {"tanh"}
+    raise ValueError(f"gemm: no activation {act!r}; one of {sorted(ACTIVATIONS)}")
+
+
+ACTIVATIONS = frozenset({"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"})
+
+
+def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
+    """The LLVM IR of one GEMM kernel (see the module doc)."""
+    L, MR, NR, KC, MC, U = cfg.lanes, cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.unroll
+    NV = NR // L
+    vt = f"<{L} x float>"
+    act_lines, used = _act_lines(act)
+    act_fn = "\n".join([f"define internal float @{name}_act(float %v) alwaysinline nounwind {{"] + act_lines +
+                       ["  ret float %r", "}"])
+
+    # --- the micro-kernel: acc[r][v] over kc steps, then the tile written back ---------------
+    def step(tag: str, ap: str, bp: str, accs: list[list[str]], k_off: int) -> tuple[list[str], list[list[str]]]:
+        lines = []
+        bs = []
+        for v in range(NV):
+            p = f"%{tag}bp{v}"
+            lines.append(f"  {p} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
+            lines.append(f"  %{tag}b{v} = load {vt}, ptr {p}, align 4")
+            bs.append(f"%{tag}b{v}")
+        new = []
+        for r in range(MR):
+            p = f"%{tag}ap{r}"
+            lines.append(f"  {p} = getelementptr inbounds float, ptr {ap}, i64 {k_off * MR + r}")
+            lines.append(f"  %{tag}a{r} = load float, ptr {p}, align 4")
+            lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+            lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            row = []
+            for v in range(NV):
+                out = f"%{tag}c{r}_{v}"
+                lines.append(f"  {out} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+                row.append(out)
+            new.append(row)
+        return lines, new
+
+    zero = "zeroinitializer"
+    micro = [f"define internal void @{name}_micro(ptr noalias %ap, ptr noalias %bp, i64 %kc, ptr noalias %c, i64 %ldc, "
+             f"i64 %mr, i64 %nc, i1 %first, i1 %last, ptr %bias, ptr %pf) alwaysinline nounwind {{",
+             "entry:",
+             f"  %ku = udiv i64 %kc, {U}",
+             f"  %kr = urem i64 %kc, {U}",
+             "  %hasu = icmp ne i64 %ku, 0",
+             "  br i1 %hasu, label %uloop, label %uexit",
+             "uloop:",
+             "  %ui = phi i64 [0, %entry], [%ui.n, %uloop]",
+             "  %uap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
+             "  %ubp = phi ptr [%bp, %entry], [%ubp.n, %uloop]",
+             "  %upf = phi ptr [%pf, %entry], [%upf.n, %uloop]"]
+    accs = [[f"%uacc{r}_{v}" for v in range(NV)] for r in range(MR)]
+    body: list[str] = []
+    cur = accs
+    for u in range(U):
+        lines, cur = step(f"u{u}_", "%uap", "%ubp", cur, u)
+        if cfg.prefetch:
+            body.append(f"  %upfp{u} = getelementptr inbounds float, ptr %upf, i64 {u * NR}")
+            body.append(f"  call void @llvm.prefetch.p0(ptr %upfp{u}, i32 0, i32 3, i32 1)")
+        body += lines
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %uacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
+    micro += body
+    micro += [f"  %uap.n = getelementptr inbounds float, ptr %uap, i64 {U * MR}",
+              f"  %ubp.n = getelementptr inbounds float, ptr %ubp, i64 {U * NR}",
+              f"  %upf.n = getelementptr inbounds float, ptr %upf, i64 {U * NR}",
+              "  %ui.n = add i64 %ui, 1",
+              "  %ucont = icmp ult i64 %ui.n, %ku",
+              "  br i1 %ucont, label %uloop, label %uexit",
+              "uexit:",
+              "  %xap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
+              "  %xbp = phi ptr [%bp, %entry], [%ubp.n, %uloop]"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %xacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
+    micro += ["  %hasr = icmp ne i64 %kr, 0",
+              "  br i1 %hasr, label %rloop, label %done",
+              "rloop:",
+              "  %ri = phi i64 [0, %uexit], [%ri.n, %rloop]",
+              "  %rap = phi ptr [%xap, %uexit], [%rap.n, %rloop]",
+              "  %rbp = phi ptr [%xbp, %uexit], [%rbp.n, %rloop]"]
+    lines, rcur = step("r_", "%rap", "%rbp", [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0)
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %racc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
+    micro += lines
+    micro += [f"  %rap.n = getelementptr inbounds float, ptr %rap, i64 {MR}",
+              f"  %rbp.n = getelementptr inbounds float, ptr %rbp, i64 {NR}",
+              "  %ri.n = add i64 %ri, 1",
+              "  %rcont = icmp ult i64 %ri.n, %kr",
+              "  br i1 %rcont, label %rloop, label %done",
+              "done:"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %acc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
+    micro += [f"  %fullm = icmp eq i64 %mr, {MR}",
+              f"  %fulln = icmp eq i64 %nc, {NR}",
+              "  %full = and i1 %fullm, %fulln",
+              "  br i1 %full, label %fast, label %slow",
+              # the whole tile: straight vector stores; C is read only to add to it after the
+              # first slice (a fresh output is never read)
+              "fast:"]
+    for r in range(MR):
+        micro.append(f"  %fro{r} = mul i64 %ldc, {r}")
+        micro.append(f"  %frow{r} = getelementptr inbounds float, ptr %c, i64 %fro{r}")
+        for v in range(NV):
+            micro.append(f"  %fp{r}_{v} = getelementptr inbounds float, ptr %frow{r}, i64 {v * L}")
+    micro.append("  br i1 %first, label %fstore, label %fadd")
+    micro.append("fstore:")
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  store {vt} %acc{r}_{v}, ptr %fp{r}_{v}, align 4")
+    micro += ["  br label %epi", "fadd:"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %fo{r}_{v} = load {vt}, ptr %fp{r}_{v}, align 4")
+            micro.append(f"  %fs{r}_{v} = fadd {vt} %acc{r}_{v}, %fo{r}_{v}")
+            micro.append(f"  store {vt} %fs{r}_{v}, ptr %fp{r}_{v}, align 4")
+    micro += ["  br label %epi",
+              # an edge tile: through a tile on the stack, then the valid part element by element
+              "slow:",
+              f"  %tile = alloca [{MR * NR} x float], align 64"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %tp{r}_{v} = getelementptr inbounds float, ptr %tile, i64 {r * NR + v * L}")
+            micro.append(f"  store {vt} %acc{r}_{v}, ptr %tp{r}_{v}, align 4")
+    micro += ["  br label %srow",
+              "srow:",
+              "  %si = phi i64 [0, %slow], [%si.n, %srow.end]",
+              "  %sro = mul i64 %si, %ldc",
+              "  %scrow = getelementptr inbounds float, ptr %c, i64 %sro",
+              f"  %sto = mul i64 %si, {NR}",
+              "  %strow = getelementptr inbounds float, ptr %tile, i64 %sto",
+              "  br label %scol",
+              "scol:",
+              "  %sj = phi i64 [0, %srow], [%sj.n, %sput]",
+              "  %stp = getelementptr inbounds float, ptr %strow, i64 %sj",
+              "  %stv = load float, ptr %stp, align 4",
+              "  %scp = getelementptr inbounds float, ptr %scrow, i64 %sj",
+              "  br i1 %first, label %sput, label %sacc",
+              "sacc:",
+              "  %sco = load float, ptr %scp, align 4",
+              "  %scs = fadd float %stv, %sco",
+              "  br label %sput",
+              "sput:",
+              "  %scv = phi float [%stv, %scol], [%scs, %sacc]",
+              "  store float %scv, ptr %scp, align 4",
+              "  %sj.n = add i64 %sj, 1",
+              "  %sjc = icmp ult i64 %sj.n, %nc",
+              "  br i1 %sjc, label %scol, label %srow.end",
+              "srow.end:",
+              "  %si.n = add i64 %si, 1",
+              "  %sic = icmp ult i64 %si.n, %mr",
+              "  br i1 %sic, label %srow, label %epi",
+              # the last slice: bias and activation over the tile, in L1
+              "epi:",
+              "  %hasb = icmp ne ptr %bias, null",
+              f"  %needb = and i1 %last, %hasb",
+              f"  %needa = and i1 %last, {'true' if act != 'none' else 'false'}",
+              "  %need = or i1 %needb, %needa",
+              "  br i1 %need, label %erow, label %ret",
+              "erow:",
+              "  %ei = phi i64 [0, %epi], [%ei.n, %erow.end]",
+              "  %ero = mul i64 %ei, %ldc",
+              "  %ecrow = getelementptr inbounds float, ptr %c, i64 %ero",
+              "  br i1 %hasb, label %ebcol, label %eacol",
+              "ebcol:",
+              "  %bj = phi i64 [0, %erow], [%bj.n, %ebcol]",
+              "  %bcp = getelementptr inbounds float, ptr %ecrow, i64 %bj",
+              "  %bcv = load float, ptr %bcp, align 4",
+              "  %bbp = getelementptr inbounds float, ptr %bias, i64 %bj",
+              "  %bbv = load float, ptr %bbp, align 4",
+              "  %bsum = fadd float %bcv, %bbv",
+              f"  %bout = call float @{name}_act(float %bsum)",
+              "  store float %bout, ptr %bcp, align 4",
+              "  %bj.n = add i64 %bj, 1",
+              "  %bjc = icmp ult i64 %bj.n, %nc",
+              "  br i1 %bjc, label %ebcol, label %erow.end",
+              "eacol:",
+              "  %aj = phi i64 [0, %erow], [%aj.n, %eacol]",
+              "  %acp = getelementptr inbounds float, ptr %ecrow, i64 %aj",
+              "  %acv = load float, ptr %acp, align 4",
+              f"  %aout = call float @{name}_act(float %acv)",
+              "  store float %aout, ptr %acp, align 4",
+              "  %aj.n = add i64 %aj, 1",
+              "  %ajc = icmp ult i64 %aj.n, %nc",
+              "  br i1 %ajc, label %eacol, label %erow.end",
+              "erow.end:",
+              "  %ei.n = add i64 %ei, 1",
+              "  %eic = icmp ult i64 %ei.n, %mr",
+              "  br i1 %eic, label %erow, label %ret",
+              "ret:",
+              "  ret void",
+              "}"]
+
+    # --- packing A: Aw[(i / MR) * kc * MR + k * MR + i % MR] = A[i, k], zero past mc ----------
+    pack = [f"define internal void @{name}_pack(ptr noalias %a, i64 %lda, i64 %sk, i64 %mc, i64 %kc, ptr noalias %w) "
+            "alwaysinline nounwind {",
+            "entry:",
+            f"  %mp = add i64 %mc, {MR - 1}",
+            f"  %np = udiv i64 %mp, {MR}",
+            "  br label %panel",
+            "panel:",
+            "  %pi = phi i64 [0, %entry], [%pi.n, %panel.end]",
+            f"  %row0 = mul i64 %pi, {MR}",
+            f"  %pwo = mul i64 %row0, %kc",
+            "  %pw = getelementptr inbounds float, ptr %w, i64 %pwo",
+            f"  %full = add i64 %row0, {MR}",
+            "  %isfull = icmp ule i64 %full, %mc",
+            "  br i1 %isfull, label %fk, label %pk",
+            # a full panel: MR rows, read along k
+            "fk:"]
+    for r in range(MR):
+        pack.append(f"  %fr{r} = add i64 %row0, {r}")
+        pack.append(f"  %fro{r} = mul i64 %fr{r}, %lda")
+        pack.append(f"  %frp{r} = getelementptr inbounds float, ptr %a, i64 %fro{r}")
+    pack += ["  br label %fkl",
+             "fkl:",
+             "  %k = phi i64 [0, %fk], [%k.n, %fkl]",
+             "  %ks = mul i64 %k, %sk",
+             f"  %wo = mul i64 %k, {MR}"]
+    for r in range(MR):
+        pack.append(f"  %sp{r} = getelementptr inbounds float, ptr %frp{r}, i64 %ks")
+        pack.append(f"  %sv{r} = load float, ptr %sp{r}, align 4")
+        pack.append(f"  %do{r} = add i64 %wo, {r}")
+        pack.append(f"  %dp{r} = getelementptr inbounds float, ptr %pw, i64 %do{r}")
+        pack.append(f"  store float %sv{r}, ptr %dp{r}, align 4")
+    pack += ["  %k.n = add i64 %k, 1",
+             "  %kcont = icmp ult i64 %k.n, %kc",
+             "  br i1 %kcont, label %fkl, label %panel.end",
+             # the last, partial panel: rows past mc are zero
+             "pk:",
+             "  br label %pkl",
+             "pkl:",
+             "  %q = phi i64 [0, %pk], [%q.n, %pkr.end]",
+             f"  %qo = mul i64 %q, {MR}",
+             "  br label %pkr",
+             "pkr:",
+             "  %r = phi i64 [0, %pkl], [%r.n, %pkr.next]",
+             "  %row = add i64 %row0, %r",
+             "  %in = icmp ult i64 %row, %mc",
+             "  %qd = add i64 %qo, %r",
+             "  %qdp = getelementptr inbounds float, ptr %pw, i64 %qd",
+             "  br i1 %in, label %pkload, label %pkzero",
+             "pkload:",
+             "  %qso = mul i64 %row, %lda",
+             "  %qks = mul i64 %q, %sk",
+             "  %qso2 = add i64 %qso, %qks",
+             "  %qsp = getelementptr inbounds float, ptr %a, i64 %qso2",
+             "  %qv = load float, ptr %qsp, align 4",
+             "  store float %qv, ptr %qdp, align 4",
+             "  br label %pkr.next",
+             "pkzero:",
+             "  store float 0.0, ptr %qdp, align 4",
+             "  br label %pkr.next",
+             "pkr.next:",
+             "  %r.n = add i64 %r, 1",
+             f"  %rc = icmp ult i64 %r.n, {MR}",
+             "  br i1 %rc, label %pkr, label %pkr.end",
+             "pkr.end:",
+             "  %q.n = add i64 %q, 1",
+             "  %qc = icmp ult i64 %q.n, %kc",
+             "  br i1 %qc, label %pkl, label %panel.end",
+             "panel.end:",
+             "  %pi.n = add i64 %pi, 1",
+             "  %pic = icmp ult i64 %pi.n, %np",
+             "  br i1 %pic, label %panel, label %exit",
+             "exit:",
+             "  ret void",
+             "}"]
+
+    # --- the driver ----------------------------------------------------------------------------
+    drv = [f"define void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %sak, ptr noalias nocapture readonly %Bp, "
+           "ptr noalias nocapture readonly %bias, ptr noalias nocapture %C, i64 %ldc, i64 %M, i64 %N, i64 %K, "
+           "ptr noalias nocapture %W, i64 %plo, i64 %phi) nounwind {",
+           "entry:",
+           "  %empty0 = icmp eq i64 %M, 0",
+           "  %empty1 = icmp eq i64 %K, 0",
+           "  %empty2 = icmp uge i64 %plo, %phi",
+           "  %e01 = or i1 %empty0, %empty1",
+           "  %empty = or i1 %e01, %empty2",
+           # rows per block: M split evenly into blocks of at most MC, rounded up to MR
+           f"  %nb0 = add i64 %M, {MC - 1}",
+           f"  %nb = udiv i64 %nb0, {MC}",
+           "  %mper0 = add i64 %M, %nb",
+           "  %mper1 = sub i64 %mper0, 1",
+           "  %mper = udiv i64 %mper1, %nb",
+           f"  %mcb0 = add i64 %mper, {MR - 1}",
+           f"  %mcb1 = udiv i64 %mcb0, {MR}",
+           f"  %mcb = mul i64 %mcb1, {MR}",
+           "  br i1 %empty, label %exit, label %pc.loop",
+           "pc.loop:",
+           "  %pc = phi i64 [0, %entry], [%pc.n, %pc.end]",
+           "  %krem = sub i64 %K, %pc",
+           f"  %kbig = icmp ugt i64 %krem, {KC}",
+           f"  %kc = select i1 %kbig, i64 {KC}, i64 %krem",
+           "  %first = icmp eq i64 %pc, 0",
+           "  %pc.n = add i64 %pc, %kc",
+           "  %last = icmp eq i64 %pc.n, %K",
+           "  br label %ic.loop",
+           "ic.loop:",
+           "  %ic = phi i64 [0, %pc.loop], [%ic.n, %ic.end]",
+           "  %mrem = sub i64 %M, %ic",
+           "  %mbig = icmp ugt i64 %mrem, %mcb",
+           "  %mc = select i1 %mbig, i64 %mcb, i64 %mrem",
+           "  %aoff0 = mul i64 %ic, %lda",
+           "  %aoff1 = mul i64 %pc, %sak",
+           "  %aoff = add i64 %aoff0, %aoff1",
+           "  %ablk = getelementptr inbounds float, ptr %A, i64 %aoff",
+           f"  call void @{name}_pack(ptr %ablk, i64 %lda, i64 %sak, i64 %mc, i64 %kc, ptr %W)",
+           "  %crow0 = mul i64 %ic, %ldc",
+           "  br label %p.loop",
+           "p.loop:",
+           "  %p = phi i64 [%plo, %ic.loop], [%p.n, %p.end]",
+           f"  %col0 = mul i64 %p, {NR}",
+           "  %bpo0 = mul i64 %col0, %K",
+           f"  %bpo1 = mul i64 %pc, {NR}",
+           "  %bpo = add i64 %bpo0, %bpo1",
+           "  %bpan = getelementptr inbounds float, ptr %Bp, i64 %bpo",
+           f"  %bnexto = mul i64 %K, {NR}",
+           "  %bnext = getelementptr float, ptr %bpan, i64 %bnexto",
+           "  %ncrem = sub i64 %N, %col0",
+           f"  %ncbig = icmp ugt i64 %ncrem, {NR}",
+           f"  %nc = select i1 %ncbig, i64 {NR}, i64 %ncrem",
+           "  %hasb = icmp ne ptr %bias, null",
+           "  %bcol = getelementptr inbounds float, ptr %bias, i64 %col0",
+           "  %bptr = select i1 %hasb, ptr %bcol, ptr null",
+           "  br label %ir.loop",
+           "ir.loop:",
+           "  %ir = phi i64 [0, %p.loop], [%ir.n, %ir.loop]",
+           "  %mr.rem = sub i64 %mc, %ir",
+           f"  %mr.big = icmp ugt i64 %mr.rem, {MR}",
+           f"  %mr = select i1 %mr.big, i64 {MR}, i64 %mr.rem",
+           "  %ir0 = icmp eq i64 %ir, 0",
+           "  %pfp = select i1 %ir0, ptr %bnext, ptr %bpan",
+           "  %awo = mul i64 %ir, %kc",
+           "  %apan = getelementptr inbounds float, ptr %W, i64 %awo",
+           "  %cr = add i64 %ic, %ir",
+           "  %co0 = mul i64 %cr, %ldc",
+           "  %co = add i64 %co0, %col0",
+           "  %ctile = getelementptr inbounds float, ptr %C, i64 %co",
+           f"  call void @{name}_micro(ptr %apan, ptr %bpan, i64 %kc, ptr %ctile, i64 %ldc, i64 %mr, i64 %nc, "
+           "i1 %first, i1 %last, ptr %bptr, ptr %pfp)",
+           f"  %ir.n = add i64 %ir, {MR}",
+           "  %irc = icmp ult i64 %ir.n, %mc",
+           "  br i1 %irc, label %ir.loop, label %p.end",
+           "p.end:",
+           "  %p.n = add i64 %p, 1",
+           "  %pcnt = icmp ult i64 %p.n, %phi",
+           "  br i1 %pcnt, label %p.loop, label %ic.end",
+           "ic.end:",
+           "  %ic.n = add i64 %ic, %mc",
+           "  %icc = icmp ult i64 %ic.n, %M",
+           "  br i1 %icc, label %ic.loop, label %pc.end",
+           "pc.end:",
+           "  %pcc = icmp ult i64 %pc.n, %K",
+           "  br i1 %pcc, label %pc.loop, label %exit",
+           "exit:",
+           "  ret void",
+           "}"]
+    decl = f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})\ndeclare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
+    return "\n\n".join([decl, declarations(set()), act_fn, "\n".join(micro), "\n".join(pack), "\n".join(drv)]) + "\n"
+
+
+# --- running it ------------------------------------------------------------------------------
+
+import ctypes  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+             ctypes.c_int64]
+_LOCK = threading.Lock()
+_COMPILED: dict[tuple[GemmConfig, str], Any] = {}
+
+# Below this many multiply-adds a call stays on one thread (handing work to a pool thread costs
+# some 20 microseconds).
+PARALLEL_MIN_MACS = 1 << 22
+
+
+def config(m: int | None = None, n: int | None = None) -> GemmConfig:
+    """The tile for an [m, n] result on this CPU (the default tile when no shape is given)."""
+    from .lowering import vector_width
+
+    if m is None or n is None:
+        return gemm_config(vector_width())
+    return choose(m, n, vector_width())
+
+
+def kernel(act: str = "none", cfg: GemmConfig | None = None) -> Any:
+    """The compiled GEMM for ``act`` and the tile ``cfg`` on this CPU (compiled once a process,
+    cached on disk)."""
+    from .jit import jit
+
+    cfg = cfg or config()
+    key = (cfg, act)
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is None:
+            name = f"pt_gemm_{cfg.mr}x{cfg.nr}_{act}"
+            fn = _COMPILED[key] = jit().kernel(name, gemm_ir(name, cfg, act), 0, argtypes=_ARGTYPES).fn
+        return fn
+
+
+def pack_b(b: Any, nr: int | None = None) -> Any:
+    """``b`` [K, N] (any strides, a transposed weight's view included) as the kernel's panels
+    [ceil(N / nr), K, nr], contiguous, the last panel's missing columns zero."""
+    from ..ops._lazy import torch
+
+    nr = nr or config().nr
+    k, n = b.shape
+    np_ = -(-n // nr)
+    if np_ * nr != n:
+        b = torch.nn.functional.pad(b, (0, np_ * nr - n))
+    return b.reshape(k, np_, nr).permute(1, 0, 2).contiguous()
+
+
+def _call(fn, a, lda, sak, bp, bias, c, ldc, m, n, k, plo, phi, ws_floats) -> None:
+    from ..ops._lazy import torch
+
+    ws = torch.empty(ws_floats, dtype=torch.float32)
+    fn(a, lda, sak, bp, bias, c, ldc, m, n, k, ws.data_ptr(), plo, phi)
+
+
+def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: Any = None,
+         cfg: GemmConfig | None = None) -> Any:
+    """``act(a @ B + bias)`` for a 2-d f32 ``a`` [M, K] (any strides) and ``packed =
+    pack_b(B, cfg.nr)``; the result is a new contiguous [M, N] tensor, or ``out``. With more
+    than one torch thread and enough work, the panels of B are split between threads."""
+    from ..ops._lazy import torch
+    from .kernels import _pool
+
+    cfg = cfg or config()
+    m, k = a.shape
+    c = out if out is not None else torch.empty((m, n), dtype=torch.float32)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        c.zero_()
+        if bias is not None:
+            c += bias
+        if act != "none":
+            from .library import UNARY
+            from ..ops.registry import OPS
+
+            u = UNARY[act]
+            assert u is not None
+            c.copy_(OPS[u.op].torch([c], dict(u.attrs)))
+        return c
+    fn = kernel(act, cfg)
+    np_ = packed.shape[0]
+    args = (a.data_ptr(), a.stride(0), a.stride(1), packed.data_ptr(),
+            bias.data_ptr() if bias is not None else None, c.data_ptr(), c.stride(0), m, n, k)
+    nt = min(torch.get_num_threads(), np_)
+    if nt > 1 and m * n * k >= PARALLEL_MIN_MACS:
+        bounds = [np_ * i // nt for i in range(nt + 1)]
+        pool = _pool(nt - 1)
+        futs = [pool.submit(_call, fn, *args, bounds[i], bounds[i + 1], cfg.workspace) for i in range(1, nt)]
+        _call(fn, *args, bounds[0], bounds[1], cfg.workspace)
+        for f in futs:
+            f.result()
+    else:
+        _call(fn, *args, 0, np_, cfg.workspace)
+    return c
