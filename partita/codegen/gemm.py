@@ -31,8 +31,15 @@ where ``A[i, k]`` is at ``A + i * lda + k * sak`` (so a transposed view needs no
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from dataclasses import dataclass
+from typing import Any
 
+from ..ops._lazy import torch
+from .jit import jit
+from .kernels import _pool
+from .lowering import vector_width
 from .mathlib import declarations, f32
 
 __all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PARALLEL_MIN_MACS"]
@@ -479,9 +486,6 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
 
 # --- running it ------------------------------------------------------------------------------
 
-import ctypes  # noqa: E402
-import threading  # noqa: E402
-from typing import Any  # noqa: E402
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
@@ -496,8 +500,6 @@ PARALLEL_MIN_MACS = 1 << 22
 
 def config(m: int | None = None, n: int | None = None) -> GemmConfig:
     """The tile for an [m, n] result on this CPU (the default tile when no shape is given)."""
-    from .lowering import vector_width
-
     if m is None or n is None:
         return gemm_config(vector_width())
     return choose(m, n, vector_width())
@@ -506,8 +508,6 @@ def config(m: int | None = None, n: int | None = None) -> GemmConfig:
 def kernel(act: str = "none", cfg: GemmConfig | None = None) -> Any:
     """The compiled GEMM for ``act`` and the tile ``cfg`` on this CPU (compiled once a process,
     cached on disk)."""
-    from .jit import jit
-
     cfg = cfg or config()
     key = (cfg, act)
     with _LOCK:
@@ -521,8 +521,6 @@ def kernel(act: str = "none", cfg: GemmConfig | None = None) -> Any:
 def pack_b(b: Any, nr: int | None = None) -> Any:
     """``b`` [K, N] (any strides, a transposed weight's view included) as the kernel's panels
     [ceil(N / nr), K, nr], contiguous, the last panel's missing columns zero."""
-    from ..ops._lazy import torch
-
     nr = nr or config().nr
     k, n = b.shape
     np_ = -(-n // nr)
@@ -532,8 +530,6 @@ def pack_b(b: Any, nr: int | None = None) -> Any:
 
 
 def _call(fn, a, lda, sak, bp, bias, c, ldc, m, n, k, plo, phi, ws_floats) -> None:
-    from ..ops._lazy import torch
-
     ws = torch.empty(ws_floats, dtype=torch.float32)
     fn(a, lda, sak, bp, bias, c, ldc, m, n, k, ws.data_ptr(), plo, phi)
 
@@ -543,25 +539,18 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
     """``act(a @ B + bias)`` for a 2-d f32 ``a`` [M, K] (any strides) and ``packed =
     pack_b(B, cfg.nr)``; the result is a new contiguous [M, N] tensor, or ``out``. With more
     than one torch thread and enough work, the panels of B are split between threads."""
-    from ..ops._lazy import torch
-    from .kernels import _pool
-
     cfg = cfg or config()
     m, k = a.shape
     c = out if out is not None else torch.empty((m, n), dtype=torch.float32)
     if m == 0 or n == 0:
         return c
-    if k == 0:
+    if k == 0:  # no products: the bias and the activation, as the library's ATen epilogue runs them
+        from .library import _aten_epilogue
+
         c.zero_()
         if bias is not None:
             c += bias
-        if act != "none":
-            from .library import UNARY
-            from ..ops.registry import OPS
-
-            u = UNARY[act]
-            assert u is not None
-            c.copy_(OPS[u.op].torch([c], dict(u.attrs)))
+        c.copy_(_aten_epilogue(c, "none", None, act))
         return c
     fn = kernel(act, cfg)
     np_ = packed.shape[0]
