@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_library.py                    # both parts, 1 thread, 30 rounds
     .venv/bin/python bench/bench_library.py --part linear      # only the fp32 linear paths
     .venv/bin/python bench/bench_library.py --part models --rounds 40
+    .venv/bin/python bench/bench_library.py --part gemm        # the generated GEMM against ORT's
     .venv/bin/python bench/bench_library.py --quick            # tiny sizes, 3 rounds (a smoke test)
 
 Part ``linear``: the fp32 CPU ways to compute ``x @ W + b`` (and with GELU after it) on the
@@ -11,6 +12,12 @@ shapes of an MLP 1024-4096-4096-1024 at batch 32 and of GPT-2 small's layers [51
 ``F.linear`` on W^T [N, K], ``mkldnn._linear_pointwise`` on the [N, K] copy and on the
 transposed view, ``mkl._mkl_linear`` with the weight packed by ``mkl._mkl_reorder_linear_weight``;
 and three small products, where a library call's fixed cost shows.
+
+Part ``gemm``: partita's generated GEMM (codegen/gemm.py, B packed once, bias in the epilogue)
+called the way the executor calls it (``library.linear_step``), against ONNX Runtime's Gemm node
+(MLAS; one session per shape, one intra-op thread, the weight an initializer), oneDNN's
+``_linear_pointwise`` and ``torch.addmm``, on the linear shapes of the models of
+bench/bench_codegen.py (MLP, GPT-2, BERT, Llama, ViT) and three small ones.
 
 Part ``models``: a ResNet-style CNN (8 x 3 x 64 x 64; stem conv 3->32 + BN + ReLU; residual
 blocks 32->32, 32->64 with stride 2 and a 1x1 downsampling conv, 64->64; global average pool;
@@ -120,6 +127,80 @@ def bench_linear(rounds: int, quick: bool) -> None:
             print("| shape | " + " | ".join(heads) + " |")
             print("|---" * (len(heads) + 1) + "|")
         print(f"| [{m},{k}]x[{k},{n}] | " + " | ".join(f"{med_ms(t[h]):.3f}" for h in heads) + " |", flush=True)
+
+
+# --- part 1b: the generated GEMM against ONNX Runtime's -----------------------------------------
+
+# (M, K, N): MLP batch 32; GPT-2/BERT 4 x 128 tokens, 256 wide (qkv, proj, fc1, fc2); Llama's
+# FFN 688; ViT 4 x 37 tokens; small layers.
+GEMM_SHAPES = [(32, 1024, 4096), (32, 4096, 4096), (512, 256, 768), (512, 256, 256), (512, 256, 1024),
+               (512, 1024, 256), (512, 256, 688), (512, 688, 256), (148, 256, 768), (148, 256, 256),
+               (148, 256, 1024), (148, 1024, 256), (8, 64, 10), (32, 256, 256), (64, 512, 512)]
+
+
+def _ort_gemm(w: torch.Tensor, b: torch.Tensor, m: int):
+    """An ORT session of one Gemm node, ``x [m, K] @ W + b``, W and b initializers; None
+    without onnxruntime."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    k, n = w.shape
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(w.numpy(), "w"), numpy_helper.from_array(b.numpy(), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess
+
+
+def bench_gemm(rounds: int, quick: bool) -> None:
+    from partita.codegen import library
+    from partita.codegen.gemm import config
+
+    shapes = [(4, 64, 128)] if quick else GEMM_SHAPES
+    print("\n### the generated GEMM against ONNX Runtime's Gemm, one thread (ms, median of %d rounds; "
+          "ratios are medians of per-round ratios)\n" % rounds)
+    print("| shape | tile | partita | ORT Gemm | oneDNN linear | addmm | partita / ORT | partita / oneDNN |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for m, k, n in shapes:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=g)
+        w = torch.randn(k, n, generator=g) * 0.02
+        b = torch.randn(n, generator=g)
+        step = library.linear_step((m, n), k, "kn", True, "none")
+        for _ in range(2):  # the second sighting packs the weight
+            step([x, w, b], {})
+        wt = w.t().contiguous()
+        lp = torch.ops.mkldnn._linear_pointwise
+        cands = {
+            "partita": lambda: step([x, w, b], {}),
+            "oneDNN": lambda: lp(x, wt, b, "none", [], None),
+            "addmm": lambda: torch.addmm(b, x, w),
+        }
+        sess = _ort_gemm(w, b, m)
+        if sess is not None:
+            xn = x.numpy()
+            cands["ORT"] = lambda: sess.run(None, {"x": xn})
+        ref = torch.addmm(b, x, w)
+        for name, f in cands.items():
+            got = f()
+            got = torch.from_numpy(got[0]) if name == "ORT" else got
+            assert float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max()) + 1e-5, name
+        t = rounds_of(cands, rounds)
+        ort_ms = f"{med_ms(t['ORT']):.3f}" if "ORT" in t else "-"
+        vs_ort = f"{ratio(t['partita'], t['ORT']):.2f}" if "ORT" in t else "-"
+        cfg = config(m, n)
+        print(f"| [{m},{k}]x[{k},{n}] | {cfg.mr}x{cfg.nr} | {med_ms(t['partita']):.3f} | {ort_ms} | "
+              f"{med_ms(t['oneDNN']):.3f} | {med_ms(t['addmm']):.3f} | {vs_ort} | "
+              f"{ratio(t['partita'], t['oneDNN']):.2f} |", flush=True)
 
 
 # --- part 2: the models ------------------------------------------------------------------------
@@ -246,7 +327,7 @@ def bench_models(rounds: int, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "linear", "models"), default="all")
+    ap.add_argument("--part", choices=("all", "linear", "gemm", "models"), default="all")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 3 rounds (a smoke test)")
     args = ap.parse_args(argv)
@@ -257,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
         if args.part in ("all", "linear"):
             bench_linear(rounds, args.quick)
+        if args.part in ("all", "gemm"):
+            bench_gemm(rounds, args.quick)
         if args.part in ("all", "models"):
             bench_models(rounds, args.quick)
     finally:

@@ -431,50 +431,68 @@ def _linear_kernel(unary: str) -> Kernel:
             (f", algorithm={alg!r})" if alg else ")"))
 
     def prepare(node) -> Callable:
-        lin = torch.ops.mkldnn._linear_pointwise.default
-        fallback = aten_step("linear_pointwise")
-        kn = node.attrs["weight_layout"] == "kn"
-        has_bias = len(node.operands) == 3
-        scalars: list = []
-        n = node.results[0].type.shape[-1]
-        k = node.operands[0].type.shape[-1]
-        out_shape = tuple(node.results[0].type.shape)
-        generated = PREPACK and _generated_gemm()
-        cache: PackedWeight | None
-        if generated:
-            from .gemm import config, gemm, pack_b
+        return linear_step(tuple(node.results[0].type.shape), node.operands[0].type.shape[-1],
+                           node.attrs["weight_layout"], len(node.operands) == 3, unary)
 
-            m = math.prod(out_shape[:-1])
-            cfg = config(m, n)
-            cache = PackedWeight(lambda w: pack_b(w if kn else w.t(), cfg.nr))
-        else:
-            # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a
-            # view, which the library reads as it is) until the packed [N, K] copy exists.
-            cache = PackedWeight(lambda w: w.t().contiguous()) if PREPACK and kn else None
+    return Kernel(name, prepare, LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP)
 
-        def step(args: list, attrs: dict) -> Any:
+
+def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str) -> Callable:
+    """The torch executor's step for one ``linear_pointwise`` node with the result shape
+    ``out_shape`` [..., N], the inner size ``k``, the weight layout ``layout`` ("kn" or
+    "nk"), a bias or not, and the activation ``unary``: see ``_linear_kernel``."""
+    u = UNARY[unary]
+    attr = "none" if u is None else u.onednn
+    alg = None if u is None else u.algorithm
+    lin = torch.ops.mkldnn._linear_pointwise.default
+    fallback = aten_step("linear_pointwise")
+    kn = layout == "kn"
+    scalars: list = []
+    n = out_shape[-1]
+    m = math.prod(out_shape[:-1])
+    cache: PackedWeight | None
+    if PREPACK and _generated_gemm():
+        from .gemm import PreparedGemm
+
+        run = PreparedGemm(m, n, k, unary)
+        cache = PackedWeight(lambda w: run.pack(w if kn else w.t()))
+        get = cache.get
+        f32_ = torch.float32
+
+        def gen_step(args: list, attrs: dict) -> Any:
             x = args[0]
             if not x.is_cpu:
                 return fallback(args, attrs)
             w = args[1]
             bias = args[2] if has_bias else None
-            packed = cache.get(w) if cache is not None else None
-            if generated:
-                if packed is not None and x.dtype is torch.float32 and (bias is None or bias.is_contiguous()):
-                    x2 = x.reshape(-1, k)
-                    return gemm(x2, packed, n, bias, unary, cfg=cfg).view(out_shape)
+            packed = get(w)
+            if packed is not None and x.dtype is f32_ and (bias is None or bias.is_contiguous()):
+                if x.dim() == 2:
+                    return run(x, packed, bias)
+                return run(x.reshape(m, k), packed, bias).view(out_shape)
+            _STATS["unpacked_calls"] += 1
+            return lin(x, w.t() if kn else w, bias, attr, scalars, alg)
+
+        return gen_step
+    # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a view, which
+    # the library reads as it is) until the packed [N, K] copy exists.
+    cache = PackedWeight(lambda w: w.t().contiguous()) if PREPACK and kn else None
+
+    def step(args: list, attrs: dict) -> Any:
+        x = args[0]
+        if not x.is_cpu:
+            return fallback(args, attrs)
+        w = args[1]
+        bias = args[2] if has_bias else None
+        packed = cache.get(w) if cache is not None else None
+        if kn:
+            if packed is None:
                 _STATS["unpacked_calls"] += 1
-                return lin(x, w.t() if kn else w, bias, attr, scalars, alg)
-            if kn:
-                if packed is None:
-                    _STATS["unpacked_calls"] += 1
-                    packed = w.t()
-                w = packed
-            return lin(x, w, bias, attr, scalars, alg)
+                packed = w.t()
+            w = packed
+        return lin(x, w, bias, attr, scalars, alg)
 
-        return step
-
-    return Kernel(name, prepare, LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP)
+    return step
 
 
 def matmul_kernel(node, inplace: bool = False) -> Callable | None:

@@ -54,19 +54,49 @@ def test_two_threads_split_the_panels_and_agree_with_one():
     p = G.pack_b(w, cfg.nr)
     old = torch.get_num_threads()
     try:
+        prepared = G.PreparedGemm(512, 1000, 256, cfg=cfg)
         torch.set_num_threads(1)
         one = G.gemm(a, p, 1000, cfg=cfg)
+        one_p = prepared(a, p)
         torch.set_num_threads(2)
         two = G.gemm(a, p, 1000, cfg=cfg)
+        two_p = prepared(a, p)
     finally:
         torch.set_num_threads(old)
-    assert torch.equal(one, two)      # the same sums in the same order per element
+    assert prepared.parallel
+    assert torch.equal(one, two) and torch.equal(one_p, two_p) and torch.equal(one, one_p)
     _check(one, a, w, None, "none")
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_reading_a_in_place_equals_packing_it(lanes):
+    # The same products in the same order: bit-identical, edge tiles (rows past M) included.
+    g = torch.Generator().manual_seed(3)
+    for cfg in G.gemm_configs(lanes):
+        for m, k, n in SHAPES + [(2 * cfg.mr + 1, 2 * cfg.kc + 3, cfg.nr + 1)]:
+            if not (m and k and n):
+                continue
+            a, w, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g), torch.randn(n, generator=g)
+            packed, direct = G.PreparedGemm(m, n, k, "gelu", cfg), G.PreparedGemm(m, n, k, "gelu", cfg)
+            packed.direct, direct.direct = False, True
+            p = packed.pack(w)
+            y = direct(a, p, b)
+            assert torch.equal(y, packed(a, p, b)), (cfg, m, k, n)
+            _check(y, a, w, b, "gelu")
+            # a transposed view (k stride != 1) is packed, whatever was asked
+            assert torch.equal(direct(a.t().contiguous().t(), p, b), y)
+
+
+def test_rows_4_kib_apart_are_packed():
+    assert G.read_a_in_place(256) and G.read_a_in_place(688) and G.read_a_in_place(1000)
+    assert not G.read_a_in_place(1024) and not G.read_a_in_place(4096)
 
 
 def test_the_tile_is_chosen_by_padded_work():
     assert (G.choose(32, 4096, 8).mr, G.choose(32, 4096, 8).nr) == (4, 24)   # 32 rows: 6 x 16 pads to 36
     assert (G.choose(516, 1024, 8).mr, G.choose(516, 1024, 8).nr) == (6, 16)
+    assert (G.choose(512, 1024, 16).mr, G.choose(512, 1024, 16).nr) == (6, 64)   # AVX-512: ties to 6 x 64
+    assert (G.choose(32, 4096, 16).mr, G.choose(32, 4096, 16).nr) == (8, 48)     # 6 rows would pad 32 to 36
 
 
 def test_a_linear_layer_runs_the_generated_gemm_once_packed():
