@@ -23,10 +23,12 @@ into vector code, the math functions inlined from ``mathlib``). Threads split th
 One kernel serves every shape: M, N, K and the strides are arguments. The function is
 
     void NAME(ptr A, i64 lda, i64 sak, ptr Bp, ptr bias, ptr C, i64 ldc, i64 M, i64 N, i64 K,
-              ptr workspace, i64 plo, i64 phi)
+              ptr workspace, i64 plo, i64 phi, i64 mcx)
 
 where ``A[i, k]`` is at ``A + i * lda + k * sak`` (so a transposed view needs no copy),
-``bias`` is null for none, and ``workspace`` holds at least ``MC * KC`` floats, or is null:
+``bias`` is null for none, ``mcx`` is the most rows of A in one block (M is split evenly into
+blocks of at most ``mcx`` rows, each a multiple of MR), and ``workspace`` holds at least
+``mcx * KC`` floats, or is null:
 then A (whose k stride must be 1) is not packed but read where it is, row ``r`` of a tile at
 ``A + r * lda`` (rows past M read the last row again; their results are never stored), as
 MLAS does; see ``read_a_in_place`` for when.
@@ -134,7 +136,7 @@ ACTIVATIONS = frozenset({"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid",
 
 def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
     """The LLVM IR of one GEMM kernel (see the module doc)."""
-    L, MR, NR, KC, MC, U = cfg.lanes, cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.unroll
+    L, MR, NR, KC, U = cfg.lanes, cfg.mr, cfg.nr, cfg.kc, cfg.unroll
     NV = NR // L
     vt = f"<{L} x float>"
     act_lines, used = _act_lines(act)
@@ -420,7 +422,7 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
     # --- the driver ----------------------------------------------------------------------------
     drv = [f"define void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %sak, ptr noalias nocapture readonly %Bp, "
            "ptr noalias nocapture readonly %bias, ptr noalias nocapture %C, i64 %ldc, i64 %M, i64 %N, i64 %K, "
-           "ptr noalias nocapture %W, i64 %plo, i64 %phi) nounwind {",
+           "ptr noalias nocapture %W, i64 %plo, i64 %phi, i64 %mcx) nounwind {",
            "entry:",
            "  %empty0 = icmp eq i64 %M, 0",
            "  %empty1 = icmp eq i64 %K, 0",
@@ -430,8 +432,9 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
            # no workspace: A is read where it is (its k stride must be 1), not packed
            "  %direct = icmp eq ptr %W, null",
            # rows per block: M split evenly into blocks of at most MC, rounded up to MR
-           f"  %nb0 = add i64 %M, {MC - 1}",
-           f"  %nb = udiv i64 %nb0, {MC}",
+           "  %mcx1 = sub i64 %mcx, 1",
+           "  %nb0 = add i64 %M, %mcx1",
+           "  %nb = udiv i64 %nb0, %mcx",
            "  %mper0 = add i64 %M, %nb",
            "  %mper1 = sub i64 %mper0, 1",
            "  %mper = udiv i64 %mper1, %nb",
@@ -530,7 +533,7 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-             ctypes.c_int64]
+             ctypes.c_int64, ctypes.c_int64]
 _LOCK = threading.Lock()
 _COMPILED: dict[tuple[GemmConfig, str], Any] = {}
 
@@ -586,12 +589,45 @@ def pack_b(b: Any, nr: int | None = None) -> Any:
     return b.reshape(k, np_, nr).permute(1, 0, 2).contiguous()
 
 
-def _call(fn, a, lda, sak, bp, bias, c, ldc, m, n, k, plo, phi, ws_floats) -> None:
+def _l2_bytes() -> int:
+    """This CPU's L2 per core (Linux sysfs; 512 KiB where it cannot be read)."""
+    global _L2
+    if _L2 is None:
+        _L2 = 512 << 10
+        try:
+            for idx in range(8):
+                base = f"/sys/devices/system/cpu/cpu0/cache/index{idx}/"
+                with open(base + "level") as f:
+                    level = f.read().strip()
+                with open(base + "type") as f:
+                    kind = f.read().strip()
+                if level == "2" and kind in ("Unified", "Data"):
+                    with open(base + "size") as f:
+                        text = f.read().strip()
+                    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+                    _L2 = int(text.rstrip("KM")) * mult
+                    break
+        except (OSError, ValueError):
+            pass
+    return _L2
+
+
+_L2: int | None = None
+
+
+def direct_block_rows(cfg: GemmConfig, k: int) -> int:
+    """The most rows of an A read in place per block: as many as fill half of L2 with one
+    KC-slice (so each B panel, streamed from memory, serves that many rows), at least ``cfg.mc``."""
+    rows = (_l2_bytes() // 2) // (4 * min(k, cfg.kc) or 1)
+    return max(cfg.mc, rows // cfg.mr * cfg.mr)
+
+
+def _call(fn, a, lda, sak, bp, bias, c, ldc, m, n, k, plo, phi, cfg) -> None:
     if sak == 1 and read_a_in_place(lda):
-        fn(a, lda, sak, bp, bias, c, ldc, m, n, k, None, plo, phi)
+        fn(a, lda, sak, bp, bias, c, ldc, m, n, k, None, plo, phi, direct_block_rows(cfg, k))
         return
-    ws = torch.empty(ws_floats, dtype=torch.float32)
-    fn(a, lda, sak, bp, bias, c, ldc, m, n, k, ws.data_ptr(), plo, phi)
+    ws = torch.empty(cfg.workspace, dtype=torch.float32)
+    fn(a, lda, sak, bp, bias, c, ldc, m, n, k, ws.data_ptr(), plo, phi, cfg.mc)
 
 
 def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: Any = None,
@@ -620,12 +656,12 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
     if nt > 1 and m * n * k >= PARALLEL_MIN_MACS:
         bounds = [np_ * i // nt for i in range(nt + 1)]
         pool = _pool(nt - 1)
-        futs = [pool.submit(_call, fn, *args, bounds[i], bounds[i + 1], cfg.workspace) for i in range(1, nt)]
-        _call(fn, *args, bounds[0], bounds[1], cfg.workspace)
+        futs = [pool.submit(_call, fn, *args, bounds[i], bounds[i + 1], cfg) for i in range(1, nt)]
+        _call(fn, *args, bounds[0], bounds[1], cfg)
         for f in futs:
             f.result()
     else:
-        _call(fn, *args, 0, np_, cfg.workspace)
+        _call(fn, *args, 0, np_, cfg)
     return c
 
 
@@ -636,7 +672,7 @@ class PreparedGemm:
     is a few microseconds; ``gemm`` is the same computation for any shape. Like the program
     that holds it, one call at a time (the workspaces are reused)."""
 
-    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct")
+    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd")
 
     def __init__(self, m: int, n: int, k: int, act: str = "none", cfg: GemmConfig | None = None) -> None:
         if act not in ACTIVATIONS:
@@ -649,6 +685,7 @@ class PreparedGemm:
         self.ws_ptr = self.ws[0].data_ptr()
         self.parallel = m * n * k >= PARALLEL_MIN_MACS and self.np > 1
         self.direct = DIRECT_A != "0"
+        self.mcd = direct_block_rows(cfg, k)
 
     def pack(self, b: Any) -> Any:
         """``b`` [k, n] as this GEMM's packed panels."""
@@ -669,9 +706,12 @@ class PreparedGemm:
                 self._parallel(nt, (a.data_ptr(), sa[0], sa[1], packed.data_ptr(), bp, c.data_ptr(), c.stride(0),
                                     m, n, self.k))
                 return c
-        ws = None if self.direct and sa[1] == 1 and read_a_in_place(sa[0]) else self.ws_ptr
-        fn(a.data_ptr(), sa[0], sa[1], packed.data_ptr(), bp, c.data_ptr(), c.stride(0), m, n, self.k,
-           ws, 0, self.np)
+        if self.direct and sa[1] == 1 and read_a_in_place(sa[0]):
+            fn(a.data_ptr(), sa[0], 1, packed.data_ptr(), bp, c.data_ptr(), c.stride(0), m, n, self.k,
+               None, 0, self.np, self.mcd)
+        else:
+            fn(a.data_ptr(), sa[0], sa[1], packed.data_ptr(), bp, c.data_ptr(), c.stride(0), m, n, self.k,
+               self.ws_ptr, 0, self.np, self.cfg.mc)
         return c
 
     def _parallel(self, nt: int, args: tuple) -> None:
@@ -682,8 +722,9 @@ class PreparedGemm:
         bounds = [np_ * i // nt for i in range(nt + 1)]
         pool = _pool(nt - 1)
         direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
-        futs = [pool.submit(fn, *args, None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1])
+        mc = self.mcd if direct else self.cfg.mc
+        futs = [pool.submit(fn, *args, None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1], mc)
                 for i in range(1, nt)]
-        fn(*args, None if direct else ws[0].data_ptr(), bounds[0], bounds[1])
+        fn(*args, None if direct else ws[0].data_ptr(), bounds[0], bounds[1], mc)
         for f in futs:
             f.result()

@@ -318,7 +318,11 @@ class Kernel:
 
     name: str
     prepare: Callable[[Any], Callable]
-    min_flops: int = 0
+    min_flops: int | Callable[[], int] = 0
+
+    def threshold(self) -> int:
+        """``min_flops``, asked of this machine when it depends on what compiles here."""
+        return self.min_flops() if callable(self.min_flops) else self.min_flops
 
 
 def _mkldnn_ok() -> bool:
@@ -395,6 +399,13 @@ LINEAR_MIN_FLOPS = 32_000_000
 LINEAR_MIN_FLOPS_POST_OP = 8_000_000
 
 
+# The generated GEMM's prepared call costs about what ATen's addmm does (10 vs 9 us on
+# [8, 64] x [64, 10], 58 vs 61 on [32, 256] x [256, 256]; bench/bench_library.py --part gemm),
+# and it applies the activation in the same pass; below this the packed copy is not worth its
+# memory.
+GEMM_MIN_FLOPS = 1_000_000
+
+
 def _generated_gemm() -> bool:
     """Whether partita's generated GEMM (codegen/gemm.py) compiles on this machine; asked once,
     the reason reported once as a warning when it does not."""
@@ -434,7 +445,12 @@ def _linear_kernel(unary: str) -> Kernel:
         return linear_step(tuple(node.results[0].type.shape), node.operands[0].type.shape[-1],
                            node.attrs["weight_layout"], len(node.operands) == 3, unary)
 
-    return Kernel(name, prepare, LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP)
+    def min_flops() -> int:
+        if PREPACK and _generated_gemm():
+            return GEMM_MIN_FLOPS
+        return LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP
+
+    return Kernel(name, prepare, min_flops)
 
 
 def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str) -> Callable:
@@ -547,7 +563,7 @@ def _prepare(node) -> Callable:
     if kernel is None or any(t.numel == 0 or t.dtype is not f32 for t in types) or not _mkldnn_ok():
         return aten_step(node.op)
     flops = OPS[node.op].cost_of(types[:len(node.operands)], types[len(node.operands):], node.attrs).flops
-    if flops < kernel.min_flops:
+    if flops < kernel.threshold():
         return aten_step(node.op)
     return kernel.prepare(node)
 

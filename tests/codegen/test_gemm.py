@@ -126,3 +126,29 @@ def test_a_linear_layer_runs_the_generated_gemm_once_packed():
     # which with the rest runs the generated GEMM.
     assert after["packed"] - before["packed"] == 2
     assert after["unpacked_calls"] - before["unpacked_calls"] == 2
+
+
+def test_small_layers_take_the_generated_gemm_and_tiny_ones_stay_on_aten():
+    import numpy as np
+
+    import partita
+    from partita.codegen import CompiledProgram, library
+
+    assert library._generated_gemm()
+    torch.manual_seed(0)
+    # [32, 256] x [256, 256]: 4 MFLOP, under the oneDNN kernels' minimum (32M) and above the
+    # generated GEMM's (1M); [32, 256] x [256, 4]: 65 KFLOP, under both.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.SiLU(), torch.nn.Linear(256, 4)).eval()
+    x = torch.randn(32, 256)
+    graph = partita.import_torch(model, (x,))
+    prog = CompiledProgram(graph)
+    weights = {k: torch.from_numpy(np.array(v)) for k, v in graph.weights.items()}
+    before = library.packed_weight_stats()
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(3):
+            got = prog([x], weights)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert library.packed_weight_stats()["packed"] - before["packed"] == 1
+    assert library.GEMM_MIN_FLOPS <= 2 * 32 * 256 * 256 < library.LINEAR_MIN_FLOPS_POST_OP
