@@ -152,3 +152,22 @@ def test_small_layers_take_the_generated_gemm_and_tiny_ones_stay_on_aten():
             assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
     assert library.packed_weight_stats()["packed"] - before["packed"] == 1
     assert library.GEMM_MIN_FLOPS <= 2 * 32 * 256 * 256 < library.LINEAR_MIN_FLOPS_POST_OP
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_gelu_epilogues_keep_relative_accuracy_in_the_negative_tail(act):
+    # x @ I + 0 is x exactly, so the tile holds x and the epilogue alone is measured. The
+    # references are the forms without cancellation: x erfc(-x / sqrt 2) / 2 and
+    # x / (1 + exp(-2u)) (F.gelu's own f64 form loses all digits near x = -8).
+    n = 64
+    x = torch.linspace(-12, 12, 64 * 64).reshape(-1, n)
+    prepared = G.PreparedGemm(x.shape[0], n, n, act)
+    y = prepared(x, prepared.pack(torch.eye(n))).double()
+    xd = x.double()
+    if act == "gelu":
+        want = 0.5 * xd * torch.special.erfc(-xd / 2 ** 0.5)
+    else:
+        want = xd / (1 + torch.exp(-2 * 0.7978845608028654 * (xd + 0.044715 * xd ** 3)))
+    big = want.abs() > 1e-30
+    assert float(((y - want).abs()[big] / want.abs()[big]).max()) < 5e-5
+    assert float((y - want).abs().max()) < 1e-6
