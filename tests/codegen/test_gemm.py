@@ -96,6 +96,7 @@ def test_the_tile_is_chosen_by_padded_work():
     assert (G.choose(32, 4096, 8).mr, G.choose(32, 4096, 8).nr) == (4, 24)   # 32 rows: 6 x 16 pads to 36
     assert (G.choose(516, 1024, 8).mr, G.choose(516, 1024, 8).nr) == (6, 16)
     assert (G.choose(512, 1024, 16).mr, G.choose(512, 1024, 16).nr) == (6, 64)   # AVX-512: ties to 6 x 64
+    assert (G.choose(512, 8192, 16).mr, G.choose(512, 8192, 16).nr) == (6, 64)   # 516 rows: 0.8% more work
     assert (G.choose(32, 4096, 16).mr, G.choose(32, 4096, 16).nr) == (8, 48)     # 6 rows would pad 32 to 36
 
 
