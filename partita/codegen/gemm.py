@@ -298,41 +298,34 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
                 micro.append(f"  %fs{r}_{v} = fadd {vt} %acc{r}_{v}, %fo{r}_{v}")
                 micro.append(f"  store {vt} %fs{r}_{v}, ptr %fp{r}_{v}, align 4")
         micro += ["  br label %epi",
-                  # an edge tile: through a tile on the stack, then the valid part element by element
+                  # an edge tile: the rows below mr, each vector stored under the mask of its
+                  # columns below nc (masked loads add the C of earlier slices)
                   "slow:",
-                  f"  %tile = alloca [{MR * NR} x float], align 64"]
+                  "  %nc32 = trunc i64 %nc to i32",
+                  f"  %ncv0 = insertelement <{L} x i32> poison, i32 %nc32, i64 0",
+                  f"  %ncv = shufflevector <{L} x i32> %ncv0, <{L} x i32> poison, <{L} x i32> zeroinitializer"]
+        for v in range(NV):
+            lanes = ", ".join(f"i32 {v * L + i}" for i in range(L))
+            micro.append(f"  %smask{v} = icmp ult <{L} x i32> <{lanes}>, %ncv")
+        micro.append("  br label %srow0")
         for r in range(MR):
+            nxt = f"%srow{r + 1}" if r + 1 < MR else "%epi"
+            micro += [f"srow{r}:",
+                      f"  %sin{r} = icmp ult i64 {r}, %mr",
+                      f"  br i1 %sin{r}, label %sdo{r}, label %epi",
+                      f"sdo{r}:",
+                      f"  %sro{r} = mul i64 %ldc, {r}",
+                      f"  %srp{r} = getelementptr inbounds float, ptr %c, i64 %sro{r}"]
             for v in range(NV):
-                micro.append(f"  %tp{r}_{v} = getelementptr inbounds float, ptr %tile, i64 {r * NR + v * L}")
-                micro.append(f"  store {vt} %acc{r}_{v}, ptr %tp{r}_{v}, align 4")
-        micro += ["  br label %srow",
-                  "srow:",
-                  "  %si = phi i64 [0, %slow], [%si.n, %srow.end]",
-                  "  %sro = mul i64 %si, %ldc",
-                  "  %scrow = getelementptr inbounds float, ptr %c, i64 %sro",
-                  f"  %sto = mul i64 %si, {NR}",
-                  "  %strow = getelementptr inbounds float, ptr %tile, i64 %sto",
-                  "  br label %scol",
-                  "scol:",
-                  "  %sj = phi i64 [0, %srow], [%sj.n, %sput]",
-                  "  %stp = getelementptr inbounds float, ptr %strow, i64 %sj",
-                  "  %stv = load float, ptr %stp, align 4",
-                  "  %scp = getelementptr inbounds float, ptr %scrow, i64 %sj",
-                  "  br i1 %first, label %sput, label %sacc",
-                  "sacc:",
-                  "  %sco = load float, ptr %scp, align 4",
-                  "  %scs = fadd float %stv, %sco",
-                  "  br label %sput",
-                  "sput:",
-                  "  %scv = phi float [%stv, %scol], [%scs, %sacc]",
-                  "  store float %scv, ptr %scp, align 4",
-                  "  %sj.n = add i64 %sj, 1",
-                  "  %sjc = icmp ult i64 %sj.n, %nc",
-                  "  br i1 %sjc, label %scol, label %srow.end",
-                  "srow.end:",
-                  "  %si.n = add i64 %si, 1",
-                  "  %sic = icmp ult i64 %si.n, %mr",
-                  "  br i1 %sic, label %srow, label %epi",
+                micro += [f"  %sp{r}_{v} = getelementptr inbounds float, ptr %srp{r}, i64 {v * L}",
+                          f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sp{r}_{v}, i32 4, "
+                          f"<{L} x i1> %smask{v}, {vt} zeroinitializer)",
+                          f"  %ss{r}_{v} = fadd {vt} %acc{r}_{v}, %so{r}_{v}",
+                          f"  %sv{r}_{v} = select i1 %first, {vt} %acc{r}_{v}, {vt} %ss{r}_{v}",
+                          f"  call void @llvm.masked.store.v{L}f32.p0({vt} %sv{r}_{v}, ptr %sp{r}_{v}, i32 4, "
+                          f"<{L} x i1> %smask{v})"]
+            micro.append(f"  br label {nxt}")
+        micro += [
                   # the last slice: bias and activation over the tile, in L1
                   "epi:",
                   "  %hasb = icmp ne ptr %bias, null",
@@ -556,7 +549,10 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
            "exit:",
            "  ret void",
            "}"]
-    decl = f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})\ndeclare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
+    decl = "\n".join([f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
+                      "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+                      f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
+                      f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)"])
     return "\n\n".join([decl, declarations(set()), act_fn, "\n".join(micro_fn(False)), "\n".join(micro_fn(True)), "\n".join(pack), "\n".join(drv)]) + "\n"
 
 

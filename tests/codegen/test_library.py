@@ -263,6 +263,51 @@ def test_fuse_library_keeps_the_reference_bit_for_bit():
         assert np.array_equal(a, b2)
 
 
+def test_a_patch_convolution_becomes_a_gemm_and_packs_its_weight_view():
+    assert library._generated_gemm()
+    b = Builder()
+    x = b.input("x", T(2, 3, 64, 64))   # 128 patches of 192 values by 64 outputs: 3 MFLOP
+    y = b.conv2d(x, b.param("w", T(64, 3, 8, 8)), b.param("b", T(64)), stride=(8, 8))
+    g = verify(b.ret(b.relu(y)))
+    out, before, after = _fuse(g)
+    assert [n.op for n in out.nodes] == ["reshape", "transpose", "reshape", "reshape", "linear_pointwise",
+                                         "reshape", "transpose", "relu"]
+    lin = list(out.nodes)[4]
+    assert lin.attrs["weight_layout"] == "nk" and lin.results[0].type.shape == (2 * 8 * 8, 64)
+    for a, b2 in zip(before, after):
+        np.testing.assert_allclose(a, b2, rtol=1e-5, atol=1e-5)
+    # run: the weight reaches the GEMM as a reshape made at every call, and is packed once
+    xs, w, bias = _rand(2, 3, 64, 64), _rand(64, 3, 8, 8, seed=1, scale=0.1), _rand(64, seed=2)
+    prog = TorchProgram(out)
+    start = packed_weight_stats()["packed"]
+    for _ in range(3):
+        _close(prog([xs], {"w": w, "b": bias})[0], F.relu(F.conv2d(xs, w, bias, stride=8)))
+    assert packed_weight_stats()["packed"] - start == 1
+
+
+def test_convolutions_that_are_not_patches_stay_convolutions():
+    for shape, kw in [((4, 3, 3, 3), dict(stride=(1, 1), padding=(1, 1))),   # overlapping windows
+                      ((4, 3, 2, 2), dict(stride=(2, 2), padding=(1, 1))),   # padded
+                      ((4, 3, 1, 1), dict(stride=(1, 1))),                    # 1 x 1: oneDNN's
+                      ((4, 3, 3, 3), dict(stride=(3, 3)))]:                   # 8 is no multiple of 3
+        b = Builder()
+        x = b.input("x", T(2, 3, 8, 8))
+        g = verify(b.ret(b.conv2d(x, b.param("w", T(*shape)), **kw)))
+        out, _, _ = _fuse(g)
+        assert [n.op for n in out.nodes] == ["conv2d_pointwise"], kw
+
+
+def test_a_packed_weight_seen_through_a_view_is_the_same_weight():
+    pw = PackedWeight(lambda t: t * 2)
+    w = torch.ones(4, 6)
+    assert pw.get(w.reshape(24)) is None
+    assert torch.equal(pw.get(w.reshape(24)), torch.full((24,), 2.0))   # a new view, the same weight
+    assert pw.get(w.reshape(6, 4)) is None                               # another view: packed anew
+    with torch.no_grad():
+        w.mul_(3)                                                       # the base changes in place
+    assert pw.get(w.reshape(6, 4)) is None
+
+
 def test_fuse_library_leaves_other_dtypes_and_shapes():
     b = Builder()
     f64 = DTYPES["f64"]
