@@ -707,7 +707,7 @@ class PreparedGemm:
             raise ValueError(f"partita.codegen.gemm: no activation {act!r} (known: {', '.join(ACTIVATIONS)})")
         self.m, self.n, self.k, self.act = m, n, k, act
         self.cfg = cfg = cfg or config(m, n)
-        self.fn = kernel(act, cfg) if m and n and k else None
+        self.fn: Any = kernel(act, cfg) if m and n and k else None
         self.np = -(-n // cfg.nr)
         self.ws: list[Any] = [torch.empty(cfg.workspace, dtype=torch.float32)]
         self.ws_ptr = self.ws[0].data_ptr()
