@@ -751,7 +751,7 @@ class PreparedGemm:
         pool = _pool(nt - 1)
         direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
         mc = self.mcd if direct else self.cfg.mc
-        futs = [pool.submit(fn, *args, None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1], mc)
+        futs = [pool.submit(fn, *(args + (None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1], mc)))
                 for i in range(1, nt)]
         fn(*args, None if direct else ws[0].data_ptr(), bounds[0], bounds[1], mc)
         for f in futs:
