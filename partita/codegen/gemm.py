@@ -700,7 +700,7 @@ class PreparedGemm:
     is a few microseconds; ``gemm`` is the same computation for any shape. Like the program
     that holds it, one call at a time (the workspaces are reused)."""
 
-    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd")
+    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd", "omp_ws")
 
     def __init__(self, m: int, n: int, k: int, act: str = "none", cfg: GemmConfig | None = None) -> None:
         if act not in ACTIVATIONS:
@@ -714,6 +714,7 @@ class PreparedGemm:
         self.parallel = m * n * k >= PARALLEL_MIN_MACS and self.np > 1
         self.direct = DIRECT_A != "0"
         self.mcd = direct_block_rows(cfg, k)
+        self.omp_ws: Any = None
 
     def pack(self, b: Any) -> Any:
         """``b`` [k, n] as this GEMM's packed panels."""
@@ -743,16 +744,129 @@ class PreparedGemm:
         return c
 
     def _parallel(self, nt: int, args: tuple) -> None:
+        direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
+        omp = _omp_launcher()
+        if omp is not None:
+            wsf = self.cfg.workspace
+            if not direct and (self.omp_ws is None or self.omp_ws.numel() < nt * wsf):
+                self.omp_ws = torch.empty(nt * wsf, dtype=torch.float32)
+            fields = [0 if x is None else int(x) for x in args]
+            fields += [0 if direct else self.omp_ws.data_ptr(), 4 * wsf, self.np, self.mcd if direct else self.cfg.mc,
+                       ctypes.cast(self.fn, ctypes.c_void_p).value or 0]
+            data = (ctypes.c_int64 * 15)(*fields)
+            omp(ctypes.addressof(data), nt)
+            return
         ws = self.ws
         while len(ws) < nt:
             ws.append(torch.empty(self.cfg.workspace, dtype=torch.float32))
         fn, np_ = self.fn, self.np
         bounds = [np_ * i // nt for i in range(nt + 1)]
         pool = _pool(nt - 1)
-        direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
         mc = self.mcd if direct else self.cfg.mc
         futs = [pool.submit(fn, *(args + (None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1], mc)))
                 for i in range(1, nt)]
         fn(*args, None if direct else ws[0].data_ptr(), bounds[0], bounds[1], mc)
         for f in futs:
             f.result()
+
+
+# --- threads: the split run on torch's own OpenMP team ------------------------------------------
+
+# A GEMM split between threads runs on the OpenMP team torch's parallel ops use (libgomp's
+# GOMP_parallel, the team of the calling thread): a second pool of Python-started threads beside
+# it would compete with the team's workers, which spin for a while after each of torch's
+# parallel ops (with 2 threads, 1.2 to 1.8x slower than one thread on the transformers).
+_OMP_IR = """
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+declare i32 @omp_get_thread_num()
+declare i32 @omp_get_num_threads()
+
+define internal void @pt_gemm_omp_body(ptr %d) nounwind {
+entry:
+  %tid32 = call i32 @omp_get_thread_num()
+  %nt32 = call i32 @omp_get_num_threads()
+  %tid = zext i32 %tid32 to i64
+  %nt = zext i32 %nt32 to i64
+  %f = alloca [17 x i64], align 8
+  br label %ld
+ld:
+  %a = load i64, ptr %d, align 8
+  %p1 = getelementptr inbounds i64, ptr %d, i64 1
+  %lda = load i64, ptr %p1, align 8
+  %p2 = getelementptr inbounds i64, ptr %d, i64 2
+  %sak = load i64, ptr %p2, align 8
+  %p3 = getelementptr inbounds i64, ptr %d, i64 3
+  %bp = load i64, ptr %p3, align 8
+  %p4 = getelementptr inbounds i64, ptr %d, i64 4
+  %bias = load i64, ptr %p4, align 8
+  %p5 = getelementptr inbounds i64, ptr %d, i64 5
+  %c = load i64, ptr %p5, align 8
+  %p6 = getelementptr inbounds i64, ptr %d, i64 6
+  %ldc = load i64, ptr %p6, align 8
+  %p7 = getelementptr inbounds i64, ptr %d, i64 7
+  %m = load i64, ptr %p7, align 8
+  %p8 = getelementptr inbounds i64, ptr %d, i64 8
+  %n = load i64, ptr %p8, align 8
+  %p9 = getelementptr inbounds i64, ptr %d, i64 9
+  %k = load i64, ptr %p9, align 8
+  %p10 = getelementptr inbounds i64, ptr %d, i64 10
+  %ws = load i64, ptr %p10, align 8
+  %p11 = getelementptr inbounds i64, ptr %d, i64 11
+  %wsb = load i64, ptr %p11, align 8
+  %p12 = getelementptr inbounds i64, ptr %d, i64 12
+  %np = load i64, ptr %p12, align 8
+  %p13 = getelementptr inbounds i64, ptr %d, i64 13
+  %mcx = load i64, ptr %p13, align 8
+  %p14 = getelementptr inbounds i64, ptr %d, i64 14
+  %fnv = load i64, ptr %p14, align 8
+  %lo0 = mul i64 %np, %tid
+  %lo = udiv i64 %lo0, %nt
+  %tid1 = add i64 %tid, 1
+  %hi0 = mul i64 %np, %tid1
+  %hi = udiv i64 %hi0, %nt
+  %hasws = icmp ne i64 %ws, 0
+  %wso = mul i64 %tid, %wsb
+  %ws1 = add i64 %ws, %wso
+  %wsv = select i1 %hasws, i64 %ws1, i64 0
+  %ap = inttoptr i64 %a to ptr
+  %bpp = inttoptr i64 %bp to ptr
+  %biasp = inttoptr i64 %bias to ptr
+  %cp = inttoptr i64 %c to ptr
+  %wsp = inttoptr i64 %wsv to ptr
+  %fn = inttoptr i64 %fnv to ptr
+  call void %fn(ptr %ap, i64 %lda, i64 %sak, ptr %bpp, ptr %biasp, ptr %cp, i64 %ldc, i64 %m, i64 %n, i64 %k, ptr %wsp, i64 %lo, i64 %hi, i64 %mcx)
+  ret void
+}
+
+define void @pt_gemm_omp(ptr %d, i64 %nt) nounwind {
+entry:
+  %nt32 = trunc i64 %nt to i32
+  call void @GOMP_parallel(ptr @pt_gemm_omp_body, ptr %d, i32 %nt32, i32 0)
+  ret void
+}
+"""
+
+_OMP: Any = None  # the compiled launcher, False where libgomp is not torch's runtime
+
+
+def _omp_launcher() -> Any:
+    """``pt_gemm_omp(data, nthreads)``, or None without libgomp in this process."""
+    global _OMP
+    if _OMP is None:
+        _OMP = False
+        try:
+            path = None
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    if "libgomp" in line and line.rstrip().endswith(".so.1") or "libgomp-" in line:
+                        path = line.split()[-1]
+                        break
+            if path is not None:
+                lib = ctypes.CDLL(path)
+                j = jit()
+                for sym in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"):
+                    j.llvm.add_symbol(sym, ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value)
+                _OMP = j.kernel("pt_gemm_omp", _OMP_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+        except Exception:  # no libgomp (another OpenMP runtime): the Python pool splits instead
+            _OMP = False
+    return _OMP or None

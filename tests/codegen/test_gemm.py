@@ -64,6 +64,8 @@ def test_two_threads_split_the_panels_and_agree_with_one():
     finally:
         torch.set_num_threads(old)
     assert prepared.parallel
+    # the split runs on torch's OpenMP team (libgomp, which the torch wheel ships on Linux)
+    assert G._omp_launcher() is not None
     assert torch.equal(one, two) and torch.equal(one_p, two_p) and torch.equal(one, one_p)
     _check(one, a, w, None, "none")
 
