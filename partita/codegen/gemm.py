@@ -650,14 +650,6 @@ def direct_block_rows(cfg: GemmConfig, k: int) -> int:
     return max(cfg.mc, rows // cfg.mr * cfg.mr)
 
 
-def _call(fn, a, lda, sak, bp, bias, c, ldc, m, n, k, plo, phi, cfg) -> None:
-    if sak == 1 and read_a_in_place(lda):
-        fn(a, lda, sak, bp, bias, c, ldc, m, n, k, None, plo, phi, direct_block_rows(cfg, k))
-        return
-    ws = torch.empty(cfg.workspace, dtype=torch.float32)
-    fn(a, lda, sak, bp, bias, c, ldc, m, n, k, ws.data_ptr(), plo, phi, cfg.mc)
-
-
 def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: Any = None,
          cfg: GemmConfig | None = None) -> Any:
     """``act(a @ B + bias)`` for a 2-d f32 ``a`` [M, K] (any strides) and ``packed =
@@ -676,21 +668,7 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
             c += bias
         c.copy_(_aten_epilogue(c, "none", None, act))
         return c
-    fn = kernel(act, cfg)
-    np_ = packed.shape[0]
-    args = (a.data_ptr(), a.stride(0), a.stride(1), packed.data_ptr(),
-            bias.data_ptr() if bias is not None else None, c.data_ptr(), c.stride(0), m, n, k)
-    nt = min(torch.get_num_threads(), np_)
-    if nt > 1 and m * n * k >= PARALLEL_MIN_MACS:
-        bounds = [np_ * i // nt for i in range(nt + 1)]
-        pool = _pool(nt - 1)
-        futs = [pool.submit(_call, fn, *args, bounds[i], bounds[i + 1], cfg) for i in range(1, nt)]
-        _call(fn, *args, bounds[0], bounds[1], cfg)
-        for f in futs:
-            f.result()
-    else:
-        _call(fn, *args, 0, np_, cfg)
-    return c
+    return PreparedGemm(m, n, k, act, cfg)(a, packed, bias, c)
 
 
 class PreparedGemm:
@@ -700,7 +678,7 @@ class PreparedGemm:
     is a few microseconds; ``gemm`` is the same computation for any shape. Like the program
     that holds it, one call at a time (the workspaces are reused)."""
 
-    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd", "omp_ws")
+    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd")
 
     def __init__(self, m: int, n: int, k: int, act: str = "none", cfg: GemmConfig | None = None) -> None:
         if act not in ACTIVATIONS:
@@ -709,12 +687,11 @@ class PreparedGemm:
         self.cfg = cfg = cfg or config(m, n)
         self.fn: Any = kernel(act, cfg) if m and n and k else None
         self.np = -(-n // cfg.nr)
-        self.ws: list[Any] = [torch.empty(cfg.workspace, dtype=torch.float32)]
-        self.ws_ptr = self.ws[0].data_ptr()
+        self.ws = torch.empty(cfg.workspace, dtype=torch.float32)  # thread i's at i * cfg.workspace
+        self.ws_ptr = self.ws.data_ptr()
         self.parallel = m * n * k >= PARALLEL_MIN_MACS and self.np > 1
         self.direct = DIRECT_A != "0"
         self.mcd = direct_block_rows(cfg, k)
-        self.omp_ws: Any = None
 
     def pack(self, b: Any) -> Any:
         """``b`` [k, n] as this GEMM's packed panels."""
@@ -745,27 +722,25 @@ class PreparedGemm:
 
     def _parallel(self, nt: int, args: tuple) -> None:
         direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
+        wsf = self.cfg.workspace
+        if not direct and self.ws.numel() < nt * wsf:
+            self.ws = torch.empty(nt * wsf, dtype=torch.float32)
+            self.ws_ptr = self.ws.data_ptr()
+        ws = 0 if direct else self.ws_ptr
+        mc = self.mcd if direct else self.cfg.mc
         omp = _omp_launcher()
         if omp is not None:
-            wsf = self.cfg.workspace
-            if not direct and (self.omp_ws is None or self.omp_ws.numel() < nt * wsf):
-                self.omp_ws = torch.empty(nt * wsf, dtype=torch.float32)
             fields = [0 if x is None else int(x) for x in args]
-            fields += [0 if direct else self.omp_ws.data_ptr(), 4 * wsf, self.np, self.mcd if direct else self.cfg.mc,
-                       ctypes.cast(self.fn, ctypes.c_void_p).value or 0]
+            fields += [ws, 4 * wsf, self.np, mc, ctypes.cast(self.fn, ctypes.c_void_p).value or 0]
             data = (ctypes.c_int64 * 15)(*fields)
             omp(ctypes.addressof(data), nt)
             return
-        ws = self.ws
-        while len(ws) < nt:
-            ws.append(torch.empty(self.cfg.workspace, dtype=torch.float32))
         fn, np_ = self.fn, self.np
         bounds = [np_ * i // nt for i in range(nt + 1)]
         pool = _pool(nt - 1)
-        mc = self.mcd if direct else self.cfg.mc
-        futs = [pool.submit(fn, *(args + (None if direct else ws[i].data_ptr(), bounds[i], bounds[i + 1], mc)))
+        futs = [pool.submit(fn, *(args + (None if direct else ws + 4 * wsf * i, bounds[i], bounds[i + 1], mc)))
                 for i in range(1, nt)]
-        fn(*args, None if direct else ws[0].data_ptr(), bounds[0], bounds[1], mc)
+        fn(*args, None if direct else ws, bounds[0], bounds[1], mc)
         for f in futs:
             f.result()
 
@@ -858,7 +833,7 @@ def _omp_launcher() -> Any:
             path = None
             with open("/proc/self/maps") as f:
                 for line in f:
-                    if "libgomp" in line and line.rstrip().endswith(".so.1") or "libgomp-" in line:
+                    if "libgomp" in line:
                         path = line.split()[-1]
                         break
             if path is not None:

@@ -94,6 +94,25 @@ def test_rows_4_kib_apart_are_packed():
     assert not G.read_a_in_place(1024) and not G.read_a_in_place(4096)
 
 
+def test_the_python_pool_split_agrees_where_libgomp_is_missing(monkeypatch):
+    monkeypatch.setattr(G, "_OMP", False)   # as on a machine whose torch uses no libgomp
+    a, w = torch.randn(512, 300), torch.randn(300, 1000)
+    old = torch.get_num_threads()
+    try:
+        for direct in (True, False):
+            prepared = G.PreparedGemm(512, 1000, 300)
+            prepared.direct = direct
+            p = prepared.pack(w)
+            torch.set_num_threads(1)
+            one = prepared(a, p)
+            torch.set_num_threads(2)
+            assert torch.equal(prepared(a, p), one)
+            assert torch.equal(prepared(a.t().contiguous().t(), p), one)   # A packed per thread
+            _check(one, a, w, None, "none")
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_the_tile_is_chosen_by_padded_work():
     assert (G.choose(32, 4096, 8).mr, G.choose(32, 4096, 8).nr) == (4, 24)   # 32 rows: 6 x 16 pads to 36
     assert (G.choose(516, 1024, 8).mr, G.choose(516, 1024, 8).nr) == (6, 16)
@@ -102,47 +121,15 @@ def test_the_tile_is_chosen_by_padded_work():
     assert (G.choose(32, 4096, 16).mr, G.choose(32, 4096, 16).nr) == (8, 48)     # 6 rows would pad 32 to 36
 
 
-def test_a_linear_layer_runs_the_generated_gemm_once_packed():
-    import numpy as np
-
-    import partita
-    from partita.codegen import CompiledProgram
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).eval()
-    x = torch.randn(256, 256)      # both layers above the library kernels' minimum work
-    graph = partita.import_torch(model, (x,))
-    prog = CompiledProgram(graph)
-    weights = {k: torch.from_numpy(np.array(v)) for k, v in graph.weights.items()}
-    from partita.codegen import library
-
-    assert library._generated_gemm()
-    before = library.packed_weight_stats()
-    with torch.no_grad():
-        want = model(x)
-        for _ in range(3):
-            got = prog([x], weights)
-            got = got[0] if isinstance(got, (list, tuple)) else got
-            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
-    after = library.packed_weight_stats()
-    # The first call runs oneDNN on the weights as given; both are packed at the second call,
-    # which with the rest runs the generated GEMM.
-    assert after["packed"] - before["packed"] == 2
-    assert after["unpacked_calls"] - before["unpacked_calls"] == 2
-
-
-def test_small_layers_take_the_generated_gemm_and_tiny_ones_stay_on_aten():
+def _packs_when_compiled(model, x, atol):
+    """``model`` imported and run by a CompiledProgram three times (each against eager); how
+    many weights were packed and how many calls ran unpacked meanwhile."""
     import numpy as np
 
     import partita
     from partita.codegen import CompiledProgram, library
 
     assert library._generated_gemm()
-    torch.manual_seed(0)
-    # [32, 256] x [256, 256]: 4 MFLOP, under the oneDNN kernels' minimum (32M) and above the
-    # generated GEMM's (1M); [32, 256] x [256, 4]: 65 KFLOP, under both.
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.SiLU(), torch.nn.Linear(256, 4)).eval()
-    x = torch.randn(32, 256)
     graph = partita.import_torch(model, (x,))
     prog = CompiledProgram(graph)
     weights = {k: torch.from_numpy(np.array(v)) for k, v in graph.weights.items()}
@@ -152,8 +139,29 @@ def test_small_layers_take_the_generated_gemm_and_tiny_ones_stay_on_aten():
         for _ in range(3):
             got = prog([x], weights)
             got = got[0] if isinstance(got, (list, tuple)) else got
-            assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
-    assert library.packed_weight_stats()["packed"] - before["packed"] == 1
+            assert torch.allclose(got, want, atol=atol, rtol=1e-4)
+    after = library.packed_weight_stats()
+    return after["packed"] - before["packed"], after["unpacked_calls"] - before["unpacked_calls"]
+
+
+def test_a_linear_layer_runs_the_generated_gemm_once_packed():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).eval()
+    x = torch.randn(256, 256)      # both layers above the library kernels' minimum work
+    # The first call runs oneDNN on the weights as given; both are packed at the second call,
+    # which with the rest runs the generated GEMM.
+    assert _packs_when_compiled(model, x, atol=1e-4) == (2, 2)
+
+
+def test_small_layers_take_the_generated_gemm_and_tiny_ones_stay_on_aten():
+    from partita.codegen import library
+
+    torch.manual_seed(0)
+    # [32, 256] x [256, 256]: 4 MFLOP, under the oneDNN kernels' minimum (32M) and above the
+    # generated GEMM's (1M); [32, 256] x [256, 4]: 65 KFLOP, under both.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.SiLU(), torch.nn.Linear(256, 4)).eval()
+    x = torch.randn(32, 256)
+    assert _packs_when_compiled(model, x, atol=1e-5)[0] == 1
     assert library.GEMM_MIN_FLOPS <= 2 * 32 * 256 * 256 < library.LINEAR_MIN_FLOPS_POST_OP
 
 
