@@ -120,7 +120,7 @@ def _act_lines(act: str) -> tuple[list[str], set[str]]:
         acc = f32(0.17087277)
         for i, c in enumerate([-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
                                0.09678418, 0.37409196, 1.00002368, -1.26551223]):
-            p_lines += [f"  %pm{i} = fmul float {acc}, %t", f"  %pa{i} = fadd float %pm{i}, {f32(c)}"]
+            p_lines += [f"  %pa{i} = call float @llvm.fma.f32(float {acc}, float %t, float {f32(c)})"]
             acc = f"%pa{i}"
         return ([f"  %av = call float @llvm.fabs.f32(float %v)",
                  f"  %a = fmul float %av, {f32(0.7071067811865476)}",
@@ -130,7 +130,7 @@ def _act_lines(act: str) -> tuple[list[str], set[str]]:
                 ["  %aa = fmul float %a, %a",
                  "  %naa = fneg float %aa",
                  f"  %ex = fadd float %naa, {acc}",
-                 "  %e = call float @pt_expf(float %ex)",
+                 "  %e = call float @pt_expf_neg(float %ex)",
                  "  %erfc = fmul float %t, %e",
                  "  %lo = fmul float %erfc, 0.5",
                  "  %hi = fsub float 1.0, %lo",
@@ -824,11 +824,15 @@ entry:
 _OMP: Any = None  # the compiled launcher, False where libgomp is not torch's runtime
 
 
-def _omp_launcher() -> Any:
-    """``pt_gemm_omp(data, nthreads)``, or None without libgomp in this process."""
-    global _OMP
-    if _OMP is None:
-        _OMP = False
+_GOMP: bool | None = None
+
+
+def _gomp() -> bool:
+    """Whether libgomp is loaded in this process (torch's OpenMP runtime), its entry points
+    made known to the JIT."""
+    global _GOMP
+    if _GOMP is None:
+        _GOMP = False
         try:
             path = None
             with open("/proc/self/maps") as f:
@@ -841,7 +845,83 @@ def _omp_launcher() -> Any:
                 j = jit()
                 for sym in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"):
                     j.llvm.add_symbol(sym, ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value)
-                _OMP = j.kernel("pt_gemm_omp", _OMP_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+                _GOMP = True
         except Exception:  # no libgomp (another OpenMP runtime): the Python pool splits instead
-            _OMP = False
+            _GOMP = False
+    return _GOMP
+
+
+def _omp_launcher() -> Any:
+    """``pt_gemm_omp(data, nthreads)``, or None without libgomp in this process."""
+    global _OMP
+    if _OMP is None:
+        _OMP = False
+        if _gomp():
+            try:
+                _OMP = jit().kernel("pt_gemm_omp", _OMP_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+            except Exception:
+                _OMP = False
     return _OMP or None
+
+
+# A kernel ``fn(ptr params, i64 lo, i64 hi, i64 tid)`` over [0, n) split into nt even shares,
+# one per thread of the team (the share of thread tid is [n * tid / nt, n * (tid + 1) / nt)).
+_SPLIT_IR = """
+declare void @GOMP_parallel(ptr, ptr, i32, i32)
+declare i32 @omp_get_thread_num()
+declare i32 @omp_get_num_threads()
+
+define internal void @pt_split_omp_body(ptr %d) nounwind {
+entry:
+  %tid32 = call i32 @omp_get_thread_num()
+  %nt32 = call i32 @omp_get_num_threads()
+  %tid = zext i32 %tid32 to i64
+  %nt = zext i32 %nt32 to i64
+  %fnv = load i64, ptr %d, align 8
+  %p1 = getelementptr inbounds i64, ptr %d, i64 1
+  %pv = load i64, ptr %p1, align 8
+  %p2 = getelementptr inbounds i64, ptr %d, i64 2
+  %n = load i64, ptr %p2, align 8
+  %lo0 = mul i64 %n, %tid
+  %lo = udiv i64 %lo0, %nt
+  %tid1 = add i64 %tid, 1
+  %hi0 = mul i64 %n, %tid1
+  %hi = udiv i64 %hi0, %nt
+  %fn = inttoptr i64 %fnv to ptr
+  %pp = inttoptr i64 %pv to ptr
+  call void %fn(ptr %pp, i64 %lo, i64 %hi, i64 %tid)
+  ret void
+}
+
+define void @pt_split_omp(ptr %d, i64 %nt) nounwind {
+entry:
+  %nt32 = trunc i64 %nt to i32
+  call void @GOMP_parallel(ptr @pt_split_omp_body, ptr %d, i32 %nt32, i32 0)
+  ret void
+}
+"""
+
+_SPLIT: Any = None  # the compiled launcher, False without libgomp (tests set it to use the pool)
+
+
+def split_on_team(fn: Any, params: Any, n: int, nt: int) -> None:
+    """Run ``fn(params, lo, hi, tid)`` over [0, n) in ``nt`` even shares: on torch's OpenMP
+    team where libgomp is loaded, else on the Python pool (ctypes releases the GIL)."""
+    global _SPLIT
+    if _SPLIT is None:
+        _SPLIT = False
+        if _gomp():
+            try:
+                _SPLIT = jit().kernel("pt_split_omp", _SPLIT_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+            except Exception:
+                _SPLIT = False
+    if _SPLIT:
+        data = (ctypes.c_int64 * 3)(ctypes.cast(fn, ctypes.c_void_p).value or 0, ctypes.addressof(params), n)
+        _SPLIT(ctypes.addressof(data), nt)
+        return
+    bounds = [n * i // nt for i in range(nt + 1)]
+    pool = _pool(nt - 1)
+    futs = [pool.submit(fn, params, bounds[i], bounds[i + 1], i) for i in range(1, nt)]
+    fn(params, bounds[0], bounds[1], 0)
+    for f in futs:
+        f.result()
