@@ -88,8 +88,18 @@ class CompiledProgram:
                 self.library_matmuls.add(node)
             return fn
 
+        from .attention import attention_kernel
+
+        self.attention_kernels: list = []  # the attention nodes run by the generated kernel
+
+        def attention(node, inplace):
+            fn = attention_kernel(node, inplace)
+            if fn is not None:
+                self.attention_kernels.append(node)
+            return fn
+
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
-                                    kernels={"adamw_update": adamw, "matmul": matmul})
+                                    kernels={"adamw_update": adamw, "matmul": matmul, "attention": attention})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

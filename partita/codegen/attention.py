@@ -1,0 +1,570 @@
+"""Generated attention: ``softmax(q k^T * scale + mask) v`` for f32 on the CPU, one native call,
+in FlashAttention's formulation (an online softmax over blocks of keys, nothing T x S stored).
+
+For each batch-and-head pair the kernel packs ``k^T``, scaled, into blocks of ``KB`` keys
+(``[S / KB, E, KB]``, a head's keys: a few tens of KiB), then for each tile of ``MR`` query
+rows and each block of ``KB`` keys (``MR x KB`` = 6 x 64 on AVX-512, 6 x 16 on AVX2):
+
+    s     = q[tile] @ k^T[block]                         # MR x KB accumulators in registers
+    s     = -inf where masked (keys past S; causal: j > i), + the additive mask if any
+    m'    = max(m, rowmax(s));  p = exp(s - m');  alpha = exp(m - m')
+    l     = l * alpha + rowsum(p)
+    o     = o * alpha + p @ v[block]                     # o: MR x Ev in L1, v read in place
+
+and at the end ``out = o / l`` and ``lse = m + log(l)`` (natural log; ``attention_grad``
+reads it). A row whose every score is dropped gives zeros and lse 0, as the op's record says.
+Causal tiles stop at the last key their last row sees, and the ``p @ v`` loop runs over the
+visible keys only. The exponentials are inlined vector code (``_vexp_ir``: Cody-Waite range
+reduction and the degree-6 polynomial of ``mathlib``'s exp, for arguments <= 0: ``exp_neg_ir``).
+
+q, k, v, out, lse and the mask are read where they are: up to two leading dims (batch, head)
+with any strides, rows with any stride, the last dim contiguous; a mask with stride 0 on the
+dims it broadcasts over. ``PreparedAttention`` writes ``out`` as [batch, T, heads, Ev] memory
+behind a [batch, heads, T, Ev] view, so the transpose and reshape that usually follow are free.
+Threads (more than one torch thread) split the batch-and-head pairs on torch's OpenMP team.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..ops._lazy import torch
+from .jit import jit
+from .lowering import vector_width
+from .mathlib import declarations, exp_neg_ir
+
+__all__ = ["AttentionConfig", "attention_config", "attention_ir", "PreparedAttention", "supported", "MAX_KEYS"]
+
+# Keys above this run the library's flash kernel (measured: level with it at 2048 causal keys
+# on one thread; its cache blocking and the cost of packing all of k^T per head grow with S).
+MAX_KEYS = 2048
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    lanes: int  # f32 per vector register
+    mr: int     # query rows per tile
+    nvs: int    # vectors of keys per block (KB = nvs * lanes)
+    nvo: int    # vectors of out columns per pass of p @ v (the tile's MR x nvo accumulators)
+
+    @property
+    def kb(self) -> int:
+        return self.nvs * self.lanes
+
+
+def attention_config(lanes: int | None = None) -> AttentionConfig:
+    """The tile for this CPU: 6 x 64 keys and 6 x 64 out columns on AVX-512 (24 accumulators
+    of the 32 registers, as the GEMM's 6 x 64 tile), 6 x 16 on AVX2 (12 of 16)."""
+    lanes = lanes or vector_width()
+    if lanes >= 16:
+        return AttentionConfig(lanes=16, mr=6, nvs=4, nvo=4)
+    return AttentionConfig(lanes=8, mr=6, nvs=2, nvo=2)
+
+
+# i64 parameter slots (pointers as integers, strides in floats; scale as its f32 bits)
+_P = ["q", "k", "v", "o", "lse", "mask", "ws", "wsn", "B2",
+      "qs1", "qs2", "qr", "ks1", "ks2", "kr", "vs1", "vs2", "vr", "os1", "os2", "or", "ls1", "ls2",
+      "ms1", "ms2", "mr", "T", "S", "causal", "scale"]
+_PTRS = ("q", "k", "v", "o", "lse", "mask", "ws")
+
+
+def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "") -> str:
+    """The LLVM IR of one attention kernel for head sizes ``e`` (q, k) and ``ev`` (v, a multiple
+    of the lanes), with no mask (``mask=""``), an additive f32 one (``"f32"``) or a bool one
+    that keeps the true scores (``"bool"``):
+
+        void NAME(ptr params, i64 lo, i64 hi, i64 tid)
+
+    computing the batch-and-head pairs [lo, hi) with thread ``tid``'s workspace (``params``:
+    the i64s of ``_P``)."""
+    L, MR, NVS, KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
+    assert ev % L == 0 and e > 0 and mask in ("", "f32", "bool")
+    has_mask = bool(mask)
+    CH = cfg.nvo * L                       # out columns per pass
+    chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
+    vt = f"<{L} x float>"
+    vi = f"<{L} x i32>"
+    U = 4
+    ninf = "0xFFF0000000000000"
+    out: list[str] = []
+    a = out.append
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    a(f"  %Pb = alloca [{MR * KB} x float], align 64")
+    a(f"  %Ob = alloca [{MR * ev} x float], align 64")
+    for i, p in enumerate(_P):
+        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+        if p in _PTRS:
+            a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+        elif p != "scale":
+            a(f"  %{p} = add i64 %{p}.i, 0")
+    a("  %scale.t = trunc i64 %scale.i to i32")
+    a("  %scale = bitcast i32 %scale.t to float")
+    a("  %iscausal = icmp ne i64 %causal, 0")
+    a("  %wso = mul i64 %tid, %wsn")
+    a("  %KT = getelementptr inbounds float, ptr %ws, i64 %wso")
+    lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(NVS)]
+    a("  %empty = icmp uge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %bh")
+    # --- one batch-and-head pair -----------------------------------------------------------
+    a("bh:")
+    a("  %idx = phi i64 [%lo, %entry], [%idx.n, %bh.end]")
+    a("  %b1 = udiv i64 %idx, %B2")
+    a("  %b2 = urem i64 %idx, %B2")
+    for t, (s1, s2) in {"q": ("qs1", "qs2"), "k": ("ks1", "ks2"), "v": ("vs1", "vs2"), "o": ("os1", "os2"),
+                        "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2")}.items():
+        a(f"  %{t}o1 = mul i64 %b1, %{s1}")
+        a(f"  %{t}o2 = mul i64 %b2, %{s2}")
+        a(f"  %{t}o = add i64 %{t}o1, %{t}o2")
+        a(f"  %{t}h = getelementptr {'i8' if t == 'mask' and mask == 'bool' else 'float'}, ptr %{t}, i64 %{t}o")
+    # pack k^T, scaled: KT[(j / KB) * E * KB + e * KB + j % KB] = scale * k[j * kr + e]
+    a("  br label %pk.t")
+    a("pk.t:")
+    a("  %pkt = phi i64 [0, %bh], [%pkt.n, %pk.t.end]")
+    a(f"  %pkb = udiv i64 %pkt, {KB}")
+    a(f"  %pkj = urem i64 %pkt, {KB}")
+    a("  %pks0 = mul i64 %pkt, %kr")
+    a("  %pksrow = getelementptr float, ptr %kh, i64 %pks0")
+    a(f"  %pkd0 = mul i64 %pkb, {e * KB}")
+    a("  %pkd1 = add i64 %pkd0, %pkj")
+    a("  %pkdst = getelementptr inbounds float, ptr %KT, i64 %pkd1")
+    a("  br label %pk.e")
+    a("pk.e:")
+    a("  %pke = phi i64 [0, %pk.t], [%pke.n, %pk.e]")
+    a("  %pksp = getelementptr float, ptr %pksrow, i64 %pke")
+    a("  %pkv0 = load float, ptr %pksp, align 4")
+    a("  %pkv = fmul float %pkv0, %scale")
+    a(f"  %pkdo = mul i64 %pke, {KB}")
+    a("  %pkd = getelementptr inbounds float, ptr %pkdst, i64 %pkdo")
+    a("  store float %pkv, ptr %pkd, align 4")
+    a("  %pke.n = add nuw nsw i64 %pke, 1")
+    a(f"  %pkec = icmp ult i64 %pke.n, {e}")
+    a("  br i1 %pkec, label %pk.e, label %pk.t.end")
+    a("pk.t.end:")
+    a("  %pkt.n = add i64 %pkt, 1")
+    a("  %pktc = icmp ult i64 %pkt.n, %S")
+    a("  br i1 %pktc, label %pk.t, label %qt")
+    # --- one tile of MR query rows -------------------------------------------------------------
+    a("qt:")
+    a("  %q0 = phi i64 [0, %pk.t.end], [%q1, %qt.end]")
+    a("  %qrem = sub i64 %T, %q0")
+    a(f"  %qbig = icmp ugt i64 %qrem, {MR}")
+    a(f"  %rows = select i1 %qbig, i64 {MR}, i64 %qrem")
+    a("  %q1 = add i64 %q0, %rows")
+    a("  %rowl = sub i64 %rows, 1")
+    # keys the tile sees: all, or (causal) those up to its last row
+    a("  %kc0 = icmp ult i64 %q1, %S")
+    a("  %kcau = select i1 %kc0, i64 %q1, i64 %S")
+    a("  %kend = select i1 %iscausal, i64 %kcau, i64 %S")
+    for r in range(MR):  # rows past the tile read the last row again (never stored)
+        a(f"  %rlt{r} = icmp ult i64 {r}, %rows")
+        a(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %rowl")
+        a(f"  %gi{r} = add i64 %q0, %rr{r}")
+        a(f"  %qro{r} = mul i64 %gi{r}, %qr")
+        a(f"  %qrow{r} = getelementptr float, ptr %qh, i64 %qro{r}")
+        if has_mask:
+            a(f"  %mro{r} = mul i64 %gi{r}, %mr")
+            a(f"  %mrow{r} = getelementptr {'float' if mask == 'f32' else 'i8'}, ptr %maskh, i64 %mro{r}")
+        # the keys row r sees: S, or (causal) min(S, i + 1)
+        a(f"  %gi1{r} = add i64 %gi{r}, 1")
+        a(f"  %lc{r} = icmp ult i64 %gi1{r}, %S")
+        a(f"  %lcau{r} = select i1 %lc{r}, i64 %gi1{r}, i64 %S")
+        a(f"  %lim{r} = select i1 %iscausal, i64 %lcau{r}, i64 %S")
+    a(f"  call void @llvm.memset.p0.i64(ptr align 64 %Ob, i8 0, i64 {4 * MR * ev}, i1 false)")
+    a("  %nokeys = icmp eq i64 %kend, 0")
+    a("  br i1 %nokeys, label %fin, label %kb")
+    # --- one block of KB keys ------------------------------------------------------------------
+    a("kb:")
+    a("  %j0 = phi i64 [0, %qt], [%j0.n, %kb.end]")
+    for r in range(MR):
+        a(f"  %m{r} = phi float [{ninf}, %qt], [%mn{r}, %kb.end]")
+        a(f"  %l{r} = phi float [0.0, %qt], [%ln{r}, %kb.end]")
+    a("  %krem = sub i64 %kend, %j0")
+    a(f"  %kbig = icmp ugt i64 %krem, {KB}")
+    a(f"  %kn = select i1 %kbig, i64 {KB}, i64 %krem")
+    a(f"  %ktb = mul i64 %j0, {e}")
+    a("  %KTb = getelementptr inbounds float, ptr %KT, i64 %ktb")
+    # s = q[tile] @ k^T[block]: a loop of U steps of e, then the rest straight
+
+    def sstep(tag: str, kt: str, e_off: str, accs: list[list[str]]) -> list[list[str]]:
+        bs = []
+        for v in range(NVS):
+            a(f"  %{tag}o{v} = add i64 {e_off}, {v * L}")
+            a(f"  %{tag}bp{v} = getelementptr inbounds float, ptr {kt}, i64 %{tag}o{v}")
+            a(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
+            bs.append(f"%{tag}b{v}")
+        new = []
+        for r in range(MR):
+            a(f"  %{tag}ap{r} = getelementptr float, ptr %qrow{r}, i64 %{tag}e")
+            a(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
+            a(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+            a(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            row = []
+            for v in range(NVS):
+                a(f"  %{tag}c{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+                row.append(f"%{tag}c{r}_{v}")
+            new.append(row)
+        return new
+
+    eu = e // U
+    cur = [["zeroinitializer"] * NVS for _ in range(MR)]
+    if eu:
+        a("  br label %se")
+        a("se:")
+        a("  %sei = phi i64 [0, %kb], [%sei.n, %se]")
+        for r in range(MR):
+            for v in range(NVS):
+                a(f"  %sacc{r}_{v} = phi {vt} [zeroinitializer, %kb], [%su{U - 1}_c{r}_{v}, %se]")
+        cur = [[f"%sacc{r}_{v}" for v in range(NVS)] for r in range(MR)]
+        a(f"  %se0 = mul i64 %sei, {U}")
+        for u in range(U):
+            tag = f"su{u}_"
+            a(f"  %{tag}e = add i64 %se0, {u}")
+            a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
+            cur = sstep(tag, "%KTb", f"%{tag}eo", cur)
+        a("  %sei.n = add nuw nsw i64 %sei, 1")
+        a(f"  %secont = icmp ult i64 %sei.n, {eu}")
+        a("  br i1 %secont, label %se, label %se.end")
+        a("se.end:")
+    for u in range(e % U):
+        tag = f"sr{u}_"
+        a(f"  %{tag}e = add i64 {eu * U + u}, 0")
+        a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
+        cur = sstep(tag, "%KTb", f"%{tag}eo", cur)
+    # masking and the online softmax, row by row (in registers); p stored for p @ v
+    for r in range(MR):
+        a(f"  %dl{r}.0 = sub i64 %lim{r}, %j0")
+        a(f"  %dl{r}.1 = icmp slt i64 %dl{r}.0, {KB}")
+        a(f"  %dl{r}.2 = select i1 %dl{r}.1, i64 %dl{r}.0, i64 {KB}")
+        a(f"  %dl{r}.3 = icmp sgt i64 %dl{r}.2, 0")
+        a(f"  %dl{r}.4 = select i1 %dl{r}.3, i64 %dl{r}.2, i64 0")
+        a(f"  %dl{r} = trunc i64 %dl{r}.4 to i32")
+        a(f"  %dv{r}.0 = insertelement {vi} poison, i32 %dl{r}, i64 0")
+        a(f"  %dv{r} = shufflevector {vi} %dv{r}.0, {vi} poison, <{L} x i32> zeroinitializer")
+        mx = None
+        for v in range(NVS):
+            s = cur[r][v]
+            a(f"  %ok{r}_{v} = icmp slt {vi} {lanes_i32[v]}, %dv{r}")
+            ok = f"%ok{r}_{v}"
+            if mask == "f32":
+                a(f"  %mo{r}_{v} = add i64 %j0, {v * L}")
+                a(f"  %mp{r}_{v} = getelementptr float, ptr %mrow{r}, i64 %mo{r}_{v}")
+                a(f"  %mv{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %mp{r}_{v}, i32 4, <{L} x i1> {ok}, "
+                  f"{vt} zeroinitializer)")
+                a(f"  %sm{r}_{v} = fadd {vt} {s}, %mv{r}_{v}")
+                s = f"%sm{r}_{v}"
+            elif mask == "bool":  # bytes, nonzero keeps the score
+                a(f"  %mo{r}_{v} = add i64 %j0, {v * L}")
+                a(f"  %mp{r}_{v} = getelementptr i8, ptr %mrow{r}, i64 %mo{r}_{v}")
+                a(f"  %mv{r}_{v} = call <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr %mp{r}_{v}, i32 1, <{L} x i1> {ok}, "
+                  f"<{L} x i8> zeroinitializer)")
+                a(f"  %mk{r}_{v} = icmp ne <{L} x i8> %mv{r}_{v}, zeroinitializer")
+                a(f"  %okm{r}_{v} = and <{L} x i1> {ok}, %mk{r}_{v}")
+                ok = f"%okm{r}_{v}"
+            a(f"  %sk{r}_{v} = select <{L} x i1> {ok}, {vt} {s}, {vt} splat (float {ninf})")
+            if mx is None:
+                mx = f"%sk{r}_{v}"
+            else:
+                a(f"  %mxv{r}_{v} = call {vt} @llvm.maxnum.v{L}f32({vt} {mx}, {vt} %sk{r}_{v})")
+                mx = f"%mxv{r}_{v}"
+        a(f"  %bm{r} = call float @llvm.vector.reduce.fmax.v{L}f32({vt} {mx})")
+        a(f"  %mn{r} = call float @llvm.maxnum.f32(float %m{r}, float %bm{r})")
+        a(f"  %mdead{r} = fcmp oeq float %mn{r}, {ninf}")
+        a(f"  %mu{r} = select i1 %mdead{r}, float 0.0, float %mn{r}")
+        a(f"  %da{r} = fsub float %m{r}, %mu{r}")
+    # alpha = exp(m - m') of all the tile's rows in one vector exp
+    prev_v = "poison"
+    for r in range(MR):
+        a(f"  %dav{r} = insertelement {vt} {prev_v}, float %da{r}, i64 {r}")
+        prev_v = f"%dav{r}"
+    a(f"  %alv = call {vt} @pt_vexpf_neg{L}({vt} {prev_v})")
+    for r in range(MR):
+        a(f"  %al{r} = extractelement {vt} %alv, i64 {r}")
+        a(f"  %als{r} = shufflevector {vt} %alv, {vt} poison, <{L} x i32> <{', '.join([f'i32 {r}'] * L)}>")
+    for r in range(MR):
+        a(f"  %mus{r}.0 = insertelement {vt} poison, float %mu{r}, i64 0")
+        a(f"  %mus{r} = shufflevector {vt} %mus{r}.0, {vt} poison, <{L} x i32> zeroinitializer")
+        tot = None
+        for v in range(NVS):
+            a(f"  %x{r}_{v} = fsub {vt} %sk{r}_{v}, %mus{r}")
+            a(f"  %p{r}_{v} = call {vt} @pt_vexpf_neg{L}({vt} %x{r}_{v})")
+            a(f"  %pp{r}_{v} = getelementptr inbounds float, ptr %Pb, i64 {r * KB + v * L}")
+            a(f"  store {vt} %p{r}_{v}, ptr %pp{r}_{v}, align 64")
+            if tot is None:
+                tot = f"%p{r}_{v}"
+            else:
+                a(f"  %ps{r}_{v} = fadd {vt} {tot}, %p{r}_{v}")
+                tot = f"%ps{r}_{v}"
+        a(f"  %rs{r} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float 0.0, {vt} {tot})")
+        a(f"  %lsc{r} = fmul float %l{r}, %al{r}")
+        a(f"  %ln{r} = fadd float %lsc{r}, %rs{r}")
+    # o = o * alpha + p @ v[block], a pass per chunk of out columns; keys [j0, j0 + kn)
+    prev = "se.end" if eu else "kb"
+    a(f"  br label %pv0.pre")
+    for ci, (c0, nv) in enumerate(chunks):
+        a(f"pv{ci}.pre:")
+        init = []
+        for r in range(MR):
+            row = []
+            for v in range(nv):
+                a(f"  %oq{ci}_{r}_{v} = getelementptr inbounds float, ptr %Ob, i64 {r * ev + c0 + v * L}")
+                a(f"  %oi{ci}_{r}_{v}.0 = load {vt}, ptr %oq{ci}_{r}_{v}, align 4")
+                a(f"  %oi{ci}_{r}_{v} = fmul {vt} %oi{ci}_{r}_{v}.0, %als{r}")
+                row.append(f"%oi{ci}_{r}_{v}")
+            init.append(row)
+        a(f"  br label %pv{ci}")
+        a(f"pv{ci}:")
+        a(f"  %pj{ci} = phi i64 [0, %pv{ci}.pre], [%pj{ci}.n, %pv{ci}]")
+        for r in range(MR):
+            for v in range(nv):
+                a(f"  %oa{ci}_{r}_{v} = phi {vt} [{init[r][v]}, %pv{ci}.pre], [%of{ci}_{r}_{v}, %pv{ci}]")
+        a(f"  %pjg{ci} = add i64 %j0, %pj{ci}")
+        a(f"  %pvo{ci} = mul i64 %pjg{ci}, %vr")
+        a(f"  %pvrow{ci} = getelementptr float, ptr %vh, i64 %pvo{ci}")
+        for v in range(nv):
+            a(f"  %vp{ci}_{v} = getelementptr float, ptr %pvrow{ci}, i64 {c0 + v * L}")
+            a(f"  %vv{ci}_{v} = load {vt}, ptr %vp{ci}_{v}, align 4")
+        for r in range(MR):
+            a(f"  %pro{ci}_{r} = add i64 %pj{ci}, {r * KB}")
+            a(f"  %prp{ci}_{r} = getelementptr inbounds float, ptr %Pb, i64 %pro{ci}_{r}")
+            a(f"  %pr{ci}_{r} = load float, ptr %prp{ci}_{r}, align 4")
+            a(f"  %pri{ci}_{r} = insertelement {vt} poison, float %pr{ci}_{r}, i64 0")
+            a(f"  %prs{ci}_{r} = shufflevector {vt} %pri{ci}_{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            for v in range(nv):
+                a(f"  %of{ci}_{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %prs{ci}_{r}, {vt} %vv{ci}_{v}, "
+                  f"{vt} %oa{ci}_{r}_{v})")
+        a(f"  %pj{ci}.n = add nuw nsw i64 %pj{ci}, 1")
+        a(f"  %pjc{ci} = icmp ult i64 %pj{ci}.n, %kn")
+        a(f"  br i1 %pjc{ci}, label %pv{ci}, label %pv{ci}.end")
+        a(f"pv{ci}.end:")
+        for r in range(MR):
+            for v in range(nv):
+                a(f"  store {vt} %of{ci}_{r}_{v}, ptr %oq{ci}_{r}_{v}, align 4")
+        nxt = f"pv{ci + 1}.pre" if ci + 1 < len(chunks) else "kb.end"
+        a(f"  br label %{nxt}")
+    del prev
+    a("kb.end:")
+    a(f"  %j0.n = add i64 %j0, {KB}")
+    a("  %kbc = icmp ult i64 %j0.n, %kend")
+    a("  br i1 %kbc, label %kb, label %fin")
+    # --- the tile's rows out: o / l and lse = m + log(l) (0 and 0 for a row with no key) ------
+    a("fin:")
+    for r in range(MR):
+        a(f"  %fm{r} = phi float [{ninf}, %qt], [%mn{r}, %kb.end]")
+        a(f"  %fl{r} = phi float [0.0, %qt], [%ln{r}, %kb.end]")
+    a("  br label %fr0")
+    for r in range(MR):
+        nxt = f"%fr{r + 1}" if r + 1 < MR else "%qt.end"
+        a(f"fr{r}:")
+        a(f"  %fin{r} = icmp ult i64 {r}, %rows")
+        a(f"  br i1 %fin{r}, label %fdo{r}, label {nxt}")
+        a(f"fdo{r}:")
+        a(f"  %fz{r} = fcmp oeq float %fl{r}, 0.0")
+        a(f"  %fli{r} = fdiv float 1.0, %fl{r}")
+        a(f"  %finv{r} = select i1 %fz{r}, float 0.0, float %fli{r}")
+        a(f"  %fiv{r}.0 = insertelement {vt} poison, float %finv{r}, i64 0")
+        a(f"  %fiv{r} = shufflevector {vt} %fiv{r}.0, {vt} poison, <{L} x i32> zeroinitializer")
+        a(f"  %fg{r} = add i64 %q0, {r}")
+        a(f"  %foo{r} = mul i64 %fg{r}, %or")
+        a(f"  %forow{r} = getelementptr float, ptr %oh, i64 %foo{r}")
+        for v in range(ev // L):
+            a(f"  %fs{r}_{v} = getelementptr inbounds float, ptr %Ob, i64 {r * ev + v * L}")
+            a(f"  %fx{r}_{v} = load {vt}, ptr %fs{r}_{v}, align 4")
+            a(f"  %fy{r}_{v} = fmul {vt} %fx{r}_{v}, %fiv{r}")
+            a(f"  %fd{r}_{v} = getelementptr float, ptr %forow{r}, i64 {v * L}")
+            a(f"  store {vt} %fy{r}_{v}, ptr %fd{r}_{v}, align 4")
+        a(f"  %flg{r} = call float @pt_logf(float %fl{r})")
+        a(f"  %flse{r}.0 = fadd float %fm{r}, %flg{r}")
+        a(f"  %flse{r} = select i1 %fz{r}, float 0.0, float %flse{r}.0")
+        a(f"  %flp{r} = getelementptr float, ptr %lseh, i64 %fg{r}")
+        a(f"  store float %flse{r}, ptr %flp{r}, align 4")
+        a(f"  br label {nxt}")
+    a("qt.end:")
+    a("  %qc = icmp ult i64 %q1, %T")
+    a("  br i1 %qc, label %qt, label %bh.end")
+    a("bh.end:")
+    a("  %idx.n = add i64 %idx, 1")
+    a("  %idxc = icmp ult i64 %idx.n, %hi")
+    a("  br i1 %idxc, label %bh, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+    decls = [declarations(set()), exp_neg_ir(L),
+             f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
+             f"declare {vt} @llvm.maxnum.v{L}f32({vt}, {vt})",
+             f"declare {vt} @llvm.rint.v{L}f32({vt})",
+             f"declare float @llvm.vector.reduce.fmax.v{L}f32({vt})",
+             f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})",
+             f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
+             f"declare <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr, i32, <{L} x i1>, <{L} x i8>)",
+             "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
+    return "\n\n".join(decls) + "\n\n" + "\n".join(out) + "\n"
+
+
+_LOCK = threading.Lock()
+_COMPILED: dict[tuple, Any] = {}
+
+# Below this many multiply-adds a call stays on one thread.
+PARALLEL_MIN_MACS = 1 << 21
+
+
+def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str) -> Any:
+    key = (cfg, e, ev, mask)
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is None:
+            name = f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}"
+            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask), 0,
+                                               argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                         ctypes.c_int64]).fn
+        return fn
+
+
+def supported(q_shape: tuple, k_shape: tuple, v_shape: tuple) -> str | None:
+    """Why the generated kernel does not take these shapes, or None when it does."""
+    lanes = vector_width()
+    if len(q_shape) < 2 or len(q_shape) > 4:
+        return "q is not of rank 2 to 4"
+    if tuple(q_shape[:-2]) != tuple(k_shape[:-2]) or tuple(q_shape[:-2]) != tuple(v_shape[:-2]):
+        return "batch/head dims of q, k and v differ"
+    t, e = q_shape[-2:]
+    s, ev = v_shape[-2:]
+    if k_shape[-1] != e or k_shape[-2] != s:
+        return "k's shape does not match q and v"
+    if t == 0 or s == 0 or e == 0 or ev == 0 or math.prod(q_shape[:-2]) == 0:
+        return "an empty dim"
+    if ev % lanes:
+        return f"v's head size {ev} is not a multiple of {lanes}"
+    if s > MAX_KEYS:
+        return f"more than {MAX_KEYS} keys"
+    return None
+
+
+def _lead2(t: Any, nlead: int) -> tuple[int, int]:
+    """Strides of ``t``'s (at most two) leading dims as (outer, inner), 0 for a missing one."""
+    st = t.stride()[:nlead]
+    if nlead == 0:
+        return 0, 0
+    if nlead == 1:
+        return 0, st[0]
+    return st[0], st[1]
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+class PreparedAttention:
+    """One attention node's kernel: q [*lead, T, E], k [*lead, S, E], v [*lead, S, Ev] (lead of
+    rank 0 to 2), f32, ``scale`` and ``causal`` fixed; ``mask`` ("" for none, "f32" or "bool")
+    the kind of the mask tensor, broadcastable to [*lead, T, S], that each call passes (f32 is
+    added to the scores, bool keeps the true ones). ``__call__`` returns (out, lse). Like the program
+    that holds it, one call at a time (the workspaces are reused)."""
+
+    def __init__(self, lead: tuple, t: int, s: int, e: int, ev: int, scale: float | None, causal: bool,
+                 mask: str = "", cfg: AttentionConfig | None = None) -> None:
+        if len(lead) > 2:
+            raise ValueError("partita.codegen.attention: at most two leading dims")
+        self.lead, self.t, self.s, self.e, self.ev = tuple(lead), t, s, e, ev
+        self.scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
+        self.causal = bool(causal)
+        self.mask = mask
+        self.cfg = cfg = cfg or attention_config()
+        if ev % cfg.lanes:
+            raise ValueError(f"partita.codegen.attention: v's head size {ev} is not a multiple of {cfg.lanes}")
+        self.fn = _kernel(cfg, e, ev, mask)
+        self.wsn = -(-s // cfg.kb) * cfg.kb * e + 16    # floats of one thread's packed k^T
+        self.pairs = math.prod(self.lead)
+        self.ws = torch.empty(self.wsn, dtype=torch.float32)
+        self.parallel = self.pairs > 1 and self.pairs * t * s * (e + ev) >= PARALLEL_MIN_MACS
+        self.params = (ctypes.c_int64 * len(_P))()
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None) -> tuple[Any, Any]:
+        lead, t, s, ev = self.lead, self.t, self.s, self.ev
+        nl = len(lead)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        if k.stride(-1) != 1:
+            k = k.contiguous()
+        if v.stride(-1) != 1:
+            v = v.contiguous()
+        if nl == 2:  # [B, T, H, Ev] memory seen as [B, H, T, Ev]: the usual transpose after is a view
+            out = torch.empty(lead[0], t, lead[1], ev, dtype=torch.float32).transpose(1, 2)
+        else:
+            out = torch.empty(*lead, t, ev, dtype=torch.float32)
+        lse = torch.empty(*lead, t, dtype=torch.float32)
+        mptr, ms = 0, (0, 0, 0)
+        if self.mask:
+            m = mask.expand(*lead, t, s)
+            if s > 1 and m.stride(-1) != 1:
+                m = m.contiguous()
+            ms = (*_lead2(m, nl), m.stride(-2))
+            mptr = m.data_ptr()
+        b2 = lead[-1] if nl == 2 else (lead[0] if lead else 1)
+        nt = min(torch.get_num_threads(), self.pairs) if self.parallel else 1
+        if self.ws.numel() < nt * self.wsn:
+            self.ws = torch.empty(nt * self.wsn, dtype=torch.float32)
+        p = self.params
+        p[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
+                self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl), k.stride(-2),
+                *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2), *_lead2(lse, nl), *ms, t, s,
+                int(self.causal), _f32_bits(self.scale)]
+        if nt == 1:
+            self.fn(p, 0, self.pairs, 0)
+        else:
+            from .gemm import split_on_team
+
+            split_on_team(self.fn, p, self.pairs, nt)
+        return out, lse
+
+
+import os as _os
+
+# "generated" (the default) or "flash": which kernel an attention node the generated kernel
+# takes runs (the flash kernel is the library's, aten._scaled_dot_product_flash_attention_for_cpu).
+ATTENTION = _os.environ.get("PARTITA_ATTENTION", "generated")
+
+
+def attention_kernel(node: Any, inplace: bool = False) -> Any:
+    """The step running an ``attention`` node on the generated kernel, or None (the op's own
+    step: the flash kernel, or torch's math for what it does not take) when the operands are
+    not f32 on at most two leading dims, a float or bool mask, shapes ``supported`` takes."""
+    del inplace
+    from ..ir.dtypes import bool_ as _bool, f32 as _f32
+
+    if ATTENTION != "generated":
+        return None
+    q, k, v = node.operands[:3]
+    mask = node.operands[3] if len(node.operands) > 3 else None
+    if any(x.type.dtype is not _f32 for x in (q, k, v)) or node.results[0].type.dtype is not _f32:
+        return None
+    if mask is not None and mask.type.dtype not in (_f32, _bool):
+        return None
+    qs, ks, vs = q.type.shape, k.type.shape, v.type.shape
+    if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or supported(qs, ks, vs) is not None:
+        return None
+    lead = tuple(qs[:-2])
+    kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
+    pa = PreparedAttention(lead, qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
+                           bool(node.attrs.get("causal")), kind)
+    fallback = _fallback()
+
+    def step(args: list, attrs: dict) -> Any:
+        q, k, v = args[:3]
+        if not q.is_cpu:
+            return fallback(args, attrs)
+        return pa(q, k, v, args[3] if len(args) > 3 else None)
+
+    return step
+
+
+def _fallback() -> Any:
+    from ..ops.registry import OPS
+
+    return OPS["attention"].torch
