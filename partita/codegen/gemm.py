@@ -235,7 +235,7 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
         for u in range(U):
             lines, cur = step(f"u{u}_", "%uap", "%ubp", cur, u, direct)
             if cfg.prefetch:
-                body.append(f"  %upfp{u} = getelementptr inbounds float, ptr %upf, i64 {u * NR}")
+                body.append(f"  %upfp{u} = getelementptr inbounds float, ptr %upf, i64 {u * 16}")
                 body.append(f"  call void @llvm.prefetch.p0(ptr %upfp{u}, i32 0, i32 3, i32 1)")
             body += lines
         for r in range(MR):
@@ -244,7 +244,7 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
         micro += body
         micro += [f"  %uap.n = getelementptr inbounds float, ptr %uap, i64 {U * AK}",
                   f"  %ubp.n = getelementptr inbounds float, ptr %ubp, i64 {U * NR}",
-                  f"  %upf.n = getelementptr inbounds float, ptr %upf, i64 {U * NR}",
+                  f"  %upf.n = getelementptr inbounds float, ptr %upf, i64 {U * 16}",
                   "  %ui.n = add i64 %ui, 1",
                   "  %ucont = icmp ult i64 %ui.n, %ku",
                   "  br i1 %ucont, label %uloop, label %uexit",
@@ -512,8 +512,15 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
            "  %mr.rem = sub i64 %mc, %ir",
            f"  %mr.big = icmp ugt i64 %mr.rem, {MR}",
            f"  %mr = select i1 %mr.big, i64 {MR}, i64 %mr.rem",
-           "  %ir0 = icmp eq i64 %ir, 0",
-           "  %pfp = select i1 %ir0, ptr %bnext, ptr %bpan",
+           # the next panel is prefetched while this one is used: a micro-kernel call prefetches
+           # kc consecutive cache lines, so the first NR / 16 row tiles take a share each
+           # (an AVX-512 panel row is NR / 16 lines); later tiles touch this panel again
+           f"  %irt = udiv i64 %ir, {MR}",
+           f"  %irpf = icmp ult i64 %irt, {max(1, NR // 16)}",
+           "  %pfo = mul i64 %irt, %kc",
+           "  %pfo16 = shl i64 %pfo, 4",
+           "  %pfn = getelementptr float, ptr %bnext, i64 %pfo16",
+           "  %pfp = select i1 %irpf, ptr %pfn, ptr %bpan",
            "  %cr = add i64 %ic, %ir",
            "  %co0 = mul i64 %cr, %ldc",
            "  %co = add i64 %co0, %col0",
