@@ -190,54 +190,10 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a(f"  %kn = select i1 %kbig, i64 {KB}, i64 %krem")
     a(f"  %ktb = mul i64 %j0, {e}")
     a("  %KTb = getelementptr inbounds float, ptr %KT, i64 %ktb")
-    # s = q[tile] @ k^T[block]: a loop of U steps of e, then the rest straight
-
-    def sstep(tag: str, kt: str, e_off: str, accs: list[list[str]]) -> list[list[str]]:
-        bs = []
-        for v in range(NVS):
-            a(f"  %{tag}o{v} = add i64 {e_off}, {v * L}")
-            a(f"  %{tag}bp{v} = getelementptr inbounds float, ptr {kt}, i64 %{tag}o{v}")
-            a(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
-            bs.append(f"%{tag}b{v}")
-        new = []
-        for r in range(MR):
-            a(f"  %{tag}ap{r} = getelementptr float, ptr %qrow{r}, i64 %{tag}e")
-            a(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
-            a(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
-            a(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
-            row = []
-            for v in range(NVS):
-                a(f"  %{tag}c{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
-                row.append(f"%{tag}c{r}_{v}")
-            new.append(row)
-        return new
-
-    eu = e // U
-    cur = [["zeroinitializer"] * NVS for _ in range(MR)]
-    if eu:
-        a("  br label %se")
-        a("se:")
-        a("  %sei = phi i64 [0, %kb], [%sei.n, %se]")
-        for r in range(MR):
-            for v in range(NVS):
-                a(f"  %sacc{r}_{v} = phi {vt} [zeroinitializer, %kb], [%su{U - 1}_c{r}_{v}, %se]")
-        cur = [[f"%sacc{r}_{v}" for v in range(NVS)] for r in range(MR)]
-        a(f"  %se0 = mul i64 %sei, {U}")
-        for u in range(U):
-            tag = f"su{u}_"
-            a(f"  %{tag}e = add i64 %se0, {u}")
-            a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
-            cur = sstep(tag, "%KTb", f"%{tag}eo", cur)
-        a("  %sei.n = add nuw nsw i64 %sei, 1")
-        a(f"  %secont = icmp ult i64 %sei.n, {eu}")
-        a("  br i1 %secont, label %se, label %se.end")
-        a("se.end:")
-    for u in range(e % U):
-        tag = f"sr{u}_"
-        a(f"  %{tag}e = add i64 {eu * U + u}, 0")
-        a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
-        cur = sstep(tag, "%KTb", f"%{tag}eo", cur)
-    # masking and the online softmax, row by row (in registers); p stored for p @ v
+    # The scores and the softmax of a block with nv vectors of keys (nv = ceil(kn / L): a causal
+    # tile's last block and a short sequence compute only the key vectors they see), one copy
+    # of the code per nv, joined before p @ v.
+    # the keys of the block each row sees, as a count from j0 (0 to KB)
     for r in range(MR):
         a(f"  %dl{r}.0 = sub i64 %lim{r}, %j0")
         a(f"  %dl{r}.1 = icmp slt i64 %dl{r}.0, {KB}")
@@ -247,65 +203,131 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %dl{r} = trunc i64 %dl{r}.4 to i32")
         a(f"  %dv{r}.0 = insertelement {vi} poison, i32 %dl{r}, i64 0")
         a(f"  %dv{r} = shufflevector {vi} %dv{r}.0, {vi} poison, <{L} x i32> zeroinitializer")
-        mx = None
-        for v in range(NVS):
-            s = cur[r][v]
-            a(f"  %ok{r}_{v} = icmp slt {vi} {lanes_i32[v]}, %dv{r}")
-            ok = f"%ok{r}_{v}"
-            if mask == "f32":
-                a(f"  %mo{r}_{v} = add i64 %j0, {v * L}")
-                a(f"  %mp{r}_{v} = getelementptr float, ptr %mrow{r}, i64 %mo{r}_{v}")
-                a(f"  %mv{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %mp{r}_{v}, i32 4, <{L} x i1> {ok}, "
-                  f"{vt} zeroinitializer)")
-                a(f"  %sm{r}_{v} = fadd {vt} {s}, %mv{r}_{v}")
-                s = f"%sm{r}_{v}"
-            elif mask == "bool":  # bytes, nonzero keeps the score
-                a(f"  %mo{r}_{v} = add i64 %j0, {v * L}")
-                a(f"  %mp{r}_{v} = getelementptr i8, ptr %mrow{r}, i64 %mo{r}_{v}")
-                a(f"  %mv{r}_{v} = call <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr %mp{r}_{v}, i32 1, <{L} x i1> {ok}, "
-                  f"<{L} x i8> zeroinitializer)")
-                a(f"  %mk{r}_{v} = icmp ne <{L} x i8> %mv{r}_{v}, zeroinitializer")
-                a(f"  %okm{r}_{v} = and <{L} x i1> {ok}, %mk{r}_{v}")
-                ok = f"%okm{r}_{v}"
-            a(f"  %sk{r}_{v} = select <{L} x i1> {ok}, {vt} {s}, {vt} splat (float {ninf})")
-            if mx is None:
-                mx = f"%sk{r}_{v}"
-            else:
-                a(f"  %mxv{r}_{v} = call {vt} @llvm.maxnum.v{L}f32({vt} {mx}, {vt} %sk{r}_{v})")
-                mx = f"%mxv{r}_{v}"
-        a(f"  %bm{r} = call float @llvm.vector.reduce.fmax.v{L}f32({vt} {mx})")
-        a(f"  %mn{r} = call float @llvm.maxnum.f32(float %m{r}, float %bm{r})")
-        a(f"  %mdead{r} = fcmp oeq float %mn{r}, {ninf}")
-        a(f"  %mu{r} = select i1 %mdead{r}, float 0.0, float %mn{r}")
-        a(f"  %da{r} = fsub float %m{r}, %mu{r}")
-    # alpha = exp(m - m') of all the tile's rows in one vector exp
-    prev_v = "poison"
+    a(f"  %knv0 = add i64 %kn, {L - 1}")
+    a(f"  %knv = udiv i64 %knv0, {L}")
+    a(f"  switch i64 %knv, label %kbv{NVS} [" + " ".join(f"i64 {n}, label %kbv{n}" for n in range(1, NVS)) + "]")
+    eu = e // U
+
+    def sstep(tag: str, nv: int, e_off: str, accs: list[list[str]]) -> list[list[str]]:
+        bs = []
+        for v in range(nv):
+            a(f"  %{tag}o{v} = add i64 {e_off}, {v * L}")
+            a(f"  %{tag}bp{v} = getelementptr inbounds float, ptr %KTb, i64 %{tag}o{v}")
+            a(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
+            bs.append(f"%{tag}b{v}")
+        new = []
+        for r in range(MR):
+            a(f"  %{tag}ap{r} = getelementptr float, ptr %qrow{r}, i64 %{tag}e")
+            a(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
+            a(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+            a(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            row = []
+            for v in range(nv):
+                a(f"  %{tag}c{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+                row.append(f"%{tag}c{r}_{v}")
+            new.append(row)
+        return new
+
+    def block(nv: int) -> None:
+        X = f"_v{nv}"
+        a(f"kbv{nv}:")
+        # s = q[tile] @ k^T[block]: a loop of U steps of e, then the rest straight
+        cur = [["zeroinitializer"] * nv for _ in range(MR)]
+        if eu:
+            a(f"  br label %se{X}")
+            a(f"se{X}:")
+            a(f"  %sei{X} = phi i64 [0, %kbv{nv}], [%sei{X}.n, %se{X}]")
+            for r in range(MR):
+                for v in range(nv):
+                    a(f"  %sacc{X}{r}_{v} = phi {vt} [zeroinitializer, %kbv{nv}], [%su{U - 1}{X}_c{r}_{v}, %se{X}]")
+            cur = [[f"%sacc{X}{r}_{v}" for v in range(nv)] for r in range(MR)]
+            a(f"  %se0{X} = mul i64 %sei{X}, {U}")
+            for u in range(U):
+                tag = f"su{u}{X}_"
+                a(f"  %{tag}e = add i64 %se0{X}, {u}")
+                a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
+                cur = sstep(tag, nv, f"%{tag}eo", cur)
+            a(f"  %sei{X}.n = add nuw nsw i64 %sei{X}, 1")
+            a(f"  %secont{X} = icmp ult i64 %sei{X}.n, {eu}")
+            a(f"  br i1 %secont{X}, label %se{X}, label %se.end{X}")
+            a(f"se.end{X}:")
+        for u in range(e % U):
+            tag = f"sr{u}{X}_"
+            a(f"  %{tag}e = add i64 {eu * U + u}, 0")
+            a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
+            cur = sstep(tag, nv, f"%{tag}eo", cur)
+        # masking and the online softmax, row by row (in registers); p stored for p @ v
+        for r in range(MR):
+            R = f"{X}_{r}"
+            mx = None
+            for v in range(nv):
+                sc = cur[r][v]
+                ok = f"%ok{R}_{v}"
+                a(f"  {ok} = icmp slt {vi} {lanes_i32[v]}, %dv{r}")
+                if mask == "f32":
+                    a(f"  %mo{R}_{v} = add i64 %j0, {v * L}")
+                    a(f"  %mp{R}_{v} = getelementptr float, ptr %mrow{r}, i64 %mo{R}_{v}")
+                    a(f"  %mv{R}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %mp{R}_{v}, i32 4, <{L} x i1> {ok}, "
+                      f"{vt} zeroinitializer)")
+                    a(f"  %sm{R}_{v} = fadd {vt} {sc}, %mv{R}_{v}")
+                    sc = f"%sm{R}_{v}"
+                elif mask == "bool":  # bytes, nonzero keeps the score
+                    a(f"  %mo{R}_{v} = add i64 %j0, {v * L}")
+                    a(f"  %mp{R}_{v} = getelementptr i8, ptr %mrow{r}, i64 %mo{R}_{v}")
+                    a(f"  %mv{R}_{v} = call <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr %mp{R}_{v}, i32 1, "
+                      f"<{L} x i1> {ok}, <{L} x i8> zeroinitializer)")
+                    a(f"  %mk{R}_{v} = icmp ne <{L} x i8> %mv{R}_{v}, zeroinitializer")
+                    a(f"  %okm{R}_{v} = and <{L} x i1> {ok}, %mk{R}_{v}")
+                    ok = f"%okm{R}_{v}"
+                a(f"  %sk{R}_{v} = select <{L} x i1> {ok}, {vt} {sc}, {vt} splat (float {ninf})")
+                if mx is None:
+                    mx = f"%sk{R}_{v}"
+                else:
+                    a(f"  %mxv{R}_{v} = call {vt} @llvm.maxnum.v{L}f32({vt} {mx}, {vt} %sk{R}_{v})")
+                    mx = f"%mxv{R}_{v}"
+            a(f"  %bm{R} = call float @llvm.vector.reduce.fmax.v{L}f32({vt} {mx})")
+            a(f"  %mn{R} = call float @llvm.maxnum.f32(float %m{r}, float %bm{R})")
+            a(f"  %mdead{R} = fcmp oeq float %mn{R}, {ninf}")
+            a(f"  %mu{R} = select i1 %mdead{R}, float 0.0, float %mn{R}")
+            a(f"  %da{R} = fsub float %m{r}, %mu{R}")
+        # alpha = exp(m - m') of all the tile's rows in one vector exp
+        prev_v = "poison"
+        for r in range(MR):
+            a(f"  %dav{X}_{r} = insertelement {vt} {prev_v}, float %da{X}_{r}, i64 {r}")
+            prev_v = f"%dav{X}_{r}"
+        a(f"  %alv{X} = call {vt} @pt_vexpf_neg{L}({vt} {prev_v})")
+        for r in range(MR):
+            R = f"{X}_{r}"
+            a(f"  %al{R} = extractelement {vt} %alv{X}, i64 {r}")
+            a(f"  %mus{R}.0 = insertelement {vt} poison, float %mu{R}, i64 0")
+            a(f"  %mus{R} = shufflevector {vt} %mus{R}.0, {vt} poison, <{L} x i32> zeroinitializer")
+            tot = None
+            for v in range(nv):
+                a(f"  %x{R}_{v} = fsub {vt} %sk{R}_{v}, %mus{R}")
+                a(f"  %p{R}_{v} = call {vt} @pt_vexpf_neg{L}({vt} %x{R}_{v})")
+                a(f"  %pp{R}_{v} = getelementptr inbounds float, ptr %Pb, i64 {r * KB + v * L}")
+                a(f"  store {vt} %p{R}_{v}, ptr %pp{R}_{v}, align 64")
+                if tot is None:
+                    tot = f"%p{R}_{v}"
+                else:
+                    a(f"  %ps{R}_{v} = fadd {vt} {tot}, %p{R}_{v}")
+                    tot = f"%ps{R}_{v}"
+            a(f"  %rs{R} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float 0.0, {vt} {tot})")
+            a(f"  %lsc{R} = fmul float %l{r}, %al{R}")
+            a(f"  %ln{R} = fadd float %lsc{R}, %rs{R}")
+        a(f"  br label %kbv.end{nv}")
+        a(f"kbv.end{nv}:")
+        a("  br label %kbj")
+
+    for nv in range(1, NVS + 1):
+        block(nv)
+    a("kbj:")
     for r in range(MR):
-        a(f"  %dav{r} = insertelement {vt} {prev_v}, float %da{r}, i64 {r}")
-        prev_v = f"%dav{r}"
-    a(f"  %alv = call {vt} @pt_vexpf_neg{L}({vt} {prev_v})")
+        a(f"  %mn{r} = phi float " + ", ".join(f"[%mn_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
+        a(f"  %ln{r} = phi float " + ", ".join(f"[%ln_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
+    a(f"  %alj = phi {vt} " + ", ".join(f"[%alv_v{n}, %kbv.end{n}]" for n in range(1, NVS + 1)))
     for r in range(MR):
-        a(f"  %al{r} = extractelement {vt} %alv, i64 {r}")
-        a(f"  %als{r} = shufflevector {vt} %alv, {vt} poison, <{L} x i32> <{', '.join([f'i32 {r}'] * L)}>")
-    for r in range(MR):
-        a(f"  %mus{r}.0 = insertelement {vt} poison, float %mu{r}, i64 0")
-        a(f"  %mus{r} = shufflevector {vt} %mus{r}.0, {vt} poison, <{L} x i32> zeroinitializer")
-        tot = None
-        for v in range(NVS):
-            a(f"  %x{r}_{v} = fsub {vt} %sk{r}_{v}, %mus{r}")
-            a(f"  %p{r}_{v} = call {vt} @pt_vexpf_neg{L}({vt} %x{r}_{v})")
-            a(f"  %pp{r}_{v} = getelementptr inbounds float, ptr %Pb, i64 {r * KB + v * L}")
-            a(f"  store {vt} %p{r}_{v}, ptr %pp{r}_{v}, align 64")
-            if tot is None:
-                tot = f"%p{r}_{v}"
-            else:
-                a(f"  %ps{r}_{v} = fadd {vt} {tot}, %p{r}_{v}")
-                tot = f"%ps{r}_{v}"
-        a(f"  %rs{r} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float 0.0, {vt} {tot})")
-        a(f"  %lsc{r} = fmul float %l{r}, %al{r}")
-        a(f"  %ln{r} = fadd float %lsc{r}, %rs{r}")
-    # o = o * alpha + p @ v[block], a pass per chunk of out columns; keys [j0, j0 + kn)
-    prev = "se.end" if eu else "kb"
+        a(f"  %als{r} = shufflevector {vt} %alj, {vt} poison, <{L} x i32> <{', '.join([f'i32 {r}'] * L)}>")
     a(f"  br label %pv0.pre")
     for ci, (c0, nv) in enumerate(chunks):
         a(f"pv{ci}.pre:")
@@ -348,7 +370,6 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
                 a(f"  store {vt} %of{ci}_{r}_{v}, ptr %oq{ci}_{r}_{v}, align 4")
         nxt = f"pv{ci + 1}.pre" if ci + 1 < len(chunks) else "kb.end"
         a(f"  br label %{nxt}")
-    del prev
     a("kb.end:")
     a(f"  %j0.n = add i64 %j0, {KB}")
     a("  %kbc = icmp ult i64 %j0.n, %kend")
