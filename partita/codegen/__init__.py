@@ -88,18 +88,22 @@ class CompiledProgram:
                 self.library_matmuls.add(node)
             return fn
 
-        from .attention import attention_kernel
+        from .attention import attention_kernel, rotary_attention_kernel
 
-        self.attention_kernels: list = []  # the attention nodes run by the generated kernel
+        self.attention_kernels: list = []  # the (rotary_)attention nodes run by the generated kernel
 
-        def attention(node, inplace):
-            fn = attention_kernel(node, inplace)
-            if fn is not None:
-                self.attention_kernels.append(node)
-            return fn
+        def attention_by(factory):
+            def make(node, inplace):
+                fn = factory(node, inplace)
+                if fn is not None:
+                    self.attention_kernels.append(node)
+                return fn
+            return make
 
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
-                                    kernels={"adamw_update": adamw, "matmul": matmul, "attention": attention})
+                                    kernels={"adamw_update": adamw, "matmul": matmul,
+                                             "attention": attention_by(attention_kernel),
+                                             "rotary_attention": attention_by(rotary_attention_kernel)})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

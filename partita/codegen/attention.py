@@ -69,21 +69,44 @@ def attention_config(lanes: int | None = None) -> AttentionConfig:
 # i64 parameter slots (pointers as integers, strides in floats; scale as its f32 bits)
 _P = ["q", "k", "v", "o", "lse", "mask", "ws", "wsn", "B2",
       "qs1", "qs2", "qr", "ks1", "ks2", "kr", "vs1", "vs2", "vr", "os1", "os2", "or", "ls1", "ls2",
-      "ms1", "ms2", "mr", "T", "S", "causal", "scale"]
-_PTRS = ("q", "k", "v", "o", "lse", "mask", "ws")
+      "ms1", "ms2", "mr", "T", "S", "causal", "scale", "cos", "sin", "cs1", "cs2", "cr", "ss1", "ss2", "sr"]
+_PTRS = ("q", "k", "v", "o", "lse", "mask", "ws", "cos", "sin")
 
 
-def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "") -> str:
+def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "", rope: bool = False) -> str:
     """The LLVM IR of one attention kernel for head sizes ``e`` (q, k) and ``ev`` (v, a multiple
     of the lanes), with no mask (``mask=""``), an additive f32 one (``"f32"``) or a bool one
-    that keeps the true scores (``"bool"``):
+    that keeps the true scores (``"bool"``); ``rope``: q and k are rotated first, row i by
+    ``x * cos[i] + rotate_half(x) * sin[i]`` (``rotate_half(x) = concat(-x[h:], x[:h])``,
+    h = e / 2; self-attention, T = S), q's rows into a tile buffer, k's as they are packed:
 
         void NAME(ptr params, i64 lo, i64 hi, i64 tid)
 
     computing the batch-and-head pairs [lo, hi) with thread ``tid``'s workspace (``params``:
     the i64s of ``_P``)."""
     L, MR, NVS, KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
-    assert ev % L == 0 and e > 0 and mask in ("", "f32", "bool")
+    assert ev % L == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or e % 2 == 0)
+    h = e // 2
+
+    def rot(tag: str, row: str, ei: str, pos: str, x: str) -> None:
+        """%{tag}.rot = x * cos[pos, ei] + rotate_half(row)[ei] * sin[pos, ei]."""
+        a(f"  %{tag}.lo = icmp ult i64 {ei}, {h}")
+        a(f"  %{tag}.pi0 = add i64 {ei}, {h}")
+        a(f"  %{tag}.pi1 = sub i64 {ei}, {h}")
+        a(f"  %{tag}.pi = select i1 %{tag}.lo, i64 %{tag}.pi0, i64 %{tag}.pi1")
+        a(f"  %{tag}.pp = getelementptr float, ptr {row}, i64 %{tag}.pi")
+        a(f"  %{tag}.pv = load float, ptr %{tag}.pp, align 4")
+        a(f"  %{tag}.pn = fneg float %{tag}.pv")
+        a(f"  %{tag}.rh = select i1 %{tag}.lo, float %{tag}.pn, float %{tag}.pv")
+        for t, st in (("c", "cr"), ("s", "sr")):
+            src = "cosh" if t == "c" else "sinh"
+            a(f"  %{tag}.{t}o0 = mul i64 {pos}, %{st}")
+            a(f"  %{tag}.{t}o = add i64 %{tag}.{t}o0, {ei}")
+            a(f"  %{tag}.{t}p = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
+            a(f"  %{tag}.{t}v = load float, ptr %{tag}.{t}p, align 4")
+        a(f"  %{tag}.m1 = fmul float {x}, %{tag}.cv")
+        a(f"  %{tag}.m2 = fmul float %{tag}.rh, %{tag}.sv")
+        a(f"  %{tag}.rot = fadd float %{tag}.m1, %{tag}.m2")
     has_mask = bool(mask)
     CH = cfg.nvo * L                       # out columns per pass
     chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
@@ -97,6 +120,9 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a("entry:")
     a(f"  %Pb = alloca [{MR * KB} x float], align 64")
     a(f"  %Ob = alloca [{MR * ev} x float], align 64")
+    if rope:
+        a(f"  %Qb = alloca [{MR * e} x float], align 64")
+        a(f"  %Kr = alloca [{e} x float], align 64")
     for i, p in enumerate(_P):
         a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
         a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
@@ -109,6 +135,42 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a("  %iscausal = icmp ne i64 %causal, 0")
     a("  %wso = mul i64 %tid, %wsn")
     a("  %KT = getelementptr inbounds float, ptr %ws, i64 %wso")
+    vec_rope = rope and h % L == 0
+
+    def vrot(tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
+        """dst[0:E] = rope(row)[0:E] (times scale) with vectors: the low half x_lo c - x_hi s,
+        the high half x_hi c + x_lo s, at position pos of the cos and sin tables."""
+        for t, st in (("c", "cr"), ("s", "sr")):
+            src = "cosh" if t == "c" else "sinh"
+            a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
+            a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
+        sp = None
+        if scale is not None:
+            a(f"  %{tag}.sc0 = insertelement {vt} poison, float {scale}, i64 0")
+            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc0, {vt} poison, <{L} x i32> zeroinitializer")
+            sp = f"%{tag}.sc"
+        for i in range(h // L):
+            for part, off in (("lo", i * L), ("hi", h + i * L)):
+                a(f"  %{tag}.{part}p{i} = getelementptr float, ptr {row}, i64 {off}")
+                a(f"  %{tag}.{part}{i} = load {vt}, ptr %{tag}.{part}p{i}, align 4")
+            for part, off in (("lo", i * L), ("hi", h + i * L)):
+                for t in ("c", "s"):
+                    a(f"  %{tag}.{t}{part}p{i} = getelementptr float, ptr %{tag}.{t}r, i64 {off}")
+                    a(f"  %{tag}.{t}{part}{i} = load {vt}, ptr %{tag}.{t}{part}p{i}, align 4")
+            # low: x_lo * c_lo + (-x_hi) * s_lo; high: x_hi * c_hi + x_lo * s_hi (rounded as the ops)
+            a(f"  %{tag}.nh{i} = fneg {vt} %{tag}.hi{i}")
+            for part, x, rh in (("lo", f"%{tag}.lo{i}", f"%{tag}.nh{i}"), ("hi", f"%{tag}.hi{i}", f"%{tag}.lo{i}")):
+                a(f"  %{tag}.{part}m1_{i} = fmul {vt} {x}, %{tag}.c{part}{i}")
+                a(f"  %{tag}.{part}m2_{i} = fmul {vt} {rh}, %{tag}.s{part}{i}")
+                a(f"  %{tag}.{part}r{i} = fadd {vt} %{tag}.{part}m1_{i}, %{tag}.{part}m2_{i}")
+                res = f"%{tag}.{part}r{i}"
+                if sp is not None:
+                    a(f"  %{tag}.{part}rs{i} = fmul {vt} {res}, {sp}")
+                    res = f"%{tag}.{part}rs{i}"
+                off = i * L if part == "lo" else h + i * L
+                a(f"  %{tag}.{part}d{i} = getelementptr inbounds float, ptr {dst}, i64 {off}")
+                a(f"  store {vt} {res}, ptr %{tag}.{part}d{i}, align 4")
+
     lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(NVS)]
     a("  %empty = icmp uge i64 %lo, %hi")
     a("  br i1 %empty, label %exit, label %bh")
@@ -118,7 +180,8 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a("  %b1 = udiv i64 %idx, %B2")
     a("  %b2 = urem i64 %idx, %B2")
     for t, (s1, s2) in {"q": ("qs1", "qs2"), "k": ("ks1", "ks2"), "v": ("vs1", "vs2"), "o": ("os1", "os2"),
-                        "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2")}.items():
+                        "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2"), "cos": ("cs1", "cs2"),
+                        "sin": ("ss1", "ss2")}.items():
         a(f"  %{t}o1 = mul i64 %b1, %{s1}")
         a(f"  %{t}o2 = mul i64 %b2, %{s2}")
         a(f"  %{t}o = add i64 %{t}o1, %{t}o2")
@@ -130,7 +193,12 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a(f"  %pkb = udiv i64 %pkt, {KB}")
     a(f"  %pkj = urem i64 %pkt, {KB}")
     a("  %pks0 = mul i64 %pkt, %kr")
-    a("  %pksrow = getelementptr float, ptr %kh, i64 %pks0")
+    if vec_rope:  # the key's row rotated and scaled into Kr, packed from there
+        a("  %pksrow0 = getelementptr float, ptr %kh, i64 %pks0")
+        vrot("kr", "%pksrow0", "%pkt", "%Kr", "%scale")
+        a("  %pksrow = getelementptr float, ptr %Kr, i64 0")
+    else:
+        a("  %pksrow = getelementptr float, ptr %kh, i64 %pks0")
     a(f"  %pkd0 = mul i64 %pkb, {e * KB}")
     a("  %pkd1 = add i64 %pkd0, %pkj")
     a("  %pkdst = getelementptr inbounds float, ptr %KT, i64 %pkd1")
@@ -139,10 +207,17 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     a("  %pke = phi i64 [0, %pk.t], [%pke.n, %pk.e]")
     a("  %pksp = getelementptr float, ptr %pksrow, i64 %pke")
     a("  %pkv0 = load float, ptr %pksp, align 4")
-    a("  %pkv = fmul float %pkv0, %scale")
+    pkv = "%pkv"
+    if vec_rope:
+        pkv = "%pkv0"
+    elif rope:  # k[j, e] cos[j, e] + rotate_half(k)[j, e] sin[j, e], as the unfused ops round it
+        rot("pk", "%pksrow", "%pke", "%pkt", "%pkv0")
+        a("  %pkv = fmul float %pk.rot, %scale")
+    else:
+        a("  %pkv = fmul float %pkv0, %scale")
     a(f"  %pkdo = mul i64 %pke, {KB}")
     a("  %pkd = getelementptr inbounds float, ptr %pkdst, i64 %pkdo")
-    a("  store float %pkv, ptr %pkd, align 4")
+    a(f"  store float {pkv}, ptr %pkd, align 4")
     a("  %pke.n = add nuw nsw i64 %pke, 1")
     a(f"  %pkec = icmp ult i64 %pke.n, {e}")
     a("  br i1 %pkec, label %pk.e, label %pk.t.end")
@@ -167,7 +242,11 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %rowl")
         a(f"  %gi{r} = add i64 %q0, %rr{r}")
         a(f"  %qro{r} = mul i64 %gi{r}, %qr")
-        a(f"  %qrow{r} = getelementptr float, ptr %qh, i64 %qro{r}")
+        a(f"  %qrow{r}.src = getelementptr float, ptr %qh, i64 %qro{r}")
+        if rope:
+            a(f"  %qrow{r} = getelementptr inbounds float, ptr %Qb, i64 {r * e}")
+        else:
+            a(f"  %qrow{r} = getelementptr float, ptr %qrow{r}.src, i64 0")
         if has_mask:
             a(f"  %mro{r} = mul i64 %gi{r}, %mr")
             a(f"  %mrow{r} = getelementptr {'float' if mask == 'f32' else 'i8'}, ptr %maskh, i64 %mro{r}")
@@ -176,15 +255,33 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %lc{r} = icmp ult i64 %gi1{r}, %S")
         a(f"  %lcau{r} = select i1 %lc{r}, i64 %gi1{r}, i64 %S")
         a(f"  %lim{r} = select i1 %iscausal, i64 %lcau{r}, i64 %S")
+    if vec_rope:  # the tile's q rows rotated into Qb
+        for r in range(MR):
+            vrot(f"qv{r}", f"%qrow{r}.src", f"%gi{r}", f"%qrow{r}", None)
+    elif rope:
+        for r in range(MR):
+            a(f"  br label %qrot{r}")
+            a(f"qrot{r}:")
+            a(f"  %qre{r} = phi i64 [0, %{'qt' if r == 0 else f'qrot{r - 1}.end'}], [%qre{r}.n, %qrot{r}]")
+            a(f"  %qrp{r} = getelementptr float, ptr %qrow{r}.src, i64 %qre{r}")
+            a(f"  %qrx{r} = load float, ptr %qrp{r}, align 4")
+            rot(f"qr{r}", f"%qrow{r}.src", f"%qre{r}", f"%gi{r}", f"%qrx{r}")
+            a(f"  %qrd{r} = getelementptr inbounds float, ptr %qrow{r}, i64 %qre{r}")
+            a(f"  store float %qr{r}.rot, ptr %qrd{r}, align 4")
+            a(f"  %qre{r}.n = add nuw nsw i64 %qre{r}, 1")
+            a(f"  %qrc{r} = icmp ult i64 %qre{r}.n, {e}")
+            a(f"  br i1 %qrc{r}, label %qrot{r}, label %qrot{r}.end")
+            a(f"qrot{r}.end:")
     a(f"  call void @llvm.memset.p0.i64(ptr align 64 %Ob, i8 0, i64 {4 * MR * ev}, i1 false)")
     a("  %nokeys = icmp eq i64 %kend, 0")
     a("  br i1 %nokeys, label %fin, label %kb")
     # --- one block of KB keys ------------------------------------------------------------------
     a("kb:")
-    a("  %j0 = phi i64 [0, %qt], [%j0.n, %kb.end]")
+    tile = f"qrot{MR - 1}.end" if rope and not vec_rope else "qt"   # the block that enters the key blocks
+    a(f"  %j0 = phi i64 [0, %{tile}], [%j0.n, %kb.end]")
     for r in range(MR):
-        a(f"  %m{r} = phi float [{ninf}, %qt], [%mn{r}, %kb.end]")
-        a(f"  %l{r} = phi float [0.0, %qt], [%ln{r}, %kb.end]")
+        a(f"  %m{r} = phi float [{ninf}, %{tile}], [%mn{r}, %kb.end]")
+        a(f"  %l{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
     a("  %krem = sub i64 %kend, %j0")
     a(f"  %kbig = icmp ugt i64 %krem, {KB}")
     a(f"  %kn = select i1 %kbig, i64 {KB}, i64 %krem")
@@ -377,8 +474,8 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     # --- the tile's rows out: o / l and lse = m + log(l) (0 and 0 for a row with no key) ------
     a("fin:")
     for r in range(MR):
-        a(f"  %fm{r} = phi float [{ninf}, %qt], [%mn{r}, %kb.end]")
-        a(f"  %fl{r} = phi float [0.0, %qt], [%ln{r}, %kb.end]")
+        a(f"  %fm{r} = phi float [{ninf}, %{tile}], [%mn{r}, %kb.end]")
+        a(f"  %fl{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
     a("  br label %fr0")
     for r in range(MR):
         nxt = f"%fr{r + 1}" if r + 1 < MR else "%qt.end"
@@ -435,13 +532,13 @@ _COMPILED: dict[tuple, Any] = {}
 PARALLEL_MIN_MACS = 1 << 21
 
 
-def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str) -> Any:
-    key = (cfg, e, ev, mask)
+def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool = False) -> Any:
+    key = (cfg, e, ev, mask, rope)
     with _LOCK:
         fn = _COMPILED.get(key)
         if fn is None:
-            name = f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}"
-            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask), 0,
+            name = f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}{'_rope' if rope else ''}"
+            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask, rope), 0,
                                                argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                          ctypes.c_int64]).fn
         return fn
@@ -489,7 +586,7 @@ class PreparedAttention:
     that holds it, one call at a time (the workspaces are reused)."""
 
     def __init__(self, lead: tuple, t: int, s: int, e: int, ev: int, scale: float | None, causal: bool,
-                 mask: str = "", cfg: AttentionConfig | None = None) -> None:
+                 mask: str = "", cfg: AttentionConfig | None = None, rope: bool = False) -> None:
         if len(lead) > 2:
             raise ValueError("partita.codegen.attention: at most two leading dims")
         self.lead, self.t, self.s, self.e, self.ev = tuple(lead), t, s, e, ev
@@ -499,14 +596,17 @@ class PreparedAttention:
         self.cfg = cfg = cfg or attention_config()
         if ev % cfg.lanes:
             raise ValueError(f"partita.codegen.attention: v's head size {ev} is not a multiple of {cfg.lanes}")
-        self.fn = _kernel(cfg, e, ev, mask)
+        if rope and (e % 2 or t != s):
+            raise ValueError("partita.codegen.attention: rotary embedding needs an even head size and T = S")
+        self.rope = rope
+        self.fn = _kernel(cfg, e, ev, mask, rope)
         self.wsn = -(-s // cfg.kb) * cfg.kb * e + 16    # floats of one thread's packed k^T
         self.pairs = math.prod(self.lead)
         self.ws = torch.empty(self.wsn, dtype=torch.float32)
         self.parallel = self.pairs > 1 and self.pairs * t * s * (e + ev) >= PARALLEL_MIN_MACS
         self.params = (ctypes.c_int64 * len(_P))()
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None) -> tuple[Any, Any]:
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, cos: Any = None, sin: Any = None) -> tuple[Any, Any]:
         lead, t, s, ev = self.lead, self.t, self.s, self.ev
         nl = len(lead)
         if q.stride(-1) != 1:
@@ -527,6 +627,15 @@ class PreparedAttention:
                 m = m.contiguous()
             ms = (*_lead2(m, nl), m.stride(-2))
             mptr = m.data_ptr()
+        rp: list[int] = [0] * 8
+        if self.rope:
+            c = cos.expand(*lead, t, self.e)
+            sn = sin.expand(*lead, t, self.e)
+            if c.stride(-1) != 1:
+                c = c.contiguous()
+            if sn.stride(-1) != 1:
+                sn = sn.contiguous()
+            rp = [c.data_ptr(), sn.data_ptr(), *_lead2(c, nl), c.stride(-2), *_lead2(sn, nl), sn.stride(-2)]
         b2 = lead[-1] if nl == 2 else (lead[0] if lead else 1)
         nt = min(torch.get_num_threads(), self.pairs) if self.parallel else 1
         if self.ws.numel() < nt * self.wsn:
@@ -535,7 +644,7 @@ class PreparedAttention:
         p[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
                 self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl), k.stride(-2),
                 *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2), *_lead2(lse, nl), *ms, t, s,
-                int(self.causal), _f32_bits(self.scale)]
+                int(self.causal), _f32_bits(self.scale), *rp]
         if nt == 1:
             self.fn(p, 0, self.pairs, 0)
         else:
@@ -585,7 +694,39 @@ def attention_kernel(node: Any, inplace: bool = False) -> Any:
     return step
 
 
-def _fallback() -> Any:
+def rotary_attention_kernel(node: Any, inplace: bool = False) -> Any:
+    """The step running a ``rotary_attention`` node (codegen/rotary.py) on the generated kernel
+    with the rotation inside, or None (the op's own step: the rotation in torch ops, then the
+    attention op's step) where ``attention_kernel`` would refuse it or a table is not f32."""
+    del inplace
+    from ..ir.dtypes import bool_ as _bool, f32 as _f32
+
+    if ATTENTION != "generated":
+        return None
+    q, k, v, cos, sin = node.operands[:5]
+    mask = node.operands[5] if len(node.operands) > 5 else None
+    if any(x.type.dtype is not _f32 for x in (q, k, v, cos, sin)) or node.results[0].type.dtype is not _f32:
+        return None
+    if mask is not None and mask.type.dtype not in (_f32, _bool):
+        return None
+    qs, ks, vs = q.type.shape, k.type.shape, v.type.shape
+    if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or supported(qs, ks, vs) is not None:
+        return None
+    kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
+    pa = PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
+                           bool(node.attrs.get("causal")), kind, rope=True)
+    fallback = _fallback("rotary_attention")
+
+    def step(args: list, attrs: dict) -> Any:
+        q = args[0]
+        if not q.is_cpu:
+            return fallback(args, attrs)
+        return pa(q, args[1], args[2], args[5] if len(args) > 5 else None, args[3], args[4])
+
+    return step
+
+
+def _fallback(op: str = "attention") -> Any:
     from ..ops.registry import OPS
 
-    return OPS["attention"].torch
+    return OPS[op].torch

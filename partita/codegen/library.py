@@ -55,6 +55,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import has_effects
+from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
            "aten_step", "PREPACK", "packed_weight_stats"]
@@ -850,6 +851,7 @@ def _fuse_linear(graph: Graph, node: Node) -> Node | None:
 ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     "conv2d": _fuse_conv,
     "matmul": _fuse_linear,
+    "attention": fuse_rotary,
 }
 
 

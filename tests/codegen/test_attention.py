@@ -183,3 +183,29 @@ def test_other_dtypes_stay_on_the_ops_step():
     q, k, v = (b.input(n, t) for n in "qkv")
     out, _ = b.attention(q, k, v)
     assert CompiledProgram(verify(b.ret(out))).attention_kernels == []
+
+
+def _rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_rotary_embedding_applied_inside_equals_rotating_first(lanes):
+    cfg = A.attention_config(lanes)
+    g = torch.Generator().manual_seed(8)
+    for lead, t, e, causal, kind in [((2, 3), 37, 64, True, ""), ((1, 2), 70, 32, False, "bool"), ((4,), 9, 16, True, "f32")]:
+        q, k, v = _heads(lead, t, e, g), _heads(lead, t, e, g), _heads(lead, t, 16, g)
+        ang = torch.arange(t)[:, None] * torch.rand(e // 2, generator=g)[None, :]
+        ang = torch.cat((ang, ang), -1)
+        cos, sin = torch.cos(ang)[None], torch.sin(ang)[None]        # [1, t, e], broadcast
+        mask = None
+        if kind == "f32":
+            mask = torch.randn(t, t, generator=g)
+        elif kind == "bool":
+            mask = torch.rand(t, t, generator=g) > 0.2
+        pa = A.PreparedAttention(lead, t, t, e, 16, None, causal, kind, cfg=cfg, rope=True)
+        out, lse = pa(q, k, v, mask, cos, sin)
+        want_out, want_lse = _reference(_rope(q, cos, sin), _rope(k, cos, sin), v, mask, causal, 1 / math.sqrt(e))
+        assert float((out.double() - want_out).abs().max()) <= 1e-5
+        assert float((lse.double() - want_lse).abs().max()) <= 1e-5 * max(1.0, float(want_lse.abs().max()))
