@@ -47,7 +47,8 @@ from .kernels import _pool
 from .lowering import vector_width
 from .mathlib import declarations, f32
 
-__all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PreparedGemm", "read_a_in_place", "PARALLEL_MIN_MACS"]
+__all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PreparedGemm", "read_a_in_place", "PARALLEL_MIN_MACS",
+           "split_on_team", "split_pointers_on_team"]
 
 
 @dataclass(frozen=True)
@@ -909,6 +910,66 @@ entry:
 """
 
 _SPLIT: Any = None  # the compiled launcher, False without libgomp (tests set it to use the pool)
+
+
+def _pointer_split_ir(n: int) -> str:
+    """A launcher for a fused elementwise kernel ``fn(ptr x n, i64 lo, i64 hi)``: data = [fn,
+    outer, p0 .. p(n-1)]; thread tid of nt runs [outer * tid / nt, outer * (tid + 1) / nt)."""
+    loads = []
+    for i in range(n):
+        loads += [f"  %q{i} = getelementptr inbounds i64, ptr %d, i64 {i + 2}",
+                  f"  %v{i} = load i64, ptr %q{i}, align 8",
+                  f"  %p{i} = inttoptr i64 %v{i} to ptr"]
+    args = ", ".join([f"ptr %p{i}" for i in range(n)] + ["i64 %lo", "i64 %hi"])
+    return "\n".join([
+        "declare void @GOMP_parallel(ptr, ptr, i32, i32)",
+        "declare i32 @omp_get_thread_num()",
+        "declare i32 @omp_get_num_threads()",
+        f"define internal void @pt_psplit{n}_body(ptr %d) nounwind {{",
+        "entry:",
+        "  %tid32 = call i32 @omp_get_thread_num()",
+        "  %nt32 = call i32 @omp_get_num_threads()",
+        "  %tid = zext i32 %tid32 to i64",
+        "  %nt = zext i32 %nt32 to i64",
+        "  %fnv = load i64, ptr %d, align 8",
+        "  %o1 = getelementptr inbounds i64, ptr %d, i64 1",
+        "  %outer = load i64, ptr %o1, align 8",
+        *loads,
+        "  %lo0 = mul i64 %outer, %tid",
+        "  %lo = udiv i64 %lo0, %nt",
+        "  %tid1 = add i64 %tid, 1",
+        "  %hi0 = mul i64 %outer, %tid1",
+        "  %hi = udiv i64 %hi0, %nt",
+        "  %fn = inttoptr i64 %fnv to ptr",
+        f"  call void %fn({args})",
+        "  ret void",
+        "}",
+        f"define void @pt_psplit{n}(ptr %d, i64 %nt) nounwind {{",
+        "entry:",
+        "  %nt32 = trunc i64 %nt to i32",
+        f"  call void @GOMP_parallel(ptr @pt_psplit{n}_body, ptr %d, i32 %nt32, i32 0)",
+        "  ret void",
+        "}"]) + "\n"
+
+
+_PSPLIT: dict[int, Any] = {}
+
+
+def split_pointers_on_team(fn: Any, addrs: list[int], outer: int, nt: int) -> bool:
+    """Run a fused kernel ``fn(*addrs, lo, hi)`` over [0, outer) in ``nt`` even shares on
+    torch's OpenMP team; False (nothing run) where libgomp is not loaded, so the caller splits
+    on its own pool."""
+    if _SPLIT is False or not _gomp():
+        return False
+    n = len(addrs)
+    with _LOCK:
+        launch = _PSPLIT.get(n)
+        if launch is None:
+            launch = _PSPLIT[n] = jit().kernel(f"pt_psplit{n}", _pointer_split_ir(n), 0,
+                                               argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+    data = (ctypes.c_int64 * (n + 2))(ctypes.cast(fn, ctypes.c_void_p).value or 0, outer, *addrs)
+    launch(ctypes.addressof(data), nt)
+    return True
 
 
 def split_on_team(fn: Any, params: Any, n: int, nt: int) -> None:

@@ -122,6 +122,13 @@ def _call(fn, addrs: list[int], lo: int, hi: int) -> None:
 
 
 def _run_parallel(fn, addrs: list[int], outer: int, nt: int) -> None:
+    """The outermost loop split into nt even shares: on torch's OpenMP team where libgomp is
+    loaded (a pool of Python-started threads beside it competes with the team's spinning
+    workers), else on the pool."""
+    from .gemm import split_pointers_on_team
+
+    if split_pointers_on_team(fn, addrs, outer, nt):
+        return
     bounds = [outer * i // nt for i in range(nt + 1)]
     pool = _pool(nt - 1)
     futs = [pool.submit(_call, fn, addrs, bounds[i], bounds[i + 1]) for i in range(1, nt)]

@@ -237,7 +237,13 @@ def test_clamp_chain_is_one_kernel_and_bit_exact():
     assert torch.equal(torch.nan_to_num(want), torch.nan_to_num(got))
 
 
-def test_two_threads_split_the_outer_loop():
+@pytest.mark.parametrize("team", [True, False])
+def test_two_threads_split_the_outer_loop(team, monkeypatch):
+    # team: torch's OpenMP team (libgomp); else the Python pool, as without libgomp
+    from partita.codegen import gemm
+
+    if not team:
+        monkeypatch.setattr(gemm, "_SPLIT", False)
     b = Builder()
     x = b.input("x", TensorType((300, 513), DTYPES["f32"]))
     y = b.input("y", TensorType((513,), DTYPES["f32"]))
@@ -253,6 +259,8 @@ def test_two_threads_split_the_outer_loop():
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)
+    if team and gemm._gomp():
+        assert gemm._PSPLIT        # the split ran on a launcher of the team
 
 
 def test_non_contiguous_operand_is_read_right():
