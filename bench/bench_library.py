@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_library.py --part linear      # only the fp32 linear paths
     .venv/bin/python bench/bench_library.py --part models --rounds 40
     .venv/bin/python bench/bench_library.py --part gemm        # the generated GEMM against ORT's
+    .venv/bin/python bench/bench_library.py --part attention   # generated attention against flash
     .venv/bin/python bench/bench_library.py --quick            # tiny sizes, 3 rounds (a smoke test)
 
 Part ``linear``: the fp32 CPU ways to compute ``x @ W + b`` (and with GELU after it) on the
@@ -18,6 +19,13 @@ called the way the executor calls it (``library.linear_step``), against ONNX Run
 (MLAS; one session per shape, one intra-op thread, the weight an initializer), oneDNN's
 ``_linear_pointwise`` and ``torch.addmm``, on the linear shapes of the models of
 bench/bench_codegen.py (MLP, GPT-2, BERT, Llama, ViT) and three small ones.
+
+Part ``attention``: partita's generated attention kernel (codegen/attention.py, called as the
+executor calls it, ``PreparedAttention``) against the library's flash kernel (the attention
+op's own step, ``aten._scaled_dot_product_flash_attention_for_cpu``), on q, k, v as a model
+makes them ([B, T, H, E] viewed as [B, H, T, E]): the bench models' shapes (4 x 4 heads x 128
+tokens causal, masked; ViT's 37 tokens), longer sequences, and the rotary form (Llama's) against
+torch's rotation followed by the generated kernel.
 
 Part ``models``: a ResNet-style CNN (8 x 3 x 64 x 64; stem conv 3->32 + BN + ReLU; residual
 blocks 32->32, 32->64 with stride 2 and a 1x1 downsampling conv, 64->64; global average pool;
@@ -203,6 +211,84 @@ def bench_gemm(rounds: int, quick: bool) -> None:
               f"{ratio(t['partita'], t['oneDNN']):.2f} |", flush=True)
 
 
+def bench_cold_weights(rounds: int, quick: bool) -> None:
+    """In a model every layer's weight comes from memory, not cache: the generated GEMM and
+    ORT's Gemm with one weight used over and over (hot) and with 8 weights used in turn."""
+    from partita.codegen.gemm import PreparedGemm
+
+    m, k, n = (4, 64, 128) if quick else (148, 256, 1024)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g)
+    ws = [torch.randn(k, n, generator=g) * 0.02 for _ in range(8)]
+    b = torch.randn(n, generator=g)
+    pg = PreparedGemm(m, n, k)
+    packed = [pg.pack(w) for w in ws]
+    out = torch.empty(m, n)
+    cands = {"partita hot": lambda: [pg(x, packed[0], b, out) for _ in range(8)],
+             "partita 8 weights": lambda: [pg(x, p, b, out) for p in packed]}
+    sessions = [_ort_gemm(w, b, m) for w in ws]
+    if sessions[0] is not None:
+        xn = x.numpy()
+        cands["ORT hot"] = lambda: [sessions[0].run(None, {"x": xn}) for _ in range(8)]
+        cands["ORT 8 weights"] = lambda: [s.run(None, {"x": xn}) for s in sessions]
+    tm = rounds_of(cands, rounds)
+    print(f"\ncold weights, [{m},{k}]x[{k},{n}], ms a call (8 calls a round): " +
+          ", ".join(f"{name} {med_ms(v) / 8:.3f}" for name, v in tm.items()), flush=True)
+
+
+# --- part 1c: the generated attention against the flash kernel ---------------------------------
+
+# (B, H, T, E, causal, mask): the bench models' (GPT-2 and Llama causal, BERT with a padding
+# mask, ViT's 37 tokens) and longer sequences.
+ATTENTION_SHAPES = [(4, 4, 128, 64, True, False), (4, 4, 128, 64, False, True), (4, 4, 37, 64, False, False),
+                    (1, 4, 512, 64, True, False), (1, 4, 512, 64, False, False), (1, 4, 2048, 64, True, False)]
+
+
+def bench_attention(rounds: int, quick: bool) -> None:
+    from partita.codegen.attention import PreparedAttention
+    from partita.ops.nn import _torch_attention
+
+    shapes = [(1, 2, 16, 16, True, False)] if quick else ATTENTION_SHAPES
+    print("\n### the generated attention against the flash kernel, one thread (ms, median of %d rounds; "
+          "ratios are medians of per-round ratios)\n" % rounds)
+    print("| B x H x T, E | causal | mask | flash | generated | generated / flash |")
+    print("|---|---|---|---:|---:|---:|")
+    for b, h, t, e, causal, masked in shapes:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(b, t, h, e, generator=g).transpose(1, 2) for _ in range(3))
+        mask = (torch.rand(b, 1, 1, t, generator=g) > 0.1) if masked else None
+        pa = PreparedAttention((b, h), t, t, e, e, None, causal, "bool" if masked else "")
+        args = [q, k, v] + ([mask] if masked else [])
+        attrs = {"causal": causal, "scale": None}
+        cands = {"flash": lambda: _torch_attention(args, attrs), "generated": lambda: pa(q, k, v, mask)}
+        want, got = cands["flash"]()[0], cands["generated"]()[0]
+        assert float((want - got).abs().max()) <= 1e-4, (b, h, t, e)
+        tm = rounds_of(cands, rounds)
+        print(f"| {b} x {h} x {t}, {e} | {'yes' if causal else 'no'} | {'bool' if masked else '-'} | "
+              f"{med_ms(tm['flash']):.3f} | {med_ms(tm['generated']):.3f} | {ratio(tm['generated'], tm['flash']):.2f} |",
+              flush=True)
+    # Llama's rotary form: the rotation inside the kernel against torch's rotation first
+    b, h, t, e = (1, 2, 16, 16) if quick else (4, 4, 128, 64)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(b, t, h, e, generator=g).transpose(1, 2) for _ in range(3))
+    ang = torch.arange(t)[:, None] * torch.rand(e // 2, generator=g)[None]
+    ang = torch.cat((ang, ang), -1)
+    cos, sin = torch.cos(ang)[None, None], torch.sin(ang)[None, None]
+
+    def rope(x):
+        return x * cos + torch.cat((-x[..., e // 2:], x[..., :e // 2]), -1) * sin
+
+    plain = PreparedAttention((b, h), t, t, e, e, None, True, "")
+    rot = PreparedAttention((b, h), t, t, e, e, None, True, "", rope=True)
+    cands = {"rotation in torch, then the kernel": lambda: plain(rope(q), rope(k), v),
+             "rotation inside": lambda: rot(q, k, v, None, cos, sin),
+             "no rotation": lambda: plain(q, k, v)}
+    assert float((cands["rotation in torch, then the kernel"]()[0] - cands["rotation inside"]()[0]).abs().max()) <= 1e-4
+    tm = rounds_of(cands, rounds)
+    print(f"\nrotary, {b} x {h} x {t}, {e}, causal (ms): " +
+          ", ".join(f"{n} {med_ms(v):.3f}" for n, v in tm.items()), flush=True)
+
+
 # --- part 2: the models ------------------------------------------------------------------------
 
 class Block(nn.Module):
@@ -327,7 +413,7 @@ def bench_models(rounds: int, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "linear", "gemm", "models"), default="all")
+    ap.add_argument("--part", choices=("all", "linear", "gemm", "attention", "models"), default="all")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 3 rounds (a smoke test)")
     args = ap.parse_args(argv)
@@ -340,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             bench_linear(rounds, args.quick)
         if args.part in ("all", "gemm"):
             bench_gemm(rounds, args.quick)
+            bench_cold_weights(rounds, args.quick)
+        if args.part in ("all", "attention"):
+            bench_attention(rounds, args.quick)
         if args.part in ("all", "models"):
             bench_models(rounds, args.quick)
     finally:

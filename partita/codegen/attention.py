@@ -2,7 +2,7 @@
 in FlashAttention's formulation (an online softmax over blocks of keys, nothing T x S stored).
 
 For each batch-and-head pair the kernel packs ``k^T``, scaled, into blocks of ``KB`` keys
-(``[S / KB, E, KB]``, a head's keys: a few tens of KiB), then for each tile of ``MR`` query
+(``[S / KB, E, KB]``: 32 KiB for a head of 128 keys, 64 wide), then for each tile of ``MR`` query
 rows and each block of ``KB`` keys (``MR x KB`` = 6 x 64 on AVX-512, 6 x 16 on AVX2):
 
     s     = q[tile] @ k^T[block]                         # MR x KB accumulators in registers
@@ -13,9 +13,12 @@ rows and each block of ``KB`` keys (``MR x KB`` = 6 x 64 on AVX-512, 6 x 16 on A
 
 and at the end ``out = o / l`` and ``lse = m + log(l)`` (natural log; ``attention_grad``
 reads it). A row whose every score is dropped gives zeros and lse 0, as the op's record says.
-Causal tiles stop at the last key their last row sees, and the ``p @ v`` loop runs over the
-visible keys only. The exponentials are inlined vector code (``_vexp_ir``: Cody-Waite range
-reduction and the degree-6 polynomial of ``mathlib``'s exp, for arguments <= 0: ``exp_neg_ir``).
+Causal tiles stop at the last key their last row sees, the scores and softmax of a block run
+on only the key vectors it sees (one copy of that code per count), and the ``p @ v`` loop runs
+over the visible keys only. The exponentials are inlined vector code (``mathlib.exp_neg_ir``:
+Cody-Waite range reduction and the degree-6 polynomial of ``mathlib``'s exp, for arguments
+<= 0). With ``rope`` (the ``rotary_attention`` op, codegen/rotary.py) q's rows are rotated
+into the tile buffer and k's rows as they are packed.
 
 q, k, v, out, lse and the mask are read where they are: up to two leading dims (batch, head)
 with any strides, rows with any stride, the last dim contiguous; a mask with stride 0 on the
@@ -40,8 +43,9 @@ from .mathlib import declarations, exp_neg_ir
 
 __all__ = ["AttentionConfig", "attention_config", "attention_ir", "PreparedAttention", "supported", "MAX_KEYS"]
 
-# Keys above this run the library's flash kernel (measured: level with it at 2048 causal keys
-# on one thread; its cache blocking and the cost of packing all of k^T per head grow with S).
+# Keys above this run the library's flash kernel: a head's packed k^T (S x E floats, 512 KiB at
+# 2048 x 64) is read for every tile of query rows and stays in L2 up to about this (measured at
+# 2048 causal keys: 0.70 of flash's time on one thread, Zen 4).
 MAX_KEYS = 2048
 
 
