@@ -275,9 +275,10 @@ def _replicated(op: str):
     return fn
 
 
-# The library kernels with fused epilogues (partita/codegen/library.py) are made for
-# single-device inference by fuse-library: they run replicated, as fused kernels do.
-for _n in ("conv2d_pointwise", "linear_pointwise"):
+# The library kernels with fused epilogues (partita/codegen/library.py) and rotary_attention
+# (codegen/rotary.py) are made for single-device inference by fuse-library: they run
+# replicated, as fused kernels do.
+for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention"):
     RULES[_n] = _replicated(_n)
 
 

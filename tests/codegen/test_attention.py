@@ -73,7 +73,7 @@ def test_every_shape_and_mask_matches_the_formula(lanes):
 
 def test_head_sizes_leading_dims_and_scale():
     for lead in [(), (5,), (2, 2)]:
-        for e, ev in [(64, 64), (128, 128), (5, 16), (80, 80), (24, 144)]:
+        for e, ev in [(64, 64), (128, 128), (5, 16), (3, 16), (80, 80), (24, 144)]:
             _run(lead, 20, 30, e, ev, True, "", scale=0.3)
 
 

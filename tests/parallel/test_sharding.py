@@ -65,6 +65,8 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "conv2d_pointwise": [([("f", (2, 3, 6, 6)), ("f", (4, 3, 3, 3)), ("f", (4,)), ("f", (2, 4, 6, 6))],
                           {"padding": [1, 1], "binary": "add", "unary": "relu"})],
     "linear_pointwise": [([("f", (4, 6)), ("f", (2, 6)), ("f", (2,))], {"unary": "gelu", "weight_layout": "nk"})],
+    "rotary_attention": [([("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (1, 1, 5, 4)),
+                           ("f", (1, 1, 5, 4))], {"causal": True})],
     "where": [([("bool", (4, 6)), ("f", (4, 6)), ("f", (6,))], {}), ([("bool", (4, 1)), ("f", (4, 6)), ("f", (4, 6))], {})],
     **{n: [([("f", (4, 2))], {})] for n in ("neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu",
                                              "silu", "erf", "sign")},
