@@ -120,6 +120,12 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     ninf = "0xFFF0000000000000"
     out: list[str] = []
     a = out.append
+
+    def splat(dst: str, ty: str, scalar: str) -> None:
+        """%dst = every lane of a <L x ty> vector holding the scalar value ``scalar``."""
+        vty = f"<{L} x {ty}>"
+        a(f"  {dst}.0 = insertelement {vty} poison, {ty} {scalar}, i64 0")
+        a(f"  {dst} = shufflevector {vty} {dst}.0, {vty} poison, <{L} x i32> zeroinitializer")
     a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
     a("entry:")
     a(f"  %Pb = alloca [{MR * KB} x float], align 64")
@@ -150,8 +156,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
         sp = None
         if scale is not None:
-            a(f"  %{tag}.sc0 = insertelement {vt} poison, float {scale}, i64 0")
-            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc0, {vt} poison, <{L} x i32> zeroinitializer")
+            splat(f"%{tag}.sc", "float", scale)
             sp = f"%{tag}.sc"
         for i in range(h // L):
             for part, off in (("lo", i * L), ("hi", h + i * L)):
@@ -302,8 +307,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %dl{r}.3 = icmp sgt i64 %dl{r}.2, 0")
         a(f"  %dl{r}.4 = select i1 %dl{r}.3, i64 %dl{r}.2, i64 0")
         a(f"  %dl{r} = trunc i64 %dl{r}.4 to i32")
-        a(f"  %dv{r}.0 = insertelement {vi} poison, i32 %dl{r}, i64 0")
-        a(f"  %dv{r} = shufflevector {vi} %dv{r}.0, {vi} poison, <{L} x i32> zeroinitializer")
+        splat(f"%dv{r}", "i32", f"%dl{r}")
     a(f"  %knv0 = add i64 %kn, {L - 1}")
     a(f"  %knv = udiv i64 %knv0, {L}")
     a(f"  switch i64 %knv, label %kbv{NVS} [" + " ".join(f"i64 {n}, label %kbv{n}" for n in range(1, NVS)) + "]")
@@ -320,8 +324,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         for r in range(MR):
             a(f"  %{tag}ap{r} = getelementptr float, ptr %qrow{r}, i64 %{tag}e")
             a(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
-            a(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
-            a(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            splat(f"%{tag}as{r}", "float", f"%{tag}a{r}")
             row = []
             for v in range(nv):
                 a(f"  %{tag}c{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
@@ -400,8 +403,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         for r in range(MR):
             R = f"{X}_{r}"
             a(f"  %al{R} = extractelement {vt} %alv{X}, i64 {r}")
-            a(f"  %mus{R}.0 = insertelement {vt} poison, float %mu{R}, i64 0")
-            a(f"  %mus{R} = shufflevector {vt} %mus{R}.0, {vt} poison, <{L} x i32> zeroinitializer")
+            splat(f"%mus{R}", "float", f"%mu{R}")
             tot = None
             for v in range(nv):
                 a(f"  %x{R}_{v} = fsub {vt} %sk{R}_{v}, %mus{R}")
@@ -457,8 +459,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             a(f"  %pro{ci}_{r} = add i64 %pj{ci}, {r * KB}")
             a(f"  %prp{ci}_{r} = getelementptr inbounds float, ptr %Pb, i64 %pro{ci}_{r}")
             a(f"  %pr{ci}_{r} = load float, ptr %prp{ci}_{r}, align 4")
-            a(f"  %pri{ci}_{r} = insertelement {vt} poison, float %pr{ci}_{r}, i64 0")
-            a(f"  %prs{ci}_{r} = shufflevector {vt} %pri{ci}_{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            splat(f"%prs{ci}_{r}", "float", f"%pr{ci}_{r}")
             for v in range(nv):
                 a(f"  %of{ci}_{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %prs{ci}_{r}, {vt} %vv{ci}_{v}, "
                   f"{vt} %oa{ci}_{r}_{v})")
@@ -490,8 +491,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %fz{r} = fcmp oeq float %fl{r}, 0.0")
         a(f"  %fli{r} = fdiv float 1.0, %fl{r}")
         a(f"  %finv{r} = select i1 %fz{r}, float 0.0, float %fli{r}")
-        a(f"  %fiv{r}.0 = insertelement {vt} poison, float %finv{r}, i64 0")
-        a(f"  %fiv{r} = shufflevector {vt} %fiv{r}.0, {vt} poison, <{L} x i32> zeroinitializer")
+        splat(f"%fiv{r}", "float", f"%finv{r}")
         a(f"  %fg{r} = add i64 %q0, {r}")
         a(f"  %foo{r} = mul i64 %fg{r}, %or")
         a(f"  %forow{r} = getelementptr float, ptr %oh, i64 %foo{r}")
@@ -595,6 +595,7 @@ class PreparedAttention:
             raise ValueError("partita.codegen.attention: at most two leading dims")
         self.lead, self.t, self.s, self.e, self.ev = tuple(lead), t, s, e, ev
         self.scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
+        self.scale_bits = _f32_bits(self.scale)
         self.causal = bool(causal)
         self.mask = mask
         self.cfg = cfg = cfg or attention_config()
@@ -648,7 +649,7 @@ class PreparedAttention:
         p[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
                 self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl), k.stride(-2),
                 *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2), *_lead2(lse, nl), *ms, t, s,
-                int(self.causal), _f32_bits(self.scale), *rp]
+                int(self.causal), self.scale_bits, *rp]
         if nt == 1:
             self.fn(p, 0, self.pairs, 0)
         else:
@@ -665,29 +666,38 @@ import os as _os
 ATTENTION = _os.environ.get("PARTITA_ATTENTION", "generated")
 
 
-def attention_kernel(node: Any, inplace: bool = False) -> Any:
-    """The step running an ``attention`` node on the generated kernel, or None (the op's own
-    step: the flash kernel, or torch's math for what it does not take) when the operands are
-    not f32 on at most two leading dims, a float or bool mask, shapes ``supported`` takes."""
-    del inplace
+def _prepared(node: Any, rope: bool) -> "PreparedAttention | None":
+    """The generated kernel for an ``attention`` (or, ``rope``, ``rotary_attention``) node, or
+    None where it does not take the node: another kernel asked for (``ATTENTION``), operands or
+    tables not f32, a mask neither f32 nor bool, shapes ``supported`` refuses."""
     from ..ir.dtypes import bool_ as _bool, f32 as _f32
 
     if ATTENTION != "generated":
         return None
-    q, k, v = node.operands[:3]
-    mask = node.operands[3] if len(node.operands) > 3 else None
-    if any(x.type.dtype is not _f32 for x in (q, k, v)) or node.results[0].type.dtype is not _f32:
+    n = 5 if rope else 3                     # q, k, v (, cos, sin), then the optional mask
+    dense = node.operands[:n]
+    mask = node.operands[n] if len(node.operands) > n else None
+    if any(x.type.dtype is not _f32 for x in dense) or node.results[0].type.dtype is not _f32:
         return None
     if mask is not None and mask.type.dtype not in (_f32, _bool):
         return None
-    qs, ks, vs = q.type.shape, k.type.shape, v.type.shape
+    qs, ks, vs = (x.type.shape for x in dense[:3])
     if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or supported(qs, ks, vs) is not None:
         return None
-    lead = tuple(qs[:-2])
     kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
-    pa = PreparedAttention(lead, qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
-                           bool(node.attrs.get("causal")), kind)
-    fallback = _fallback()
+    return PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
+                             bool(node.attrs.get("causal")), kind, rope=rope)
+
+
+def attention_kernel(node: Any, inplace: bool = False) -> Any:
+    """The step running an ``attention`` node on the generated kernel, or None (the op's own
+    step: the flash kernel, or torch's math for what it does not take) where ``_prepared``
+    refuses it."""
+    del inplace
+    pa = _prepared(node, rope=False)
+    if pa is None:
+        return None
+    fallback = _fallback("attention")
 
     def step(args: list, attrs: dict) -> Any:
         q, k, v = args[:3]
@@ -701,24 +711,11 @@ def attention_kernel(node: Any, inplace: bool = False) -> Any:
 def rotary_attention_kernel(node: Any, inplace: bool = False) -> Any:
     """The step running a ``rotary_attention`` node (codegen/rotary.py) on the generated kernel
     with the rotation inside, or None (the op's own step: the rotation in torch ops, then the
-    attention op's step) where ``attention_kernel`` would refuse it or a table is not f32."""
+    attention op's step) where ``_prepared`` refuses it."""
     del inplace
-    from ..ir.dtypes import bool_ as _bool, f32 as _f32
-
-    if ATTENTION != "generated":
+    pa = _prepared(node, rope=True)
+    if pa is None:
         return None
-    q, k, v, cos, sin = node.operands[:5]
-    mask = node.operands[5] if len(node.operands) > 5 else None
-    if any(x.type.dtype is not _f32 for x in (q, k, v, cos, sin)) or node.results[0].type.dtype is not _f32:
-        return None
-    if mask is not None and mask.type.dtype not in (_f32, _bool):
-        return None
-    qs, ks, vs = q.type.shape, k.type.shape, v.type.shape
-    if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or supported(qs, ks, vs) is not None:
-        return None
-    kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
-    pa = PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
-                           bool(node.attrs.get("causal")), kind, rope=True)
     fallback = _fallback("rotary_attention")
 
     def step(args: list, attrs: dict) -> Any:
@@ -730,7 +727,7 @@ def rotary_attention_kernel(node: Any, inplace: bool = False) -> Any:
     return step
 
 
-def _fallback(op: str = "attention") -> Any:
+def _fallback(op: str) -> Any:
     from ..ops.registry import OPS
 
     return OPS[op].torch

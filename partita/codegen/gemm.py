@@ -39,7 +39,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..ops._lazy import torch
 from .jit import jit
@@ -759,80 +759,60 @@ class PreparedGemm:
 # GOMP_parallel, the team of the calling thread): a second pool of Python-started threads beside
 # it would compete with the team's workers, which spin for a while after each of torch's
 # parallel ops (with 2 threads, 1.2 to 1.8x slower than one thread on the transformers).
-_OMP_IR = """
-declare void @GOMP_parallel(ptr, ptr, i32, i32)
-declare i32 @omp_get_thread_num()
-declare i32 @omp_get_num_threads()
 
-define internal void @pt_gemm_omp_body(ptr %d) nounwind {
-entry:
-  %tid32 = call i32 @omp_get_thread_num()
-  %nt32 = call i32 @omp_get_num_threads()
-  %tid = zext i32 %tid32 to i64
-  %nt = zext i32 %nt32 to i64
-  %f = alloca [17 x i64], align 8
-  br label %ld
-ld:
-  %a = load i64, ptr %d, align 8
-  %p1 = getelementptr inbounds i64, ptr %d, i64 1
-  %lda = load i64, ptr %p1, align 8
-  %p2 = getelementptr inbounds i64, ptr %d, i64 2
-  %sak = load i64, ptr %p2, align 8
-  %p3 = getelementptr inbounds i64, ptr %d, i64 3
-  %bp = load i64, ptr %p3, align 8
-  %p4 = getelementptr inbounds i64, ptr %d, i64 4
-  %bias = load i64, ptr %p4, align 8
-  %p5 = getelementptr inbounds i64, ptr %d, i64 5
-  %c = load i64, ptr %p5, align 8
-  %p6 = getelementptr inbounds i64, ptr %d, i64 6
-  %ldc = load i64, ptr %p6, align 8
-  %p7 = getelementptr inbounds i64, ptr %d, i64 7
-  %m = load i64, ptr %p7, align 8
-  %p8 = getelementptr inbounds i64, ptr %d, i64 8
-  %n = load i64, ptr %p8, align 8
-  %p9 = getelementptr inbounds i64, ptr %d, i64 9
-  %k = load i64, ptr %p9, align 8
-  %p10 = getelementptr inbounds i64, ptr %d, i64 10
-  %ws = load i64, ptr %p10, align 8
-  %p11 = getelementptr inbounds i64, ptr %d, i64 11
-  %wsb = load i64, ptr %p11, align 8
-  %p12 = getelementptr inbounds i64, ptr %d, i64 12
-  %np = load i64, ptr %p12, align 8
-  %p13 = getelementptr inbounds i64, ptr %d, i64 13
-  %mcx = load i64, ptr %p13, align 8
-  %p14 = getelementptr inbounds i64, ptr %d, i64 14
-  %fnv = load i64, ptr %p14, align 8
-  %lo0 = mul i64 %np, %tid
-  %lo = udiv i64 %lo0, %nt
-  %tid1 = add i64 %tid, 1
-  %hi0 = mul i64 %np, %tid1
-  %hi = udiv i64 %hi0, %nt
-  %hasws = icmp ne i64 %ws, 0
-  %wso = mul i64 %tid, %wsb
-  %ws1 = add i64 %ws, %wso
-  %wsv = select i1 %hasws, i64 %ws1, i64 0
-  %ap = inttoptr i64 %a to ptr
-  %bpp = inttoptr i64 %bp to ptr
-  %biasp = inttoptr i64 %bias to ptr
-  %cp = inttoptr i64 %c to ptr
-  %wsp = inttoptr i64 %wsv to ptr
-  %fn = inttoptr i64 %fnv to ptr
-  call void %fn(ptr %ap, i64 %lda, i64 %sak, ptr %bpp, ptr %biasp, ptr %cp, i64 %ldc, i64 %m, i64 %n, i64 %k, ptr %wsp, i64 %lo, i64 %hi, i64 %mcx)
-  ret void
-}
+def _launcher_ir(name: str, fields: list[str], count: str, body: list[str], call: str) -> str:
+    """The IR of ``name(ptr data, i64 nt)``, which runs ``call`` once on each thread of a team of
+    nt: ``data`` holds the i64s ``fields`` (each loaded as ``%<field>``; ``fnv`` is the kernel's
+    address, called as ``%fn``), and thread ``%tid`` of ``%nt`` gets ``[%lo, %hi)``, its even
+    share of ``[0, %<count>)``; the ``body`` lines run before the call."""
+    lines = ["declare void @GOMP_parallel(ptr, ptr, i32, i32)",
+             "declare i32 @omp_get_thread_num()",
+             "declare i32 @omp_get_num_threads()",
+             f"define internal void @{name}_body(ptr %d) nounwind {{",
+             "entry:",
+             "  %tid32 = call i32 @omp_get_thread_num()",
+             "  %nt32 = call i32 @omp_get_num_threads()",
+             "  %tid = zext i32 %tid32 to i64",
+             "  %nt = zext i32 %nt32 to i64"]
+    for i, f in enumerate(fields):
+        lines += [f"  %{f}.p = getelementptr inbounds i64, ptr %d, i64 {i}", f"  %{f} = load i64, ptr %{f}.p, align 8"]
+    lines += [f"  %lo0 = mul i64 %{count}, %tid",
+              "  %lo = udiv i64 %lo0, %nt",
+              "  %tid1 = add i64 %tid, 1",
+              f"  %hi0 = mul i64 %{count}, %tid1",
+              "  %hi = udiv i64 %hi0, %nt",
+              "  %fn = inttoptr i64 %fnv to ptr",
+              *body,
+              f"  call void %fn({call})",
+              "  ret void",
+              "}",
+              f"define void @{name}(ptr %d, i64 %nt) nounwind {{",
+              "entry:",
+              "  %nt32 = trunc i64 %nt to i32",
+              f"  call void @GOMP_parallel(ptr @{name}_body, ptr %d, i32 %nt32, i32 0)",
+              "  ret void",
+              "}"]
+    return "\n".join(lines) + "\n"
 
-define void @pt_gemm_omp(ptr %d, i64 %nt) nounwind {
-entry:
-  %nt32 = trunc i64 %nt to i32
-  call void @GOMP_parallel(ptr @pt_gemm_omp_body, ptr %d, i32 %nt32, i32 0)
-  ret void
-}
-"""
 
-_OMP: Any = None  # the compiled launcher, False where libgomp is not torch's runtime
-
+# The GEMM's launcher: data = the driver's arguments with the workspace's base and bytes per
+# thread, the panel count and the driver's address; thread tid takes its share of the panels and
+# its slice of the workspace (none when A is read in place).
+_GEMM_FIELDS = ["a", "lda", "sak", "bp", "bias", "c", "ldc", "m", "n", "k", "ws", "wsb", "np", "mcx", "fnv"]
+_GEMM_BODY = ["  %hasws = icmp ne i64 %ws, 0",
+              "  %wso = mul i64 %tid, %wsb",
+              "  %ws1 = add i64 %ws, %wso",
+              "  %wsv = select i1 %hasws, i64 %ws1, i64 0",
+              *(f"  %{f}x = inttoptr i64 %{f} to ptr" for f in ("a", "bp", "bias", "c", "wsv"))]
+_GEMM_CALL = ("ptr %ax, i64 %lda, i64 %sak, ptr %bpx, ptr %biasx, ptr %cx, i64 %ldc, i64 %m, i64 %n, i64 %k, "
+              "ptr %wsvx, i64 %lo, i64 %hi, i64 %mcx")
 
 _GOMP: bool | None = None
+# Set to False, these make the splits use the Python pool, as where libgomp is missing (tests).
+_OMP: Any = None     # the GEMM's split
+_SPLIT: Any = None   # split_on_team and split_pointers_on_team
+_LAUNCHERS: dict[str, Any] = {}   # compiled launchers by name (None: it did not compile)
+_PSPLIT: dict[str, Any] = {}      # those of split_pointers_on_team, one per pointer count
 
 
 def _gomp() -> bool:
@@ -859,114 +839,44 @@ def _gomp() -> bool:
     return _GOMP
 
 
-def _omp_launcher() -> Any:
-    """``pt_gemm_omp(data, nthreads)``, or None without libgomp in this process."""
-    global _OMP
-    if _OMP is None:
-        _OMP = False
-        if _gomp():
+def _launcher(cache: dict[str, Any], name: str, ir: Callable[[], str]) -> Any:
+    """The compiled launcher ``name(data, nthreads)`` (its IR made by ``ir`` on first use and
+    kept in ``cache``), or None without libgomp in this process or where it does not compile."""
+    if not _gomp():
+        return None
+    with _LOCK:
+        if name not in cache:
             try:
-                _OMP = jit().kernel("pt_gemm_omp", _OMP_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+                cache[name] = jit().kernel(name, ir(), 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
             except Exception:
-                _OMP = False
-    return _OMP or None
+                cache[name] = None
+        return cache[name]
 
 
-# A kernel ``fn(ptr params, i64 lo, i64 hi, i64 tid)`` over [0, n) split into nt even shares,
-# one per thread of the team (the share of thread tid is [n * tid / nt, n * (tid + 1) / nt)).
-_SPLIT_IR = """
-declare void @GOMP_parallel(ptr, ptr, i32, i32)
-declare i32 @omp_get_thread_num()
-declare i32 @omp_get_num_threads()
-
-define internal void @pt_split_omp_body(ptr %d) nounwind {
-entry:
-  %tid32 = call i32 @omp_get_thread_num()
-  %nt32 = call i32 @omp_get_num_threads()
-  %tid = zext i32 %tid32 to i64
-  %nt = zext i32 %nt32 to i64
-  %fnv = load i64, ptr %d, align 8
-  %p1 = getelementptr inbounds i64, ptr %d, i64 1
-  %pv = load i64, ptr %p1, align 8
-  %p2 = getelementptr inbounds i64, ptr %d, i64 2
-  %n = load i64, ptr %p2, align 8
-  %lo0 = mul i64 %n, %tid
-  %lo = udiv i64 %lo0, %nt
-  %tid1 = add i64 %tid, 1
-  %hi0 = mul i64 %n, %tid1
-  %hi = udiv i64 %hi0, %nt
-  %fn = inttoptr i64 %fnv to ptr
-  %pp = inttoptr i64 %pv to ptr
-  call void %fn(ptr %pp, i64 %lo, i64 %hi, i64 %tid)
-  ret void
-}
-
-define void @pt_split_omp(ptr %d, i64 %nt) nounwind {
-entry:
-  %nt32 = trunc i64 %nt to i32
-  call void @GOMP_parallel(ptr @pt_split_omp_body, ptr %d, i32 %nt32, i32 0)
-  ret void
-}
-"""
-
-_SPLIT: Any = None  # the compiled launcher, False without libgomp (tests set it to use the pool)
-
-
-def _pointer_split_ir(n: int) -> str:
-    """A launcher for a fused elementwise kernel ``fn(ptr x n, i64 lo, i64 hi)``: data = [fn,
-    outer, p0 .. p(n-1)]; thread tid of nt runs [outer * tid / nt, outer * (tid + 1) / nt)."""
-    loads = []
-    for i in range(n):
-        loads += [f"  %q{i} = getelementptr inbounds i64, ptr %d, i64 {i + 2}",
-                  f"  %v{i} = load i64, ptr %q{i}, align 8",
-                  f"  %p{i} = inttoptr i64 %v{i} to ptr"]
-    args = ", ".join([f"ptr %p{i}" for i in range(n)] + ["i64 %lo", "i64 %hi"])
-    return "\n".join([
-        "declare void @GOMP_parallel(ptr, ptr, i32, i32)",
-        "declare i32 @omp_get_thread_num()",
-        "declare i32 @omp_get_num_threads()",
-        f"define internal void @pt_psplit{n}_body(ptr %d) nounwind {{",
-        "entry:",
-        "  %tid32 = call i32 @omp_get_thread_num()",
-        "  %nt32 = call i32 @omp_get_num_threads()",
-        "  %tid = zext i32 %tid32 to i64",
-        "  %nt = zext i32 %nt32 to i64",
-        "  %fnv = load i64, ptr %d, align 8",
-        "  %o1 = getelementptr inbounds i64, ptr %d, i64 1",
-        "  %outer = load i64, ptr %o1, align 8",
-        *loads,
-        "  %lo0 = mul i64 %outer, %tid",
-        "  %lo = udiv i64 %lo0, %nt",
-        "  %tid1 = add i64 %tid, 1",
-        "  %hi0 = mul i64 %outer, %tid1",
-        "  %hi = udiv i64 %hi0, %nt",
-        "  %fn = inttoptr i64 %fnv to ptr",
-        f"  call void %fn({args})",
-        "  ret void",
-        "}",
-        f"define void @pt_psplit{n}(ptr %d, i64 %nt) nounwind {{",
-        "entry:",
-        "  %nt32 = trunc i64 %nt to i32",
-        f"  call void @GOMP_parallel(ptr @pt_psplit{n}_body, ptr %d, i32 %nt32, i32 0)",
-        "  ret void",
-        "}"]) + "\n"
-
-
-_PSPLIT: dict[int, Any] = {}
+def _omp_launcher() -> Any:
+    """``pt_gemm_omp(data, nthreads)``, or None (the Python pool splits)."""
+    if _OMP is False:
+        return None
+    return _launcher(_LAUNCHERS, "pt_gemm_omp",
+                     lambda: _launcher_ir("pt_gemm_omp", _GEMM_FIELDS, "np", _GEMM_BODY, _GEMM_CALL))
 
 
 def split_pointers_on_team(fn: Any, addrs: list[int], outer: int, nt: int) -> bool:
     """Run a fused kernel ``fn(*addrs, lo, hi)`` over [0, outer) in ``nt`` even shares on
     torch's OpenMP team; False (nothing run) where libgomp is not loaded, so the caller splits
     on its own pool."""
-    if _SPLIT is False or not _gomp():
-        return False
     n = len(addrs)
-    with _LOCK:
-        launch = _PSPLIT.get(n)
-        if launch is None:
-            launch = _PSPLIT[n] = jit().kernel(f"pt_psplit{n}", _pointer_split_ir(n), 0,
-                                               argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
+    name = f"pt_psplit{n}"
+
+    def ir() -> str:
+        fields = ["fnv", "outer"] + [f"v{i}" for i in range(n)]
+        body = [f"  %p{i} = inttoptr i64 %v{i} to ptr" for i in range(n)]
+        call = ", ".join([f"ptr %p{i}" for i in range(n)] + ["i64 %lo", "i64 %hi"])
+        return _launcher_ir(name, fields, "outer", body, call)
+
+    launch = None if _SPLIT is False else _launcher(_PSPLIT, name, ir)
+    if launch is None:
+        return False
     data = (ctypes.c_int64 * (n + 2))(ctypes.cast(fn, ctypes.c_void_p).value or 0, outer, *addrs)
     launch(ctypes.addressof(data), nt)
     return True
@@ -975,17 +885,11 @@ def split_pointers_on_team(fn: Any, addrs: list[int], outer: int, nt: int) -> bo
 def split_on_team(fn: Any, params: Any, n: int, nt: int) -> None:
     """Run ``fn(params, lo, hi, tid)`` over [0, n) in ``nt`` even shares: on torch's OpenMP
     team where libgomp is loaded, else on the Python pool (ctypes releases the GIL)."""
-    global _SPLIT
-    if _SPLIT is None:
-        _SPLIT = False
-        if _gomp():
-            try:
-                _SPLIT = jit().kernel("pt_split_omp", _SPLIT_IR, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
-            except Exception:
-                _SPLIT = False
-    if _SPLIT:
+    launch = None if _SPLIT is False else _launcher(_LAUNCHERS, "pt_split_omp", lambda: _launcher_ir(
+        "pt_split_omp", ["fnv", "pv", "n"], "n", ["  %pp = inttoptr i64 %pv to ptr"], "ptr %pp, i64 %lo, i64 %hi, i64 %tid"))
+    if launch is not None:
         data = (ctypes.c_int64 * 3)(ctypes.cast(fn, ctypes.c_void_p).value or 0, ctypes.addressof(params), n)
-        _SPLIT(ctypes.addressof(data), nt)
+        launch(ctypes.addressof(data), nt)
         return
     bounds = [n * i // nt for i in range(nt + 1)]
     pool = _pool(nt - 1)

@@ -54,7 +54,7 @@ from ..ir.types import TensorType
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
-from ..passes.rewrite import has_effects
+from ..passes.rewrite import has_effects, sole_user
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -658,14 +658,6 @@ register(OpDef(
 
 # --- the fuse-library pass ----------------------------------------------------------------------
 
-def _sole_user(v: Value) -> Node | None:
-    """The one node that reads ``v``, once, when ``v`` is not also a graph output."""
-    if v.is_output or len(v.users) != 1:
-        return None
-    ((u, count),) = v.users.items()
-    return u if count == 1 else None
-
-
 def _other_operand(node: Node, v: Value) -> Value | None:
     """The operand of binary ``node`` that is not ``v``: ``v`` must be its lhs, or either
     operand of a commutative op, and must not be both."""
@@ -692,7 +684,7 @@ def _all_f32(*vs: Value) -> bool:
 
 
 def _take_unary(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
-    u = _sole_user(y)
+    u = sole_user(y)
     if u is None or len(u.operands) != 1 or len(u.results) != 1 or u.results[0].type != y.type:
         return "none", y
     kind = unary_kind(u.op, u.attrs)
@@ -768,7 +760,7 @@ def _fuse_conv(graph: Graph, node: Node) -> Node | None:
     o = y.type.shape[1]
     chain = [node]
     before: list[Node] = []
-    u = _sole_user(y)
+    u = sole_user(y)
     # A per-channel bias added after a conv without one: the conv's bias operand.
     if bias is None and u is not None and u.op == "add":
         c = _other_operand(u, y)
@@ -784,7 +776,7 @@ def _fuse_conv(graph: Graph, node: Node) -> Node | None:
                 bias = r.results[0]
             chain.append(u)
             y = u.results[0]
-            u = _sole_user(y)
+            u = sole_user(y)
     binary, other = "none", None
     if u is not None:
         kind = binary_kind(u.op)
@@ -816,7 +808,7 @@ def _fuse_linear(graph: Graph, node: Node) -> Node | None:
     n = y.type.shape[-1]
     chain = [node]
     bias = None
-    u = _sole_user(y)
+    u = sole_user(y)
     if u is not None and u.op == "add":
         c = _other_operand(u, y)
         if c is not None and c.type == TensorType((n,), f32) and u.results[0].type == y.type:
@@ -829,11 +821,11 @@ def _fuse_linear(graph: Graph, node: Node) -> Node | None:
     if unary == "none":
         # A reshape between the bias add and the activation (transformers' [B*T, N] -> [B, T, N]):
         # the activation is elementwise, so it is taken before the reshape, which stays.
-        r = _sole_user(y)
+        r = sole_user(y)
         if r is not None and r.op == "reshape":
             unary2, act = _take_unary("linear_pointwise", "none", r.results[0], [])
             if unary2 != "none":
-                a = _sole_user(r.results[0])
+                a = sole_user(r.results[0])
                 assert a is not None
                 new = Node("linear_pointwise", operands, OPS["linear_pointwise"].normalize_attrs(
                     {"unary": unary2, "weight_layout": layout}), [y.type], chain[0].loc)

@@ -26,16 +26,10 @@ from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
-from ..ops.registry import AttrSpec, Cost, OPS, OpDef, normalize_axis, register
+from ..ops.registry import Cost, OPS, OpDef, normalize_axis, register
+from ..passes.rewrite import erase_if_dead, sole_user
 
 __all__ = ["fuse_rotary", "rope_parts"]
-
-
-def _sole_user(v: Value) -> Node | None:
-    if v.is_output or len(v.users) != 1:
-        return None
-    ((u, count),) = v.users.items()
-    return u if count == 1 else None
 
 
 def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
@@ -51,8 +45,9 @@ def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
     return x, start, end
 
 
-def _rotate_half_of(v: Value) -> tuple[Value, list[Node]] | None:
-    """(x, the nodes) when v = concat(neg(x[..., h:]), x[..., :h]) on the last axis, 2h = E."""
+def _rotate_half_of(v: Value) -> Value | None:
+    """x when v = concat(neg(x[..., h:]), x[..., :h]) on the last axis, 2h = E, each part read
+    only there."""
     p = v.producer
     if p is None or p.op != "concat" or len(p.operands) != 2:
         return None
@@ -61,22 +56,21 @@ def _rotate_half_of(v: Value) -> tuple[Value, list[Node]] | None:
         return None
     a, b = p.operands
     na = a.producer
-    if na is None or na.op != "neg" or _sole_user(a) is not p:
+    if na is None or na.op != "neg" or sole_user(a) is not p:
         return None
     hi, lo = _slice_of(na.operands[0], last), _slice_of(b, last)
-    if hi is None or lo is None or hi[0] is not lo[0] or _sole_user(na.operands[0]) is not na or _sole_user(b) is not p:
+    if hi is None or lo is None or hi[0] is not lo[0] or sole_user(na.operands[0]) is not na or sole_user(b) is not p:
         return None
     x = hi[0]
     e = x.type.shape[last]
     if e % 2 or hi[1:] != (e // 2, e) or lo[1:] != (0, e // 2):
         return None
-    s_hi, s_lo = na.operands[0].producer, b.producer
-    assert s_hi is not None and s_lo is not None  # _slice_of found them
-    return x, [s_hi, s_lo, na, p]
+    return x
 
 
-def rope_parts(v: Value) -> tuple[Value, Value, Value, list[Node]] | None:
-    """(x, cos, sin, the nodes from the slices to the add) when v = x * cos + rotate_half(x) * sin."""
+def rope_parts(v: Value) -> tuple[Value, Value, Value] | None:
+    """(x, cos, sin) when v = x * cos + rotate_half(x) * sin, each intermediate value read only
+    on the way."""
     add = v.producer
     if add is None or add.op != "add" or len(add.operands) != 2:
         return None
@@ -84,16 +78,15 @@ def rope_parts(v: Value) -> tuple[Value, Value, Value, list[Node]] | None:
         n1, n2 = m1.producer, m2.producer
         if n1 is None or n2 is None or n1.op != "mul" or n2.op != "mul" or m1 is m2:
             continue
-        if _sole_user(m1) is not add or _sole_user(m2) is not add:
+        if sole_user(m1) is not add or sole_user(m2) is not add:
             continue
         for rh, sin in (n2.operands, n2.operands[::-1]):
-            got = _rotate_half_of(rh)
-            if got is None or _sole_user(rh) is not n2:
+            x = _rotate_half_of(rh)
+            if x is None or sole_user(rh) is not n2:
                 continue
-            x, nodes = got
             for xx, cos in (n1.operands, n1.operands[::-1]):
                 if xx is x and cos is not x:
-                    return x, cos, sin, nodes + [n1, n2, add]
+                    return x, cos, sin
     return None
 
 
@@ -110,7 +103,7 @@ def fuse_rotary(graph: Graph, node: Node) -> Node | None:
     out, lse = node.results
     if lse.users or lse.is_output or q.type.dtype is not f32:
         return None
-    if _sole_user(q) is not node or _sole_user(k) is not node or q.type.shape[-2] != k.type.shape[-2]:
+    if sole_user(q) is not node or sole_user(k) is not node or q.type.shape[-2] != k.type.shape[-2]:
         return None
     rq, rk = rope_parts(q), rope_parts(k)
     if rq is None or rk is None or rq[1] is not rk[1] or rq[2] is not rk[2] or rq[0] is rk[0]:
@@ -124,10 +117,7 @@ def fuse_rotary(graph: Graph, node: Node) -> Node | None:
     graph.insert_before(node, new)
     graph.replace_all_uses(out, new.results[0])
     graph.replace_all_uses(lse, new.results[1])
-    graph.erase(node)
-    for n in reversed(rq[3] + rk[3]):
-        if n.graph is graph and not any(r.has_uses for r in n.results):
-            graph.erase(n)
+    erase_if_dead(graph, node)   # and the rotations, now read by nothing
     return new
 
 
@@ -181,7 +171,7 @@ def _rotary_cost(ins, outs, attrs):
 
 register(OpDef(
     name="rotary_attention", operands=("q", "k", "v", "cos", "sin", "mask?"),
-    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
+    attrs=OPS["attention"].attrs,   # scale and causal, as attention's
     infer=_rotary_infer, reference=_rotary_reference, torch=_rotary_torch, cost=_rotary_cost,
     doc="attention(rope(q), rope(k), v, mask) with rope(x) = x * cos + rotate_half(x) * sin, "
         "rotate_half(x) = concat(-x[..., E/2:], x[..., :E/2]) on the last axis; cos and sin broadcast "

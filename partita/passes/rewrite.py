@@ -115,6 +115,14 @@ def splat_value(value: Value) -> Any:
     return None if s is _NOT_SPLAT else s
 
 
+def sole_user(v: Value) -> Node | None:
+    """The one node that reads ``v``, once, when ``v`` is not also a graph output."""
+    if v.is_output or len(v.users) != 1:
+        return None
+    ((u, count),) = v.users.items()
+    return u if count == 1 else None
+
+
 def erase_if_dead(graph: Graph, node: Node) -> int:
     """Erase ``node`` if its results are unused and it has no effects, then do the same for
     the producers of its operands, transitively. Returns the number of nodes erased."""
