@@ -130,20 +130,31 @@ class CompiledProgram:
             if " = " in lines[i]:
                 for r, nm in zip(n.results, lhs.split(", ")):
                     names[r] = nm
-        plan = plan_memory(self.graph, nodes, names, unplanned=self.library_matmuls)
+        from .library import conv_step_into, conv_writes_into
+
+        unplanned = set(self.library_matmuls)
+        unplanned |= {n for n in nodes if n.op == "conv2d_pointwise" and not conv_writes_into(n)}
+        # a generated convolution's residual add reads each element of `other` just before it
+        # writes the same element of its result: the result may take other's buffer
+        in_place = {n: len(n.operands) - 1 for n in nodes if n.op == "conv2d_pointwise"
+                    and n.attrs.get("binary", "none") != "none" and n not in unplanned}
+        plan = plan_memory(self.graph, nodes, names, unplanned=unplanned, in_place=in_place)
         self.memory_plan = plan
         if not plan.planned():
             return
         self._arena, views = arena_views(plan, torch)
         for i, st in enumerate(prog.steps):
             node = st[7]
-            outs = [views.get(r) for r in node.results]
+            outs = [views.get(plan.shared.get(r, r)) for r in node.results]
             if all(o is None for o in outs):
                 continue
             if node.op == "fused" and st[0] is not aten_fused:  # a kernel (not the ATen fallback)
                 fn = prepare_fused(node, outs)
             elif node.op == "matmul":
                 fn = _matmul_into(outs[0], torch)
+            elif node.op == "conv2d_pointwise":  # the generated convolution's channels-last result
+                nb, c, h, w = outs[0].shape
+                fn = conv_step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
             else:
                 continue
             prog.steps[i] = (fn, *st[1:])

@@ -94,12 +94,12 @@ def gemm_config(lanes: int) -> GemmConfig:
 PAD_SLACK = 1.02
 
 
-def choose(m: int, n: int, lanes: int) -> GemmConfig:
-    """The first tile (in ``gemm_configs`` order) whose padded work for an [m, n] result is
-    within ``PAD_SLACK`` of the least."""
+def choose(m: int, n: int, lanes: int, configs: tuple[GemmConfig, ...] | None = None) -> GemmConfig:
+    """The first tile (in ``gemm_configs`` order, or of ``configs``) whose padded work for an
+    [m, n] result is within ``PAD_SLACK`` of the least."""
     def padded(c: GemmConfig) -> int:
         return -(-m // c.mr) * c.mr * (-(-n // c.nr) * c.nr)
-    cfgs = gemm_configs(lanes)
+    cfgs = configs or gemm_configs(lanes)
     least = min(padded(c) for c in cfgs)
     return next(c for c in cfgs if padded(c) <= PAD_SLACK * least)
 

@@ -41,6 +41,7 @@ assign new tensors instead.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -263,11 +264,12 @@ def aten_step(op: str) -> Callable:
 
 # --- packed weights ---------------------------------------------------------------------------
 
-_STATS = {"packed": 0, "unpacked_calls": 0}
+_STATS = {"packed": 0, "unpacked_calls": 0, "generated_conv_calls": 0}
 
 
 def packed_weight_stats() -> dict[str, int]:
-    """How many weights this process packed, and how many calls ran a kernel unpacked."""
+    """How many weights this process packed, how many calls ran a kernel unpacked, and how
+    many convolutions ran on the generated kernel (codegen/conv.py)."""
     return dict(_STATS)
 
 
@@ -330,7 +332,7 @@ class Kernel:
     and the node runs on ATen instead."""
 
     name: str
-    prepare: Callable[[Any], Callable]
+    prepare: Callable[..., Callable]
     min_flops: int | Callable[[], int] = 0
 
     def threshold(self) -> int:
@@ -353,7 +355,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         name = f"mkldnn._convolution_pointwise.binary(binary_attr={b.onednn!r}, unary_attr=" + \
             (f"{attr!r})" if u is not None else "None)")
 
-    def prepare(node) -> Callable:
+    def prepare(node, out: Any = None) -> Callable:
         attrs = node.attrs
         pad, stride, dil, groups = (list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]),
                                     attrs["groups"])
@@ -382,6 +384,10 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
             def call(x, w, bias, other):
                 return convb(x, other, w, bias, pad, stride, dil, groups, battr, None, uattr, [], ualg)
 
+        gen = _generated_conv(node, binary, unary) if PREPACK else None
+        if gen is not None:
+            gcache = PackedWeight(gen.pack)
+
         def step(args: list, attrs: dict) -> Any:
             x = args[0]
             if not x.is_cpu:
@@ -389,6 +395,12 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
             w = args[1]
             bias = args[2] if has_bias else None
             other = args[-1] if has_other else None
+            if gen is not None:
+                packed = gcache.get(w)
+                if packed is not None:
+                    _STATS["generated_conv_calls"] += 1
+                    y = gen(x, packed, bias, other, out)
+                    return y.contiguous() if to_caller else y
             packed = cache.get(w) if cache is not None else None
             if packed is None:
                 _STATS["unpacked_calls"] += 1
@@ -402,6 +414,38 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         return step
 
     return Kernel(name, prepare)
+
+
+# "generated" (the default) or "onednn": which kernel runs a convolution the generated kernel
+# takes (codegen/conv.py) once its weight is packed.
+CONV = os.environ.get("PARTITA_CONV", "generated")
+
+
+def _generated_conv(node: Any, binary: str, unary: str) -> Any:
+    """The generated convolution (codegen/conv.py) prepared for ``node``, or None where it does
+    not take it: another kernel asked for (``CONV``), an epilogue other than bias, add and relu,
+    operands not f32 or not static, groups or dilation, or no generated code on this machine."""
+    if CONV != "generated" or binary not in ("none", "add") or unary not in ("none", "relu"):
+        return None
+    ops = node.operands
+    if any(v.type.dtype is not f32 for v in ops) or node.results[0].type.dtype is not f32:
+        return None
+    xs, ws = tuple(ops[0].type.shape), tuple(ops[1].type.shape)
+    if any(not isinstance(d, int) for d in (*xs, *ws)):
+        return None
+    from .conv import PreparedConv, supported
+
+    a = node.attrs
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]) or not _generated_gemm():
+        return None
+    try:
+        return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, binary == "add")
+    except Exception as e:  # CodegenError: the library's kernel runs it
+        import warnings
+
+        warnings.warn(f"partita: the generated convolution did not compile ({e}); oneDNN runs it",
+                      RuntimeWarning, stacklevel=2)
+        return None
 
 
 # oneDNN's inner product costs some 15 microseconds more per call than ATen's addmm (one thread,
@@ -570,15 +614,36 @@ def kernel_for(op: str, attrs: dict) -> Kernel | None:
     return KERNELS.get((op, epilogue_of(attrs)))
 
 
-def _prepare(node) -> Callable:
+def _library_kernel(node) -> Kernel | None:
+    """The library kernel the prepared step of ``node`` runs, or None (ATen runs it)."""
     kernel = kernel_for(node.op, node.attrs)
     types = [v.type for v in node.operands] + [r.type for r in node.results]
     if kernel is None or any(t.numel == 0 or t.dtype is not f32 for t in types) or not _mkldnn_ok():
-        return aten_step(node.op)
+        return None
     flops = OPS[node.op].cost_of(types[:len(node.operands)], types[len(node.operands):], node.attrs).flops
     if flops < kernel.threshold():
-        return aten_step(node.op)
-    return kernel.prepare(node)
+        return None
+    return kernel
+
+
+def _prepare(node) -> Callable:
+    kernel = _library_kernel(node)
+    return aten_step(node.op) if kernel is None else kernel.prepare(node)
+
+
+def conv_writes_into(node) -> bool:
+    """Whether the prepared step of the ``conv2d_pointwise`` ``node`` runs the generated
+    convolution, which can write its channels-last result into a buffer it is given
+    (``conv_step_into``): what the memory plan asks before it plans the result."""
+    return _library_kernel(node) is not None and _generated_conv(node, *epilogue_of(node.attrs)) is not None
+
+
+def conv_step_into(node, out: Any) -> Callable:
+    """The step of a ``conv2d_pointwise`` node that ``conv_writes_into``, writing its result
+    into ``out`` (channels-last, the result's shape) once the weight is packed."""
+    kernel = _library_kernel(node)
+    assert kernel is not None
+    return kernel.prepare(node, out)
 
 
 def _library_runs(op: str, args: list, attrs: dict) -> bool:

@@ -1,0 +1,504 @@
+"""A generated f32 direct convolution on channels-last (NHWC) tensors, with bias, a residual add
+and ReLU applied to the tile in registers.
+
+    y[n, oy, ox, co] = act(bias[co] + sum_{ky, kx, ci} x[n, oy*sh - ph + ky, ox*sw - pw + kx, ci]
+                                                       * w[co, ci, ky, kx]  (+ other[n, oy, ox, co]))
+
+The formulation is MLAS's NCHWc kernel's, on NHWC: the output pixels are taken as one flat list
+(``m = (n * Ho + oy) * Wo + ox``, so a tile of ``MR`` pixels may run over the end of an image
+row), the output channels in panels of ``NR``; the micro-kernel keeps an ``MR x NR`` tile of the
+result in registers (``conv_configs``) through *all* of K = ``KH * KW * C``: for each tap
+(ky, kx) it points each of its MR rows at the C input values that tap reads and does the C
+steps of a GEMM micro-kernel over them, the weight panel ``[KH, KW, C, NR]`` read straight on.
+So nothing is copied (no padded input, no im2col) and the tile is written once, after the
+bias, the residual ``other`` and the activation. The weight is packed once per node
+(``pack_weight``: ``[ceil(Co / NR), KH * KW * C, NR]``, the last panel zero-padded).
+
+- A tile *inside* the image (its MR pixels one run of an image row, every tap of every pixel
+  in the image) finds its rows at fixed distances from its first; any other tile works out
+  each row's place, a row whose tap falls in the padding reading a row of zeros
+  (``@<name>_zero``), and a tap that all its rows take from the padding is skipped.
+- Each tile prefetches the input run and the result (and residual) rows of the tile
+  ``PF_TILES`` ahead.
+- Every dimension is a constant of the kernel (``PreparedConv`` compiles one per node shape,
+  0.1 to 0.2 s, kept in the disk cache), so the rows' distances are immediates, the channel
+  loop has a fixed count and the pixel arithmetic needs no division by a variable.
+
+The kernel is ``NAME(ptr params, i64 lo, i64 hi, i64 tid)`` over the tiles ``[lo, hi)`` of
+``ceil(N * Ho * Wo / MR)`` (``gemm.split_on_team`` splits them between threads), the
+parameters an i64 block (``PARAMS``: the five addresses, then the dimensions a kernel made
+without ``dims`` reads). Dilation 1 and groups 1 only (``supported``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from ..ops._lazy import torch
+from .gemm import GemmConfig, choose, gemm_configs, pack_b, split_on_team
+from .jit import jit
+from .lowering import vector_width
+
+__all__ = ["PARAMS", "ACTS", "conv_ir", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
+
+PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
+ACTS = ("none", "relu")
+# How many tiles ahead a tile prefetches the input and result rows it will touch first.
+# How many tiles ahead a tile prefetches the input and result rows it will touch first
+# (1, 2, 4 and 8 measured level on the CNN; without, 5 to 7% slower on 32 channels at 64 x 64).
+PF_TILES = 2
+# The zero row a tap in the padding reads is this many floats: wider inputs run on the library.
+MAX_CHANNELS = 4096
+
+
+def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
+            dims: dict[str, int] | None = None) -> str:
+    """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
+    ``act`` (none or relu) after the optional residual add (``other``)."""
+    if act not in ACTS:
+        raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
+    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
+    NV = NR // L
+    vt = f"<{L} x float>"
+    out: list[str] = [f"@{name}_zero = internal constant [{MAX_CHANNELS} x float] zeroinitializer",
+                      f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
+                      f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)",
+                      f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
+                      "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+                      f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{",
+                      "entry:"]
+    a = out.append
+    for i, f in enumerate(PARAMS):
+        if dims and f in dims:  # a constant of this kernel
+            a(f"  %{f} = add i64 0, {int(dims[f])}")
+            continue
+        a(f"  %{f}.a = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{f} = load i64, ptr %{f}.a, align 8")
+    for f in ("x", "w", "bias", "other", "y"):
+        a(f"  %{f}p = inttoptr i64 %{f} to ptr")
+    a("  %hw = mul i64 %ho, %wo")
+    a("  %mtot = mul i64 %n, %hw")
+    a("  %mlast = sub i64 %mtot, 1")
+    a("  %ntaps = mul i64 %kh, %kw")
+    a(f"  %np0 = add i64 %co, {NR - 1}")
+    a(f"  %np = udiv i64 %np0, {NR}")
+    a("  %ktot = mul i64 %ntaps, %c")
+    a(f"  %pstride = mul i64 %ktot, {NR}")
+    a(f"  %tapstride = mul i64 %c, {NR}")
+    a("  %ku = udiv i64 %c, " + str(U))
+    a("  %kr = urem i64 %c, " + str(U))
+    a("  %hasu = icmp ne i64 %ku, 0")
+    a("  %hasr = icmp ne i64 %kr, 0")
+    a("  %hasb = icmp ne i64 %bias, 0")
+    a("  %rstep0 = mul i64 %sw, %c")
+    a("  %empty = icmp uge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %panel")
+
+    # --- a panel of NR output channels: its column mask and bias vectors -----------------------
+    a("panel:")
+    a("  %p = phi i64 [0, %entry], [%p.n, %panel.end]")
+    a(f"  %col0 = mul i64 %p, {NR}")
+    a("  %ncr = sub i64 %co, %col0")
+    a(f"  %ncb = icmp ugt i64 %ncr, {NR}")
+    a(f"  %nc = select i1 %ncb, i64 {NR}, i64 %ncr")
+    a("  %nc32 = trunc i64 %nc to i32")
+    a(f"  %ncv0 = insertelement <{L} x i32> poison, i32 %nc32, i64 0")
+    a(f"  %ncv = shufflevector <{L} x i32> %ncv0, <{L} x i32> poison, <{L} x i32> zeroinitializer")
+    for v in range(NV):
+        idx = ", ".join(f"i32 {v * L + i}" for i in range(L))
+        a(f"  %mask{v} = icmp ult <{L} x i32> <{idx}>, %ncv")
+    a("  %bpo = mul i64 %p, %pstride")
+    a("  %bpan = getelementptr inbounds float, ptr %wp, i64 %bpo")
+    a("  %bcol = getelementptr float, ptr %biasp, i64 %col0")
+    for v in range(NV):
+        a(f"  %bvp{v} = getelementptr float, ptr %bcol, i64 {v * L}")
+    a("  br i1 %hasb, label %loadb, label %tile0")
+    a("loadb:")
+    for v in range(NV):
+        a(f"  %bl{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %bvp{v}, i32 4, <{L} x i1> %mask{v}, "
+          f"{vt} zeroinitializer)")
+    a("  br label %tile0")
+    a("tile0:")
+    for v in range(NV):
+        a(f"  %bv{v} = phi {vt} [zeroinitializer, %panel], [%bl{v}, %loadb]")
+    a("  br label %tile")
+
+    # --- a tile of MR pixels: interior (every tap of every row inside the image, the rows one
+    # run of an image row, so row r is row 0 moved by r * sw * C) or not (each row's own place)
+    a("tile:")
+    a("  %t = phi i64 [%lo, %tile0], [%t.n, %tile.end]")
+    a(f"  %mt0 = mul i64 %t, {MR}")
+    a("  %mrem = sub i64 %mtot, %mt0")
+    a(f"  %mb = icmp ugt i64 %mrem, {MR}")
+    a(f"  %mr = select i1 %mb, i64 {MR}, i64 %mrem")
+    a("  %img0 = udiv i64 %mt0, %hw")
+    a("  %pix0 = urem i64 %mt0, %hw")
+    a("  %oy0 = udiv i64 %pix0, %wo")
+    a("  %ox0 = urem i64 %pix0, %wo")
+    a("  %tiy.s = mul i64 %oy0, %sh")
+    a("  %tiy = sub i64 %tiy.s, %ph")
+    a("  %tix.s = mul i64 %ox0, %sw")
+    a("  %tix = sub i64 %tix.s, %pw")
+    a(f"  %in1 = icmp eq i64 %mr, {MR}")
+    a(f"  %oxe = add i64 %ox0, {MR}")
+    a("  %in2 = icmp ule i64 %oxe, %wo")
+    a("  %in3 = icmp sge i64 %tiy, 0")
+    a("  %iye = add i64 %tiy, %kh")
+    a("  %in4 = icmp sle i64 %iye, %h")
+    a("  %in5 = icmp sge i64 %tix, 0")
+    a(f"  %ixe0 = mul i64 %sw, {MR - 1}")
+    a("  %ixe1 = add i64 %tix, %ixe0")
+    a("  %ixe = add i64 %ixe1, %kw")
+    a("  %in6 = icmp sle i64 %ixe, %w_")
+    a("  %in12 = and i1 %in1, %in2")
+    a("  %in34 = and i1 %in3, %in4")
+    a("  %in56 = and i1 %in5, %in6")
+    a("  %in14 = and i1 %in12, %in34")
+    a("  %inner = and i1 %in14, %in56")
+    a("  %b0.a = mul i64 %img0, %h")
+    a("  %b0.b = add i64 %b0.a, %tiy")
+    a("  %b0.c = mul i64 %b0.b, %w_")
+    a("  %b0.d = add i64 %b0.c, %tix")
+    a("  %base00 = mul i64 %b0.d, %c")
+    # prefetch what tile t + PF_TILES reads first from memory (the last kernel row's input run,
+    # counted on within the image row) and the result rows it writes
+    a(f"  %pfd = mul i64 %rstep0, {PF_TILES * MR}")
+    a("  %pfa.a = sub i64 %kh, 1")
+    a("  %pfa.b = mul i64 %pfa.a, %w_")
+    a("  %pfa.c = mul i64 %pfa.b, %c")
+    a("  %pfa.d = add i64 %base00, %pfa.c")
+    a("  %pfa = add i64 %pfa.d, %pfd")
+    a("  %pfx = getelementptr float, ptr %xp, i64 %pfa")
+    a(f"  %pfn.a = mul i64 %rstep0, {MR * 4}")
+    a("  %pfn = add i64 %pfn.a, 63")
+    a("  br label %pfl")
+    a("pfl:")
+    a("  %pfo = phi i64 [0, %tile], [%pfo.n, %pfl]")
+    a("  %pfp = getelementptr i8, ptr %pfx, i64 %pfo")
+    a("  call void @llvm.prefetch.p0(ptr %pfp, i32 0, i32 3, i32 1)")
+    a("  %pfo.n = add i64 %pfo, 64")
+    a("  %pfc = icmp ult i64 %pfo.n, %pfn")
+    a("  br i1 %pfc, label %pfl, label %pfy")
+    a("pfy:")
+    a(f"  %pym = add i64 %mt0, {PF_TILES * MR}")
+    a("  %pymo = mul i64 %pym, %co")
+    a("  %pyo = add i64 %pymo, %col0")
+    a("  %pyp = getelementptr float, ptr %yp, i64 %pyo")
+    for r in range(MR):
+        a(f"  %pyr{r}.o = mul i64 %co, {r}")
+        a(f"  %pyr{r} = getelementptr float, ptr %pyp, i64 %pyr{r}.o")
+        for v in range(NV):
+            a(f"  %pyv{r}_{v} = getelementptr float, ptr %pyr{r}, i64 {v * L}")
+            if other:
+                a(f"  %pyo.{r}_{v}.a = add i64 %pyo, %pyr{r}.o")
+                a(f"  %pyo.{r}_{v} = add i64 %pyo.{r}_{v}.a, {v * L}")
+            a(f"  call void @llvm.prefetch.p0(ptr %pyv{r}_{v}, i32 1, i32 3, i32 1)")
+            if other:
+                a(f"  %pov{r}_{v} = getelementptr float, ptr %otherp, i64 %pyo.{r}_{v}")
+                a(f"  call void @llvm.prefetch.p0(ptr %pov{r}_{v}, i32 0, i32 3, i32 1)")
+    a("  br i1 %inner, label %tap.pre, label %rows")
+    a("rows:")
+    # row r's image, output row and column, counted on from row 0's; rows past mr repeat the
+    # last row (their results are never stored)
+    prev = ("%img0", "%oy0", "%ox0")
+    for r in range(MR):
+        if r:
+            pi, py, px = prev
+            a(f"  %ox{r}.i = add i64 {px}, 1")
+            a(f"  %wx{r} = icmp eq i64 %ox{r}.i, %wo")
+            a(f"  %ox{r}.w = select i1 %wx{r}, i64 0, i64 %ox{r}.i")
+            a(f"  %oy{r}.i = add i64 {py}, 1")
+            a(f"  %oy{r}.j = select i1 %wx{r}, i64 %oy{r}.i, i64 {py}")
+            a(f"  %wy{r} = icmp eq i64 %oy{r}.j, %ho")
+            a(f"  %oy{r}.w = select i1 %wy{r}, i64 0, i64 %oy{r}.j")
+            a(f"  %img{r}.i = add i64 {pi}, 1")
+            a(f"  %img{r}.w = select i1 %wy{r}, i64 %img{r}.i, i64 {pi}")
+            a(f"  %live{r} = icmp ult i64 {r}, %mr")
+            for q, pv in zip(("img", "oy", "ox"), prev):
+                a(f"  %{q}{r} = select i1 %live{r}, i64 %{q}{r}.w, i64 {pv}")
+            prev = (f"%img{r}", f"%oy{r}", f"%ox{r}")
+        a(f"  %iy0{r}.s = mul i64 %oy{r}, %sh")
+        a(f"  %iy0{r} = sub i64 %iy0{r}.s, %ph")
+        a(f"  %ix0{r}.s = mul i64 %ox{r}, %sw")
+        a(f"  %ix0{r} = sub i64 %ix0{r}.s, %pw")
+        a(f"  %base{r}.a = mul i64 %img{r}, %h")
+        a(f"  %base{r}.b = add i64 %base{r}.a, %iy0{r}")
+        a(f"  %base{r}.c = mul i64 %base{r}.b, %w_")
+        a(f"  %base{r}.d = add i64 %base{r}.c, %ix0{r}")
+        a(f"  %base{r} = mul i64 %base{r}.d, %c")
+    a("  br label %tap.pre")
+    a("tap.pre:")
+    for r in range(MR):
+        for q in ("iy0", "ix0", "base"):
+            a(f"  %{q}{r}.p = phi i64 [0, %pfy], [%{q}{r}, %rows]")
+    a("  br label %tap")
+
+    # --- one tap (ky, kx): the rows' pointers, then C steps of the micro-kernel -----------------
+    a("tap:")
+    a("  %ky = phi i64 [0, %tap.pre], [%ky.n, %tap.end]")
+    a("  %kx = phi i64 [0, %tap.pre], [%kx.n, %tap.end]")
+    a("  %btap = phi ptr [%bpan, %tap.pre], [%btap.n, %tap.end]")
+    for r in range(MR):
+        for v in range(NV):
+            a(f"  %tacc{r}_{v} = phi {vt} [zeroinitializer, %tap.pre], [%eacc{r}_{v}, %tap.end]")
+    a("  %toff.a = mul i64 %ky, %w_")
+    a("  %toff.b = add i64 %toff.a, %kx")
+    a("  %toff = mul i64 %toff.b, %c")
+    a("  br i1 %inner, label %tfast, label %tslow")
+    a("tfast:")
+    a("  %fo = add i64 %base00, %toff")
+    a("  %frp0 = getelementptr float, ptr %xp, i64 %fo")
+    a("  %rstep = mul i64 %sw, %c")
+    for r in range(1, MR):
+        a(f"  %fro{r} = mul i64 %rstep, {r}")
+        a(f"  %frp{r} = getelementptr float, ptr %frp0, i64 %fro{r}")
+    a("  br label %tk")
+    a("tslow:")
+    for r in range(MR):
+        a(f"  %iy{r} = add i64 %iy0{r}.p, %ky")
+        a(f"  %ix{r} = add i64 %ix0{r}.p, %kx")
+        a(f"  %vy{r} = icmp ult i64 %iy{r}, %h")
+        a(f"  %vx{r} = icmp ult i64 %ix{r}, %w_")
+        a(f"  %vv{r} = and i1 %vy{r}, %vx{r}")
+        a(f"  %ro{r} = add i64 %base{r}.p, %toff")
+        a(f"  %rq{r} = getelementptr float, ptr %xp, i64 %ro{r}")
+        a(f"  %srp{r} = select i1 %vv{r}, ptr %rq{r}, ptr @{name}_zero")
+    # a tap that every row takes from the padding (a kernel row above or below the image) adds
+    # nothing: skipped
+    prev = "%vv0"
+    for r in range(1, MR):
+        a(f"  %anyv{r} = or i1 {prev}, %vv{r}")
+        prev = f"%anyv{r}"
+    a(f"  br i1 {prev}, label %tk, label %tap.end")
+    a("tk:")
+    for r in range(MR):
+        a(f"  %rp{r} = phi ptr [%frp{r}, %tfast], [%srp{r}, %tslow]")
+    a("  br i1 %hasu, label %uloop, label %uexit")
+
+    def step(tag: str, k: str, bp: str, accs: list[list[str]], k_off: int) -> tuple[list[str], list[list[str]]]:
+        lines, bs = [], []
+        for v in range(NV):
+            lines.append(f"  %{tag}bp{v} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
+            lines.append(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
+            bs.append(f"%{tag}b{v}")
+        new = []
+        for r in range(MR):
+            lines.append(f"  %{tag}k{r} = add i64 {k}, {k_off}")
+            lines.append(f"  %{tag}ap{r} = getelementptr inbounds float, ptr %rp{r}, i64 %{tag}k{r}")
+            lines.append(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
+            lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+            lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+            row = []
+            for v in range(NV):
+                o = f"%{tag}c{r}_{v}"
+                lines.append(f"  {o} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+                row.append(o)
+            new.append(row)
+        return lines, new
+
+    # the unrolled loop over C
+    a("uloop:")
+    a("  %uk = phi i64 [0, %tk], [%uk.n, %uloop]")
+    a("  %ui = phi i64 [0, %tk], [%ui.n, %uloop]")
+    a("  %ubp = phi ptr [%btap, %tk], [%ubp.n, %uloop]")
+    cur = [[f"%uacc{r}_{v}" for v in range(NV)] for r in range(MR)]
+    body: list[str] = []
+    for u in range(U):
+        lines, cur = step(f"u{u}_", "%uk", "%ubp", cur, u)
+        body += lines
+    for r in range(MR):
+        for v in range(NV):
+            a(f"  %uacc{r}_{v} = phi {vt} [%tacc{r}_{v}, %tk], [{cur[r][v]}, %uloop]")
+    out += body
+    a(f"  %uk.n = add i64 %uk, {U}")
+    a(f"  %ubp.n = getelementptr inbounds float, ptr %ubp, i64 {U * NR}")
+    a("  %ui.n = add i64 %ui, 1")
+    a("  %ucont = icmp ult i64 %ui.n, %ku")
+    a("  br i1 %ucont, label %uloop, label %uexit")
+    a("uexit:")
+    a("  %xk = phi i64 [0, %tk], [%uk.n, %uloop]")
+    a("  %xbp = phi ptr [%btap, %tk], [%ubp.n, %uloop]")
+    for r in range(MR):
+        for v in range(NV):
+            a(f"  %xacc{r}_{v} = phi {vt} [%tacc{r}_{v}, %tk], [{cur[r][v]}, %uloop]")
+    a("  br i1 %hasr, label %rloop, label %tap.end")
+    # the remainder of C
+    a("rloop:")
+    a("  %rk = phi i64 [%xk, %uexit], [%rk.n, %rloop]")
+    a("  %rbp = phi ptr [%xbp, %uexit], [%rbp.n, %rloop]")
+    lines, rcur = step("r_", "%rk", "%rbp", [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0)
+    for r in range(MR):
+        for v in range(NV):
+            a(f"  %racc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
+    out += lines
+    a("  %rk.n = add i64 %rk, 1")
+    a(f"  %rbp.n = getelementptr inbounds float, ptr %rbp, i64 {NR}")
+    a("  %rcont = icmp ult i64 %rk.n, %c")
+    a("  br i1 %rcont, label %rloop, label %tap.end")
+    a("tap.end:")
+    for r in range(MR):
+        for v in range(NV):
+            a(f"  %eacc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop], [%tacc{r}_{v}, %tslow]")
+    a("  %btap.n = getelementptr inbounds float, ptr %btap, i64 %tapstride")
+    a("  %kx.1 = add i64 %kx, 1")
+    a("  %kxw = icmp eq i64 %kx.1, %kw")
+    a("  %kx.n = select i1 %kxw, i64 0, i64 %kx.1")
+    a("  %ky.1 = add i64 %ky, 1")
+    a("  %ky.n = select i1 %kxw, i64 %ky.1, i64 %ky")
+    a("  %tdone = icmp eq i64 %ky.n, %kh")
+    a("  br i1 %tdone, label %store0, label %tap")
+
+    # --- the tile written once: bias, other, activation, masked to the panel's columns -----------
+    a("store0:")
+    for r in range(MR):
+        nxt = f"store{r + 1}" if r + 1 < MR else "tile.end"
+        if r:
+            a(f"store{r}:")
+        a(f"  %sin{r} = icmp ult i64 {r}, %mr")
+        a(f"  br i1 %sin{r}, label %sdo{r}, label %tile.end")
+        a(f"sdo{r}:")
+        a(f"  %ym{r} = add i64 %mt0, {r}")
+        a(f"  %yo{r}.a = mul i64 %ym{r}, %co")
+        a(f"  %yo{r} = add i64 %yo{r}.a, %col0")
+        a(f"  %yr{r} = getelementptr float, ptr %yp, i64 %yo{r}")
+        if other:
+            a(f"  %or{r} = getelementptr float, ptr %otherp, i64 %yo{r}")
+        for v in range(NV):
+            val = f"%sb{r}_{v}"
+            a(f"  {val} = fadd {vt} %eacc{r}_{v}, %bv{v}")
+            if other:
+                a(f"  %sop{r}_{v} = getelementptr float, ptr %or{r}, i64 {v * L}")
+                a(f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sop{r}_{v}, i32 4, <{L} x i1> %mask{v}, "
+                  f"{vt} zeroinitializer)")
+                a(f"  %sa{r}_{v} = fadd {vt} {val}, %so{r}_{v}")
+                val = f"%sa{r}_{v}"
+            if act == "relu":  # NaN stays NaN, as torch's relu
+                a(f"  %sneg{r}_{v} = fcmp olt {vt} {val}, zeroinitializer")
+                a(f"  %sr{r}_{v} = select <{L} x i1> %sneg{r}_{v}, {vt} zeroinitializer, {vt} {val}")
+                val = f"%sr{r}_{v}"
+            a(f"  %syp{r}_{v} = getelementptr float, ptr %yr{r}, i64 {v * L}")
+            a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}, i32 4, <{L} x i1> %mask{v})")
+        a(f"  br label %{nxt}")
+    a("tile.end:")
+    a("  %t.n = add i64 %t, 1")
+    a("  %tc = icmp ult i64 %t.n, %hi")
+    a("  br i1 %tc, label %tile, label %panel.end")
+    a("panel.end:")
+    a("  %p.n = add i64 %p, 1")
+    a("  %pc = icmp ult i64 %p.n, %np")
+    a("  br i1 %pc, label %panel, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+    return "\n".join(out) + "\n"
+
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, Any] = {}
+
+
+def kernel(cfg: GemmConfig, act: str = "none", other: bool = False, dims: dict[str, int] | None = None) -> Any:
+    """The compiled kernel (a ctypes function) for tile ``cfg``, ``act`` and ``other``, the
+    parameters named in ``dims`` constants of it."""
+    fixed = tuple(sorted((dims or {}).items()))
+    key = (cfg, act, other, fixed)
+    with _LOCK:
+        fn = _KERNELS.get(key)
+        if fn is None:
+            name = f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + ("_add" if other else "") + \
+                "".join(f"_{k}{v}" for k, v in fixed)
+            fn = jit().kernel(name, conv_ir(name, cfg, act, other, dims), 0,
+                              argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]).fn
+            _KERNELS[key] = fn
+        return fn
+
+
+def conv_configs(lanes: int) -> tuple[GemmConfig, ...]:
+    """The register tiles of the convolution, in order of preference: on AVX-512 6 x 64
+    (24 accumulators) and 8 x 32 (16), on AVX2 the GEMM's 6 x 16 and 4 x 24. With 32 output
+    channels 8 x 32 was 3 to 8% faster than 12 x 32, the GEMM's tile for 32 columns, and 10 x 32
+    in between (8 x 32 x 64 x 64, 3 x 3; AMD EPYC Zen 4, one thread, interleaved with oneDNN)."""
+    if lanes >= 16:
+        return (GemmConfig(lanes=16, mr=6, nr=64, kc=256, mc=96), GemmConfig(lanes=16, mr=8, nr=32, kc=256, mc=96))
+    return gemm_configs(lanes)
+
+
+def tile_for(m: int, co: int) -> GemmConfig:
+    """The tile of ``conv_configs`` with the least padded work for ``m`` pixels and ``co``
+    output channels (``gemm.choose``'s rule)."""
+    return choose(m, co, vector_width(), conv_configs(vector_width()))
+
+
+def pack_weight(w: Any, nr: int) -> Any:
+    """``w`` [Co, C, KH, KW] as the kernel's panels [ceil(Co / nr), KH * KW * C, nr]."""
+    co, c, kh, kw = w.shape
+    return pack_b(w.detach().permute(2, 3, 1, 0).reshape(kh * kw * c, co), nr)
+
+
+def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int) -> str:
+    """Why the generated convolution does not take these, or "" where it does."""
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        return "not a 2-d convolution"
+    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
+        return f"stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)} (the kernel takes two each)"
+    if groups != 1:
+        return f"groups={groups} (the kernel takes groups=1)"
+    if any(d != 1 for d in dilation):
+        return f"dilation={list(dilation)} (the kernel takes dilation 1)"
+    if x_shape[1] > MAX_CHANNELS:
+        return f"{x_shape[1]} input channels (at most {MAX_CHANNELS})"
+    return ""
+
+
+class PreparedConv:
+    """One node's convolution, fixed when the executor prepares it: shapes, tile, kernel,
+    parameter block. ``__call__(x, packed, bias, other, out)`` takes NCHW-shaped tensors in
+    channels-last memory (others are converted) and returns the channels-last result, in
+    ``out`` where given (channels-last, of the result's shape). Like the program that holds
+    it, one call at a time (the parameter block is reused)."""
+
+    def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
+                 other: bool = False, cfg: GemmConfig | None = None) -> None:
+        n, c, h, w = x_shape
+        co, _, kh, kw = w_shape
+        sh, sw = stride
+        ph, pw = padding
+        self.ho = (h + 2 * ph - kh) // sh + 1
+        self.wo = (w + 2 * pw - kw) // sw + 1
+        self.shape = (n, co, self.ho, self.wo)
+        self.m = n * self.ho * self.wo
+        self.cfg = cfg = cfg or tile_for(self.m, co)
+        self.tiles = -(-self.m // cfg.mr)
+        dims = dict(zip(PARAMS[5:], (n, h, w, c, self.ho, self.wo, co, kh, kw, sh, sw, ph, pw)))
+        self.fn = kernel(cfg, act, other, dims)
+        self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, n, h, w, c, self.ho, self.wo, co, kh, kw,
+                                                      sh, sw, ph, pw)
+        self.other = other
+
+    def pack(self, w: Any) -> Any:
+        return pack_weight(w, self.cfg.nr)
+
+    def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
+        cl = torch.channels_last
+        if not x.is_contiguous(memory_format=cl):
+            x = x.contiguous(memory_format=cl)
+        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl) if out is None else out
+        if self.m == 0:
+            return y
+        p = self.params
+        p[0], p[1], p[4] = x.data_ptr(), packed.data_ptr(), y.data_ptr()
+        if bias is not None:
+            bias = bias.contiguous()
+        p[2] = 0 if bias is None else bias.data_ptr()
+        if self.other:
+            if not other.is_contiguous(memory_format=cl):
+                other = other.contiguous(memory_format=cl)
+            p[3] = other.data_ptr()
+        nt = min(torch.get_num_threads(), self.tiles)
+        if nt > 1:
+            split_on_team(self.fn, p, self.tiles, nt)
+        else:
+            self.fn(ctypes.addressof(p), 0, self.tiles, 0)
+        return y
