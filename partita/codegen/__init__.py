@@ -152,8 +152,8 @@ class CompiledProgram:
                 fn = prepare_fused(node, outs)
             elif node.op == "matmul":
                 fn = _matmul_into(outs[0], torch)
-            elif node.op == "conv2d_pointwise":  # the generated convolution's channels-last result
-                nb, c, h, w = outs[0].shape
+            elif node.op == "conv2d_pointwise" and outs[0] is not None:  # the generated convolution's
+                nb, c, h, w = outs[0].shape                                # channels-last result
                 fn = conv_step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
             else:
                 continue

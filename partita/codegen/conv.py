@@ -267,11 +267,11 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
         a(f"  %srp{r} = select i1 %vv{r}, ptr %rq{r}, ptr @{name}_zero")
     # a tap that every row takes from the padding (a kernel row above or below the image) adds
     # nothing: skipped
-    prev = "%vv0"
+    anyv = "%vv0"
     for r in range(1, MR):
-        a(f"  %anyv{r} = or i1 {prev}, %vv{r}")
-        prev = f"%anyv{r}"
-    a(f"  br i1 {prev}, label %tk, label %tap.end")
+        a(f"  %anyv{r} = or i1 {anyv}, %vv{r}")
+        anyv = f"%anyv{r}"
+    a(f"  br i1 {anyv}, label %tk, label %tap.end")
     a("tk:")
     for r in range(MR):
         a(f"  %rp{r} = phi ptr [%frp{r}, %tfast], [%srp{r}, %tslow]")
