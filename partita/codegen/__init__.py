@@ -145,7 +145,7 @@ class CompiledProgram:
         self._arena, views = arena_views(plan, torch)
         for i, st in enumerate(prog.steps):
             node = st[7]
-            outs = [views.get(plan.shared.get(r, r)) for r in node.results]
+            outs = [views.get(plan.buffer_of(r)) for r in node.results]
             if all(o is None for o in outs):
                 continue
             if node.op == "fused" and st[0] is not aten_fused:  # a kernel (not the ATen fallback)

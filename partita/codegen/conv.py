@@ -41,7 +41,7 @@ from .gemm import GemmConfig, choose, gemm_configs, pack_b, split_on_team
 from .jit import jit
 from .lowering import vector_width
 
-__all__ = ["PARAMS", "ACTS", "conv_ir", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
+__all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
 ACTS = ("none", "relu")
@@ -53,10 +53,24 @@ PF_TILES = 2
 MAX_CHANNELS = 4096
 
 
-def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
-            dims: dict[str, int] | None = None) -> str:
+def segments(dims: dict[str, int], mr: int) -> list[tuple[int, int, int]]:
+    """The output columns in up to three segments, each ``(first column, width, tiles)``: the
+    columns whose leftmost taps fall in the padding, those whose taps are all inside the image,
+    and those whose rightmost taps fall in the padding. A segment's pixels (its columns of every
+    output row of every image) are tiled on their own, so the tiles of an edge segment all
+    miss the same taps and skip them, and the middle one's tiles inside the image are found at
+    fixed distances."""
+    wo, sw, pw, kw, w = dims["wo"], dims["sw"], dims["pw"], dims["kw"], dims["w_"]
+    xl = min(wo, -(-pw // sw))                                   # first column with ox*sw - pw >= 0
+    xr = max(xl, min(wo, (w - kw + pw) // sw + 1))               # past the last with ox*sw - pw + kw <= w
+    rows = dims["n"] * dims["ho"]
+    return [(x0, x1 - x0, -(-rows * (x1 - x0) // mr)) for x0, x1 in ((0, xl), (xl, xr), (xr, wo)) if x1 > x0]
+
+
+def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, int]) -> str:
     """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
-    ``act`` (none or relu) after the optional residual add (``other``)."""
+    ``act`` (none or relu) after the optional residual add (``other``), the dimensions
+    ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
     if act not in ACTS:
         raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
     L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
@@ -71,16 +85,13 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
                       "entry:"]
     a = out.append
     for i, f in enumerate(PARAMS):
-        if dims and f in dims:  # a constant of this kernel
+        if f in dims:  # a constant of this kernel
             a(f"  %{f} = add i64 0, {int(dims[f])}")
             continue
         a(f"  %{f}.a = getelementptr inbounds i64, ptr %pp, i64 {i}")
         a(f"  %{f} = load i64, ptr %{f}.a, align 8")
     for f in ("x", "w", "bias", "other", "y"):
         a(f"  %{f}p = inttoptr i64 %{f} to ptr")
-    a("  %hw = mul i64 %ho, %wo")
-    a("  %mtot = mul i64 %n, %hw")
-    a("  %mlast = sub i64 %mtot, 1")
     a("  %ntaps = mul i64 %kh, %kw")
     a(f"  %np0 = add i64 %co, {NR - 1}")
     a(f"  %np = udiv i64 %np0, {NR}")
@@ -129,21 +140,40 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
     # run of an image row, so row r is row 0 moved by r * sw * C) or not (each row's own place)
     a("tile:")
     a("  %t = phi i64 [%lo, %tile0], [%t.n, %tile.end]")
-    a(f"  %mt0 = mul i64 %t, {MR}")
-    a("  %mrem = sub i64 %mtot, %mt0")
+    # the column segment the tile is in (see ``segments``): its first tile, first column, width
+    # and pixels
+    segs = segments(dims, MR)
+    starts = [sum(sg[2] for sg in segs[:i]) for i in range(len(segs))]
+    rows_total = dims["n"] * dims["ho"]
+    for q, vals in (("sb", starts), ("sx", [sg[0] for sg in segs]), ("swd", [sg[1] for sg in segs]),
+                    ("sm", [rows_total * sg[1] for sg in segs])):
+        cur = str(vals[0])
+        for i in range(1, len(segs)):
+            a(f"  %{q}.c{i} = icmp uge i64 %t, {starts[i]}")
+            a(f"  %{q}.{i} = select i1 %{q}.c{i}, i64 {vals[i]}, i64 {cur}")
+            cur = f"%{q}.{i}"
+        a(f"  %{q} = add i64 {cur}, 0")
+    a("  %tl = sub i64 %t, %sb")
+    a(f"  %mt0 = mul i64 %tl, {MR}")
+    a("  %mrem = sub i64 %sm, %mt0")
     a(f"  %mb = icmp ugt i64 %mrem, {MR}")
     a(f"  %mr = select i1 %mb, i64 {MR}, i64 %mrem")
-    a("  %img0 = udiv i64 %mt0, %hw")
-    a("  %pix0 = urem i64 %mt0, %hw")
-    a("  %oy0 = udiv i64 %pix0, %wo")
-    a("  %ox0 = urem i64 %pix0, %wo")
+    a("  %q0 = udiv i64 %mt0, %swd")
+    a("  %xo0 = urem i64 %mt0, %swd")
+    a("  %img0 = udiv i64 %q0, %ho")
+    a("  %oy0 = urem i64 %q0, %ho")
+    a("  %ox0 = add i64 %sx, %xo0")
+    a("  %m0.a = mul i64 %q0, %wo")
+    a("  %m0 = add i64 %m0.a, %ox0")
+    for r in range(MR):
+        a(f"  %mf{r} = add i64 %m0, {r}")
     a("  %tiy.s = mul i64 %oy0, %sh")
     a("  %tiy = sub i64 %tiy.s, %ph")
     a("  %tix.s = mul i64 %ox0, %sw")
     a("  %tix = sub i64 %tix.s, %pw")
     a(f"  %in1 = icmp eq i64 %mr, {MR}")
-    a(f"  %oxe = add i64 %ox0, {MR}")
-    a("  %in2 = icmp ule i64 %oxe, %wo")
+    a(f"  %oxe = add i64 %xo0, {MR}")
+    a("  %in2 = icmp ule i64 %oxe, %swd")
     a("  %in3 = icmp sge i64 %tiy, 0")
     a("  %iye = add i64 %tiy, %kh")
     a("  %in4 = icmp sle i64 %iye, %h")
@@ -182,7 +212,7 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
     a("  %pfc = icmp ult i64 %pfo.n, %pfn")
     a("  br i1 %pfc, label %pfl, label %pfy")
     a("pfy:")
-    a(f"  %pym = add i64 %mt0, {PF_TILES * MR}")
+    a(f"  %pym = add i64 %m0, {PF_TILES * MR}")
     a("  %pymo = mul i64 %pym, %co")
     a("  %pyo = add i64 %pymo, %col0")
     a("  %pyp = getelementptr float, ptr %yp, i64 %pyo")
@@ -202,13 +232,13 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
     a("rows:")
     # row r's image, output row and column, counted on from row 0's; rows past mr repeat the
     # last row (their results are never stored)
-    prev = ("%img0", "%oy0", "%ox0")
+    prev = ("%img0", "%oy0", "%xo0")
     for r in range(MR):
         if r:
             pi, py, px = prev
-            a(f"  %ox{r}.i = add i64 {px}, 1")
-            a(f"  %wx{r} = icmp eq i64 %ox{r}.i, %wo")
-            a(f"  %ox{r}.w = select i1 %wx{r}, i64 0, i64 %ox{r}.i")
+            a(f"  %xo{r}.i = add i64 {px}, 1")
+            a(f"  %wx{r} = icmp eq i64 %xo{r}.i, %swd")
+            a(f"  %xo{r}.w = select i1 %wx{r}, i64 0, i64 %xo{r}.i")
             a(f"  %oy{r}.i = add i64 {py}, 1")
             a(f"  %oy{r}.j = select i1 %wx{r}, i64 %oy{r}.i, i64 {py}")
             a(f"  %wy{r} = icmp eq i64 %oy{r}.j, %ho")
@@ -216,9 +246,14 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
             a(f"  %img{r}.i = add i64 {pi}, 1")
             a(f"  %img{r}.w = select i1 %wy{r}, i64 %img{r}.i, i64 {pi}")
             a(f"  %live{r} = icmp ult i64 {r}, %mr")
-            for q, pv in zip(("img", "oy", "ox"), prev):
+            for q, pv in zip(("img", "oy", "xo"), prev):
                 a(f"  %{q}{r} = select i1 %live{r}, i64 %{q}{r}.w, i64 {pv}")
-            prev = (f"%img{r}", f"%oy{r}", f"%ox{r}")
+            prev = (f"%img{r}", f"%oy{r}", f"%xo{r}")
+            a(f"  %ox{r} = add i64 %sx, %xo{r}")
+        a(f"  %mq{r}.a = mul i64 %img{r}, %ho")
+        a(f"  %mq{r}.b = add i64 %mq{r}.a, %oy{r}")
+        a(f"  %mq{r}.c = mul i64 %mq{r}.b, %wo")
+        a(f"  %mq{r} = add i64 %mq{r}.c, %ox{r}")
         a(f"  %iy0{r}.s = mul i64 %oy{r}, %sh")
         a(f"  %iy0{r} = sub i64 %iy0{r}.s, %ph")
         a(f"  %ix0{r}.s = mul i64 %ox{r}, %sw")
@@ -233,6 +268,7 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
     for r in range(MR):
         for q in ("iy0", "ix0", "base"):
             a(f"  %{q}{r}.p = phi i64 [0, %pfy], [%{q}{r}, %rows]")
+        a(f"  %ym{r} = phi i64 [%mf{r}, %pfy], [%mq{r}, %rows]")
     a("  br label %tap")
 
     # --- one tap (ky, kx): the rows' pointers, then C steps of the micro-kernel -----------------
@@ -359,7 +395,6 @@ def conv_ir(name: str, cfg: GemmConfig, act: str = "none", other: bool = False,
         a(f"  %sin{r} = icmp ult i64 {r}, %mr")
         a(f"  br i1 %sin{r}, label %sdo{r}, label %tile.end")
         a(f"sdo{r}:")
-        a(f"  %ym{r} = add i64 %mt0, {r}")
         a(f"  %yo{r}.a = mul i64 %ym{r}, %co")
         a(f"  %yo{r} = add i64 %yo{r}.a, %col0")
         a(f"  %yr{r} = getelementptr float, ptr %yp, i64 %yo{r}")
@@ -399,10 +434,10 @@ _LOCK = threading.Lock()
 _KERNELS: dict[tuple, Any] = {}
 
 
-def kernel(cfg: GemmConfig, act: str = "none", other: bool = False, dims: dict[str, int] | None = None) -> Any:
-    """The compiled kernel (a ctypes function) for tile ``cfg``, ``act`` and ``other``, the
-    parameters named in ``dims`` constants of it."""
-    fixed = tuple(sorted((dims or {}).items()))
+def kernel(cfg: GemmConfig, act: str, other: bool, dims: dict[str, int]) -> Any:
+    """The compiled kernel (a ctypes function) for tile ``cfg``, ``act``, ``other`` and the
+    dimensions ``dims``."""
+    fixed = tuple(sorted(dims.items()))
     key = (cfg, act, other, fixed)
     with _LOCK:
         fn = _KERNELS.get(key)
@@ -470,9 +505,9 @@ class PreparedConv:
         self.shape = (n, co, self.ho, self.wo)
         self.m = n * self.ho * self.wo
         self.cfg = cfg = cfg or tile_for(self.m, co)
-        self.tiles = -(-self.m // cfg.mr)
         dims = dict(zip(PARAMS[5:], (n, h, w, c, self.ho, self.wo, co, kh, kw, sh, sw, ph, pw)))
-        self.fn = kernel(cfg, act, other, dims)
+        self.tiles = sum(sg[2] for sg in segments(dims, cfg.mr)) if self.m else 0
+        self.fn = kernel(cfg, act, other, dims) if self.m else None
         self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, n, h, w, c, self.ho, self.wo, co, kh, kw,
                                                       sh, sw, ph, pw)
         self.other = other

@@ -77,6 +77,13 @@ class MemoryPlan:
     shared: dict[Value, Value] = field(default_factory=dict, repr=False)  # result -> the operand it overwrites
     shared_text: list[str] = field(default_factory=list, repr=False)
 
+    def buffer_of(self, v: Value) -> Value:
+        """The value whose buffer ``v`` is written into: itself, or the operand it was written
+        over in place (followed along a chain of them)."""
+        while v in self.shared:
+            v = self.shared[v]
+        return v
+
     def planned(self) -> list[Buffer]:
         return [b for b in self.buffers if b.offset >= 0]
 

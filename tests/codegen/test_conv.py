@@ -115,14 +115,14 @@ def test_what_the_kernel_does_not_take_is_said():
     assert "channels" in K.supported((1, K.MAX_CHANNELS + 1, 2, 2), (1, K.MAX_CHANNELS + 1, 1, 1), [1, 1], [0, 0],
                                      [1, 1], 1)
     with pytest.raises(ValueError, match="activation"):
-        K.conv_ir("x", K.conv_configs(16)[0], "gelu")
+        K.conv_ir("x", K.conv_configs(16)[0], "gelu", False, {})
 
 
 # --- in the executor ------------------------------------------------------------------------
 
 class _Block(torch.nn.Module):
-    """A stem and one basic block: conv-bn-relu, conv-bn-relu, conv-bn + residual, relu; then a
-    stride-2 conv and a 1 x 1 shortcut added."""
+    """A stem and two basic blocks (conv-bn-relu, conv-bn + residual, relu); then a stride-2
+    conv and a 1 x 1 shortcut added."""
 
     def __init__(self, c=16):
         super().__init__()
@@ -132,6 +132,8 @@ class _Block(torch.nn.Module):
         self.bn1 = torch.nn.BatchNorm2d(c)
         self.c2 = torch.nn.Conv2d(c, c, 3, 1, 1, bias=False)
         self.bn2 = torch.nn.BatchNorm2d(c)
+        self.c3 = torch.nn.Conv2d(c, c, 3, 1, 1)
+        self.c4 = torch.nn.Conv2d(c, c, 3, 1, 1)
         self.down = torch.nn.Conv2d(c, 2 * c, 3, 2, 1)
         self.short = torch.nn.Conv2d(c, 2 * c, 1, 2, 0)
 
@@ -139,6 +141,7 @@ class _Block(torch.nn.Module):
         x = F.relu(self.bn0(self.stem(x)))
         y = F.relu(self.bn1(self.c1(x)))
         x = F.relu(self.bn2(self.c2(y)) + x)
+        x = F.relu(self.c4(F.relu(self.c3(x))) + x)     # a second block: its result over the first's
         return F.relu(self.down(x) + self.short(x)).mean((2, 3))
 
 
@@ -159,12 +162,16 @@ def _program():
 def test_compiled_programs_run_convolutions_on_the_kernel_from_the_memory_plan():
     m, x, prog = _program()
     convs = [n for n in prog.graph.nodes if n.op == "conv2d_pointwise"]
-    assert len(convs) == 5 and all(lib.conv_writes_into(n) for n in convs)
+    assert len(convs) == 7 and all(lib.conv_writes_into(n) for n in convs)
     plan = prog.memory_plan
     planned = {b.value for b in plan.planned()}
     # every conv result is planned, or written over the residual it adds (in place)
     assert all(n.results[0] in planned or n.results[0] in plan.shared for n in convs)
     assert plan.shared and "in place" in plan.text()
+    # a chain: the block's result over its input, which was written over the stem's result
+    assert any(plan.buffer_of(r) is not o for r, o in plan.shared.items())
+    # every step of a planned or shared result writes into the arena
+    assert all(plan.buffer_of(n.results[0]) in planned for n in convs)
     before = lib.packed_weight_stats()["generated_conv_calls"]
     want = m(x)
     for i in range(4):          # the first call packs; the arena is reused call after call
