@@ -147,12 +147,12 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
     rows_total = dims["n"] * dims["ho"]
     for q, vals in (("sb", starts), ("sx", [sg[0] for sg in segs]), ("swd", [sg[1] for sg in segs]),
                     ("sm", [rows_total * sg[1] for sg in segs])):
-        cur = str(vals[0])
+        sel = str(vals[0])
         for i in range(1, len(segs)):
             a(f"  %{q}.c{i} = icmp uge i64 %t, {starts[i]}")
-            a(f"  %{q}.{i} = select i1 %{q}.c{i}, i64 {vals[i]}, i64 {cur}")
-            cur = f"%{q}.{i}"
-        a(f"  %{q} = add i64 {cur}, 0")
+            a(f"  %{q}.{i} = select i1 %{q}.c{i}, i64 {vals[i]}, i64 {sel}")
+            sel = f"%{q}.{i}"
+        a(f"  %{q} = add i64 {sel}, 0")
     a("  %tl = sub i64 %t, %sb")
     a(f"  %mt0 = mul i64 %tl, {MR}")
     a("  %mrem = sub i64 %sm, %mt0")
@@ -531,9 +531,11 @@ class PreparedConv:
             if not other.is_contiguous(memory_format=cl):
                 other = other.contiguous(memory_format=cl)
             p[3] = other.data_ptr()
+        fn = self.fn
+        assert fn is not None
         nt = min(torch.get_num_threads(), self.tiles)
         if nt > 1:
-            split_on_team(self.fn, p, self.tiles, nt)
+            split_on_team(fn, p, self.tiles, nt)
         else:
-            self.fn(ctypes.addressof(p), 0, self.tiles, 0)
+            fn(ctypes.addressof(p), 0, self.tiles, 0)
         return y
