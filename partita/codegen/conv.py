@@ -98,10 +98,11 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
     a("  %ktot = mul i64 %ntaps, %c")
     a(f"  %pstride = mul i64 %ktot, {NR}")
     a(f"  %tapstride = mul i64 %c, {NR}")
-    a("  %ku = udiv i64 %c, " + str(U))
-    a("  %kr = urem i64 %c, " + str(U))
-    a("  %hasu = icmp ne i64 %ku, 0")
-    a("  %hasr = icmp ne i64 %kr, 0")
+    # a tile inside the image takes a whole kernel row as one run of K = KW * C (the KW pixels
+    # of a row are next to each other in NHWC, as are the weight's [kx][c]); another tile one tap
+    # (C) at a time
+    a("  %krow = mul i64 %kw, %c")
+    a(f"  %rowstride = mul i64 %krow, {NR}")
     a("  %hasb = icmp ne i64 %bias, 0")
     a("  %rstep0 = mul i64 %sw, %c")
     a("  %empty = icmp uge i64 %lo, %hi")
@@ -228,6 +229,12 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
             if other:
                 a(f"  %pov{r}_{v} = getelementptr float, ptr %otherp, i64 %pyo.{r}_{v}")
                 a(f"  call void @llvm.prefetch.p0(ptr %pov{r}_{v}, i32 0, i32 3, i32 1)")
+    a("  %kcnt = select i1 %inner, i64 %krow, i64 %c")
+    a(f"  %ku = udiv i64 %kcnt, {U}")
+    a(f"  %kr = urem i64 %kcnt, {U}")
+    a("  %hasu = icmp ne i64 %ku, 0")
+    a("  %hasr = icmp ne i64 %kr, 0")
+    a("  %tstride = select i1 %inner, i64 %rowstride, i64 %tapstride")
     a("  br i1 %inner, label %tap.pre, label %rows")
     a("rows:")
     # row r's image, output row and column, counted on from row 0's; rows past mr repeat the
@@ -371,15 +378,16 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
     out += lines
     a("  %rk.n = add i64 %rk, 1")
     a(f"  %rbp.n = getelementptr inbounds float, ptr %rbp, i64 {NR}")
-    a("  %rcont = icmp ult i64 %rk.n, %c")
+    a("  %rcont = icmp ult i64 %rk.n, %kcnt")
     a("  br i1 %rcont, label %rloop, label %tap.end")
     a("tap.end:")
     for r in range(MR):
         for v in range(NV):
             a(f"  %eacc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop], [%tacc{r}_{v}, %tslow]")
-    a("  %btap.n = getelementptr inbounds float, ptr %btap, i64 %tapstride")
+    a("  %btap.n = getelementptr inbounds float, ptr %btap, i64 %tstride")
     a("  %kx.1 = add i64 %kx, 1")
-    a("  %kxw = icmp eq i64 %kx.1, %kw")
+    a("  %kxe = icmp eq i64 %kx.1, %kw")
+    a("  %kxw = or i1 %kxe, %inner")
     a("  %kx.n = select i1 %kxw, i64 0, i64 %kx.1")
     a("  %ky.1 = add i64 %ky, 1")
     a("  %ky.n = select i1 %kxw, i64 %ky.1, i64 %ky")
