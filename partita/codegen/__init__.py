@@ -130,10 +130,10 @@ class CompiledProgram:
             if " = " in lines[i]:
                 for r, nm in zip(n.results, lhs.split(", ")):
                     names[r] = nm
-        from .library import conv_step_into, conv_writes_into
+        from .library import step_into, writes_into
 
         unplanned = set(self.library_matmuls)
-        unplanned |= {n for n in nodes if n.op == "conv2d_pointwise" and not conv_writes_into(n)}
+        unplanned |= {n for n in nodes if n.op in ("conv2d_pointwise", "linear_pointwise") and not writes_into(n)}
         # a generated convolution's residual add reads each element of `other` just before it
         # writes the same element of its result: the result may take other's buffer
         in_place = {n: len(n.operands) - 1 for n in nodes if n.op == "conv2d_pointwise"
@@ -154,7 +154,9 @@ class CompiledProgram:
                 fn = _matmul_into(outs[0], torch)
             elif node.op == "conv2d_pointwise" and outs[0] is not None:  # the generated convolution's
                 nb, c, h, w = outs[0].shape                                # channels-last result
-                fn = conv_step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
+                fn = step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
+            elif node.op == "linear_pointwise" and outs[0] is not None:  # the generated GEMM's
+                fn = step_into(node, outs[0])
             else:
                 continue
             prog.steps[i] = (fn, *st[1:])

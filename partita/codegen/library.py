@@ -498,9 +498,9 @@ def _linear_kernel(unary: str) -> Kernel:
     name = (f"partita.gemm(packed B, epilogue={unary!r}); before packing mkldnn._linear_pointwise(attr={attr!r}" +
             (f", algorithm={alg!r})" if alg else ")"))
 
-    def prepare(node) -> Callable:
+    def prepare(node, out: Any = None) -> Callable:
         return linear_step(tuple(node.results[0].type.shape), node.operands[0].type.shape[-1],
-                           node.attrs["weight_layout"], len(node.operands) == 3, unary)
+                           node.attrs["weight_layout"], len(node.operands) == 3, unary, out)
 
     def min_flops() -> int:
         if PREPACK and _generated_gemm():
@@ -510,10 +510,11 @@ def _linear_kernel(unary: str) -> Kernel:
     return Kernel(name, prepare, min_flops)
 
 
-def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str) -> Callable:
+def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str, out: Any = None) -> Callable:
     """The torch executor's step for one ``linear_pointwise`` node with the result shape
     ``out_shape`` [..., N], the inner size ``k``, the weight layout ``layout`` ("kn" or
-    "nk"), a bias or not, and the activation ``unary``: see ``_linear_kernel``."""
+    "nk"), a bias or not, and the activation ``unary``: see ``_linear_kernel``. With the
+    generated GEMM, the result is written into ``out`` (contiguous, ``out_shape``) where given."""
     u = UNARY[unary]
     attr = "none" if u is None else u.onednn
     alg = None if u is None else u.algorithm
@@ -531,6 +532,7 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
         cache = PackedWeight(lambda w: run.pack(w if kn else w.t()))
         get = cache.get
         f32_ = torch.float32
+        out2 = None if out is None else out.view(m, n)
 
         def gen_step(args: list, attrs: dict) -> Any:
             x = args[0]
@@ -540,9 +542,10 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
             bias = args[2] if has_bias else None
             packed = get(w)
             if packed is not None and x.dtype is f32_ and (bias is None or bias.is_contiguous()):
-                if x.dim() == 2:
+                if x.dim() == 2 and out2 is None:
                     return run(x, packed, bias)
-                return run(x.reshape(m, k), packed, bias).view(out_shape)
+                y = run(x.reshape(m, k), packed, bias, out2)
+                return y.view(out_shape) if out is None else out
             _STATS["unpacked_calls"] += 1
             return lin(x, w.t() if kn else w, bias, attr, scalars, alg)
 
@@ -631,16 +634,22 @@ def _prepare(node) -> Callable:
     return aten_step(node.op) if kernel is None else kernel.prepare(node)
 
 
-def conv_writes_into(node) -> bool:
-    """Whether the prepared step of the ``conv2d_pointwise`` ``node`` runs the generated
-    convolution, which can write its channels-last result into a buffer it is given
-    (``conv_step_into``): what the memory plan asks before it plans the result."""
-    return _library_kernel(node) is not None and _generated_conv(node, *epilogue_of(node.attrs)) is not None
+def writes_into(node) -> bool:
+    """Whether the prepared step of the ``conv2d_pointwise`` or ``linear_pointwise`` ``node``
+    runs generated code (the convolution of codegen/conv.py, the GEMM), which can write its
+    result into a buffer it is given (``step_into``): what the memory plan asks before it
+    plans the result."""
+    if _library_kernel(node) is None:
+        return False
+    if node.op == "conv2d_pointwise":
+        return _generated_conv(node, *epilogue_of(node.attrs)) is not None
+    return node.op == "linear_pointwise" and PREPACK and _generated_gemm()
 
 
-def conv_step_into(node, out: Any) -> Callable:
-    """The step of a ``conv2d_pointwise`` node that ``conv_writes_into``, writing its result
-    into ``out`` (channels-last, the result's shape) once the weight is packed."""
+def step_into(node, out: Any) -> Callable:
+    """The step of a node that ``writes_into``, writing its result into ``out`` (of the
+    result's shape; channels-last for a convolution, contiguous for a linear layer) once the
+    weight is packed."""
     kernel = _library_kernel(node)
     assert kernel is not None
     return kernel.prepare(node, out)

@@ -1,9 +1,10 @@
 """The static memory plan: one arena, an offset for every planned buffer, reused as lifetimes allow.
 
 Which values are planned. Those whose producing step writes into a buffer it is given:
-generated kernels (``fused``, whose outputs the kernel stores), ``matmul`` (``out=``) and the
-convolutions the generated kernel runs (``conv2d_pointwise``, a channels-last result: the
-buffer's bytes seen as [N, H, W, C]; those oneDNN runs allocate their own).
+generated kernels (``fused``, whose outputs the kernel stores), ``matmul`` (``out=``), the
+linear layers the generated GEMM runs (``linear_pointwise``) and the convolutions the
+generated kernel runs (``conv2d_pointwise``, a channels-last result: the buffer's bytes seen as
+[N, H, W, C]); those oneDNN runs allocate their own.
 Everything else is allocated by ATen when it runs, and the plan still counts it, so the
 peak it reports covers the whole program.
 
@@ -33,7 +34,7 @@ __all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN"]
 
 ALIGN = 64
 # Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
-PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise"})
+PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise", "linear_pointwise"})
 
 
 # Bytes kept free after each buffer of at least a page, so that buffers next to each other do

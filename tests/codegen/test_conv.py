@@ -162,7 +162,7 @@ def _program():
 def test_compiled_programs_run_convolutions_on_the_kernel_from_the_memory_plan():
     m, x, prog = _program()
     convs = [n for n in prog.graph.nodes if n.op == "conv2d_pointwise"]
-    assert len(convs) == 7 and all(lib.conv_writes_into(n) for n in convs)
+    assert len(convs) == 7 and all(lib.writes_into(n) for n in convs)
     plan = prog.memory_plan
     planned = {b.value for b in plan.planned()}
     # every conv result is planned, or written over the residual it adds (in place)
@@ -186,7 +186,7 @@ def test_onednn_is_kept_when_asked_and_results_agree(monkeypatch):
     m, x, prog = _program()
     monkeypatch.setattr(lib, "CONV", "onednn")
     _, _, prog2 = _program()
-    assert not any(lib.conv_writes_into(n) for n in prog2.graph.nodes if n.op == "conv2d_pointwise")
+    assert not any(lib.writes_into(n) for n in prog2.graph.nodes if n.op == "conv2d_pointwise")
     assert not prog2.memory_plan.shared
     before = lib.packed_weight_stats()["generated_conv_calls"]
     for _ in range(3):
