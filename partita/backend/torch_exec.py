@@ -224,7 +224,14 @@ def _generate(prog: "TorchProgram"):
             lines.append(f"    if type(s{w}) is Pending: s{w} = s{w}.result()")
             line_step[len(lines)] = k
         call = f"F{k}([{', '.join(f's{a}' for a in args)}], A{k})"
-        if not outs:
+        shape = _inline_reshape(fn, node, outs)
+        if shape is not None:
+            # a reshape to a static shape, as a method call in place: no step function, no
+            # argument list, no result checks (a reshape keeps its operand's dtype)
+            ns[f"S{k}"] = shape
+            lines.append(f"    s{outs[0]} = s{args[0]}.reshape(S{k})")
+            line_step[len(lines)] = k
+        elif not outs:
             lines.append(f"    r = {call}")
             line_step[len(lines)] = k
             lines.append("    if type(r) is Pending: inflight.append(r)")
@@ -252,6 +259,18 @@ def _generate(prog: "TorchProgram"):
     fn._line_step = line_step
     fn._source = "\n".join(lines)
     return fn
+
+
+def _inline_reshape(fn: Any, node: Node, outs: Sequence[int]) -> tuple[int, ...] | None:
+    """The static target shape of a ``reshape`` step that runs the op's own torch function
+    (not a replacement), or None."""
+    if node.op != "reshape" or len(outs) != 1 or len(node.operands) != 1:
+        return None
+    opdef = OPS.get("reshape")
+    if opdef is None or fn is not opdef.torch:
+        return None
+    shape = node.results[0].type.shape
+    return tuple(shape) if all(isinstance(d, int) for d in shape) else None
 
 
 def _failed_node(prog: "TorchProgram", e: BaseException) -> Node | None:

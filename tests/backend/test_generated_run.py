@@ -49,3 +49,21 @@ def test_an_error_in_a_step_names_its_node():
     with pytest.raises(partita.PartitaError, match=r"add") as e:
         prog([torch.randn(3)])
     assert "kernel exploded" in str(e.value)
+
+
+def test_a_static_reshape_is_a_method_call_in_place_and_a_replaced_one_is_called():
+    b = Builder()
+    x = b.input("x", TensorType((2, 6), F32))
+    y = b.reshape(b.exp(x), shape=[3, -1])
+    g = verify(b.ret(b.add(y, y)))
+    prog = TorchProgram(g)
+    x = torch.randn(2, 6)
+    (out,) = prog([x])
+    assert torch.allclose(out, 2 * torch.exp(x).reshape(3, 4))
+    src = prog._run._source
+    assert ".reshape(S1)" in src and "F1(" not in src     # the step's target shape, [3, 4]
+    k = next(i for i, st in enumerate(prog.steps) if st[7].op == "reshape")
+    fn, *rest = prog.steps[k]
+    prog.steps[k] = (lambda args, attrs: fn(args, attrs) * 0, *rest)   # a wrapped step is called
+    (out,) = prog([x])
+    assert float(out.abs().max()) == 0.0 and f"F{k}(" in prog._run._source
