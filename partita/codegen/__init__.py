@@ -12,7 +12,10 @@
 - ``optimizer``: the AdamW update as one kernel per parameter;
 - ``library``: oneDNN convolution and linear with fused epilogues (``conv2d_pointwise``,
   ``linear_pointwise``), their packed weights, the ``fuse-library`` pass;
-- ``inference``: inference rewrites (the ``fold-batch-norm`` pass).
+- ``inference``: inference rewrites (the ``fold-batch-norm`` pass);
+- ``gemm``, ``attention``, ``rotary``, ``conv``: the generated GEMM, attention and direct
+  convolution that run linear layers, attention and convolutions;
+- ``memory``: the static memory plan.
 """
 
 from __future__ import annotations

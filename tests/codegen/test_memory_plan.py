@@ -123,3 +123,23 @@ def test_large_matmuls_run_on_onednn_outside_the_plan():
     xs, ys = torch.randn(128, 256) * 0.1, torch.randn(256, 512) * 0.1
     want = torch.tanh(torch.exp(xs) @ (ys * ys))
     torch.testing.assert_close(prog([xs, ys])[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_layers_on_the_generated_gemm_write_into_the_arena():
+    """fuse-library makes linear_pointwise nodes of the constant-weight matmuls; those the
+    generated GEMM runs have their results planned, and the values stay right call after call
+    (the first call runs unpacked, later ones write into the arena)."""
+    from partita.codegen import library as lib
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256),
+                            torch.nn.Tanh(), torch.nn.Linear(256, 64)).eval().requires_grad_(False)
+    x = torch.randn(64, 256)
+    prog = CompiledProgram(partita.optimize(partita.import_torch(m, (x,))))
+    lins = [n for n in prog.graph.nodes if n.op == "linear_pointwise"]
+    assert len(lins) == 3
+    inner = [n for n in lins if not n.results[0].is_output]
+    assert inner and all(lib.writes_into(n) and prog.memory_plan.by_value[n.results[0]].offset >= 0 for n in inner)
+    for i in range(3):
+        xi = x * (i + 1)
+        torch.testing.assert_close(prog([xi])[0], m(xi), rtol=1e-4, atol=1e-5)
