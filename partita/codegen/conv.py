@@ -67,10 +67,10 @@ def segments(dims: dict[str, int], mr: int) -> list[tuple[int, int, int]]:
     return [(x0, x1 - x0, -(-rows * (x1 - x0) // mr)) for x0, x1 in ((0, xl), (xl, xr), (xr, wo)) if x1 > x0]
 
 
-def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, int]) -> str:
+def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
-    ``act`` (none or relu) after the optional residual add (``other``), the dimensions
-    ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
+    ``act`` (none or relu) after the residual add where the call gives one (``other`` not
+    null), the dimensions ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
     if act not in ACTS:
         raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
     L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
@@ -104,6 +104,8 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
     a("  %krow = mul i64 %kw, %c")
     a(f"  %rowstride = mul i64 %krow, {NR}")
     a("  %hasb = icmp ne i64 %bias, 0")
+    a("  %haso = icmp ne i64 %other, 0")
+    a("  %obase = select i1 %haso, ptr %otherp, ptr %yp")
     a("  %rstep0 = mul i64 %sw, %c")
     a("  %empty = icmp uge i64 %lo, %hi")
     a("  br i1 %empty, label %exit, label %panel")
@@ -222,13 +224,11 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
         a(f"  %pyr{r} = getelementptr float, ptr %pyp, i64 %pyr{r}.o")
         for v in range(NV):
             a(f"  %pyv{r}_{v} = getelementptr float, ptr %pyr{r}, i64 {v * L}")
-            if other:
-                a(f"  %pyo.{r}_{v}.a = add i64 %pyo, %pyr{r}.o")
-                a(f"  %pyo.{r}_{v} = add i64 %pyo.{r}_{v}.a, {v * L}")
+            a(f"  %pyo.{r}_{v}.a = add i64 %pyo, %pyr{r}.o")
+            a(f"  %pyo.{r}_{v} = add i64 %pyo.{r}_{v}.a, {v * L}")
             a(f"  call void @llvm.prefetch.p0(ptr %pyv{r}_{v}, i32 1, i32 3, i32 1)")
-            if other:
-                a(f"  %pov{r}_{v} = getelementptr float, ptr %otherp, i64 %pyo.{r}_{v}")
-                a(f"  call void @llvm.prefetch.p0(ptr %pov{r}_{v}, i32 0, i32 3, i32 1)")
+            a(f"  %pov{r}_{v} = getelementptr float, ptr %obase, i64 %pyo.{r}_{v}")
+            a(f"  call void @llvm.prefetch.p0(ptr %pov{r}_{v}, i32 0, i32 3, i32 1)")
     a("  %kcnt = select i1 %inner, i64 %krow, i64 %c")
     a(f"  %ku = udiv i64 %kcnt, {U}")
     a(f"  %kr = urem i64 %kcnt, {U}")
@@ -396,34 +396,35 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, other: bool, dims: dict[str, i
 
     # --- the tile written once: bias, other, activation, masked to the panel's columns -----------
     a("store0:")
-    for r in range(MR):
-        nxt = f"store{r + 1}" if r + 1 < MR else "tile.end"
-        if r:
-            a(f"store{r}:")
-        a(f"  %sin{r} = icmp ult i64 {r}, %mr")
-        a(f"  br i1 %sin{r}, label %sdo{r}, label %tile.end")
-        a(f"sdo{r}:")
-        a(f"  %yo{r}.a = mul i64 %ym{r}, %co")
-        a(f"  %yo{r} = add i64 %yo{r}.a, %col0")
-        a(f"  %yr{r} = getelementptr float, ptr %yp, i64 %yo{r}")
-        if other:
-            a(f"  %or{r} = getelementptr float, ptr %otherp, i64 %yo{r}")
-        for v in range(NV):
-            val = f"%sb{r}_{v}"
-            a(f"  {val} = fadd {vt} %eacc{r}_{v}, %bv{v}")
-            if other:
-                a(f"  %sop{r}_{v} = getelementptr float, ptr %or{r}, i64 {v * L}")
-                a(f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sop{r}_{v}, i32 4, <{L} x i1> %mask{v}, "
-                  f"{vt} zeroinitializer)")
-                a(f"  %sa{r}_{v} = fadd {vt} {val}, %so{r}_{v}")
-                val = f"%sa{r}_{v}"
-            if act == "relu":  # NaN stays NaN, as torch's relu
-                a(f"  %sneg{r}_{v} = fcmp olt {vt} {val}, zeroinitializer")
-                a(f"  %sr{r}_{v} = select <{L} x i1> %sneg{r}_{v}, {vt} zeroinitializer, {vt} {val}")
-                val = f"%sr{r}_{v}"
-            a(f"  %syp{r}_{v} = getelementptr float, ptr %yr{r}, i64 {v * L}")
-            a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}, i32 4, <{L} x i1> %mask{v})")
-        a(f"  br label %{nxt}")
+    a("  br i1 %haso, label %store0.o, label %store0.n")
+    for sfx, with_other in ((".o", True), (".n", False)):
+        for r in range(MR):
+            nxt = f"store{r + 1}{sfx}" if r + 1 < MR else "tile.end"
+            a(f"store{r}{sfx}:")
+            a(f"  %sin{r}{sfx} = icmp ult i64 {r}, %mr")
+            a(f"  br i1 %sin{r}{sfx}, label %sdo{r}{sfx}, label %tile.end")
+            a(f"sdo{r}{sfx}:")
+            a(f"  %yo{r}{sfx}.a = mul i64 %ym{r}, %co")
+            a(f"  %yo{r}{sfx} = add i64 %yo{r}{sfx}.a, %col0")
+            a(f"  %yr{r}{sfx} = getelementptr float, ptr %yp, i64 %yo{r}{sfx}")
+            if with_other:
+                a(f"  %or{r} = getelementptr float, ptr %otherp, i64 %yo{r}{sfx}")
+            for v in range(NV):
+                val = f"%sb{r}_{v}{sfx}"
+                a(f"  {val} = fadd {vt} %eacc{r}_{v}, %bv{v}")
+                if with_other:
+                    a(f"  %sop{r}_{v} = getelementptr float, ptr %or{r}, i64 {v * L}")
+                    a(f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sop{r}_{v}, i32 4, <{L} x i1> %mask{v}, "
+                      f"{vt} zeroinitializer)")
+                    a(f"  %sa{r}_{v} = fadd {vt} {val}, %so{r}_{v}")
+                    val = f"%sa{r}_{v}"
+                if act == "relu":  # NaN stays NaN, as torch's relu
+                    a(f"  %sneg{r}_{v}{sfx} = fcmp olt {vt} {val}, zeroinitializer")
+                    a(f"  %sr{r}_{v}{sfx} = select <{L} x i1> %sneg{r}_{v}{sfx}, {vt} zeroinitializer, {vt} {val}")
+                    val = f"%sr{r}_{v}{sfx}"
+                a(f"  %syp{r}_{v}{sfx} = getelementptr float, ptr %yr{r}{sfx}, i64 {v * L}")
+                a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}{sfx}, i32 4, <{L} x i1> %mask{v})")
+            a(f"  br label %{nxt}")
     a("tile.end:")
     a("  %t.n = add i64 %t, 1")
     a("  %tc = icmp ult i64 %t.n, %hi")
@@ -442,17 +443,16 @@ _LOCK = threading.Lock()
 _KERNELS: dict[tuple, Any] = {}
 
 
-def kernel(cfg: GemmConfig, act: str, other: bool, dims: dict[str, int]) -> Any:
-    """The compiled kernel (a ctypes function) for tile ``cfg``, ``act``, ``other`` and the
-    dimensions ``dims``."""
+def kernel(cfg: GemmConfig, act: str, dims: dict[str, int]) -> Any:
+    """The compiled kernel (a ctypes function) for tile ``cfg``, ``act`` and the dimensions
+    ``dims`` (one for a convolution with and without a residual: the call says)."""
     fixed = tuple(sorted(dims.items()))
-    key = (cfg, act, other, fixed)
+    key = (cfg, act, fixed)
     with _LOCK:
         fn = _KERNELS.get(key)
         if fn is None:
-            name = f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + ("_add" if other else "") + \
-                "".join(f"_{k}{v}" for k, v in fixed)
-            fn = jit().kernel(name, conv_ir(name, cfg, act, other, dims), 0,
+            name = f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + "".join(f"_{k}{v}" for k, v in fixed)
+            fn = jit().kernel(name, conv_ir(name, cfg, act, dims), 0,
                               argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]).fn
             _KERNELS[key] = fn
         return fn
@@ -515,7 +515,7 @@ class PreparedConv:
         self.cfg = cfg = cfg or tile_for(self.m, co)
         dims = dict(zip(PARAMS[5:], (n, h, w, c, self.ho, self.wo, co, kh, kw, sh, sw, ph, pw)))
         self.tiles = sum(sg[2] for sg in segments(dims, cfg.mr)) if self.m else 0
-        self.fn = kernel(cfg, act, other, dims) if self.m else None
+        self.fn = kernel(cfg, act, dims) if self.m else None
         self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, n, h, w, c, self.ho, self.wo, co, kh, kw,
                                                       sh, sw, ph, pw)
         self.other = other

@@ -115,7 +115,7 @@ def test_what_the_kernel_does_not_take_is_said():
     assert "channels" in K.supported((1, K.MAX_CHANNELS + 1, 2, 2), (1, K.MAX_CHANNELS + 1, 1, 1), [1, 1], [0, 0],
                                      [1, 1], 1)
     with pytest.raises(ValueError, match="activation"):
-        K.conv_ir("x", K.conv_configs(16)[0], "gelu", False, {})
+        K.conv_ir("x", K.conv_configs(16)[0], "gelu", {})
 
 
 # --- in the executor ------------------------------------------------------------------------
