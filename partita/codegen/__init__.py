@@ -244,6 +244,34 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
             out.append(jit().optimized_ir(low.ir) if optimized else low.ir)
         except LoweringError as e:
             out.append(f"; not lowered (runs on ATen): {e}\n")
+    out += _emit_convolutions(g, lines, where, optimized)
     if not out:
         return "; no fused kernels: the graph has no group of two or more elementwise ops\n"
     return "\n".join(out)
+
+
+def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
+    """The generated convolution kernel (codegen/conv.py) of each ``conv2d_pointwise`` node
+    it takes (f32, static shapes, groups and dilation 1, bias / add / relu epilogues)."""
+    from ..ir.dtypes import f32
+    from .conv import kernel_source, supported
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in g.nodes:
+        if n.op != "conv2d_pointwise" or n.attrs["binary"] not in ("none", "add") or n.attrs["unary"] not in ("none", "relu"):
+            continue
+        xs, ws = tuple(n.operands[0].type.shape), tuple(n.operands[1].type.shape)
+        a = n.attrs
+        if (any(v.type.dtype is not f32 for v in n.operands) or any(not isinstance(d, int) for d in (*xs, *ws))
+                or supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"])):
+            continue
+        name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
+        users = lines[where[n]].split(" = ")[0].strip()
+        if name in seen:
+            out.append(f"; {users} = {name} (as above)\n")
+            continue
+        seen.add(name)
+        out.append(f"; ---- convolution kernel {name} for {users}: codegen/conv.py, every dimension a constant\n")
+        out.append(jit().optimized_ir(ir) if optimized else ir)
+    return out

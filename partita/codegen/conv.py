@@ -41,7 +41,7 @@ from .gemm import GemmConfig, choose, gemm_configs, pack_b, split_on_team
 from .jit import jit
 from .lowering import vector_width
 
-__all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
+__all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
 ACTS = ("none", "relu")
@@ -49,6 +49,9 @@ ACTS = ("none", "relu")
 # How many tiles ahead a tile prefetches the input and result rows it will touch first
 # (1, 2, 4 and 8 measured level on the CNN; without, 5 to 7% slower on 32 channels at 64 x 64).
 PF_TILES = 2
+# A convolution whose output channels would leave more than this share of its tile's columns
+# padding (16 channels in a 32-wide tile) runs on the library's kernel.
+MAX_PADDING = 1.25
 # The zero row a tap in the padding reads is this many floats: wider inputs run on the library.
 MAX_CHANNELS = 4096
 
@@ -446,16 +449,38 @@ _KERNELS: dict[tuple, Any] = {}
 def kernel(cfg: GemmConfig, act: str, dims: dict[str, int]) -> Any:
     """The compiled kernel (a ctypes function) for tile ``cfg``, ``act`` and the dimensions
     ``dims`` (one for a convolution with and without a residual: the call says)."""
-    fixed = tuple(sorted(dims.items()))
-    key = (cfg, act, fixed)
+    key = (cfg, act, tuple(sorted(dims.items())))
     with _LOCK:
         fn = _KERNELS.get(key)
         if fn is None:
-            name = f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + "".join(f"_{k}{v}" for k, v in fixed)
+            name = kernel_name(cfg, act, dims)
             fn = jit().kernel(name, conv_ir(name, cfg, act, dims), 0,
                               argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]).fn
             _KERNELS[key] = fn
         return fn
+
+
+def kernel_name(cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
+    return f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + "".join(f"_{k}{v}" for k, v in sorted(dims.items()))
+
+
+def conv_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list) -> dict[str, int]:
+    """The kernel's dimensions (``PARAMS[5:]``) of a convolution of ``x_shape`` by ``w_shape``."""
+    n, c, h, w = x_shape
+    co, _, kh, kw = w_shape
+    sh, sw = stride
+    ph, pw = padding
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    return dict(zip(PARAMS[5:], (n, h, w, c, ho, wo, co, kh, kw, sh, sw, ph, pw)))
+
+
+def kernel_source(x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str) -> tuple[str, str]:
+    """The name and LLVM IR of the kernel ``PreparedConv`` compiles for these (``partita opt
+    --emit=kernels`` prints it)."""
+    dims = conv_dims(x_shape, w_shape, stride, padding)
+    cfg = tile_for(dims["n"] * dims["ho"] * dims["wo"], dims["co"])
+    name = kernel_name(cfg, act, dims)
+    return name, conv_ir(name, cfg, act, dims)
 
 
 def conv_configs(lanes: int) -> tuple[GemmConfig, ...]:
@@ -492,6 +517,11 @@ def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilat
         return f"dilation={list(dilation)} (the kernel takes dilation 1)"
     if x_shape[1] > MAX_CHANNELS:
         return f"{x_shape[1]} input channels (at most {MAX_CHANNELS})"
+    co = w_shape[0]
+    nr = tile_for(max(1, x_shape[0]), co).nr
+    padded = -(-co // nr) * nr
+    if padded > MAX_PADDING * co:
+        return f"{co} output channels fill {100 * co // padded}% of the {nr}-wide tile"
     return ""
 
 
@@ -504,20 +534,14 @@ class PreparedConv:
 
     def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
                  other: bool = False, cfg: GemmConfig | None = None) -> None:
-        n, c, h, w = x_shape
-        co, _, kh, kw = w_shape
-        sh, sw = stride
-        ph, pw = padding
-        self.ho = (h + 2 * ph - kh) // sh + 1
-        self.wo = (w + 2 * pw - kw) // sw + 1
-        self.shape = (n, co, self.ho, self.wo)
-        self.m = n * self.ho * self.wo
-        self.cfg = cfg = cfg or tile_for(self.m, co)
-        dims = dict(zip(PARAMS[5:], (n, h, w, c, self.ho, self.wo, co, kh, kw, sh, sw, ph, pw)))
+        dims = conv_dims(x_shape, w_shape, stride, padding)
+        self.ho, self.wo = dims["ho"], dims["wo"]
+        self.shape = (dims["n"], dims["co"], self.ho, self.wo)
+        self.m = dims["n"] * self.ho * self.wo
+        self.cfg = cfg = cfg or tile_for(self.m, dims["co"])
         self.tiles = sum(sg[2] for sg in segments(dims, cfg.mr)) if self.m else 0
         self.fn = kernel(cfg, act, dims) if self.m else None
-        self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, n, h, w, c, self.ho, self.wo, co, kh, kw,
-                                                      sh, sw, ph, pw)
+        self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, *(dims[f] for f in PARAMS[5:]))
         self.other = other
 
     def pack(self, w: Any) -> Any:

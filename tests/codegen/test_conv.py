@@ -109,11 +109,13 @@ def test_two_threads_agree_with_one_on_the_team_and_on_the_pool(monkeypatch):
 
 
 def test_what_the_kernel_does_not_take_is_said():
-    assert K.supported((1, 4, 8, 8), (4, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1) == ""
+    assert K.supported((1, 4, 8, 8), (32, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1) == ""
     assert "groups" in K.supported((1, 4, 8, 8), (4, 2, 3, 3), [1, 1], [1, 1], [1, 1], 2)
     assert "dilation" in K.supported((1, 4, 8, 8), (4, 4, 3, 3), [1, 1], [1, 1], [2, 2], 1)
     assert "channels" in K.supported((1, K.MAX_CHANNELS + 1, 2, 2), (1, K.MAX_CHANNELS + 1, 1, 1), [1, 1], [0, 0],
                                      [1, 1], 1)
+    lanes16 = K.vector_width() >= 16
+    assert ("fill" in K.supported((1, 4, 8, 8), (16, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1)) == lanes16
     with pytest.raises(ValueError, match="activation"):
         K.conv_ir("x", K.conv_configs(16)[0], "gelu", {})
 
@@ -124,7 +126,7 @@ class _Block(torch.nn.Module):
     """A stem and two basic blocks (conv-bn-relu, conv-bn + residual, relu); then a stride-2
     conv and a 1 x 1 shortcut added."""
 
-    def __init__(self, c=16):
+    def __init__(self, c=32):
         super().__init__()
         self.stem = torch.nn.Conv2d(3, c, 3, 1, 1, bias=False)
         self.bn0 = torch.nn.BatchNorm2d(c)
@@ -230,3 +232,12 @@ def test_in_place_where_the_operand_dies_and_refused_where_it_is_read_later_or_i
         assert plan_memory(g, nodes, in_place={m2: 0}).shared == {}
     g, nodes, m2 = _chain()
     assert plan_memory(g, nodes, unplanned={m2}, in_place={m2: 0}).shared == {}   # its step allocates
+
+
+def test_emit_kernels_prints_the_convolution_kernels():
+    from partita.codegen import emit_kernels
+
+    _, _, prog = _program()
+    text = emit_kernels(prog.graph)
+    assert text.count("; ---- convolution kernel pt_conv_") >= 4 and "(as above)" in text
+    assert "define void @pt_conv_" in text and "llvm.fma" in text
