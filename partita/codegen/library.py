@@ -354,6 +354,9 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
     else:
         name = f"mkldnn._convolution_pointwise.binary(binary_attr={b.onednn!r}, unary_attr=" + \
             (f"{attr!r})" if u is not None else "None)")
+    if binary in ("none", "add") and unary in ("none", "relu"):
+        name = (f"partita.conv(packed weight, binary={binary!r}, unary={unary!r}) where codegen/conv.py takes the "
+                f"node; before packing and elsewhere {name}")
 
     def prepare(node, out: Any = None) -> Callable:
         attrs = node.attrs
