@@ -30,11 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default="conv2d_pointwise", help="comma-separated partita ops to list")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="the benchmark's tiny sizes (a smoke test)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     B.THREADS = args.threads
     ops = set(args.ops.split(","))
-    case = B.make_case(args.model, B.FULL)
+    case = B.make_case(args.model, B.QUICK if args.quick else B.FULL)
     case.module.eval()
     graph = partita.import_torch(case.module, case.args)
     with tempfile.TemporaryDirectory() as work:

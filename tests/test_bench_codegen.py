@@ -110,3 +110,12 @@ def test_compile_cold_and_warm_and_peak_memory_come_from_fresh_processes(runs) -
             assert m["rss_before"] > m["rss_start"] - 2**20
     rows = [line for line in stdout.split("Peak memory", 1)[1].splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(data["results"])
+
+
+def test_profile_nodes_lists_partitas_nodes_and_orts():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "profile_nodes.py"), "--model", "cnn", "--quick",
+                        "--calls", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert any(ln.strip().startswith("conv2d_pointwise") for ln in lines)
+    assert any(ln.strip().startswith("Conv ") for ln in lines) and any(ln.startswith("ORT:") for ln in lines)
