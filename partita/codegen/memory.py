@@ -110,7 +110,8 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
     matmul that oneDNN runs). ``in_place``: nodes whose one result may be written over their
     operand of that index, each element read just before its own is written (the residual of
     a convolution); where that operand is a planned buffer of its own (not a view), of the
-    result's size, and this node is its last reader, the result takes its buffer (``shared``)."""
+    result's size, read by the node through no other operand, and this node is its last
+    reader, the result takes its buffer (``shared``)."""
     order = {n: i for i, n in enumerate(step_nodes)}
     # alias classes: a view (or possibly the same tensor) shares its base's memory
     parent: dict[Value, Value] = {}
@@ -138,8 +139,11 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
             o, r = n.operands[in_place[n]], n.results[0]
             base = root(o)
             src = base.producer
-            # o is its buffer itself (or a result already written over one), not a view of it
+            # o is its buffer itself (or a result already written over one), not a view of it,
+            # and the node reads that buffer through no other operand (a convolution whose input
+            # is also its residual would overwrite input rows its later tiles still read)
             whole = base is o or shared.get(o) is not None and root(shared[o]) is base
+            whole = whole and all(root(v) is not base for j, v in enumerate(n.operands) if j != in_place[n])
             if (whole and n.op in PLANNED_OPS and not (unplanned and n in unplanned)
                     and root(r) is r and r not in outs0 and base not in outs0
                     and src is not None and src in order and src.op in PLANNED_OPS
