@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="the benchmark's tiny sizes (a smoke test)")
+    ap.add_argument("--summary", action="store_true",
+                    help="ms a call summed per op (partita) and per op type (ORT) instead of node by node")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     B.THREADS = args.threads
@@ -58,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             mine.call()
             theirs.call()
         rows = []
+        per_op: dict[str, float] = {}
         for st, t in zip(mine.orig, mine.acc):
             n = st[7]
+            per_op[n.op] = per_op.get(n.op, 0.0) + t / args.calls * 1e3
             if n.op in ops:
                 shapes = " x ".join(str(list(v.type.shape)) for v in n.operands[:2])
                 attrs = {k: n.attrs[k] for k in ("stride", "binary", "unary") if k in n.attrs}
@@ -74,6 +78,17 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{e['args'].get('op_name', '?')} {e['name'][:-len('_kernel_time')]}"
             nodes[name] = nodes.get(name, 0.0) + e["dur"] / 1e3 / args.calls
     print(f"{case.label}, {args.threads} thread(s), {args.calls} calls each; ms a call")
+    if args.summary:
+        types: dict[str, float] = {}
+        for name, ms in nodes.items():
+            types[name.split(" ")[0]] = types.get(name.split(" ")[0], 0.0) + ms
+        print(f"partita: {mine.wall / max(mine.calls, 1) * 1e3:.2f} a call, steps {sum(per_op.values()):.2f}")
+        for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1]):
+            print(f"  {op:<24} {ms:.3f}")
+        print(f"ORT: {theirs.wall / max(theirs.calls, 1) * 1e3:.2f} a call, nodes {sum(types.values()):.2f}")
+        for op, ms in sorted(types.items(), key=lambda kv: -kv[1]):
+            print(f"  {op:<24} {ms:.3f}")
+        return 0
     print(f"partita: {mine.wall / max(mine.calls, 1) * 1e3:.2f} a call, listed ops {sum(r[3] for r in rows):.2f}")
     for op, shapes, attrs, ms in rows:
         print(f"  {op:<18} {shapes:<40} {attrs} {ms:.3f}")

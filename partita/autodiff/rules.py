@@ -56,6 +56,7 @@ RULES["linear_pointwise"] = NOT_DIFFERENTIABLE
 # So is attention with the rotary embedding inside (partita/codegen/rotary.py): fuse-library
 # makes it for inference only (a training step keeps attention and its grad).
 RULES["rotary_attention"] = NOT_DIFFERENTIABLE
+RULES["add_norm"] = NOT_DIFFERENTIABLE
 # sign is piecewise constant: its derivative is 0 wherever it exists (as in PyTorch).
 RULES["sign"] = lambda ctx, node, d, needs: [None]
 

@@ -15,6 +15,7 @@
 - ``inference``: inference rewrites (the ``fold-batch-norm`` pass);
 - ``gemm``, ``attention``, ``rotary``, ``conv``: the generated GEMM, attention and direct
   convolution that run linear layers, attention and convolutions;
+- ``norm``: generated layer norm and RMS norm, with the residual add before them (``add_norm``);
 - ``memory``: the static memory plan.
 """
 
@@ -92,6 +93,7 @@ class CompiledProgram:
             return fn
 
         from .attention import attention_kernel, rotary_attention_kernel
+        from .norm import norm_kernel
 
         self.attention_kernels: list = []  # the (rotary_)attention nodes run by the generated kernel
 
@@ -106,7 +108,9 @@ class CompiledProgram:
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
                                     kernels={"adamw_update": adamw, "matmul": matmul,
                                              "attention": attention_by(attention_kernel),
-                                             "rotary_attention": attention_by(rotary_attention_kernel)})
+                                             "rotary_attention": attention_by(rotary_attention_kernel),
+                                             "layer_norm": norm_kernel, "rms_norm": norm_kernel,
+                                             "add_norm": norm_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None
@@ -245,6 +249,7 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
         except LoweringError as e:
             out.append(f"; not lowered (runs on ATen): {e}\n")
     out += _emit_convolutions(g, lines, where, optimized)
+    out += _emit_norms(g, lines, where, optimized)
     if not out:
         return "; no fused kernels: the graph has no group of two or more elementwise ops\n"
     return "\n".join(out)
@@ -273,5 +278,36 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
             continue
         seen.add(name)
         out.append(f"; ---- convolution kernel {name} for {users}: codegen/conv.py, every dimension a constant\n")
+        out.append(jit().optimized_ir(ir) if optimized else ir)
+    return out
+
+
+def _emit_norms(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
+    """The generated norm kernel (codegen/norm.py) of each ``layer_norm``, ``rms_norm`` and
+    ``add_norm`` node it takes (f32, static shapes)."""
+    import math
+
+    from .norm import kernel_source, supported
+
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in g.nodes:
+        if n.op not in ("layer_norm", "rms_norm", "add_norm"):
+            continue
+        x = n.operands[0]
+        dtypes = [v.type.dtype for v in n.operands] + [r.type.dtype for r in n.results]
+        if supported(tuple(x.type.shape), tuple(n.attrs["axes"]), dtypes) is not None:
+            continue
+        kind = n.attrs["kind"] if n.op == "add_norm" else ("layer" if n.op == "layer_norm" else "rms")
+        extra = len(n.operands) - (2 if n.op == "add_norm" else 1)
+        c = math.prod(x.type.shape[x.type.rank - len(n.attrs["axes"]):])
+        eps = n.attrs["eps"]
+        name, ir = kernel_source(kind, c, eps, n.op == "add_norm", extra > 0, extra > 1)
+        users = lines[where[n]].split(" = ")[0].strip()
+        if name in seen:
+            out.append(f"; {users} = {name} (as above)\n")
+            continue
+        seen.add(name)
+        out.append(f"; ---- norm kernel {name} for {users}: codegen/norm.py, the row size a constant\n")
         out.append(jit().optimized_ir(ir) if optimized else ir)
     return out

@@ -276,9 +276,9 @@ def _replicated(op: str):
 
 
 # The library kernels with fused epilogues (partita/codegen/library.py) and rotary_attention
-# (codegen/rotary.py) are made for single-device inference by fuse-library: they run
+# (codegen/rotary.py) and add_norm (codegen/norm.py) are made for single-device inference by fuse-library: they run
 # replicated, as fused kernels do.
-for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention"):
+for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm"):
     RULES[_n] = _replicated(_n)
 
 

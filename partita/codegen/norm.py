@@ -1,0 +1,445 @@
+"""Generated layer norm and RMS norm, with the residual add before them: ``add_norm``.
+
+A transformer block normalizes the residual stream right after adding to it:
+
+    %h2 = add(%h, %attn_out)
+    %y  = layer_norm(%h2, %g, %b)          (rms_norm(%h2, %g) in Llama-style models)
+
+On ATen that is two kernels and two passes over memory (one thread, [148, 256]: add 7 us,
+layer_norm 23 us); ONNX Runtime has SkipLayerNormalization for it. ``fuse_add_norm`` (an anchor
+of the fuse-library pass) rewrites the pair into
+
+    %y, %h2 = add_norm(%h, %attn_out, %g, %b) {kind="layer", axes=[-1], eps=1e-05}
+
+whose second result is the sum, still there for the next residual add. The generated kernel
+(``norm_ir``) does one row at a time while the row is in L1: the sum stored and accumulated,
+the variance of the stored row about its mean (two passes, as the reference computes it, not
+the one-pass E[x^2] - E[x]^2 that loses digits), then the scaled row. Plain ``layer_norm`` and
+``rms_norm`` nodes run on the same kernel without the residual. Rows are split across the
+threads only when there are enough of them to pay for it.
+
+The rewrite applies when the add's operands have the add's type (no broadcasting: a bias or a
+position table broadcast over the batch stays an add of its own), the norm reads the sum and
+nothing between the add and the norm is needed first: the new node takes the add's place, so
+the norm's weight and bias must be defined before it (graph inputs are).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..ir.diagnostics import TypeRuleError
+from ..ir.dtypes import f32
+from ..ir.graph import Graph, Node
+from ..ops._lazy import torch
+from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
+from .lowering import vector_width
+
+__all__ = ["fuse_add_norm", "norm_ir", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
+
+KINDS = ("layer", "rms")
+_NORM_OP = {"layer": "layer_norm", "rms": "rms_norm"}
+
+# Rows are split across threads from this many elements on (a [148, 256] norm takes some
+# 5 microseconds on one thread: less than handing half of it to another).
+PARALLEL_MIN_ELEMENTS = 1 << 17
+
+
+# --- the op ----------------------------------------------------------------------------------
+
+def _norm_attrs(attrs: dict) -> dict:
+    return {"axes": attrs["axes"], "eps": attrs["eps"]}
+
+
+def _add_norm_infer(ts, attrs):
+    kind = attrs["kind"]
+    if len(ts) < 2:
+        raise TypeRuleError("add_norm: needs x and residual (then the optional weight and bias)")
+    x, r = ts[0], ts[1]
+    if r != x:
+        raise TypeRuleError(f"add_norm: the residual {r} must have x's type {x} (no broadcasting)")
+    if kind == "rms" and len(ts) > 3:
+        raise TypeRuleError("add_norm: kind=\"rms\" takes a weight but no bias")
+    y = OPS[_NORM_OP[kind]].infer_types([x] + list(ts[2:]), _norm_attrs(attrs))[0]
+    return [y, x]
+
+
+def _compute(a):
+    return np.asarray(a)
+
+
+def _add_norm_reference(args, attrs):
+    x, r = args[0], args[1]
+    with np.errstate(all="ignore"):
+        s = np.asarray(OPS["add"].reference([x, r], {}))
+    if s.dtype != np.asarray(x).dtype:
+        s = s.astype(np.asarray(x).dtype)
+    y = np.asarray(OPS[_NORM_OP[attrs["kind"]]].reference([s] + list(args[2:]), _norm_attrs(attrs)))
+    if y.dtype != s.dtype:
+        y = y.astype(s.dtype)
+    return [y, s]
+
+
+def _add_norm_torch(args, attrs):
+    s = args[0] + args[1]
+    y = OPS[_NORM_OP[attrs["kind"]]].torch([s] + list(args[2:]), _norm_attrs(attrs))
+    return y, s
+
+
+def _add_norm_cost(ins, outs, attrs):
+    n = ins[0].numel
+    return Cost(n * (9 if attrs["kind"] == "layer" else 5), sum(t.nbytes for t in ins), 2 * outs[0].nbytes)
+
+
+register(OpDef(
+    name="add_norm", operands=("x", "residual", "weight?", "bias?"),
+    attrs=(AttrSpec("kind", "str", "layer", choices=KINDS), AttrSpec("axes", "ints", (-1,)),
+           AttrSpec("eps", "float", 1e-5)),
+    infer=_add_norm_infer, reference=_add_norm_reference, torch=_add_norm_torch, cost=_add_norm_cost,
+    doc="(layer_norm(x + residual, weight, bias), x + residual) for kind=\"layer\", (rms_norm(x + residual, "
+        "weight), x + residual) for kind=\"rms\" (no bias); axes and eps as the norm's. residual has x's "
+        "type. Made by the fuse-library pass for inference (codegen/norm.py); the generated kernel adds, "
+        "normalizes and scales each row while it is in L1.",
+))
+
+
+# --- the rewrite -----------------------------------------------------------------------------
+
+def fuse_add_norm(graph: Graph, node: Node) -> Node | None:
+    """``layer_norm(add(a, b), ...)`` or ``rms_norm(add(a, b), ...)`` into ``add_norm`` (the module
+    doc says when); None where it does not apply."""
+    kind = "layer" if node.op == "layer_norm" else "rms"
+    s = node.operands[0]
+    add = s.producer
+    if add is None or add.op != "add" or len(add.operands) != 2:
+        return None
+    a, b = add.operands
+    if a.type != s.type or b.type != s.type or not s.type.dtype.is_float:
+        return None
+    rest = list(node.operands[1:])
+    # the weight and bias must exist where the add stands
+    later = set()
+    seen_add = False
+    for n in graph.nodes:
+        if n is add:
+            seen_add = True
+        elif seen_add:
+            later.add(n)
+            if n is node:
+                break
+    if any(v.producer in later for v in rest):
+        return None
+    attrs = {"kind": kind, "axes": node.attrs["axes"], "eps": node.attrs["eps"]}
+    new = Node("add_norm", [a, b] + rest, OPS["add_norm"].normalize_attrs(attrs),
+               [node.results[0].type, s.type], node.loc)
+    graph.insert_before(add, new)
+    graph.replace_all_uses(node.results[0], new.results[0])
+    graph.replace_all_uses(s, new.results[1])
+    graph.erase(node)
+    graph.erase(add)
+    return new
+
+
+# --- the kernel ------------------------------------------------------------------------------
+
+_P = ["x", "r", "w", "b", "s", "y"]
+
+
+def _f32_hex(x: float) -> str:
+    """An f32 constant as LLVM writes it (the double with the same value, in hex)."""
+    f = struct.unpack("<f", struct.pack("<f", x))[0]
+    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f))[0]
+
+
+def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bool, bias: bool,
+            lanes: int | None = None) -> str:
+    """The LLVM IR of one normalization kernel over rows of ``c`` f32 elements:
+
+        void NAME(ptr params, i64 lo, i64 hi, i64 tid)
+
+    for rows [lo, hi); ``params`` holds the i64 addresses of x, residual, weight, bias, the sum
+    and y (0 for those the variant has not). ``residual``: s = x + residual is stored and is the
+    row normalized; else x itself. ``kind`` "layer": (s - mean) / sqrt(var + eps) with var the
+    mean of (s - mean)^2; "rms": s / sqrt(mean(s^2) + eps). Then * weight and + bias."""
+    assert kind in KINDS and c > 0 and not (kind == "rms" and bias)
+    L = lanes or vector_width()
+    nv, tail = divmod(c, L)
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
+    zero = "zeroinitializer"
+    a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
+    a("declare float @llvm.sqrt.f32(float)")
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    for i, p in enumerate(_P):
+        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+    a("  %empty = icmp sge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %row")
+    a("row:")
+    a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %rowend ]")
+    a(f"  %base = mul i64 %i, {c}")
+    for p in ("x", "r", "s", "y"):
+        if p == "r" and not residual or p == "s" and not residual:
+            continue
+        a(f"  %{p}r = getelementptr inbounds float, ptr %{p}, i64 %base")
+    src = "%sr" if residual else "%xr"     # the row that is normalized
+
+    # U vectors an iteration, each with its own accumulators: the adds of one accumulator
+    # depend on each other, so several in flight hide their latency
+    U = next(u for u in (4, 2, 1) if nv % u == 0) if nv else 1
+
+    def loop(tag: str, body, accs: list[str]) -> list[str]:
+        """A loop over the row's full vectors, U at a time, with U vector accumulators for each
+        of ``accs`` (start 0); the body gets the element offset and the accumulators' current
+        values and returns their next values. Returns each accumulator's total over its U
+        copies (zero vectors without a vector part)."""
+        if nv == 0:
+            return [zero] * len(accs)
+        pre = f"{tag}.pre"
+        a(f"  br label %{pre}")
+        a(f"{pre}:")
+        a(f"  br label %{tag}")
+        a(f"{tag}:")
+        a(f"  %{tag}.j = phi i64 [ 0, %{pre} ], [ %{tag}.jn, %{tag} ]")
+        at = len(out)
+        for _ in range(len(accs) * U):
+            a("")                       # the accumulators' phis, written once the body is
+        cur = [[f"%{tag}.a{k}u{u}" for k in range(len(accs))] for u in range(U)]
+        nxt = []
+        for u in range(U):
+            a(f"  %{tag}.off{u} = add i64 %{tag}.j, {u * L}")
+            nxt.append(body(f"%{tag}.off{u}", cur[u], vt, f"{tag}u{u}"))
+        for u in range(U):
+            for k in range(len(accs)):
+                out[at + u * len(accs) + k] = (f"  {cur[u][k]} = phi {vt} [ {zero}, %{pre} ], "
+                                               f"[ {nxt[u][k]}, %{tag} ]")
+        a(f"  %{tag}.jn = add i64 %{tag}.j, {U * L}")
+        a(f"  %{tag}.c = icmp ult i64 %{tag}.jn, {nv * L}")
+        a(f"  br i1 %{tag}.c, label %{tag}, label %{tag}.x")
+        a(f"{tag}.x:")
+        totals = []
+        for k in range(len(accs)):
+            t = nxt[0][k]
+            for u in range(1, U):
+                a(f"  %{tag}.t{k}u{u} = fadd {vt} {t}, {nxt[u][k]}")
+                t = f"%{tag}.t{k}u{u}"
+            totals.append(t)
+        return totals
+
+    def scalars(tag: str, body, accs: list[str]) -> list[str]:
+        """The tail's elements, one at a time, straight-line, with scalar accumulators."""
+        vals = ["0.0"] * len(accs)
+        for t in range(tail):
+            off = str(nv * L + t)
+            vals = body(off, vals, "float", f"{tag}t{t}")
+        return vals
+
+    def ptr(base: str, off: str, tag: str, what: str) -> str:
+        a(f"  %{tag}.{what}p = getelementptr inbounds float, ptr {base}, i64 {off}")
+        return f"%{tag}.{what}p"
+
+    # pass 1: s = x (+ r), stored; sum of s (layer) or of s^2 (rms)
+    def p1(off, accs, ty, tag):
+        a(f"  %{tag}.xv = load {ty}, ptr {ptr('%xr', off, tag, 'x')}, align 4")
+        v = f"%{tag}.xv"
+        if residual:
+            a(f"  %{tag}.rv = load {ty}, ptr {ptr('%rr', off, tag, 'r')}, align 4")
+            a(f"  %{tag}.sv = fadd {ty} {v}, %{tag}.rv")
+            v = f"%{tag}.sv"
+            a(f"  store {ty} {v}, ptr {ptr('%sr', off, tag, 's')}, align 4")
+        if kind == "rms":
+            a(f"  %{tag}.sq = fmul {ty} {v}, {v}")
+            v = f"%{tag}.sq"
+        a(f"  %{tag}.acc = fadd {ty} {accs[0]}, {v}")
+        return [f"%{tag}.acc"]
+
+    def reduce(tag: str, vec: str, sc: str) -> str:
+        a(f"  %{tag} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {sc}, {vt} {vec})")
+        return f"%{tag}"
+
+    inv_c = _f32_hex(1.0 / c)
+    v1 = loop("p1", p1, ["acc"])
+    t1 = scalars("p1", p1, ["acc"])
+    tot = reduce("sum1", v1[0], t1[0])
+    a(f"  %m1 = fmul float {tot}, {inv_c}")
+    if kind == "layer":
+        a("  %mean.0 = insertelement <1 x float> poison, float %m1, i64 0")
+        a(f"  %meanv = shufflevector <1 x float> %mean.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+
+        def p2(off, accs, ty, tag):
+            m = "%meanv" if ty == vt else "%m1"
+            a(f"  %{tag}.v = load {ty}, ptr {ptr(src, off, tag, 'v')}, align 4")
+            a(f"  %{tag}.d = fsub {ty} %{tag}.v, {m}")
+            a(f"  %{tag}.dd = fmul {ty} %{tag}.d, %{tag}.d")
+            a(f"  %{tag}.acc = fadd {ty} {accs[0]}, %{tag}.dd")
+            return [f"%{tag}.acc"]
+        v2 = loop("p2", p2, ["acc"])
+        t2 = scalars("p2", p2, ["acc"])
+        tot2 = reduce("sum2", v2[0], t2[0])
+        a(f"  %var = fmul float {tot2}, {inv_c}")
+    else:
+        a("  %var = fadd float %m1, 0.0")
+    a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
+    a("  %sd = call float @llvm.sqrt.f32(float %ve)")
+    a("  %rstd = fdiv float 1.0, %sd")
+    a("  %rs.0 = insertelement <1 x float> poison, float %rstd, i64 0")
+    a(f"  %rstdv = shufflevector <1 x float> %rs.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+
+    # pass 3: y = (s - mean) * rstd * w + b
+    def p3(off, accs, ty, tag):
+        vec = ty == vt
+        a(f"  %{tag}.v = load {ty}, ptr {ptr(src, off, tag, 'v')}, align 4")
+        v = f"%{tag}.v"
+        if kind == "layer":
+            a(f"  %{tag}.d = fsub {ty} {v}, {'%meanv' if vec else '%m1'}")
+            v = f"%{tag}.d"
+        a(f"  %{tag}.n = fmul {ty} {v}, {'%rstdv' if vec else '%rstd'}")
+        v = f"%{tag}.n"
+        if weight:
+            a(f"  %{tag}.wv = load {ty}, ptr {ptr('%w', off, tag, 'w')}, align 4")
+            a(f"  %{tag}.nw = fmul {ty} {v}, %{tag}.wv")
+            v = f"%{tag}.nw"
+        if bias:
+            a(f"  %{tag}.bv = load {ty}, ptr {ptr('%b', off, tag, 'b')}, align 4")
+            a(f"  %{tag}.nb = fadd {ty} {v}, %{tag}.bv")
+            v = f"%{tag}.nb"
+        a(f"  store {ty} {v}, ptr {ptr('%yr', off, tag, 'y')}, align 4")
+        return []
+    loop("p3", p3, [])
+    scalars("p3", p3, [])
+    a("  br label %rowend")
+    a("rowend:")
+    a("  %i.next = add i64 %i, 1")
+    a("  %more = icmp slt i64 %i.next, %hi")
+    a("  br i1 %more, label %row, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+    return "\n".join(out) + "\n"
+
+
+_COMPILED: dict = {}
+_LOCK = threading.Lock()
+
+
+def kernel_source(kind: str, c: int, eps: float | None, residual: bool, weight: bool, bias: bool) -> tuple[str, str]:
+    """(name, LLVM IR) of the kernel a norm with these properties runs (``eps`` None: f32's
+    machine epsilon, rms_norm's default)."""
+    if eps is None:
+        eps = float(np.finfo(np.float32).eps)
+    name = f"pt_{kind}_norm_c{c}{'_add' if residual else ''}{'_w' if weight else ''}{'_b' if bias else ''}"
+    return name, norm_ir(name, kind, c, float(eps), residual, weight, bias)
+
+
+def _kernel(kind: str, c: int, eps: float, residual: bool, weight: bool, bias: bool) -> Any:
+    from .jit import jit
+
+    key = (kind, c, _f32_hex(eps), residual, weight, bias, vector_width())
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is None:
+            name, ir = kernel_source(kind, c, eps, residual, weight, bias)
+            fn = _COMPILED[key] = jit().kernel(name, ir, 0,
+                                               argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                         ctypes.c_int64]).fn
+        return fn
+
+
+def supported(shape: tuple, axes: tuple, dtypes: list) -> str | None:
+    """Why the generated kernel does not take a norm of an input of ``shape`` over ``axes``
+    (trailing) with operands of ``dtypes``, or None when it does."""
+    if any(dt is not f32 for dt in dtypes):
+        return "an operand is not f32"
+    if any(not isinstance(d, int) for d in shape):
+        return "a dynamic dim"
+    if math.prod(shape) == 0:
+        return "an empty tensor"
+    return None
+
+
+class PreparedNorm:
+    """One norm node's kernel: rows of ``c`` elements, ``rows`` of them. ``__call__(x, r, w, b)``
+    returns y, or (y, s) with a residual. Inputs that are not contiguous are copied first."""
+
+    def __init__(self, kind: str, shape: tuple, n_axes: int, eps: float | None, residual: bool,
+                 weight: bool, bias: bool) -> None:
+        self.shape = tuple(shape)
+        self.c = math.prod(self.shape[len(self.shape) - n_axes:])
+        self.rows = math.prod(self.shape) // self.c
+        self.residual, self.weight, self.bias = residual, weight, bias
+        if eps is None:  # rms_norm's default: f32's machine epsilon
+            eps = float(np.finfo(np.float32).eps)
+        self.fn = _kernel(kind, self.c, float(eps), residual, weight, bias)
+        self.parallel = self.rows > 1 and self.rows * self.c >= PARALLEL_MIN_ELEMENTS
+        self.params = (ctypes.c_int64 * len(_P))()
+
+    def __call__(self, x: Any, r: Any = None, w: Any = None, b: Any = None) -> Any:
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(self.shape, dtype=torch.float32)
+        s = None
+        p = self.params
+        p[0] = x.data_ptr()
+        if self.residual:
+            r = r if r.is_contiguous() else r.contiguous()
+            s = torch.empty(self.shape, dtype=torch.float32)
+            p[1], p[4] = r.data_ptr(), s.data_ptr()
+        if self.weight:
+            w = w if w.is_contiguous() else w.contiguous()
+            p[2] = w.data_ptr()
+        if self.bias:
+            b = b if b.is_contiguous() else b.contiguous()
+            p[3] = b.data_ptr()
+        p[5] = y.data_ptr()
+        nt = min(torch.get_num_threads(), self.rows) if self.parallel else 1
+        if nt <= 1:
+            self.fn(p, 0, self.rows, 0)
+        else:
+            from .gemm import split_on_team
+
+            split_on_team(self.fn, p, self.rows, nt)
+        return (y, s) if self.residual else y
+
+
+def norm_kernel(node: Any, inplace: bool = False) -> Any:
+    """The step running a ``layer_norm``, ``rms_norm`` or ``add_norm`` node on the generated
+    kernel, or None (the op's own step) where ``supported`` refuses it or no code can be
+    generated on this machine."""
+    del inplace
+    if node.op == "add_norm":
+        kind, residual, extra = node.attrs["kind"], True, list(node.operands[2:])
+    else:
+        kind, residual, extra = ("layer" if node.op == "layer_norm" else "rms"), False, list(node.operands[1:])
+    x = node.operands[0]
+    dtypes = [v.type.dtype for v in node.operands] + [r.type.dtype for r in node.results]
+    if supported(tuple(x.type.shape), tuple(node.attrs["axes"]), dtypes) is not None:
+        return None
+    try:
+        pn = PreparedNorm(kind, tuple(x.type.shape), len(node.attrs["axes"]), node.attrs["eps"], residual,
+                          len(extra) > 0, len(extra) > 1)
+    except Exception as e:  # CodegenError: the op's own step runs it
+        import warnings
+
+        warnings.warn(f"partita: the generated {node.op} did not compile ({e}); ATen runs it",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    fallback = OPS[node.op].torch
+    if residual:
+        def step(args: list, attrs: dict) -> Any:
+            if not args[0].is_cpu:
+                return fallback(args, attrs)
+            return pn(args[0], args[1], *args[2:])
+    else:
+        def step(args: list, attrs: dict) -> Any:
+            if not args[0].is_cpu:
+                return fallback(args, attrs)
+            return pn(args[0], None, *args[1:])
+    return step

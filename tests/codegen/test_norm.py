@@ -1,0 +1,183 @@
+"""Generated layer norm and RMS norm with the residual add before them (partita/codegen/norm.py):
+the kernel against torch on sizes that are and are not multiples of the vector width, the
+rewrite with the reference before and after, what it leaves alone, the op's own steps, and a
+pre-LN transformer block and a transformers GPT-2 compiled end to end against eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from partita.codegen import CompiledProgram
+from partita.codegen.lowering import vector_width
+from partita.codegen.norm import PreparedNorm, norm_ir
+from partita.ir import Builder, TensorType, verify
+from partita.ir.diagnostics import TypeRuleError
+from partita.ir.dtypes import DTYPES
+from partita.passes import PassManager
+
+from strategies import random_inputs, run_reference
+
+F32 = DTYPES["f32"]
+T = lambda *s: TensorType(tuple(s), F32)  # noqa: E731
+
+# rows of C: below one vector, not a multiple of it, a multiple of 4 vectors, 3 vectors
+_SHAPES = [(3, 5), (7, 17), (2, 3, 40), (148, 256), (1, 1), (4, 3 * 16), (5, 2 * 8 + 3)]
+
+
+def _torch_norm(kind, s, w, b, eps):
+    if kind == "layer":
+        return torch.nn.functional.layer_norm(s, s.shape[-1:], w, b, eps)
+    return torch.nn.functional.rms_norm(s, s.shape[-1:], w, eps)
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("kind,residual,affine", [("layer", True, 2), ("layer", False, 2), ("layer", True, 0),
+                                                  ("layer", False, 1), ("rms", True, 1), ("rms", False, 0)])
+def test_the_kernel_equals_torch(shape, kind, residual, affine):
+    g = torch.Generator().manual_seed(hash((shape, kind, residual, affine)) % 1000)
+    x = torch.randn(shape, generator=g) * 3 + 1.5   # a mean far from 0: the two-pass variance matters
+    r = torch.randn(shape, generator=g)
+    w = torch.randn(shape[-1:], generator=g)
+    b = torch.randn(shape[-1:], generator=g)
+    pn = PreparedNorm(kind, shape, 1, 1e-5, residual, affine > 0, affine > 1)
+    out = pn(x, r if residual else None, w if affine > 0 else None, b if affine > 1 else None)
+    s = x + r if residual else x
+    want = _torch_norm(kind, s, w if affine > 0 else None, b if affine > 1 else None, 1e-5)
+    y = out[0] if residual else out
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=2e-5)
+    if residual:
+        assert torch.equal(out[1], s)
+
+
+def test_the_kernel_reads_strided_inputs_and_is_vectorized():
+    x = torch.randn(8, 64).t()            # not contiguous: copied first
+    pn = PreparedNorm("layer", (64, 8), 1, 1e-5, False, False, False)
+    torch.testing.assert_close(pn(x), _torch_norm("layer", x, None, None, 1e-5), rtol=1e-5, atol=2e-5)
+    ir = norm_ir("k", "layer", 64, 1e-5, True, True, True)
+    assert f"<{vector_width()} x float>" in ir and "llvm.vector.reduce.fadd" in ir
+
+
+def _block(kind="layer", broadcast=False, user_between=False, w_late=False):
+    """h2 = h + a; y = norm(h2) (* w + b); out = y * 2 + h2: a pre-LN residual step."""
+    b = Builder()
+    h = b.input("h", T(4, 6, 24))
+    a = b.input("a", T(1, 6, 24) if broadcast else T(4, 6, 24))
+    w = b.input("w", T(24))
+    bias = b.input("bias", T(24))
+    h2 = b.add(h, a)
+    between = b.tanh(h2) if user_between else None
+    if w_late:
+        w = b.mul(w, b.full(value=1.0, shape=[24], dtype="f32"))
+    if kind == "layer":
+        y = b.layer_norm(h2, w, bias, eps=1e-6)
+    else:
+        y = b.rms_norm(h2, w, eps=1e-6)
+    out = b.add(b.mul(y, b.full(value=2.0, shape=[4, 6, 24], dtype="f32")), h2)
+    return verify(b.ret(out, *([between] if between is not None else [])))
+
+
+def _fuse(g):
+    inputs = random_inputs(g, 4)
+    before = run_reference(g, inputs)
+    out = verify(PassManager.parse("fuse-library,dce").run(g))
+    after = run_reference(out, inputs)
+    for x, y in zip(before, after):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+    return out, inputs, before
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_add_then_norm_becomes_add_norm_with_the_same_reference_and_runs_the_kernel(kind):
+    out, inputs, before = _fuse(_block(kind))
+    ops = [n.op for n in out.nodes]
+    assert ops.count("add_norm") == 1 and "layer_norm" not in ops and "rms_norm" not in ops
+    an = next(n for n in out.nodes if n.op == "add_norm")
+    assert an.attrs["kind"] == kind and an.attrs["eps"] == 1e-6
+    assert an.results[1].users                      # the sum still feeds the next residual add
+    feed = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    got = CompiledProgram(out)(feed)
+    np.testing.assert_allclose(got[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+    from partita.backend.torch_exec import TorchProgram
+
+    aten = TorchProgram(out)(feed)                  # the op's own step: add, then the norm on ATen
+    np.testing.assert_allclose(aten[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_user_between_the_add_and_the_norm_keeps_its_order():
+    out, inputs, before = _fuse(_block(user_between=True))
+    assert [n.op for n in out.nodes].count("add_norm") == 1
+    got = CompiledProgram(out)({k: torch.from_numpy(v) for k, v in inputs.items()})
+    for x, y in zip(got, before):
+        np.testing.assert_allclose(x.numpy(), y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{"broadcast": True}, {"w_late": True}])
+def test_what_does_not_fit_stays_an_add_and_a_norm(kw):
+    out, _, _ = _fuse(_block(**kw))
+    ops = [n.op for n in out.nodes]
+    assert "add_norm" not in ops and "layer_norm" in ops
+
+
+def test_a_plain_layer_norm_runs_the_generated_kernel():
+    b = Builder()
+    x = b.input("x", T(5, 40))
+    w, bias = b.input("w", T(40)), b.input("b", T(40))
+    g = verify(b.ret(b.layer_norm(x, w, bias)))
+    prog = CompiledProgram(g)
+    step = next(st for st in prog.program.steps if st[7].op == "layer_norm")
+    assert getattr(step[0], "__qualname__", "").startswith("norm_kernel")
+    inputs = random_inputs(g, 1)
+    got = prog({k: torch.from_numpy(v) for k, v in inputs.items()})[0]
+    np.testing.assert_allclose(got.numpy(), run_reference(g, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_operands_get_clear_errors():
+    b = Builder()
+    x, r = b.input("x", T(4, 8)), b.input("r", T(1, 8))
+    with pytest.raises(TypeRuleError, match="residual .* must have x's type"):
+        b.add_norm(x, r)
+    b = Builder()
+    x, r = b.input("x", T(4, 8)), b.input("r", T(4, 8))
+    w, bias = b.input("w", T(8)), b.input("b", T(8))
+    with pytest.raises(TypeRuleError, match="rms.* no bias"):
+        b.add_norm(x, r, w, bias, kind="rms")
+
+
+def test_a_gpt2_compiles_with_add_norm_and_equals_eager():
+    transformers = pytest.importorskip("transformers")
+    import partita
+    from partita.frontend.torch_export import import_torch
+
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 16))
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    wrapped = Logits(model).eval()
+    g = partita.optimize(import_torch(wrapped, (ids,)), "fuse-activations,canonicalize,cse,fold-constants,dce")
+    prog = CompiledProgram(g)
+    # every norm but the first (its input is the embeddings' sum with a broadcast position table)
+    assert sum(n.op == "add_norm" for n in prog.graph.nodes) >= 3
+    with torch.no_grad():
+        want = wrapped(ids)
+    got = prog([ids])[0]
+    assert float((got - want).abs().max()) <= 1e-4
+
+
+def test_emit_kernels_prints_the_norm_kernels():
+    from partita.codegen import emit_kernels
+
+    out, _, _ = _fuse(_block("layer"))
+    text = emit_kernels(out)
+    assert "; ---- norm kernel pt_layer_norm_c24_add_w_b" in text and "define void @pt_layer_norm_c24_add_w_b" in text
+    assert "llvm.sqrt.f32" in emit_kernels(out, optimized=True)
