@@ -66,7 +66,9 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            g = PassManager.parse("fold-batch-norm,fuse-library,assign-layout").run(g)
+            g = PassManager.parse("fold-batch-norm,fuse-library").run(g)
+            g = _fold_movement(g)
+            g = PassManager.parse("assign-layout").run(g)
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)
@@ -192,6 +194,22 @@ class CompiledProgram:
         for f in fb:
             lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
         return "\n".join(lines)
+
+
+def _fold_movement(g: Graph) -> Graph:
+    """The canonicalize rules on chains of data movement (transposes that cancel across a
+    reshape, reshapes of reshapes) run on what fuse-library made: its patch embedding as a
+    linear layer moves the result back to [N, C, H, W], which the model then flattens and
+    transposes to [N, H*W, C], a copy that these rules turn into one view. (Not the whole
+    canonicalize pass: the caller chose the graph's pipeline.)"""
+    from ..passes.canonicalize import RULES
+    from ..passes.rewrite import RewriteDriver
+
+    names = ("transpose-reshape-transpose", "reshape-reshape", "reshape-same")
+    RewriteDriver([r for r in RULES if r.name in names]).run(g)
+    from ..passes.dce import DeadCodeElimination
+
+    return DeadCodeElimination().run(g)
 
 
 def _matmul_into(out, torch):

@@ -163,6 +163,32 @@ def _reshape_reshape(m: Match) -> Value | None:
     return m.emit("reshape", x, shape=m.type.shape)
 
 
+# The most elements ``_moves_nothing`` checks by computing the composite index map.
+_MOVE_CHECK_MAX = 1 << 21
+
+
+def _moves_nothing(m: Match) -> Value | None:
+    """transpose(reshape(transpose(x))) whose elements come out in x's own flat order (the
+    second transpose undoes the first across the reshape, as a patch embedding's
+    conv-as-linear does when it turns [B, H, W, C] into [B, C, H, W] and then [B, H*W, C]):
+    one reshape of x, a view, where the unfolded chain needs a copy at the reshape. Checked
+    exactly, by carrying every element's flat index through the three ops (up to
+    ``_MOVE_CHECK_MAX`` elements; larger chains are left alone)."""
+    import numpy as np
+
+    x: Value = m["x"]
+    shape = x.type.shape
+    if any(not isinstance(d, int) for d in (*shape, *m.type.shape)) or x.type.numel > _MOVE_CHECK_MAX:
+        return None
+    idx = np.arange(x.type.numel, dtype=np.int64).reshape(shape)
+    idx = np.transpose(idx, _transpose_perm(m["inner"]))
+    idx = idx.reshape(m["mid"].results[0].type.shape)
+    idx = np.transpose(idx, _transpose_perm(m.root))
+    if not np.array_equal(idx.reshape(-1), np.arange(x.type.numel, dtype=np.int64)):
+        return None
+    return m.emit("reshape", x, shape=m.type.shape)
+
+
 def _broadcast_broadcast(m: Match) -> Value | None:
     return m.emit("broadcast_to", m["x"], shape=m.type.shape)
 
@@ -219,6 +245,11 @@ RULES: list[Rule] = [
     rule("transpose-identity", Op("transpose", X, where=_identity_transpose), X),
     rule("transpose-transpose", Op("transpose", Op("transpose", X, bind="inner")), _transpose_transpose,
          requires=("transpose",), doc="compose the permutations (drop them when they cancel)"),
+    rule("transpose-reshape-transpose",
+         Op("transpose", Op("reshape", Op("transpose", X, bind="inner"), bind="mid")), _moves_nothing,
+         requires=("reshape",),
+         doc="two transposes that cancel across a reshape (elements in x's own order) are one reshape: "
+             "a view instead of a copy"),
     rule("reshape-same", Op("reshape", X, where=_same_type_as_operand), X),
     rule("reshape-reshape", Op("reshape", Op("reshape", X)), _reshape_reshape, requires=("reshape",)),
     rule("broadcast-same", Op("broadcast_to", X, where=_same_type_as_operand), X),

@@ -285,6 +285,26 @@ def test_a_patch_convolution_becomes_a_gemm_and_packs_its_weight_view():
     assert packed_weight_stats()["packed"] - start == 1
 
 
+def test_a_patch_embedding_flattened_as_vit_does_is_a_view_of_the_gemm_result():
+    """conv as linear, then the model's flatten(2).transpose(1, 2): the two transposes cancel
+    across the reshape, so CompiledProgram's graph reshapes the GEMM's result and copies nothing."""
+    from partita.codegen import CompiledProgram
+
+    b = Builder()
+    x = b.input("x", T(2, 3, 32, 32))
+    y = b.conv2d(x, b.param("w", T(64, 3, 8, 8)), b.param("b", T(64)), stride=(8, 8))
+    t = b.transpose(b.reshape(y, shape=(2, 64, 16)), perm=(0, 2, 1))
+    g = verify(b.ret(b.tanh(t)))
+    prog = CompiledProgram(g)
+    ops = [n.op for n in prog.graph.nodes]
+    after = ops[ops.index("linear_pointwise") + 1:]
+    assert "transpose" not in after and after[0] == "reshape", ops
+    xs, w, bias = _rand(2, 3, 32, 32), _rand(64, 3, 8, 8, seed=1, scale=0.1), _rand(64, seed=2)
+    want = torch.tanh(F.conv2d(xs, w, bias, stride=8).flatten(2).transpose(1, 2))
+    for _ in range(3):
+        _close(prog([xs], {"w": w, "b": bias})[0], want)
+
+
 def test_convolutions_that_are_not_patches_stay_convolutions():
     for shape, kw in [((4, 3, 3, 3), dict(stride=(1, 1), padding=(1, 1))),   # overlapping windows
                       ((4, 3, 2, 2), dict(stride=(2, 2), padding=(1, 1))),   # padded

@@ -255,3 +255,24 @@ def test_rewritten_nodes_keep_the_source_location_of_the_root():
     assert ops_of(out) == ["matmul", "transpose"]
     assert all('loc("model.py":5)' in ln for ln in out.splitlines() if " = " in ln)
     assert TensorType((3, 3), parse(out).outputs[0].type.dtype) == parse(out).outputs[0].type
+
+
+@pytest.mark.parametrize("perm2,out_shape,cancels", [([0, 2, 1], [2, 9, 8], True), ([2, 0, 1], [9, 2, 8], False),
+                                                      ([0, 1, 2], [2, 8, 9], False)])
+def test_transposes_that_cancel_across_a_reshape_become_one_reshape(perm2, out_shape, cancels):
+    """[B, H, W, C] -> [B, C, H, W] -> [B, C, H*W] -> [B, H*W, C] is reshape(x); other second
+    permutations are not, and stay."""
+    from strategies import run_reference
+
+    ty = ",".join(map(str, out_shape))
+    text = f"""graph @f(%x: f32[2,3,3,8]) -> (f32[{ty}]) {{
+  %0 = transpose(%x) {{perm=[0, 3, 1, 2]}} : f32[2,8,3,3]
+  %1 = reshape(%0) {{shape=[2, 8, 9]}} : f32[2,8,9]
+  %2 = transpose(%1) {{perm={perm2}}} : f32[{ty}]
+  return %2
+}}
+"""
+    x = {"x": np.random.default_rng(0).standard_normal((2, 3, 3, 8)).astype(np.float32)}
+    out = PassManager.parse("canonicalize,dce").run(parse(text, "t.pir"))
+    assert (ops_of(print_graph(out)) == ["reshape"]) == cancels
+    np.testing.assert_array_equal(run_reference(parse(text, "t.pir"), x)[0], run_reference(out, x)[0])
