@@ -143,6 +143,9 @@ class CompiledProgram:
 
         unplanned = set(self.library_matmuls)
         unplanned |= {n for n in nodes if n.op in ("conv2d_pointwise", "linear_pointwise") and not writes_into(n)}
+        from .norm import NORM_OPS, norm_kernel, takes as norm_takes
+
+        unplanned |= {n for n in nodes if n.op in NORM_OPS and not norm_takes(n)}
         # a generated convolution's residual add reads each element of `other` just before it
         # writes the same element of its result: the result may take other's buffer
         in_place = {n: len(n.operands) - 1 for n in nodes if n.op == "conv2d_pointwise"
@@ -166,6 +169,8 @@ class CompiledProgram:
                 fn = step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
             elif node.op == "linear_pointwise" and outs[0] is not None:  # the generated GEMM's
                 fn = step_into(node, outs[0])
+            elif node.op in NORM_OPS:
+                fn = norm_kernel(node, False, outs)
             else:
                 continue
             prog.steps[i] = (fn, *st[1:])

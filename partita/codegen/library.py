@@ -56,7 +56,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import has_effects, sole_user
-from .norm import fuse_add_norm
+from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -924,6 +924,7 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     "attention": fuse_rotary,
     "layer_norm": fuse_add_norm,
     "rms_norm": fuse_add_norm,
+    "mean": fuse_rms_norm,
 }
 
 

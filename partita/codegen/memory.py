@@ -2,9 +2,10 @@
 
 Which values are planned. Those whose producing step writes into a buffer it is given:
 generated kernels (``fused``, whose outputs the kernel stores), ``matmul`` (``out=``), the
-linear layers the generated GEMM runs (``linear_pointwise``) and the convolutions the
+linear layers the generated GEMM runs (``linear_pointwise``), the convolutions the
 generated kernel runs (``conv2d_pointwise``, a channels-last result: the buffer's bytes seen as
-[N, H, W, C]); those oneDNN runs allocate their own.
+[N, H, W, C]) and the norms the generated norm kernel runs (``layer_norm``, ``rms_norm``,
+``add_norm``); those oneDNN or ATen runs allocate their own.
 Everything else is allocated by ATen when it runs, and the plan still counts it, so the
 peak it reports covers the whole program.
 
@@ -34,7 +35,8 @@ __all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN"]
 
 ALIGN = 64
 # Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
-PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise", "linear_pointwise"})
+PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise", "linear_pointwise", "layer_norm", "rms_norm",
+                         "add_norm"})
 
 
 # Bytes kept free after each buffer of at least a page, so that buffers next to each other do

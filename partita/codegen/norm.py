@@ -41,7 +41,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .lowering import vector_width
 
-__all__ = ["fuse_add_norm", "norm_ir", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
+__all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
 
 KINDS = ("layer", "rms")
 _NORM_OP = {"layer": "layer_norm", "rms": "rms_norm"}
@@ -144,6 +144,79 @@ def fuse_add_norm(graph: Graph, node: Node) -> Node | None:
     graph.erase(node)
     graph.erase(add)
     return new
+
+
+def _other(node: Node, v) -> Any:
+    """The operand of the binary ``node`` that is not ``v`` (None when neither or both are)."""
+    a, b = node.operands
+    if a is v and b is not v:
+        return b
+    if b is v and a is not v:
+        return a
+    return None
+
+
+def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
+    """RMSNorm as transformers' Llama, Mistral and Qwen write it, on f32,
+
+        w * (x * rsqrt(mean(pow(x, 2), axes=[-1], keepdim) + eps))     (w optional)
+
+    (operands of each mul in either order, every intermediate read only on the way) into
+    ``rms_norm(x, w) {eps}``, then into ``add_norm`` with the residual add before it where
+    ``fuse_add_norm`` applies; ``node`` is the mean. The rms_norm's reference divides by the
+    square root where the pattern multiplies by its reciprocal: the two differ by an ulp or so."""
+    from ..passes.rewrite import sole_user, splat_value
+
+    p = node.operands[0].producer
+    if p is None or p.op != "pow" or splat_value(p.operands[1]) != 2 or sole_user(node.operands[0]) is not node:
+        return None
+    x = p.operands[0]
+    if x.type.dtype is not f32 or x.type.rank < 1 or not node.attrs.get("keepdim"):
+        return None
+    axes = [a % x.type.rank for a in node.attrs["axes"]]
+    if axes != [x.type.rank - 1]:
+        return None
+    add = sole_user(node.results[0])
+    if add is None or add.op != "add":
+        return None
+    eps_v = _other(add, node.results[0])
+    eps = None if eps_v is None else splat_value(eps_v)
+    if eps is None or isinstance(eps, bool) or eps_v.type.numel != 1:
+        return None
+    rs = sole_user(add.results[0])
+    if rs is None or rs.op != "rsqrt":
+        return None
+    m1 = sole_user(rs.results[0])
+    if m1 is None or m1.op != "mul" or _other(m1, rs.results[0]) is not x or m1.results[0].type != x.type:
+        return None
+    last, w = m1, None
+    m2 = sole_user(m1.results[0])
+    if m2 is not None and m2.op == "mul":
+        cand = _other(m2, m1.results[0])
+        if cand is not None and cand.type.shape == (x.type.shape[-1],) and cand.type.dtype is f32 \
+                and m2.results[0].type == x.type:
+            last, w = m2, cand
+    if w is not None and w.producer is not None:
+        # the weight must exist where the new node goes (the last mul's place): it does when
+        # it is made before the mean
+        seen = False
+        for n in graph.nodes:
+            if n is w.producer:
+                seen = True
+            if n is node:
+                break
+        if not seen:
+            return None
+    new = Node("rms_norm", [x] + ([w] if w is not None else []),
+               OPS["rms_norm"].normalize_attrs({"axes": (-1,), "eps": float(eps)}), [x.type], last.loc)
+    graph.insert_before(last, new)
+    graph.replace_all_uses(last.results[0], new.results[0])
+    for n in (last, m1) if last is not m1 else (m1,):
+        if n.graph is graph:
+            graph.erase(n)
+    for n in (rs, add, node, p):
+        graph.erase(n)
+    return fuse_add_norm(graph, new) or new
 
 
 # --- the kernel ------------------------------------------------------------------------------
@@ -382,15 +455,18 @@ class PreparedNorm:
         self.parallel = self.rows > 1 and self.rows * self.c >= PARALLEL_MIN_ELEMENTS
         self.params = (ctypes.c_int64 * len(_P))()
 
-    def __call__(self, x: Any, r: Any = None, w: Any = None, b: Any = None) -> Any:
+    def __call__(self, x: Any, r: Any = None, w: Any = None, b: Any = None, y: Any = None, s: Any = None) -> Any:
+        """The norm of ``x`` (+ ``r``); written into ``y`` (and the sum into ``s``), contiguous
+        tensors of the input's shape, where given (the memory plan's buffers)."""
         x = x if x.is_contiguous() else x.contiguous()
-        y = torch.empty(self.shape, dtype=torch.float32)
-        s = None
+        if y is None:
+            y = torch.empty(self.shape, dtype=torch.float32)
         p = self.params
         p[0] = x.data_ptr()
         if self.residual:
             r = r if r.is_contiguous() else r.contiguous()
-            s = torch.empty(self.shape, dtype=torch.float32)
+            if s is None:
+                s = torch.empty(self.shape, dtype=torch.float32)
             p[1], p[4] = r.data_ptr(), s.data_ptr()
         if self.weight:
             w = w if w.is_contiguous() else w.contiguous()
@@ -409,19 +485,43 @@ class PreparedNorm:
         return (y, s) if self.residual else y
 
 
-def norm_kernel(node: Any, inplace: bool = False) -> Any:
-    """The step running a ``layer_norm``, ``rms_norm`` or ``add_norm`` node on the generated
-    kernel, or None (the op's own step) where ``supported`` refuses it or no code can be
-    generated on this machine."""
-    del inplace
+NORM_OPS = ("layer_norm", "rms_norm", "add_norm")
+
+
+def _parts(node: Any) -> tuple[str, bool, list]:
     if node.op == "add_norm":
-        kind, residual, extra = node.attrs["kind"], True, list(node.operands[2:])
-    else:
-        kind, residual, extra = ("layer" if node.op == "layer_norm" else "rms"), False, list(node.operands[1:])
+        return node.attrs["kind"], True, list(node.operands[2:])
+    return ("layer" if node.op == "layer_norm" else "rms"), False, list(node.operands[1:])
+
+
+def takes(node: Any) -> bool:
+    """Whether the generated kernel runs the ``layer_norm``, ``rms_norm`` or ``add_norm`` node
+    (so its results can go into the memory plan's buffers)."""
+    if node.op not in NORM_OPS:
+        return False
     x = node.operands[0]
     dtypes = [v.type.dtype for v in node.operands] + [r.type.dtype for r in node.results]
     if supported(tuple(x.type.shape), tuple(node.attrs["axes"]), dtypes) is not None:
+        return False
+    try:
+        from .jit import jit
+
+        jit()
+    except Exception:  # no code generator here
+        return False
+    return True
+
+
+def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Any:
+    """The step running a ``layer_norm``, ``rms_norm`` or ``add_norm`` node on the generated
+    kernel, or None (the op's own step) where ``supported`` refuses it or no code can be
+    generated on this machine. ``outs``: the memory plan's buffers for the node's results
+    (None for one it does not plan)."""
+    del inplace
+    if not takes(node):
         return None
+    kind, residual, extra = _parts(node)
+    x = node.operands[0]
     try:
         pn = PreparedNorm(kind, tuple(x.type.shape), len(node.attrs["axes"]), node.attrs["eps"], residual,
                           len(extra) > 0, len(extra) > 1)
@@ -432,14 +532,15 @@ def norm_kernel(node: Any, inplace: bool = False) -> Any:
                       RuntimeWarning, stacklevel=2)
         return None
     fallback = OPS[node.op].torch
-    if residual:
-        def step(args: list, attrs: dict) -> Any:
-            if not args[0].is_cpu:
-                return fallback(args, attrs)
-            return pn(args[0], args[1], *args[2:])
-    else:
-        def step(args: list, attrs: dict) -> Any:
-            if not args[0].is_cpu:
-                return fallback(args, attrs)
-            return pn(args[0], None, *args[1:])
+    y_out, s_out = (list(outs) + [None, None])[:2] if outs else (None, None)
+    w_at = 2 if residual else 1
+    n_extra = len(extra)
+
+    def step(args: list, attrs: dict) -> Any:
+        x = args[0]
+        if not x.is_cpu:
+            return fallback(args, attrs)
+        w = args[w_at] if n_extra > 0 else None
+        b = args[w_at + 1] if n_extra > 1 else None
+        return pn(x, args[1] if residual else None, w, b, y_out, s_out)
     return step

@@ -181,3 +181,86 @@ def test_emit_kernels_prints_the_norm_kernels():
     text = emit_kernels(out)
     assert "; ---- norm kernel pt_layer_norm_c24_add_w_b" in text and "define void @pt_layer_norm_c24_add_w_b" in text
     assert "llvm.sqrt.f32" in emit_kernels(out, optimized=True)
+
+
+def _rms_block(weight="right", axis=-1, keepdim=True, exponent=2.0):
+    """h2 = h + a; y = w * (h2 * rsqrt(mean(h2^2) + eps)), as transformers' LlamaRMSNorm."""
+    b = Builder()
+    h, a = b.input("h", T(4, 6, 24)), b.input("a", T(4, 6, 24))
+    w = b.input("w", T(24))
+    h2 = b.add(h, a)
+    sq = b.pow(h2, b.full(value=exponent, shape=[], dtype="f32"))
+    ms = b.mean(sq, axes=[axis], keepdim=keepdim)
+    r = b.rsqrt(b.add(ms, b.full(value=1e-6, shape=[], dtype="f32")))
+    n = b.mul(r, h2) if weight == "left" else b.mul(h2, r)
+    if weight == "right":
+        n = b.mul(w, n)
+    elif weight == "left":
+        n = b.mul(n, w)
+    return verify(b.ret(b.add(n, h2)))
+
+
+@pytest.mark.parametrize("weight", ["right", "left", None])
+def test_rms_norm_as_llama_writes_it_becomes_add_norm(weight):
+    out, inputs, before = _fuse(_rms_block(weight))
+    ops = [n.op for n in out.nodes]
+    assert ops.count("add_norm") == 1 and "rsqrt" not in ops and "mean" not in ops, ops
+    an = next(n for n in out.nodes if n.op == "add_norm")
+    assert an.attrs["kind"] == "rms" and an.attrs["eps"] == pytest.approx(1e-6)
+    assert len(an.operands) == (3 if weight else 2)
+    feed = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    np.testing.assert_allclose(CompiledProgram(out)(feed)[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{"axis": 1}, {"keepdim": False, "axis": -1, "weight": None}, {"exponent": 3.0}])
+def test_what_is_not_an_rms_norm_is_left_alone(kw):
+    try:
+        g = _rms_block(**kw)
+    except TypeRuleError:   # keepdim=False does not broadcast back: not a graph to rewrite
+        return
+    out, _, _ = _fuse(g)
+    assert "add_norm" not in [n.op for n in out.nodes] and "rms_norm" not in [n.op for n in out.nodes]
+
+
+def test_norm_results_are_in_the_memory_plan_and_stay_right_call_after_call():
+    out, inputs, before = _fuse(_block("layer"))
+    prog = CompiledProgram(out)
+    an = next(n for n in prog.graph.nodes if n.op == "add_norm")
+    planned = {b.value for b in prog.memory_plan.planned()}
+    assert an.results[0] in planned or an.results[1] in planned
+    feed = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    for _ in range(3):
+        np.testing.assert_allclose(prog(feed)[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+    unplanned = CompiledProgram(out, plan_memory=False)(feed)[0]
+    np.testing.assert_allclose(unplanned.numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_llama_compiles_with_rms_add_norm_and_equals_eager():
+    transformers = pytest.importorskip("transformers")
+    import partita
+    from partita.frontend.torch_export import import_torch
+
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, vocab_size=100, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 16))
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    wrapped = Logits(model).eval()
+    g = partita.optimize(import_torch(wrapped, (ids,)), "fuse-activations,canonicalize,cse,fold-constants,dce")
+    prog = CompiledProgram(g)
+    ops = [n.op for n in prog.graph.nodes]
+    # every norm but the first takes its residual add; the first is a plain rms_norm
+    assert ops.count("add_norm") == 4 and ops.count("rms_norm") == 1, ops
+    with torch.no_grad():
+        want = wrapped(ids)
+    got = prog([ids])[0]
+    assert float((got - want).abs().max()) <= 1e-4
