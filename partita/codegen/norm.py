@@ -70,10 +70,6 @@ def _add_norm_infer(ts, attrs):
     return [y, x]
 
 
-def _compute(a):
-    return np.asarray(a)
-
-
 def _add_norm_reference(args, attrs):
     x, r = args[0], args[1]
     with np.errstate(all="ignore"):
