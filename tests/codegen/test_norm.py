@@ -264,3 +264,21 @@ def test_a_llama_compiles_with_rms_add_norm_and_equals_eager():
         want = wrapped(ids)
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
+
+
+def test_empty_and_non_f32_norms_fall_back_to_aten_with_the_same_results():
+    from partita.codegen.norm import norm_kernel
+
+    for shape, dt in [((0, 24), "f32"), ((3, 24), "f64")]:
+        ty = TensorType(shape, DTYPES[dt])
+        b = Builder()
+        h, a = b.input("h", ty), b.input("a", ty)
+        w, bias = b.input("w", TensorType((24,), DTYPES[dt])), b.input("b", TensorType((24,), DTYPES[dt]))
+        y = b.layer_norm(b.add(h, a), w, bias)
+        g = verify(b.ret(y))
+        out, inputs, before = _fuse(g)
+        an = next(n for n in out.nodes if n.op == "add_norm")
+        assert norm_kernel(an) is None                 # not the generated kernel: ATen's step
+        got = CompiledProgram(out)({k: torch.from_numpy(v) for k, v in inputs.items()})[0]
+        assert tuple(got.shape) == shape
+        np.testing.assert_allclose(got.numpy(), before[0], rtol=1e-5, atol=1e-5)
