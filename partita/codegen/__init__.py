@@ -295,42 +295,34 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
                 or supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"])):
             continue
         name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
-        users = lines[where[n]].split(" = ")[0].strip()
-        if name in seen:
-            out.append(f"; {users} = {name} (as above)\n")
-            continue
-        seen.add(name)
-        out.append(f"; ---- convolution kernel {name} for {users}: codegen/conv.py, every dimension a constant\n")
-        out.append(jit().optimized_ir(ir) if optimized else ir)
+        _emit_once(out, seen, lines[where[n]].split(" = ")[0].strip(), name, f"convolution kernel {name}",
+                   "codegen/conv.py, every dimension a constant", ir, optimized)
     return out
 
 
 def _emit_norms(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
     """The generated norm kernel (codegen/norm.py) of each ``layer_norm``, ``rms_norm`` and
     ``add_norm`` node it takes (f32, static shapes)."""
-    import math
-
-    from .norm import kernel_source, supported
+    from .norm import kernel_of, kernel_source, takes
 
     out: list[str] = []
     seen: set[str] = set()
     for n in g.nodes:
-        if n.op not in ("layer_norm", "rms_norm", "add_norm"):
+        if not takes(n):
             continue
-        x = n.operands[0]
-        dtypes = [v.type.dtype for v in n.operands] + [r.type.dtype for r in n.results]
-        if supported(tuple(x.type.shape), tuple(n.attrs["axes"]), dtypes) is not None:
-            continue
-        kind = n.attrs["kind"] if n.op == "add_norm" else ("layer" if n.op == "layer_norm" else "rms")
-        extra = len(n.operands) - (2 if n.op == "add_norm" else 1)
-        c = math.prod(x.type.shape[x.type.rank - len(n.attrs["axes"]):])
-        eps = n.attrs["eps"]
-        name, ir = kernel_source(kind, c, eps, n.op == "add_norm", extra > 0, extra > 1)
-        users = lines[where[n]].split(" = ")[0].strip()
-        if name in seen:
-            out.append(f"; {users} = {name} (as above)\n")
-            continue
-        seen.add(name)
-        out.append(f"; ---- norm kernel {name} for {users}: codegen/norm.py, the row size a constant\n")
-        out.append(jit().optimized_ir(ir) if optimized else ir)
+        name, ir = kernel_source(*kernel_of(n))
+        _emit_once(out, seen, lines[where[n]].split(" = ")[0].strip(), name,
+                   f"norm kernel {name}", "codegen/norm.py, the row size a constant", ir, optimized)
     return out
+
+
+def _emit_once(out: list[str], seen: set[str], users: str, name: str, what: str, how: str, ir: str,
+               optimized: bool) -> None:
+    """Append kernel ``name``'s IR under a header naming its users, or a line pointing at the
+    same kernel printed above."""
+    if name in seen:
+        out.append(f"; {users} = {name} (as above)\n")
+        return
+    seen.add(name)
+    out.append(f"; ---- {what} for {users}: {how}\n")
+    out.append(jit().optimized_ir(ir) if optimized else ir)

@@ -41,7 +41,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .lowering import vector_width
 
-__all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
+__all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_of", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
 
 KINDS = ("layer", "rms")
 _NORM_OP = {"layer": "layer_norm", "rms": "rms_norm"}
@@ -120,16 +120,7 @@ def fuse_add_norm(graph: Graph, node: Node) -> Node | None:
         return None
     rest = list(node.operands[1:])
     # the weight and bias must exist where the add stands
-    later = set()
-    seen_add = False
-    for n in graph.nodes:
-        if n is add:
-            seen_add = True
-        elif seen_add:
-            later.add(n)
-            if n is node:
-                break
-    if any(v.producer in later for v in rest):
+    if any(v.producer is not None and add.is_before(v.producer) for v in rest):
         return None
     attrs = {"kind": kind, "axes": node.attrs["axes"], "eps": node.attrs["eps"]}
     new = Node("add_norm", [a, b] + rest, OPS["add_norm"].normalize_attrs(attrs),
@@ -192,17 +183,8 @@ def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
         if cand is not None and cand.type.shape == (x.type.shape[-1],) and cand.type.dtype is f32 \
                 and m2.results[0].type == x.type:
             last, w = m2, cand
-    if w is not None and w.producer is not None:
-        # the weight must exist where the new node goes (the last mul's place): it does when
-        # it is made before the mean
-        seen = False
-        for n in graph.nodes:
-            if n is w.producer:
-                seen = True
-            if n is node:
-                break
-        if not seen:
-            return None
+    if w is not None and w.producer is not None and not w.producer.is_before(node):
+        return None  # the weight must exist where the new node goes: made before the mean, it does
     new = Node("rms_norm", [x] + ([w] if w is not None else []),
                OPS["rms_norm"].normalize_attrs({"axes": (-1,), "eps": float(eps)}), [x.type], last.loc)
     graph.insert_before(last, new)
@@ -335,14 +317,18 @@ def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bo
         a(f"  %{tag} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {sc}, {vt} {vec})")
         return f"%{tag}"
 
+    def total(tag: str, body) -> str:
+        """The row's sum of what ``body`` accumulates: its vector part, its tail, reduced."""
+        return reduce(f"{tag}.sum", loop(tag, body, ["acc"])[0], scalars(tag, body, ["acc"])[0])
+
+    def splat(dst: str, scalar: str) -> None:
+        a(f"  {dst}.0 = insertelement <1 x float> poison, float {scalar}, i64 0")
+        a(f"  {dst} = shufflevector <1 x float> {dst}.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+
     inv_c = _f32_hex(1.0 / c)
-    v1 = loop("p1", p1, ["acc"])
-    t1 = scalars("p1", p1, ["acc"])
-    tot = reduce("sum1", v1[0], t1[0])
-    a(f"  %m1 = fmul float {tot}, {inv_c}")
+    a(f"  %m1 = fmul float {total('p1', p1)}, {inv_c}")
     if kind == "layer":
-        a("  %mean.0 = insertelement <1 x float> poison, float %m1, i64 0")
-        a(f"  %meanv = shufflevector <1 x float> %mean.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+        splat("%meanv", "%m1")
 
         def p2(off, accs, ty, tag):
             m = "%meanv" if ty == vt else "%m1"
@@ -351,17 +337,13 @@ def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bo
             a(f"  %{tag}.dd = fmul {ty} %{tag}.d, %{tag}.d")
             a(f"  %{tag}.acc = fadd {ty} {accs[0]}, %{tag}.dd")
             return [f"%{tag}.acc"]
-        v2 = loop("p2", p2, ["acc"])
-        t2 = scalars("p2", p2, ["acc"])
-        tot2 = reduce("sum2", v2[0], t2[0])
-        a(f"  %var = fmul float {tot2}, {inv_c}")
+        a(f"  %var = fmul float {total('p2', p2)}, {inv_c}")
     else:
         a("  %var = fadd float %m1, 0.0")
     a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
     a("  %sd = call float @llvm.sqrt.f32(float %ve)")
     a("  %rstd = fdiv float 1.0, %sd")
-    a("  %rs.0 = insertelement <1 x float> poison, float %rstd, i64 0")
-    a(f"  %rstdv = shufflevector <1 x float> %rs.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+    splat("%rstdv", "%rstd")
 
     # pass 3: y = (s - mean) * rstd * w + b
     def p3(off, accs, ty, tag):
@@ -400,11 +382,26 @@ _COMPILED: dict = {}
 _LOCK = threading.Lock()
 
 
+def _eps(eps: float | None) -> float:
+    """A norm's eps; None is rms_norm's default, f32's machine epsilon."""
+    return float(np.finfo(np.float32).eps) if eps is None else float(eps)
+
+
+def kernel_of(node: Any) -> tuple[str, int, float, bool, bool, bool]:
+    """(kind, row size, eps, residual, weight, bias) of the kernel a ``layer_norm``, ``rms_norm``
+    or ``add_norm`` node runs."""
+    if node.op == "add_norm":
+        kind, residual, extra = node.attrs["kind"], True, len(node.operands) - 2
+    else:
+        kind, residual, extra = ("layer" if node.op == "layer_norm" else "rms"), False, len(node.operands) - 1
+    x = node.operands[0].type
+    c = math.prod(x.shape[x.rank - len(node.attrs["axes"]):])
+    return kind, c, _eps(node.attrs["eps"]), residual, extra > 0, extra > 1
+
+
 def kernel_source(kind: str, c: int, eps: float | None, residual: bool, weight: bool, bias: bool) -> tuple[str, str]:
-    """(name, LLVM IR) of the kernel a norm with these properties runs (``eps`` None: f32's
-    machine epsilon, rms_norm's default)."""
-    if eps is None:
-        eps = float(np.finfo(np.float32).eps)
+    """(name, LLVM IR) of the kernel a norm with these properties runs."""
+    eps = _eps(eps)
     name = f"pt_{kind}_norm_c{c}{'_add' if residual else ''}{'_w' if weight else ''}{'_b' if bias else ''}"
     return name, norm_ir(name, kind, c, float(eps), residual, weight, bias)
 
@@ -445,9 +442,7 @@ class PreparedNorm:
         self.c = math.prod(self.shape[len(self.shape) - n_axes:])
         self.rows = math.prod(self.shape) // self.c
         self.residual, self.weight, self.bias = residual, weight, bias
-        if eps is None:  # rms_norm's default: f32's machine epsilon
-            eps = float(np.finfo(np.float32).eps)
-        self.fn = _kernel(kind, self.c, float(eps), residual, weight, bias)
+        self.fn = _kernel(kind, self.c, _eps(eps), residual, weight, bias)
         self.parallel = self.rows > 1 and self.rows * self.c >= PARALLEL_MIN_ELEMENTS
         self.params = (ctypes.c_int64 * len(_P))()
 
@@ -484,12 +479,6 @@ class PreparedNorm:
 NORM_OPS = ("layer_norm", "rms_norm", "add_norm")
 
 
-def _parts(node: Any) -> tuple[str, bool, list]:
-    if node.op == "add_norm":
-        return node.attrs["kind"], True, list(node.operands[2:])
-    return ("layer" if node.op == "layer_norm" else "rms"), False, list(node.operands[1:])
-
-
 def takes(node: Any) -> bool:
     """Whether the generated kernel runs the ``layer_norm``, ``rms_norm`` or ``add_norm`` node
     (so its results can go into the memory plan's buffers)."""
@@ -516,11 +505,10 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
     del inplace
     if not takes(node):
         return None
-    kind, residual, extra = _parts(node)
-    x = node.operands[0]
+    kind, _, eps, residual, weight, bias = kernel_of(node)
     try:
-        pn = PreparedNorm(kind, tuple(x.type.shape), len(node.attrs["axes"]), node.attrs["eps"], residual,
-                          len(extra) > 0, len(extra) > 1)
+        pn = PreparedNorm(kind, tuple(node.operands[0].type.shape), len(node.attrs["axes"]), eps, residual,
+                          weight, bias)
     except Exception as e:  # CodegenError: the op's own step runs it
         import warnings
 
@@ -530,13 +518,12 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
     fallback = OPS[node.op].torch
     y_out, s_out = (list(outs) + [None, None])[:2] if outs else (None, None)
     w_at = 2 if residual else 1
-    n_extra = len(extra)
 
     def step(args: list, attrs: dict) -> Any:
         x = args[0]
         if not x.is_cpu:
             return fallback(args, attrs)
-        w = args[w_at] if n_extra > 0 else None
-        b = args[w_at + 1] if n_extra > 1 else None
+        w = args[w_at] if weight else None
+        b = args[w_at + 1] if bias else None
         return pn(x, args[1] if residual else None, w, b, y_out, s_out)
     return step

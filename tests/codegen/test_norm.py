@@ -147,29 +147,13 @@ def test_bad_operands_get_clear_errors():
 
 def test_a_gpt2_compiles_with_add_norm_and_equals_eager():
     transformers = pytest.importorskip("transformers")
-    import partita
-    from partita.frontend.torch_export import import_torch
+    from lm_helpers import compiled_lm
 
     cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32)
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    ids = torch.randint(0, 100, (2, 16))
-
-    class Logits(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    wrapped = Logits(model).eval()
-    g = partita.optimize(import_torch(wrapped, (ids,)), "fuse-activations,canonicalize,cse,fold-constants,dce")
-    prog = CompiledProgram(g)
+    prog, ids, want = compiled_lm(transformers.GPT2LMHeadModel(cfg))
     # every norm but the first (its input is the embeddings' sum with a broadcast position table)
     assert sum(n.op == "add_norm" for n in prog.graph.nodes) >= 3
-    with torch.no_grad():
-        want = wrapped(ids)
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
 
@@ -237,31 +221,15 @@ def test_norm_results_are_in_the_memory_plan_and_stay_right_call_after_call():
 
 def test_a_llama_compiles_with_rms_add_norm_and_equals_eager():
     transformers = pytest.importorskip("transformers")
-    import partita
-    from partita.frontend.torch_export import import_torch
+    from lm_helpers import compiled_lm
 
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=4, vocab_size=100, max_position_embeddings=32)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 100, (2, 16))
-
-    class Logits(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    wrapped = Logits(model).eval()
-    g = partita.optimize(import_torch(wrapped, (ids,)), "fuse-activations,canonicalize,cse,fold-constants,dce")
-    prog = CompiledProgram(g)
+    prog, ids, want = compiled_lm(transformers.LlamaForCausalLM(cfg))
     ops = [n.op for n in prog.graph.nodes]
     # every norm but the first takes its residual add; the first is a plain rms_norm
     assert ops.count("add_norm") == 4 and ops.count("rms_norm") == 1, ops
-    with torch.no_grad():
-        want = wrapped(ids)
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
 

@@ -79,28 +79,12 @@ def test_the_ops_own_step_and_the_kernel_agree():
 
 def test_a_llama_compiles_with_the_rotation_inside_attention_and_equals_eager():
     transformers = pytest.importorskip("transformers")
-    import partita
-    from partita.frontend.torch_export import import_torch
+    from lm_helpers import compiled_lm
 
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=4, vocab_size=100, max_position_embeddings=32)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 100, (2, 16))
-
-    class Logits(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).logits
-
-    wrapped = Logits(model).eval()
-    g = partita.optimize(import_torch(wrapped, (ids,)), "fuse-activations,canonicalize,cse,fold-constants,dce")
-    prog = CompiledProgram(g)
+    prog, ids, want = compiled_lm(transformers.LlamaForCausalLM(cfg))
     assert sum(n.op == "rotary_attention" for n in prog.graph.nodes) == 2
-    with torch.no_grad():
-        want = wrapped(ids)
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
