@@ -279,9 +279,11 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
 
 
 def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
-    """The generated convolution kernel (codegen/conv.py) of each ``conv2d_pointwise`` node
-    it takes (f32, static shapes, groups and dilation 1, bias / add / relu epilogues)."""
+    """The generated convolution kernel of each ``conv2d_pointwise`` node one takes (f32,
+    static shapes, groups and dilation 1, bias / add / relu epilogues): Winograd's
+    (codegen/winograd.py) where it takes the node, else the direct one (codegen/conv.py)."""
     from ..ir.dtypes import f32
+    from . import library, winograd
     from .conv import kernel_source, supported
 
     out: list[str] = []
@@ -291,12 +293,19 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
             continue
         xs, ws = tuple(n.operands[0].type.shape), tuple(n.operands[1].type.shape)
         a = n.attrs
-        if (any(v.type.dtype is not f32 for v in n.operands) or any(not isinstance(d, int) for d in (*xs, *ws))
-                or supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"])):
+        if any(v.type.dtype is not f32 for v in n.operands) or any(not isinstance(d, int) for d in (*xs, *ws)):
             continue
-        name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
+        conv_args = (xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"])
+        if library.WINOGRAD and not winograd.supported(*conv_args):
+            name, ir = winograd.kernel_source(xs, ws, list(a["padding"]), a["unary"])
+            where_ = "codegen/winograd.py, F(2x2, 3x3), every dimension a constant"
+        elif not supported(*conv_args):
+            name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
+            where_ = "codegen/conv.py, every dimension a constant"
+        else:
+            continue
         _emit_once(out, seen, lines[where[n]].split(" = ")[0].strip(), name, f"convolution kernel {name}",
-                   "codegen/conv.py, every dimension a constant", ir, optimized)
+                   where_, ir, optimized)
     return out
 
 

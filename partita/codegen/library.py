@@ -265,12 +265,13 @@ def aten_step(op: str) -> Callable:
 
 # --- packed weights ---------------------------------------------------------------------------
 
-_STATS = {"packed": 0, "unpacked_calls": 0, "generated_conv_calls": 0}
+_STATS = {"packed": 0, "unpacked_calls": 0, "generated_conv_calls": 0, "winograd_calls": 0}
 
 
 def packed_weight_stats() -> dict[str, int]:
-    """How many weights this process packed, how many calls ran a kernel unpacked, and how
-    many convolutions ran on the generated kernel (codegen/conv.py)."""
+    """How many weights this process packed, how many calls ran a kernel unpacked, how many
+    convolutions ran on a generated kernel (codegen/winograd.py or codegen/conv.py), and how
+    many of those on Winograd's."""
     return dict(_STATS)
 
 
@@ -356,8 +357,9 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         name = f"mkldnn._convolution_pointwise.binary(binary_attr={b.onednn!r}, unary_attr=" + \
             (f"{attr!r})" if u is not None else "None)")
     if binary in ("none", "add") and unary in ("none", "relu"):
-        name = (f"partita.conv(packed weight, binary={binary!r}, unary={unary!r}) where codegen/conv.py takes the "
-                f"node; before packing and elsewhere {name}")
+        name = (f"partita.conv(packed weight, binary={binary!r}, unary={unary!r}): Winograd F(2x2, 3x3) where "
+                f"codegen/winograd.py takes the node, else the direct kernel where codegen/conv.py does; "
+                f"before packing and elsewhere {name}")
 
     def prepare(node, out: Any = None) -> Callable:
         attrs = node.attrs
@@ -391,6 +393,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         gen = _generated_conv(node, binary, unary) if PREPACK else None
         if gen is not None:
             gcache = PackedWeight(gen.pack)
+            winograd = conv_kernel_name(gen) == "winograd"
 
         def step(args: list, attrs: dict) -> Any:
             x = args[0]
@@ -403,6 +406,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
                 packed = gcache.get(w)
                 if packed is not None:
                     _STATS["generated_conv_calls"] += 1
+                    _STATS["winograd_calls"] += winograd
                     y = gen(x, packed, bias, other, out)
                     return y.contiguous() if to_caller else y
             packed = cache.get(w) if cache is not None else None
@@ -420,36 +424,69 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
     return Kernel(name, prepare)
 
 
-# "generated" (the default) or "onednn": which kernel runs a convolution the generated kernel
-# takes (codegen/conv.py) once its weight is packed.
+# "generated" (the default) or "onednn": which kernel runs a convolution the generated kernels
+# take (codegen/winograd.py, codegen/conv.py) once its weight is packed.
 CONV = os.environ.get("PARTITA_CONV", "generated")
+# "1" (the default) or "0": whether 3 x 3 convolutions of stride 1 run Winograd's F(2x2, 3x3)
+# (codegen/winograd.py) rather than the direct kernel.
+WINOGRAD = os.environ.get("PARTITA_WINOGRAD", "1") != "0"
+
+
+def _winograd(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+    from .winograd import PreparedWinograd, supported
+
+    if not WINOGRAD or supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+        return None
+    return PreparedWinograd(xs, ws, list(a["padding"]), unary, other)
+
+
+def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+    from .conv import PreparedConv, supported
+
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+        return None
+    return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, other)
+
+
+# The generated convolution kernels, in order of preference: each returns its prepared kernel
+# for a node it takes, or None. Winograd first: on the 3 x 3 convolutions of the CNN benchmark
+# it took 0.50 to 0.67 of the direct kernel's time (8 x {32, 64, 128} channels at {64, 32, 16}
+# pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part winograd).
+CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct))
+
+
+def conv_kernel_name(gen: Any) -> str:
+    """Which of ``CONV_KERNELS`` a prepared convolution is."""
+    from .winograd import PreparedWinograd
+
+    return "winograd" if isinstance(gen, PreparedWinograd) else "direct"
 
 
 def _generated_conv(node: Any, binary: str, unary: str) -> Any:
-    """The generated convolution (codegen/conv.py) prepared for ``node``, or None where it does
-    not take it: another kernel asked for (``CONV``), an epilogue other than bias, add and relu,
-    operands not f32 or not static, groups or dilation, or no generated code on this machine."""
+    """The generated convolution (the first of ``CONV_KERNELS`` that takes ``node``) prepared
+    for it, or None where none does: another kernel asked for (``CONV``), an epilogue other
+    than bias, add and relu, operands not f32 or not static, or no generated code on this
+    machine."""
     if CONV != "generated" or binary not in ("none", "add") or unary not in ("none", "relu"):
         return None
     ops = node.operands
     if any(v.type.dtype is not f32 for v in ops) or node.results[0].type.dtype is not f32:
         return None
     xs, ws = tuple(ops[0].type.shape), tuple(ops[1].type.shape)
-    if any(not isinstance(d, int) for d in (*xs, *ws)):
+    if any(not isinstance(d, int) for d in (*xs, *ws)) or not _generated_gemm():
         return None
-    from .conv import PreparedConv, supported
+    for name, make in CONV_KERNELS:
+        try:
+            gen = make(xs, ws, node.attrs, unary, binary == "add")
+        except Exception as e:  # CodegenError: the next kernel, at last the library's, runs it
+            import warnings
 
-    a = node.attrs
-    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]) or not _generated_gemm():
-        return None
-    try:
-        return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, binary == "add")
-    except Exception as e:  # CodegenError: the library's kernel runs it
-        import warnings
-
-        warnings.warn(f"partita: the generated convolution did not compile ({e}); oneDNN runs it",
-                      RuntimeWarning, stacklevel=2)
-        return None
+            warnings.warn(f"partita: the generated convolution ({name}) did not compile ({e}); "
+                          "the next kernel runs it", RuntimeWarning, stacklevel=2)
+            continue
+        if gen is not None:
+            return gen
+    return None
 
 
 # oneDNN's inner product costs some 15 microseconds more per call than ATen's addmm (one thread,

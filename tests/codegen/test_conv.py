@@ -161,7 +161,9 @@ def _program():
     return m, x, CompiledProgram(partita.optimize(partita.import_torch(m, (x,))))
 
 
-def test_compiled_programs_run_convolutions_on_the_kernel_from_the_memory_plan():
+@pytest.mark.parametrize("winograd", [True, False])
+def test_compiled_programs_run_convolutions_on_the_kernel_from_the_memory_plan(monkeypatch, winograd):
+    monkeypatch.setattr(lib, "WINOGRAD", winograd)   # the 3 x 3 ones on Winograd's kernel or this one
     m, x, prog = _program()
     convs = [n for n in prog.graph.nodes if n.op == "conv2d_pointwise"]
     assert len(convs) == 7 and all(lib.writes_into(n) for n in convs)
@@ -236,9 +238,10 @@ def test_in_place_where_the_operand_dies_and_refused_where_it_is_read_later_or_i
     assert plan_memory(g, nodes, unplanned={m2}, in_place={m2: 0}).shared == {}   # its step allocates
 
 
-def test_emit_kernels_prints_the_convolution_kernels():
+def test_emit_kernels_prints_the_convolution_kernels(monkeypatch):
     from partita.codegen import emit_kernels
 
+    monkeypatch.setattr(lib, "WINOGRAD", False)   # every 3 x 3 one on the direct kernel too
     _, _, prog = _program()
     text = emit_kernels(prog.graph)
     assert text.count("; ---- convolution kernel pt_conv_") >= 4 and "(as above)" in text
@@ -266,10 +269,13 @@ class _RandomNet(torch.nn.Module):
         return self.c(y)
 
 
+@pytest.mark.parametrize("winograd", [True, False])
 @pytest.mark.parametrize("seed", range(4))
-def test_random_conv_nets_agree_with_eager_call_after_call(seed):
+def test_random_conv_nets_agree_with_eager_call_after_call(monkeypatch, seed, winograd):
     import partita
     from partita.codegen import CompiledProgram
+
+    monkeypatch.setattr(lib, "WINOGRAD", winograd)
 
     torch.manual_seed(seed)
     m = _RandomNet(seed).eval().requires_grad_(False)
