@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_library.py --part models --rounds 40
     .venv/bin/python bench/bench_library.py --part gemm        # the generated GEMM against ORT's
     .venv/bin/python bench/bench_library.py --part attention   # generated attention against flash
+    .venv/bin/python bench/bench_library.py --part conv        # Winograd, direct, oneDNN convolutions
     .venv/bin/python bench/bench_library.py --quick            # tiny sizes, 3 rounds (a smoke test)
 
 Part ``linear``: the fp32 CPU ways to compute ``x @ W + b`` (and with GELU after it) on the
@@ -26,6 +27,12 @@ op's own step, ``aten._scaled_dot_product_flash_attention_for_cpu``), on q, k, v
 makes them ([B, T, H, E] viewed as [B, H, T, E]): the bench models' shapes (4 x 4 heads x 128
 tokens causal, masked; ViT's 37 tokens), longer sequences, and the rotary form (Llama's) against
 torch's rotation followed by the generated kernel.
+
+Part ``conv``: partita's generated convolutions called as the executor calls them (packed
+weight, channels-last tensors, bias and ReLU in the epilogue): Winograd's F(2x2, 3x3)
+(codegen/winograd.py) and the direct kernel (codegen/conv.py), against oneDNN's
+``_convolution_pointwise`` on its prepacked weight, on the 3 x 3 stride-1 shapes of
+bench/bench_codegen.py's CNN; and the largest difference of each from float64.
 
 Part ``models``: a ResNet-style CNN (8 x 3 x 64 x 64; stem conv 3->32 + BN + ReLU; residual
 blocks 32->32, 32->64 with stride 2 and a 1x1 downsampling conv, 64->64; global average pool;
@@ -289,6 +296,52 @@ def bench_attention(rounds: int, quick: bool) -> None:
           ", ".join(f"{n} {med_ms(v):.3f}" for n, v in tm.items()), flush=True)
 
 
+# --- part 1d: the generated convolutions --------------------------------------------------------
+
+# (N, C, H=W, Co): the 3 x 3 stride-1 convolutions of bench_codegen.py's CNN
+CONV_SHAPES = [(8, 32, 64, 32), (8, 64, 32, 64), (8, 128, 16, 128)]
+
+
+def bench_conv(rounds: int, quick: bool) -> None:
+    from partita.codegen.conv import PreparedConv
+    from partita.codegen.winograd import PreparedWinograd
+
+    shapes = [(1, 16, 8, 16)] if quick else CONV_SHAPES
+    print("\n### the generated convolutions against oneDNN's, 3 x 3, stride 1, bias + ReLU, one thread "
+          "(ms, median of %d rounds; ratios are medians of per-round ratios)\n" % rounds)
+    print("| shape | Winograd | direct | oneDNN | Winograd / direct | Winograd / oneDNN | "
+          "max error / max value (Winograd, direct) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    cl = torch.channels_last
+    for n, c, h, co in shapes:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n, c, h, h, generator=g).contiguous(memory_format=cl)
+        w = torch.randn(co, c, 3, 3, generator=g) / (9 * c) ** 0.5
+        b = torch.randn(co, generator=g)
+        out = torch.empty(n, co, h, h).contiguous(memory_format=cl)
+        wino = PreparedWinograd(tuple(x.shape), tuple(w.shape), [1, 1], "relu")
+        direct = PreparedConv(tuple(x.shape), tuple(w.shape), [1, 1], [1, 1], "relu")
+        pw, pd = wino.pack(w), direct.pack(w)
+        ow = torch.ops.mkldnn._reorder_convolution_weight(w, [1, 1], [1, 1], [1, 1], 1, list(x.shape))
+        conv = torch.ops.mkldnn._convolution_pointwise.default
+        cands = {
+            "winograd": lambda: wino(x, pw, b, None, out),
+            "direct": lambda: direct(x, pd, b, None, out),
+            "oneDNN": lambda: conv(x, ow, b, [1, 1], [1, 1], [1, 1], 1, "relu", [], None),
+        }
+        ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1))
+        errs = []
+        for name, f in cands.items():
+            got = f().double()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            assert err <= 1e-5, f"{name}: {err:.1e} off float64"
+            errs.append(err)
+        t = rounds_of(cands, rounds)
+        print(f"| {n} x {c} x {h} x {h} -> {co} | {med_ms(t['winograd']):.3f} | {med_ms(t['direct']):.3f} | "
+              f"{med_ms(t['oneDNN']):.3f} | {ratio(t['winograd'], t['direct']):.2f} | "
+              f"{ratio(t['winograd'], t['oneDNN']):.2f} | {errs[0]:.1e}, {errs[1]:.1e} |", flush=True)
+
+
 # --- part 2: the models ------------------------------------------------------------------------
 
 class Block(nn.Module):
@@ -413,7 +466,7 @@ def bench_models(rounds: int, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("all", "linear", "gemm", "attention", "models"), default="all")
+    ap.add_argument("--part", choices=("all", "linear", "gemm", "attention", "conv", "models"), default="all")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="tiny sizes and 3 rounds (a smoke test)")
     args = ap.parse_args(argv)
@@ -429,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_cold_weights(rounds, args.quick)
         if args.part in ("all", "attention"):
             bench_attention(rounds, args.quick)
+        if args.part in ("all", "conv"):
+            bench_conv(rounds, args.quick)
         if args.part in ("all", "models"):
             bench_models(rounds, args.quick)
     finally:

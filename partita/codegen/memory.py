@@ -52,8 +52,16 @@ def _aligned(n: int) -> int:
     return a + SKEW if a >= 4096 else a
 
 
+# Data-movement ops whose step always makes a new tensor: a concat of two or more (torch.cat),
+# a gather, an index_select. (A concat's result joined to its operands' buffers made ViT's patch
+# GEMM look like an alias of the class token, a graph input, and left it unplanned.)
+_COPIES = frozenset({"gather", "index_select"})
+
+
 def _may_alias(node: Node) -> bool:
     opdef = OPS.get(node.op)
+    if node.op in _COPIES or node.op == "concat" and len(node.operands) > 1:
+        return False
     return opdef is not None and (opdef.cost is movement_cost or node.op == "cast")
 
 

@@ -143,3 +143,29 @@ def test_linear_layers_on_the_generated_gemm_write_into_the_arena():
     for i in range(3):
         xi = x * (i + 1)
         torch.testing.assert_close(prog([xi])[0], m(xi), rtol=1e-4, atol=1e-5)
+
+
+def test_a_concat_copies_so_its_operands_keep_their_own_buffers():
+    # a matmul's result concatenated with a parameter (ViT's class token): the concat makes a
+    # new tensor, so the matmul's result is not an alias of the parameter and is planned; a
+    # reshape (a view) still joins its operand's class
+    from partita.codegen.memory import plan_memory
+
+    b = Builder()
+    x = b.input("x", TensorType((6, 8), F32))
+    w = b.param("w", TensorType((8, 8), F32))
+    tok = b.param("tok", TensorType((1, 8), F32))
+    m = b.matmul(x, w)
+    c = b.concat(tok, b.reshape(m, shape=(6, 8)), axis=0)
+    g = verify(b.ret(b.exp(c)))
+    nodes = list(g.nodes)
+    plan = plan_memory(g, nodes)
+    mm = next(n for n in nodes if n.op == "matmul")
+    assert plan.by_value[mm.results[0]].why == "" and plan.by_value[mm.results[0]].offset >= 0
+    prog = CompiledProgram(g)
+    ws = {"w": torch.randn(8, 8), "tok": torch.randn(1, 8)}
+    for i in range(3):
+        xi = torch.randn(6, 8)
+        want = torch.exp(torch.cat([ws["tok"], xi @ ws["w"]]))
+        (got,) = prog([xi], ws)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
