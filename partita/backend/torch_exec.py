@@ -205,6 +205,20 @@ class _Steps(list):
 _GENERATED_FILE = "<partita program>"
 
 
+class ConstantStep:
+    """A step whose one result is the same tensor at every call: a view made once of memory the
+    program owns (codegen binds the views of its arena's buffers this way). The generated
+    function reads it as a constant: no call, no checks."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self, args: list, attrs: dict) -> Any:
+        return self.value
+
+
 def _generate(prog: "TorchProgram"):
     """The program's steps as one straight-line Python function over local variables: no
     interpreter loop, no per-step tuple unpacking or slot list indexing. Its source lines map
@@ -225,7 +239,11 @@ def _generate(prog: "TorchProgram"):
             line_step[len(lines)] = k
         call = f"F{k}([{', '.join(f's{a}' for a in args)}], A{k})"
         shape = _inline_reshape(fn, node, outs)
-        if shape is not None:
+        if type(fn) is ConstantStep and len(outs) == 1 and not waits:
+            ns[f"C{k}"] = fn.value
+            lines.append(f"    s{outs[0]} = C{k}")
+            line_step[len(lines)] = k
+        elif shape is not None:
             # a reshape to a static shape, as a method call in place: no step function, no
             # argument list, no result checks (a reshape keeps its operand's dtype)
             ns[f"S{k}"] = shape

@@ -118,6 +118,7 @@ class CompiledProgram:
         self._weights: Any = None
         self.memory_plan: Any = None   # a memory.MemoryPlan once planned
         self._arena: Any = None
+        self.arena_view_steps = 0      # view steps made once, of values in the arena
         if plan_memory:
             self._bind_memory_plan()
         self.cache = {k: after[k] - before[k] for k in after}
@@ -139,6 +140,7 @@ class CompiledProgram:
             if " = " in lines[i]:
                 for r, nm in zip(n.results, lhs.split(", ")):
                     names[r] = nm
+        from .attention import attention_kernel, rotary_attention_kernel
         from .library import step_into, writes_into
 
         unplanned = set(self.library_matmuls)
@@ -146,6 +148,8 @@ class CompiledProgram:
         from .norm import NORM_OPS, norm_kernel, takes as norm_takes
 
         unplanned |= {n for n in nodes if n.op in NORM_OPS and not norm_takes(n)}
+        attention_kernels = set(self.attention_kernels)
+        unplanned |= {n for n in nodes if n.op in ("attention", "rotary_attention") and n not in attention_kernels}
         # a generated convolution's residual add reads each element of `other` just before it
         # writes the same element of its result: the result may take other's buffer
         in_place = {n: len(n.operands) - 1 for n in nodes if n.op == "conv2d_pointwise"
@@ -155,6 +159,7 @@ class CompiledProgram:
         if not plan.planned():
             return
         self._arena, views = arena_views(plan, torch)
+        bound: dict = {}   # value -> the tensor in the arena its step writes (every call the same)
         for i, st in enumerate(prog.steps):
             node = st[7]
             outs = [views.get(plan.buffer_of(r)) for r in node.results]
@@ -171,9 +176,22 @@ class CompiledProgram:
                 fn = step_into(node, outs[0])
             elif node.op in NORM_OPS:
                 fn = norm_kernel(node, False, outs)
+            elif node.op in ("attention", "rotary_attention") and node in attention_kernels:
+                fn = (attention_kernel if node.op == "attention" else rotary_attention_kernel)(node, False, outs)
+                if fn.written[0] is None:   # one of its results is not planned: it allocates both
+                    continue
+                outs = list(fn.written)
             else:
                 continue
+            if fn is None:   # no kernel after all: the step as it was, allocating its result
+                continue
             prog.steps[i] = (fn, *st[1:])
+            for r, o in zip(node.results, outs):
+                if o is not None:
+                    bound[r] = o if node.op != "conv2d_pointwise" else \
+                        o.view(-1).view(o.shape[0], o.shape[2], o.shape[3], o.shape[1]).permute(0, 3, 1, 2)
+        self.arena_view_steps = _bind_arena_views(prog, bound, self._arena)
+
 
     def __call__(self, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None) -> list:
@@ -199,6 +217,40 @@ class CompiledProgram:
         for f in fb:
             lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
         return "\n".join(lines)
+
+
+# Movement ops whose step on a tensor in the arena is a view of it that can be made once.
+_VIEW_OPS = ("reshape", "transpose", "squeeze", "unsqueeze")
+
+
+def _bind_arena_views(prog: Any, bound: dict, arena: Any) -> int:
+    """Make the reshapes and transposes of values in the arena (and of their views) once: each
+    such step becomes a ``ConstantStep`` holding the view, which the generated function reads
+    as a constant (a torch view costs about 2 us a call on the CPUs measured; ViT has 61 of
+    them). The memory plan keeps a buffer alive while any view of it is, and a planned buffer
+    never reaches an output, so the same view object serves every call. A view op whose result
+    would not share the arena's memory (a reshape that copies) is left as it is. Returns how
+    many steps were bound."""
+    from ..backend.torch_exec import ConstantStep
+    from ..ops.registry import OPS
+
+    base = arena.untyped_storage().data_ptr()
+    count = 0
+    for i, st in enumerate(prog.steps):
+        node = st[7]
+        if node.op not in _VIEW_OPS or len(node.operands) != 1 or len(node.results) != 1:
+            continue
+        src = bound.get(node.operands[0])
+        opdef = OPS.get(node.op)
+        if src is None or opdef is None or st[0] is not opdef.torch:
+            continue
+        t = opdef.torch([src], node.attrs)
+        if t.untyped_storage().data_ptr() != base or tuple(t.shape) != tuple(node.results[0].type.shape):
+            continue
+        prog.steps[i] = (ConstantStep(t), *st[1:])
+        bound[node.results[0]] = t
+        count += 1
+    return count
 
 
 def _fold_movement(g: Graph) -> Graph:

@@ -611,7 +611,18 @@ class PreparedAttention:
         self.parallel = self.pairs > 1 and self.pairs * t * s * (e + ev) >= PARALLEL_MIN_MACS
         self.params = (ctypes.c_int64 * len(_P))()
 
-    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, cos: Any = None, sin: Any = None) -> tuple[Any, Any]:
+    def out_views(self, out: Any, lse: Any) -> tuple[Any, Any]:
+        """Buffers of the result's and the log-sum-exp's sizes (contiguous, as the memory plan
+        gives them) as the tensors ``__call__`` writes: the result as [B, T, H, Ev] memory
+        behind its [B, H, T, Ev] view where there are two leading dims."""
+        lead, t, ev = self.lead, self.t, self.ev
+        if len(lead) == 2:
+            out = out.view(-1).view(lead[0], t, lead[1], ev).transpose(1, 2)
+        return out, lse
+
+    def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, cos: Any = None, sin: Any = None,
+                 out: Any = None, lse: Any = None) -> tuple[Any, Any]:
+        """``(out, lse)``; written into ``out`` and ``lse`` where given (``out_views``'s)."""
         lead, t, s, ev = self.lead, self.t, self.s, self.ev
         nl = len(lead)
         if q.stride(-1) != 1:
@@ -620,11 +631,13 @@ class PreparedAttention:
             k = k.contiguous()
         if v.stride(-1) != 1:
             v = v.contiguous()
-        if nl == 2:  # [B, T, H, Ev] memory seen as [B, H, T, Ev]: the usual transpose after is a view
-            out = torch.empty(lead[0], t, lead[1], ev, dtype=torch.float32).transpose(1, 2)
-        else:
-            out = torch.empty(*lead, t, ev, dtype=torch.float32)
-        lse = torch.empty(*lead, t, dtype=torch.float32)
+        if out is None:
+            if nl == 2:  # [B, T, H, Ev] memory seen as [B, H, T, Ev]: the usual transpose after is a view
+                out = torch.empty(lead[0], t, lead[1], ev, dtype=torch.float32).transpose(1, 2)
+            else:
+                out = torch.empty(*lead, t, ev, dtype=torch.float32)
+        if lse is None:
+            lse = torch.empty(*lead, t, dtype=torch.float32)
         mptr, ms = 0, (0, 0, 0)
         if self.mask:
             m = mask.expand(*lead, t, s)
@@ -689,41 +702,54 @@ def _prepared(node: Any, rope: bool) -> "PreparedAttention | None":
                              bool(node.attrs.get("causal")), kind, rope=rope)
 
 
-def attention_kernel(node: Any, inplace: bool = False) -> Any:
+def _written_into(pa: "PreparedAttention", outs: list | None) -> tuple[Any, Any]:
+    """The (out, lse) tensors a step given the memory plan's buffers ``outs`` writes, or
+    (None, None) without them."""
+    if not outs or outs[0] is None or len(outs) < 2 or outs[1] is None:
+        return None, None
+    return pa.out_views(outs[0], outs[1])
+
+
+def attention_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Any:
     """The step running an ``attention`` node on the generated kernel, or None (the op's own
     step: the flash kernel, or torch's math for what it does not take) where ``_prepared``
-    refuses it."""
+    refuses it. ``outs``: buffers of the memory plan for the result and the log-sum-exp,
+    written at every call (the step's ``written`` attribute holds the tensors it writes)."""
     del inplace
     pa = _prepared(node, rope=False)
     if pa is None:
         return None
     fallback = _fallback("attention")
+    out, lse = _written_into(pa, outs)
 
     def step(args: list, attrs: dict) -> Any:
         q, k, v = args[:3]
         if not q.is_cpu:
             return fallback(args, attrs)
-        return pa(q, k, v, args[3] if len(args) > 3 else None)
+        return pa(q, k, v, args[3] if len(args) > 3 else None, out=out, lse=lse)
 
+    step.written = (out, lse)
     return step
 
 
-def rotary_attention_kernel(node: Any, inplace: bool = False) -> Any:
+def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Any:
     """The step running a ``rotary_attention`` node (codegen/rotary.py) on the generated kernel
     with the rotation inside, or None (the op's own step: the rotation in torch ops, then the
-    attention op's step) where ``_prepared`` refuses it."""
+    attention op's step) where ``_prepared`` refuses it; ``outs`` as ``attention_kernel``'s."""
     del inplace
     pa = _prepared(node, rope=True)
     if pa is None:
         return None
     fallback = _fallback("rotary_attention")
+    out, lse = _written_into(pa, outs)
 
     def step(args: list, attrs: dict) -> Any:
         q = args[0]
         if not q.is_cpu:
             return fallback(args, attrs)
-        return pa(q, args[1], args[2], args[5] if len(args) > 5 else None, args[3], args[4])
+        return pa(q, args[1], args[2], args[5] if len(args) > 5 else None, args[3], args[4], out=out, lse=lse)
 
+    step.written = (out, lse)
     return step
 
 

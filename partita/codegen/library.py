@@ -417,6 +417,9 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
                 if not x.is_contiguous(memory_format=channels_last):
                     x = x.contiguous(memory_format=channels_last)
                 y = call(x, packed, bias, other)
+            if out is not None:  # the memory plan's buffer holds the result at every call
+                out.copy_(y)
+                return out
             return y.contiguous() if to_caller else y
 
         return step
@@ -451,7 +454,7 @@ def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
 # The generated convolution kernels, in order of preference: each returns its prepared kernel
 # for a node it takes, or None. Winograd first: on the 3 x 3 convolutions of the CNN benchmark
 # it took 0.50 to 0.67 of the direct kernel's time (8 x {32, 64, 128} channels at {64, 32, 16}
-# pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part winograd).
+# pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part conv).
 CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct))
 
 
@@ -588,7 +591,11 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                 y = run(x.reshape(m, k), packed, bias, out2)
                 return y.view(out_shape) if out is None else out
             _STATS["unpacked_calls"] += 1
-            return lin(x, w.t() if kn else w, bias, attr, scalars, alg)
+            y = lin(x, w.t() if kn else w, bias, attr, scalars, alg)
+            if out is not None:  # the memory plan's buffer holds the result at every call
+                out.copy_(y)
+                return out
+            return y
 
         return gen_step
     # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a view, which
@@ -689,8 +696,9 @@ def writes_into(node) -> bool:
 
 def step_into(node, out: Any) -> Callable:
     """The step of a node that ``writes_into``, writing its result into ``out`` (of the
-    result's shape; channels-last for a convolution, contiguous for a linear layer) once the
-    weight is packed."""
+    result's shape; channels-last for a convolution, contiguous for a linear layer) at every
+    call: the generated kernel writes it there once the weight is packed, the library's result
+    before that is copied in (the program's views of the arena read it there)."""
     kernel = _library_kernel(node)
     assert kernel is not None
     return kernel.prepare(node, out)

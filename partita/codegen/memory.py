@@ -4,8 +4,10 @@ Which values are planned. Those whose producing step writes into a buffer it is 
 generated kernels (``fused``, whose outputs the kernel stores), ``matmul`` (``out=``), the
 linear layers the generated GEMM runs (``linear_pointwise``), the convolutions the
 generated kernel runs (``conv2d_pointwise``, a channels-last result: the buffer's bytes seen as
-[N, H, W, C]) and the norms the generated norm kernel runs (``layer_norm``, ``rms_norm``,
-``add_norm``); those oneDNN or ATen runs allocate their own.
+[N, H, W, C]), the norms the generated norm kernel runs (``layer_norm``, ``rms_norm``,
+``add_norm``) and the attention the generated attention kernel runs (``attention``,
+``rotary_attention``: the result's buffer seen as [B, T, H, E] behind its [B, H, T, E] view, and
+the log-sum-exp); those oneDNN or ATen runs allocate their own.
 Everything else is allocated by ATen when it runs, and the plan still counts it, so the
 peak it reports covers the whole program.
 
@@ -36,7 +38,7 @@ __all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN"]
 ALIGN = 64
 # Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
 PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise", "linear_pointwise", "layer_norm", "rms_norm",
-                         "add_norm"})
+                         "add_norm", "attention", "rotary_attention"})
 
 
 # Bytes kept free after each buffer of at least a page, so that buffers next to each other do

@@ -169,3 +169,39 @@ def test_a_concat_copies_so_its_operands_keep_their_own_buffers():
         want = torch.exp(torch.cat([ws["tok"], xi @ ws["w"]]))
         (got,) = prog([xi], ws)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class _Attn(torch.nn.Module):
+    """q, k, v projections viewed as heads, attention, the heads merged, an output projection:
+    the reshapes and transposes between the kernels are views of buffers in the arena."""
+
+    def __init__(self, d=128, heads=4):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.h = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        sp = lambda y: y.reshape(b, t, self.h, d // self.h).transpose(1, 2)  # noqa: E731
+        a = torch.nn.functional.scaled_dot_product_attention(sp(self.q(x)), sp(self.k(x)), sp(self.v(x)))
+        return self.o(a.transpose(1, 2).reshape(b, t, d))
+
+
+def test_views_of_arena_buffers_are_made_once_and_read_the_buffer_from_the_first_call():
+    from partita.backend.torch_exec import ConstantStep
+
+    torch.manual_seed(0)
+    m = _Attn().eval()
+    x = torch.randn(2, 64, 128)
+    prog = CompiledProgram(partita.optimize(partita.import_torch(m, (x,))))
+    consts = [st for st in prog.program.steps if type(st[0]) is ConstantStep]
+    assert prog.arena_view_steps == len(consts) >= 6
+    assert all(st[7].op in ("reshape", "transpose") for st in consts)
+    att = [n for n in prog.graph.nodes if n.op == "attention"]
+    assert att and all(prog.memory_plan.by_value[r].offset >= 0 for r in att[0].results)  # in the arena
+    for i in range(4):   # the first call runs the library's unpacked kernels, copied into the arena
+        xi = torch.randn(2, 64, 128)
+        with torch.no_grad():
+            want = m(xi)
+        (got,) = prog([xi])
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), i
