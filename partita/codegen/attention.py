@@ -728,7 +728,7 @@ def attention_kernel(node: Any, inplace: bool = False, outs: list | None = None)
             return fallback(args, attrs)
         return pa(q, k, v, args[3] if len(args) > 3 else None, out=out, lse=lse)
 
-    step.written = (out, lse)
+    setattr(step, "written", (out, lse))  # noqa: B010 (a function attribute)
     return step
 
 
@@ -749,7 +749,7 @@ def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None 
             return fallback(args, attrs)
         return pa(q, args[1], args[2], args[5] if len(args) > 5 else None, args[3], args[4], out=out, lse=lse)
 
-    step.written = (out, lse)
+    setattr(step, "written", (out, lse))  # noqa: B010 (a function attribute)
     return step
 
 
