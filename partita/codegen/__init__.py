@@ -171,7 +171,8 @@ class CompiledProgram:
                 fn = _matmul_into(outs[0], torch)
             elif node.op == "conv2d_pointwise" and outs[0] is not None:  # the generated convolution's
                 nb, c, h, w = outs[0].shape                                # channels-last result
-                fn = step_into(node, outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2))
+                outs = [outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2)]
+                fn = step_into(node, outs[0])
             elif node.op == "linear_pointwise" and outs[0] is not None:  # the generated GEMM's
                 fn = step_into(node, outs[0])
             elif node.op in NORM_OPS:
@@ -188,8 +189,7 @@ class CompiledProgram:
             prog.steps[i] = (fn, *st[1:])
             for r, o in zip(node.results, outs):
                 if o is not None:
-                    bound[r] = o if node.op != "conv2d_pointwise" else \
-                        o.view(-1).view(o.shape[0], o.shape[2], o.shape[3], o.shape[1]).permute(0, 3, 1, 2)
+                    bound[r] = o
         self.arena_view_steps = _bind_arena_views(prog, bound, self._arena)
 
 

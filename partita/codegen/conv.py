@@ -70,6 +70,35 @@ def segments(dims: dict[str, int], mr: int) -> list[tuple[int, int, int]]:
     return [(x0, x1 - x0, -(-rows * (x1 - x0) // mr)) for x0, x1 in ((0, xl), (xl, xr), (xr, wo)) if x1 > x0]
 
 
+def micro_step(cfg: GemmConfig, tag: str, k: str, bp: str, rows: str, accs: list[list[str]],
+               k_off: int) -> tuple[list[str], list[list[str]]]:
+    """One k step of the register tile: the NR-wide row ``k + k_off`` of the packed panel at
+    ``bp`` loaded, the value at ``k + k_off`` of each of the MR rows ``{rows}0``, ``{rows}1``, ...
+    broadcast, MR x NR / lanes multiply-adds onto ``accs``. The IR lines (names prefixed with
+    ``tag``) and the new accumulators."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    vt = f"<{L} x float>"
+    lines, bs = [], []
+    for v in range(NR // L):
+        lines.append(f"  %{tag}bp{v} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
+        lines.append(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
+        bs.append(f"%{tag}b{v}")
+    new = []
+    for r in range(MR):
+        lines.append(f"  %{tag}k{r} = add i64 {k}, {k_off}")
+        lines.append(f"  %{tag}ap{r} = getelementptr inbounds float, ptr {rows}{r}, i64 %{tag}k{r}")
+        lines.append(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
+        lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+        lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+        row = []
+        for v in range(NR // L):
+            o = f"%{tag}c{r}_{v}"
+            lines.append(f"  {o} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+            row.append(o)
+        new.append(row)
+    return lines, new
+
+
 def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
     ``act`` (none or relu) after the residual add where the call gives one (``other`` not
@@ -324,25 +353,7 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("  br i1 %hasu, label %uloop, label %uexit")
 
     def step(tag: str, k: str, bp: str, accs: list[list[str]], k_off: int) -> tuple[list[str], list[list[str]]]:
-        lines, bs = [], []
-        for v in range(NV):
-            lines.append(f"  %{tag}bp{v} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
-            lines.append(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
-            bs.append(f"%{tag}b{v}")
-        new = []
-        for r in range(MR):
-            lines.append(f"  %{tag}k{r} = add i64 {k}, {k_off}")
-            lines.append(f"  %{tag}ap{r} = getelementptr inbounds float, ptr %rp{r}, i64 %{tag}k{r}")
-            lines.append(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
-            lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
-            lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
-            row = []
-            for v in range(NV):
-                o = f"%{tag}c{r}_{v}"
-                lines.append(f"  {o} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
-                row.append(o)
-            new.append(row)
-        return lines, new
+        return micro_step(cfg, tag, k, bp, "%rp", accs, k_off)
 
     # the unrolled loop over C
     a("uloop:")

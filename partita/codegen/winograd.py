@@ -37,7 +37,7 @@ import threading
 from typing import Any
 
 from ..ops._lazy import torch
-from .conv import MAX_CHANNELS, MAX_PADDING, conv_dims, tile_for
+from .conv import MAX_CHANNELS, MAX_PADDING, conv_dims, micro_step, tile_for
 from .gemm import GemmConfig, _l2_bytes, pack_b, split_on_team
 from .jit import jit
 from .lowering import vector_width
@@ -109,6 +109,12 @@ def scratch_floats(cfg: GemmConfig, c: int, co: int, tb: int) -> int:
     return -(-n // 16) * 16
 
 
+def _tile_coords(sfx: str, tw: int, th: int) -> list[str]:
+    """Tile ``%g{sfx}``'s column ``%tx{sfx}``, row ``%ty{sfx}`` and image ``%im{sfx}``."""
+    return [f"  %tx{sfx} = urem i64 %g{sfx}, {tw}", f"  %q{sfx} = udiv i64 %g{sfx}, {tw}",
+            f"  %ty{sfx} = urem i64 %q{sfx}, {th}", f"  %im{sfx} = udiv i64 %q{sfx}, {th}"]
+
+
 def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: int) -> str:
     """The LLVM IR of one Winograd kernel (see the module doc): register tile ``cfg``,
     activation ``act`` (none or relu) after the residual add where the call gives one
@@ -164,10 +170,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a("  %t1 = phi i64 [0, %block], [%t1.n, %p1.tend]")
     a("  %g1 = add i64 %g0, %t1")
     a(f"  %live1 = icmp ult i64 %g1, {ntiles}")
-    a(f"  %tx1 = urem i64 %g1, {tw}")
-    a(f"  %q1 = udiv i64 %g1, {tw}")
-    a(f"  %ty1 = urem i64 %q1, {th}")
-    a(f"  %im1 = udiv i64 %q1, {th}")
+    out += _tile_coords("1", tw, th)
     a("  %iyb.s = shl i64 %ty1, 1")
     a(f"  %iyb = sub i64 %iyb.s, {ph}")
     a("  %ixb.s = shl i64 %tx1, 1")
@@ -252,25 +255,8 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     cur = [[f"%acc{r}_{v}" for v in range(NV)] for r in range(MR)]
     body: list[str] = []
     for u in range(U):
-        bs = []
-        for v in range(NV):
-            body.append(f"  %u{u}bp{v} = getelementptr inbounds float, ptr %bk, i64 {u * NR + v * L}")
-            body.append(f"  %u{u}b{v} = load {vt}, ptr %u{u}bp{v}, align 4")
-            bs.append(f"%u{u}b{v}")
-        new = []
-        for r in range(MR):
-            body.append(f"  %u{u}k{r} = add i64 %k, {u}")
-            body.append(f"  %u{u}ap{r} = getelementptr inbounds float, ptr %ar{r}, i64 %u{u}k{r}")
-            body.append(f"  %u{u}a{r} = load float, ptr %u{u}ap{r}, align 4")
-            body.append(f"  %u{u}ai{r} = insertelement {vt} poison, float %u{u}a{r}, i64 0")
-            body.append(f"  %u{u}as{r} = shufflevector {vt} %u{u}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
-            row = []
-            for v in range(NV):
-                o = f"%u{u}c{r}_{v}"
-                body.append(f"  {o} = call {vt} @llvm.fma.v{L}f32({vt} %u{u}as{r}, {vt} {bs[v]}, {vt} {cur[r][v]})")
-                row.append(o)
-            new.append(row)
-        cur = new
+        lines, cur = micro_step(cfg, f"u{u}", "%k", "%bk", "%ar", cur, u)
+        body += lines
     for r in range(MR):
         for v in range(NV):
             a(f"  %acc{r}_{v} = phi {vt} [zeroinitializer, %p2.rt], [{cur[r][v]}, %p2.k]")
@@ -304,10 +290,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a("p3.tile:")
     a("  %t3 = phi i64 [0, %p2.xend], [%t3.n, %p3.tend]")
     a("  %g3 = add i64 %g0, %t3")
-    a(f"  %tx3 = urem i64 %g3, {tw}")
-    a(f"  %q3 = udiv i64 %g3, {tw}")
-    a(f"  %ty3 = urem i64 %q3, {th}")
-    a(f"  %im3 = udiv i64 %q3, {th}")
+    out += _tile_coords("3", tw, th)
     a("  %oy0 = shl i64 %ty3, 1")
     a("  %ox0 = shl i64 %tx3, 1")
     a("  %oy1 = add i64 %oy0, 1")
