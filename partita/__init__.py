@@ -173,6 +173,16 @@ def optimize(graph: Graph, passes: str = "canonicalize,cse,dce", **options: Any)
     return PassManager.parse(passes, **options).run(graph)
 
 
+def quantize(graph: Graph, mode: str = "weight-only", min_elements: int = 1024) -> Any:
+    """Store ``graph``'s weights as int8 with per-channel scales, in place: ``"weight-only"``
+    (dequantized where read) or ``"dynamic"`` (matmuls in integers, activations quantized at
+    run time). Returns a ``QuantizeReport`` (bytes saved, per-weight error); see
+    ``partita.passes.quantize``."""
+    from .passes.quantize import quantize as _quantize
+
+    return _quantize(graph, mode, min_elements)
+
+
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
            "Value", "VerifyError", "Weights", "training_step", "parse", "parse_file", "print_graph", "verify", "load", "save",
-           "run", "optimize", "import_torch", "import_onnx", "parallelize", "launch"]
+           "run", "optimize", "quantize", "import_torch", "import_onnx", "parallelize", "launch"]

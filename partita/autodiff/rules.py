@@ -57,6 +57,11 @@ RULES["linear_pointwise"] = NOT_DIFFERENTIABLE
 # makes it for inference only (a training step keeps attention and its grad).
 RULES["rotary_attention"] = NOT_DIFFERENTIABLE
 RULES["add_norm"] = NOT_DIFFERENTIABLE
+# Quantized forms are for inference (partita.passes.quantize runs after any training; a QDQ
+# ONNX model is imported for inference): rounding has no useful gradient, and an integer
+# result none at all.
+for _name in ("quantize_linear", "dequantize_linear", "matmul_integer"):
+    RULES[_name] = NOT_DIFFERENTIABLE
 # sign is piecewise constant: its derivative is 0 wherever it exists (as in PyTorch).
 RULES["sign"] = lambda ctx, node, d, needs: [None]
 

@@ -303,6 +303,33 @@ def _matmul(ts, attrs):
     return DimSpec((lhs, rhs), (res,), frozenset({"k"}), frozenset({0, 1}))
 
 
+@rule("matmul_integer")
+def _matmul_integer(ts, attrs):
+    # matmul's labels; the zero points follow the rows of lhs and the columns of rhs. A split
+    # contraction gives partial i32 sums, exact as integers.
+    spec = _matmul(ts[:2], attrs)
+    lhs, rhs = spec.operands
+    m = ("m",) if ts[0].rank >= 2 else (None,)
+    n = ("n",) if ts[1].rank >= 2 else (None,)
+    zps = tuple(() if zp.rank == 0 else lab for zp, lab in ((ts[2], m), (ts[3], n)))
+    return DimSpec((lhs, rhs) + zps, spec.results, spec.sums)
+
+
+@rule("quantize_linear", "dequantize_linear")
+def _quantize_linear(ts, attrs):
+    x, scale = ts[0], ts[1]
+    labels = _dims(x)
+    if scale.rank == 0:
+        return DimSpec((labels, (), ()), (labels,))
+    axis = normalize_axis(attrs["axis"], x.rank, "quantize_linear")
+    if attrs["block_size"] == 0:
+        s = (labels[axis],)
+        return DimSpec((labels, s, s), (labels,))
+    # Per block: the scale has x's dims but fewer along the axis, which stays whole.
+    labels = labels[:axis] + (None,) + labels[axis + 1:]
+    return DimSpec((labels, labels, labels), (labels,))
+
+
 @rule("transpose")
 def _transpose(ts, attrs):
     (t,) = ts

@@ -5,6 +5,6 @@ Importing this package registers the built-in passes (``dce``, ``cse``, ``fold-c
 """
 
 from .manager import PASSES, Pass, PassManager, get_pass, register_pass
-from . import canonicalize, cse, dce, fold, fuse, split_projections  # noqa: E402,F401  (registration)
+from . import canonicalize, cse, dce, fold, fuse, quantize, split_projections  # noqa: E402,F401  (registration)
 
 __all__ = ["PASSES", "Pass", "PassManager", "get_pass", "register_pass"]

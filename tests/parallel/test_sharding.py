@@ -39,8 +39,16 @@ from partita.parallel.sharding import (WITHOUT_RULE, Conflict, DimSpec, average_
                                        sharding_spec)
 
 # Operand specs: ("f", shape) floats; ("pos", shape) floats in [0.5, 2]; ("idx", shape, high)
-# i64 in [0, high); ("bool", shape); ("step", value) an f64 scalar.
+# i64 in [0, high); ("bool", shape); ("step", value) an f64 scalar; ("f32", shape) f32 floats;
+# ("scale", shape) f32 in [0.01, 0.1]; ("i8" | "u8" | "i32", shape) integers of that dtype.
 SAMPLES: dict[str, list[tuple[list, dict]]] = {
+    "quantize_linear": [([("f32", (4, 6)), ("scale", ()), ("i8", ())], {}),
+                        ([("f32", (4, 6)), ("scale", (6,)), ("i8", (6,))], {"axis": 1}),
+                        ([("f32", (4, 6)), ("scale", (4, 2)), ("i8", (4, 2))], {"axis": 1, "block_size": 3})],
+    "dequantize_linear": [([("i8", (4, 6)), ("scale", (4,)), ("i8", (4,))], {"axis": 0}),
+                          ([("i32", (4, 6)), ("scale", ()), ("i32", ())], {})],
+    "matmul_integer": [([("i8", (4, 6)), ("i8", (6, 2)), ("i8", ()), ("i8", ())], {}),
+                       ([("u8", (2, 4, 6)), ("i8", (6, 4)), ("u8", (4,)), ("i8", (4,))], {})],
     "add": [([("f", (4, 6)), ("f", (6,))], {}), ([("f", (2, 1, 4)), ("f", (4, 1))], {})],
     "sub": [([("f", (4, 6)), ("f", (4, 1))], {})],
     "mul": [([("f", (4, 6)), ("f", (1, 6))], {}), ([("f", ()), ("f", (2, 4))], {})],
@@ -194,11 +202,20 @@ def _array(spec, rng: np.random.Generator) -> np.ndarray:
         return rng.random(spec[1]) < 0.5
     if kind == "step":
         return np.asarray(spec[1])
+    if kind == "f32":
+        return rng.standard_normal(spec[1]).astype(np.float32)
+    if kind == "scale":
+        return rng.uniform(0.01, 0.1, spec[1]).astype(np.float32)
+    if kind in ("i8", "u8", "i32"):
+        lo, hi = {"i8": (-128, 128), "u8": (0, 256), "i32": (-2**20, 2**20)}[kind]
+        return rng.integers(lo, hi, spec[1]).astype(kind.replace("i", "int").replace("u", "uint"))
     raise AssertionError(kind)
 
 
 def _type(a: np.ndarray) -> TensorType:
-    name = {np.dtype(np.float64): "f64", np.dtype(np.int64): "i64", np.dtype(np.bool_): "bool"}[a.dtype]
+    name = {np.dtype(np.float64): "f64", np.dtype(np.int64): "i64", np.dtype(np.bool_): "bool",
+            np.dtype(np.float32): "f32", np.dtype(np.int8): "i8", np.dtype(np.uint8): "u8",
+            np.dtype(np.int32): "i32"}[a.dtype]
     return TensorType(tuple(a.shape), DTYPES[name])
 
 
