@@ -17,7 +17,7 @@ implement ``annotate(ctx)`` (and ``passes(ctx)`` where it rewrites the per-rank 
 
 from .base import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, lookup,
                    parse_strategy, register, registered, unregister)
-from . import pp, dp, zero, megatron  # noqa: F401,E402  (register the built-in strategies, in this order)
+from . import pp, dp, zero, megatron, ep  # noqa: F401,E402  (register the built-in strategies, in this order)
 
 __all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "lookup",
            "parse_strategy", "register", "registered", "unregister"]
