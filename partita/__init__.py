@@ -97,11 +97,15 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     raise PartitaError(f"unknown backend '{backend}'; choose 'numpy' or 'torch'")
 
 
-def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None = None) -> Graph:
-    """Import a PyTorch module through ``torch.export`` (see ``partita.frontend.torch_export``)."""
+def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None = None,
+                 *, moe_groups: int = 1, capacity_factor: float | None = None) -> Graph:
+    """Import a PyTorch module through ``torch.export`` (see ``partita.frontend.torch_export``;
+    ``moe_groups`` and ``capacity_factor`` shape mixture-of-experts layers, see
+    ``partita.frontend.moe``)."""
     from .frontend.torch_export import import_torch as _import_torch
 
-    return _import_torch(module, example_args, dict(example_kwargs) if example_kwargs is not None else None)
+    return _import_torch(module, example_args, dict(example_kwargs) if example_kwargs is not None else None,
+                         moe_groups=moe_groups, capacity_factor=capacity_factor)
 
 
 def import_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:

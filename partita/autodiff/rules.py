@@ -409,6 +409,16 @@ def _gather(ctx, node, d, needs):
     return [ctx.b.scatter_add(ctx.zeros_like(x), index, g, axis=node.attrs["axis"]), None]
 
 
+@rule("topk", "sort")
+def _topk_sort(ctx, node, d, needs):
+    # Each selected value came from one element of x: its gradient goes back there.
+    g = d[0]
+    if g is None:
+        return [None]
+    x = node.operands[0]
+    return [ctx.b.scatter_add(ctx.zeros_like(x), node.results[1], g, axis=node.attrs["axis"])]
+
+
 @rule("index_select")
 def _index_select(ctx, node, d, needs):
     (g,) = d

@@ -103,7 +103,7 @@ def dispatch_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index
 
 def _experts_modules(module: Any) -> list[Any]:
     return [m for m in module.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj")
-            and hasattr(m, "num_experts") and hasattr(m, "_apply_gate")]
+            and hasattr(m, "num_experts") and hasattr(m, "_apply_gate") and hasattr(m, "config")]
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from ..ir.types import Location, TensorType
 from ..ops._lazy import from_torch_dtype
 from ..ops.registry import OPS
 from . import FrontendError
+from .moe import static_experts
 
 aten = torch.ops.aten
 
@@ -820,6 +821,27 @@ for _name, _op in _COMPARISONS.items():
         ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _binary(_op)
 
 
+def _topk(cx: _Converter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    return tuple(cx.emit("topk", x, k=int(k), axis=_axis(dim, x.type.rank), largest=bool(largest), sorted=bool(sorted)))
+
+
+def _sort(cx: _Converter, x: Value, dim: int = -1, descending: bool = False, stable: bool | None = None) -> tuple:
+    # partita's sort is always stable, which is also a correct unstable sort.
+    return tuple(cx.emit("sort", x, axis=_axis(dim, x.type.rank), descending=bool(descending)))
+
+
+def _sort_stable(cx: _Converter, x: Value, *, stable: bool | None = None, dim: int = -1,
+                 descending: bool = False) -> tuple:
+    return _sort(cx, x, dim, descending)
+
+
+ATEN_TO_PARTITA.update({
+    aten.topk.default: _topk,
+    aten.sort.default: _sort,
+    aten.sort.stable: _sort_stable,
+})
+
+
 def _getitem(cx: _Converter, results: Any, index: int) -> Any:
     value = results[index]
     if value is None:
@@ -960,13 +982,20 @@ def convert_call(cx: _Converter, node: Any, converters: dict[Any, Conv] | None =
 
 
 def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[str, Any] | None = None,
-                 *, name: str | None = None, timings: dict[str, float] | None = None) -> Graph:
+                 *, name: str | None = None, timings: dict[str, float] | None = None, moe_groups: int = 1,
+                 capacity_factor: float | None = None) -> Graph:
     """Export ``module`` with ``torch.export`` on the example inputs and convert it to a Graph.
 
     Parameters become ``param`` inputs and buffers ``state`` inputs, named by their attribute
     path, with their values in ``graph.weights``; user inputs keep their argument names. Each
     node's location is the model source line it came from. Raises ``FrontendError`` listing
     every unsupported ATen op (with its source line) if any op cannot be converted.
+
+    Mixture-of-experts layers of transformers models (Mixtral, Qwen-MoE) are exported in
+    GShard's static dispatch form (``partita.frontend.moe``): the tokens cut into
+    ``moe_groups`` groups (the expert-parallel strategy needs it to be a multiple of the
+    data-parallel width), each expert taking every token of a group it is routed
+    (``capacity_factor=None``: none dropped, the eager result) or GShard's capacity.
 
     With ``timings`` (a dict), the seconds spent in ``torch.export`` plus the decompositions
     (key ``"export"``) and in partita's conversion (key ``"convert"``) are stored there, so the
@@ -979,7 +1008,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
 
     t0 = time.perf_counter()
     try:
-        with _without_kv_cache(module):
+        with _without_kv_cache(module), static_experts(module, moe_groups, capacity_factor):
             ep = torch.export.export(module, tuple(example_args), example_kwargs)
     except PartitaError:
         raise

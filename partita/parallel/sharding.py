@@ -303,6 +303,15 @@ def _matmul(ts, attrs):
     return DimSpec((lhs, rhs), (res,), frozenset({"k"}), frozenset({0, 1}))
 
 
+@rule("topk", "sort")
+def _topk_sort(ts, attrs):
+    # Selection along the axis needs all of it; every other dim may be split.
+    (x,) = ts
+    axis = normalize_axis(attrs["axis"], x.rank, "topk")
+    labels = _dims(x)[:axis] + (None,) + _dims(x)[axis + 1:]
+    return DimSpec((labels,), (labels, labels))
+
+
 @rule("matmul_integer")
 def _matmul_integer(ts, attrs):
     # matmul's labels; the zero points follow the rows of lhs and the columns of rhs. A split

@@ -75,6 +75,8 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "slice": [([("f", (7, 3))], {"axis": 0, "start": 1, "end": 6, "step": 2}), ([("f", (3, 5))], {"axis": -1, "start": -3})],
     "pad": [([("f", (3, 4))], {"pads": [1, 0, 2, 3]})],
     "gather": [([("f", (4, 5)), ("idx", (3, 5), 4)], {"axis": 0})],
+    "topk": [([("f", (4, 5))], {"k": 2}), ([("f", (3, 4, 2))], {"k": 3, "axis": 1, "largest": False})],
+    "sort": [([("f", (3, 5))], {"axis": 1, "descending": True})],
     "index_select": [([("f", (4, 5)), ("idx", (6,), 5)], {"axis": 1})],
     "embedding": [([("f", (10, 4)), ("idx", (2, 3), 10)], {})],
     "layer_norm": [([("f", (3, 8)), ("f", (8,)), ("f", (8,))], {}), ([("f", (2, 3, 4))], {"axes": [-2, -1]}),

@@ -42,6 +42,8 @@ from partita.parallel.sharding import (WITHOUT_RULE, Conflict, DimSpec, average_
 # i64 in [0, high); ("bool", shape); ("step", value) an f64 scalar; ("f32", shape) f32 floats;
 # ("scale", shape) f32 in [0.01, 0.1]; ("i8" | "u8" | "i32", shape) integers of that dtype.
 SAMPLES: dict[str, list[tuple[list, dict]]] = {
+    "topk": [([("f", (4, 6))], {"k": 3}), ([("f", (4, 6, 2))], {"k": 2, "axis": 1, "largest": False})],
+    "sort": [([("f", (4, 6))], {"axis": 0, "descending": True})],
     "quantize_linear": [([("f32", (4, 6)), ("scale", ()), ("i8", ())], {}),
                         ([("f32", (4, 6)), ("scale", (6,)), ("i8", (6,))], {"axis": 1}),
                         ([("f32", (4, 6)), ("scale", (4, 2)), ("i8", (4, 2))], {"axis": 1, "block_size": 3})],

@@ -98,6 +98,15 @@ def find_layers(graph) -> list[_Layer]:
                 if found is not None:
                     combine, ye, out = found
                     layer.group_values += [combine, out]
+                    # The combined output leaves through reshapes back to [T, H] / [B, S, H]:
+                    # they stay split by tokens too (else propagation may pick another split).
+                    v = out
+                    while True:
+                        nxt = [u for u in v.users if u.op in ("reshape", "cast")]
+                        if len(nxt) != 1:
+                            break
+                        v = nxt[0].result
+                        layer.group_values.append(v)
                     layer.returns.append(ye)
                 break
     return [layer for layer in layers.values() if layer.weights]
