@@ -494,7 +494,8 @@ def _carried_cast(src: DType, dst: DType):
             x = args[0]
             host = from_carrier(x, src) if src.name in CARRIER_NAMES else x
             arr = to_numpy(host) if not isinstance(host, np.ndarray) else host
-            y = cast_array(arr, dst, attrs["saturate"], attrs["round_mode"])
+            # np.asarray: a rank-0 cast comes back from NumPy as a scalar, not an array.
+            y = np.asarray(cast_array(arr, dst, attrs["saturate"], attrs["round_mode"]))
             return torch.from_numpy(y.astype(np.float32)).to(x.device)
         return to_storage
     if dst.is_bool:

@@ -1647,3 +1647,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
         raise OnnxImportError(f"{where}: ONNX shape inference rejects the model: {e}") from None
     static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
     return _Importer(inferred, where, opset, base_dir).run(dict(input_shapes or {}), static)
+
+
+# The quantization operators live in their own module, which adds them to ONNX_TO_PARTITA.
+from . import onnx_quant  # noqa: E402,F401

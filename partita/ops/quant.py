@@ -111,9 +111,17 @@ def _quantize_reference(args, attrs):
     return np.clip(q, lo, hi).astype(zp.dtype)
 
 
+def _torch_qdtype(zp) -> dt.DType:
+    """The quantized dtype of a zero point as the torch executor holds it: u16 travels as an
+    int32 carrier (quantize_linear's zero point is never a real i32)."""
+    if zp.dtype == torch.int32:
+        return dt.u16
+    return from_torch_dtype(zp.dtype)
+
+
 def _quantize_torch(args, attrs):
     x, scale, zp = args
-    lo, hi = qrange(from_torch_dtype(zp.dtype))
+    lo, hi = qrange(_torch_qdtype(zp))
     q = torch.round(x.float() / _broadcast_torch(scale.float(), x.shape, attrs))
     q = q + _broadcast_torch(zp.float(), x.shape, attrs)
     return q.clamp(lo, hi).to(zp.dtype)

@@ -126,3 +126,22 @@ def test_errors_name_the_fix():
                  "must be i8 or u8")
     expect_error("matmul_integer", [("i8", (2, 3)), ("i8", (3, 2)), ("i8", (3,)), ("i8", ())], {},
                  "one entry per row (2)")
+
+
+@pytest.mark.parametrize("target", ["f8e4m3fn", "f8e5m2", "i4"])
+def test_rank0_cast_to_a_storage_type_runs_on_the_torch_executor(target):
+    # A rank-0 value cast to a storage type (a float8 zero point or scale in a QDQ model) used
+    # to fail on the torch executor: NumPy returns a scalar, not an array, from the rounding.
+    import partita
+    from partita import Builder, Graph
+    from partita.ir import TensorType
+    from partita.ir.dtypes import DTYPES, f32
+
+    g = Graph("g")
+    b = Builder(g)
+    x = b.input("x", TensorType((), f32))
+    b.ret(b.emit("cast", b.emit("cast", x, dtype=DTYPES[target]), dtype=f32))
+    arr = np.array(1.3, np.float32)
+    want = partita.run(g, [arr])[0]
+    got = partita.run(g, [arr], backend="torch")[0]
+    assert float(got) == float(want) and float(want) in (1.25, 1.0)
