@@ -892,12 +892,16 @@ def _check_type(node: Any, result: Any, loc: Location | None) -> None:
 
 def _input_roles(ep: Any) -> dict[str, tuple[str, Any]]:
     """placeholder name -> (role, value or None) from the export's graph signature."""
-    from torch.export.graph_signature import InputKind
+    from torch.export.graph_signature import ConstantArgument, InputKind
 
     roles: dict[str, tuple[str, Any]] = {}
     for spec in ep.graph_signature.input_specs:
         name = spec.arg.name
-        if spec.kind == InputKind.USER_INPUT:
+        if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, ConstantArgument):
+            # A bool, None, int, float or str argument: torch.export specialized the program
+            # on its value, so it is a constant of the export, not an input of the graph.
+            roles[name] = ("python", spec.arg.value)
+        elif spec.kind == InputKind.USER_INPUT:
             roles[name] = ("input", None)
         elif spec.kind == InputKind.PARAMETER:
             roles[name] = ("param", ep.state_dict[spec.target])
@@ -916,23 +920,43 @@ def _weight_names(ep: Any) -> dict[str, str]:
     return {spec.arg.name: spec.target for spec in ep.graph_signature.input_specs if spec.target is not None}
 
 
+def _configs(module: Any) -> list[Any]:
+    """Every model config reachable from ``module``: each submodule's ``config`` (T5's and
+    BART's stacks keep their own copies) and the configs nested in them (a decoder's, a
+    text model's)."""
+    found: dict[int, Any] = {}
+
+    def visit(c: Any) -> None:
+        if id(c) in found:
+            return
+        found[id(c)] = c
+        for v in vars(c).values():
+            if hasattr(v, "to_dict") and hasattr(v, "use_cache"):
+                visit(v)
+    for m in module.modules() if hasattr(module, "modules") else ():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "to_dict"):
+            visit(c)
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def _without_kv_cache(module: Any) -> Iterator[None]:
-    """Export a Hugging Face model without its key/value cache, restoring the config after.
+    """Export a Hugging Face model without its key/value cache, restoring the configs after.
 
-    With ``config.use_cache`` on, such a model returns a cache object that torch.export
-    cannot flatten. partita imports the model's computation (the logits and hidden states),
-    which the cache does not change, so the user can pass the model as it is.
+    With ``use_cache`` on, such a model returns a cache object that torch.export cannot
+    flatten. partita imports the model's computation (the logits and hidden states), which
+    the cache does not change, so the user can pass the model as it is. Every config of the
+    model is switched off, not only the top one: T5's decoder stack keeps its own copy.
     """
-    config = getattr(module, "config", None)
-    if config is None or not getattr(config, "use_cache", False):
-        yield
-        return
-    config.use_cache = False
+    switched = [c for c in _configs(module) if getattr(c, "use_cache", False) is True]
+    for c in switched:
+        c.use_cache = False
     try:
         yield
     finally:
-        config.use_cache = True
+        for c in switched:
+            c.use_cache = True
 
 
 def convert_call(cx: _Converter, node: Any, converters: dict[Any, Conv] | None = None) -> None:
@@ -1031,6 +1055,9 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
         cx.node = node
         if node.op == "placeholder":
             role, value = roles[node.name]
+            if role == "python":
+                cx.env[node] = value
+                continue
             t = _torch_type(node.meta["val"], node)
             if role == "constant":
                 cx.env[node] = cx.b.emit("constant", value=DenseAttr(to_numpy(value)))
