@@ -736,7 +736,10 @@ def _split(n: OnnxNode) -> list[Value | None]:
         raise n.error(f"axis {axis} is outside [-{r}, {r - 1}] for input {x.type}")
     size = x.type.shape[axis + r if axis < 0 else axis]
     if n.has_input(1):  # opset >= 13: sizes as an input
-        sizes = [int(s) for s in n.const(1, "the split sizes")]
+        split = n.const(1, "the split sizes")
+        if split.ndim != 1:
+            raise n.error(f"the split sizes must be a 1-D tensor, got shape {list(split.shape)}")
+        sizes = [int(s) for s in split]
     else:
         parts = int(n.attr("num_outputs", n.n_outputs()))
         if n.ctx.opset >= 18 and "num_outputs" not in n.attrs:

@@ -29,6 +29,7 @@ def _order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
     """Stable argsort along ``axis``; descending keeps equal values in index order."""
     if not descending:
         return np.argsort(x, axis=axis, kind="stable")
+    key: np.ndarray | None
     if x.dtype.kind == "f":
         key = -x.astype(np.float64)
         key = np.where(np.isnan(key), -np.inf, key)     # NaN is the largest: first when descending

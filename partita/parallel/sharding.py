@@ -335,8 +335,8 @@ def _quantize_linear(ts, attrs):
         s = (labels[axis],)
         return DimSpec((labels, s, s), (labels,))
     # Per block: the scale has x's dims but fewer along the axis, which stays whole.
-    labels = labels[:axis] + (None,) + labels[axis + 1:]
-    return DimSpec((labels, labels, labels), (labels,))
+    blocked = labels[:axis] + (None,) + labels[axis + 1:]
+    return DimSpec((blocked, blocked, blocked), (blocked,))
 
 
 @rule("transpose")

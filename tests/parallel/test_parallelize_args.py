@@ -118,7 +118,7 @@ def test_an_unknown_strategy_word_lists_the_registered_ones(step):
         parallelize(step, "dp=2", "dp+zero4")
     msg = str(e.value)
     assert "unknown strategy 'zero4' (did you mean 'zero3'?)" in msg, msg
-    assert "combine pp, dp, zero1, zero2, zero3, megatron, sp with '+'" in msg, msg
+    assert "combine pp, dp, zero1, zero2, zero3, megatron, sp, ep with '+'" in msg, msg
 
 
 # --- a strategy from another module ---------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_a_strategy_registered_from_another_module_is_used_by_its_word(step, row
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # The unknown-word message lists it while it is registered.
-    with pytest.raises(StrategyError, match=r"combine pp, dp, zero1, zero2, zero3, megatron, sp, rowsplit with"):
+    with pytest.raises(StrategyError, match=r"combine pp, dp, zero1, zero2, zero3, megatron, sp, ep, rowsplit with"):
         parallelize(step, "mp=2", "rowsplt+dp+zz")
 
 
