@@ -97,6 +97,17 @@ def run(graph: Graph, inputs: Sequence[Any] | Mapping[str, Any] | None = None,
     raise PartitaError(f"unknown backend '{backend}'; choose 'numpy' or 'torch'")
 
 
+def load_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None, backend: str = "torch") -> Any:
+    """An ONNX model as a callable: dynamic axes are bound by the shapes of the inputs it is
+    called with (one import per distinct shape), or up front by ``input_shapes``
+    (see ``partita.frontend.onnx.OnnxModel``)."""
+    from .frontend.onnx import OnnxImportError, load_onnx as _load_onnx
+
+    if not hasattr(model, "SerializeToString"):
+        _check_path("load_onnx", model, "an ONNX model file", OnnxImportError)
+    return _load_onnx(model, input_shapes, backend)
+
+
 def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None = None,
                  *, moe_groups: int = 1, capacity_factor: float | None = None) -> Graph:
     """Import a PyTorch module through ``torch.export`` (see ``partita.frontend.torch_export``;
@@ -189,4 +200,4 @@ def quantize(graph: Graph, mode: str = "weight-only", min_elements: int = 1024) 
 
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
            "Value", "VerifyError", "Weights", "training_step", "parse", "parse_file", "print_graph", "verify", "load", "save",
-           "run", "optimize", "quantize", "import_torch", "import_onnx", "parallelize", "launch"]
+           "run", "optimize", "quantize", "import_torch", "import_onnx", "load_onnx", "parallelize", "launch"]

@@ -26,7 +26,7 @@ from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Node, Value
 from ..ir.types import Location, TensorType
 from ..ops.registry import TypeRuleError, broadcast_shapes
 from . import FrontendError
@@ -248,9 +248,8 @@ class OnnxNode:
         name = self.proto.input[i]
         arr = self.ctx.consts.get(name)
         if arr is None:
-            raise self.error(f"{what} (input {i}, '{name}') must be a constant initializer or the output "
-                             "of a Constant node; it is computed at run time, which partita's static "
-                             "shapes cannot express (fold it to a constant before exporting)")
+            raise self.error(f"{what} (input {i}, '{name}') must be known at import time (partita's "
+                             f"shapes are static), but {self.ctx.why_not_constant(name)}")
         return arr
 
     def emit(self, op: str, *operands: Value, **attrs: Any) -> Any:
@@ -939,6 +938,11 @@ def _constant_of_shape(n: OnnxNode) -> list[Value | None]:
 # Largest constant (in elements) the importer also keeps as a NumPy array for later
 # constant-operand reads; weight-sized fills stay only in the graph.
 _SMALL_CONST = 1024
+# Largest input (in elements) constant propagation evaluates a node on.
+_FOLD_INPUT_LIMIT = 1 << 16
+# Op types whose result's shape or values depend on data in ways import does not evaluate.
+_DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "TopK", "RandomNormal",
+                             "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
 
 
 def _shape(n: OnnxNode) -> list[Value | None]:
@@ -1332,24 +1336,62 @@ def _load(model: Any) -> tuple[Any, str, str | None]:
     return proto, path, os.path.dirname(os.path.abspath(path))
 
 
+class OnnxOpsetUpgradeWarning(UserWarning):
+    """A model of an opset older than MIN_OPSET was upgraded with ``onnx.version_converter``."""
+
+
+def _foreign_ops(proto: Any) -> dict[str, list[str]]:
+    """'domain::OpType' -> the names of the nodes of a domain other than the default one."""
+    out: dict[str, list[str]] = {}
+    for i, node in enumerate(proto.graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            out.setdefault(f"{node.domain}::{node.op_type}", []).append(node.name or f"#{i + 1}")
+    return out
+
+
+def _listed(ops: Mapping[str, list[str]]) -> str:
+    return "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(ops.items()))
+
+
 def _opset(proto: Any, where: str) -> int:
     versions = sorted({int(imp.version) for imp in proto.opset_import if imp.domain in ("", "ai.onnx")})
     if not versions:
+        foreign = _foreign_ops(proto)
+        if foreign:
+            domains = sorted({op.split("::")[0] for op in foreign})
+            raise OnnxImportError(f"{where}: the model's nodes are all in the domain(s) {', '.join(domains)}, which "
+                                  f"partita does not import (it imports the default ai.onnx domain); unsupported "
+                                  f"op type(s): {_listed(foreign)}")
         raise OnnxImportError(f"{where}: the model imports no default-domain (ai.onnx) opset")
     if len(versions) > 1:
         raise OnnxImportError(f"{where}: the model imports the default domain (ai.onnx) at several opsets "
                               f"{versions}; a model imports each domain once")
     version = versions[0]
-    if version < MIN_OPSET:
-        raise OnnxImportError(
-            f"{where}: the model uses opset {version}; partita imports opset {MIN_OPSET} and "
-            f"newer (upgrade it: onnx.version_converter.convert_version(model, {MIN_OPSET}))")
     newest = int(_onnx().defs.onnx_opset_version())
     if version > newest:
         raise OnnxImportError(f"{where}: the model uses opset {version}, newer than the newest the installed onnx "
                               f"package knows ({newest}), so its operators' definitions are unknown: upgrade "
                               f"onnx, or export the model at opset {newest} or older")
     return version
+
+
+def _upgrade(proto: Any, where: str, version: int) -> Any:
+    """``proto`` converted to opset MIN_OPSET by ONNX's version converter, with a warning."""
+    import warnings
+
+    from onnx import version_converter
+
+    try:
+        out = version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as e:  # the converter raises bare RuntimeErrors from C++
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OnnxImportError(f"{where}: the model uses opset {version} and ONNX's version converter cannot "
+                              f"upgrade it to opset {MIN_OPSET}: {first}; export the model again at opset "
+                              f"{MIN_OPSET} or newer") from None
+    warnings.warn(f"{where}: the model uses opset {version}; partita upgraded it to opset {MIN_OPSET} with "
+                  "onnx.version_converter (save the upgraded model to skip this step next time)",
+                  OnnxOpsetUpgradeWarning, stacklevel=3)
+    return out
 
 
 def _tensor_type(vi: Any, what: str, overrides: Mapping[str, Sequence[int]]) -> TensorType:
@@ -1404,6 +1446,8 @@ class _Importer:
         self.b = Builder(self.graph)
         self.values: dict[str, Value] = {}
         self.consts: dict[str, np.ndarray] = {}
+        # The node that defines each ONNX value name (for why_not_constant).
+        self.producers: dict[str, Any] = {}
         # Sequence-typed ONNX values, unrolled: each is a Python list of tensor Values.
         self.seqs: dict[str, list[Value]] = {}
 
@@ -1485,7 +1529,17 @@ class _Importer:
                                       "(the model is malformed or truncated)")
             outs.append(self.values[vi.name])
         self.b.ret(*outs)
+        self._erase_unread()
         return self.graph
+
+    def _erase_unread(self) -> None:
+        """Erase the ops whose results nothing reads (the constants that fed a Reshape target,
+        the shape arithmetic constant propagation replaced), keeping any op with effects."""
+        from ..ops.registry import get_op
+
+        for node in list(self.graph.reversed_nodes()):
+            if not any(r.has_uses for r in node.results) and not get_op(node.op).effects:
+                self.graph.erase(node)
 
     def _check_name(self, name: str, k: int, seen: Container[str], what: str, verb: str) -> None:
         """Entry ``k`` of the graph's initializers or inputs has a name, not one of ``seen``."""
@@ -1503,6 +1557,7 @@ class _Importer:
                               "must be unique (each value is assigned once)")
             if name:
                 self.defined[name] = f"node '{node.name or '<unnamed>'}' ({node.op_type}, node {i + 1})"
+                self.producers[name] = node
         ins: list[Value | None] = []
         for name in node.input:
             if name == "":
@@ -1520,7 +1575,10 @@ class _Importer:
                                       "earlier node, input or initializer defines (the graph is not "
                                       "topologically sorted, or the model is malformed or truncated)")
         n.inputs, n.attrs = ins, self._attributes(n)
+        before = self.graph.last
         outs = ONNX_TO_PARTITA[node.op_type](n)
+        if node.input and all(name == "" or name in self.consts for name in node.input):
+            outs = self._fold(n, before, outs)
         for k, name in enumerate(node.output):
             if name == "":
                 continue
@@ -1540,6 +1598,88 @@ class _Importer:
                                   f"{want}; the importer maps this op incorrectly or the model is invalid")
             self.values[name] = v
 
+
+    def why_not_constant(self, name: str) -> str:
+        """Why the ONNX value ``name`` has no known array: the chain of nodes back to the graph
+        input or the node whose result is computed at run time."""
+        chain: list[str] = []
+        seen: set[str] = set()
+        while name not in seen:
+            seen.add(name)
+            if name not in self.producers:
+                path = f" (through {' <- '.join(chain)})" if chain else ""
+                return (f"it depends on graph input '{name}'{path}, whose value is known only at run time; "
+                        f"bind it with static_inputs={{'{name}': ...}} if it is fixed")
+            node = self.producers[name]
+            label = f"node '{node.name or '<unnamed>'}' ({node.op_type})"
+            unknown = [x for x in node.input if x and x not in self.consts]
+            if not unknown:
+                why = ("its result depends on the values of its inputs in a way partita does not evaluate "
+                       "at import" if node.op_type in _DATA_DEPENDENT else
+                       f"its inputs are constants but it was not evaluated at import (a result larger than "
+                       f"{_SMALL_CONST} elements, a float computed from a weight, or an op with effects)")
+                return f"it is computed by {label}{' from ' + ' <- '.join(chain) if chain else ''}: {why}"
+            chain.append(label)
+            name = unknown[0]
+        return "it is defined in a cycle (the model is malformed)"
+
+    def _fold(self, n: OnnxNode, before: Node | None, outs: Sequence[Any]) -> Sequence[Any]:
+        """Constant propagation: a node whose inputs are all known arrays (initializers,
+        Constants, Shape of a static shape, and what earlier folds computed) is evaluated at
+        import with the NumPy references of the ops its converter emitted, so a Reshape
+        target computed as ``Shape -> Gather -> Concat`` or an Expand shape from ``Where``
+        is a constant the converters can read. Small results (at most _SMALL_CONST elements)
+        are kept; the emitted ops are then replaced by one constant per output. Weights stay
+        parameters: a float result computed from a parameter is not folded."""
+        from ..backend.numpy_ref import run_node_reference
+        from ..ops.registry import get_op
+
+        emitted = []
+        node = before.next if before is not None else self.graph.first
+        while node is not None:
+            emitted.append(node)
+            node = node.next
+        if not emitted or any(get_op(e.op).effects for e in emitted):
+            return outs
+        env: dict[int, np.ndarray] = {}
+        from_param = False
+        for name in n.proto.input:
+            if name:
+                v = self.values[name]
+                if self.consts[name].size > _FOLD_INPUT_LIMIT:
+                    return outs
+                from_param = from_param or v.is_input
+                env[id(v)] = self.consts[name]
+        for e in emitted:
+            args = []
+            for v in e.operands:
+                if id(v) not in env:
+                    return outs  # reads a value that is not known (cannot happen for a pure converter)
+                args.append(env[id(v)])
+            try:
+                res = run_node_reference(e, args)
+            except Exception:  # noqa: BLE001: not foldable here; the executor reports it at run time
+                return outs
+            for r, a in zip(e.results, res):
+                env[id(r)] = np.asarray(a)
+        tensors = [(k, v) for k, v in enumerate(outs) if isinstance(v, Value)]
+        if not tensors or any(isinstance(v, list) for v in outs):
+            return outs
+        if from_param and any(v.type.dtype.is_float for _, v in tensors):
+            return outs
+        if any(id(v) not in env or env[id(v)].size > _SMALL_CONST for _, v in tensors):
+            return outs
+        new = list(outs)
+        for k, v in tensors:
+            if k < len(n.proto.output) and n.proto.output[k]:
+                self.consts[n.proto.output[k]] = env[id(v)]
+        # The outputs become constants; the emitted ops, now unread, are erased.
+        for k, v in tensors:
+            new[k] = n.emit("constant", value=DenseAttr(env[id(v)].astype(v.type.dtype.np, copy=False)))
+        for e in reversed(emitted):
+            if all(not r.has_uses for r in e.results):
+                self.graph.erase(e)
+        return new
 
     def _attributes(self, n: OnnxNode) -> dict[str, Any]:
         """The node's attributes as Python values, each of the type the op's schema (at the
@@ -1637,19 +1777,91 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
     inputs to known values, treated like initializers: this is how a Reshape shape or
     Squeeze axes that arrive as graph inputs get the constant the importer needs. Initializers become ``param`` inputs with their
     arrays in ``graph.weights``. Raises OnnxImportError (a PartitaError) for a corrupt or
-    truncated file, an opset older than 13, unsupported ops (all listed at once), or a
+    truncated file, an opset older than 13 that ONNX's version converter cannot
+    upgrade (the others are upgraded, with an OnnxOpsetUpgradeWarning), unsupported ops (all listed at once), or a
     node whose semantics partita cannot express, naming the node.
     """
     onnx = _onnx()
     proto, where, base_dir = _load(model)
     _check_text(proto, where)
     opset = _opset(proto, where)
+    if opset < MIN_OPSET:
+        proto, opset = _upgrade(proto, where, opset), MIN_OPSET
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception as e:
         raise OnnxImportError(f"{where}: ONNX shape inference rejects the model: {e}") from None
     static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
     return _Importer(inferred, where, opset, base_dir).run(dict(input_shapes or {}), static)
+
+
+
+class OnnxModel:
+    """An ONNX model whose dynamic axes are bound by the inputs it is called with.
+
+    ``load_onnx(path)`` reads and checks the file once; the first call with arrays of given
+    shapes imports the graph specialized on those shapes (partita's shapes are static), and
+    later calls with the same shapes reuse it. ``input_shapes`` binds some axes up front
+    (those inputs' shapes are then fixed). ``graph_for(shapes)`` gives the imported graph.
+    """
+
+    def __init__(self, model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 backend: str = "torch") -> None:
+        if backend not in ("numpy", "torch"):
+            raise OnnxImportError(f"load_onnx: backend must be 'numpy' or 'torch', got {backend!r}")
+        proto, self.where, self._base_dir = _load(model)
+        _check_text(proto, self.where)
+        opset = _opset(proto, self.where)
+        if opset < MIN_OPSET:
+            proto = _upgrade(proto, self.where, opset)
+        self.proto, self.backend = proto, backend
+        self.fixed = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
+        inits = {t.name for t in proto.graph.initializer}
+        self.input_names = [vi.name for vi in proto.graph.input if vi.name not in inits]
+        self._graphs: dict[tuple, Graph] = {}
+        if all(_known(vi)[0] is not None or vi.name in self.fixed
+               for vi in proto.graph.input if vi.name not in inits):
+            self.graph_for({})  # every shape known: import now, so errors surface at load time
+
+    def graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
+        """The graph imported with these input shapes (and those given to load_onnx)."""
+        bound = {**{k: tuple(int(d) for d in v) for k, v in shapes.items()},
+                 **{k: tuple(v) for k, v in self.fixed.items()}}
+        key = tuple(sorted(bound.items()))
+        if key not in self._graphs:
+            self._graphs[key] = import_onnx(self.proto, input_shapes=dict(bound))
+        return self._graphs[key]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run on arrays given in the order of the graph inputs, or by ONNX input name."""
+        if args and kwargs:
+            raise OnnxImportError(f"{self.where}: give the inputs in order or by name, not both")
+        if len(args) > len(self.input_names):
+            raise OnnxImportError(f"{self.where}: the model takes {len(self.input_names)} input(s) "
+                                  f"({', '.join(self.input_names)}), got {len(args)}")
+        feed = dict(zip(self.input_names, args)) if args else dict(kwargs)
+        unknown = sorted(set(feed) - set(self.input_names))
+        missing = [k for k in self.input_names if k not in feed]
+        if unknown or missing:
+            raise OnnxImportError(f"{self.where}: inputs {', '.join(self.input_names)} expected; "
+                                  + (f"unknown: {', '.join(unknown)}" if unknown else f"missing: {', '.join(missing)}"))
+        shapes = {k: tuple(np.shape(np.asarray(v) if not hasattr(v, "shape") else v)) for k, v in feed.items()}
+        graph = self.graph_for(shapes)
+        values = [feed[k] for k in self.input_names]
+        if self.backend == "torch":
+            from ..backend.torch_exec import run as run_torch
+
+            return list(run_torch(graph, values))
+        from ..backend.numpy_ref import run as run_numpy
+
+        return list(run_numpy(graph, values))
+
+
+def load_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              backend: str = "torch") -> OnnxModel:
+    """An ONNX file (or ModelProto) as a callable whose dynamic axes are bound by the first
+    inputs of each shape it sees (see OnnxModel)."""
+    return OnnxModel(model, input_shapes, backend)
 
 
 # The quantization operators live in their own module, which adds them to ONNX_TO_PARTITA.

@@ -68,23 +68,20 @@ class PartitaBackendRep(BackendRep):
 def upgrade_opset(model: Any) -> Any:
     """``model`` converted to opset MIN_OPSET if it imports an older default-domain opset.
 
-    The importer reads opset 13 semantics only; ONNX's version converter rewrites older
-    models (attribute axes become inputs, and so on), which is what the importer's own
-    error message tells a user to do.
+    import_onnx upgrades such a model itself, with a warning; the backend upgrades once at
+    prepare time, quietly, so that each specialization (one import per static-input value
+    or input shape) does not convert the model again.
     """
-    from onnx import version_converter
+    import warnings
 
-    from .onnx import MIN_OPSET
+    from .onnx import MIN_OPSET, OnnxOpsetUpgradeWarning, _opset, _upgrade
 
-    versions = [imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")]
-    if not versions or versions[0] >= MIN_OPSET:
+    version = _opset(model, "<onnx>")
+    if version >= MIN_OPSET:
         return model
-    try:
-        return version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # the converter raises bare RuntimeErrors from C++
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OnnxImportError(f"<onnx>: the model uses opset {versions[0]} and ONNX's version converter "
-                              f"cannot upgrade it to opset {MIN_OPSET}: {first}") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OnnxOpsetUpgradeWarning)
+        return _upgrade(model, "<onnx>", version)
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:
