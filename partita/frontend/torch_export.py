@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..ir.attrs import DenseAttr
 from ..ir.builder import Builder
 from ..ir.diagnostics import PartitaError, TypeRuleError
 from ..ir.dtypes import DType, bool_, f32, i64
@@ -839,6 +840,112 @@ ATEN_TO_PARTITA.update({
     aten.topk.default: _topk,
     aten.sort.default: _sort,
     aten.sort.stable: _sort_stable,
+})
+
+
+def _repeat(cx: _Converter, x: Value, repeats: Sequence[int]) -> Value:
+    """x.repeat(r0, ..., rk): new leading dims for the extra counts, then every dim tiled,
+    as one reshape to [1, s0, 1, s1, ...], a broadcast to [r0, s0, r1, s1, ...] and a reshape
+    to [r0 * s0, r1 * s1, ...]."""
+    reps = [int(r) for r in repeats]
+    extra = len(reps) - x.type.rank
+    if extra < 0:
+        raise Unsupported(f"aten.repeat: {len(reps)} repeat counts for a rank-{x.type.rank} tensor; torch "
+                          "needs at least one per dim")
+    shape = [1] * extra + list(x.type.shape)
+    if all(r == 1 for r in reps):
+        return x if not extra else cx.emit("reshape", x, shape=tuple(shape))
+    inter = tuple(d for s in shape for d in (1, s))
+    y = cx.emit("reshape", x, shape=inter)
+    y = cx.emit("broadcast_to", y, shape=tuple(d for r, s in zip(reps, shape) for d in (r, s)))
+    return cx.emit("reshape", y, shape=tuple(r * s for r, s in zip(reps, shape)))
+
+
+def _copy(cx: _Converter, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+    """aten.copy (the functional form of ``dst.copy_(src)``): src broadcast to dst's shape,
+    in dst's dtype."""
+    if src.type.dtype is not dst.type.dtype:
+        src = cx.emit("cast", src, dtype=dst.type.dtype)
+    if src.type.shape != dst.type.shape:
+        src = cx.emit("broadcast_to", src, shape=dst.type.shape)
+    return src
+
+
+def _empty(cx: _Converter, *args: Any, **kwargs: Any) -> Value:
+    """aten.empty / empty_permuted: an uninitialized tensor, which the program overwrites
+    before reading; partita makes it zeros (its layout is partita's own, so the permutation
+    is irrelevant)."""
+    t = cx.out_type()
+    return cx.emit("full", shape=t.shape, value=_fill(0, t.dtype), dtype=t.dtype)
+
+
+def _as_strided(cx: _Converter, x: Value, size: Sequence[int], stride: Sequence[int],
+                storage_offset: int | None = None) -> Value:
+    """as_strided over the contiguous storage of ``x`` (what the exported functional program
+    holds): the flat positions offset + sum(i_k * stride_k), computed at import, pick the
+    elements with one index_select."""
+    size, stride = [int(s) for s in size], [int(s) for s in stride]
+    if len(size) != len(stride):
+        raise Unsupported(f"aten.as_strided: size {size} and stride {stride} differ in length")
+    pos = np.full(size, int(storage_offset or 0), dtype=np.int64)
+    for k, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[k] = n
+        pos = pos + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    total = int(np.prod(x.type.shape))
+    if pos.size and (pos.min() < 0 or pos.max() >= total):
+        raise Unsupported(f"aten.as_strided: size {size}, stride {stride}, offset {storage_offset or 0} reach "
+                          f"past the {total} elements of the input {x.type}")
+    flat = cx.emit("reshape", x, shape=(total,))
+    idx = cx.emit("constant", value=DenseAttr(pos.reshape(-1)))
+    y = cx.emit("index_select", flat, idx, axis=0)
+    return cx.emit("reshape", y, shape=tuple(size))
+
+
+def _histc(cx: _Converter, x: Value, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:
+    """torch.histc: ``bins`` equal bins over [min, max] (the data's own range when both are
+    0), elements outside ignored, the maximum counted in the last bin. An element's bin is
+    trunc((x - lo) / (hi - lo) * bins) as torch computes it, so "bin >= i" is exactly
+    "t >= i" for t = (x - lo) / (hi - lo) * bins; each count is a sum of comparisons."""
+    dtype = x.type.dtype
+    if not dtype.is_float:
+        raise Unsupported(f"aten.histc: a {dtype.name} input; torch's histc takes floating point tensors")
+    bins = int(bins)
+    flat = cx.emit("reshape", x, shape=(int(np.prod(x.type.shape)),))
+    if float(min) == 0 and float(max) == 0:
+        lo = cx.emit("min", flat, axes=None, keepdim=False)
+        hi = cx.emit("max", flat, axes=None, keepdim=False)
+        same = cx.emit("equal", lo, hi)
+        one = cx.scalar(1.0, dtype)
+        lo = cx.emit("where", same, cx.emit("sub", lo, one), lo)
+        hi = cx.emit("where", same, cx.emit("add", hi, one), hi)
+    else:
+        if float(min) > float(max):
+            raise Unsupported(f"aten.histc: min {min} is greater than max {max}")
+        lo_v, hi_v = float(min), float(max)
+        if lo_v == hi_v:
+            lo_v, hi_v = lo_v - 1, hi_v + 1
+        lo, hi = cx.scalar(lo_v, dtype), cx.scalar(hi_v, dtype)
+    t = cx.emit("mul", cx.emit("div", cx.emit("sub", flat, lo), cx.emit("sub", hi, lo)), cx.scalar(float(bins), dtype))
+    inside = cx.emit("logical_and", cx.emit("greater_equal", flat, lo), cx.emit("less_equal", flat, hi))
+    edges = cx.emit("constant", value=DenseAttr(np.arange(bins, dtype=dtype.np).reshape(bins, 1)))
+    at_least = cx.emit("greater_equal", cx.emit("reshape", t, shape=(1, t.type.shape[0])), edges)   # [bins, N]
+    nxt = cx.emit("constant", value=DenseAttr(np.concatenate([np.arange(1, bins, dtype=dtype.np),
+                                                              np.array([np.inf], dtype.np)]).reshape(bins, 1)))
+    below = cx.emit("less", cx.emit("reshape", t, shape=(1, t.type.shape[0])), nxt)
+    hit = cx.emit("logical_and", cx.emit("logical_and", at_least, below), inside)
+    counts = cx.emit("sum", cx.emit("cast", hit, dtype=dtype), axes=(1,), keepdim=False)
+    return counts
+
+
+ATEN_TO_PARTITA.update({
+    aten.repeat.default: _repeat,
+    aten.copy.default: _copy,
+    aten.empty.memory_format: _empty,
+    aten.empty_permuted.default: _empty,
+    aten.empty_strided.default: _empty,
+    aten.as_strided.default: _as_strided,
+    aten.histc.default: _histc,
 })
 
 
