@@ -21,6 +21,13 @@ the import is split by ``import_torch(timings=...)`` into torch.export's part (e
 decompositions) and partita's conversion, and their ratio is reported (target: at most 10%).
 A failure is reported with the first line of its error. One thread; the table goes to
 stdout as Markdown and the rows to bench/results/model_world.json.
+
+``--quantize`` adds a second table: each architecture's graph (the keyword import) through
+``partita.quantize`` in both modes (``weight-only``, ``dynamic``; a fresh import each), with
+the param bytes saved and the accuracy change against the float graph on the same inputs:
+the largest and the RMS error relative to the float outputs' RMS, and for the models with a
+language-model head the share of positions whose top-1 token is unchanged. Random weights
+are a proxy for trained ones (see docs/benchmarks.md, "Quantization").
 """
 
 from __future__ import annotations
@@ -287,7 +294,7 @@ def _onnx_path(arch: Arch, model: Any, dynamo: bool, tmp: Path) -> Row:
     consts = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
     tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     names = list(tensors)
-    wrapped = _ByName(model, names, consts)
+    wrapped = _ByName(model, names, consts).eval()   # a new Module trains; exporters restore that mode
     path = tmp / f"{arch.name}-{row.path}.onnx"
     sink = io.StringIO()
     with warnings.catch_warnings(), redirect_stdout(sink), redirect_stderr(sink):
@@ -309,7 +316,65 @@ def _onnx_path(arch: Arch, model: Any, dynamo: bool, tmp: Path) -> Row:
     return row
 
 
-def run(archs: list[Arch], paths: list[str]) -> list[Row]:
+@dataclass
+class QRow:
+    arch: str
+    mode: str
+    weights: int = 0
+    before: int = 0
+    after: int = 0
+    max_error: float | None = None
+    rms_error: float | None = None
+    top1: float | None = None
+    failure: str = ""
+
+
+def quantize_rows(arch: Arch, model: Any) -> list[QRow]:
+    import partita
+    from partita.frontend.torch_export import import_torch
+
+    kwargs = arch.kwargs()
+    feed = _tensors((), kwargs)
+    rows = []
+    try:
+        ref = np.asarray(partita.run(import_torch(model, (), kwargs), feed, backend="torch")[0], np.float64)
+    except Exception as e:  # noqa: BLE001
+        return [QRow(arch.name, m, failure=_why(e)) for m in ("weight-only", "dynamic")]
+    scale = float(np.sqrt(np.mean(ref ** 2))) or 1.0
+    for mode in ("weight-only", "dynamic"):
+        row = QRow(arch.name, mode)
+        try:
+            g = import_torch(model, (), kwargs)
+            rep = partita.quantize(g, mode)
+            row.weights, row.before, row.after = len(rep.weights), rep.param_bytes_before, rep.param_bytes_after
+            got = np.asarray(partita.run(g, feed, backend="torch")[0], np.float64)
+            d = np.abs(got - ref)
+            row.max_error, row.rms_error = float(d.max()) / scale, float(np.sqrt(np.mean(d ** 2))) / scale
+            if ref.ndim == 3 and ref.shape[-1] == V:
+                row.top1 = float(np.mean(got.argmax(-1) == ref.argmax(-1)))
+        except Exception as e:  # noqa: BLE001
+            row.failure = _why(e)
+        rows.append(row)
+        print(f"  {arch.name:16s} quantize {mode:12s} {row.failure or 'ok'}", file=sys.stderr, flush=True)
+    return rows
+
+
+def quantize_table(rows: list[QRow]) -> str:
+    out = ["| architecture | mode | int8 weights | params before -> after | saved | max error | RMS error | top-1 same |",
+           "|---|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if r.failure:
+            out.append(f"| {r.arch} | {r.mode} | **fail**: {r.failure} | | | | | |")
+            continue
+        saved = 1 - r.after / r.before if r.before else 0.0
+        top1 = f"{r.top1:.1%}" if r.top1 is not None else ""
+        out.append(f"| {r.arch} | {r.mode} | {r.weights} | {r.before / 1024:.0f} -> {r.after / 1024:.0f} KiB | "
+                   f"{saved:.1%} | {r.max_error:.2e} | {r.rms_error:.2e} | {top1} |")
+    return "\n".join(out)
+
+
+def run(archs: list[Arch], paths: list[str], quantize: bool = False) -> tuple[list[Row], list[QRow]]:
+    qrows: list[QRow] = []
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmpdir:
         for arch in archs:
@@ -332,7 +397,9 @@ def run(archs: list[Arch], paths: list[str]) -> list[Row]:
                 rows.append(row)
                 print(f"  {arch.name:16s} {path:14s} {'ok' if row.ok else 'FAIL'} {row.failure[:150]}",
                       file=sys.stderr, flush=True)
-    return rows
+            if quantize:
+                qrows += quantize_rows(arch, model)
+    return rows, qrows
 
 
 def table(rows: list[Row], paths: list[str]) -> str:
@@ -365,17 +432,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--archs", nargs="*", help="architecture names (default: all): " +
                     ", ".join(a.name for a in ARCHS))
     ap.add_argument("--paths", nargs="*", default=list(PATHS), choices=PATHS)
+    ap.add_argument("--quantize", action="store_true", help="also quantize each graph in both modes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "model_world.json"))
     ns = ap.parse_args(argv)
     chosen = ARCHS if not ns.archs else [a for a in ARCHS if a.name in ns.archs]
     unknown = set(ns.archs or ()) - {a.name for a in ARCHS}
     if unknown:
         ap.error(f"unknown architecture(s): {', '.join(sorted(unknown))}")
-    rows = run(chosen, ns.paths)
+    rows, qrows = run(chosen, ns.paths, ns.quantize)
     print(table(rows, ns.paths))
+    if qrows:
+        print()
+        print(quantize_table(qrows))
     out = Path(ns.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"torch": torch.__version__, "rows": [asdict(r) for r in rows]}, indent=1))
+    out.write_text(json.dumps({"torch": torch.__version__, "rows": [asdict(r) for r in rows],
+                                     "quantize": [asdict(r) for r in qrows]}, indent=1))
     return 0
 
 
