@@ -32,7 +32,6 @@ def test_one_architecture_through_a_torch_and_an_onnx_path_with_quantize(tmp_pat
 
 
 def test_a_failing_import_is_a_row_with_its_reason():
-
     arch = bmw.Arch("broken", lambda: None, lambda: (), lambda: {})
     rows, _ = bmw.run([arch], ["export-args"])
     assert len(rows) == 1 and not rows[0].ok and rows[0].failure
