@@ -327,7 +327,22 @@ def _adaptive_avg_pool2d(cx: _Converter, x: Value, output_size: Sequence[int]) -
     if x.type.rank == 4 and h % oh == 0 and w % ow == 0:
         # Equal windows: the adaptive pool is a plain average pool.
         return cx.emit("avg_pool2d", x, kernel=(h // oh, w // ow))
-    raise Unsupported(f"aten._adaptive_avg_pool2d: output size {[oh, ow]} does not divide the input's {[h, w]}")
+    # Unequal windows (PyTorch's [floor(i * n / o), ceil((i + 1) * n / o))): the average over
+    # each axis is a product with a constant averaging matrix.
+    y = cx.emit("matmul", x, _const(cx, _adaptive_matrix(w, ow, x.type.dtype).T))
+    return cx.emit("matmul", _const(cx, _adaptive_matrix(h, oh, x.type.dtype)), y)
+
+
+def _adaptive_matrix(n: int, o: int, dtype: DType) -> np.ndarray:
+    m = np.zeros((o, n), dtype=np.float64)
+    for i in range(o):
+        lo, hi = (i * n) // o, -(-((i + 1) * n) // o)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m.astype(dtype.np)
+
+
+def _const(cx: _Converter, arr: np.ndarray) -> Value:
+    return cx.emit("constant", value=DenseAttr(np.ascontiguousarray(arr)))
 
 
 def _ones_or_zeros(cx: _Converter, like: Value, n: int, value: float) -> Value:
@@ -946,6 +961,219 @@ ATEN_TO_PARTITA.update({
     aten.empty_strided.default: _empty,
     aten.as_strided.default: _as_strided,
     aten.histc.default: _histc,
+})
+
+
+def _any(cx: _Converter, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+    b = x if x.type.dtype.is_bool else cx.emit("not_equal", x, cx.scalar(0, x.type.dtype))
+    axes = None if dim is None else tuple(_axis(d, x.type.rank) for d in ([dim] if isinstance(dim, int) else dim))
+    count = cx.emit("sum", cx.emit("cast", b, dtype=i64), axes=axes, keepdim=bool(keepdim))
+    return cx.emit("greater", count, cx.scalar(0, i64))
+
+
+def _logical_xor(cx: _Converter, a: Value, b: Value) -> Value:
+    def as_bool(v: Value) -> Value:
+        return v if v.type.dtype.is_bool else cx.emit("not_equal", v, cx.scalar(0, v.type.dtype))
+    return cx.emit("not_equal", as_bool(a), as_bool(b))
+
+
+def _positions(cx: _Converter, x: Value, pos: np.ndarray) -> Value:
+    """The elements of ``x`` (contiguous) at flat positions ``pos``, in pos's shape."""
+    total = int(np.prod(x.type.shape))
+    flat = cx.emit("reshape", x, shape=(total,))
+    y = cx.emit("index_select", flat, _const(cx, pos.reshape(-1).astype(np.int64)), axis=0)
+    return cx.emit("reshape", y, shape=tuple(pos.shape))
+
+
+def _diagonal(cx: _Converter, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+    """torch.diagonal: the other dims in order, then the diagonal; positions computed at import."""
+    r = x.type.rank
+    d1, d2 = _axis(dim1, r), _axis(dim2, r)
+    pos = np.arange(int(np.prod(x.type.shape)), dtype=np.int64).reshape(x.type.shape)
+    return _positions(cx, x, np.ascontiguousarray(np.diagonal(pos, offset=int(offset), axis1=d1, axis2=d2)))
+
+
+def _flip(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
+    for d in dims:
+        axis = _axis(d, x.type.rank)
+        n = x.type.shape[axis]
+        if n > 1:
+            x = cx.emit("index_select", x, _const(cx, np.arange(n - 1, -1, -1, dtype=np.int64)), axis=axis)
+    return x
+
+
+def _max_min_dim(op: str, arg: str) -> Conv:
+    def conv(cx: _Converter, x: Value, dim: int, keepdim: bool = False) -> tuple:
+        axis = _axis(dim, x.type.rank)
+        return (cx.emit(op, x, axes=(axis,), keepdim=bool(keepdim)),
+                cx.emit(arg, x, axes=(axis,), keepdim=bool(keepdim)))
+    return conv
+
+
+def _prod(cx: _Converter, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    elif not x.type.dtype.is_float:
+        x = cx.emit("cast", x, dtype=i64)          # torch.prod of integers (and bools) is i64
+    axes = None if dim is None else (_axis(dim, x.type.rank),)
+    return cx.emit("prod", x, axes=axes, keepdim=bool(keepdim))
+
+
+def _log_base(base: float) -> Conv:
+    def conv(cx: _Converter, x: Value) -> Value:
+        y = cx.emit("log", x)
+        return cx.emit("div", y, cx.scalar(float(np.log(base)), y.type.dtype))
+    return conv
+
+
+def _log1p(cx: _Converter, x: Value) -> Value:
+    """log(1 + x) accurate for small x: log(u) * x / (u - 1) with u = 1 + x (x where u == 1)."""
+    one = cx.scalar(1.0, x.type.dtype)
+    u = cx.emit("add", x, one)
+    um1 = cx.emit("sub", u, one)
+    same = cx.emit("equal", um1, cx.scalar(0.0, x.type.dtype))
+    safe = cx.emit("where", same, one, um1)
+    y = cx.emit("div", cx.emit("mul", cx.emit("log", u), x), safe)
+    inf = cx.emit("equal", u, cx.scalar(float("inf"), x.type.dtype))
+    return cx.emit("where", same, x, cx.emit("where", inf, u, y))
+
+
+def _expm1(cx: _Converter, x: Value) -> Value:
+    """exp(x) - 1 accurate for small x: (u - 1) * x / log(u) with u = exp(x) (x where u == 1,
+    u - 1 where u is 0 or inf)."""
+    one = cx.scalar(1.0, x.type.dtype)
+    u = cx.emit("exp", x)
+    um1 = cx.emit("sub", u, one)
+    same = cx.emit("equal", um1, cx.scalar(0.0, x.type.dtype))
+    lg = cx.emit("log", u)
+    edge = cx.emit("logical_or", cx.emit("equal", u, cx.scalar(0.0, x.type.dtype)),
+                   cx.emit("equal", u, cx.scalar(float("inf"), x.type.dtype)))
+    safe = cx.emit("where", cx.emit("logical_or", same, edge), one, lg)
+    y = cx.emit("div", cx.emit("mul", um1, x), safe)
+    return cx.emit("where", same, x, cx.emit("where", edge, um1, y))
+
+
+def _group_norm(cx: _Converter, x: Value, w: Value | None, b: Value | None, n: int, c: int, hw: int,
+                group: int, eps: float) -> tuple:
+    """native_group_norm: statistics over each group of C // group channels and every
+    spatial position; returns (out, mean, rstd) as torch does, mean and rstd [N, group]."""
+    shape = x.type.shape
+    g = cx.emit("reshape", x, shape=(int(n), int(group), (int(c) // int(group)) * int(hw)))
+    mean = cx.emit("mean", g, axes=(2,), keepdim=True)
+    d = cx.emit("sub", g, mean)
+    var = cx.emit("mean", cx.emit("mul", d, d), axes=(2,), keepdim=True)
+    rstd = cx.emit("rsqrt", cx.emit("add", var, cx.scalar(float(eps), x.type.dtype)))
+    y = cx.emit("reshape", cx.emit("mul", d, rstd), shape=shape)
+    bshape = (1, int(c)) + (1,) * (len(shape) - 2)
+    if w is not None:
+        y = cx.emit("mul", y, cx.emit("reshape", w, shape=bshape))
+    if b is not None:
+        y = cx.emit("add", y, cx.emit("reshape", b, shape=bshape))
+    return (y, cx.emit("reshape", mean, shape=(int(n), int(group))), cx.emit("reshape", rstd, shape=(int(n), int(group))))
+
+
+def _upsample_sizes(x: Value, output_size: Any, scale_factors: Any) -> tuple[list[int], list[float | None]]:
+    ins = list(x.type.shape[2:])
+    if output_size is not None:
+        return [int(o) for o in output_size], [None] * len(ins)
+    scales = [float(s) for s in scale_factors]
+    return [int(np.floor(i * s)) for i, s in zip(ins, scales)], scales
+
+
+def _upsample_nearest(cx: _Converter, x: Value, output_size: Any, scale_factors: Any = None) -> Value:
+    """Nearest: source index min(floor(dst * scale), in - 1), scale = in / out (or 1 / the
+    given factor), in float32 as PyTorch computes it; one index_select per spatial axis."""
+    outs, factors = _upsample_sizes(x, output_size, scale_factors)
+    for k, (o, f) in enumerate(zip(outs, factors)):
+        axis = 2 + k
+        n = x.type.shape[axis]
+        scale = np.float32(1.0 / f) if f is not None else np.float32(n / o)
+        idx = np.minimum(np.floor(np.arange(o, dtype=np.float32) * scale).astype(np.int64), n - 1)
+        x = cx.emit("index_select", x, _const(cx, idx), axis=axis)
+    return x
+
+
+def _linear_matrix(n: int, o: int, align: bool, factor: float | None) -> np.ndarray:
+    """The [o, n] matrix of PyTorch's linear interpolation along one axis."""
+    m = np.zeros((o, n), dtype=np.float64)
+    for i in range(o):
+        if align:
+            src = i * (n - 1) / (o - 1) if o > 1 else 0.0
+        else:
+            scale = 1.0 / factor if factor is not None else n / o
+            src = max((i + 0.5) * scale - 0.5, 0.0)
+        lo = min(int(np.floor(src)), n - 1)
+        hi = min(lo + 1, n - 1)
+        t = src - lo
+        m[i, lo] += 1.0 - t
+        m[i, hi] += t
+    return m
+
+
+def _upsample_bilinear(cx: _Converter, x: Value, output_size: Any, align_corners: bool,
+                       scale_factors: Any = None) -> Value:
+    """Bilinear: along each axis a product with the constant interpolation matrix."""
+    (oh, ow), (fh, fw) = _upsample_sizes(x, output_size, scale_factors)
+    h, w = x.type.shape[2:]
+    dtype = x.type.dtype.np
+    y = cx.emit("matmul", x, _const(cx, _linear_matrix(w, ow, bool(align_corners), fw).T.astype(dtype)))
+    return cx.emit("matmul", _const(cx, _linear_matrix(h, oh, bool(align_corners), fh).astype(dtype)), y)
+
+
+def _masked_scatter(cx: _Converter, x: Value, mask: Value, source: Value) -> Value:
+    """x with the positions where ``mask`` holds taking ``source``'s elements in order: the
+    k-th true position (in row-major order) reads source.flatten()[k]."""
+    shape = x.type.shape
+    m = mask if mask.type.shape == shape else cx.emit("broadcast_to", mask, shape=shape)
+    total = int(np.prod(shape))
+    mflat = cx.emit("reshape", m, shape=(total,))
+    k = cx.emit("sub", cx.emit("cumsum", cx.emit("cast", mflat, dtype=i64), axis=0), cx.scalar(1, i64))
+    src_total = int(np.prod(source.type.shape))
+    k = cx.emit("minimum", cx.emit("maximum", k, cx.scalar(0, i64)), cx.scalar(max(src_total - 1, 0), i64))
+    vals = cx.emit("index_select", cx.emit("reshape", source, shape=(src_total,)), k, axis=0)
+    out = cx.emit("where", mflat, vals, cx.emit("reshape", x, shape=(total,)))
+    return cx.emit("reshape", out, shape=shape)
+
+
+def _cdist(cx: _Converter, a: Value, b: Value, p: float = 2.0, compute_mode: Any = None) -> Value:
+    """Pairwise p-norm distances [..., P, M] x [..., R, M] -> [..., P, R] from the differences."""
+    d = cx.emit("sub", cx.emit("unsqueeze", a, axes=(a.type.rank - 1,)), cx.emit("unsqueeze", b, axes=(b.type.rank - 2,)))
+    ad = cx.emit("abs", d)
+    last = (d.type.rank - 1,)
+    p = float(p)
+    if p == 0:
+        nz = cx.emit("cast", cx.emit("not_equal", ad, cx.scalar(0.0, ad.type.dtype)), dtype=ad.type.dtype)
+        return cx.emit("sum", nz, axes=last, keepdim=False)
+    if p == float("inf"):
+        return cx.emit("max", ad, axes=last, keepdim=False)
+    if p == 1:
+        return cx.emit("sum", ad, axes=last, keepdim=False)
+    if p == 2:
+        return cx.emit("sqrt", cx.emit("sum", cx.emit("mul", d, d), axes=last, keepdim=False))
+    s = cx.emit("sum", cx.emit("pow", ad, cx.scalar(p, ad.type.dtype)), axes=last, keepdim=False)
+    return cx.emit("pow", s, cx.scalar(1.0 / p, ad.type.dtype))
+
+
+ATEN_TO_PARTITA.update({
+    aten.any.default: _any,
+    aten.any.dim: _any,
+    aten.any.dims: _any,
+    aten.logical_xor.default: _logical_xor,
+    aten.diagonal.default: _diagonal,
+    aten.flip.default: _flip,
+    aten.max.dim: _max_min_dim("max", "argmax"),
+    aten.min.dim: _max_min_dim("min", "argmin"),
+    aten.prod.default: _prod,
+    aten.prod.dim_int: _prod,
+    aten.log2.default: _log_base(2.0),
+    aten.log10.default: _log_base(10.0),
+    aten.log1p.default: _log1p,
+    aten.expm1.default: _expm1,
+    aten.native_group_norm.default: _group_norm,
+    aten.upsample_nearest2d.vec: _upsample_nearest,
+    aten.upsample_bilinear2d.vec: _upsample_bilinear,
+    aten.masked_scatter.default: _masked_scatter,
+    aten._cdist_forward.default: _cdist,
 })
 
 

@@ -1,5 +1,6 @@
 """ATen converters for what transformers and torchvision-style models reach beyond the
-basics: repeat, copy, empty / empty_permuted, as_strided and histc, each exported from a
+basics (repeat, copy, empty, as_strided, histc, any, diagonal, flip, max/min.dim, prod, the logs,
+expm1, group norm, upsampling, unequal adaptive pools, masked_scatter, cdist), each exported from a
 tiny module and compared with eager."""
 
 from __future__ import annotations
@@ -81,3 +82,79 @@ def test_histc_counts_like_torch(bins, lo, hi):
 def test_histc_of_expert_indices_as_mixture_of_experts_routers_count_them():
     idx = torch.tensor([[0, 3], [1, 3], [3, 2], [0, 0]])
     _check(_Lambda(lambda i: torch.histc(i.float(), bins=4, min=0, max=3)), idx)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.any(x > 0.5),
+    lambda x: torch.any(x > 0.5, dim=1),
+    lambda x: torch.any(x > 0.5, dim=(0, 2), keepdim=True),
+    lambda x: torch.logical_xor(x > 0, x > 0.5),
+    lambda x: torch.diagonal(x, 0, 1, 2) * 1.0,
+    lambda x: torch.diagonal(x, -1, 0, 2) * 1.0,
+    lambda x: torch.diagonal(x, 1, 2, 1) * 1.0,
+    lambda x: torch.flip(x, (0, 2)),
+    lambda x: torch.max(x, dim=1),
+    lambda x: torch.min(x, dim=-1, keepdim=True),
+    lambda x: torch.prod(x),
+    lambda x: torch.prod(x, 1, keepdim=True),
+    lambda x: torch.prod((x > 0).int(), 2),
+])
+def test_reductions_and_movements(fn):
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0))
+    _check(_Lambda(fn), x, atol=1e-6)
+
+
+def test_logs_and_expm1_are_accurate_near_zero():
+    x = torch.tensor([1e-9, -3e-8, 1e-4, 0.5, 3.0, -0.9, 0.0, 60.0, -200.0, 100.0])
+    for fn in (torch.log1p, torch.expm1):
+        g = partita.import_torch(_Lambda(fn), (x,))
+        for backend in ("numpy", "torch"):
+            got = np.asarray(partita.run(g, [x.numpy()], backend=backend)[0], np.float64)
+            want = fn(x.double()).numpy()
+            np.testing.assert_allclose(got, want.astype(np.float32), rtol=2e-6, atol=0)
+    pos = torch.tensor([0.5, 1.0, 8.0, 1e-3, 3.7])
+    _check(_Lambda(lambda v: torch.log2(v)), pos, atol=1e-6)
+    _check(_Lambda(lambda v: torch.log10(v)), pos, atol=1e-6)
+
+
+@pytest.mark.parametrize("groups,affine", [(2, True), (4, False), (1, True)])
+def test_group_norm(groups, affine):
+    m = nn.GroupNorm(groups, 4, affine=affine).eval()
+    if affine:
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-1, 1)
+    _check(m, torch.randn(2, 4, 3, 5), atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(size=(7, 9)), dict(scale_factor=2), dict(scale_factor=1.5), dict(size=(3, 2))])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bilinear-align"])
+def test_upsample(kw, mode):
+    import torch.nn.functional as F
+
+    if mode == "nearest":
+        fn = lambda x: F.interpolate(x, mode="nearest", **kw)  # noqa: E731
+    else:
+        fn = lambda x: F.interpolate(x, mode="bilinear", align_corners=mode.endswith("align"), **kw)  # noqa: E731
+    _check(_Lambda(fn), torch.randn(1, 2, 4, 6, generator=torch.Generator().manual_seed(1)), atol=1e-5)
+
+
+def test_adaptive_average_pool_with_unequal_windows():
+    _check(nn.AdaptiveAvgPool2d((3, 5)), torch.randn(2, 3, 7, 8), atol=1e-6)
+    _check(nn.AdaptiveAvgPool1d(3), torch.randn(2, 3, 7), atol=1e-6)
+
+
+def test_masked_scatter_takes_the_source_in_order():
+    x = torch.zeros(3, 4)
+    mask = torch.tensor([[True, False, True, False], [False, False, False, True], [True, True, False, False]])
+    src = torch.arange(12, dtype=torch.float32).reshape(3, 4) + 1
+    _check(_Lambda(lambda x, m, s: x.masked_scatter(m, s)), x, mask, src)
+    row = torch.tensor([True, False, True, True])
+    _check(_Lambda(lambda x, m, s: x.masked_scatter(m, s)), x, row, src)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, 3.0, float("inf")])
+def test_cdist(p):
+    a = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2))
+    b = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(3))
+    _check(_Lambda(lambda a, b: torch.cdist(a, b, p=p)), a, b, atol=1e-5)
