@@ -1154,7 +1154,31 @@ def _cdist(cx: _Converter, a: Value, b: Value, p: float = 2.0, compute_mode: Any
     return cx.emit("pow", s, cx.scalar(1.0 / p, ad.type.dtype))
 
 
+def _adaptive_avg_pool3d(cx: _Converter, x: Value, output_size: Sequence[int]) -> Value:
+    """Over the last three dims, each a product with its averaging matrix (the depth moved
+    next to last for its product, then back)."""
+    od, oh, ow = _ntuple(output_size, 3)
+    d, h, w = x.type.shape[-3:]
+    dt = x.type.dtype
+    y = cx.emit("matmul", x, _const(cx, _adaptive_matrix(w, ow, dt).T))
+    y = cx.emit("matmul", _const(cx, _adaptive_matrix(h, oh, dt)), y)
+    r = y.type.rank
+    perm = tuple(range(r - 3)) + (r - 2, r - 3, r - 1)          # [.., D, oh, ow] -> [.., oh, D, ow]
+    y = cx.emit("matmul", _const(cx, _adaptive_matrix(d, od, dt)), cx.emit("transpose", y, perm=perm))
+    return cx.emit("transpose", y, perm=perm)
+
+
+def _pdist(cx: _Converter, x: Value, p: float = 2.0) -> Value:
+    """The distances between rows i < j of x [N, M], in row-major order of the pairs."""
+    n = x.type.shape[0]
+    full = _cdist(cx, x, x, p)
+    iu = np.triu_indices(n, 1)
+    return _positions(cx, full, (iu[0] * n + iu[1]).astype(np.int64))
+
+
 ATEN_TO_PARTITA.update({
+    aten._adaptive_avg_pool3d.default: _adaptive_avg_pool3d,
+    aten._pdist_forward.default: _pdist,
     aten.any.default: _any,
     aten.any.dim: _any,
     aten.any.dims: _any,

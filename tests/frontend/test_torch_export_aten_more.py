@@ -158,3 +158,11 @@ def test_cdist(p):
     a = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2))
     b = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(3))
     _check(_Lambda(lambda a, b: torch.cdist(a, b, p=p)), a, b, atol=1e-5)
+
+
+def test_adaptive_average_pool_3d_and_pdist():
+    _check(nn.AdaptiveAvgPool3d((2, 3, 2)), torch.randn(1, 2, 5, 7, 4), atol=1e-6)
+    _check(nn.AdaptiveAvgPool3d(1), torch.randn(1, 2, 3, 3, 3), atol=1e-6)
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(4))
+    for p in (2.0, 1.0):
+        _check(_Lambda(lambda x: torch.pdist(x, p)), x, atol=1e-5)
