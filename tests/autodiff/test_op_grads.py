@@ -28,7 +28,8 @@ from partita.ir.dtypes import DTYPES
 from partita.ops.registry import OPS
 
 # Operand specs: ("f", shape) normal floats; ("pos", shape) floats in [0.5, 2]; ("unit", shape)
-# floats in (-0.9, 0.9); ("gt1", shape) floats in [1.2, 3]; ("idx", shape, high) i64 in [0, high); ("bool", shape) random mask.
+# floats in (-0.9, 0.9); ("gt1", shape) floats in [1.2, 3]; ("idx", shape, high) i64 in [0, high);
+# ("bool", shape) random mask.
 SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "add": [([("f", (3, 4)), ("f", (4,))], {}), ([("f", (2, 1, 3)), ("f", (4, 1))], {})],
     "sub": [([("f", (3, 4)), ("f", (3, 1))], {})],
