@@ -578,3 +578,45 @@ def _index_add(ctx, node, d, needs):
     x, index, src = node.operands
     return [g if needs[0] else None, None,
             ctx.b.index_select(g, index, axis=node.attrs["axis"]) if needs[2] else None]
+
+
+# --- rounding, inverse and hyperbolic functions, bitwise ops, remainders -----------------------
+
+# Integer or bool results (bitwise, shifts, float classes): never differentiated.
+for _name in ("isnan", "isinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+              "bitwise_left_shift", "bitwise_right_shift"):
+    RULES[_name] = NOT_DIFFERENTIABLE
+# Rounding is piecewise constant: its derivative is 0 wherever it exists (as sign, and PyTorch).
+for _name in ("floor", "ceil", "round", "trunc"):
+    RULES[_name] = lambda ctx, node, d, needs: [None]
+
+
+def _one_minus_sq(c, B, x):
+    return B.sub(c.scalar(1.0, x), B.mul(x, x))
+
+
+RULES["tan"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.add(c.scalar(1.0, y), B.mul(y, y))))
+RULES["asin"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.rsqrt(_one_minus_sq(c, B, x))))
+RULES["acos"] = _unary(lambda c, B, g, x, y, n: B.neg(B.mul(g, B.rsqrt(_one_minus_sq(c, B, x)))))
+RULES["atan"] = _unary(lambda c, B, g, x, y, n: B.div(g, B.add(c.scalar(1.0, x), B.mul(x, x))))
+RULES["sinh"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.cosh(x)))
+RULES["cosh"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.sinh(x)))
+RULES["asinh"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.rsqrt(B.add(B.mul(x, x), c.scalar(1.0, x)))))
+RULES["acosh"] = _unary(lambda c, B, g, x, y, n: B.mul(g, B.rsqrt(B.sub(B.mul(x, x), c.scalar(1.0, x)))))
+RULES["atanh"] = _unary(lambda c, B, g, x, y, n: B.div(g, _one_minus_sq(c, B, x)))
+
+
+@rule("remainder", "fmod")
+def _remainder(ctx, node, d, needs):
+    # a - q * b with q = floor(a / b) (remainder) or trunc(a / b) (fmod), piecewise constant:
+    # d/da = 1, d/db = -q (PyTorch's rule).
+    (g,) = d
+    a, b = node.operands
+    B = ctx.b
+    da = ctx.sum_to(g, a.type.shape) if needs[0] else None
+    db = None
+    if needs[1]:
+        q = B.div(a, b)
+        q = B.floor(q) if node.op == "remainder" else B.trunc(q)
+        db = ctx.sum_to(B.neg(B.mul(g, q)), b.type.shape)
+    return [da, db]

@@ -385,7 +385,14 @@ _U64_RULES = {"add": "wrap", "sub": "wrap", "mul": "wrap", "neg": "wrap", "sum":
               "equal": "wrap", "not_equal": "wrap", "where": "wrap", "logical_and": "wrap",
               "logical_or": "wrap", "logical_not": "wrap",
               "less": "ordered", "less_equal": "ordered", "greater": "ordered", "greater_equal": "ordered",
-              "maximum": "ordered", "minimum": "ordered"}
+              "maximum": "ordered", "minimum": "ordered",
+              # bits as they are; integers round to themselves and are never NaN or infinite
+              "bitwise_and": "wrap", "bitwise_or": "wrap", "bitwise_xor": "wrap", "bitwise_not": "wrap",
+              "bitwise_left_shift": "wrap", "floor": "wrap", "ceil": "wrap", "round": "wrap", "trunc": "wrap",
+              "isnan": "wrap", "isinf": "wrap",
+              # unsigned division and logical shifts have no int64 kernel: the op's NumPy
+              # reference computes them on the host, in uint64
+              "remainder": "host", "fmod": "host", "bitwise_right_shift": "host"}
 
 
 def to_carrier(t, dt: DType):
@@ -480,6 +487,13 @@ def _carried_step(node: Node, opdef: OpDef):
             res = fn([a ^ _SIGN_BIT if u else a for a, u in zip(args, u64_in)], attrs)
             return res ^ _SIGN_BIT if flip_out[0] else res
         return ordered
+    if rule == "host" and len(outs) == 1:
+        def host(args, attrs):
+            arrs = [a.cpu().numpy().view(np.uint64) if u else a.cpu().numpy().astype(d.np)
+                    for a, u, d in zip(args, u64_in, ins)]
+            res = np.asarray(opdef.reference(arrs, attrs)).astype(outs[0].np)
+            return to_carrier(to_tensor(res), outs[0]).to(args[0].device)
+        return host
     raise ExecutionError(f"{node.op}{where}: the torch executor cannot compute {node.op} on u64 exactly "
                          "(torch has no CPU kernels for unsigned 64-bit integers and partita holds them in "
                          "int64); run this graph with backend=\"numpy\", or cast to i64 or f64 first")

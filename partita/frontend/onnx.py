@@ -345,9 +345,13 @@ def _pow(n: OnnxNode) -> list[Value | None]:
 
 
 def _cast(n: OnnxNode) -> list[Value | None]:
-    # saturate (opset 19) and round_mode (opset 24) have partita's defaults (1, "up").
-    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), f"{n.where}: attribute 'to'"), saturate=bool(n.attr("saturate", 1)),
-                   round_mode=_text(n.attr("round_mode", "up")))]
+    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), f"{n.where}: attribute 'to'"), **_cast_attrs(n))]
+
+
+def _cast_attrs(n: OnnxNode) -> dict[str, Any]:
+    """Cast's and CastLike's saturate (opset 19) and round_mode (opset 24), whose defaults
+    (1, "up") are partita's."""
+    return {"saturate": bool(n.attr("saturate", 1)), "round_mode": _text(n.attr("round_mode", "up"))}
 
 
 def _text(v: Any) -> str:
@@ -1866,3 +1870,5 @@ def load_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
 
 # The quantization operators live in their own module, which adds them to ONNX_TO_PARTITA.
 from . import onnx_quant  # noqa: E402,F401
+# So do the elementwise math, activation, logic and bitwise operators.
+from . import onnx_math  # noqa: E402,F401

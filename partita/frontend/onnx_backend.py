@@ -285,11 +285,11 @@ OUT_OF_SCOPE: dict[str, str] = {
 # the specification, so ``correct_to_spec`` replaces these expected outputs with the
 # specification's values (computed from each case's inputs by ``spec_cast_narrow``).
 SPEC_CORRECTED: dict[str, str] = {
-    r"^test_cast_(FLOAT|FLOAT16)_to_(U?INT4|U?INT2)$":
+    r"^test_cast(like)?_(FLOAT|FLOAT16)_to_(U?INT4|U?INT2)$":
         "ONNX's 4-bit and 2-bit integer notes: a cast to INT4/UINT4/INT2/UINT2 rounds to the nearest "
         "integer (ties to even) and saturates to the range; the generated outputs truncate toward zero "
         "and give 0 for values out of range (-9 -> 0 for INT4, where the specification gives -8)",
-    r"^test_cast_(FLOAT|FLOAT16)_to_FLOAT4E2M1$":
+    r"^test_cast(like)?_(FLOAT|FLOAT16)_to_FLOAT4E2M1$":
         "ONNX's float4 note: a cast to FLOAT4E2M1 gives 6 for NaN; the generated outputs give 0",
 }
 
@@ -325,8 +325,10 @@ def correct_to_spec(cases: Sequence[Any]) -> list[str]:
         if not any(re.search(p, tc.name) for p in SPEC_CORRECTED) or not tc.data_sets:
             continue
         (node,) = tc.model.graph.node
-        to = helper.tensor_dtype_to_string(helper.get_attribute_value(
-            next(a for a in node.attribute if a.name == "to"))).removeprefix("TensorProto.")
+        # Cast names the target in its 'to' attribute, CastLike by the dtype of its second input.
+        code = (tc.model.graph.input[1].type.tensor_type.elem_type if node.op_type == "CastLike" else
+                helper.get_attribute_value(next(a for a in node.attribute if a.name == "to")))
+        to = helper.tensor_dtype_to_string(code).removeprefix("TensorProto.")
         for k, (inputs, _) in enumerate(tc.data_sets):
             tc.data_sets[k] = (inputs, [spec_cast_narrow(_as_array(inputs[0]), to)])
         changed.append(tc.name)

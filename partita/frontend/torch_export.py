@@ -512,12 +512,35 @@ def _cumsum_cast(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value
 
 
 def _bitwise(op: str) -> Conv:
+    # On bools (masks, the common use) the logical op; on integers the bitwise one.
     def conv(cx: _Converter, a: Any, b: Any) -> Value:
         lhs, rhs = cx.operand(a, b), cx.operand(b, a)
-        if not (lhs.type.dtype.is_bool and rhs.type.dtype.is_bool):
-            raise Unsupported(f"bitwise ops on {lhs.type.dtype}/{rhs.type.dtype} are not supported (bool only)")
+        if lhs.type.dtype.is_bool and rhs.type.dtype.is_bool:
+            return cx.emit(op, lhs, rhs)
+        return cx.emit(op.replace("logical_", "bitwise_"), lhs, rhs)
+    return conv
+
+
+def _shift(op: str) -> Conv:
+    # partita's shifts take one dtype: both operands in the dtype torch promotes them to.
+    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+        dt = cx.out_type().dtype
+        lhs, rhs = cx.operand(a, b), cx.operand(b, a)
+        lhs, rhs = (v if v.type.dtype == dt else cx.emit("cast", v, dtype=dt) for v in (lhs, rhs))
         return cx.emit(op, lhs, rhs)
     return conv
+
+
+def _round(cx: _Converter, x: Value, decimals: int = 0) -> Value:
+    # torch rounds x * 10**d (x / 10**-d for d < 0) half to even and scales back.
+    if decimals == 0:
+        return cx.emit("round", x)
+    if not x.type.dtype.is_float:
+        raise Unsupported(f"round with decimals={decimals} on {x.type.dtype} (torch takes floats only)")
+    scale = cx.operand(10.0 ** abs(decimals), x)
+    if decimals > 0:
+        return cx.emit("div", cx.emit("round", cx.emit("mul", x, scale)), scale)
+    return cx.emit("mul", cx.emit("round", cx.emit("div", x, scale)), scale)
 
 
 def _no_result(cx: _Converter, *args: Any, **kwargs: Any) -> None:
@@ -835,6 +858,27 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
 for _name, _op in _COMPARISONS.items():
     for _overload in ("Tensor", "Scalar"):
         ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _binary(_op)
+
+# rounding, inverse and hyperbolic functions, float classes, bitwise ops, remainders
+for _name in ("floor", "ceil", "trunc", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+              "isnan", "isinf", "bitwise_not"):
+    ATEN_TO_PARTITA[getattr(aten, _name).default] = _unary(_name)
+ATEN_TO_PARTITA[aten.round.default] = _round
+ATEN_TO_PARTITA[aten.round.decimals] = _round
+for _name in ("and", "or", "xor"):
+    for _overload in ("Tensor", "Scalar"):
+        ATEN_TO_PARTITA[getattr(getattr(aten, f"bitwise_{_name}"), _overload)] = (
+            _bitwise(f"logical_{_name}") if _name != "xor" else _binary("bitwise_xor"))
+for _name, _dunder in (("bitwise_left_shift", "__lshift__"), ("bitwise_right_shift", "__rshift__")):
+    for _overload in ("Tensor", "Tensor_Scalar"):
+        ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _shift(_name)
+    # x << y and x >> y export as the operator overloads, which no decomposition rewrites
+    for _overload in ("Tensor", "Scalar"):
+        ATEN_TO_PARTITA[getattr(getattr(aten, _dunder), _overload)] = _shift(_name)
+ATEN_TO_PARTITA[aten.reciprocal.default] = lambda cx, x: cx.emit("div", cx.operand(1.0, x), x)
+for _name in ("remainder", "fmod"):
+    for _overload in ("Tensor", "Scalar"):
+        ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _binary(_name)
 
 
 def _topk(cx: _Converter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:

@@ -249,3 +249,170 @@ register(OpDef(
         "up, down or nearest",
     elementwise=True,
 ))
+
+
+# --- rounding, more math functions, float classes, bitwise, remainders --------------------
+# floor/ceil/round/trunc keep integer inputs as they are; round is half to even (as NumPy,
+# PyTorch and ONNX round). The bitwise ops take integers and bools, the shifts integers of one
+# dtype: a shift by a negative amount or by the width or more gives 0 (left, and right of an
+# unsigned or non-negative value) or -1 (right of a negative value), which is what a shift
+# one bit at a time would give. Integer remainder and fmod by 0 give 0 (NumPy's choice; C
+# leaves it undefined and PyTorch raises).
+
+def _keep_int(np_fn):
+    return lambda x, a: x if x.dtype.kind in "iu" else np_fn(x)
+
+
+_unary("floor", _keep_int(np.floor), lambda x, a: torch.floor(x), "numeric",
+       "largest integer <= x (integers unchanged)", idempotent=True, pad_zeros="all")
+_unary("ceil", _keep_int(np.ceil), lambda x, a: torch.ceil(x), "numeric",
+       "smallest integer >= x (integers unchanged)", idempotent=True, pad_zeros="all")
+_unary("round", _keep_int(np.round), lambda x, a: torch.round(x), "numeric",
+       "nearest integer, halves to even (integers unchanged)", idempotent=True, pad_zeros="all")
+_unary("trunc", _keep_int(np.trunc), lambda x, a: torch.trunc(x), "numeric",
+       "x rounded toward zero (integers unchanged)", idempotent=True, pad_zeros="all")
+_unary("tan", lambda x, a: np.tan(x), lambda x, a: torch.tan(x), "float", "tangent", pad_zeros="all")
+_unary("asin", lambda x, a: np.arcsin(x), lambda x, a: torch.asin(x), "float", "inverse sine (NaN outside [-1, 1])",
+       pad_zeros="all")
+_unary("acos", lambda x, a: np.arccos(x), lambda x, a: torch.acos(x), "float", "inverse cosine (NaN outside [-1, 1])")
+_unary("atan", lambda x, a: np.arctan(x), lambda x, a: torch.atan(x), "float", "inverse tangent", pad_zeros="all")
+_unary("sinh", lambda x, a: np.sinh(x), lambda x, a: torch.sinh(x), "float", "hyperbolic sine", pad_zeros="all")
+_unary("cosh", lambda x, a: np.cosh(x), lambda x, a: torch.cosh(x), "float", "hyperbolic cosine")
+_unary("asinh", lambda x, a: np.arcsinh(x), lambda x, a: torch.asinh(x), "float", "inverse hyperbolic sine",
+       pad_zeros="all")
+_unary("acosh", lambda x, a: np.arccosh(x), lambda x, a: torch.acosh(x), "float",
+       "inverse hyperbolic cosine (NaN below 1)")
+_unary("atanh", lambda x, a: np.arctanh(x), lambda x, a: torch.atanh(x), "float",
+       "inverse hyperbolic tangent (NaN outside [-1, 1], +-inf at +-1)", pad_zeros="all")
+_unary("isnan", lambda x, a: np.isnan(x), lambda x, a: torch.isnan(x), "bool", "x is NaN (false for integers)")
+_unary("isinf", lambda x, a: np.isinf(x), lambda x, a: torch.isinf(x), "bool",
+       "x is +inf or -inf (false for integers)")
+
+
+def _np_bitwise_not(x, a):
+    return np.invert(x)
+
+
+_unary("bitwise_not", _np_bitwise_not, lambda x, a: torch.bitwise_not(x), "same",
+       "~x: every bit inverted (logical not on bool)", involution=True)
+
+
+def _int_binary_infer(name: str, allow_bool: bool, same_dtype: bool):
+    def infer(ts: list[TensorType], attrs: dict) -> TensorType:
+        a, b = ts
+        shape = broadcast_shapes(a.shape, b.shape, op=name)
+        for which, t in (("lhs", a), ("rhs", b)):
+            if t.dtype.is_float or (t.dtype.is_bool and not allow_bool) or not (t.dtype.is_int or t.dtype.is_bool):
+                kinds = "integer or bool" if allow_bool else "integer"
+                raise TypeRuleError(f"{name} takes {kinds} tensors; {which} is {t} (cast it to an integer dtype first)")
+        if same_dtype and a.dtype is not b.dtype:
+            raise TypeRuleError(f"{name} takes operands of one integer dtype; lhs is {a}, rhs is {b} "
+                                "(cast the shift amount to the value's dtype)")
+        return TensorType(shape, promote(a.dtype, b.dtype))
+    return infer
+
+
+def _int_binary(name: str, np_fn, torch_fn, doc: str, allow_bool: bool = True, same_dtype: bool = False,
+                **facts) -> OpDef:
+    infer = _int_binary_infer(name, allow_bool, same_dtype)
+
+    def reference(args, attrs):
+        a, b = args
+        dt = promote(from_numpy(a.dtype), from_numpy(b.dtype)).np
+        return np_fn(a.astype(dt, copy=False), b.astype(dt, copy=False))
+
+    return register(OpDef(name=name, operands=("lhs", "rhs"), infer=infer, reference=reference,
+                          torch=lambda args, attrs: torch_fn(args[0], args[1]), doc=doc, elementwise=True,
+                          **facts))
+
+
+_int_binary("bitwise_and", np.bitwise_and, lambda a, b: torch.bitwise_and(a, b), "lhs & rhs (integers, bools)",
+            commutative=True, pad_zeros="any")
+_int_binary("bitwise_or", np.bitwise_or, lambda a, b: torch.bitwise_or(a, b), "lhs | rhs (integers, bools)",
+            commutative=True, pad_zeros="all_operands")
+_int_binary("bitwise_xor", np.bitwise_xor, lambda a, b: torch.bitwise_xor(a, b), "lhs ^ rhs (integers, bools)",
+            commutative=True, pad_zeros="all_operands")
+
+
+def _np_shift(left: bool):
+    def shift(a, b):
+        bits = a.dtype.itemsize * 8
+        valid = (b >= 0) & (b < bits)
+        s = np.where(valid, b, 0).astype(a.dtype)
+        if left:
+            return np.where(valid, np.left_shift(a, s), 0).astype(a.dtype)
+        fill = np.right_shift(a, bits - 1) if a.dtype.kind == "i" else np.zeros_like(a)
+        return np.where(valid, np.right_shift(a, s), fill).astype(a.dtype)
+    return shift
+
+
+def _torch_shift(left: bool):
+    # The bits of the tensor's own dtype: u16/u32 travel in wider signed carriers, whose
+    # results the executor reduces modulo 2**bits (a shift past 16 or 32 bits gives 0 either way).
+    def shift(a, b):
+        bits = torch.iinfo(a.dtype).bits
+        valid = (b >= 0) & (b < bits)
+        s = torch.where(valid, b, torch.zeros_like(b))
+        if left:
+            return torch.where(valid, torch.bitwise_left_shift(a, s), torch.zeros_like(a))
+        fill = torch.bitwise_right_shift(a, bits - 1) if a.dtype.is_signed else torch.zeros_like(a)
+        return torch.where(valid, torch.bitwise_right_shift(a, s), fill)
+    return shift
+
+
+_int_binary("bitwise_left_shift", _np_shift(True), _torch_shift(True),
+            "lhs << rhs, wrapping in the dtype; a shift < 0 or >= the width gives 0",
+            allow_bool=False, same_dtype=True)
+_int_binary("bitwise_right_shift", _np_shift(False), _torch_shift(False),
+            "lhs >> rhs (arithmetic for signed dtypes); a shift < 0 or >= the width gives -1 for a negative "
+            "lhs, else 0", allow_bool=False, same_dtype=True)
+
+
+def _np_safe_divisor(b):
+    """Integer divisors 0 and -1 replaced by 1: x % 1 == x % -1 == 0, and no division by 0 or
+    INT_MIN / -1 (both undefined in C) is attempted."""
+    trivial = (b == 0) | (b == -1) if b.dtype.kind == "i" else (b == 0)
+    return np.where(trivial, np.ones((), b.dtype), b)
+
+
+def _torch_safe_divisor(b):
+    trivial = (b == 0) | (b == -1) if b.dtype.is_signed else (b == 0)
+    return torch.where(trivial, torch.ones_like(b), b)
+
+
+def _np_mod(np_fn):
+    def mod(a, b):
+        if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+            return np_fn(a, _np_safe_divisor(b))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np_fn(a, b)
+    return mod
+
+
+def _np_remainder_float(a, b):
+    # NumPy's remainder is Python's %: the result takes the divisor's sign (-0.0 for a zero
+    # result of a negative divisor), x % +-inf is x or +-inf by the signs, inf % y and x % 0 NaN.
+    return np.remainder(a, b)
+
+
+def _torch_mod(torch_fn, floats):
+    def mod(a, b):
+        if a.is_floating_point() or b.is_floating_point():
+            return floats(a, b)
+        return torch_fn(a, _torch_safe_divisor(b))
+    return mod
+
+
+def _torch_remainder_float(a, b):
+    # fmod, moved into the divisor's sign as Python does (torch.remainder gives +0.0 where
+    # Python gives -0.0).
+    r = torch.fmod(a, b)
+    move = (r != 0) & ((r < 0) != (b < 0))
+    r = torch.where(move, r + b, r)
+    return torch.where(r == 0, torch.copysign(torch.zeros_like(r), b), r)
+
+
+_binary("remainder", _np_mod(np.remainder), _torch_mod(torch.remainder, _torch_remainder_float), "numeric",
+        "lhs mod rhs with the divisor's sign (Python's %); integers: x % 0 is 0")
+_binary("fmod", _np_mod(np.fmod), _torch_mod(torch.fmod, torch.fmod), "numeric",
+        "C's fmod: lhs - trunc(lhs / rhs) * rhs, with the dividend's sign; integers: fmod(x, 0) is 0")

@@ -28,7 +28,8 @@ from partita.ir.dtypes import DTYPES
 from partita.ops.registry import OPS
 
 # Operand specs: ("f", shape) normal floats; ("pos", shape) floats in [0.5, 2]; ("unit", shape)
-# floats in (-0.9, 0.9); ("idx", shape, high) i64 in [0, high); ("bool", shape) random mask.
+# floats in (-0.9, 0.9); ("gt1", shape) floats in [1.2, 3]; ("idx", shape, high) i64 in [0, high);
+# ("bool", shape) random mask.
 SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "add": [([("f", (3, 4)), ("f", (4,))], {}), ([("f", (2, 1, 3)), ("f", (4, 1))], {})],
     "sub": [([("f", (3, 4)), ("f", (3, 1))], {})],
@@ -114,6 +115,12 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
                   ([("f", (2, 5, 4)), ("f", (2, 6, 4)), ("f", (2, 6, 4)), ("bool", (5, 6))], {}),
                   ([("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)),
                     ("const", np.linspace(-2.0, 1.0, 12).reshape(2, 1, 1, 6))], {})],
+    **{n: [([("f", (3, 4))], {})] for n in ("tan", "atan", "sinh", "cosh", "asinh")},
+    **{n: [([("unit", (3, 4))], {})] for n in ("asin", "acos", "atanh")},
+    "acosh": [([("gt1", (3, 4))], {})],
+    # The divisor kept away from the quotient's jumps: the samples' a / b are not near integers.
+    "remainder": [([("f", (3, 4)), ("pos", (4,))], {})],
+    "fmod": [([("f", (3, 4)), ("pos", (3, 4))], {})],
 }
 
 
@@ -124,6 +131,10 @@ def _array(spec, dt: str, rng: np.random.Generator) -> np.ndarray:
         return rng.standard_normal(spec[1]).astype(npdt)
     if kind == "pos":
         return rng.uniform(0.5, 2.0, spec[1]).astype(npdt)
+    if kind == "unit":
+        return rng.uniform(-0.9, 0.9, spec[1]).astype(npdt)
+    if kind == "gt1":
+        return rng.uniform(1.2, 3.0, spec[1]).astype(npdt)
     if kind == "idx":
         return rng.integers(0, spec[2], spec[1]).astype(np.int64)
     if kind == "bool":
@@ -134,7 +145,7 @@ def _array(spec, dt: str, rng: np.random.Generator) -> np.ndarray:
 
 
 def _is_diff(spec) -> bool:
-    return spec[0] in ("f", "pos", "unit")
+    return spec[0] in ("f", "pos", "unit", "gt1")
 
 
 def _build(op: str, arrays: list[np.ndarray], specs, attrs: dict, dt: str, rng) -> tuple[Graph, dict, list]:
@@ -242,7 +253,8 @@ def test_every_op_is_accounted_for():
     missing_rule = sorted(n for n, o in OPS.items() if o.vjp is None)
     assert not missing_rule, f"ops without a vjp rule or a not-differentiable declaration: {missing_rule}"
     differentiable = {n for n, o in OPS.items() if o.vjp is not None and o.vjp != NOT_DIFFERENTIABLE}
-    missing_sample = sorted(differentiable - set(SAMPLES) - {"sign"})
+    # Piecewise constant ops: a zero gradient, nothing to check numerically.
+    missing_sample = sorted(differentiable - set(SAMPLES) - {"sign", "floor", "ceil", "round", "trunc"})
     assert not missing_sample, f"differentiable ops without a gradient sample: {missing_sample}"
 
 

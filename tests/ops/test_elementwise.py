@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,14 @@ UNARY = {
     "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
     "sigmoid": torch.sigmoid, "relu": torch.relu, "silu": F.silu, "erf": torch.erf,
     "gelu": F.gelu, "logical_not": torch.logical_not, "sign": torch.sign,
+    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+    "tan": torch.tan, "asin": torch.asin, "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh,
+    "cosh": torch.cosh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
+    "isnan": torch.isnan, "isinf": torch.isinf,
 }
 # Unary ops that PyTorch runs only on floating tensors: partita maps ints to f32 first.
 FLOAT_ONLY_IN_TORCH = {"silu", "gelu", "sigmoid"}
-NUMERIC_UNARY = {"neg", "abs", "relu", "sign"}
+NUMERIC_UNARY = {"neg", "abs", "relu", "sign", "floor", "ceil", "round", "trunc"}
 
 
 def _float_torch(fn):
@@ -41,7 +46,7 @@ def test_every_elementwise_op_is_tested():
     ours = {n for n, o in OPS.items() if o.elementwise and o.defined_at and "elementwise" in o.defined_at.file}
     # sign is defined in backward.py (the derivative of abs) and tested here with the unary ops.
     assert OPS["sign"].defined_at.file.endswith("backward.py")
-    assert ours | {"sign"} == set(BINARY) | set(UNARY) | {"where", "cast"}
+    assert ours | {"sign"} == set(BINARY) | set(UNARY) | set(INTEGER_OPS) | {"where", "cast"}
 
 
 @pytest.mark.parametrize("op", sorted(BINARY))
@@ -146,3 +151,100 @@ def test_errors_name_the_problem():
     expect_error("cast", [("f32", (2,))], {}, "missing required attribute 'dtype'", error=AttributeError_)
     expect_error("add", [("f32", (2,))], {}, "2 operand", "1", error=TypeRuleError)
     expect_error("relu", [("f32", (2,))], {"alpha": 1.0}, "unknown attribute 'alpha'", error=AttributeError_)
+
+
+# --- integer ops: bitwise, shifts, remainders ------------------------------------------------
+
+def _safe_mod(fn):
+    """torch's integer remainder/fmod raise on a zero divisor; partita gives 0 there."""
+    def run(a, b):
+        if a.is_floating_point() or b.is_floating_point():
+            return fn(a, b)
+        zero = b == 0
+        return torch.where(zero, torch.zeros((), dtype=torch.promote_types(a.dtype, b.dtype)),
+                           fn(a, torch.where(zero, torch.ones_like(b), b)))
+    return run
+
+
+INTEGER_OPS = {
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor,
+    "bitwise_not": torch.bitwise_not, "bitwise_left_shift": torch.bitwise_left_shift,
+    "bitwise_right_shift": torch.bitwise_right_shift,
+    "remainder": _safe_mod(torch.remainder), "fmod": _safe_mod(torch.fmod),
+}
+
+
+@pytest.mark.parametrize("op", ["bitwise_and", "bitwise_or", "bitwise_xor"])
+@pytest.mark.parametrize("dtypes", [("i32", "i32"), ("u8", "u8"), ("i64", "i32"), ("bool", "bool"), ("i16", "i16")],
+                         ids=str)
+def test_bitwise_binary(op, dtypes):
+    x, y = rand((3, 4), dtypes[0], low=-100, high=100), rand((4,), dtypes[1], low=-100, high=100)
+    check_op(op, [x, y], {}, INTEGER_OPS[op])
+
+
+@pytest.mark.parametrize("dtype", ["i8", "u8", "i32", "i64", "bool"])
+def test_bitwise_not(dtype):
+    check_op("bitwise_not", [rand((3, 4), dtype, low=-100, high=100)], {}, torch.bitwise_not)
+
+
+@pytest.mark.parametrize("op", ["bitwise_left_shift", "bitwise_right_shift"])
+@pytest.mark.parametrize("dtype", ["i8", "u8", "i16", "i32", "i64"])
+def test_shifts_in_range_match_torch(op, dtype):
+    x = rand((3, 5), dtype, low=-100, high=100)
+    s = rand((5,), dtype, low=0, high=7)
+    check_op(op, [x, s], {}, INTEGER_OPS[op])
+
+
+def test_shifts_out_of_range_fill_as_bit_by_bit_shifts():
+    x = torch.tensor([-8, 4, -1, 64, -128], dtype=torch.int8).numpy()
+    s = torch.tensor([8, 9, 127, -1, -16], dtype=torch.int8).numpy()
+    left = check_op("bitwise_left_shift", [x, s], {}, lambda a, b: torch.zeros_like(a))
+    right = check_op("bitwise_right_shift", [x, s], {}, lambda a, b: torch.where(a < 0, -1, 0).to(a.dtype))
+    assert left[0].tolist() == [0] * 5 and right[0].tolist() == [-1, 0, -1, 0, -1]
+    # Overflow wraps in the dtype.
+    out = check_op("bitwise_left_shift", [x[3:4], np.array([1], np.int8)], {}, torch.bitwise_left_shift)
+    assert out[0].tolist() == [-128]
+
+
+def test_shift_errors():
+    expect_error("bitwise_left_shift", [("i32", (2,)), ("i64", (2,))], {}, "one integer dtype", "cast")
+    expect_error("bitwise_right_shift", [("f32", (2,)), ("f32", (2,))], {}, "integer tensors", "f32")
+    expect_error("bitwise_and", [("f32", (2,)), ("i32", (2,))], {}, "integer or bool", "lhs")
+    expect_error("bitwise_left_shift", [("bool", (2,)), ("bool", (2,))], {}, "integer tensors")
+
+
+@pytest.mark.parametrize("op", ["remainder", "fmod"])
+@pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f64", "f64"), ("i32", "i32"), ("i64", "i8"), ("u8", "u8"),
+                                    ("f16", "f16"), ("bf16", "bf16"), ("i32", "f32")], ids=str)
+def test_remainders(op, dtypes):
+    x, y = rand((3, 4), dtypes[0], low=-20, high=20), rand((4,), dtypes[1], low=-5, high=5)
+    check_op(op, [x, y], {}, INTEGER_OPS[op])
+
+
+def test_remainder_signs_and_special_values():
+    a = np.array([-4.3, 7.2, 5.0, 4.3, -7.2, 0.0, -3.0, 3.0, 1.0, np.inf, 1.0], np.float32)
+    b = np.array([2.1, -3.4, 8.0, -2.1, 3.4, -2.0, np.inf, np.inf, -np.inf, 2.0, 0.0], np.float32)
+    r = check_op("remainder", [a, b], {}, torch.remainder)[0]
+    np.testing.assert_allclose(r, np.remainder(a, b), rtol=1e-6)
+    assert np.signbit(r[5]) and r[6] == np.inf and r[8] == -np.inf and np.isnan(r[9]) and np.isnan(r[10])
+    f = check_op("fmod", [a, b], {}, torch.fmod)[0]
+    np.testing.assert_allclose(f, np.fmod(a, b), rtol=1e-6)
+    ia = np.array([-4, 7, 5, 4, -7, 8, 3, -128], np.int8)
+    ib = np.array([2, -3, 8, -2, 3, 5, 0, -1], np.int8)
+    assert check_op("remainder", [ia, ib], {}, INTEGER_OPS["remainder"])[0].tolist() == [0, -2, 5, 0, 2, 3, 0, 0]
+    assert check_op("fmod", [ia, ib], {}, INTEGER_OPS["fmod"])[0].tolist() == [0, 1, 5, 0, -1, 3, 0, 0]
+
+
+def test_round_is_half_to_even_and_integers_pass_through():
+    x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.6, -2.6], np.float32)
+    assert check_op("round", [x], {}, torch.round)[0].tolist() == [-2, -2, -0, 0, 2, 2, 3, -3]
+    i = np.array([-3, 0, 7], np.int32)
+    for op in ("floor", "ceil", "round", "trunc"):
+        assert check_op(op, [i], {}, UNARY[op])[0].tolist() == [-3, 0, 7]
+    assert infer("floor", [("i32", (2,))])[0].dtype.name == "i32"
+
+
+def test_isnan_isinf_special_values():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 1.0]).numpy()
+    assert check_op("isnan", [x], {}, torch.isnan)[0].tolist() == [True, False, False, False, False]
+    assert check_op("isinf", [x], {}, torch.isinf)[0].tolist() == [False, True, True, False, False]

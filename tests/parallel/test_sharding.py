@@ -40,7 +40,8 @@ from partita.parallel.sharding import (WITHOUT_RULE, Conflict, DimSpec, average_
 
 # Operand specs: ("f", shape) floats; ("pos", shape) floats in [0.5, 2]; ("idx", shape, high)
 # i64 in [0, high); ("bool", shape); ("step", value) an f64 scalar; ("f32", shape) f32 floats;
-# ("scale", shape) f32 in [0.01, 0.1]; ("i8" | "u8" | "i32", shape) integers of that dtype.
+# ("scale", shape) f32 in [0.01, 0.1]; ("unit", shape) floats in (-0.9, 0.9);
+# ("i8" | "u8" | "i32", shape) integers of that dtype.
 SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "topk": [([("f", (4, 6))], {"k": 3}), ([("f", (4, 6, 2))], {"k": 2, "axis": 1, "largest": False})],
     "sort": [([("f", (4, 6))], {"axis": 0, "descending": True})],
@@ -87,6 +88,15 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     **{n: [([("f", (4, 2)), ("f", (4, 2))], {})] for n in ("relu_grad", "sigmoid_grad", "tanh_grad", "silu_grad",
                                                             "gelu_grad")},
     "cast": [([("f", (4, 2))], {"dtype": "f32"})],
+    **{n: [([("f", (4, 2))], {})] for n in ("floor", "ceil", "round", "trunc", "tan", "atan", "sinh", "cosh",
+                                             "asinh", "isnan", "isinf")},
+    **{n: [([("unit", (4, 2))], {})] for n in ("asin", "acos", "atanh")},
+    "acosh": [([("pos", (4, 2))], {})],
+    **{n: [([("i32", (4, 2)), ("i32", (2,))], {})] for n in ("bitwise_and", "bitwise_or", "bitwise_xor")},
+    "bitwise_not": [([("u8", (4, 2))], {})],
+    **{n: [([("i8", (4, 2)), ("i8", (4, 2))], {})] for n in ("bitwise_left_shift", "bitwise_right_shift")},
+    **{n: [([("f", (4, 2)), ("pos", (2,))], {}), ([("i32", (4, 2)), ("i32", (4, 2))], {})]
+       for n in ("remainder", "fmod")},
     "dropout": [([("f", (4, 6))], {"p": 0.3}), ([("f", (4, 6))], {"p": 0.3, "train": True, "seed": 3})],
     "sum": [([("f", (4, 2, 6))], {"axes": [1]}), ([("f", (4, 2))], {}), ([("f", (4, 2))], {"axes": [0], "keepdim": True})],
     "mean": [([("f", (4, 2, 6))], {"axes": [0, 2]}), ([("f", (4, 2))], {"axes": [1], "keepdim": True}),
@@ -204,6 +214,8 @@ def _array(spec, rng: np.random.Generator) -> np.ndarray:
         return rng.random(spec[1]) < 0.5
     if kind == "step":
         return np.asarray(spec[1])
+    if kind == "unit":
+        return rng.uniform(-0.9, 0.9, spec[1])
     if kind == "f32":
         return rng.standard_normal(spec[1]).astype(np.float32)
     if kind == "scale":
