@@ -166,3 +166,22 @@ def test_adaptive_average_pool_3d_and_pdist():
     x = torch.randn(5, 3, generator=torch.Generator().manual_seed(4))
     for p in (2.0, 1.0):
         _check(_Lambda(lambda x: torch.pdist(x, p)), x, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor", None])
+def test_div_with_a_rounding_mode_floats_and_integers(mode):
+    a = torch.tensor([7.0, -7.0, 7.5, -7.5, 0.0, 1e-3, -5.0, 3.0, 6.0, -6.0])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, -7.0, 0.0, 0.1, 3.0, -3.0])
+    _check(_Lambda(lambda a, b: torch.div(a, b, rounding_mode=mode)), a, b, atol=1e-6)
+    _check(_Lambda(lambda a: torch.div(a, 2.5, rounding_mode=mode)), a, atol=1e-6)
+    if mode is not None:
+        ia = torch.tensor([7, -7, 7, -7, 0, 100, -1, 9])
+        ib = torch.tensor([2, 2, -2, -2, 5, 7, 3, -4])
+        _check(_Lambda(lambda a, b: torch.div(a, b, rounding_mode=mode)), ia, ib)
+        _check(_Lambda(lambda a: torch.div(a, 3, rounding_mode=mode)), ia)
+
+
+def test_atan2_in_every_quadrant_and_on_the_axes():
+    y = torch.tensor([1.0, 1.0, -1.0, -1.0, 0.0, 2.0, -2.0, 0.0, 0.5, 3.0])
+    x = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -4.0, 1e-3])
+    _check(_Lambda(lambda y, x: torch.atan2(y, x)), y, x, atol=1e-6)
