@@ -274,8 +274,10 @@ def test_a_patch_convolution_becomes_a_gemm_and_packs_its_weight_view():
                                          "reshape", "transpose", "relu"]
     lin = list(out.nodes)[4]
     assert lin.attrs["weight_layout"] == "nk" and lin.results[0].type.shape == (2 * 8 * 8, 64)
+    # Sums of 192 products in another order (the GEMM's, which depends on the CPU's BLAS):
+    # the error scales with the outputs' magnitude, not with each output.
     for a, b2 in zip(before, after):
-        np.testing.assert_allclose(a, b2, rtol=1e-5, atol=1e-5)
+        assert np.max(np.abs(a - b2)) <= 1e-5 * max(float(np.max(np.abs(a))), 1.0)
     # run: the weight reaches the GEMM as a reshape made at every call, and is packed once
     xs, w, bias = _rand(2, 3, 64, 64), _rand(64, 3, 8, 8, seed=1, scale=0.1), _rand(64, seed=2)
     prog = TorchProgram(out)
