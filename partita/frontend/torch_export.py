@@ -1277,6 +1277,7 @@ ATEN_TO_PARTITA.update({
     aten.div.Tensor_mode: _div_mode,
     aten.div.Scalar_mode: _div_mode,
     aten.atan2.default: _atan2,
+    aten.sign.default: _unary("sign"),
     aten._adaptive_avg_pool3d.default: _adaptive_avg_pool3d,
     aten._pdist_forward.default: _pdist,
     aten.any.default: _any,

@@ -185,3 +185,8 @@ def test_atan2_in_every_quadrant_and_on_the_axes():
     y = torch.tensor([1.0, 1.0, -1.0, -1.0, 0.0, 2.0, -2.0, 0.0, 0.5, 3.0])
     x = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -4.0, 1e-3])
     _check(_Lambda(lambda y, x: torch.atan2(y, x)), y, x, atol=1e-6)
+
+
+def test_sign_of_floats_and_integers():
+    _check(_Lambda(lambda x: torch.sign(x)), torch.tensor([-2.0, 0.0, 3.5, -0.0]))
+    _check(_Lambda(lambda x: torch.sign(x)), torch.tensor([-2, 0, 7]))
