@@ -1120,8 +1120,8 @@ def _upsample_sizes(x: Value, output_size: Any, scale_factors: Any) -> tuple[lis
     ins = list(x.type.shape[2:])
     if output_size is not None:
         return [int(o) for o in output_size], [None] * len(ins)
-    scales = [float(s) for s in scale_factors]
-    return [int(np.floor(i * s)) for i, s in zip(ins, scales)], scales
+    scales: list[float | None] = [float(s) for s in scale_factors]
+    return [int(np.floor(i * float(s or 1.0))) for i, s in zip(ins, scales)], scales
 
 
 def _upsample_nearest(cx: _Converter, x: Value, output_size: Any, scale_factors: Any = None) -> Value:
