@@ -295,7 +295,9 @@ CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
 
 
 def constant_operand_inputs(model: Any) -> list[str]:
-    """Names of graph inputs (not initializers) feeding an operand in CONSTANT_OPERANDS.
+    """Names of graph inputs (not initializers) whose values an operand in CONSTANT_OPERANDS
+    depends on, directly or through the nodes that compute it (a function body's shape
+    arithmetic); the walk stops at Shape and Size, which read only a shape.
 
     A caller that knows their values (a test harness, a specializing runtime) passes them
     as ``static_inputs`` to ``import_onnx``.
@@ -303,11 +305,20 @@ def constant_operand_inputs(model: Any) -> list[str]:
     g = model.graph
     inits = {t.name for t in g.initializer}
     graph_inputs = {vi.name for vi in g.input} - inits
+    producer = {name: node for node in g.node for name in node.output if name}
     out: list[str] = []
+    seen: set[str] = set()
     for node in g.node:
-        for i in CONSTANT_OPERANDS.get(node.op_type, ()):
-            if i < len(node.input) and node.input[i] in graph_inputs and node.input[i] not in out:
-                out.append(node.input[i])
+        stack = [node.input[i] for i in CONSTANT_OPERANDS.get(node.op_type, ()) if i < len(node.input)]
+        while stack:
+            name = stack.pop()
+            if not name or name in seen:
+                continue
+            seen.add(name)
+            if name in graph_inputs:
+                out.append(name)
+            elif name in producer and producer[name].op_type not in ("Shape", "Size"):
+                stack.extend(producer[name].input)
     return out
 
 
@@ -1618,11 +1629,12 @@ class _Importer:
             label = f"node '{node.name or '<unnamed>'}' ({node.op_type})"
             unknown = [x for x in node.input if x and x not in self.consts]
             if not unknown:
-                why = ("its result depends on the values of its inputs in a way partita does not evaluate "
-                       "at import" if node.op_type in _DATA_DEPENDENT else
+                why = ("its result depends on its inputs' values in a way partita does not evaluate at "
+                       "import" if node.op_type in _DATA_DEPENDENT else
                        f"its inputs are constants but it was not evaluated at import (a result larger than "
                        f"{_SMALL_CONST} elements, a float computed from a weight, or an op with effects)")
-                return f"it is computed by {label}{' from ' + ' <- '.join(chain) if chain else ''}: {why}"
+                path = f" (through {' <- '.join(chain)})" if chain else ""
+                return f"it is computed from {label}{path}: {why}"
             chain.append(label)
             name = unknown[0]
         return "it is defined in a cycle (the model is malformed)"
@@ -1643,7 +1655,7 @@ class _Importer:
         while node is not None:
             emitted.append(node)
             node = node.next
-        if not emitted or any(get_op(e.op).effects for e in emitted):
+        if any(get_op(e.op).effects for e in emitted):
             return outs
         env: dict[int, np.ndarray] = {}
         from_param = False
@@ -1677,9 +1689,12 @@ class _Importer:
         for k, v in tensors:
             if k < len(n.proto.output) and n.proto.output[k]:
                 self.consts[n.proto.output[k]] = env[id(v)]
-        # The outputs become constants; the emitted ops, now unread, are erased.
+        # The outputs the emitted ops computed become constants (an output that is an input,
+        # as Identity's, stays that value); the emitted ops, now unread, are erased.
+        made = {id(r) for e in emitted for r in e.results}
         for k, v in tensors:
-            new[k] = n.emit("constant", value=DenseAttr(env[id(v)].astype(v.type.dtype.np, copy=False)))
+            if id(v) in made:
+                new[k] = n.emit("constant", value=DenseAttr(env[id(v)].astype(v.type.dtype.np, copy=False)))
         for e in reversed(emitted):
             if all(not r.has_uses for r in e.results):
                 self.graph.erase(e)

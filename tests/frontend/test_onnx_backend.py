@@ -2,9 +2,9 @@
 
 The onnx wheel ships no files under onnx/backend/test/data/node; the runner generates the
 node cases in memory from onnx.backend.test.case.node instead. We include exactly the cases
-whose model uses only op types the importer claims (ONNX_TO_PARTITA) and which are not the
-"_expanded" variants (those run a function body, testing other ops); the runner's other
-cases are left out of the collection rather than skipped. Cases that fail are
+whose model uses only op types the importer claims (ONNX_TO_PARTITA), the "_expanded"
+variants (an op's function body spelled out in other ops, as onnxscript writes them)
+included; the runner's other cases are left out of the collection rather than skipped. Cases that fail are
 listed in KNOWN_FAILURES with the reason next to each; the rest must pass.
 """
 
@@ -21,9 +21,8 @@ import numpy as np  # noqa: E402
 import onnx.backend.test  # noqa: E402
 import onnx.backend.test.case.node as _node_cases  # noqa: E402
 
-from partita.frontend.onnx import ONNX_TO_PARTITA  # noqa: E402
 from partita.frontend.onnx_backend import (  # noqa: E402
-    OUT_OF_SCOPE, PartitaBackend, PartitaTorchBackend, conformance, correct_to_spec)
+    OUT_OF_SCOPE, PartitaBackend, PartitaTorchBackend, claimed_node_cases, conformance, correct_to_spec)
 
 # Cases of claimed op types outside what partita claims (strings, sequences, another library's
 # random stream), with the reason next to each, shared with the conformance report. They are
@@ -34,19 +33,13 @@ backend_test = onnx.backend.test.BackendTest(PartitaBackend, __name__)
 
 
 def claimed_cases() -> dict[str, str]:
-    """Node case name -> the op type it tests, for cases using only claimed op types.
+    """Node case name -> the op type it tests, for cases using only claimed op types (the
+    "_expanded" function bodies included; see claimed_node_cases).
 
     The runner fills the generator module's case list while it is built; reading that list
     avoids generating every case a second time.
     """
-    out: dict[str, str] = {}
-    for tc in _node_cases._NodeTestCases:  # noqa: SLF001
-        if tc.model is None or "_expanded" in tc.name:
-            continue
-        ops = [n.op_type for n in tc.model.graph.node]
-        if ops and all(op in ONNX_TO_PARTITA for op in ops):
-            out[tc.name] = ops[-1]
-    return out
+    return {name: op for name, (op, _) in claimed_node_cases(_node_cases._NodeTestCases).items()}  # noqa: SLF001
 
 
 CASES = claimed_cases()
