@@ -385,7 +385,7 @@ _U64_RULES = {"add": "wrap", "sub": "wrap", "mul": "wrap", "neg": "wrap", "sum":
               "equal": "wrap", "not_equal": "wrap", "where": "wrap", "logical_and": "wrap",
               "logical_or": "wrap", "logical_not": "wrap",
               "less": "ordered", "less_equal": "ordered", "greater": "ordered", "greater_equal": "ordered",
-              "maximum": "ordered", "minimum": "ordered"}
+              "maximum": "ordered", "minimum": "ordered", "topk": "ordered", "sort": "ordered"}
 
 
 def to_carrier(t, dt: DType):
@@ -478,6 +478,8 @@ def _carried_step(node: Node, opdef: OpDef):
 
         def ordered(args, attrs):
             res = fn([a ^ _SIGN_BIT if u else a for a, u in zip(args, u64_in)], attrs)
+            if type(res) in (list, tuple):  # topk, sort: the values flip back, the indices not
+                return [r ^ _SIGN_BIT if f else r for r, f in zip(res, flip_out)]
             return res ^ _SIGN_BIT if flip_out[0] else res
         return ordered
     raise ExecutionError(f"{node.op}{where}: the torch executor cannot compute {node.op} on u64 exactly "

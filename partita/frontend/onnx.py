@@ -1654,3 +1654,5 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
 
 # The quantization operators live in their own module, which adds them to ONNX_TO_PARTITA.
 from . import onnx_quant  # noqa: E402,F401
+# The indexing, reduction and layout operators too (ArgMax, Reduce*, Gather/Scatter*, TopK, ...).
+from . import onnx_index  # noqa: E402,F401
