@@ -47,7 +47,8 @@ def test_gather_and_amax_amin():
 
 class Scatter(nn.Module):
     def forward(self, x, i, s):
-        return x.scatter(0, i, s), x.scatter(0, i, 2.5), x.scatter_add(0, i, s)
+        return (x.scatter(0, i, s), x.scatter(0, i, 2.5), x.scatter_add(0, i, s),
+                x.scatter(0, i, s, reduce="multiply"), x.scatter(0, i, 1.5, reduce="add"))
 
 
 def test_scatter_src_value_and_scatter_add():

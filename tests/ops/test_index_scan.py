@@ -74,3 +74,17 @@ def test_cumprod_gradient_is_exact_with_zeros():
 
 def test_cumprod_errors():
     expect_error("cumprod", [("f32", (2, 3))], {"axis": 2}, "axis 2")
+
+
+def test_scatter_elements_gradient_is_refused_for_mul_max_min():
+    from partita.autodiff import grad
+    from partita.autodiff.grad import AutodiffError
+    from partita.ir import Builder, Graph
+    gr = Graph("scatter_max")
+    b = Builder(gr)
+    xv = b.input("x", TensorType((4, 3), DTYPES["f32"]), "param")
+    iv = b.input("i", TensorType((2, 3), DTYPES["i64"]))
+    sv = b.input("s", TensorType((2, 3), DTYPES["f32"]), "param")
+    b.ret(b.sum(b.scatter_elements(xv, iv, sv, axis=0, reduction="max")))
+    with pytest.raises(AutodiffError, match="reduction 'max' is not differentiable"):
+        grad(gr)
