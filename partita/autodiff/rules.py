@@ -620,3 +620,58 @@ def _remainder(ctx, node, d, needs):
         q = B.floor(q) if node.op == "remainder" else B.trunc(q)
         db = ctx.sum_to(B.neg(B.mul(g, q)), b.type.shape)
     return [da, db]
+
+
+# --- scatter_elements and cumprod (ops/index_scan.py) ---------------------------------------------
+
+@rule("scatter_elements")
+def _scatter_elements(ctx, node, d, needs):
+    # none: the written positions take src's gradient, the rest x's (exact when the index
+    # has no repeats; with repeats the write that wins is unspecified). add: as scatter_add.
+    # mul/max/min have no simple exact vjp (ties, zeros): refused.
+    (g,) = d
+    x, index, src = node.operands
+    axis, red = node.attrs["axis"], node.attrs["reduction"]
+    if red not in ("none", "add"):
+        raise AutodiffError(f"scatter_elements with reduction '{red}' is not differentiable in partita "
+                            "(only 'none' and 'add' are); stop the gradient before it")
+    from ..ir.types import TensorType
+
+    B = ctx.b
+    dx = dsrc = None
+    if needs[0]:
+        dx = g if red == "add" else B.scatter_elements(g, index, ctx.zeros(TensorType(index.type.shape, g.type.dtype)),
+                                                       axis=axis)
+    if needs[2]:
+        picked = B.gather(g, index, axis=axis)
+        if index.type.shape != src.type.shape:
+            # src is read over the index's extent only: the rest of it gets zeros.
+            pads = [p for i, s in zip(index.type.shape, src.type.shape) for p in (0, s - i)]
+            picked = B.pad(picked, pads=pads, value=0.0)
+        dsrc = picked
+    return [dx, None, dsrc]
+
+
+@rule("cumprod")
+def _cumprod(ctx, node, d, needs):
+    # Exact with zeros (no division): dx_i = sum_{j >= i} g_j * prod_{k <= j, k != i} x_k. The
+    # products leaving out x_i are a cumprod over a copy of x per i with x_i set to 1, an
+    # O(n^2) tensor along the axis.
+    (g,) = d
+    (x,) = node.operands
+    if not x.type.dtype.is_float:
+        return [None]
+    B = ctx.b
+    r = max(x.type.rank, 1)
+    axis = node.attrs["axis"] % r
+    xv = x if x.type.rank else B.reshape(x, shape=[1])
+    gv = g if g.type.rank else B.reshape(g, shape=[1])
+    n = xv.type.shape[axis]
+    tail = [1] * (r - axis - 1)
+    rows = B.reshape(B.iota(shape=[n, n], axis=0), shape=[n, n] + tail)
+    cols = B.reshape(B.iota(shape=[n, n], axis=1), shape=[n, n] + tail)
+    copies = B.where(B.equal(rows, cols), ctx.scalar(1.0, x), B.unsqueeze(xv, axes=[axis]))
+    partial = B.cumprod(copies, axis=axis + 1)
+    terms = B.mul(partial, B.unsqueeze(gv, axes=[axis]))
+    dx = B.sum(B.where(B.greater_equal(cols, rows), terms, ctx.scalar(0.0, x)), axes=[axis + 1])
+    return [dx if x.type.rank else B.reshape(dx, shape=[])]

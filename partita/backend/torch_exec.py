@@ -392,7 +392,8 @@ _U64_RULES = {"add": "wrap", "sub": "wrap", "mul": "wrap", "neg": "wrap", "sum":
               "isnan": "wrap", "isinf": "wrap",
               # unsigned division and logical shifts have no int64 kernel: the op's NumPy
               # reference computes them on the host, in uint64
-              "remainder": "host", "fmod": "host", "bitwise_right_shift": "host"}
+              "remainder": "host", "fmod": "host", "bitwise_right_shift": "host",
+              "topk": "ordered", "sort": "ordered"}
 
 
 def to_carrier(t, dt: DType):
@@ -485,6 +486,8 @@ def _carried_step(node: Node, opdef: OpDef):
 
         def ordered(args, attrs):
             res = fn([a ^ _SIGN_BIT if u else a for a, u in zip(args, u64_in)], attrs)
+            if type(res) in (list, tuple):  # topk, sort: the values flip back, the indices not
+                return [r ^ _SIGN_BIT if f else r for r, f in zip(res, flip_out)]
             return res ^ _SIGN_BIT if flip_out[0] else res
         return ordered
     if rule == "host" and len(outs) == 1:

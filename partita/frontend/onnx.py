@@ -1887,3 +1887,5 @@ def load_onnx(model: Any, input_shapes: Mapping[str, Sequence[int]] | None = Non
 from . import onnx_quant  # noqa: E402,F401
 # So do the elementwise math, activation, logic and bitwise operators.
 from . import onnx_math  # noqa: E402,F401
+# The indexing, reduction and layout operators too (ArgMax, Reduce*, Gather/Scatter*, TopK, ...).
+from . import onnx_index  # noqa: E402,F401

@@ -1319,6 +1319,159 @@ def core_aten_missing() -> list[str]:
     return sorted(missing)
 
 
+# --- scatters, index_put, slice_scatter, cumprod ---------------------------------------------------
+# (aten.select_scatter needs no converter: the core table spells it where(arange == index, src, x),
+# all ops converted above.)
+
+def _scatter_src(cx: _Converter, x: Value, dim: int, index: Value, src: Value, reduce: str | None = None) -> Value:
+    red = {None: "none", "add": "add", "multiply": "mul"}.get(reduce)
+    if red is None:
+        raise Unsupported(f"aten.scatter: reduce='{reduce}' is not one of 'add', 'multiply'")
+    if src.type.dtype != x.type.dtype:
+        src = cx.emit("cast", src, dtype=x.type.dtype)
+    return cx.emit("scatter_elements", x, index, src, axis=_axis(dim, x.type.rank), reduction=red)
+
+
+def _scatter_value(cx: _Converter, x: Value, dim: int, index: Value, value: Any, reduce: str | None = None) -> Value:
+    src = cx.emit("full", shape=index.type.shape, value=_fill(value, x.type.dtype), dtype=x.type.dtype)
+    return _scatter_src(cx, x, dim, index, src, reduce)
+
+
+def _scatter_add(cx: _Converter, x: Value, dim: int, index: Value, src: Value) -> Value:
+    return cx.emit("scatter_add", x, index, src, axis=_axis(dim, x.type.rank))
+
+
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+def _scatter_reduce(cx: _Converter, x: Value, dim: int, index: Value, src: Value, reduce: str,
+                    include_self: bool = True) -> Value:
+    """torch.scatter_reduce: partita's scatter_elements combines with x's value; without
+    include_self the positions the index reaches are first reset to the reduction's identity
+    (a plain scatter of it), which leaves what the reduction sees exactly the sources."""
+    axis = _axis(dim, x.type.rank)
+    dt = x.type.dtype
+    if reduce == "mean":
+        if not dt.is_float:
+            raise Unsupported(f"aten.scatter_reduce: reduce='mean' on {dt} (torch floors integer means) is not "
+                              "supported; cast to a float dtype first")
+        ones = cx.emit("full", shape=index.type.shape, value=1.0, dtype=dt)
+        count = cx.emit("scatter_add", cx.emit("full", shape=x.type.shape, value=0.0, dtype=dt), index, ones, axis=axis)
+        base = x if include_self else cx.emit("scatter_elements", x, index,
+                                              cx.emit("full", shape=index.type.shape, value=0.0, dtype=dt), axis=axis)
+        total = cx.emit("scatter_add", base, index, src, axis=axis)
+        denom = (cx.emit("add", count, cx.scalar(1.0, dt)) if include_self
+                 else cx.emit("maximum", count, cx.scalar(1.0, dt)))
+        return cx.emit("div", total, denom)
+    if reduce not in _SCATTER_REDUCE:
+        raise Unsupported(f"aten.scatter_reduce: reduce='{reduce}' is not one of sum, prod, mean, amax, amin")
+    red = _SCATTER_REDUCE[reduce]
+    if not include_self:
+        if red in ("add", "mul"):
+            ident: Any = 0 if red == "add" else 1
+        elif dt.is_float:
+            ident = float("-inf") if red == "max" else float("inf")
+        elif dt.is_bool:
+            ident = red == "min"
+        else:
+            info = np.iinfo(dt.np)
+            ident = int(info.min if red == "max" else info.max)
+        fill = cx.emit("full", shape=index.type.shape, value=_fill(ident, dt), dtype=dt)
+        x = cx.emit("scatter_elements", x, index, fill, axis=axis)
+    return cx.emit("scatter_elements", x, index, src, axis=axis, reduction=red)
+
+
+def _index_put(cx: _Converter, x: Value, indices: Sequence[Value | None], values: Value,
+               accumulate: bool = False) -> Value:
+    """x[..., i0, i1, ...] = values (or +=, with accumulate): the index tensors on one run of
+    adjacent dims after any number of full slices (None), as ``_index`` reads them. The
+    indexed dims go to the front and are flattened, values are broadcast to the indexing
+    result and laid out the same way, and one scatter_elements along the flattened dim writes
+    (or adds) each row."""
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    idx = list(indices[lead:])
+    while idx and idx[-1] is None:
+        idx.pop()
+    if not idx or any(i is None for i in idx):
+        raise Unsupported("aten.index_put: index tensors separated by a slice (x[i, :, j] = v) are not supported")
+    if any(i is None or not i.type.dtype.is_int for i in idx):
+        raise Unsupported("aten.index_put: boolean-mask indexing (x[mask] = v) is not supported")
+    k, rank = len(idx), x.type.rank
+    front = tuple(range(lead, lead + k)) + tuple(range(lead)) + tuple(range(lead + k, rank))
+    xt = cx.emit("transpose", x, perm=front) if lead else x
+    dims, rest = xt.type.shape[:k], xt.type.shape[k:]
+    linear: Value | None = None
+    for d, (i, size) in enumerate(zip(idx, dims)):
+        assert i is not None
+        if i.type.dtype != i64:
+            i = cx.emit("cast", i, dtype=i64)
+        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
+        stride = int(np.prod(dims[d + 1:], dtype=np.int64))
+        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
+        linear = term if linear is None else cx.emit("add", linear, term)
+    assert linear is not None
+    batch = linear.type.shape
+    # torch places the index dims where the first indexed dim was: values broadcast to that.
+    target = x.type.shape[:lead] + batch + x.type.shape[lead + k:]
+    if values.type.dtype != x.type.dtype:
+        values = cx.emit("cast", values, dtype=x.type.dtype)
+    if values.type.shape != target:
+        values = cx.emit("broadcast_to", values, shape=target)
+    if lead:
+        r = len(batch)
+        to_front = tuple(range(lead, lead + r)) + tuple(range(lead)) + tuple(range(lead + r, len(target)))
+        values = cx.emit("transpose", values, perm=to_front)
+    m, width = int(np.prod(batch, dtype=np.int64)), int(np.prod(rest, dtype=np.int64))
+    rows = int(np.prod(dims, dtype=np.int64))
+    where = cx.emit("broadcast_to", cx.emit("reshape", linear, shape=(m, 1)), shape=(m, width))
+    y = cx.emit("scatter_elements", cx.emit("reshape", xt, shape=(rows, width)), where,
+                cx.emit("reshape", values, shape=(m, width)), axis=0, reduction="add" if accumulate else "none")
+    y = cx.emit("reshape", y, shape=xt.type.shape)
+    if lead:
+        back = tuple(range(k, k + lead)) + tuple(range(k)) + tuple(range(k + lead, rank))
+        y = cx.emit("transpose", y, perm=back)
+    return y
+
+
+def _slice_scatter(cx: _Converter, x: Value, src: Value, dim: int = 0, start: int | None = None,
+                   end: int | None = None, step: int = 1) -> Value:
+    """x with x[start:end:step] along dim replaced by src: a scatter whose index along the
+    axis is start + step * position (each target once)."""
+    axis = _axis(dim, x.type.rank)
+    lo, hi, st = slice(start, end, step).indices(x.type.shape[axis])
+    if len(range(lo, hi, st)) != src.type.shape[axis]:
+        raise Unsupported(f"aten.slice_scatter: src {src.type} does not fit the slice {lo}:{hi}:{st} of {x.type}")
+    idx = cx.emit("iota", shape=src.type.shape, axis=axis, dtype=i64)
+    if st != 1:
+        idx = cx.emit("mul", idx, cx.scalar(st, i64))
+    if lo:
+        idx = cx.emit("add", idx, cx.scalar(lo, i64))
+    if src.type.dtype != x.type.dtype:
+        src = cx.emit("cast", src, dtype=x.type.dtype)
+    return cx.emit("scatter_elements", x, idx, src, axis=axis)
+
+
+def _cumprod(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    return cx.emit("cumprod", x, axis=_axis(dim, x.type.rank))
+
+
+ATEN_TO_PARTITA.update({
+    aten.scatter.src: _scatter_src,
+    aten.scatter.value: _scatter_value,
+    aten.scatter.reduce: _scatter_src,
+    aten.scatter.value_reduce: _scatter_value,
+    aten.scatter_add.default: _scatter_add,
+    aten.scatter_reduce.two: _scatter_reduce,
+    aten.index_put.default: _index_put,
+    aten.slice_scatter.default: _slice_scatter,
+    aten.cumprod.default: _cumprod,
+})
+
+
 def _getitem(cx: _Converter, results: Any, index: int) -> Any:
     value = results[index]
     if value is None:

@@ -765,3 +765,25 @@ def sharding_spec(op: str, types: Sequence[TensorType], attrs: dict) -> DimSpec 
     has no rule (the passes replicate it)."""
     fn = RULES.get(op) if op in OPS else None
     return None if fn is None else fn(list(types), attrs)
+
+
+# --- scatter_elements and cumprod (ops/index_scan.py) ---------------------------------------------
+
+@rule("scatter_elements")
+def _scatter_elements(ts, attrs):
+    x, idx, src = ts
+    ax = normalize_axis(attrs["axis"], x.rank, "scatter_elements")
+    # As scatter_add: the axis is unsplit (the index values are global positions), and so is a
+    # dim the index covers only in part. With add the op is linear in x and src together.
+    labels = tuple(f"d{i}" if i != ax and x.shape[i] == idx.shape[i] == src.shape[i] else None
+                   for i in range(x.rank))
+    linear = frozenset({0, 2}) if attrs["reduction"] == "add" else frozenset()
+    return DimSpec((labels, labels, labels), (labels,), linear=linear, joint=True)
+
+
+@rule("cumprod")
+def _cumprod(ts, attrs):
+    (t,) = ts
+    ax = normalize_axis(attrs["axis"], max(t.rank, 1), "cumprod")
+    labels = tuple(None if i == ax else f"d{i}" for i in range(t.rank))
+    return DimSpec((labels,), (labels,))
