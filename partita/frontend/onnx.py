@@ -1654,3 +1654,6 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
 
 # The quantization operators live in their own module, which adds them to ONNX_TO_PARTITA.
 from . import onnx_quant  # noqa: E402,F401
+# The neural-network operators (normalizations, Einsum, losses, attention, recurrent layers,
+# Resize), composed from core ops in their own module.
+from . import onnx_nn  # noqa: E402,F401

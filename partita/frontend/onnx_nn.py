@@ -1,0 +1,324 @@
+"""ONNX's neural-network operators composed from partita's core ops: the normalizations
+(RMSNormalization, GroupNormalization, LpNormalization, MeanVarianceNormalization), Einsum,
+LpPool and GlobalLpPool, the losses (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss),
+RotaryEmbedding and Attention, the recurrent layers (RNN, GRU, LSTM, unrolled over their
+static sequence length) and Resize/Upsample.
+
+Each converter builds the op from exact compositions (transpose, reshape, slice, matmul,
+reductions, elementwise ops), checks its attributes, and raises naming the node and the fix
+for what partita's static graphs cannot express.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ..ir.attrs import DenseAttr
+from ..ir.graph import Value
+from .onnx import (ONNX_TO_PARTITA, OnnxNode, _dtype, _lift_1d, _spatial, _symmetric, _text)
+
+
+def _axis(n: OnnxNode, x: Value, axis: int, what: str = "axis") -> int:
+    r = x.type.rank
+    if not -r <= axis < r:
+        raise n.error(f"{what} {axis} is outside [-{r}, {r - 1}] for input {x.type}")
+    return axis + r if axis < 0 else axis
+
+
+def _require_float(n: OnnxNode, x: Value, what: str = "the input") -> None:
+    if not x.type.dtype.is_float:
+        raise n.error(f"{what} {x.type} must be a float tensor")
+
+
+def _stash(n: OnnxNode, x: Value) -> tuple[Value, dt.DType]:
+    """x cast to the node's stash_type (the dtype ONNX computes the statistics in; float32
+    by default), and x's own dtype to cast the normalized result back to."""
+    stash = _dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
+    if not stash.is_float:
+        raise n.error(f"stash_type {stash.name} is not a float type; the statistics are computed in a float type")
+    return (x if x.type.dtype is stash else n.emit("cast", x, dtype=stash)), x.type.dtype
+
+
+def _cast_to(n: OnnxNode, v: Value, d: dt.DType) -> Value:
+    return v if v.type.dtype is d else n.emit("cast", v, dtype=d)
+
+
+# --- normalizations -----------------------------------------------------------------------
+
+def _rms_norm(n: OnnxNode) -> list[Value | None]:
+    x, scale = n.input(0), n.input(1)
+    _require_float(n, x)
+    axis = _axis(n, x, int(n.attr("axis", -1)))
+    norm_shape = list(x.type.shape[axis:])
+    eps = float(n.attr("epsilon", 1e-5))
+    xs, orig = _stash(n, x)
+    axes = list(range(axis, x.type.rank))
+    if xs is x and scale.type.dtype is x.type.dtype and list(scale.type.shape) == norm_shape:
+        # The statistics are in x's own dtype: one rms_norm with the scale as its weight.
+        return [n.emit("rms_norm", x, scale, axes=axes, eps=eps)]
+    y = _cast_to(n, n.emit("rms_norm", xs, axes=axes, eps=eps), orig)
+    return [n.emit("mul", y, scale)]
+
+
+def _group_norm(n: OnnxNode) -> list[Value | None]:
+    x, scale, bias = n.input(0), n.input(1), n.input(2)
+    _require_float(n, x)
+    if x.type.rank < 2:
+        raise n.error(f"input {x.type} needs (N, C, ...)")
+    groups = int(n.attr("num_groups"))
+    shape = list(x.type.shape)
+    c = shape[1]
+    if groups <= 0 or c % groups:
+        raise n.error(f"num_groups {groups} must be positive and divide the {c} channels")
+    # Opset 18 took one scale and bias per group, opset 21 one per channel.
+    per = groups if n.ctx.opset < 21 else c
+    for what, v in (("scale", scale), ("bias", bias)):
+        if list(v.type.shape) != [per]:
+            raise n.error(f"{what} {v.type} must have shape [{per}] (one per {'group' if per == groups else 'channel'} "
+                          f"at opset {n.ctx.opset})")
+    xs, orig = _stash(n, x)
+    grouped = n.emit("reshape", xs, shape=[shape[0], groups, -1])
+    y = n.emit("layer_norm", grouped, axes=[-1], eps=float(n.attr("epsilon", 1e-5)))
+    if per == groups:
+        y = n.emit("reshape", y, shape=[shape[0], groups, c // groups] + shape[2:])
+        y = _cast_to(n, y, orig)
+        bshape = [groups, 1] + [1] * (len(shape) - 2)
+    else:
+        y = _cast_to(n, n.emit("reshape", y, shape=shape), orig)
+        bshape = [c] + [1] * (len(shape) - 2)
+    y = n.emit("mul", y, n.emit("reshape", scale, shape=bshape))
+    y = n.emit("add", y, n.emit("reshape", bias, shape=bshape))
+    return [n.emit("reshape", y, shape=shape)]
+
+
+def _lp_norm(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    axis = _axis(n, x, int(n.attr("axis", -1)))
+    p = int(n.attr("p", 2))
+    if p not in (1, 2):
+        raise n.error(f"p {p} must be 1 or 2 (ONNX LpNormalization defines the L1 and L2 norms)")
+    if p == 1:
+        norm = n.emit("sum", n.emit("abs", x), axes=[axis], keepdim=True)
+    else:
+        norm = n.emit("sqrt", n.emit("sum", n.emit("mul", x, x), axes=[axis], keepdim=True))
+    zero = n.scalar(0, x)
+    # A zero norm (an all-zero slice) gives zeros, as ONNX's reference does.
+    safe = n.emit("where", n.emit("equal", norm, zero), n.scalar(1, x), norm)
+    return [n.emit("where", n.emit("equal", norm, zero), zero, n.emit("div", x, safe))]
+
+
+def _mvn(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    axes = [_axis(n, x, int(a), "axes entry") for a in n.attr("axes", [0, 2, 3])]
+    mean = n.emit("mean", x, axes=axes, keepdim=True)
+    sq_mean = n.emit("mean", n.emit("mul", x, x), axes=axes, keepdim=True)
+    # As ONNX's function body: sqrt(E[x^2] - E[x]^2), plus 1e-9 after the square root.
+    std = n.emit("sqrt", n.emit("sub", sq_mean, n.emit("mul", mean, mean)))
+    return [n.emit("div", n.emit("sub", x, mean), n.emit("add", std, n.scalar(1e-9, x)))]
+
+
+# --- Einsum -------------------------------------------------------------------------------
+
+def _einsum_terms(n: OnnxNode, eq: str, ins: Sequence[Value]) -> tuple[list[list[str]], list[str]]:
+    """The index letters of each operand and of the result, with '...' expanded into one
+    made-up label per broadcast dim (right-aligned, as NumPy aligns them)."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ins):
+        raise n.error(f"equation '{eq}' has {len(terms)} operand term(s) but the node has {len(ins)} input(s)")
+    ell = 0
+    out_terms: list[list[str]] = []
+    for t, v in zip(terms, ins):
+        if t.count("...") > 1 or "." in t.replace("...", ""):
+            raise n.error(f"term '{t}' of equation '{eq}' is malformed (at most one '...')")
+        letters = t.replace("...", "")
+        if not all(c.isalpha() for c in letters):
+            raise n.error(f"term '{t}' of equation '{eq}' holds a character that is not a letter or '...'")
+        k = v.type.rank - len(letters)
+        if ("..." in t and k < 0) or ("..." not in t and k != 0):
+            raise n.error(f"term '{t}' of equation '{eq}' does not match the rank of input {v.type}")
+        ell = max(ell, k if "..." in t else 0)
+        out_terms.append([])
+    labels = [f"#{i}" for i in range(ell)]
+    for j, (t, v) in enumerate(zip(terms, ins)):
+        if "..." in t:
+            before, after = t.split("...")
+            k = v.type.rank - len(before) - len(after)
+            out_terms[j] = list(before) + labels[ell - k:] + list(after)
+        else:
+            out_terms[j] = list(t)
+    if arrow:
+        if rhs.count("...") > 1:
+            raise n.error(f"the result term '{rhs}' of equation '{eq}' holds '...' twice")
+        if "..." in rhs:
+            before, after = rhs.split("...")
+            result = list(before) + labels + list(after)
+        else:
+            if ell and any(any(c.startswith("#") for c in t) for t in out_terms):
+                # The broadcast dims are summed away when the result omits '...'.
+                pass
+            result = list(rhs)
+        for c in result:
+            if not c.startswith("#") and not c.isalpha():
+                raise n.error(f"the result term '{rhs}' of equation '{eq}' holds '{c}', not a letter")
+            if not any(c in t for t in out_terms):
+                raise n.error(f"the result index '{c}' of equation '{eq}' appears in no operand")
+        if len(set(result)) != len(result):
+            raise n.error(f"the result term '{rhs}' of equation '{eq}' repeats an index")
+    else:
+        # Implicit form: the broadcast dims, then the letters that appear once, alphabetically.
+        counts: dict[str, int] = {}
+        for t in out_terms:
+            for c in t:
+                counts[c] = counts.get(c, 0) + 1
+        result = labels + sorted(c for c, k in counts.items() if k == 1 and not c.startswith("#"))
+    return out_terms, result
+
+
+def _einsum_diagonal(n: OnnxNode, x: Value, term: list[str]) -> tuple[Value, list[str]]:
+    """x with each repeated index reduced to its diagonal (a strided slice of the two dims
+    flattened together: exact)."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        i = term.index(c)
+        j = term.index(c, i + 1)
+        d = x.type.shape[i]
+        if x.type.shape[j] != d:
+            raise n.error(f"the repeated index '{c}' spans dims of sizes {d} and {x.type.shape[j]}; they must be equal")
+        rest = [k for k in range(len(term)) if k not in (i, j)]
+        perm = rest + [i, j]
+        if perm != list(range(len(term))):
+            x = n.emit("transpose", x, perm=perm)
+        lead = [x.type.shape[k] for k in range(len(rest))]
+        x = n.emit("reshape", x, shape=lead + [d * d])
+        x = n.emit("slice", x, axis=len(lead), start=0, end=d * d, step=d + 1)
+        term = [term[k] for k in rest] + [c]
+    return x, term
+
+
+def _einsum_sum(n: OnnxNode, x: Value, term: list[str], keep: set[str]) -> tuple[Value, list[str]]:
+    drop = [k for k, c in enumerate(term) if c not in keep]
+    if not drop:
+        return x, term
+    return n.emit("sum", x, axes=drop), [c for c in term if c in keep]
+
+
+def _permute(n: OnnxNode, x: Value, term: list[str], order: list[str]) -> Value:
+    perm = [term.index(c) for c in order]
+    return x if perm == list(range(len(perm))) else n.emit("transpose", x, perm=perm)
+
+
+def _einsum(n: OnnxNode) -> list[Value | None]:
+    eq = _text(n.attr("equation"))
+    ins = [v for v in n.inputs if v is not None]
+    if not ins:
+        raise n.error("Einsum needs at least one input")
+    for v in ins[1:]:
+        if v.type.dtype is not ins[0].type.dtype:
+            raise n.error(f"inputs {ins[0].type} and {v.type} must have one element type")
+    terms, result = _einsum_terms(n, eq, ins)
+    sizes: dict[str, int] = {}
+    for v, t in zip(ins, terms):
+        for c, d in zip(t, v.type.shape):
+            if sizes.get(c, 1) != 1 and d != 1 and sizes[c] != d:
+                raise n.error(f"index '{c}' has sizes {sizes[c]} and {d} in equation '{eq}'; they must be equal "
+                              "(or 1, to broadcast)")
+            sizes[c] = max(sizes.get(c, 1), d) if c in sizes else d
+    vals: list[Value] = []
+    ts: list[list[str]] = []
+    for k, (v, t) in enumerate(zip(ins, terms)):
+        v, t = _einsum_diagonal(n, v, list(t))
+        others = {c for j, tt in enumerate(terms) if j != k for c in tt}
+        v, t = _einsum_sum(n, v, t, set(result) | others)
+        vals.append(v)
+        ts.append(t)
+    x, term = vals[0], ts[0]
+    for k in range(1, len(vals)):
+        y, yt = vals[k], ts[k]
+        later = {c for tt in ts[k + 1:] for c in tt} | set(result)
+        # Broadcast a size-1 dim against the other operand's size for the same index.
+        x = _widen(n, x, term, sizes, set(yt))
+        y = _widen(n, y, yt, sizes, set(term))
+        batch = [c for c in term if c in yt and c in later]
+        contract = [c for c in term if c in yt and c not in later]
+        xo = [c for c in term if c not in yt]
+        yo = [c for c in yt if c not in term]
+        xp = _permute(n, x, term, batch + xo + contract)
+        yp = _permute(n, y, yt, batch + contract + yo)
+        bshape = [sizes[c] for c in batch]
+        m = math.prod(sizes[c] for c in xo)
+        kk = math.prod(sizes[c] for c in contract)
+        nn = math.prod(sizes[c] for c in yo)
+        xp = n.emit("reshape", xp, shape=bshape + [m, kk])
+        yp = n.emit("reshape", yp, shape=bshape + [kk, nn])
+        z = n.emit("matmul", xp, yp)
+        term = batch + xo + yo
+        x = n.emit("reshape", z, shape=[sizes[c] for c in term])
+    x, term = _einsum_sum(n, x, term, set(result))
+    return [_permute(n, x, term, result)]
+
+
+def _widen(n: OnnxNode, x: Value, term: list[str], sizes: dict[str, int], other: set[str]) -> Value:
+    shape = [sizes[c] if c in other else d for c, d in zip(term, x.type.shape)]
+    return x if shape == list(x.type.shape) else n.emit("broadcast_to", x, shape=shape)
+
+
+# --- LpPool -------------------------------------------------------------------------------
+
+def _lp_pool(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    kernel = [int(k) for k in n.attr("kernel_shape")]
+    nd = len(kernel)
+    p = float(n.attr("p", 2))
+    if p <= 0:
+        raise n.error(f"p {p} must be positive")
+    strides, dil, pads = _spatial(n, x, kernel)
+    ceil = bool(n.attr("ceil_mode", 0))
+    powered = n.emit("pow", n.emit("abs", x), n.scalar(p, x))
+    if ceil:
+        # A ceil-mode window that runs past the end sums only the values it covers: pad the
+        # end with zeros so that every window is whole, and pool without ceil mode.
+        for d in range(nd):
+            size = x.type.shape[2 + d] + pads[d] + pads[nd + d]
+            span = (kernel[d] - 1) * dil[d] + 1
+            out = -(-(size - span) // strides[d]) + 1
+            if (out - 1) * strides[d] >= x.type.shape[2 + d] + pads[d]:
+                out -= 1  # the last window must start inside the input or its begin padding
+            pads[nd + d] += max((out - 1) * strides[d] + span - size, 0)
+    xp, padding = _symmetric(n, powered, pads, 0.0, kernel)
+    avg = n.emit(f"avg_pool{nd}d", xp, kernel=kernel, stride=strides, padding=padding, dilation=dil,
+                 count_include_pad=True)
+    total = n.emit("mul", avg, n.scalar(float(math.prod(kernel)), x))
+    return [n.emit("pow", total, n.scalar(1.0 / p, x))]
+
+
+def _global_lp_pool(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    if x.type.rank < 3:
+        raise n.error(f"input {x.type} needs rank >= 3 (N, C, spatial...)")
+    p = float(n.attr("p", 2))
+    if p <= 0:
+        raise n.error(f"p {p} must be positive")
+    s = n.emit("sum", n.emit("pow", n.emit("abs", x), n.scalar(p, x)), axes=list(range(2, x.type.rank)),
+               keepdim=True)
+    return [n.emit("pow", s, n.scalar(1.0 / p, x))]
+
+
+ONNX_TO_PARTITA.update({
+    "RMSNormalization": _rms_norm,
+    "GroupNormalization": _group_norm,
+    "LpNormalization": _lp_norm,
+    "MeanVarianceNormalization": _mvn,
+    "Einsum": _einsum,
+    "LpPool": _lift_1d(_lp_pool),
+    "GlobalLpPool": _global_lp_pool,
+})
