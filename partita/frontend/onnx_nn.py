@@ -19,7 +19,7 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
-from .onnx import (ONNX_TO_PARTITA, OnnxNode, _dtype, _lift_1d, _spatial, _symmetric, _text)
+from .onnx import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, _dtype, _lift_1d, _spatial, _symmetric, _text)
 
 
 def _axis(n: OnnxNode, x: Value, axis: int, what: str = "axis") -> int:
@@ -321,4 +321,230 @@ ONNX_TO_PARTITA.update({
     "Einsum": _einsum,
     "LpPool": _lift_1d(_lp_pool),
     "GlobalLpPool": _global_lp_pool,
+})
+
+
+# --- Resize and Upsample -------------------------------------------------------------------
+# Resize is separable: each resized axis is a gather of a few neighbouring input positions
+# per output position (the taps), weighted by coefficients that depend only on the static
+# sizes and attributes. Both are computed here, as ONNX's reference computes them, and the
+# graph gets an index_select of the taps, a multiply by the constant coefficients and a sum
+# (nearest mode: one index_select, exact for every dtype).
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+                "tf_crop_and_resize")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _source_coords(mode: str, out: int, size: int, scale: float, roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Each output position's coordinate in the input (ONNX's coordinate_transformation_mode),
+    and whether it lies outside the input (tf_crop_and_resize only)."""
+    y = np.arange(out, dtype=np.float64)
+    width = scale * size
+    outside = np.zeros(out, bool)
+    if mode == "align_corners":
+        x = np.zeros(out) if width == 1 else y * (size - 1) / (width - 1)
+    elif mode == "asymmetric":
+        x = y / scale
+    elif mode == "tf_crop_and_resize":
+        x = (np.full(out, (roi[1] - roi[0]) * (size - 1) / 2) if width == 1
+             else y * (roi[1] - roi[0]) * (size - 1) / (width - 1))
+        x = x + roi[0] * (size - 1)
+        outside = (x < 0) | (x > size - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    else:  # half_pixel_symmetric
+        offset = size / 2 * (1 - out / width)
+        x = offset + (y + 0.5) / scale - 0.5
+    return x, outside
+
+
+def _cubic(ratio: float, a: float) -> list[float]:
+    r = ratio
+    return [((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+            ((a + 2) * r - (a + 3)) * r * r + 1,
+            ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+            ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a]
+
+
+def _cubic_antialias(ratio: float, scale: float, a: float) -> list[float]:
+    scale = min(scale, 1.0)
+
+    def k(x: float) -> float:
+        x = abs(x)
+        if x <= 1:
+            return (a + 2) * x ** 3 - (a + 3) * x * x + 1
+        return a * x ** 3 - 5 * a * x * x + 8 * a * x - 4 * a if x < 2 else 0.0
+    start = int(np.floor(-2 / scale) + 1)
+    c = [k(scale * (i - ratio)) for i in range(start, 2 - start)]
+    return [v / sum(c) for v in c]
+
+
+def _linear_antialias(ratio: float, scale: float) -> list[float]:
+    scale = min(scale, 1.0)
+    start = int(np.floor(-1 / scale) + 1)
+    args = (np.arange(start, 2 - start) - ratio) * scale
+    c = np.clip(1 - np.abs(args), 0, 1)
+    return list(c / c.sum())
+
+
+def _coefficients(mode: str, ratio: float, scale: float, nearest: str, a: float, antialias: bool) -> list[float]:
+    if mode == "nearest":
+        if float(ratio).is_integer():
+            return [0.0, 1.0]
+        up = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5, "floor": False,
+              "ceil": True}[nearest]
+        return [0.0, 1.0] if up else [1.0, 0.0]
+    if mode == "linear":
+        return _linear_antialias(ratio, scale) if antialias else [1 - ratio, ratio]
+    return _cubic_antialias(ratio, scale, a) if antialias else _cubic(ratio, a)
+
+
+def _taps(x: np.ndarray, size: int, coeffs: np.ndarray, exclude_outside: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The input positions (edge-clamped) each output position reads, and their weights."""
+    out, taps = coeffs.shape
+    pad = int(np.ceil(taps / 2))
+    xp = x + pad
+    p = np.floor(xp).astype(np.int64)
+    frac = xp - p
+    if taps % 2 == 0:
+        offset = np.where(frac == 0, -(taps // 2), -(taps // 2) + 1)
+    else:
+        base = -((taps - 1) // 2)
+        offset = np.where(frac <= 0.5, base, base + 1)
+    idx = (p + offset)[:, None] + np.arange(taps)[None, :] - pad
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= size), 0.0, coeffs)
+        total = coeffs.sum(axis=-1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, size - 1), coeffs
+
+
+def _resize_axis(n: OnnxNode, x: Value, axis: int, out: int, scale: float, roi: tuple[float, float],
+                 opts: dict[str, Any]) -> Value:
+    size = x.type.shape[axis]
+    if size == 0 or out == 0:
+        raise n.error(f"axis {axis} resizes {size} -> {out} elements; empty tensors are not supported")
+    src, outside = _source_coords(opts["coord"], out, size, scale, roi)
+    whole = np.floor(src)
+    ratios = np.where(src == whole, 1.0, src - whole)
+    coeffs = np.array([_coefficients(opts["mode"], float(r), scale, opts["nearest"], opts["a"], opts["antialias"])
+                       for r in ratios], np.float64)
+    idx, coeffs = _taps(src, size, coeffs, opts["exclude_outside"] and opts["mode"] == "cubic")
+    shape = list(x.type.shape)
+    if opts["mode"] == "nearest":
+        pick = idx[np.arange(out), np.argmax(coeffs, axis=1)]
+        y = n.emit("index_select", x, n.emit("constant", value=DenseAttr(pick.astype(np.int64))), axis=axis)
+    else:
+        taps = idx.shape[1]
+        flat = n.emit("constant", value=DenseAttr(idx.reshape(-1).astype(np.int64)))
+        g = n.emit("index_select", x, flat, axis=axis)
+        g = n.emit("reshape", g, shape=shape[:axis] + [out, taps] + shape[axis + 1:])
+        w = coeffs.reshape([out, taps] + [1] * (len(shape) - axis - 1)).astype(x.type.dtype.np)
+        y = n.emit("sum", n.emit("mul", g, n.emit("constant", value=DenseAttr(w))), axes=[axis + 1])
+    if outside.any():
+        mask = outside.reshape([out] + [1] * (len(shape) - axis - 1))
+        y = n.emit("where", n.emit("constant", value=DenseAttr(mask)), n.scalar(opts["extrapolation"], y), y)
+    return y
+
+
+def _optional_const(n: OnnxNode, i: int, what: str) -> np.ndarray | None:
+    """Constant input ``i``, or None when it is absent or empty (opset 11's way to omit it)."""
+    if not n.has_input(i):
+        return None
+    arr = np.asarray(n.const(i, what))
+    return None if arr.size == 0 else arr
+
+
+def _resize(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    r = x.type.rank
+    upsample = n.proto.op_type == "Upsample"
+    if upsample or n.ctx.opset < 11:
+        scales = _optional_const(n, 1, "scales")
+        roi_arr, sizes = None, None
+    else:
+        roi_arr = _optional_const(n, 1, "roi")
+        scales = _optional_const(n, 2, "scales")
+        sizes = _optional_const(n, 3, "sizes")
+    mode = _text(n.attr("mode", "nearest"))
+    if mode not in ("nearest", "linear", "cubic", "bilinear", "trilinear"):
+        raise n.error(f"mode '{mode}' is not one of nearest, linear, cubic")
+    if mode in ("bilinear", "trilinear"):
+        mode = "linear"  # Upsample-7's names for linear
+    default_coord = "asymmetric" if (upsample or n.ctx.opset < 11) else "half_pixel"
+    coord = _text(n.attr("coordinate_transformation_mode", default_coord))
+    if coord not in _COORD_MODES:
+        raise n.error(f"coordinate_transformation_mode '{coord}' is not one of {', '.join(_COORD_MODES)}")
+    nearest = _text(n.attr("nearest_mode", "floor" if (upsample or n.ctx.opset < 11) else "round_prefer_floor"))
+    if nearest not in _NEAREST_MODES:
+        raise n.error(f"nearest_mode '{nearest}' is not one of {', '.join(_NEAREST_MODES)}")
+    antialias = bool(n.attr("antialias", 0))
+    if antialias and mode == "nearest":
+        raise n.error("antialias applies to the linear and cubic modes, not nearest")
+    if mode != "nearest" and not x.type.dtype.is_float:
+        raise n.error(f"{mode} resizing of {x.type} is not supported: the input must be a float tensor "
+                      "(cast it to float first)")
+    policy = _text(n.attr("keep_aspect_ratio_policy", "stretch"))
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise n.error(f"keep_aspect_ratio_policy '{policy}' is not one of stretch, not_larger, not_smaller")
+    axes = [_axis(n, x, int(a), "axes entry") for a in n.attr("axes", list(range(r)))]
+    if len(set(axes)) != len(axes):
+        raise n.error(f"axes {axes} repeat an axis")
+    if (scales is None) == (sizes is None):
+        raise n.error("exactly one of scales and sizes must be given (as a constant)")
+    given = scales if scales is not None else sizes
+    assert given is not None
+    if given.ndim != 1 or given.size != len(axes):
+        raise n.error(f"{'scales' if scales is not None else 'sizes'} {given.tolist()} must hold one entry per "
+                      f"resized axis ({len(axes)})")
+    in_shape = list(x.type.shape)
+    scale = [1.0] * r
+    out = list(in_shape)
+    if scales is not None:
+        if np.any(scales <= 0):
+            raise n.error(f"scales {scales.tolist()} must be positive")
+        for a, s in zip(axes, scales.astype(np.float64)):
+            # As ONNX's reference: the output size is floor(scale * size), computed in float64.
+            scale[a] = float(s)
+            out[a] = int(float(s) * in_shape[a])
+    else:
+        if np.any(sizes < 0):  # type: ignore[operator]
+            raise n.error(f"sizes {sizes.tolist()} must be non-negative")  # type: ignore[union-attr]
+        for a, s in zip(axes, sizes):  # type: ignore[arg-type]
+            out[a] = int(s)
+            scale[a] = int(s) / in_shape[a] if in_shape[a] else 1.0
+        if policy != "stretch":
+            pick = min if policy == "not_larger" else max
+            s = pick(scale[a] for a in axes)
+            for a in axes:
+                scale[a] = s
+                out[a] = int(s * in_shape[a] + 0.5)
+    roi = [(0.0, 1.0)] * r
+    if coord == "tf_crop_and_resize":
+        if roi_arr is None:
+            raise n.error("coordinate_transformation_mode tf_crop_and_resize needs the roi input (a constant)")
+        k = len(axes)
+        if roi_arr.size != 2 * k:
+            raise n.error(f"roi {roi_arr.tolist()} must hold 2 * {k} entries (starts, then ends, per resized axis)")
+        for i, a in enumerate(axes):
+            roi[a] = (float(roi_arr[i]), float(roi_arr[k + i]))
+    opts = dict(mode=mode, coord=coord, nearest=nearest, antialias=antialias,
+                a=float(n.attr("cubic_coeff_a", -0.75)), exclude_outside=bool(n.attr("exclude_outside", 0)),
+                extrapolation=float(n.attr("extrapolation_value", 0.0)))
+    y = x
+    for a in sorted(axes):
+        if math.isclose(scale[a], 1.0) and out[a] == in_shape[a] and roi[a] == (0.0, 1.0):
+            continue
+        y = _resize_axis(n, y, a, out[a], scale[a], roi[a], opts)
+    return [y]
+
+
+CONSTANT_OPERANDS.update({"Resize": (1, 2, 3), "Upsample": (1,)})
+
+ONNX_TO_PARTITA.update({
+    "Resize": _resize,
+    "Upsample": _resize,
 })
