@@ -548,3 +548,175 @@ ONNX_TO_PARTITA.update({
     "Resize": _resize,
     "Upsample": _resize,
 })
+
+
+# --- Attention ----------------------------------------------------------------------------
+# ONNX Attention (opsets 23-25) as its reference computes it: q and k each scaled by
+# sqrt(scale), an additive bias (0 or -inf) built from attn_mask, is_causal (bottom-right
+# aligned: offset by the past length, or per batch by nonpad_kv_seqlen), the sliding window
+# and the key padding, a softcap, a softmax whose fully masked rows are 0, and the optional
+# qk_matmul_output in each of its four modes. partita's fused attention op has neither the
+# softcap nor these outputs, so the node is composed from matmul, exp and reductions.
+
+def _heads(n: OnnxNode, x: Value, heads: int, what: str) -> Value:
+    b, t, hidden = x.type.shape
+    if heads <= 0 or hidden % heads:
+        raise n.error(f"{what} {x.type}: its hidden size {hidden} is not a multiple of the head count {heads}")
+    return n.emit("transpose", n.emit("reshape", x, shape=[b, t, heads, hidden // heads]), perm=[0, 2, 1, 3])
+
+
+def _bias_const(n: OnnxNode, allowed: np.ndarray, like: Value) -> Value:
+    return n.emit("constant", value=DenseAttr(np.where(allowed, 0.0, -np.inf).astype(like.type.dtype.np)))
+
+
+def _where_bias(n: OnnxNode, allowed: Value, like: Value) -> Value:
+    return n.emit("where", allowed, n.scalar(0.0, like), n.scalar(-np.inf, like))
+
+
+def _attention(n: OnnxNode) -> list[Value | None]:
+    q, k, v = n.input(0), n.input(1), n.input(2)
+    for what, t in (("Q", q), ("K", k), ("V", v)):
+        _require_float(n, t, what)
+        if t.type.rank != q.type.rank or t.type.rank not in (3, 4):
+            raise n.error(f"Q {q.type}, K {k.type} and V {v.type} must all be 3-D (batch, seq, hidden) or all 4-D "
+                          "(batch, heads, seq, head_size)")
+    three_d = q.type.rank == 3
+    qh, kvh = n.attr("q_num_heads"), n.attr("kv_num_heads")
+    if three_d:
+        if qh is None or kvh is None:
+            raise n.error("3-D inputs need both q_num_heads and kv_num_heads")
+        q, k, v = _heads(n, q, int(qh), "Q"), _heads(n, k, int(kvh), "K"), _heads(n, v, int(kvh), "V")
+    elif (qh is not None and int(qh) != q.type.shape[1]) or (kvh is not None and int(kvh) != k.type.shape[1]):
+        raise n.error(f"q_num_heads {qh} / kv_num_heads {kvh} differ from the head dims of Q {q.type} and K {k.type}")
+    batch, hq, tq, e = q.type.shape
+    mask = n.input(3) if n.has_input(3) else None
+    past_k = n.input(4) if n.has_input(4) else None
+    past_v = n.input(5) if n.has_input(5) else None
+    nonpad = n.input(6) if n.has_input(6) else None
+    if (past_k is None) != (past_v is None):
+        raise n.error("past_key and past_value must be given together")
+    if nonpad is not None and past_k is not None:
+        raise n.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    if nonpad is not None and (nonpad.type.dtype.is_float or nonpad.type.shape != (batch,)):
+        raise n.error(f"nonpad_kv_seqlen {nonpad.type} must be an integer tensor of shape [{batch}]")
+    causal = bool(n.attr("is_causal", 0))
+    left, right = int(n.attr("left_window_size", -1)), int(n.attr("right_window_size", -1))
+    if left < -1 or right < -1:
+        raise n.error(f"left_window_size {left} and right_window_size {right} must be -1 (unbounded) or >= 0")
+    mode = int(n.attr("qk_matmul_output_mode", 0))
+    if mode not in (0, 1, 2, 3):
+        raise n.error(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
+    softcap = n.attr("softcap")
+    scale = n.attr("scale")
+    s = float(np.sqrt(1 / np.sqrt(e) if scale is None else float(scale)))
+    if past_k is not None and past_v is not None:
+        k = n.emit("concat", past_k, k, axis=2)
+        v = n.emit("concat", past_v, v, axis=2)
+    present_k, present_v = k, v
+    tk = k.type.shape[2]
+    # The additive bias.
+    offset = past_k.type.shape[2] if past_k is not None else 0
+    per_batch = None
+    if nonpad is not None:
+        seqlen = _cast_to(n, nonpad, dt.i64)
+        per_batch = n.emit("sub", seqlen, n.scalar(tq, seqlen))  # [B]
+    ii = np.arange(tq).reshape(tq, 1)
+    jj = np.arange(tk).reshape(1, tk)
+
+    def frontier_diff() -> Value:
+        """(i + offset[b]) - j as [B, 1, Tq, Tk] (the external-cache case)."""
+        assert per_batch is not None
+        off = n.emit("reshape", per_batch, shape=[batch, 1, 1, 1])
+        const = n.emit("constant", value=DenseAttr((ii - jj).astype(np.int64).reshape(1, 1, tq, tk)))
+        return n.emit("add", const, off)
+
+    if mask is not None:
+        if mask.type.dtype is not dt.bool_ and mask.type.dtype is not q.type.dtype:
+            raise n.error(f"attn_mask {mask.type} must be bool or of Q's dtype {q.type.dtype.name}")
+        pad = tk - mask.type.shape[-1]
+        if pad < 0:
+            raise n.error(f"attn_mask {mask.type} covers more keys than the {tk} there are")
+        if pad:
+            fill = (False if mask.type.dtype is dt.bool_ else -np.inf)
+            extra = n.emit("full", shape=list(mask.type.shape[:-1]) + [pad], value=fill, dtype=mask.type.dtype)
+            mask = n.emit("concat", mask, extra, axis=-1)
+        if mask.type.dtype is dt.bool_:
+            mask = _where_bias(n, mask, q)
+    zeros = _bias_const(n, np.ones((tq, tk), bool), q)
+    bias = zeros if mask is None else n.emit("add", zeros, mask)
+    if causal:
+        if per_batch is not None:
+            bias = n.emit("add", bias, _where_bias(n, n.emit("greater_equal", frontier_diff(), n.scalar(0, per_batch)), q))
+        else:
+            bias = n.emit("add", bias, _bias_const(n, jj <= ii + offset, q))
+    if left >= 0 or right >= 0:
+        if per_batch is not None:
+            diff = frontier_diff()
+            ok = None
+            if left >= 0:
+                ok = n.emit("less_equal", diff, n.scalar(left, diff))
+            if right >= 0:
+                r_ok = n.emit("greater_equal", diff, n.scalar(-right, diff))
+                ok = r_ok if ok is None else n.emit("logical_and", ok, r_ok)
+            assert ok is not None
+            bias = n.emit("add", bias, _where_bias(n, ok, q))
+        else:
+            d = ii + offset - jj
+            allowed = np.ones((tq, tk), bool)
+            if left >= 0:
+                allowed &= d <= left
+            if right >= 0:
+                allowed &= -d <= right
+            bias = n.emit("add", bias, _bias_const(n, allowed, q))
+    if nonpad is not None:
+        keys = n.emit("constant", value=DenseAttr(np.arange(tk, dtype=np.int64).reshape(1, tk)))
+        valid = n.emit("less", keys, n.emit("reshape", _cast_to(n, nonpad, dt.i64), shape=[batch, 1]))
+        bias = n.emit("add", bias, n.emit("reshape", _where_bias(n, valid, q), shape=[batch, 1, 1, tk]))
+    # Grouped-query attention: each K/V head serves hq / hk consecutive query heads.
+    hk = k.type.shape[1]
+    if hk != hq:
+        if hq % hk or v.type.shape[1] != hk:
+            raise n.error(f"Q's {hq} heads are not a multiple of K's {hk} (and V's {v.type.shape[1]})")
+        rep = hq // hk
+
+        def repeat(t: Value) -> Value:
+            b, h, tt, d = t.type.shape
+            t = n.emit("broadcast_to", n.emit("unsqueeze", t, axes=[2]), shape=[b, h, rep, tt, d])
+            return n.emit("reshape", t, shape=[b, h * rep, tt, d])
+        k, v = repeat(k), repeat(v)
+    sq = n.scalar(s, q)
+    scores = n.emit("matmul", n.emit("mul", q, sq), n.emit("transpose", n.emit("mul", k, sq), perm=[0, 1, 3, 2]))
+    if softcap is not None and float(softcap) > 0:
+        c = n.scalar(float(softcap), scores)
+        scores = n.emit("mul", n.emit("tanh", n.emit("div", scores, c)), c)
+    biased = n.emit("add", scores, bias)
+    qk_out = biased if mode == 2 else scores
+    prec = n.attr("softmax_precision")
+    x = biased
+    if prec is not None:
+        pd = _dtype(int(prec), f"{n.where}: attribute 'softmax_precision'")
+        if not pd.is_float:
+            raise n.error(f"softmax_precision {pd.name} must be a float type")
+        x = _cast_to(n, x, pd)
+    # Softmax with fully masked (all -inf) rows giving 0, as ONNX's reference.
+    ninf = n.scalar(-np.inf, x)
+    m = n.emit("max", x, axes=[-1], keepdim=True)
+    m = n.emit("where", n.emit("equal", m, ninf), n.scalar(0.0, x), m)
+    ex = n.emit("exp", n.emit("sub", x, m))
+    tot = n.emit("sum", ex, axes=[-1], keepdim=True)
+    tot = n.emit("where", n.emit("equal", tot, n.scalar(0.0, x)), n.scalar(1.0, x), tot)
+    p = n.emit("div", ex, tot)
+    # A row whose bias is all -inf attends nothing: 0, decided on the bias, not the scores.
+    dead = n.emit("equal", n.emit("max", bias, axes=[-1], keepdim=True), n.scalar(-np.inf, bias))
+    p = n.emit("where", dead, n.scalar(0.0, p), p)
+    if mode == 3:
+        qk_out = p
+    p = _cast_to(n, p, q.type.dtype)
+    y = n.emit("matmul", p, v)
+    if three_d:
+        b, h, t, d = y.type.shape
+        y = n.emit("reshape", n.emit("transpose", y, perm=[0, 2, 1, 3]), shape=[b, t, h * d])
+    return [y, present_k, present_v, _cast_to(n, qk_out, q.type.dtype)]
+
+
+ONNX_TO_PARTITA["Attention"] = _attention
