@@ -720,3 +720,66 @@ def _attention(n: OnnxNode) -> list[Value | None]:
 
 
 ONNX_TO_PARTITA["Attention"] = _attention
+
+
+# --- RotaryEmbedding ----------------------------------------------------------------------
+
+def _rotary_embedding(n: OnnxNode) -> list[Value | None]:
+    x, cos, sin = n.input(0), n.input(1), n.input(2)
+    _require_float(n, x)
+    orig = list(x.type.shape)
+    if x.type.rank == 4:
+        x = n.emit("transpose", x, perm=[0, 2, 1, 3])  # [B, S, H, D]
+    elif x.type.rank == 3:
+        heads = int(n.attr("num_heads", 0))
+        b, s, hidden = orig
+        if heads <= 0 or hidden % heads:
+            raise n.error(f"a 3-D input {x.type} needs num_heads > 0 dividing its hidden size {hidden}")
+        x = n.emit("reshape", x, shape=[b, s, heads, hidden // heads])
+    else:
+        raise n.error(f"input {x.type} must be 4-D (batch, heads, seq, head_size) or 3-D (batch, seq, hidden)")
+    b, s, h, d = x.type.shape
+    rot = int(n.attr("rotary_embedding_dim", 0)) or d
+    if rot > d or rot % 2:
+        raise n.error(f"rotary_embedding_dim {rot} must be even and at most the head size {d}")
+    half = rot // 2
+    if n.has_input(3):
+        ids = n.input(3)
+        if ids.type.dtype.is_float or list(ids.type.shape) != [b, s]:
+            raise n.error(f"position_ids {ids.type} must be an integer tensor of shape [{b}, {s}]")
+        flat = n.emit("reshape", ids, shape=[b * s])
+
+        def pick(c: Value) -> Value:
+            if c.type.rank != 2:
+                raise n.error(f"with position_ids the cos/sin caches must be 2-D (max_pos, dim / 2), got {c.type}")
+            return n.emit("reshape", n.emit("index_select", c, flat, axis=0), shape=[b, s, c.type.shape[1]])
+        cos, sin = pick(cos), pick(sin)
+    for what, c in (("cos_cache", cos), ("sin_cache", sin)):
+        if list(c.type.shape) != [b, s, half]:
+            raise n.error(f"{what} {c.type} must be [{b}, {s}, {half}] (batch, seq, rotary_embedding_dim / 2), "
+                          "or (max_pos, rotary_embedding_dim / 2) with position_ids")
+    cos = n.emit("unsqueeze", _cast_to(n, cos, x.type.dtype), axes=[2])
+    sin = n.emit("unsqueeze", _cast_to(n, sin, x.type.dtype), axes=[2])
+    xr = n.emit("slice", x, axis=3, start=0, end=rot) if rot < d else x
+    interleaved = bool(n.attr("interleaved", 0))
+    if interleaved:
+        x1 = n.emit("slice", xr, axis=3, start=0, end=rot, step=2)
+        x2 = n.emit("slice", xr, axis=3, start=1, end=rot, step=2)
+    else:
+        x1 = n.emit("slice", xr, axis=3, start=0, end=half)
+        x2 = n.emit("slice", xr, axis=3, start=half, end=rot)
+    real = n.emit("sub", n.emit("mul", cos, x1), n.emit("mul", sin, x2))
+    imag = n.emit("add", n.emit("mul", sin, x1), n.emit("mul", cos, x2))
+    if interleaved:
+        pair = n.emit("concat", n.emit("unsqueeze", real, axes=[4]), n.emit("unsqueeze", imag, axes=[4]), axis=4)
+        y = n.emit("reshape", pair, shape=[b, s, h, rot])
+    else:
+        y = n.emit("concat", real, imag, axis=3)
+    if rot < d:
+        y = n.emit("concat", y, n.emit("slice", x, axis=3, start=rot, end=d), axis=3)
+    if len(orig) == 3:
+        return [n.emit("reshape", y, shape=orig)]
+    return [n.emit("transpose", y, perm=[0, 2, 1, 3])]
+
+
+ONNX_TO_PARTITA["RotaryEmbedding"] = _rotary_embedding
