@@ -783,3 +783,69 @@ def _rotary_embedding(n: OnnxNode) -> list[Value | None]:
 
 
 ONNX_TO_PARTITA["RotaryEmbedding"] = _rotary_embedding
+
+
+# --- losses -------------------------------------------------------------------------------
+
+def _nll(n: OnnxNode, logp: Value, target: Value, weight: Value | None) -> Value:
+    """ONNX NegativeLogLikelihoodLoss of log-probabilities ``logp`` [N, C, d...]: the loss of
+    each element is -logp[n, target, d...] * weight[target] (0 where target is ignore_index);
+    mean divides the sum by the total weight of the elements not ignored."""
+    if logp.type.rank < 2:
+        raise n.error(f"input {logp.type} needs (N, C, d1, ...)")
+    if target.type.dtype.is_float or target.type.dtype is dt.bool_:
+        raise n.error(f"target {target.type} must be an integer tensor of class indices")
+    want = [logp.type.shape[0]] + list(logp.type.shape[2:])
+    if list(target.type.shape) != want:
+        raise n.error(f"target {target.type} must have shape {want} (the input's without its class dim)")
+    c = logp.type.shape[1]
+    if weight is not None and list(weight.type.shape) != [c]:
+        raise n.error(f"weight {weight.type} must have shape [{c}] (one per class)")
+    reduction = _text(n.attr("reduction", "mean"))
+    if reduction not in ("none", "sum", "mean"):
+        raise n.error(f"reduction '{reduction}' is not one of none, sum, mean")
+    ii = n.attr("ignore_index")
+    t = _cast_to(n, target, dt.i64)
+    keep = None
+    if ii is not None:
+        keep = n.emit("not_equal", t, n.scalar(int(ii), t))
+        t = n.emit("where", keep, t, n.scalar(0, t))
+    picked = n.emit("squeeze", n.emit("gather", logp, n.emit("unsqueeze", t, axes=[1]), axis=1), axes=[1])
+    loss = n.emit("neg", picked)
+    w = None
+    if weight is not None:
+        w = n.emit("reshape", n.emit("index_select", weight, n.emit("reshape", t, shape=[-1]), axis=0), shape=want)
+    if keep is not None:
+        k = n.emit("cast", keep, dtype=logp.type.dtype)
+        w = k if w is None else n.emit("mul", w, k)
+    if w is not None:
+        loss = n.emit("mul", loss, w)
+    if reduction == "none":
+        return loss
+    total = n.emit("sum", loss)
+    if reduction == "sum":
+        return total
+    if w is None:
+        return n.emit("div", total, n.scalar(float(math.prod(want)), total))
+    return n.emit("div", total, n.emit("sum", w))
+
+
+def _nll_loss(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    return [_nll(n, x, n.input(1), n.input(2) if n.has_input(2) else None)]
+
+
+def _softmax_cross_entropy(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    _require_float(n, x)
+    if x.type.rank < 2:
+        raise n.error(f"scores {x.type} need (N, C, d1, ...)")
+    logp = n.emit("log_softmax", x, axis=1)
+    return [_nll(n, logp, n.input(1), n.input(2) if n.has_input(2) else None), logp]
+
+
+ONNX_TO_PARTITA.update({
+    "NegativeLogLikelihoodLoss": _nll_loss,
+    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
+})
