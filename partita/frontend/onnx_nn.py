@@ -849,3 +849,224 @@ ONNX_TO_PARTITA.update({
     "NegativeLogLikelihoodLoss": _nll_loss,
     "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
 })
+
+
+# --- RNN, GRU, LSTM -----------------------------------------------------------------------
+# Unrolled over the static sequence length: the input projections of every step are one
+# matmul, each step adds its recurrent matmul and applies the gates. sequence_lens (constant
+# or not) becomes a per-step mask: past a sequence's end its state is held and its output 0.
+
+# Activation name -> (default alpha, default beta), as ONNX's RNN activation list defines them.
+_ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
+    "relu": (None, None), "tanh": (None, None), "sigmoid": (None, None), "softsign": (None, None),
+    "softplus": (None, None), "affine": (1.0, 0.0), "leakyrelu": (0.01, None), "thresholdedrelu": (1.0, None),
+    "scaledtanh": (1.0, 1.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, None),
+}
+
+
+def _activation(n: OnnxNode, name: str, alpha: float | None, beta: float | None, x: Value) -> Value:
+    def c(v: float) -> Value:
+        return n.scalar(v, x)
+    if name == "relu":
+        return n.emit("relu", x)
+    if name == "tanh":
+        return n.emit("tanh", x)
+    if name == "sigmoid":
+        return n.emit("sigmoid", x)
+    if name == "softsign":
+        return n.emit("div", x, n.emit("add", n.emit("abs", x), c(1.0)))
+    if name == "softplus":
+        return n.emit("log", n.emit("add", n.emit("exp", x), c(1.0)))
+    assert alpha is not None
+    if name == "affine":
+        assert beta is not None
+        return n.emit("add", n.emit("mul", x, c(alpha)), c(beta))
+    if name == "leakyrelu":
+        return n.emit("where", n.emit("less", x, c(0.0)), n.emit("mul", x, c(alpha)), x)
+    if name == "thresholdedrelu":
+        return n.emit("where", n.emit("greater", x, c(alpha)), x, c(0.0))
+    if name == "scaledtanh":
+        assert beta is not None
+        return n.emit("mul", n.emit("tanh", n.emit("mul", x, c(beta))), c(alpha))
+    if name == "hardsigmoid":
+        assert beta is not None
+        y = n.emit("add", n.emit("mul", x, c(alpha)), c(beta))
+        return n.emit("minimum", n.emit("maximum", y, c(0.0)), c(1.0))
+    # elu
+    return n.emit("where", n.emit("less", x, c(0.0)), n.emit("mul", n.emit("sub", n.emit("exp", x), c(1.0)), c(alpha)), x)
+
+
+def _activations(n: OnnxNode, defaults: list[str], dirs: int) -> list[list[Any]]:
+    """Per direction, the node's activation functions as callables on a Value."""
+    names = [_text(a) for a in n.attr("activations", [])] or defaults * dirs
+    k = len(defaults)
+    if len(names) != k * dirs:
+        raise n.error(f"activations {names} must list {k} function(s) per direction ({k * dirs} in all)")
+    alphas = list(n.attr("activation_alpha", []))
+    betas = list(n.attr("activation_beta", []))
+    out: list[list[Any]] = []
+    ai = bi = 0
+    for d in range(dirs):
+        fns = []
+        for name in names[d * k:(d + 1) * k]:
+            key = name.lower()
+            if key not in _ACTIVATIONS:
+                raise n.error(f"activation '{name}' is not one of ONNX's RNN activations "
+                              f"({', '.join(sorted(_ACTIVATIONS))})")
+            da, db = _ACTIVATIONS[key]
+            a = b = None
+            if da is not None:
+                a = float(alphas[ai]) if ai < len(alphas) else da
+                ai += 1
+            if db is not None:
+                b = float(betas[bi]) if bi < len(betas) else db
+                bi += 1
+            fns.append(lambda x, key=key, a=a, b=b: _activation(n, key, a, b, x))
+        out.append(fns)
+    return out
+
+
+def _recurrent(n: OnnxNode, kind: str) -> list[Value | None]:
+    x, w, r = n.input(0), n.input(1), n.input(2)
+    _require_float(n, x, "X")
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+    hidden = int(n.attr("hidden_size", r.type.shape[-1] if r.type.rank == 3 else 0))
+    direction = _text(n.attr("direction", "forward"))
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise n.error(f"direction '{direction}' is not one of forward, reverse, bidirectional")
+    dirs = 2 if direction == "bidirectional" else 1
+    layout = int(n.attr("layout", 0))
+    if layout not in (0, 1):
+        raise n.error(f"layout {layout} is not 0 (seq, batch, ...) or 1 (batch, seq, ...)")
+    if x.type.rank != 3:
+        raise n.error(f"X {x.type} must be 3-D")
+    if layout == 1:
+        x = n.emit("transpose", x, perm=[1, 0, 2])
+    steps, batch, feat = x.type.shape
+    gh = gates * hidden
+    for what, v, shape in (("W", w, [dirs, gh, feat]), ("R", r, [dirs, gh, hidden])):
+        if list(v.type.shape) != shape:
+            raise n.error(f"{what} {v.type} must have shape {shape} (directions, {gates} x hidden_size, ...)")
+    clip = n.attr("clip")
+    lbr = bool(n.attr("linear_before_reset", 0)) if kind == "GRU" else False
+    couple = bool(n.attr("input_forget", 0)) if kind == "LSTM" else False
+    defaults = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind]
+    acts = _activations(n, defaults, dirs)
+    bias = n.input(3) if n.has_input(3) else None
+    if bias is not None and list(bias.type.shape) != [dirs, 2 * gh]:
+        raise n.error(f"B {bias.type} must have shape [{dirs}, {2 * gh}] (the W biases, then the R biases)")
+    lens = n.input(4) if n.has_input(4) else None
+    if lens is not None and (lens.type.dtype.is_float or list(lens.type.shape) != [batch]):
+        raise n.error(f"sequence_lens {lens.type} must be an integer tensor of shape [{batch}]")
+    state_shape = [dirs, batch, hidden]
+
+    def initial(i: int, what: str) -> Value | None:
+        if not n.has_input(i):
+            return None
+        v = n.input(i)
+        if layout == 1:
+            v = n.emit("transpose", v, perm=[1, 0, 2])
+        if list(v.type.shape) != state_shape:
+            raise n.error(f"{what} {n.input(i).type} must have shape {state_shape} (in layout {layout}'s order)")
+        return v
+    h0, c0 = initial(5, "initial_h"), initial(6, "initial_c") if kind == "LSTM" else None
+    peep = n.input(7) if kind == "LSTM" and n.has_input(7) else None
+    if peep is not None and list(peep.type.shape) != [dirs, 3 * hidden]:
+        raise n.error(f"P {peep.type} must have shape [{dirs}, {3 * hidden}] (input, output, forget peepholes)")
+    zero_state = n.emit("full", shape=[batch, hidden], value=0.0, dtype=x.type.dtype)
+    masks: list[Value] | None = None
+    if lens is not None:
+        li = _cast_to(n, lens, dt.i64)
+        masks = [n.emit("reshape", n.emit("less", n.scalar(t, li), li), shape=[batch, 1]) for t in range(steps)]
+
+    def pick(v: Value, d: int) -> Value:
+        return n.emit("squeeze", n.emit("slice", v, axis=0, start=d, end=d + 1), axes=[0])
+
+    def part(v: Value, g: int, axis: int = -1) -> Value:
+        return n.emit("slice", v, axis=axis, start=g * hidden, end=(g + 1) * hidden)
+
+    def clipped(v: Value) -> Value:
+        if clip is None:
+            return v
+        return n.emit("minimum", n.emit("maximum", v, n.scalar(-float(clip), v)), n.scalar(float(clip), v))
+
+    ys, hs, cs = [], [], []
+    for d in range(dirs):
+        wd, rd = pick(w, d), pick(r, d)
+        f = acts[d]
+        xw = n.emit("matmul", x, n.emit("transpose", wd, perm=[1, 0]))  # [T, B, G*H]
+        rt = n.emit("transpose", rd, perm=[1, 0])  # [H, G*H]
+        wb = rb = None
+        if bias is not None:
+            bd = pick(bias, d)
+            wb = n.emit("slice", bd, axis=0, start=0, end=gh)
+            rb = n.emit("slice", bd, axis=0, start=gh, end=2 * gh)
+            xw = n.emit("add", xw, wb)
+        h = pick(h0, d) if h0 is not None else zero_state
+        c = pick(c0, d) if c0 is not None else zero_state
+        pd = pick(peep, d) if peep is not None else None
+        reverse = direction == "reverse" or d == 1
+        order = range(steps - 1, -1, -1) if reverse else range(steps)
+        outs: dict[int, Value] = {}
+        for t in order:
+            xt = n.emit("squeeze", n.emit("slice", xw, axis=0, start=t, end=t + 1), axes=[0])
+            hr = n.emit("matmul", h, rt)
+            if rb is not None and not (kind == "GRU" and lbr):
+                hr = n.emit("add", hr, rb)
+            if kind == "RNN":
+                h_new = f[0](clipped(n.emit("add", xt, hr)))
+                c_new = c
+            elif kind == "GRU":
+                if lbr and rb is not None:
+                    hr = n.emit("add", hr, rb)
+                z = f[0](clipped(n.emit("add", part(xt, 0), part(hr, 0))))
+                rr = f[0](clipped(n.emit("add", part(xt, 1), part(hr, 1))))
+                if lbr:
+                    cand = n.emit("add", part(xt, 2), n.emit("mul", rr, part(hr, 2)))
+                else:
+                    rh = n.emit("matmul", n.emit("mul", rr, h), part(rt, 2))
+                    if rb is not None:
+                        rh = n.emit("add", rh, part(rb, 2, 0))
+                    cand = n.emit("add", part(xt, 2), rh)
+                hh = f[1](clipped(cand))
+                one = n.scalar(1.0, z)
+                h_new = n.emit("add", n.emit("mul", n.emit("sub", one, z), hh), n.emit("mul", z, h))
+                c_new = c
+            else:
+                pre = n.emit("add", xt, hr)
+                gi, go, gf, gc = (part(pre, g) for g in range(4))
+                if pd is not None:
+                    gi = n.emit("add", gi, n.emit("mul", part(pd, 0, 0), c))
+                    gf = n.emit("add", gf, n.emit("mul", part(pd, 2, 0), c))
+                i_t = f[0](clipped(gi))
+                f_t = n.emit("sub", n.scalar(1.0, i_t), i_t) if couple else f[0](clipped(gf))
+                c_new = n.emit("add", n.emit("mul", f_t, c), n.emit("mul", i_t, f[1](clipped(gc))))
+                if pd is not None:
+                    go = n.emit("add", go, n.emit("mul", part(pd, 1, 0), c_new))
+                o_t = f[0](clipped(go))
+                h_new = n.emit("mul", o_t, f[2](c_new))
+            if masks is not None:
+                outs[t] = n.emit("where", masks[t], h_new, zero_state)
+                h = n.emit("where", masks[t], h_new, h)
+                c = n.emit("where", masks[t], c_new, c)
+            else:
+                outs[t] = h = h_new
+                c = c_new
+        ys.append(n.emit("concat", *[n.emit("unsqueeze", outs[t], axes=[0, 1]) for t in range(steps)], axis=0))
+        hs.append(n.emit("unsqueeze", h, axes=[0]))
+        cs.append(n.emit("unsqueeze", c, axes=[0]))
+    y = ys[0] if dirs == 1 else n.emit("concat", *ys, axis=1)  # [T, dirs, B, H]
+    yh = hs[0] if dirs == 1 else n.emit("concat", *hs, axis=0)  # [dirs, B, H]
+    yc = cs[0] if dirs == 1 else n.emit("concat", *cs, axis=0)
+    if layout == 1:
+        y = n.emit("transpose", y, perm=[2, 0, 1, 3])
+        yh = n.emit("transpose", yh, perm=[1, 0, 2])
+        yc = n.emit("transpose", yc, perm=[1, 0, 2])
+    return [y, yh, yc] if kind == "LSTM" else [y, yh]
+
+
+ONNX_TO_PARTITA.update({
+    "RNN": lambda n: _recurrent(n, "RNN"),
+    "GRU": lambda n: _recurrent(n, "GRU"),
+    "LSTM": lambda n: _recurrent(n, "LSTM"),
+})
