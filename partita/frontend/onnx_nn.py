@@ -161,22 +161,20 @@ def _einsum_terms(n: OnnxNode, eq: str, ins: Sequence[Value]) -> tuple[list[list
             before, after = rhs.split("...")
             result = list(before) + labels + list(after)
         else:
-            if ell and any(any(c.startswith("#") for c in t) for t in out_terms):
-                # The broadcast dims are summed away when the result omits '...'.
-                pass
+            # A result without '...' sums the broadcast dims away.
             result = list(rhs)
         for c in result:
             if not c.startswith("#") and not c.isalpha():
                 raise n.error(f"the result term '{rhs}' of equation '{eq}' holds '{c}', not a letter")
-            if not any(c in t for t in out_terms):
+            if not any(c in term for term in out_terms):
                 raise n.error(f"the result index '{c}' of equation '{eq}' appears in no operand")
         if len(set(result)) != len(result):
             raise n.error(f"the result term '{rhs}' of equation '{eq}' repeats an index")
     else:
         # Implicit form: the broadcast dims, then the letters that appear once, alphabetically.
         counts: dict[str, int] = {}
-        for t in out_terms:
-            for c in t:
+        for term in out_terms:
+            for c in term:
                 counts[c] = counts.get(c, 0) + 1
         result = labels + sorted(c for c, k in counts.items() if k == 1 and not c.startswith("#"))
     return out_terms, result
