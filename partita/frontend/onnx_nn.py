@@ -19,6 +19,7 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
+from ..ops.quant import QUANT_DTYPES
 from .onnx import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, _dtype, _lift_1d, _spatial, _symmetric, _text)
 
 
@@ -334,7 +335,8 @@ _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "ali
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _source_coords(mode: str, out: int, size: int, scale: float, roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+def _source_coords(mode: str, out: int, size: int, scale: float,
+                   roi: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
     """Each output position's coordinate in the input (ONNX's coordinate_transformation_mode),
     and whether it lies outside the input (tf_crop_and_resize only)."""
     y = np.arange(out, dtype=np.float64)
@@ -460,7 +462,7 @@ def _resize(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     r = x.type.rank
     upsample = n.proto.op_type == "Upsample"
-    if upsample or n.ctx.opset < 11:
+    if upsample:  # Upsample: (X, scales); Resize (opset >= 11): (X, roi, scales, sizes)
         scales = _optional_const(n, 1, "scales")
         roi_arr, sizes = None, None
     else:
@@ -472,19 +474,19 @@ def _resize(n: OnnxNode) -> list[Value | None]:
         raise n.error(f"mode '{mode}' is not one of nearest, linear, cubic")
     if mode in ("bilinear", "trilinear"):
         mode = "linear"  # Upsample-7's names for linear
-    default_coord = "asymmetric" if (upsample or n.ctx.opset < 11) else "half_pixel"
+    default_coord = "asymmetric" if upsample else "half_pixel"
     coord = _text(n.attr("coordinate_transformation_mode", default_coord))
     if coord not in _COORD_MODES:
         raise n.error(f"coordinate_transformation_mode '{coord}' is not one of {', '.join(_COORD_MODES)}")
-    nearest = _text(n.attr("nearest_mode", "floor" if (upsample or n.ctx.opset < 11) else "round_prefer_floor"))
+    nearest = _text(n.attr("nearest_mode", "floor" if upsample else "round_prefer_floor"))
     if nearest not in _NEAREST_MODES:
         raise n.error(f"nearest_mode '{nearest}' is not one of {', '.join(_NEAREST_MODES)}")
     antialias = bool(n.attr("antialias", 0))
     if antialias and mode == "nearest":
         raise n.error("antialias applies to the linear and cubic modes, not nearest")
-    if mode != "nearest" and not x.type.dtype.is_float:
-        raise n.error(f"{mode} resizing of {x.type} is not supported: the input must be a float tensor "
-                      "(cast it to float first)")
+    if mode != "nearest" and not x.type.dtype.is_float and x.type.dtype not in QUANT_DTYPES:
+        raise n.error(f"{mode} resizing of {x.type} is not supported: the input must be a float tensor or "
+                      "i8, u8, i16, u16 (cast it to float first)")
     policy = _text(n.attr("keep_aspect_ratio_policy", "stretch"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise n.error(f"keep_aspect_ratio_policy '{policy}' is not one of stretch, not_larger, not_smaller")
@@ -532,11 +534,17 @@ def _resize(n: OnnxNode) -> list[Value | None]:
     opts = dict(mode=mode, coord=coord, nearest=nearest, antialias=antialias,
                 a=float(n.attr("cubic_coeff_a", -0.75)), exclude_outside=bool(n.attr("exclude_outside", 0)),
                 extrapolation=float(n.attr("extrapolation_value", 0.0)))
-    y = x
+    integer = mode != "nearest" and not x.type.dtype.is_float
+    # An integer input interpolates in f32; the result rounds half to even and saturates to
+    # the input's dtype (ONNX's saturate_cast), which quantize_linear by a unit scale does.
+    y = n.emit("cast", x, dtype=dt.f32) if integer else x
     for a in sorted(axes):
         if math.isclose(scale[a], 1.0) and out[a] == in_shape[a] and roi[a] == (0.0, 1.0):
             continue
         y = _resize_axis(n, y, a, out[a], scale[a], roi[a], opts)
+    if integer:
+        zero = n.emit("constant", value=DenseAttr(np.zeros((), x.type.dtype.np)))
+        y = n.emit("quantize_linear", y, n.scalar(1.0, y), zero)
     return [y]
 
 
@@ -644,7 +652,8 @@ def _attention(n: OnnxNode) -> list[Value | None]:
     bias = zeros if mask is None else n.emit("add", zeros, mask)
     if causal:
         if per_batch is not None:
-            bias = n.emit("add", bias, _where_bias(n, n.emit("greater_equal", frontier_diff(), n.scalar(0, per_batch)), q))
+            seen = n.emit("greater_equal", frontier_diff(), n.scalar(0, per_batch))
+            bias = n.emit("add", bias, _where_bias(n, seen, q))
         else:
             bias = n.emit("add", bias, _bias_const(n, jj <= ii + offset, q))
     if left >= 0 or right >= 0:
@@ -891,7 +900,8 @@ def _activation(n: OnnxNode, name: str, alpha: float | None, beta: float | None,
         y = n.emit("add", n.emit("mul", x, c(alpha)), c(beta))
         return n.emit("minimum", n.emit("maximum", y, c(0.0)), c(1.0))
     # elu
-    return n.emit("where", n.emit("less", x, c(0.0)), n.emit("mul", n.emit("sub", n.emit("exp", x), c(1.0)), c(alpha)), x)
+    neg = n.emit("mul", n.emit("sub", n.emit("exp", x), c(1.0)), c(alpha))
+    return n.emit("where", n.emit("less", x, c(0.0)), neg, x)
 
 
 def _activations(n: OnnxNode, defaults: list[str], dirs: int) -> list[list[Any]]:

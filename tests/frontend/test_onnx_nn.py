@@ -114,8 +114,26 @@ def test_resize_nearest_keeps_integer_inputs_exact():
     _check(model, {"x": x}, rtol=0, atol=0)
 
 
-def test_resize_linear_of_integers_is_refused_with_the_fix():
-    x = np.zeros((1, 1, 2, 2), np.uint8)
+@pytest.mark.parametrize("mode, dtype", [("linear", np.uint8), ("cubic", np.int8)])
+def test_resize_of_integers_rounds_half_to_even_and_saturates(mode, dtype):
+    """As ONNX's reference: interpolated in float, then np.round and clipped to the dtype
+    (cubic overshoots, so the clipping shows)."""
+    from onnx.reference import ReferenceEvaluator
+
+    info = np.iinfo(dtype)
+    x = _rng.integers(info.min, info.max, (1, 1, 3, 4), endpoint=True).astype(dtype)
+    x[0, 0, 0, :2] = [info.min, info.max]
+    model = _model("Resize", {"x": x}, {"scales": np.array([1, 1, 2, 1.5], np.float32)},
+                   input_order=["x", "", "scales"], mode=mode)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    for backend in (PartitaBackend, PartitaTorchBackend):
+        (got,) = backend.prepare(model).run({"x": x})
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_resize_linear_of_i64_is_refused_with_the_fix():
+    x = np.zeros((1, 1, 2, 2), np.int64)
     model = _model("Resize", {"x": x}, {"scales": np.array([1, 1, 2, 2], np.float32)},
                    input_order=["x", "", "scales"], mode="linear")
     with pytest.raises(OnnxImportError, match="cast it to float first"):
@@ -178,3 +196,9 @@ def test_softmax_cross_entropy_mean_with_weights_and_ignore_index_matches_onnxru
     model = _model("SoftmaxCrossEntropyLoss", {"x": x, "t": t}, {"w": np.abs(_randn(5))}, n_out=2,
                    ignore_index=-1)
     _check(model, {"x": x, "t": t}, rtol=1e-5)
+
+
+def test_einsum_of_integers_is_exact():
+    ins = {"a": _rng.integers(-50, 50, (2, 3, 3)).astype(np.int64),
+           "b": _rng.integers(-50, 50, (3, 4)).astype(np.int64)}
+    _check(_model("Einsum", ins, {}, equation="bii,ij->bj"), ins, rtol=0, atol=0)
