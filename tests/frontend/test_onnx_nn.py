@@ -160,6 +160,25 @@ def test_rms_normalization_of_f16_computes_in_float32():
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("op, opset, consts", [
+    ("LayerNormalization", 17, {"scale": _randn(8).astype(np.float16), "bias": _randn(8).astype(np.float16)}),
+    ("GroupNormalization", 21, {"scale": _randn(4).astype(np.float16), "bias": _randn(4).astype(np.float16)}),
+])
+def test_layer_and_group_norm_of_f16_match_onnx_s_function_body(op, opset, consts):
+    """Statistics in float32 (stash_type), the result cast back to f16 before the scale and
+    bias: the function body's order, which onnx's reference evaluator runs."""
+    from onnx.reference import ReferenceEvaluator
+
+    x = (_randn(2, 4, 8) * 30 + 5).astype(np.float16)
+    attrs = {"num_groups": 2} if op == "GroupNormalization" else {}
+    model = _model(op, {"x": x}, consts, opset=opset, **attrs)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    for backend in (PartitaBackend, PartitaTorchBackend):
+        (got,) = backend.prepare(model).run({"x": x})
+        assert got.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
 def test_group_normalization_rejects_groups_that_do_not_divide_the_channels():
     x = _randn(1, 6, 2, 2)
     model = _model("GroupNormalization", {"x": x}, {"s": _randn(6), "b": _randn(6)}, opset=21, num_groups=4)
