@@ -620,7 +620,8 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         v = n.emit("concat", past_v, v, axis=2)
     present_k, present_v = k, v
     tk = k.type.shape[2]
-    # The additive bias.
+    # The bias: which keys each query may attend (a bool condition: the bool attn_mask, is_causal,
+    # the window, the key padding), plus a float attn_mask when there is one.
     offset = past_k.type.shape[2] if past_k is not None else 0
     per_batch = None
     if nonpad is not None:
@@ -628,6 +629,12 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         per_batch = n.emit("sub", seqlen, n.scalar(tq, seqlen))  # [B]
     ii = np.arange(tq).reshape(tq, 1)
     jj = np.arange(tk).reshape(1, tk)
+    allowed: Value | None = None
+
+    def allow(cond: Value | np.ndarray) -> None:
+        nonlocal allowed
+        v = n.emit("constant", value=DenseAttr(cond)) if isinstance(cond, np.ndarray) else cond
+        allowed = v if allowed is None else n.emit("logical_and", allowed, v)
 
     def frontier_diff() -> Value:
         """(i + offset[b]) - j as [B, 1, Tq, Tk] (the external-cache case)."""
@@ -636,6 +643,7 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         const = n.emit("constant", value=DenseAttr((ii - jj).astype(np.int64).reshape(1, 1, tq, tk)))
         return n.emit("add", const, off)
 
+    float_mask = None
     if mask is not None:
         if mask.type.dtype is not dt.bool_ and mask.type.dtype is not q.type.dtype:
             raise n.error(f"attn_mask {mask.type} must be bool or of Q's dtype {q.type.dtype.name}")
@@ -647,38 +655,38 @@ def _attention(n: OnnxNode) -> list[Value | None]:
             extra = n.emit("full", shape=list(mask.type.shape[:-1]) + [pad], value=fill, dtype=mask.type.dtype)
             mask = n.emit("concat", mask, extra, axis=-1)
         if mask.type.dtype is dt.bool_:
-            mask = _where_bias(n, mask, q)
-    zeros = _bias_const(n, np.ones((tq, tk), bool), q)
-    bias = zeros if mask is None else n.emit("add", zeros, mask)
+            allow(mask)
+        else:
+            float_mask = mask
     if causal:
         if per_batch is not None:
-            seen = n.emit("greater_equal", frontier_diff(), n.scalar(0, per_batch))
-            bias = n.emit("add", bias, _where_bias(n, seen, q))
+            allow(n.emit("greater_equal", frontier_diff(), n.scalar(0, per_batch)))
         else:
-            bias = n.emit("add", bias, _bias_const(n, jj <= ii + offset, q))
+            allow(jj <= ii + offset)
     if left >= 0 or right >= 0:
         if per_batch is not None:
             diff = frontier_diff()
-            ok = None
             if left >= 0:
-                ok = n.emit("less_equal", diff, n.scalar(left, diff))
+                allow(n.emit("less_equal", diff, n.scalar(left, diff)))
             if right >= 0:
-                r_ok = n.emit("greater_equal", diff, n.scalar(-right, diff))
-                ok = r_ok if ok is None else n.emit("logical_and", ok, r_ok)
-            assert ok is not None
-            bias = n.emit("add", bias, _where_bias(n, ok, q))
+                allow(n.emit("greater_equal", diff, n.scalar(-right, diff)))
         else:
             d = ii + offset - jj
-            allowed = np.ones((tq, tk), bool)
+            ok = np.ones((tq, tk), bool)
             if left >= 0:
-                allowed &= d <= left
+                ok &= d <= left
             if right >= 0:
-                allowed &= -d <= right
-            bias = n.emit("add", bias, _bias_const(n, allowed, q))
+                ok &= -d <= right
+            allow(ok)
     if nonpad is not None:
         keys = n.emit("constant", value=DenseAttr(np.arange(tk, dtype=np.int64).reshape(1, tk)))
         valid = n.emit("less", keys, n.emit("reshape", _cast_to(n, nonpad, dt.i64), shape=[batch, 1]))
-        bias = n.emit("add", bias, n.emit("reshape", _where_bias(n, valid, q), shape=[batch, 1, 1, tk]))
+        allow(n.emit("reshape", valid, shape=[batch, 1, 1, tk]))
+    bias = _bias_const(n, np.ones((tq, tk), bool), q)
+    if float_mask is not None:
+        bias = n.emit("add", bias, float_mask)
+    if allowed is not None:
+        bias = n.emit("add", bias, _where_bias(n, allowed, q))
     # Grouped-query attention: each K/V head serves hq / hk consecutive query heads.
     hk = k.type.shape[1]
     if hk != hq:
@@ -692,8 +700,21 @@ def _attention(n: OnnxNode) -> list[Value | None]:
             return n.emit("reshape", t, shape=[b, h * rep, tt, d])
         k, v = repeat(k), repeat(v)
     sq = n.scalar(s, q)
+    capped = softcap is not None and float(softcap) > 0
+    plain = not (n.used_output(3) or capped or n.attr("softmax_precision") is not None or float_mask is not None)
+    if plain and q.type.dtype in (dt.f32, dt.f64):
+        # The plain form is partita's fused attention op (PyTorch's SDPA on the torch executor):
+        # a bool mask keeps its true scores, and a row it drops entirely gives 0, as ONNX's.
+        # (f16/bf16 stay composed: SDPA's reduced-precision CPU kernel rounds differently from
+        # ONNX's reference, which computes in the input's dtype step by step.)
+        y = n.emit("attention", n.emit("mul", q, sq), n.emit("mul", k, sq), v,
+                   *([allowed] if allowed is not None else []), scale=1.0)[0]
+        if three_d:
+            b, h, t, d = y.type.shape
+            y = n.emit("reshape", n.emit("transpose", y, perm=[0, 2, 1, 3]), shape=[b, t, h * d])
+        return [y, present_k, present_v, None]
     scores = n.emit("matmul", n.emit("mul", q, sq), n.emit("transpose", n.emit("mul", k, sq), perm=[0, 1, 3, 2]))
-    if softcap is not None and float(softcap) > 0:
+    if capped:
         c = n.scalar(float(softcap), scores)
         scores = n.emit("mul", n.emit("tanh", n.emit("div", scores, c)), c)
     biased = n.emit("add", scores, bias)

@@ -221,3 +221,12 @@ def test_einsum_of_integers_is_exact():
     ins = {"a": _rng.integers(-50, 50, (2, 3, 3)).astype(np.int64),
            "b": _rng.integers(-50, 50, (3, 4)).astype(np.int64)}
     _check(_model("Einsum", ins, {}, equation="bii,ij->bj"), ins, rtol=0, atol=0)
+
+
+def test_plain_f32_attention_is_the_fused_op_and_softcap_composes():
+    q = _randn(1, 2, 3, 4)
+    ins = {"q": q, "k": _randn(1, 2, 5, 4), "v": _randn(1, 2, 5, 4)}
+    plain = import_onnx(_model("Attention", ins, {}, opset=23, is_causal=1))
+    assert "attention" in {node.op for node in plain.nodes}
+    capped = import_onnx(_model("Attention", ins, {}, opset=23, softcap=2.0))
+    assert "attention" not in {node.op for node in capped.nodes}
