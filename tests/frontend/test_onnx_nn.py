@@ -230,3 +230,14 @@ def test_plain_f32_attention_is_the_fused_op_and_softcap_composes():
     assert "attention" in {node.op for node in plain.nodes}
     capped = import_onnx(_model("Attention", ins, {}, opset=23, softcap=2.0))
     assert "attention" not in {node.op for node in capped.nodes}
+
+
+def test_group_normalization_18_takes_one_scale_and_bias_per_group():
+    from onnx.reference import ReferenceEvaluator
+
+    x = _randn(2, 6, 3)
+    model = _model("GroupNormalization", {"x": x}, {"scale": _randn(3), "bias": _randn(3)}, opset=18, num_groups=3)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    for backend in (PartitaBackend, PartitaTorchBackend):
+        (got,) = backend.prepare(model).run({"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
