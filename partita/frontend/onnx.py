@@ -800,8 +800,9 @@ def _reduce(op: str, axes_input_since: int) -> Converter:
 
 
 def _layer_norm(n: OnnxNode) -> list[Value | None]:
-    if n.attr("stash_type", 1) != 1:
-        raise n.error("stash_type other than 1 (float32) is not supported")
+    stash = _dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
+    if not stash.is_float:
+        raise n.error(f"stash_type {stash.name} is not a float type; the statistics are computed in a float type")
     x = n.input(0)
     r = x.type.rank
     axis = int(n.attr("axis", -1))
@@ -820,11 +821,20 @@ def _layer_norm(n: OnnxNode) -> list[Value | None]:
     if len(ins) == 2 and n.has_input(2):
         raise n.error("a bias without a scale is not supported")
     axes, eps = list(range(axis, r)), float(n.attr("epsilon", 1e-5))
-    out: list[Value | None] = [n.emit("layer_norm", *ins, axes=axes, eps=eps)]
+    # ONNX normalizes in stash_type (float32 by default), casts back to x's dtype, then
+    # applies the scale and bias in x's dtype.
+    xs = x if x.type.dtype is stash else n.emit("cast", x, dtype=stash)
+    if xs is x:
+        out: list[Value | None] = [n.emit("layer_norm", *ins, axes=axes, eps=eps)]
+    else:
+        y = n.emit("cast", n.emit("layer_norm", xs, axes=axes, eps=eps), dtype=x.type.dtype)
+        for v, op in zip(ins[1:], ("mul", "add")):
+            y = n.emit(op, y, v)
+        out = [y]
     if n.used_output(1) or n.used_output(2):
-        # The saved statistics, kept over the normalized axes as ONNX specifies.
-        mean = n.emit("mean", x, axes=axes, keepdim=True)
-        d = n.emit("sub", x, mean)
+        # The saved statistics (in stash_type), kept over the normalized axes as ONNX specifies.
+        mean = n.emit("mean", xs, axes=axes, keepdim=True)
+        d = n.emit("sub", xs, mean)
         var = n.emit("mean", n.emit("mul", d, d), axes=axes, keepdim=True)
         out += [mean, n.emit("rsqrt", n.emit("add", var, n.scalar(eps, var)))]
     return out
@@ -1889,3 +1899,6 @@ from . import onnx_quant  # noqa: E402,F401
 from . import onnx_math  # noqa: E402,F401
 # The indexing, reduction and layout operators too (ArgMax, Reduce*, Gather/Scatter*, TopK, ...).
 from . import onnx_index  # noqa: E402,F401
+# The neural-network operators (normalizations, Einsum, losses, attention, recurrent layers,
+# Resize), composed from core ops in their own module.
+from . import onnx_nn  # noqa: E402,F401
