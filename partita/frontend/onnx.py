@@ -297,7 +297,8 @@ CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
 def constant_operand_inputs(model: Any) -> list[str]:
     """Names of graph inputs (not initializers) whose values an operand in CONSTANT_OPERANDS
     depends on, directly or through the nodes that compute it (a function body's shape
-    arithmetic); the walk stops at Shape and Size, which read only a shape.
+    arithmetic); the walk skips the inputs whose values are not read (Shape's, Size's,
+    CastLike's second).
 
     A caller that knows their values (a test harness, a specializing runtime) passes them
     as ``static_inputs`` to ``import_onnx``.
@@ -317,8 +318,10 @@ def constant_operand_inputs(model: Any) -> list[str]:
             seen.add(name)
             if name in graph_inputs:
                 out.append(name)
-            elif name in producer and producer[name].op_type not in ("Shape", "Size"):
-                stack.extend(producer[name].input)
+            elif name in producer:
+                node_in = producer[name]
+                free = _VALUE_FREE_INPUTS.get(node_in.op_type, ())
+                stack.extend(x for k, x in enumerate(node_in.input) if k not in free)
     return out
 
 
@@ -965,6 +968,9 @@ def _constant_of_shape(n: OnnxNode) -> list[Value | None]:
 _SMALL_CONST = 1024
 # Largest input (in elements) constant propagation evaluates a node on.
 _FOLD_INPUT_LIMIT = 1 << 16
+# Inputs of which an op reads only the type or shape, never the values: they need not be
+# known for the op to fold, nor bound for an operand computed from them.
+_VALUE_FREE_INPUTS: dict[str, tuple[int, ...]] = {"CastLike": (1,), "Shape": (0,), "Size": (0,), "EyeLike": (0,)}
 # Op types whose result's shape or values depend on data in ways import does not evaluate.
 _DATA_DEPENDENT = frozenset({"NonZero", "Unique", "Compress", "NonMaxSuppression", "TopK", "RandomNormal",
                              "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
@@ -1473,6 +1479,8 @@ class _Importer:
         self.consts: dict[str, np.ndarray] = {}
         # The node that defines each ONNX value name (for why_not_constant).
         self.producers: dict[str, Any] = {}
+        # Graph inputs bound to values (static_inputs): constants, not weights.
+        self.static_names: set[str] = set()
         # Sequence-typed ONNX values, unrolled: each is a Python list of tensor Values.
         self.seqs: dict[str, list[Value]] = {}
 
@@ -1537,6 +1545,8 @@ class _Importer:
             arr = _np_for_partita(np.asarray(init), f"{self.where}: initializer '{name}'")
             self.defined[name] = "an initializer" if name not in static else "a static input"
             pname = _sanitize(name, taken)
+            if name in static:
+                self.static_names.add(pname)
             self.values[name] = self.b.param(pname, TensorType(tuple(arr.shape), dt.from_numpy(arr.dtype)))
             self.graph.weights[pname] = arr
             self.consts[name] = arr
@@ -1602,7 +1612,8 @@ class _Importer:
         n.inputs, n.attrs = ins, self._attributes(n)
         before = self.graph.last
         outs = ONNX_TO_PARTITA[node.op_type](n)
-        if node.input and all(name == "" or name in self.consts for name in node.input):
+        free = _VALUE_FREE_INPUTS.get(node.op_type, ())
+        if node.input and all(name == "" or name in self.consts or k in free for k, name in enumerate(node.input)):
             outs = self._fold(n, before, outs)
         for k, name in enumerate(node.output):
             if name == "":
@@ -1637,7 +1648,8 @@ class _Importer:
                         f"bind it with static_inputs={{'{name}': ...}} if it is fixed")
             node = self.producers[name]
             label = f"node '{node.name or '<unnamed>'}' ({node.op_type})"
-            unknown = [x for x in node.input if x and x not in self.consts]
+            free = _VALUE_FREE_INPUTS.get(node.op_type, ())
+            unknown = [x for k, x in enumerate(node.input) if x and x not in self.consts and k not in free]
             if not unknown:
                 why = ("its result depends on its inputs' values in a way partita does not evaluate at "
                        "import" if node.op_type in _DATA_DEPENDENT else
@@ -1670,11 +1682,11 @@ class _Importer:
         env: dict[int, np.ndarray] = {}
         from_param = False
         for name in n.proto.input:
-            if name:
+            if name and name in self.consts:
                 v = self.values[name]
                 if self.consts[name].size > _FOLD_INPUT_LIMIT:
                     return outs
-                from_param = from_param or v.is_input
+                from_param = from_param or (v.is_input and v.name not in self.static_names)
                 env[id(v)] = self.consts[name]
         for e in emitted:
             args = []

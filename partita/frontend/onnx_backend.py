@@ -281,6 +281,11 @@ def model_conformance(backend: type[PartitaBackend] = PartitaTorchBackend,
 # random stream. Regex over the case name -> reason. The test suite marks them strict
 # expected failures, so one that starts passing must be taken out of this table.
 OUT_OF_SCOPE: dict[str, str] = {
+    r"test_attention_4d_causal_fp16_expanded(_cpu)?$":
+        "the function body run op by op in float16 rounds every intermediate (the scaled scores, the "
+        "bias, the softmax) to float16; the expected outputs come from the whole op's reference, and 2 "
+        "of 192 elements differ by 2 float16 ulps, 1.2e-3 relative against the case's rtol of 1e-3 "
+        "(the Attention case itself, without _expanded, passes)",
     r"test_cast_.*STRING": "string tensors: partita's tensors hold numbers and bools only",
     r"test_equal_string": "string tensors: partita's tensors hold numbers and bools only",
     r"test_training_dropout(_default|_default_mask|_mask)?(_cpu)?$":
