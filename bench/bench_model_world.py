@@ -47,12 +47,12 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
-from contextlib import redirect_stderr, redirect_stdout  # noqa: E402
+from contextlib import contextmanager, redirect_stderr, redirect_stdout  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 from dataclasses import replace as dataclasses_replace  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -258,6 +258,25 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {head}"[:300]
 
 
+@contextmanager
+def _quiet_fds() -> Iterator[None]:
+    """Standard output and error closed at the descriptor level: the TorchScript exporter
+    prints its whole IR graph from C++ when it fails."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def _exporter_why(e: BaseException) -> str:
     text = str(e)
     if "## Exception summary" in text:
@@ -315,7 +334,7 @@ def _onnx_path(arch: Arch, model: Any, dynamo: bool, tmp: Path) -> Row:
     from partita.frontend.moe import static_experts
 
     try:
-        with warnings.catch_warnings(), redirect_stdout(sink), redirect_stderr(sink), \
+        with warnings.catch_warnings(), redirect_stdout(sink), redirect_stderr(sink), _quiet_fds(), \
                 (static_experts(model, 1, None) if arch.moe else nullcontext()):
             warnings.simplefilter("ignore")
             if dynamo:
