@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The order follows the flow of docs/architecture.md: the IR records and the op records at
 # the bottom, then the executors (they define what a graph means, and every layer that runs a
 # graph uses them: the ONNX/torch import checks, the Trainer, run_mesh), then the stages
-# from import to launch.
-ORDER = ("ir", "ops", "backend", "frontend", "passes", "codegen", "autodiff", "parallel", "runtime", "api", "examples",
-         "cli")
+# from import to launch, and the cluster model (hardware, costs, simulation) that prices
+# the programs they emit.
+ORDER = ("ir", "ops", "backend", "frontend", "passes", "codegen", "autodiff", "parallel", "runtime", "cluster", "api",
+         "examples", "cli")
 
 # Modules of a layer above that a layer may import as well (with their submodules): the IR
 # knows nothing of ops beyond looking them up in the registry (the builder, parser, printer and

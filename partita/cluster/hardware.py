@@ -1,0 +1,322 @@
+"""Hardware as data: devices, nodes and the network between them, read from small TOML files.
+
+A cluster file says what one device can do (peak dense FLOP/s per dtype, memory bandwidth and
+capacity), how many devices a node holds and how fast they talk inside it (NVLink/NVSwitch),
+and how fast nodes talk to each other (the network bandwidth per device and its latency).
+The files partita ships live in ``partita/cluster/clusters/`` (``list_clusters()``); a user
+copies one and edits it to describe their own machines (``load_cluster("my-cluster.toml")``).
+
+Quantities are numbers in base units (bytes, bytes/s, FLOP/s, seconds) or strings with a unit:
+``"80 GiB"``, ``"2039 GB/s"``, ``"200 Gb/s"`` (bits), ``"312 TFLOP/s"``, ``"5 us"``. Bandwidths
+are per device and per direction. Every error names the file, the line and the field, and
+says what was wrong with it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..ir.diagnostics import PartitaError, suggest
+
+CLUSTER_DIR = Path(__file__).resolve().parent / "clusters"
+
+
+class ClusterError(PartitaError):
+    """A cluster file that does not parse or describes an impossible machine."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU): what it computes and stores."""
+
+    name: str
+    peak_flops: Mapping[str, float]      # dtype name (bf16, f16, tf32, f32, f64, f8, i8) -> dense FLOP/s
+    memory: float                        # bytes
+    memory_bandwidth: float              # bytes/s
+
+    def flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s for ``dtype``; a dtype the device file does not list is an error."""
+        if dtype not in self.peak_flops:
+            raise ClusterError(f"device '{self.name}' lists no peak FLOP/s for {dtype}; it lists "
+                               f"{', '.join(sorted(self.peak_flops))}")
+        return self.peak_flops[dtype]
+
+
+@dataclass(frozen=True)
+class Link:
+    """A communication path: bandwidth per device and direction (bytes/s), and latency (s)."""
+
+    bandwidth: float
+    latency: float
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` over the link once (the alpha-beta model)."""
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus_per_node`` identical devices."""
+
+    name: str
+    device: Device
+    nodes: int
+    gpus_per_node: int
+    intra_node: Link
+    inter_node: Link
+    description: str = ""
+    source: str = ""                     # the file it came from
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def devices(self) -> int:
+        """Devices in the whole cluster."""
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node holding global rank ``rank`` (ranks fill a node before the next)."""
+        if not 0 <= rank < self.devices:
+            raise ClusterError(f"rank {rank} is outside the cluster '{self.name}' of {self.devices} devices")
+        return rank // self.gpus_per_node
+
+    def link(self, ranks: list[int] | tuple[int, ...]) -> Link:
+        """The slowest path a group of ranks communicates over: NVLink inside one node, the
+        network once the group spans nodes."""
+        return self.intra_node if len({self.node_of(r) for r in ranks}) <= 1 else self.inter_node
+
+    def with_nodes(self, nodes: int) -> "Cluster":
+        """The same machines, ``nodes`` of them."""
+        from dataclasses import replace
+
+        if nodes < 1:
+            raise ClusterError(f"a cluster needs at least one node, got {nodes}")
+        return replace(self, nodes=nodes)
+
+    def summary(self) -> str:
+        d = self.device
+        flops = ", ".join(f"{k} {format_quantity(v, 'FLOP/s')}" for k, v in sorted(d.peak_flops.items()))
+        return "\n".join([
+            f"cluster {self.name}: {self.nodes} node(s) x {self.gpus_per_node} {d.name} = {self.devices} devices",
+            f"  device: {format_quantity(d.memory, 'B')} at {format_quantity(d.memory_bandwidth, 'B/s')}; peak {flops}",
+            f"  inside a node: {format_quantity(self.intra_node.bandwidth, 'B/s')} per device, "
+            f"{format_quantity(self.intra_node.latency, 's')} latency",
+            f"  between nodes: {format_quantity(self.inter_node.bandwidth, 'B/s')} per device, "
+            f"{format_quantity(self.inter_node.latency, 's')} latency",
+        ])
+
+
+# --- quantities ----------------------------------------------------------------------------------
+
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_BINARY = {"Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40, "Pi": 2.0 ** 50}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
+# What each kind of field takes, and the unit it is stored in.
+KINDS = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "time": "s", "count": ""}
+
+
+def parse_quantity(value: Any, kind: str) -> float:
+    """A number, or a string with a unit, in base units of ``kind`` (see KINDS). Raises
+    ValueError saying what was expected."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {kind} quantity, got the boolean {value}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a number or a string with a unit, got {type(value).__name__}")
+    m = _QUANTITY.match(value)
+    if not m:
+        raise ValueError(f"'{value}' is not a number with a unit, such as {_example(kind)}")
+    number, unit = float(m.group(1)), m.group(2)
+    scale = _unit_scale(unit, kind)
+    if scale is None:
+        raise ValueError(f"'{value}': the unit '{unit}' is not a {kind} unit (write it as {_example(kind)})")
+    return number * scale
+
+
+def _example(kind: str) -> str:
+    return {"bytes": "'80 GiB' or '40 GB'", "bandwidth": "'2039 GB/s' or '200 Gb/s'",
+            "flops": "'312 TFLOP/s'", "time": "'5 us' or '1.5 ms'", "count": "8"}[kind]
+
+
+def _unit_scale(unit: str, kind: str) -> float | None:
+    if kind == "time":
+        return _TIME.get(unit)
+    if kind == "count":
+        return 1.0 if unit == "" else None
+    suffix = {"bytes": ("B",), "bandwidth": ("B/s", "b/s"), "flops": ("FLOP/s", "FLOPS", "flop/s")}[kind]
+    for s in suffix:
+        if unit.endswith(s):
+            prefix = unit[: -len(s)]
+            bits = 1 / 8 if s == "b/s" else 1.0
+            if prefix in _BINARY:
+                return _BINARY[prefix] * bits
+            if prefix in _DECIMAL:
+                return _DECIMAL[prefix] * bits
+    return None
+
+
+def format_quantity(x: float, unit: str) -> str:
+    """``x`` base units as a short human string: 3.35e12 B/s -> '3.35 TB/s', 5e-06 s -> '5 us'."""
+    if unit == "s":
+        for name, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+            if abs(x) >= scale or name == "ns":
+                return f"{x / scale:.3g} {name}"
+    if unit == "B" and x >= 2 ** 30 and abs(x / 2 ** 30 - round(x / 2 ** 30)) < 1e-9:
+        return f"{x / 2 ** 30:.4g} GiB"
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g} {prefix}{unit}"
+    return f"{x:.4g} {unit}"
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+# section -> field -> (kind, required)
+_SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
+    "": {"name": ("text", True), "description": ("text", False), "nodes": ("count", True),
+         "gpus_per_node": ("count", True), "sources": ("texts", False)},
+    "device": {"name": ("text", True), "memory": ("bytes", True), "memory_bandwidth": ("bandwidth", True),
+               "peak_flops": ("table", True)},
+    "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
+    "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
+}
+DTYPES = ("f64", "f32", "tf32", "bf16", "f16", "f8", "i8")
+
+
+class _Located:
+    """Line numbers of a TOML file's tables and keys, for error messages (tomllib gives none)."""
+
+    def __init__(self, text: str, where: str) -> None:
+        self.where = where
+        self.lines: dict[tuple[str, str], int] = {}
+        self.tables: dict[str, int] = {}
+        table = ""
+        for i, raw in enumerate(text.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            m = re.match(r"^\[\s*([A-Za-z0-9_.\-\s]+?)\s*\]$", line)
+            if m:
+                table = re.sub(r"\s+", "", m.group(1))
+                self.tables.setdefault(table, i)
+                continue
+            m = re.match(r"^([A-Za-z0-9_\-]+)\s*=", line)
+            if m:
+                self.lines.setdefault((table, m.group(1)), i)
+
+    def at(self, table: str, key: str | None = None) -> str:
+        line = self.lines.get((table, key)) if key is not None else None
+        line = line or self.tables.get(table)
+        return f"{self.where}:{line}" if line else self.where
+
+    def field_name(self, table: str, key: str) -> str:
+        return f"[{table}] {key}" if table else key
+
+
+def list_clusters() -> list[str]:
+    """The names of the cluster files partita ships (``load_cluster(name)`` reads one)."""
+    return sorted(p.stem for p in CLUSTER_DIR.glob("*.toml"))
+
+
+def load_cluster(spec: "str | os.PathLike[str] | Cluster") -> Cluster:
+    """A Cluster from a shipped name (``"selene"``), a path to a ``.toml`` file, or a Cluster."""
+    if isinstance(spec, Cluster):
+        return spec
+    text_spec = os.fspath(spec)
+    path = Path(text_spec)
+    if not path.suffix and not path.exists():
+        shipped = CLUSTER_DIR / f"{text_spec}.toml"
+        if not shipped.exists():
+            raise ClusterError(f"no cluster named '{text_spec}'{suggest(text_spec, list_clusters())}; the shipped ones "
+                               f"are {', '.join(list_clusters())}, or give the path of a .toml file")
+        path = shipped
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ClusterError(f"{path}: cannot read the cluster file: {e.strerror}") from None
+    return parse_cluster(text, str(path))
+
+
+def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
+    """The Cluster a TOML text describes; every problem is a ClusterError naming the field."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ClusterError(f"{where}: not valid TOML: {e}") from None
+    loc = _Located(text, where)
+    values: dict[str, dict[str, Any]] = {}
+    for table, fields in _SCHEMA.items():
+        raw = data if not table else data.get(table)
+        if table and raw is None:
+            raise ClusterError(f"{where}: the table [{table}] is missing; it holds "
+                               f"{', '.join(k for k, (_, req) in fields.items() if req)}")
+        if table and not isinstance(raw, dict):
+            raise ClusterError(f"{loc.at('', table)}: '{table}' must be a table ([{table}]), not a value")
+        assert isinstance(raw, dict)
+        known = set(fields) | (set(_SCHEMA) - {""} if not table else set())
+        for key in raw:
+            if key not in known:
+                raise ClusterError(f"{loc.at(table, key)}: unknown field {loc.field_name(table, key)}"
+                                   f"{suggest(key, known)}; [{table or 'top level'}] takes {', '.join(sorted(fields))}")
+        out: dict[str, Any] = {}
+        for key, (kind, required) in fields.items():
+            if key not in raw:
+                if required:
+                    raise ClusterError(f"{loc.at(table)}: the field {loc.field_name(table, key)} is missing "
+                                       f"({_describe(kind)})")
+                continue
+            out[key] = _value(raw[key], kind, table, key, loc)
+        values[table] = out
+    top, dev = values[""], values["device"]
+    peak: dict[str, float] = {}
+    for dtype, v in dev["peak_flops"].items():
+        if dtype not in DTYPES:
+            raise ClusterError(f"{loc.at('device.peak_flops', dtype)}: unknown dtype '{dtype}' in "
+                               f"[device.peak_flops]{suggest(dtype, DTYPES)}; dtypes: {', '.join(DTYPES)}")
+        peak[dtype] = _value(v, "flops", "device.peak_flops", dtype, loc)
+    if not peak:
+        raise ClusterError(f"{loc.at('device.peak_flops')}: [device.peak_flops] lists no dtype; give at least one, "
+                           "e.g. bf16 = \"312 TFLOP/s\"")
+    for key in ("nodes", "gpus_per_node"):
+        if top[key] != int(top[key]):
+            raise ClusterError(f"{loc.at('', key)}: {key} must be a whole number, got {top[key]}")
+    device = Device(dev["name"], peak, dev["memory"], dev["memory_bandwidth"])
+    return Cluster(top["name"], device, int(top["nodes"]), int(top["gpus_per_node"]),
+                   Link(values["intra_node"]["bandwidth"], values["intra_node"]["latency"]),
+                   Link(values["inter_node"]["bandwidth"], values["inter_node"]["latency"]),
+                   top.get("description", ""), where, tuple(top.get("sources", ())))
+
+
+def _describe(kind: str) -> str:
+    return {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
+            "count": "a positive whole number"}.get(kind, f"a {kind} quantity such as {_example(kind)}")
+
+
+def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:
+    name = loc.field_name(table, key)
+    if kind == "text":
+        if not isinstance(v, str) or not v.strip():
+            raise ClusterError(f"{loc.at(table, key)}: {name} must be a non-empty string, got {v!r}")
+        return v
+    if kind == "texts":
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ClusterError(f"{loc.at(table, key)}: {name} must be a list of strings")
+        return v
+    if kind == "table":
+        if not isinstance(v, dict):
+            raise ClusterError(f"{loc.at(table, key)}: {name} must be a table ([{table}.{key}])")
+        return v
+    try:
+        x = parse_quantity(v, kind)
+    except ValueError as e:
+        raise ClusterError(f"{loc.at(table, key)}: {name}: {e}") from None
+    if not math.isfinite(x) or x <= 0 and not (kind == "time" and x == 0):
+        what = "zero or more" if kind == "time" else "positive"
+        raise ClusterError(f"{loc.at(table, key)}: {name} must be {what}, got {v!r}")
+    return x

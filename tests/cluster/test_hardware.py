@@ -1,0 +1,109 @@
+"""Hardware as data (partita/cluster/hardware.py): the shipped cluster files load with the
+data sheets' figures, quantities parse with their units, and a bad file is refused naming
+the file, the line and the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from partita.cluster import ClusterError, list_clusters, load_cluster, parse_cluster, parse_quantity
+
+GOOD = '''
+name = "mine"
+nodes = 2
+gpus_per_node = 4
+
+[device]
+name = "X1"
+memory = "24 GiB"
+memory_bandwidth = "900 GB/s"
+
+[device.peak_flops]
+bf16 = "100 TFLOP/s"
+f32 = 25e12
+
+[intra_node]
+bandwidth = "100 GB/s"
+latency = "2 us"
+
+[inter_node]
+bandwidth = "100 Gb/s"
+latency = "10 us"
+'''
+
+
+def test_every_shipped_cluster_loads():
+    names = list_clusters()
+    assert {"selene", "dgx-a100-40gb", "dgx-h100", "dgx-h200"} <= set(names)
+    for name in names:
+        c = load_cluster(name)
+        assert c.devices == c.nodes * c.gpus_per_node and c.sources
+        assert c.inter_node.bandwidth < c.intra_node.bandwidth
+
+
+def test_selene_is_what_the_papers_and_data_sheets_say():
+    s = load_cluster("selene")
+    assert s.devices == 3072 and s.gpus_per_node == 8
+    assert s.device.flops("bf16") == 312e12 and s.device.memory == 80 * 2 ** 30
+    assert s.device.memory_bandwidth == 2039e9
+    assert s.intra_node.bandwidth == 300e9            # 600 GB/s NVLink, both directions together
+    assert s.inter_node.bandwidth == 200e9 / 8        # one 200 Gb/s HDR HCA per GPU
+    h = load_cluster("dgx-h100")
+    assert h.device.flops("bf16") == pytest.approx(989.4e12) and h.device.memory_bandwidth == 3.35e12
+    assert load_cluster("dgx-h200").device.memory == 141e9
+
+
+def test_a_group_inside_a_node_uses_nvlink_and_across_nodes_the_network():
+    c = parse_cluster(GOOD)
+    assert c.link([0, 1, 2, 3]) is c.intra_node
+    assert c.link([3, 4]) is c.inter_node
+    assert c.link([0, 4]).time(1e9) == pytest.approx(10e-6 + 1e9 / 12.5e9)
+    with pytest.raises(ClusterError, match="rank 8 is outside the cluster 'mine' of 8 devices"):
+        c.link([0, 8])
+    assert c.with_nodes(16).devices == 64
+
+
+@pytest.mark.parametrize("text,kind,value", [
+    ("80 GiB", "bytes", 80 * 2 ** 30), ("40 GB", "bytes", 40e9), (1024, "bytes", 1024.0),
+    ("2039 GB/s", "bandwidth", 2039e9), ("200 Gb/s", "bandwidth", 25e9), ("1.5 TB/s", "bandwidth", 1.5e12),
+    ("312 TFLOP/s", "flops", 312e12), ("19.5 TFLOPS", "flops", 19.5e12),
+    ("5 us", "time", 5e-6), ("1.5 ms", "time", 1.5e-3), ("0 s", "time", 0.0),
+])
+def test_quantities_parse_with_their_units(text, kind, value):
+    assert parse_quantity(text, kind) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("nodes = 2\n", ""), r"<cluster>: the field nodes is missing \(a positive whole number\)"),
+    (('memory = "24 GiB"', 'memory = "-24 GiB"'), r"<cluster>:\d+: \[device\] memory: '-24 GiB' is not a number"),
+    (('memory = "24 GiB"', "memory = -3"), r"<cluster>:8: \[device\] memory must be positive, got -3"),
+    (('memory_bandwidth = "900 GB/s"', 'memory_bandwidth = "900 GB"'),
+     r"<cluster>:9: \[device\] memory_bandwidth: '900 GB': the unit 'GB' is not a bandwidth unit"),
+    (('latency = "2 us"', 'latency = "2 parsecs"'), r"<cluster>:\d+: \[intra_node\] latency: '2 parsecs': the unit 'parsecs' is not a time unit"),
+    (("gpus_per_node = 4", "gpus_per_node = 4.5"), r"<cluster>:4: gpus_per_node must be a whole number"),
+    (("gpus_per_node = 4", "gpus_per_nodes = 4"), r"<cluster>:4: unknown field gpus_per_nodes \(did you mean 'gpus_per_node'\?\)"),
+    (('bf16 = "100 TFLOP/s"', 'bf61 = "100 TFLOP/s"'), r"<cluster>:12: unknown dtype 'bf61'.*did you mean 'bf16'"),
+    (("[inter_node]", "[internode]"), r"unknown field internode \(did you mean 'inter_node'\?\)"),
+    (("name = \"X1\"", "name = \"\""), r"<cluster>:7: \[device\] name must be a non-empty string"),
+    (("latency = \"10 us\"", "latency = \"10 us"), r"<cluster>: not valid TOML"),
+])
+def test_a_bad_file_names_the_line_and_the_field(edit, message):
+    old, new = edit
+    assert old in GOOD
+    with pytest.raises(ClusterError, match=message):
+        parse_cluster(GOOD.replace(old, new, 1))
+
+
+def test_an_unknown_name_lists_the_shipped_clusters(tmp_path):
+    with pytest.raises(ClusterError, match=r"no cluster named 'selen' \(did you mean 'selene'\?\).*dgx-h100"):
+        load_cluster("selen")
+    with pytest.raises(ClusterError, match=r"cannot read the cluster file"):
+        load_cluster(tmp_path / "missing.toml")
+    p = tmp_path / "mine.toml"
+    p.write_text(GOOD)
+    assert load_cluster(p).source == str(p) and load_cluster(str(p)).name == "mine"
+
+
+def test_a_dtype_the_device_does_not_list_is_an_error():
+    with pytest.raises(ClusterError, match=r"device 'X1' lists no peak FLOP/s for f8; it lists bf16, f32"):
+        parse_cluster(GOOD).device.flops("f8")
