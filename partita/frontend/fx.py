@@ -30,13 +30,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ..ir.dtypes import bool_, f32, i32, i64
+from ..ir.dtypes import bool_, f32, i32
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from . import FrontendError
 from .torch_export import ATEN_TO_PARTITA, Conv, Unsupported, _Converter, _axis, _torch_type, convert_call
 from .torch_export import _cat as _export_cat, _layer_norm as _export_layer_norm, _ntuple
-from .torch_export import decomposition_table as _export_decompositions
+from .torch_export import decomposition_table as _export_decompositions, linearize_index
 
 aten = torch.ops.aten
 
@@ -197,18 +197,7 @@ def _linear_index(cx: _FxConverter, x: Value, indices: Sequence[Value | None], o
     if any(not i.type.dtype.is_int for i in indices if i is not None):
         raise Unsupported(f"{op}: boolean-mask indices are not supported")
     k = len(indices)
-    dims = x.type.shape[:k]
-    linear: Value | None = None
-    for d, (i, size) in enumerate(zip(indices, dims)):
-        assert i is not None
-        if i.type.dtype != i64:
-            i = cx.emit("cast", i, dtype=i64)
-        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
-        stride = math.prod(dims[d + 1:])
-        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
-        linear = term if linear is None else cx.emit("add", linear, term)
-    assert linear is not None
-    return linear, k
+    return linearize_index(cx, [i for i in indices if i is not None], x.type.shape[:k]), k
 
 
 def _index_put(cx: _FxConverter, x: Value, indices: Sequence[Value | None], values: Value,

@@ -1822,19 +1822,30 @@ def import_onnx(model: Any, input_shapes: dict[str, Sequence[int]] | None = None
     upgrade (the others are upgraded, with an OnnxOpsetUpgradeWarning), unsupported ops (all listed at once), or a
     node whose semantics partita cannot express, naming the node.
     """
-    onnx = _onnx()
+    proto, where, base_dir = _read(model)
+    return _import_proto(proto, where, base_dir, input_shapes, static_inputs)
+
+
+def _read(model: Any) -> tuple[Any, str, str | None]:
+    """The checked ModelProto at opset MIN_OPSET or newer (older ones upgraded), the name
+    errors use, and the folder external data is read from."""
     proto, where, base_dir = _load(model)
     _check_text(proto, where)
     opset = _opset(proto, where)
     if opset < MIN_OPSET:
-        proto, opset = _upgrade(proto, where, opset), MIN_OPSET
+        proto = _upgrade(proto, where, opset)
+    return proto, where, base_dir
+
+
+def _import_proto(proto: Any, where: str, base_dir: str | None, input_shapes: Mapping[str, Sequence[int]] | None,
+                  static_inputs: Mapping[str, Any] | None) -> Graph:
+    """The Graph of a ModelProto that _read returned."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+        inferred = _onnx().shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception as e:
         raise OnnxImportError(f"{where}: ONNX shape inference rejects the model: {e}") from None
     static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
-    return _Importer(inferred, where, opset, base_dir).run(dict(input_shapes or {}), static)
-
+    return _Importer(inferred, where, _opset(proto, where), base_dir).run(dict(input_shapes or {}), static)
 
 
 class OnnxModel:
@@ -1850,11 +1861,7 @@ class OnnxModel:
                  backend: str = "torch") -> None:
         if backend not in ("numpy", "torch"):
             raise OnnxImportError(f"load_onnx: backend must be 'numpy' or 'torch', got {backend!r}")
-        proto, self.where, self._base_dir = _load(model)
-        _check_text(proto, self.where)
-        opset = _opset(proto, self.where)
-        if opset < MIN_OPSET:
-            proto = _upgrade(proto, self.where, opset)
+        proto, self.where, self._base_dir = _read(model)
         self.proto, self.backend = proto, backend
         self.fixed = {k: [int(d) for d in v] for k, v in (input_shapes or {}).items()}
         inits = {t.name for t in proto.graph.initializer}
@@ -1870,7 +1877,7 @@ class OnnxModel:
                  **{k: tuple(v) for k, v in self.fixed.items()}}
         key = tuple(sorted(bound.items()))
         if key not in self._graphs:
-            self._graphs[key] = import_onnx(self.proto, input_shapes=dict(bound))
+            self._graphs[key] = _import_proto(self.proto, self.where, self._base_dir, dict(bound), None)
         return self._graphs[key]
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[Any]:

@@ -548,11 +548,9 @@ def _no_result(cx: _Converter, *args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
-    """x[..., i0, i1, ...] with index tensors (advanced indexing) on one run of adjacent dims,
-    after any number of full slices (None). The indexed dims are moved to the front and
-    flattened, the broadcast, linearized index picks rows with ``index_select``, and the
-    index's dims are moved back to where the first indexed dim was, as PyTorch places them."""
+def _index_run(indices: Sequence[Value | None], op: str, form: tuple[str, str]) -> tuple[int, list[Value]]:
+    """(how many full slices lead, the index tensors) of an advanced-indexing argument: the
+    tensors must form one run of adjacent dims of integers (``form`` shows the refused forms)."""
     lead = 0
     while lead < len(indices) and indices[lead] is None:
         lead += 1
@@ -560,28 +558,40 @@ def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
     while idx and idx[-1] is None:
         idx.pop()
     if not idx or any(i is None for i in idx):
-        raise Unsupported("aten.index.Tensor: index tensors separated by a slice (x[i, :, j]) are not supported")
+        raise Unsupported(f"{op}: index tensors separated by a slice ({form[0]}) are not supported")
     if any(i is None or not i.type.dtype.is_int for i in idx):
-        raise Unsupported("aten.index.Tensor: boolean-mask indexing is not supported")
+        raise Unsupported(f"{op}: boolean-mask indexing{form[1]} is not supported")
+    return lead, [i for i in idx if i is not None]
+
+
+def linearize_index(cx: _Converter, idx: Sequence[Value], dims: Sequence[int]) -> Value:
+    """Index tensors into dims ``dims`` (negative ones counted from the end, as in Python) as
+    one broadcast i64 index into those dims flattened."""
+    linear: Value | None = None
+    for d, (i, size) in enumerate(zip(idx, dims)):
+        if i.type.dtype != i64:
+            i = cx.emit("cast", i, dtype=i64)
+        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
+        stride = int(np.prod(dims[d + 1:], dtype=np.int64))
+        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
+        linear = term if linear is None else cx.emit("add", linear, term)
+    assert linear is not None
+    return linear
+
+
+def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
+    """x[..., i0, i1, ...] with index tensors (advanced indexing) on one run of adjacent dims,
+    after any number of full slices (None). The indexed dims are moved to the front and
+    flattened, the broadcast, linearized index picks rows with ``index_select``, and the
+    index's dims are moved back to where the first indexed dim was, as PyTorch places them."""
+    lead, idx = _index_run(indices, "aten.index.Tensor", ("x[i, :, j]", ""))
     k, rank = len(idx), x.type.rank
     if lead:
         front = tuple(range(lead, lead + k)) + tuple(range(lead)) + tuple(range(lead + k, rank))
         x = cx.emit("transpose", x, perm=front)
     dims = x.type.shape[:k]
     rest = x.type.shape[k:]
-    linear: Value | None = None
-    for d, (i, size) in enumerate(zip(idx, dims)):
-        assert i is not None
-        if i.type.dtype != i64:
-            i = cx.emit("cast", i, dtype=i64)
-        # Negative indices count from the end, as in Python.
-        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
-        stride = 1
-        for s in dims[d + 1:]:
-            stride *= s
-        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
-        linear = term if linear is None else cx.emit("add", linear, term)
-    assert linear is not None
+    linear = linearize_index(cx, idx, dims)
     batch = linear.type.shape
     flat = cx.emit("reshape", x, shape=(-1,) + rest) if k != 1 else x
     picked = cx.emit("index_select", flat, cx.emit("reshape", linear, shape=(-1,)), axis=0)
@@ -1388,30 +1398,12 @@ def _index_put(cx: _Converter, x: Value, indices: Sequence[Value | None], values
     indexed dims go to the front and are flattened, values are broadcast to the indexing
     result and laid out the same way, and one scatter_elements along the flattened dim writes
     (or adds) each row."""
-    lead = 0
-    while lead < len(indices) and indices[lead] is None:
-        lead += 1
-    idx = list(indices[lead:])
-    while idx and idx[-1] is None:
-        idx.pop()
-    if not idx or any(i is None for i in idx):
-        raise Unsupported("aten.index_put: index tensors separated by a slice (x[i, :, j] = v) are not supported")
-    if any(i is None or not i.type.dtype.is_int for i in idx):
-        raise Unsupported("aten.index_put: boolean-mask indexing (x[mask] = v) is not supported")
+    lead, idx = _index_run(indices, "aten.index_put", ("x[i, :, j] = v", " (x[mask] = v)"))
     k, rank = len(idx), x.type.rank
     front = tuple(range(lead, lead + k)) + tuple(range(lead)) + tuple(range(lead + k, rank))
     xt = cx.emit("transpose", x, perm=front) if lead else x
     dims, rest = xt.type.shape[:k], xt.type.shape[k:]
-    linear: Value | None = None
-    for d, (i, size) in enumerate(zip(idx, dims)):
-        assert i is not None
-        if i.type.dtype != i64:
-            i = cx.emit("cast", i, dtype=i64)
-        i = cx.emit("where", cx.emit("less", i, cx.scalar(0, i64)), cx.emit("add", i, cx.scalar(size, i64)), i)
-        stride = int(np.prod(dims[d + 1:], dtype=np.int64))
-        term = i if stride == 1 else cx.emit("mul", i, cx.scalar(stride, i64))
-        linear = term if linear is None else cx.emit("add", linear, term)
-    assert linear is not None
+    linear = linearize_index(cx, idx, dims)
     batch = linear.type.shape
     # torch places the index dims where the first indexed dim was: values broadcast to that.
     target = x.type.shape[:lead] + batch + x.type.shape[lead + k:]

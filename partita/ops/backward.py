@@ -759,8 +759,10 @@ register(OpDef(
 ))
 
 
-def _scatter_add_infer(ts, a):
-    op = "scatter_add"
+def check_scatter_operands(op: str, ts, a, semantics: str) -> int:
+    """The checks every torch.scatter-like op makes of (x, index, src): an integer index, x of
+    rank 1 or more, all three of one rank, src of x's dtype, the index within src everywhere
+    and within x outside the axis; returns the axis."""
     x, idx, src = ts
     _check_index(op, idx)
     if x.rank == 0:
@@ -768,7 +770,7 @@ def _scatter_add_infer(ts, a):
     axis = normalize_axis(a["axis"], x.rank, op)
     if idx.rank != x.rank or src.rank != x.rank:
         raise TypeRuleError(f"{op}: the index {idx} and src {src} must have the rank of the input {x} "
-                            "(torch.scatter_add semantics)")
+                            f"({semantics} semantics)")
     if src.dtype != x.dtype:
         raise TypeRuleError(f"{op}: src has dtype {src.dtype} but the input has {x.dtype}; cast src to {x.dtype}")
     for dim in range(x.rank):
@@ -777,6 +779,13 @@ def _scatter_add_infer(ts, a):
         if dim != axis and idx.shape[dim] > x.shape[dim]:
             raise TypeRuleError(f"{op}: the index {idx} is larger than the input {x} in dim {dim}; outside axis "
                                 f"{axis} it must not exceed the input")
+    return axis
+
+
+def _scatter_add_infer(ts, a):
+    op = "scatter_add"
+    x = ts[0]
+    check_scatter_operands(op, ts, a, "torch.scatter_add")
     if x.dtype.is_bool:
         raise TypeRuleError(f"{op}: the input must be numeric, got {x}")
     return x

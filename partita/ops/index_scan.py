@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
-from ..ir.types import TensorType
 from ._lazy import torch
-from .reduce import _accumulate_dtype, _compute_np, _reduce_cost
+from .backward import check_scatter_operands
+from .reduce import _compute_np, _reduce_cost, _scan_infer, _scan_reference
 from .registry import AttrSpec, Cost, OpDef, normalize_axis, register
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -30,23 +30,8 @@ _NP_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.mi
 
 def _scatter_elements_infer(ts, a):
     op = "scatter_elements"
-    x, idx, src = ts
-    if idx.dtype.name not in ("i32", "i64"):
-        raise TypeRuleError(f"{op}: the index is {idx}; it must be i32 or i64 (cast it to i64)")
-    if x.rank == 0:
-        raise TypeRuleError(f"{op}: input is rank 0 ({x}); there is nothing to index")
-    axis = normalize_axis(a["axis"], x.rank, op)
-    if idx.rank != x.rank or src.rank != x.rank:
-        raise TypeRuleError(f"{op}: the index {idx} and src {src} must have the rank of the input {x} "
-                            "(torch.scatter semantics)")
-    if src.dtype != x.dtype:
-        raise TypeRuleError(f"{op}: src has dtype {src.dtype} but the input has {x.dtype}; cast src to {x.dtype}")
-    for dim in range(x.rank):
-        if idx.shape[dim] > src.shape[dim]:
-            raise TypeRuleError(f"{op}: the index {idx} is larger than src {src} in dim {dim}; it must not exceed src")
-        if dim != axis and idx.shape[dim] > x.shape[dim]:
-            raise TypeRuleError(f"{op}: the index {idx} is larger than the input {x} in dim {dim}; outside axis "
-                                f"{axis} it must not exceed the input")
+    x, idx, _ = ts
+    axis = check_scatter_operands(op, ts, a, "torch.scatter")
     if x.dtype.is_bool and a["reduction"] != "none":
         raise TypeRuleError(f"{op}: reduction '{a['reduction']}' needs a numeric input, got {x}; "
                             "cast it to an integer dtype")
@@ -98,24 +83,6 @@ register(OpDef(
 
 # --- cumprod -------------------------------------------------------------------------------
 
-def _cumprod_axis(rank: int, axis: int) -> int:
-    # A rank-0 tensor scans like a rank-1 tensor of one element (as cumsum).
-    return normalize_axis(axis, max(rank, 1), "cumprod")
-
-
-def _cumprod_infer(ts, attrs):
-    (t,) = ts
-    _cumprod_axis(t.rank, attrs["axis"])
-    return TensorType(t.shape, _accumulate_dtype(t.dtype))
-
-
-def _cumprod_reference(args, attrs):
-    x = args[0]
-    axis = _cumprod_axis(x.ndim, attrs["axis"])
-    acc = np.float32 if x.dtype.name in ("float16", "bfloat16") else (np.int64 if x.dtype.kind in "biu" else x.dtype)
-    return np.cumprod(x.reshape(x.shape or (1,)), axis=axis, dtype=acc).reshape(x.shape)
-
-
 def _cumprod_torch(args, a):
     x = args[0]
     if x.dtype == torch.bool or not (x.is_floating_point() or x.dtype == torch.int64):
@@ -124,7 +91,7 @@ def _cumprod_torch(args, a):
 
 
 register(OpDef(
-    name="cumprod", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_cumprod_infer,
-    reference=_cumprod_reference, torch=_cumprod_torch, cost=_reduce_cost,
+    name="cumprod", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_scan_infer("cumprod"),
+    reference=_scan_reference("cumprod", np.cumprod), torch=_cumprod_torch, cost=_reduce_cost,
     doc="inclusive running product along axis (torch.cumprod); bool and integers give i64",
 ))

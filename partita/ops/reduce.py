@@ -116,13 +116,19 @@ def _reduction(name: str, dtype_rule: str, np_fn, torch_fn, doc: str, **facts) -
                           reference=reference, torch=torch_impl, cost=_reduce_cost, doc=doc, **facts))
 
 
+def _np_accumulator(dtype: np.dtype) -> type | np.dtype:
+    """The NumPy dtype sums and products accumulate in: f32 for f16/bf16, i64 for bool and
+    integers (as PyTorch), the dtype itself otherwise."""
+    return np.float32 if dtype in _LOW_PRECISION else (np.int64 if dtype.kind in "biu" else dtype)
+
+
 def _np_sum(x, axes, keepdim):
-    acc = np.float32 if x.dtype in _LOW_PRECISION else (np.int64 if x.dtype.kind in "biu" else x.dtype)
+    acc = _np_accumulator(x.dtype)
     return np.sum(x, axis=axes, keepdims=keepdim, dtype=acc)
 
 
 def _np_prod(x, axes, keepdim):
-    acc = np.float32 if x.dtype in _LOW_PRECISION else (np.int64 if x.dtype.kind in "biu" else x.dtype)
+    acc = _np_accumulator(x.dtype)
     return np.prod(x, axis=axes, keepdims=keepdim, dtype=acc)
 
 
@@ -221,27 +227,35 @@ _arg_reduction("argmin", np.argmin, lambda x, dim, keepdim: torch.argmin(x, dim=
 
 # --- cumsum --------------------------------------------------------------------------------
 
-def _cumsum_axis(rank: int, axis: int) -> int:
+def _scan_axis(op: str, rank: int, axis: int) -> int:
     # A rank-0 tensor scans like a rank-1 tensor of one element (PyTorch accepts dim 0 or -1).
-    return normalize_axis(axis, max(rank, 1), "cumsum")
+    return normalize_axis(axis, max(rank, 1), op)
 
 
-def _cumsum_infer(ts, attrs):
-    (t,) = ts
-    _cumsum_axis(t.rank, attrs["axis"])
-    return TensorType(t.shape, _accumulate_dtype(t.dtype))
+def _scan_infer(op: str):
+    """The type rule of a running reduction (cumsum, cumprod): x's shape, bool and integers
+    accumulating in i64."""
+    def infer(ts, attrs):
+        (t,) = ts
+        _scan_axis(op, t.rank, attrs["axis"])
+        return TensorType(t.shape, _accumulate_dtype(t.dtype))
+    return infer
 
 
-def _cumsum_reference(args, attrs):
-    x = args[0]
-    axis = _cumsum_axis(x.ndim, attrs["axis"])
-    acc = np.float32 if x.dtype in _LOW_PRECISION else (np.int64 if x.dtype.kind in "biu" else x.dtype)
-    return np.cumsum(x.reshape(x.shape or (1,)), axis=axis, dtype=acc).reshape(x.shape)
+def _scan_reference(op: str, scan):
+    """The NumPy reference of a running reduction: ``scan`` (np.cumsum, np.cumprod) along the
+    axis, accumulating f16/bf16 in f32 and bool and integers in i64."""
+    def reference(args, attrs):
+        x = args[0]
+        axis = _scan_axis(op, x.ndim, attrs["axis"])
+        acc = _np_accumulator(x.dtype)
+        return scan(x.reshape(x.shape or (1,)), axis=axis, dtype=acc).reshape(x.shape)
+    return reference
 
 
 register(OpDef(
-    name="cumsum", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_cumsum_infer,
-    reference=_cumsum_reference,
+    name="cumsum", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_scan_infer("cumsum"),
+    reference=_scan_reference("cumsum", np.cumsum),
     torch=lambda args, a: torch.cumsum(args[0], dim=a["axis"]),
     cost=_reduce_cost,
     doc="inclusive running sum along axis; bool and integers give i64",

@@ -716,13 +716,16 @@ def _slice_grad(ts, attrs):
 @rule("scatter_add")
 def _scatter_add(ts, attrs):
     x, idx, src = ts
-    ax = normalize_axis(attrs["axis"], x.rank, "scatter_add")
-    # Outside the axis, a dim the index covers only in part is unsplit (as in gather). The
-    # axis is unsplit: x's positions there are global index values, and summands from split
-    # index rows would each carry a copy of x.
-    labels = tuple(f"d{i}" if i != ax and x.shape[i] == idx.shape[i] == src.shape[i] else None
-                   for i in range(x.rank))
+    labels = _scatter_labels(x, idx, src, normalize_axis(attrs["axis"], x.rank, "scatter_add"))
     return DimSpec((labels, labels, labels), (labels,), linear=frozenset({0, 2}), joint=True)
+
+
+def _scatter_labels(x: TensorType, idx: TensorType, src: TensorType, ax: int) -> tuple[str | None, ...]:
+    """The dims a torch.scatter-like op may split: outside the axis, a dim the index covers only
+    in part is unsplit (as in gather). The axis is unsplit: x's positions there are global index
+    values, and summands from split index rows would each carry a copy of x."""
+    return tuple(f"d{i}" if i != ax and x.shape[i] == idx.shape[i] == src.shape[i] else None
+                 for i in range(x.rank))
 
 
 @rule("index_add")
@@ -772,11 +775,8 @@ def sharding_spec(op: str, types: Sequence[TensorType], attrs: dict) -> DimSpec 
 @rule("scatter_elements")
 def _scatter_elements(ts, attrs):
     x, idx, src = ts
-    ax = normalize_axis(attrs["axis"], x.rank, "scatter_elements")
-    # As scatter_add: the axis is unsplit (the index values are global positions), and so is a
-    # dim the index covers only in part. With add the op is linear in x and src together.
-    labels = tuple(f"d{i}" if i != ax and x.shape[i] == idx.shape[i] == src.shape[i] else None
-                   for i in range(x.rank))
+    # As scatter_add. With add the op is linear in x and src together.
+    labels = _scatter_labels(x, idx, src, normalize_axis(attrs["axis"], x.rank, "scatter_elements"))
     linear = frozenset({0, 2}) if attrs["reduction"] == "add" else frozenset()
     return DimSpec((labels, labels, labels), (labels,), linear=linear, joint=True)
 
