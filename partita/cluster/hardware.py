@@ -60,6 +60,31 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """What fraction of the data sheet's peaks real kernels and collectives reach: parameters
+    of the cost model (partita/cluster/cost.py), fitted once per machine (``partita calibrate``
+    measures them here; the shipped GPU files hold the values fitted to published runs) and
+    written in the cluster file's ``[efficiency]`` table. Not tuned per model or per plan.
+
+    - ``gemm``: fraction of peak FLOP/s a large matmul reaches;
+    - ``gemm_knee``: a matmul dim of this size halves it (the efficiency of an (m, k) x (k, n)
+      product is ``gemm`` times ``d / (d + gemm_knee)`` for each of m, n, k);
+    - ``attention``: fraction of peak FLOP/s of fused (flash) attention, forward and backward;
+    - ``memory``: fraction of the memory bandwidth a memory-bound op (elementwise, norms,
+      reductions, copies) reaches;
+    - ``op_overhead``: seconds each op costs beyond its work (a kernel launch);
+    - ``network``: fraction of a link's bandwidth a collective's transfers reach.
+    """
+
+    gemm: float = 0.8
+    gemm_knee: float = 64.0
+    attention: float = 0.6
+    memory: float = 0.8
+    op_overhead: float = 5e-6
+    network: float = 0.8
+
+
+@dataclass(frozen=True)
 class Cluster:
     """``nodes`` nodes of ``gpus_per_node`` identical devices."""
 
@@ -72,6 +97,7 @@ class Cluster:
     description: str = ""
     source: str = ""                     # the file it came from
     sources: tuple[str, ...] = field(default_factory=tuple)
+    efficiency: Efficiency = field(default_factory=Efficiency)
 
     @property
     def devices(self) -> int:
@@ -107,6 +133,9 @@ class Cluster:
             f"{format_quantity(self.intra_node.latency, 's')} latency",
             f"  between nodes: {format_quantity(self.inter_node.bandwidth, 'B/s')} per device, "
             f"{format_quantity(self.inter_node.latency, 's')} latency",
+            "  efficiency: " + ", ".join(
+                f"{k} {format_quantity(v, 's') if k == 'op_overhead' else f'{v:g}'}"
+                for k, v in vars(self.efficiency).items()),
         ])
 
 
@@ -117,7 +146,7 @@ _BINARY = {"Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40, "
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _QUANTITY = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*$")
 # What each kind of field takes, and the unit it is stored in.
-KINDS = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "time": "s", "count": ""}
+KINDS = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "time": "s", "count": "", "fraction": ""}
 
 
 def parse_quantity(value: Any, kind: str) -> float:
@@ -141,13 +170,13 @@ def parse_quantity(value: Any, kind: str) -> float:
 
 def _example(kind: str) -> str:
     return {"bytes": "'80 GiB' or '40 GB'", "bandwidth": "'2039 GB/s' or '200 Gb/s'",
-            "flops": "'312 TFLOP/s'", "time": "'5 us' or '1.5 ms'", "count": "8"}[kind]
+            "flops": "'312 TFLOP/s'", "time": "'5 us' or '1.5 ms'", "count": "8", "fraction": "0.75"}[kind]
 
 
 def _unit_scale(unit: str, kind: str) -> float | None:
     if kind == "time":
         return _TIME.get(unit)
-    if kind == "count":
+    if kind in ("count", "fraction"):
         return 1.0 if unit == "" else None
     suffix = {"bytes": ("B",), "bandwidth": ("B/s", "b/s"), "flops": ("FLOP/s", "FLOPS", "flop/s")}[kind]
     for s in suffix:
@@ -185,7 +214,10 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
                "peak_flops": ("table", True)},
     "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
     "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
+    "efficiency": {"gemm": ("fraction", False), "gemm_knee": ("count", False), "attention": ("fraction", False),
+                   "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False)},
 }
+_OPTIONAL_TABLES = ("efficiency",)
 DTYPES = ("f64", "f32", "tf32", "bf16", "f16", "f8", "i8")
 
 
@@ -253,6 +285,8 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
     values: dict[str, dict[str, Any]] = {}
     for table, fields in _SCHEMA.items():
         raw = data if not table else data.get(table)
+        if table in _OPTIONAL_TABLES and raw is None:
+            raw = {}
         if table and raw is None:
             raise ClusterError(f"{where}: the table [{table}] is missing; it holds "
                                f"{', '.join(k for k, (_, req) in fields.items() if req)}")
@@ -290,12 +324,13 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
     return Cluster(top["name"], device, int(top["nodes"]), int(top["gpus_per_node"]),
                    Link(values["intra_node"]["bandwidth"], values["intra_node"]["latency"]),
                    Link(values["inter_node"]["bandwidth"], values["inter_node"]["latency"]),
-                   top.get("description", ""), where, tuple(top.get("sources", ())))
+                   top.get("description", ""), where, tuple(top.get("sources", ())),
+                   Efficiency(**values["efficiency"]))
 
 
 def _describe(kind: str) -> str:
     return {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
-            "count": "a positive whole number"}.get(kind, f"a {kind} quantity such as {_example(kind)}")
+            "count": "a positive whole number", "fraction": "a fraction in (0, 1] such as 0.75"}.get(kind, f"a {kind} quantity such as {_example(kind)}")
 
 
 def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:
@@ -316,6 +351,8 @@ def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:
         x = parse_quantity(v, kind)
     except ValueError as e:
         raise ClusterError(f"{loc.at(table, key)}: {name}: {e}") from None
+    if kind == "fraction" and not 0 < x <= 1:
+        raise ClusterError(f"{loc.at(table, key)}: {name} must be a fraction in (0, 1], got {v!r}")
     if not math.isfinite(x) or x <= 0 and not (kind == "time" and x == 0):
         what = "zero or more" if kind == "time" else "positive"
         raise ClusterError(f"{loc.at(table, key)}: {name} must be {what}, got {v!r}")
