@@ -5,6 +5,9 @@
     partita.verify(g)
     g = partita.optimize(g, passes="canonicalize,cse,dce")
     outs = partita.run(g, [x], backend="torch")
+
+Graphs without weights, shapes only, from a config: ``partita.models.gpt(...)`` and
+``partita.models.llama(...)`` (docs/cluster.md, "Graphs without weights").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .ir.diagnostics import given as _given
 from . import codegen as _codegen  # noqa: F401,E402  (the fused op and the fuse-kernels pass)
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
+from . import models  # noqa: F401,E402  (partita.models.gpt, partita.models.llama)
 
 __version__ = "0.1.0"
 

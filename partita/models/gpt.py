@@ -1,0 +1,82 @@
+"""``gpt(...)``: a GPT-2 language model as a weightless forward graph.
+
+The graph is what ``import_torch`` of Hugging Face's ``GPT2LMHeadModel`` gives after the
+``split-projections`` pass: token and position embeddings, pre-norm blocks (layer_norm; q, k
+and v as three projections ``x @ W + b`` named ``...attn.c_attn.weight.split0..2``; causal
+``attention``; ``c_proj``; a tanh-GELU MLP), the final norm and the LM head tied to the
+token embedding. Conv1D weights are stored ``[in, out]``, as GPT-2's are.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir.dtypes import DType, i64
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from ._build import ScopedBuilder, check_positive, linear, model_dtype
+
+
+def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int = 1, dtype: str | DType = "bf16",
+        *, ffn: int | None = None, positions: int | None = None, eps: float = 1e-5, name: str = "gpt") -> Graph:
+    """The forward graph ``ids [batch, seq] i64 -> logits [batch, seq, vocab]`` of a GPT-2
+    model; params are ``param`` inputs named as GPT2LMHeadModel's state_dict (the fused
+    ``c_attn`` split in three), with no arrays. ``ffn``: the MLP width (4 * hidden);
+    ``positions``: rows of the position embedding (``seq``)."""
+    check_positive("gpt", layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch)
+    if hidden % heads:
+        raise ValueError(f"gpt: hidden={hidden} is not a multiple of heads={heads}")
+    dt = model_dtype(dtype)
+    ffn = 4 * hidden if ffn is None else ffn
+    positions = seq if positions is None else positions
+    check_positive("gpt", ffn=ffn, positions=positions)
+    if positions < seq:
+        raise ValueError(f"gpt: positions={positions} < seq={seq}")
+    hd = hidden // heads
+    B, S, H = batch, seq, hidden
+    g = Graph(name)
+    sb = ScopedBuilder(g, "partita/models/gpt.py")
+    ids = sb.b.input("ids", TensorType((B, S), i64))
+    wte = sb.param("transformer.wte.weight", (vocab, H), dt)
+    wpe = sb.param("transformer.wpe.weight", (positions, H), dt)
+
+    b = sb.at("transformer.wte")
+    tok = b.embedding(wte, ids)
+    b = sb.at("transformer")
+    pos_ids = b.unsqueeze(b.iota(shape=(S,)), axes=(0,))
+    pos = sb.at("transformer.wpe").embedding(wpe, pos_ids)
+    x = sb.at("transformer").add(tok, pos)
+
+    for i in range(layers):
+        s = f"transformer.h.{i}"
+        P = lambda n, shape: sb.param(f"{s}.{n}", shape, dt)  # noqa: E731
+        ln1 = sb.at(f"{s}.ln_1").layer_norm(x, P("ln_1.weight", (H,)), P("ln_1.bias", (H,)), eps=eps)
+        b = sb.at(f"{s}.attn.c_attn")
+        x2 = b.reshape(ln1, shape=(-1, H))
+        qkv = []
+        for j in range(3):
+            w, bias = P(f"attn.c_attn.weight.split{j}", (H, H)), P(f"attn.c_attn.bias.split{j}", (H,))
+            qkv.append(b.reshape(linear(b, x2, w, bias, False), shape=(B, S, H)))
+        b = sb.at(f"{s}.attn")
+        q, k, v = (b.transpose(b.reshape(t, shape=(B, S, -1, hd)), perm=(0, 2, 1, 3)) for t in qkv)
+        out, _lse = b.attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True)
+        att = b.reshape(b.transpose(out, perm=(0, 2, 1, 3)), shape=(B, S, -1))
+        b = sb.at(f"{s}.attn.c_proj")
+        proj = linear(b, b.reshape(att, shape=(-1, H)), P("attn.c_proj.weight", (H, H)), P("attn.c_proj.bias", (H,)),
+                      False)
+        x = sb.at(s).add(b.reshape(proj, shape=(B, S, H)), x)
+        ln2 = sb.at(f"{s}.ln_2").layer_norm(x, P("ln_2.weight", (H,)), P("ln_2.bias", (H,)), eps=eps)
+        b = sb.at(f"{s}.mlp.c_fc")
+        h = linear(b, b.reshape(ln2, shape=(-1, H)), P("mlp.c_fc.weight", (H, ffn)), P("mlp.c_fc.bias", (ffn,)), False)
+        h = sb.at(f"{s}.mlp.act").gelu(b.reshape(h, shape=(B, S, ffn)), approximate="tanh")
+        b = sb.at(f"{s}.mlp.c_proj")
+        h = linear(b, b.reshape(h, shape=(-1, ffn)), P("mlp.c_proj.weight", (ffn, H)), P("mlp.c_proj.bias", (H,)),
+                   False)
+        x = sb.at(s).add(x, b.reshape(h, shape=(B, S, H)))
+
+    lnf_w = sb.param("transformer.ln_f.weight", (H,), dt)
+    lnf_b = sb.param("transformer.ln_f.bias", (H,), dt)
+    x = sb.at("transformer.ln_f").layer_norm(x, lnf_w, lnf_b, eps=eps)
+    b = sb.at("lm_head")
+    logits = b.matmul(b.reshape(x, shape=(B * S, H)), b.transpose(wte, perm=(1, 0)))
+    return b.ret(b.reshape(logits, shape=(B, S, vocab)))

@@ -1,0 +1,98 @@
+"""partita.models: gpt/llama graphs without weights mean what the Hugging Face models do, and
+train and parallelize as the imported ones do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partita
+from partita.ir.verifier import verify
+from partita.models import gpt, is_weightless, llama, load_hf_state_dict
+
+B, T = 2, 16
+
+
+def _hf_logits(lm, ids):
+    import torch
+
+    with torch.no_grad():
+        return lm(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
+
+
+def test_gpt_matches_hf_gpt2():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=257, n_positions=32, use_cache=False,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+    g = gpt(layers=2, hidden=64, heads=4, seq=T, vocab=257, batch=B, dtype="f32", positions=32)
+    assert is_weightless(g) and len(g.weights) == 0
+    verify(g)
+    load_hf_state_dict(g, lm.state_dict())
+    ids = np.random.default_rng(0).integers(0, 257, (B, T)).astype(np.int64)
+    got = partita.run(g, {"ids": ids})[0]
+    np.testing.assert_allclose(got, _hf_logits(lm, ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_llama_matches_hf_llama(kv_heads):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=kv_heads, vocab_size=128, max_position_embeddings=32,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    lm = transformers.LlamaForCausalLM(cfg).eval()
+    g = llama(layers=2, hidden=64, heads=4, seq=T, vocab=128, kv_heads=kv_heads, ffn=128, batch=B, dtype="f32",
+              eps=cfg.rms_norm_eps)
+    assert is_weightless(g)
+    sd = {k: v for k, v in lm.state_dict().items() if "rotary_emb" not in k}
+    load_hf_state_dict(g, sd)
+    ids = np.random.default_rng(1).integers(0, 128, (B, T)).astype(np.int64)
+    got = partita.run(g, {"ids": ids})[0]
+    np.testing.assert_allclose(got, _hf_logits(lm, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_scopes_name_the_layers():
+    from partita.parallel.pipeline.stages import layer_of_path
+
+    for g, layer in ((gpt(3, 64, 4, 8, 100, dtype="f32"), "transformer.h.{}"),
+                     (llama(3, 64, 4, 8, 100, kv_heads=2, dtype="f32"), "model.layers.{}")):
+        seen = set()
+        for n in g.nodes:
+            assert n.loc is not None and n.loc.scope, n
+            lay = layer_of_path(n.loc.scope)
+            if lay is not None:
+                seen.add(lay)
+                # every node reading a layer's param carries that layer's scope
+                for v in n.operands:
+                    if v.role == "param" and layer_of_path(str(v.name)) is not None:
+                        assert layer_of_path(str(v.name)) == lay
+        assert seen == {layer.format(i) for i in range(3)}
+
+
+def test_bad_configs_say_why():
+    with pytest.raises(ValueError, match="multiple of heads"):
+        gpt(2, 65, 4, 8, 100)
+    with pytest.raises(ValueError, match="kv_heads"):
+        llama(2, 64, 4, 8, 100, kv_heads=3)
+    with pytest.raises(Exception, match="dtype"):
+        gpt(2, 64, 4, 8, 100, dtype="f64")
+
+
+@pytest.mark.parametrize("make", ["gpt", "llama"])
+@pytest.mark.parametrize("mesh,strategy,extra", [
+    ("pp=2,dp=2,tp=2", "pp+dp+megatron", dict(microbatches=4)),
+    ("dp=2,tp=2", "dp+megatron+sp", {}),
+])
+def test_weightless_models_train_and_parallelize(make, mesh, strategy, extra):
+    if make == "gpt":
+        g = gpt(layers=4, hidden=64, heads=4, seq=16, vocab=257, batch=8, dtype="bf16")
+    else:
+        g = llama(layers=4, hidden=64, heads=4, seq=16, vocab=128, kv_heads=2, ffn=128, batch=8, dtype="bf16")
+    step = partita.training_step(g, loss="cross_entropy", master_weights=True)
+    assert len(step.weights) == 0
+    prog = partita.parallelize(step, mesh=mesh, strategy=strategy, **extra)
+    assert prog.plan is not None
