@@ -10,11 +10,23 @@ step is one functional graph:
 
 The state names follow PyTorch's optimizer state (``<p>.exp_avg``, ``<p>.exp_avg_sq``,
 ``<p>.momentum_buffer``) plus one shared ``step`` counter for AdamW's bias correction.
+
+A weightless graph (no param has an array in its weights, e.g. ``partita.models.gpt``)
+gets no state arrays either: a ``state`` input without an array starts at zeros by
+definition (``ParallelProgram.shard_weights``, the pipeline stages and ``Trainer`` fill
+them), so building a step allocates nothing proportional to the parameter count.
+
+``adamw`` with ``master_weights=True`` trains f16/bf16 params as Megatron-LM does: an f32
+master copy ``<p>.master`` (a ``state`` input; its initial value is the param's, cast), f32
+moments, the gradient cast to f32, the update on the master, and the new param
+``cast(master', p.dtype)``: per param 2 bytes of param, 2 of gradient and 12 of optimizer
+state (ZeRO's K = 12).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -47,10 +59,27 @@ def _fresh_name(graph: Graph, base: str) -> str:
     return name
 
 
-def _state(graph: Graph, name: str, t: TensorType) -> Value:
+def has_weights(graph: Graph) -> bool:
+    """Whether some param of ``graph`` has an array in its weights (else the graph is
+    weightless, and so is the optimizer state added to it)."""
+    return any(v.role == "param" and v.name in graph.weights for v in graph.inputs)
+
+
+def initial_state(name: str, t: TensorType, values: Mapping[str, Any]) -> np.ndarray:
+    """The initial value of the ``state`` input ``name`` that ``values`` lacks: an f32 master
+    copy ``<p>.master`` starts as the param ``<p>`` cast (when ``values`` has it), any other
+    state at zeros."""
+    if name.endswith(".master") and name[:-len(".master")] in values:
+        return np.asarray(values[name[:-len(".master")]], dtype=np.float32).astype(t.dtype.np)
+    return np.zeros(t.shape, dtype=t.dtype.np)
+
+
+def _state(graph: Graph, name: str, t: TensorType, fill: bool = True, init: np.ndarray | None = None) -> Value:
+    """A new ``state`` input; with ``fill``, its initial array (``init``, or zeros) in the weights."""
     name = _fresh_name(graph, name)
     v = graph.add_input(name, t, "state")
-    graph.weights[name] = np.zeros(t.shape, dtype=t.dtype.np)
+    if fill:
+        graph.weights[name] = np.zeros(t.shape, dtype=t.dtype.np) if init is None else init
     return v
 
 
@@ -68,13 +97,14 @@ def apply_sgd(graph: Graph, lr: float = 1e-3, momentum: float = 0.0, weight_deca
               nesterov: bool = False, keep_grads: bool = False) -> Graph:
     """Append one ``torch.optim.SGD`` step (see ``sgd_update``); in place."""
     grads = gradient_outputs(graph)
+    fill = has_weights(graph)
     b = Builder(graph)
     new_params, new_states = [], []
     for p, i in grads:
         g = graph.outputs[i]
         attrs = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         if momentum != 0.0:
-            buf = _state(graph, f"{p.name}.momentum_buffer", p.type)
+            buf = _state(graph, f"{p.name}.momentum_buffer", p.type, fill)
             p2, buf2 = b.sgd_update(p, g, buf, **attrs)
             buf2.name = f"{buf.name}.1"
             new_states.append((buf, buf2))
@@ -87,20 +117,37 @@ def apply_sgd(graph: Graph, lr: float = 1e-3, momentum: float = 0.0, weight_deca
 
 
 def apply_adamw(graph: Graph, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                weight_decay: float = 1e-2, keep_grads: bool = False) -> Graph:
-    """Append one ``torch.optim.AdamW`` step (see ``adamw_update``); in place."""
+                weight_decay: float = 1e-2, keep_grads: bool = False, master_weights: bool = False) -> Graph:
+    """Append one ``torch.optim.AdamW`` step (see ``adamw_update``); in place. With
+    ``master_weights``, f16/bf16 params are updated through an f32 master copy (see the
+    module docstring); f32 params are updated as without it."""
     grads = gradient_outputs(graph)
+    fill = has_weights(graph)
     b = Builder(graph)
-    step = _state(graph, "step", TensorType((), f32))
+    step = _state(graph, "step", TensorType((), f32), fill)
     step2 = b.add(step, b.full(shape=(), value=1.0, dtype=f32), name="step.1")
     new_params, new_states = [], []
     for p, i in grads:
         g = graph.outputs[i]
-        m = _state(graph, f"{p.name}.exp_avg", p.type)
-        v = _state(graph, f"{p.name}.exp_avg_sq", p.type)
-        p2, m2, v2 = b.adamw_update(p, g, m, v, step2, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        low = master_weights and p.type.dtype.is_float and p.type.dtype.bits < 32
+        st = TensorType(p.type.shape, f32) if low else p.type
+        w = p
+        if low:
+            init = np.asarray(graph.weights[p.name], dtype=np.float32) if p.name in graph.weights else None
+            w = _state(graph, f"{p.name}.master", st, fill and init is not None, init)
+            g = b.cast(g, dtype=f32)
+        m = _state(graph, f"{p.name}.exp_avg", st, fill)
+        v = _state(graph, f"{p.name}.exp_avg_sq", st, fill)
+        w2, m2, v2 = b.adamw_update(w, g, m, v, step2, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                     weight_decay=weight_decay)
-        p2.name, m2.name, v2.name = f"{p.name}.1", f"{m.name}.1", f"{v.name}.1"
+        m2.name, v2.name = f"{m.name}.1", f"{v.name}.1"
+        if low:
+            w2.name = f"{w.name}.1"
+            p2 = b.cast(w2, dtype=p.type.dtype, name=f"{p.name}.1")
+            new_states.append((w, w2))
+        else:
+            p2 = w2
+            p2.name = f"{p.name}.1"
         new_params.append((p, p2))
         new_states += [(m, m2), (v, v2)]
     new_states.append((step, step2))
@@ -143,7 +190,8 @@ class AdamW(Pass):
         eps: float = 1e-8
         weight_decay: float = 1e-2
         keep_grads: bool = False
+        master_weights: bool = False
 
     def run(self, graph: Graph) -> Graph:
         o = self.options
-        return apply_adamw(graph, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.keep_grads)
+        return apply_adamw(graph, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.keep_grads, o.master_weights)

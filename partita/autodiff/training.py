@@ -23,7 +23,7 @@ from ..ir.types import TensorType
 from ..ir.verifier import verify
 from ..ir.weights import Weights
 from .grad import AutodiffError, grad
-from .optim import apply_adamw, apply_sgd
+from .optim import apply_adamw, apply_sgd, initial_state
 
 LOSSES = ("cross_entropy", "mse")
 _OPTIMIZERS: dict[str, Callable[..., Any]] = {"adamw": apply_adamw, "sgd": apply_sgd}
@@ -149,6 +149,12 @@ class Trainer:
         src = step.weights if weights is None else weights
         self.aliases = [(i, a.name) for i, a in enumerate(step.output_aliases) if a is not None]
         carried = {str(v.name) for v in step.inputs if v.role != "input"}
+        # Optimizer state without a value starts as training_step's does (zeros; a master
+        # copy from its param), so a weightless step trains once its params are given.
+        src = dict(src)
+        for v in step.inputs:
+            if v.role == "state" and str(v.name) not in src:
+                src[str(v.name)] = initial_state(str(v.name), v.type, src)
         missing = sorted(n for n in carried if n not in src)
         if missing:
             raise AutodiffError(f"@{step.name}: no initial value for {', '.join('%' + n for n in missing)}")

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..autodiff.optim import initial_state
 from ..ir.graph import Graph, input_name
 from ..ir.printer import print_graph
 from .mesh import Mesh
@@ -57,7 +58,7 @@ class ParallelProgram:
             name = input_name(v)
             if name not in src:
                 if v.role == "state":
-                    src[name] = np.zeros(v.type.shape, v.type.dtype.np)
+                    src[name] = initial_state(name, v.type, src)
                 else:
                     raise StrategyError(f"no value for the param %{name} {v.type}; pass weights= with every param")
             arr = src[name]

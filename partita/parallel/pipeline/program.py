@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ...autodiff.optim import initial_state
 from ...ir.graph import Graph, input_name
 from ...ir.printer import print_graph
 from ..mesh import Mesh
@@ -30,7 +31,7 @@ class WholeStage:
                 name = input_name(v)
                 if name not in weights:
                     if v.role == "state":
-                        out[name] = np.zeros(v.type.shape, v.type.dtype.np)
+                        out[name] = initial_state(name, v.type, weights)
                         continue
                     raise StrategyError(f"no value for the param %{name} {v.type}; pass weights= with every param")
                 out[name] = np.array(weights[name])

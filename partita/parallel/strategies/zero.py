@@ -39,8 +39,16 @@ class Zero(DataParallel):
         # Found once: the copies gather_point inserts read only their own param, so they do not
         # change which readers of another param come before the backward section.
         stop = backward_start(g) if self.stage == 3 else None
+        # With master weights (adamw's master_weights) the update reads the f32 master
+        # <p>.master, not the param: the master is sharded as the moments, and the param
+        # and its new version (cast(master')) are placed as a param would be.
+        by_name = {str(v.name): v for v in g.inputs}
+        new_version = {a: v for v, a in zip(g.outputs, g.output_aliases) if a is not None}
         for node in updates:
-            p, grad = node.operands[0], node.operands[1]
+            w, grad = node.operands[0], node.operands[1]
+            p = w
+            if w.role == "state" and str(w.name).endswith(".master"):
+                p = by_name.get(str(w.name)[:-len(".master")], w)
             tp = ctx.fixed.get(p) or Placement.replicated(p.type.rank)
             dims = [d for d in range(p.type.rank) if not tp.dims[d] and p.type.shape[d] %
                     (n * math.prod(mesh.axis_size(a) for a in tp.dims[d])) == 0]
@@ -49,7 +57,7 @@ class Zero(DataParallel):
                 continue
             d = dims[0]
             sharded = Placement(tuple(tp.dims[i] + ((axis,) if i == d else ()) for i in range(p.type.rank)))
-            for s in node.operands[2:]:
+            for s in node.operands[2:] if p is w else [w, *node.operands[2:]]:
                 if s.type.shape == p.type.shape:
                     ctx.place(s, sharded)
             if self.stage < 3:
@@ -57,7 +65,9 @@ class Zero(DataParallel):
                 ctx.place(p, tp)
             if grad.producer is not None:
                 ctx.late[grad] = tp if self.stage == 1 else sharded
-            new_p = node.results[0]
+            new_p = node.results[0] if p is w else new_version.get(p, node.results[0])
+            if p is not w:
+                ctx.late[node.results[0]] = sharded
             if self.stage == 3:
                 ctx.place(p, sharded)
                 ctx.late[new_p] = sharded
