@@ -1682,6 +1682,9 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
                 continue
             t = _torch_type(node.meta["val"], node)
             if role == "constant":
+                if getattr(value, "is_meta", False):
+                    raise FrontendError(f"{type(module).__name__}: the constant tensor {node.name} is on torch's meta "
+                                        f"device and has no values to import; make it a buffer or build it on cpu")
                 cx.env[node] = cx.b.emit("constant", value=DenseAttr(to_numpy(value)))
                 continue
             if value is not None and id(value) in tied:
@@ -1693,7 +1696,10 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
             v = cx.b.input(input_name, t, role)
             cx.env[node] = v
             if value is not None:
-                graph.weights[input_name] = to_numpy(value)
+                # A module built on torch's meta device has shapes and no values: its params
+                # become inputs without arrays (a weightless graph, as partita.models builds).
+                if not getattr(value, "is_meta", False):
+                    graph.weights[input_name] = to_numpy(value)
                 tied[id(value)] = v
         elif node.op == "call_function":
             convert_call(cx, node)

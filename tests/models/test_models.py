@@ -96,3 +96,46 @@ def test_weightless_models_train_and_parallelize(make, mesh, strategy, extra):
     assert len(step.weights) == 0
     prog = partita.parallelize(step, mesh=mesh, strategy=strategy, **extra)
     assert prog.plan is not None
+
+
+def _structure(g):
+    ins = [(str(v.name), v.role, str(v.type)) for v in g.inputs]
+    # ops and types; attrs may be spelled differently (a reshape's -1 or its size) by the trace
+    nodes = [(n.op, tuple(str(v.type) for v in n.operands), tuple(str(r.type) for r in n.results)) for n in g.nodes]
+    return ins, nodes
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_import_of_a_meta_module_is_weightless(kind):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    class Logits(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=257, n_positions=32, use_cache=False)
+        make = transformers.GPT2LMHeadModel
+    else:
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                       max_position_embeddings=32, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        make = transformers.LlamaForCausalLM
+    ids = torch.randint(0, 100, (B, T))
+    torch.manual_seed(0)
+    real = partita.import_torch(Logits(make(cfg)).eval(), (ids,))
+    with torch.device("meta"):
+        m = Logits(make(cfg)).eval()
+    meta = partita.import_torch(m, (ids.to("meta"),))
+    assert not any(v.role == "param" and v.name in meta.weights for v in meta.inputs)
+    assert len(meta.weights) == 0 and len(real.weights) > 0
+    (ins_m, nodes_m), (ins_r, nodes_r) = _structure(meta), _structure(real)
+    assert ins_m == ins_r
+    for i, (a, b) in enumerate(zip(nodes_m, nodes_r)):
+        assert a == b, f"node {i}: {a} != {b}"
+    assert len(nodes_m) == len(nodes_r)
