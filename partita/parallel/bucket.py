@@ -548,14 +548,6 @@ def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
         depth[n] = 1 + max((depth[p] for p in deps(n)), default=0)
     sig = _signatures(graph, nodes)
     colls = [n for n in nodes if _is_collective(n)]
-    cbit = {n: 1 << i for i, n in enumerate(colls)}
-    # The collectives each node needs (its own bit included for a collective).
-    need: dict[Node, int] = {}
-    for n in nodes:
-        m = cbit.get(n, 0)
-        for p in deps(n):
-            m |= need[p]
-        need[n] = m
 
     # As late as possible: the longest chain to the end, counted back from the deepest node,
     # so a value's "latest" level is just before that of its earliest needed reader.
@@ -576,15 +568,37 @@ def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
         # what any rank sees; the node position only makes the sort total.
         return (when(n), n.attrs.get("axis", ""), n.op, sig[n], pos[n])
 
-    issued = 0
-    pending = list(colls)
+    # Kahn's algorithm over the collectives, the smallest key first among the ready ones: a
+    # collective is ready once the collectives it needs are issued, which is once its nearest
+    # ones are (those reached without passing another collective; they need the rest). Each
+    # key is computed once, so this is O(C log C), not O(C^2) rescans of the pending list.
+    near: dict[Node, frozenset[Node]] = {}
+    cset = set(colls)
+    for n in nodes:
+        acc: set[Node] = set()
+        for d in deps(n):
+            if d in cset:
+                acc.add(d)
+            else:
+                acc |= near[d]
+        near[n] = frozenset(acc)
+    waiting = {c: len(near[c]) for c in colls}
+    after: dict[Node, list[Node]] = {c: [] for c in colls}
+    for c in colls:
+        for d in near[c]:
+            after[d].append(c)
+    keys = {c: key(c) for c in colls}
+    heap = [(keys[c], pos[c], c) for c in colls if waiting[c] == 0]
+    heapq.heapify(heap)
     sequence: list[Node] = []
-    while pending:
-        ready = [c for c in pending if (need[c] & ~cbit[c]) & ~issued == 0]
-        c = min(ready, key=key)
+    while heap:
+        _, _, c = heapq.heappop(heap)
         sequence.append(c)
-        issued |= cbit[c]
-        pending.remove(c)
+        for u in after[c]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(heap, (keys[u], pos[u], u))
+    assert len(sequence) == len(colls), "the collectives' dependencies have a cycle"
 
     schedule: list[Node] = []
     placed: set[Node] = set()
