@@ -51,14 +51,6 @@ def gradient_outputs(graph: Graph) -> list[tuple[Value, int]]:
     return found
 
 
-def _fresh_name(graph: Graph, base: str) -> str:
-    taken = {v.name for v in graph.inputs}
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}{i}", i + 1
-    return name
-
-
 def has_weights(graph: Graph) -> bool:
     """Whether some param of ``graph`` has an array in its weights (else the graph is
     weightless, and so is the optimizer state added to it)."""
@@ -74,13 +66,24 @@ def initial_state(name: str, t: TensorType, values: Mapping[str, Any]) -> np.nda
     return np.zeros(t.shape, dtype=t.dtype.np)
 
 
-def _state(graph: Graph, name: str, t: TensorType, fill: bool = True, init: np.ndarray | None = None) -> Value:
-    """A new ``state`` input; with ``fill``, its initial array (``init``, or zeros) in the weights."""
-    name = _fresh_name(graph, name)
-    v = graph.add_input(name, t, "state")
-    if fill:
-        graph.weights[name] = np.zeros(t.shape, dtype=t.dtype.np) if init is None else init
-    return v
+class _StateInputs:
+    """Adds ``state`` inputs to a graph under fresh names (the names taken are read once, so
+    adding one per param is linear, not quadratic, in the inputs); with ``fill``, each gets
+    its initial array (``init``, or zeros) in the weights."""
+
+    def __init__(self, graph: Graph, fill: bool) -> None:
+        self.graph, self.fill = graph, fill
+        self.taken = {v.name for v in graph.inputs}
+
+    def new(self, base: str, t: TensorType, init: np.ndarray | None = None, fill: bool = True) -> Value:
+        name, i = base, 1
+        while name in self.taken:
+            name, i = f"{base}{i}", i + 1
+        self.taken.add(name)
+        v = self.graph.add_input(name, t, "state")
+        if self.fill and fill:
+            self.graph.weights[name] = np.zeros(t.shape, dtype=t.dtype.np) if init is None else init
+        return v
 
 
 def _finish(graph: Graph, grads: list[tuple[Value, int]], new_params: list[tuple[Value, Value]],
@@ -97,14 +100,14 @@ def apply_sgd(graph: Graph, lr: float = 1e-3, momentum: float = 0.0, weight_deca
               nesterov: bool = False, keep_grads: bool = False) -> Graph:
     """Append one ``torch.optim.SGD`` step (see ``sgd_update``); in place."""
     grads = gradient_outputs(graph)
-    fill = has_weights(graph)
+    states = _StateInputs(graph, has_weights(graph))
     b = Builder(graph)
     new_params, new_states = [], []
     for p, i in grads:
         g = graph.outputs[i]
         attrs = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         if momentum != 0.0:
-            buf = _state(graph, f"{p.name}.momentum_buffer", p.type, fill)
+            buf = states.new(f"{p.name}.momentum_buffer", p.type)
             p2, buf2 = b.sgd_update(p, g, buf, **attrs)
             buf2.name = f"{buf.name}.1"
             new_states.append((buf, buf2))
@@ -122,9 +125,9 @@ def apply_adamw(graph: Graph, lr: float = 1e-3, beta1: float = 0.9, beta2: float
     ``master_weights``, f16/bf16 params are updated through an f32 master copy (see the
     module docstring); f32 params are updated as without it."""
     grads = gradient_outputs(graph)
-    fill = has_weights(graph)
+    states = _StateInputs(graph, has_weights(graph))
     b = Builder(graph)
-    step = _state(graph, "step", TensorType((), f32), fill)
+    step = states.new("step", TensorType((), f32))
     step2 = b.add(step, b.full(shape=(), value=1.0, dtype=f32), name="step.1")
     new_params, new_states = [], []
     for p, i in grads:
@@ -134,10 +137,10 @@ def apply_adamw(graph: Graph, lr: float = 1e-3, beta1: float = 0.9, beta2: float
         w = p
         if low:
             init = np.asarray(graph.weights[p.name], dtype=np.float32) if p.name in graph.weights else None
-            w = _state(graph, f"{p.name}.master", st, fill and init is not None, init)
+            w = states.new(f"{p.name}.master", st, init, fill=init is not None)
             g = b.cast(g, dtype=f32)
-        m = _state(graph, f"{p.name}.exp_avg", st, fill)
-        v = _state(graph, f"{p.name}.exp_avg_sq", st, fill)
+        m = states.new(f"{p.name}.exp_avg", st)
+        v = states.new(f"{p.name}.exp_avg_sq", st)
         w2, m2, v2 = b.adamw_update(w, g, m, v, step2, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                     weight_decay=weight_decay)
         m2.name, v2.name = f"{m.name}.1", f"{v.name}.1"
