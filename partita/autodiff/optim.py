@@ -136,7 +136,7 @@ def apply_adamw(graph: Graph, lr: float = 1e-3, beta1: float = 0.9, beta2: float
         st = TensorType(p.type.shape, f32) if low else p.type
         w = p
         if low:
-            init = np.asarray(graph.weights[p.name], dtype=np.float32) if p.name in graph.weights else None
+            init = np.asarray(graph.weights[str(p.name)], dtype=np.float32) if p.name in graph.weights else None
             w = states.new(f"{p.name}.master", st, init, fill=init is not None)
             g = b.cast(g, dtype=f32)
         m = states.new(f"{p.name}.exp_avg", st)
