@@ -100,7 +100,9 @@ class StageCut:
         return "\n".join(lines)
 
 
-def _node_layer(node: Node) -> str | None:
+def node_layer(node: Node) -> str | None:
+    """The layer ``node`` belongs to: from its source scope, else from the params it reads;
+    ``""`` for a known scope outside every layer, None when nothing tells."""
     loc = node.loc
     if loc is not None and loc.scope:
         lay = layer_of_path(loc.scope)
@@ -129,7 +131,7 @@ def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence
         raise PipelineError(f"pipeline: stages={stages!r} is one string; give a list: stages=[{stages!r}] (the "
                             "layers later stages start at) or layer counts per stage such as stages=[2, 2]")
     nodes = list(graph.nodes)
-    raw = {n: _node_layer(n) for n in nodes}
+    raw = {n: node_layer(n) for n in nodes}
     layers: list[str] = []
     for n in nodes:
         lay = raw[n]
@@ -379,4 +381,4 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
     return StageCut(graph, chunks, layers, how)
 
 
-__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_work", "partition_stages", "value_cone"]
+__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_layer", "node_work", "partition_stages", "value_cone"]
