@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..ir.graph import Graph, Node, Value
+from ..ir.layers import node_layer
 from ..ir.types import Location
 from ..ops.registry import OPS, movement_cost, numel
 from ..passes.manager import Pass, register_pass
@@ -269,7 +270,7 @@ def recompute_layers(graph: Graph, policy: str = "full", backward: "set[Node] | 
     nodes were cloned. In place.
 
     A layer is found as the pipeline stage cut finds it (a module scope ending in a number,
-    ``stages.node_layer``); the layer's backward is the backward nodes with that layer (each
+    ``partita.ir.layers.node_layer``); the layer's backward is the backward nodes with that layer (each
     carries the location of the forward node it differentiates). For each layer, every value
     made by a recomputable forward node of the layer (``full``: any node without effects;
     ``selective``: the attention core) and read by the layer's backward is computed again:
@@ -284,8 +285,6 @@ def recompute_layers(graph: Graph, policy: str = "full", backward: "set[Node] | 
     """
     if policy not in ("full", "selective"):
         raise ValueError(f"recompute_layers: policy must be 'full' or 'selective', got {policy!r}")
-    from ..parallel.pipeline.stages import node_layer
-
     if backward is None:
         start = backward_start(graph)
         if start is None:
@@ -309,13 +308,13 @@ def recompute_layers(graph: Graph, policy: str = "full", backward: "set[Node] | 
         if not reads:
             continue
         cone: set[Node] = set()
-        stack = [v.producer for _, _, v in reads]
+        stack: list[Node | None] = [v.producer for _, _, v in reads]
         while stack:
-            n = stack.pop()
-            if n is None or n in cone or n not in members:
+            top = stack.pop()
+            if top is None or top in cone or top not in members:
                 continue
-            cone.add(n)
-            stack.extend(o.producer for o in n.operands)
+            cone.add(top)
+            stack.extend(o.producer for o in top.operands)
         first = min((u for u, _, _ in reads), key=lambda u: pos[u])
         vmap: dict[Value, Value] = {}
         for n in sorted(cone, key=lambda x: pos[x]):

@@ -51,10 +51,9 @@ class CommonSubexpressionElimination(Pass):
             else:
                 key_ops = tuple(ops)
             attrs = node.attrs
-            key = (op, key_ops, tuple([(k, _attr_key(v)) for k, v in attrs.items()]) if attrs else None)
             loc = node.loc
-            if loc is not None and loc.recompute:
-                key = (key, loc.recompute)
+            key: tuple = (op, key_ops, tuple([(k, _attr_key(v)) for k, v in attrs.items()]) if attrs else None,
+                          loc.recompute if loc is not None else "")
             first = seen.setdefault(key, node)
             if first is node or not node.results:
                 continue

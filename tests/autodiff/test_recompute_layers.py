@@ -78,7 +78,7 @@ def test_every_policy_gives_the_same_step(gpt2, steps, policy):
 
 def test_full_keeps_only_layer_inputs_and_adds_about_a_forward(gpt2, steps):
     from partita.autodiff.memory import analyze
-    from partita.parallel.pipeline.stages import node_layer
+    from partita.ir.layers import node_layer
 
     fwd, _ = gpt2
     none, sel, full = (analyze(steps[p]) for p in ("none", "selective", "full"))
@@ -99,7 +99,7 @@ def _flops_node(n) -> int:
 
 def test_clones_sit_in_their_layers_backward_before_its_first_reader(steps):
     from partita.autodiff.memory import backward_start, recomputed_nodes
-    from partita.parallel.pipeline.stages import node_layer
+    from partita.ir.layers import node_layer
 
     g = steps["full"]
     nodes = list(g.nodes)
