@@ -6,14 +6,22 @@ of live bytes for the graph's node order (inputs counted while they are used, ou
 the end). ``recompute`` trades a little compute for memory the way activation checkpointing
 does at op granularity: a saved value made by a cheap op (elementwise or data movement)
 whose operands are kept anyway is computed again right before its first backward use, so the
-forward copy dies at the end of the forward pass.
+forward copy dies at the end of the forward pass. ``recompute_layers`` does it by layer, as
+Megatron-LM's activation recomputation does: ``full`` keeps only each layer's input and runs
+the layer's forward again right before its backward; ``selective`` recomputes only each
+layer's attention core. Every node made by recomputation carries ``Location.recompute``
+(``recomputed_nodes``), so later passes and cost models can tell it from the model's own work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from ..ir.graph import Graph, Node, Value
+from ..ir.layers import node_layer
+from ..ir.types import Location
 from ..ops.registry import OPS, movement_cost, numel
 from ..passes.manager import Pass, register_pass
 from .grad import SEED_NAME
@@ -126,16 +134,23 @@ def _cheap(node: Node) -> bool:
     return op.elementwise or op.cost is movement_cost
 
 
-def recompute(graph: Graph) -> int:
-    """Recompute cheap saved values in the backward section; returns how many. In place."""
-    start = backward_start(graph)
-    if start is None:
-        return 0
+def recompute(graph: Graph, backward: "set[Node] | None" = None) -> int:
+    """Recompute cheap saved values in the backward section; returns how many. In place.
+
+    ``backward``: the backward section's nodes, for a graph without the seed's marker (a
+    pipeline chunk's); default: from ``backward_start`` on. The clones are marked
+    ``Location.recompute == "cheap"``."""
+    if backward is None:
+        start = backward_start(graph)
+        if start is None:
+            return 0
+        in_bwd = _backward_set(graph, start)
+    else:
+        in_bwd = set(backward)
     count = 0
     changed = True
     while changed:
         changed = False
-        in_bwd = _backward_set(graph, start)
         in_order = [r for n in graph.nodes if n not in in_bwd for r in n.results
                     if any(u in in_bwd for u in r.users)]
         saved = set(in_order)
@@ -151,12 +166,11 @@ def recompute(graph: Graph) -> int:
                 continue
             users = [u for u in v.users if u in in_bwd]
             first = min(users, key=lambda u: u._order)
-            clone = Node(p.op, list(p.operands), dict(p.attrs), [v.type], p.loc, [None])
+            clone = Node(p.op, list(p.operands), dict(p.attrs), [v.type], _marked(p, "cheap"), [None])
             graph.insert_before(first, clone)
-            if first is start:
-                # The clone now opens the backward section (else it would count as forward
-                # and be "saved" and recomputed again, forever).
-                start = clone
+            # The clone belongs to the backward section (else it would count as forward and
+            # be "saved" and recomputed again, forever).
+            in_bwd.add(clone)
             new = clone.results[0]
             for u in users:
                 for i, o in enumerate(u.operands):
@@ -178,13 +192,168 @@ def _backward_set(graph: Graph, start: Node) -> set[Node]:
     return out
 
 
+# --- recomputation by layer -----------------------------------------------------------------
+
+POLICIES = ("none", "cheap", "selective", "full")
+
+# A module path component that names a layer's attention block (GPT-2 ``attn``, Llama
+# ``self_attn``, BERT ``attention``).
+_ATTENTION_SCOPE = re.compile(r"attn|attention", re.IGNORECASE)
+# Fused attention ops whose backward op recomputes the scores from q, k, v and the saved
+# row statistics (``attention_grad`` reads q, k, v, out, lse: the flash-attention backward),
+# so they save nothing quadratic in the sequence: recomputing one would cost an attention
+# forward to free only ``out`` and ``lse``, which grow linearly. Selective recomputation
+# keeps their results.
+_FUSED_ATTENTION = frozenset({"attention"})
+
+
+def recompute_policy(value: object, what: str = "recompute") -> str:
+    """``value`` as one of ``POLICIES``: False/None -> "none", True -> "cheap" (the op-level
+    pass), or the policy's name."""
+    if value is None or value is False:
+        return "none"
+    if value is True:
+        return "cheap"
+    if isinstance(value, str) and value in POLICIES:
+        return value
+    from ..ir.diagnostics import suggest
+    from .grad import AutodiffError
+
+    hint = suggest(value, POLICIES) if isinstance(value, str) else ""
+    raise AutodiffError(f"{what}={value!r}{hint} is not a recomputation policy; use False or 'none' (keep every "
+                        "activation), True or 'cheap' (recompute cheap elementwise values), 'selective' (the "
+                        "attention core of each layer) or 'full' (each layer keeps only its input)")
+
+
+def recomputed_nodes(graph: Graph) -> set[Node]:
+    """The nodes of ``graph`` that recompute a forward value for the backward (any policy):
+    those whose location has ``recompute`` set."""
+    return {n for n in graph.nodes if n.loc is not None and n.loc.recompute}
+
+
+def recompute_policy_of(graph: Graph) -> str:
+    """The layer policy a graph's recomputed nodes were made with (``"full"`` or
+    ``"selective"``), else ``"cheap"`` if it has cheap ones, else ``"none"``."""
+    found = {n.loc.recompute for n in recomputed_nodes(graph) if n.loc is not None}
+    for p in ("full", "selective", "cheap"):
+        if p in found:
+            return p
+    return "none"
+
+
+def _marked(node: Node, policy: str) -> Location:
+    loc = node.loc or node.text_loc
+    return replace(loc, recompute=policy) if loc is not None else Location("", 0, recompute=policy)
+
+
+def _in_attention(node: Node, layer: str) -> bool:
+    loc = node.loc
+    if loc is None or not loc.scope.startswith(layer):
+        return False
+    return any(_ATTENTION_SCOPE.search(part) for part in loc.scope[len(layer):].split(".") if part)
+
+
+def _recomputable(node: Node, layer: str, policy: str) -> bool:
+    op = OPS.get(node.op)
+    if op is None or op.effects_of(node.attrs):
+        return False
+    if policy == "full":
+        return True
+    # Selective: the attention core, what lies between the q/k/v projections and the output
+    # projection (it reads no param: the projections and their biases stay saved).
+    return (_in_attention(node, layer) and node.op not in _FUSED_ATTENTION
+            and not any(v.producer is None and v.role == "param" for v in node.operands))
+
+
+def recompute_layers(graph: Graph, policy: str = "full", backward: "set[Node] | None" = None) -> int:
+    """Recompute, per layer, the forward values the layer's backward reads; returns how many
+    nodes were cloned. In place.
+
+    A layer is found as the pipeline stage cut finds it (a module scope ending in a number,
+    ``partita.ir.layers.node_layer``); the layer's backward is the backward nodes with that layer (each
+    carries the location of the forward node it differentiates). For each layer, every value
+    made by a recomputable forward node of the layer (``full``: any node without effects;
+    ``selective``: the attention core) and read by the layer's backward is computed again:
+    the cone of such nodes back to the values entering it (the layer's input activations,
+    params, values of other layers, non-recomputable nodes' results, which stay saved) is
+    cloned, in forward order, right before the first node of the layer's backward that reads
+    one of them, and the layer's backward reads the clones. Other readers (the next layer's
+    backward reading this layer's output, its input) keep the forward values. Clones are
+    marked ``Location.recompute == policy``.
+
+    ``backward``: the backward section's nodes (default: from ``backward_start`` on).
+    """
+    if policy not in ("full", "selective"):
+        raise ValueError(f"recompute_layers: policy must be 'full' or 'selective', got {policy!r}")
+    if backward is None:
+        start = backward_start(graph)
+        if start is None:
+            return 0
+        in_bwd = _backward_set(graph, start)
+    else:
+        in_bwd = set(backward)
+    nodes = list(graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    layer_of = {n: node_layer(n) for n in nodes}
+    layers: list[str] = []
+    for n in nodes:
+        lay = layer_of[n]
+        if n not in in_bwd and lay and lay not in layers:
+            layers.append(lay)
+    count = 0
+    for lay in layers:
+        members = {n for n in nodes if n not in in_bwd and layer_of[n] == lay and _recomputable(n, lay, policy)}
+        reads = [(u, i, v) for u in nodes if u in in_bwd and layer_of[u] == lay
+                 for i, v in enumerate(u.operands) if v.producer in members]
+        if not reads:
+            continue
+        cone: set[Node] = set()
+        stack: list[Node | None] = [v.producer for _, _, v in reads]
+        while stack:
+            top = stack.pop()
+            if top is None or top in cone or top not in members:
+                continue
+            cone.add(top)
+            stack.extend(o.producer for o in top.operands)
+        first = min((u for u, _, _ in reads), key=lambda u: pos[u])
+        vmap: dict[Value, Value] = {}
+        for n in sorted(cone, key=lambda x: pos[x]):
+            m = Node(n.op, [vmap.get(o, o) for o in n.operands], dict(n.attrs), [r.type for r in n.results],
+                     _marked(n, policy), [None] * len(n.results))
+            graph.insert_before(first, m)
+            in_bwd.add(m)
+            for a, b in zip(n.results, m.results):
+                vmap[a] = b
+        for u, i, v in reads:
+            graph.set_operand(u, i, vmap[v])
+        count += len(cone)
+    return count
+
+
+def apply_recompute(graph: Graph, policy: object, backward: "set[Node] | None" = None) -> int:
+    """Apply recomputation ``policy`` (see ``recompute_policy``) to a training graph in place;
+    returns how many nodes it cloned. ``backward`` as for ``recompute_layers``."""
+    p = recompute_policy(policy)
+    if p == "none":
+        return 0
+    if p == "cheap":
+        return recompute(graph, backward)
+    return recompute_layers(graph, p, backward)
+
+
 @register_pass
 class Recompute(Pass):
-    """Recompute cheap forward values (elementwise and data-movement ops whose operands are
-    kept anyway) in the backward section instead of keeping them alive across it."""
+    """Recompute forward values in the backward section instead of keeping them alive across
+    it. ``policy=cheap`` (default): cheap values (elementwise and data-movement ops whose
+    operands are kept anyway); ``selective``: each layer's attention core; ``full``: each
+    layer keeps only its input; ``none``: nothing."""
 
     name = "recompute"
 
+    @dataclass
+    class Options:
+        policy: Literal["none", "cheap", "selective", "full"] = "cheap"
+
     def run(self, graph: Graph) -> Graph:
-        recompute(graph)
+        apply_recompute(graph, self.options.policy)
         return graph

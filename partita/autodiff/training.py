@@ -68,7 +68,7 @@ def _append_loss(graph: Graph, loss: str, output: int) -> None:
 
 def training_step(forward: Graph, loss: int | str | None = None, optimizer: Literal["adamw", "sgd"] | None = "adamw",
                   *, output: int = 0, wrt: list[str] | None = None, unused: Literal["zeros", "error"] = "zeros",
-                  recompute: bool = False, **optimizer_options: Any) -> Graph:
+                  recompute: bool | str = False, **optimizer_options: Any) -> Graph:
     """Build the training step of ``forward`` (the input graph is not changed).
 
     loss: None or an int: that output of ``forward`` is already the scalar loss (default 0);
@@ -77,8 +77,12 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
       input of the output's type.
     optimizer: ``"adamw"`` or ``"sgd"`` with ``optimizer_options`` (lr, weight_decay, ...), or
       None to return ``(loss, <p>.grad...)`` without an update.
-    recompute: recompute cheap forward values in the backward section instead of keeping
-      them alive (``partita.autodiff.memory.recompute``).
+    recompute: which forward values the backward computes again instead of keeping them alive
+      (``partita.autodiff.memory``; docs/autodiff.md, "Recomputation"): False or ``"none"``;
+      True or ``"cheap"`` (cheap elementwise and data-movement values); ``"selective"`` (each
+      layer's attention core); ``"full"`` (each layer keeps only its input and runs its
+      forward again right before its backward). The recomputed nodes carry
+      ``Location.recompute``, which is also how a pipeline built from the step finds the policy.
     The forward is first run through ``fuse-activations`` (spelled-out GELU/SiLU -> one op).
     """
     if not isinstance(forward, Graph):
@@ -90,6 +94,9 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
         if not 0 <= loss < len(forward.outputs):
             raise AutodiffError(f"training_step: loss={loss}, but @{forward.name} has {len(forward.outputs)} "
                                 f"output(s); give the index of the output that is the scalar loss")
+    from .memory import apply_recompute, recompute_policy
+
+    policy = recompute_policy(recompute, "training_step: recompute")
     update = None
     if optimizer is not None:
         update = _OPTIMIZERS.get(optimizer) if isinstance(optimizer, str) else None
@@ -127,10 +134,9 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
     # the gradients are outputs known by their names (<p>.grad), which canonicalize and cse
     # may merge or replace, so that graph only loses its dead code.
     PassManager.parse("canonicalize,cse,dce" if optimizer is not None else "dce", verify_each=False).run(g)
-    if recompute:
-        from .memory import recompute as _recompute
-
-        _recompute(g)
+    # After the cleanup: cse would merge each clone back into its forward original (it keeps
+    # recomputed nodes apart now, but the cleanup runs on the graph before they exist anyway).
+    apply_recompute(g, policy)
     g.name = f"{forward.name}.train_step" if optimizer is not None else f"{forward.name}.grad"
     verify(g)
     return g

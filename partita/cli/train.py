@@ -20,7 +20,7 @@ import numpy as np
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Value, input_name
 from ..ir.weights import Weights
-from ..autodiff.memory import analyze, recompute
+from ..autodiff.memory import analyze, apply_recompute
 from ..autodiff.training import Trainer, training_step
 from .common import float_arg, int_arg, random_array, seed_arg
 
@@ -43,8 +43,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     t.add_argument("--loss", choices=("auto", "cross_entropy", "mse"), default="auto",
                    help="auto: output 0 if it is a scalar, else cross entropy over its last dim")
     t.add_argument("--backend", choices=("torch", "numpy"), default="torch", help="executor (default torch)")
-    t.add_argument("--recompute", action="store_true",
-                   help="recompute cheap forward values in backward instead of keeping them")
+    t.add_argument("--recompute", nargs="?", const="cheap", default="none",
+                   choices=("none", "cheap", "selective", "full"),
+                   help="recompute forward values in backward instead of keeping them: cheap (the default when "
+                        "given alone), selective (each layer's attention core) or full (each layer keeps only "
+                        "its input)")
     t.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     t.add_argument("--same-batch", action="store_true",
                    help="reuse one batch every step (the loss then falls as the model fits it)")
@@ -117,7 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise TrainError("--momentum applies to --optimizer sgd only")
     t0 = time.perf_counter()
     step = training_step(fwd, loss=loss, optimizer=args.optimizer, **opts)
-    n_recomputed = recompute(step) if args.recompute else 0
+    n_recomputed = apply_recompute(step, args.recompute)
     build_s = time.perf_counter() - t0
     params = [v for v in step.inputs if v.role == "param"]
     nparams = sum(int(np.prod(v.type.shape)) for v in params)
@@ -126,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{loss if isinstance(loss, str) else 'output ' + str(loss)}, {args.optimizer} "
           f"{', '.join(f'{k}={v:g}' for k, v in opts.items())}")
     print(f"training step: {len(step)} nodes, built in {build_s:.2f} s"
-          + (f", {n_recomputed} values recomputed in backward" if args.recompute else ""))
+          + (f", {n_recomputed} values recomputed in backward" if args.recompute != "none" else ""))
     print(mem.text(top=3))
     if args.save_step:
         from .. import save

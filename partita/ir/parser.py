@@ -914,8 +914,14 @@ class _Parser:
             self.advance()
             scope = self.string_value(self.expect_kind("string", 'a quoted module path after "in", as in '
                                                                   'loc("file":line in "h.3.attn")'))
+        recompute = ""
+        if self.tok.kind == "ident" and self.tok.text == "recompute":
+            self.advance()
+            recompute = self.string_value(self.expect_kind("string", 'the quoted recomputation policy after '
+                                                                      '"recompute", as in loc("file":line recompute '
+                                                                      '"full")'))
         self.expect(")", "')' to close loc(...)")
-        return Location(self.string_value(f), ln, col, scope)
+        return Location(self.string_value(f), ln, col, scope, recompute)
 
     def expect_count(self, what: str) -> int:
         tok = self.tok

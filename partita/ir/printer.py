@@ -168,7 +168,8 @@ def _nest(flat: list[str], shape: tuple[int, ...]) -> str:
 
 def format_loc(loc: Location) -> str:
     s = f"loc({json.dumps(loc.file)}:{loc.line}" + (f":{loc.col}" if loc.col else "")
-    return s + (f" in {json.dumps(loc.scope)})" if loc.scope else ")")
+    s += f" in {json.dumps(loc.scope)}" if loc.scope else ""
+    return s + (f" recompute {json.dumps(loc.recompute)})" if loc.recompute else ")")
 
 
 class _Printer:

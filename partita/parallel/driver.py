@@ -115,7 +115,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
-                _track: bool = False) -> Any:
+                recompute: bool | str | None = None, _track: bool = False) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -139,8 +139,11 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     ``schedule`` is ``"1f1b"`` (default), ``"gpipe"``, ``"interleaved"`` (with
     ``virtual_stages`` chunks per rank) or ``"zero-bubble"``; ``stages`` names the cut
     (``["h.3", "h.7"]``: the layers later stages start at) or gives layers per stage
-    (``[3, 3, 2]``); by default the cut balances the stages' work. A forward graph gets a
-    forward-only (inference) pipeline.
+    (``[3, 3, 2]``); by default the cut balances the stages' work; ``recompute``
+    (``"full"``, ``"selective"``, ``"cheap"``/True, ``"none"``/False) is the activation
+    recomputation of every chunk's backward (default: the step's own, from
+    ``training_step(..., recompute=...)``). A forward graph gets a forward-only (inference)
+    pipeline.
     """
     import time
 
@@ -156,15 +159,19 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         return parallelize_pipeline(graph, m, s, annotations, microbatches=1 if microbatches is None else microbatches,
                                     schedule="1f1b" if schedule is None else schedule,
                                     virtual_stages=1 if virtual_stages is None else virtual_stages, stages=stages,
+                                    recompute=recompute,
                                     allow_replication=allow_replication, bucket_mb=bucket_mb,
                                     first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch,
                                     gather_mb=gather_mb)
     pipeline_only = [k for k, x in (("microbatches", microbatches), ("schedule", schedule),
-                                    ("virtual_stages", virtual_stages), ("stages", stages)) if x is not None]
+                                    ("virtual_stages", virtual_stages), ("stages", stages),
+                                    ("recompute", recompute)) if x is not None]
     if pipeline_only:
         raise StrategyError(f"parallelize: {', '.join(pipeline_only)} {'is' if len(pipeline_only) == 1 else 'are'} "
                             f"options of pipeline parallelism, but strategy {s} has no 'pp'; add it (e.g. "
-                            f"strategy='pp+{s}' on a mesh with a pp axis) or leave {pipeline_only[0]} out")
+                            f"strategy='pp+{s}' on a mesh with a pp axis) or leave {pipeline_only[0]} out"
+                            + ("; a step recomputes on any mesh when built with training_step(..., recompute=...)"
+                               if "recompute" in pipeline_only else ""))
     g = graph.clone()
     # With _track, what each node and value of the caller's graph became in the copy (the
     # strategies rewrite the copy in place: its original nodes keep their identity).

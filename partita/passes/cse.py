@@ -27,8 +27,10 @@ class CommonSubexpressionElimination(Pass):
 
     Operands of ops whose record says ``commutative`` are compared as an unordered pair, so
     ``add(a, b)`` and ``add(b, a)`` merge. Ops with effects are never merged (nor are ops
-    that are not registered). One forward sweep with a hash table: linear in the number of
-    nodes.
+    that are not registered). A node that recomputes a forward value for the backward
+    (``Location.recompute``) is a deliberate copy, made so the original can die early; it is
+    never merged with a node of another recomputation policy (the model's own included).
+    One forward sweep with a hash table: linear in the number of nodes.
     """
 
     name = "cse"
@@ -49,7 +51,9 @@ class CommonSubexpressionElimination(Pass):
             else:
                 key_ops = tuple(ops)
             attrs = node.attrs
-            key = (op, key_ops, tuple([(k, _attr_key(v)) for k, v in attrs.items()]) if attrs else None)
+            loc = node.loc
+            key: tuple = (op, key_ops, tuple([(k, _attr_key(v)) for k, v in attrs.items()]) if attrs else None,
+                          loc.recompute if loc is not None else "")
             first = seen.setdefault(key, node)
             if first is node or not node.results:
                 continue

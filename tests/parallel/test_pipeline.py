@@ -695,3 +695,39 @@ def test_annotations_place_the_stages_inputs_and_refuse_intermediate_values(gpt2
     assert rel_err(got[0], gpt2.want[0]) <= TOL
     with pytest.raises(PipelineError, match=r"annotations may place the graph's inputs .* %17 is not one"):
         _pp(gpt2.step, "pp=2,dp=2", "pp+dp", microbatches=2, annotations={"17": "[dp, -]"})
+
+
+# --- recomputation by layer in the chunks' backward -------------------------------------------
+
+
+@pytest.mark.parametrize("mesh,strategy,schedule", [("pp=2,dp=2", "pp+dp", "1f1b"), ("pp=2", "pp", "zero-bubble")])
+def test_gpt2_full_recompute_in_every_chunk_matches_one_device(gpt2, mesh, strategy, schedule):
+    """recompute="full" reruns each layer's forward cone in its chunk's backward: the ranks'
+    programs hold the marked clones (in B, before W), and simulate still gives the
+    single-device step."""
+    from partita.autodiff.memory import recomputed_nodes
+
+    prog = check_step(gpt2, mesh, strategy, microbatches=4, schedule=schedule, recompute="full")
+    for cp in prog.pipeline.chunks:
+        rc = recomputed_nodes(cp.graph)
+        assert rc and rc <= set(cp.B), cp.index
+    per_rank = [len(recomputed_nodes(g)) for g in prog.rank_graphs()]
+    # Each rank runs its chunk's clones once per microbatch (the partition keeps the marks).
+    assert per_rank[0] == 4 * len(recomputed_nodes(prog.pipeline.chunks[0].graph)), per_rank
+    assert all(per_rank), per_rank
+
+
+def test_pipeline_takes_the_steps_recompute_policy_and_refuses_another(gpt2):
+    from partita.autodiff.memory import recompute_policy_of
+    from partita.autodiff.training import training_step
+
+    step = training_step(gpt2.fwd, loss="cross_entropy", optimizer="sgd", lr=0.05, momentum=0.9, recompute="full")
+    prog = _pp(step, "pp=2", microbatches=2)
+    assert all(recompute_policy_of(cp.graph) == "full" for cp in prog.pipeline.chunks)
+    assert prog.simulate(gpt2.inputs) is not None
+    with pytest.raises(PipelineError, match="was built with recompute='full'"):
+        _pp(step, "pp=2", microbatches=2, recompute="selective")
+    with pytest.raises(PipelineError, match="forward graph"):
+        _pp(gpt2.fwd, "pp=2", microbatches=2, recompute="full")
+    with pytest.raises(StrategyError, match="training_step"):
+        _pp(gpt2.step, "dp=2", "dp", recompute="full")

@@ -523,8 +523,9 @@ def _tag(what: str, chunk: int, mb: int | str, i: int, stages: int, virtual: int
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *,
-                   axis: str = "pp", cut: Any = None) -> Pipeline:
-    """The pipeline of ``step`` (see the module docstring)."""
+                   axis: str = "pp", cut: Any = None, recompute: str = "none") -> Pipeline:
+    """The pipeline of ``step`` (see the module docstring); ``recompute``: the activation
+    recomputation policy of every chunk's backward."""
     fwd, training = forward_of(step)
     if not training and not schedule.forward_only:
         raise PipelineError(f"pipeline: @{step.name} is a forward graph (no optimizer update, no gradients); a "
@@ -534,7 +535,8 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     sc = partition_stages(mbg.graph, schedule.chunks, cut, virtual=schedule.virtual)
     last = schedule.chunks - 1
     chunks = [build_chunk_program(ch, ch.index == last, mbg.loss if ch.index == last else None,
-                                  forward_only=not training, outputs=None if training else mbg.outputs)
+                                  forward_only=not training, outputs=None if training else mbg.outputs,
+                                  recompute=recompute)
               for ch in sc.chunks]
     if schedule.split:
         for cp in chunks[1:]:

@@ -23,10 +23,37 @@ def _positive(name: str, x: Any, fix: str) -> int:
     return x
 
 
+def _recompute_policy(graph: Graph, recompute: bool | str | None, training: bool) -> str:
+    """The recomputation policy of the chunks' backward. The pipeline derives each chunk's
+    backward again from the step's forward, so a step's own recomputation would be lost:
+    the step's policy (read from its recomputed nodes' locations) is taken, and an explicit
+    ``recompute`` that contradicts it is refused."""
+    from ...autodiff.grad import AutodiffError
+    from ...autodiff.memory import recompute_policy, recompute_policy_of
+
+    own = recompute_policy_of(graph) if training else "none"
+    if recompute is None:
+        return own
+    try:
+        asked = recompute_policy(recompute, "parallelize: recompute")
+    except AutodiffError as e:
+        raise PipelineError(str(e)) from None
+    if not training and asked != "none":
+        raise PipelineError(f"parallelize: recompute={recompute!r}, but @{graph.name} is a forward graph: a forward-only "
+                            "pipeline has no backward to recompute for; leave recompute out")
+    if own != "none" and asked != own:
+        raise PipelineError(f"parallelize: recompute={recompute!r}, but the step @{graph.name} was built with "
+                            f"recompute={own!r} (its recomputed nodes say so); the pipeline applies one policy to "
+                            f"every chunk's backward: pass recompute={own!r} or leave it out, or build the step with "
+                            f"training_step(..., recompute={asked!r})")
+    return asked
+
+
 def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          annotations: Mapping[str, Any] | None = None, *, microbatches: int = 1,
                          schedule: str = "1f1b", virtual_stages: int = 1,
-                         stages: Sequence[str] | Sequence[int] | None = None, **spmd: Any) -> PipelineProgram:
+                         stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
+                         **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
     on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``."""
     from ..driver import parallelize
@@ -59,6 +86,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         raise PipelineError(f"strategy {strategy} on {mesh}: the mesh axes {', '.join(a for a, _ in others)} have no "
                             f"strategy; add one (e.g. 'pp+dp') or use the mesh '{axis}={S}'")
     training = is_training(graph)
+    policy = _recompute_policy(graph, recompute, training)
     sched = make_schedule(schedule, S, M, v, forward_only=not training)
     sched.validate()
     dp_axis = rest.dp_axis
@@ -70,7 +98,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             raise PipelineError(f"pipeline: a microbatch of %{x.name} has {rows} rows ({x.type.shape[0]} / {M} "
                                 f"microbatches), which the {dp} data-parallel ranks do not divide; use a batch of a "
                                 f"multiple of {M * dp} rows or fewer microbatches")
-    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages)
+    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages, recompute=policy)
     timings["pipeline"] = time.perf_counter() - t0
     bucket_mb = spmd.pop("bucket_mb", 25.0)
     first_mb = spmd.pop("first_bucket_mb", 1.0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...autodiff.grad import AutodiffError, backward
+from ...autodiff.memory import apply_recompute, recomputed_nodes
 from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import verify
@@ -61,10 +62,11 @@ class ChunkProgram:
 
 
 def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward_only: bool = False,
-                        outputs: list[Value] | None = None) -> ChunkProgram:
+                        outputs: list[Value] | None = None, recompute: str = "none") -> ChunkProgram:
     """The ChunkProgram of ``chunk``; ``loss`` (the forward graph's loss share, last chunk
     only) seeds its backward with 1. ``outputs``: for a forward-only pipeline, the forward
-    graph's outputs the last chunk returns."""
+    graph's outputs the last chunk returns. ``recompute``: the activation recomputation
+    policy applied to the chunk's backward (``partita.autodiff.memory.apply_recompute``)."""
     g = Graph(f"chunk{chunk.index}")
     b = Builder(g)
     vmap: dict[Value, Value] = {}
@@ -143,7 +145,15 @@ def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward
     names = list(param_grads)
     param_grads = {nm: o[k + i] for i, nm in enumerate(names)}
     f_set = value_cone(send + ([loss_v] if loss_v is not None else []) + final)
-    b_set = value_cone([x for x in new_rg if x is not None]) - f_set
+    recomputed: set[Node] = set()
+    if not forward_only and recompute != "none":
+        # After the cleanup, on the backward as the chunk runs it: everything outside F.
+        apply_recompute(g, recompute, {n for n in g.nodes if n not in f_set})
+        verify(g)
+        recomputed = recomputed_nodes(g)
+    # A recomputed node is part of B (before the first B node that reads it) even where only
+    # weight gradients read it: W runs after B in every schedule, so it finds the values there.
+    b_set = (value_cone([x for x in new_rg if x is not None]) | recomputed) - f_set
     w_set = value_cone(list(param_grads.values())) - f_set - b_set
     order = list(g.nodes)
     cp = ChunkProgram(chunk.index, g, [g.input(f"pp.recv{i}") for i in range(len(recv))], send,

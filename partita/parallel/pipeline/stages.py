@@ -20,11 +20,11 @@ rotary tables): then the later chunk recomputes it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ...ir.graph import Graph, Node, Value
+from ...ir.layers import layer_of_path, node_layer
 from ...ops.registry import OPS
 from .schedule import PipelineError
 
@@ -34,16 +34,6 @@ BYTE_FLOPS = 10
 # A byte sent to another stage costs this many FLOPs, and a send this many more (latency).
 SEND_BYTE_FLOPS = 100
 SEND_FLOPS = 100_000
-
-_LAYER = re.compile(r"^(.*?(?:^|\.)\d+)(?:\.|$)")
-
-
-def layer_of_path(path: str) -> str | None:
-    """The layer a module path or parameter name belongs to: its prefix up to the first
-    numeric component (``lm.transformer.h.3.attn.c_attn`` -> ``lm.transformer.h.3``)."""
-    m = _LAYER.match(path)
-    return m.group(1) if m else None
-
 
 def node_work(node: Node) -> float:
     """The node's work in FLOPs, with bytes moved counted as ``BYTE_FLOPS`` each."""
@@ -100,21 +90,6 @@ class StageCut:
         return "\n".join(lines)
 
 
-def _node_layer(node: Node) -> str | None:
-    loc = node.loc
-    if loc is not None and loc.scope:
-        lay = layer_of_path(loc.scope)
-        if lay is not None:
-            return lay
-        return ""  # a known scope outside every layer (embeddings, head)
-    for v in node.operands:
-        if v.producer is None and v.role == "param" and v.name:
-            lay = layer_of_path(v.name)
-            if lay is not None:
-                return lay
-    return None
-
-
 def _short(layer: str) -> str:
     """``lm.transformer.h.3`` -> ``h.3``: the last two components, as a user names it."""
     parts = layer.split(".")
@@ -129,7 +104,7 @@ def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence
         raise PipelineError(f"pipeline: stages={stages!r} is one string; give a list: stages=[{stages!r}] (the "
                             "layers later stages start at) or layer counts per stage such as stages=[2, 2]")
     nodes = list(graph.nodes)
-    raw = {n: _node_layer(n) for n in nodes}
+    raw = {n: node_layer(n) for n in nodes}
     layers: list[str] = []
     for n in nodes:
         lay = raw[n]
@@ -379,4 +354,4 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
     return StageCut(graph, chunks, layers, how)
 
 
-__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_work", "partition_stages", "value_cone"]
+__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_layer", "node_work", "partition_stages", "value_cone"]
