@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -512,9 +513,17 @@ def _signatures(graph: Graph, nodes: list[Node]) -> dict[Node, str]:
     return sig
 
 
-def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
+def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False) -> list[Node]:
     """Re-sort the nodes of ``graph`` (in place) so that its collectives come in one order
     that depends only on the program; returns the collective nodes in that order.
+
+    ``keep_order``: the program's order is already the one to keep (a pipeline rank's
+    program, whose compute follows the schedule, and whose dp/tp peers run the very same
+    program): the collectives keep their relative order and only move up, each to just after
+    the last node it needs, and every other node keeps its place (see ``_hoist_collectives``).
+    Ordering by readiness would interleave microbatches: a later microbatch's forward (ready
+    early, and needed by its own collectives) would run before the backward the schedule puts
+    first, and the pipeline would stall on every microbatch.
 
     The collectives are ordered first by how early their operands can be ready (the longest
     chain of nodes from the graph inputs; for an all_gather, how early its result is read),
@@ -542,6 +551,13 @@ def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
         if n in chain:
             ds.append(chain[n])
         return ds
+
+    if keep_order:
+        order = _sink_gathers(_hoist_collectives(nodes, pos, deps))
+        if prefetch:
+            order = _prefetch_gathers(order, prefetch)
+        _apply_order(graph, order)
+        return [n for n in order if _is_collective(n)]
 
     depth: dict[Node, int] = {}
     for n in nodes:
@@ -620,6 +636,35 @@ def order_collectives(graph: Graph, prefetch: int = 1) -> list[Node]:
         order = _prefetch_gathers(order, prefetch)
     _apply_order(graph, order)
     return [n for n in order if _is_collective(n)]
+
+
+def _hoist_collectives(nodes: list[Node], pos: dict[Node, int],
+                       deps: Callable[[Node], list[Node]]) -> list[Node]:
+    """``nodes`` with each collective moved up to just after the last node it needs (and
+    after the collective before it: they keep their order); every other node keeps its place.
+
+    A collective's anchor is the latest of its non-collective dependencies, its collective
+    dependencies' anchors and the previous collective's anchor; it is emitted right after
+    its anchor. Every reader of a collective came after it, so after its anchor: the order
+    stays valid. O(N)."""
+    anchor: dict[Node, int] = {}
+    last = -1
+    after: dict[int, list[Node]] = defaultdict(list)
+    for n in nodes:
+        if not _is_collective(n):
+            continue
+        a = last
+        for d in deps(n):
+            a = max(a, anchor[d] if d in anchor else pos[d])
+        anchor[n] = last = a
+        after[a].append(n)
+    out: list[Node] = list(after.get(-1, ()))
+    for i, n in enumerate(nodes):
+        if n in anchor:
+            continue
+        out.append(n)
+        out.extend(after.get(i, ()))
+    return out
 
 
 def _sink_gathers(schedule: list[Node]) -> list[Node]:

@@ -379,6 +379,9 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
     at_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "raise" else None
     kill_count = [0]
     injected = at_step is not None
+    # "kill-mid" counts the point-to-point ops when the program has any (a pipeline rank: the
+    # fault lands in the schedule's transfers, wherever the collectives sit), else collectives.
+    mid_p2p = any(is_point_to_point(st[-1]) for st in program.steps)
     for i, st in enumerate(program.steps):
         fn, node = st[0], st[-1]
         if OPS[node.op].collective is not None or is_point_to_point(node):
@@ -401,8 +404,9 @@ def _instrument(program, mesh: Mesh, rank: int, timeout_s: float, fault: tuple[i
 
             timed = wait_cell is not None and is_point_to_point(node) and not node.operands
             # "kill-mid": the rank dies at the fault step as it enters its third point-to-point
-            # op (or collective), in the middle of a pipeline schedule.
-            mid_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "kill-mid" else None
+            # op (or collective, in a program without any), in the middle of a pipeline schedule.
+            mid_step = fault[1] if fault is not None and fault[0] == rank and fault[2] == "kill-mid" \
+                and is_point_to_point(node) == mid_p2p else None
 
             def wrapped(args, attrs, fn=fn, fail=fail, timed=timed, mid_step=mid_step):
                 ordinal = tracker.enter()
@@ -970,8 +974,8 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     torch's default). ``_fault=(rank, step, kind)`` injects a failure for tests: "raise" (the
     rank's first compute node raises), "exit" (os._exit(3)), "kill" (SIGKILL), "stall" (the
     rank sleeps, so its peers' collectives time out), "stop" (the rank sends itself SIGSTOP)
-    or "kill-mid" (SIGKILL as the rank enters its third send, recv or collective of that step:
-    a pipeline stage dying in the middle of its schedule).
+    or "kill-mid" (SIGKILL as the rank enters its third send or recv of that step, or its
+    third collective in a program without them: a pipeline stage dying mid-schedule).
 
     Raises ``LaunchError`` for arguments that cannot make a run (and, outside torchrun, for a
     main module that spawn cannot re-import: ``check_spawnable``), ``RankFailure`` when a rank

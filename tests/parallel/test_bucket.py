@@ -460,6 +460,35 @@ def test_collectives_are_issued_as_early_as_their_operands_allow():
     assert_same_outputs(run_mesh(g, mesh, inputs), want)
 
 
+def test_keep_order_hoists_collectives_and_moves_nothing_else():
+    # A pipeline rank's program: the compute follows the schedule (here: microbatch 1's
+    # backward part %u before microbatch 2's forward %f2, whose all_gather is ready earlier).
+    # Ordering by readiness would pull %f2 and its gather above %u; keep_order only moves the
+    # collectives up, in their order, and leaves every other node where it was.
+    g = partita.parse("""graph @g(%x: f32[4], %y: f32[4]) -> (f32[4], f32[8]) mesh(dp=2) {
+      %h = mul(%x, %x) : f32[4]
+      %u = exp(%h) : f32[4]
+      %v = add(%u, %h) : f32[4]
+      %f2 = mul(%y, %y) : f32[4]
+      %a = all_reduce(%v) {axis="dp", group_size=2} : f32[4]
+      %g2 = all_gather(%f2) {axis="dp", group_size=2, dim=0} : f32[8]
+      %b = all_reduce(%h) {axis="dp", group_size=2} : f32[4]
+      %s = add(%a, %b) : f32[4]
+      return %s, %g2
+    }""")
+    mesh = Mesh.of("dp=2")
+    inputs = random_feeds(g, mesh, seed=9)
+    want = run_mesh(g, mesh, inputs)
+    compute_before = [n.results[0].name for n in g.nodes if n.op not in ("all_reduce", "all_gather")]
+    order = order_collectives(g, keep_order=True)
+    partita.verify(g)
+    assert [n.results[0].name for n in order] == ["a", "g2", "b"]
+    assert [n.results[0].name for n in g.nodes if n.op not in ("all_reduce", "all_gather")] == compute_before
+    # %a right after %v; %g2 (its operand is ready) keeps its place after %a; %b after %g2.
+    assert [n.results[0].name for n in g.nodes] == ["h", "u", "v", "a", "f2", "g2", "b", "s"]
+    assert_same_outputs(run_mesh(g, mesh, inputs), want)
+
+
 def test_check_collective_order_names_the_swapped_pair():
     mesh = Mesh.of("dp=2")
     text = """graph @g(%x: f32[4], %y: f32[6]) -> (f32[4], f32[6]) mesh(dp=2) {

@@ -172,7 +172,7 @@ def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool
     if gather_mb is not None:
         bucket_gathers(local, gather_mb)
     if order:
-        order_collectives(local, prefetch)
+        order_collectives(local, prefetch, keep_order=True)
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
