@@ -107,3 +107,16 @@ def test_an_unknown_name_lists_the_shipped_clusters(tmp_path):
 def test_a_dtype_the_device_does_not_list_is_an_error():
     with pytest.raises(ClusterError, match=r"device 'X1' lists no peak FLOP/s for f8; it lists bf16, f32"):
         parse_cluster(GOOD).device.flops("f8")
+
+
+def test_the_efficiency_table_is_optional_parsed_and_checked():
+    from partita.cluster import Efficiency
+
+    assert parse_cluster(GOOD).efficiency == Efficiency()
+    c = parse_cluster(GOOD + '\n[efficiency]\ngemm = 0.7\ngemm_knee = 128\nop_overhead = "4 us"\n')
+    assert c.efficiency.gemm == 0.7 and c.efficiency.gemm_knee == 128
+    assert c.efficiency.op_overhead == pytest.approx(4e-6) and c.efficiency.memory == Efficiency().memory
+    with pytest.raises(ClusterError, match=r"<cluster>:\d+: \[efficiency\] gemm must be a fraction in \(0, 1\], got 1.5"):
+        parse_cluster(GOOD + "\n[efficiency]\ngemm = 1.5\n")
+    with pytest.raises(ClusterError, match=r"unknown field \[efficiency\] gem .*did you mean 'gemm'"):
+        parse_cluster(GOOD + "\n[efficiency]\ngem = 0.5\n")

@@ -1,0 +1,184 @@
+"""The cost model: how long one op of a per-rank program takes on a cluster's device, and how
+long a collective takes over the links its group crosses.
+
+Compute ops are priced from their op record's ``Cost`` (FLOPs, bytes read and written), the
+device's peaks and the cluster's ``[efficiency]`` table (``Efficiency``, fitted once per
+machine and written in the cluster file, never tuned per model):
+
+- **GEMMs** (matmul, convolutions; ``GEMM_OPS``): ``flops / (peak(dtype) * e)`` with
+  ``e = gemm * prod(d / (d + gemm_knee))`` over the product's m, n and k, so a thin matmul
+  (a small tensor-parallel shard, a microbatch of one sequence) runs further from the peak
+  than a square one;
+- **attention** (the fused ``attention`` op and its backward; ``ATTENTION_OPS``):
+  ``flops / (peak(dtype) * attention)``;
+- **everything else** is memory-bound or nearly so: the roofline ``max(bytes / (bandwidth *
+  memory), flops / peak(f32))``; ops that only view their operand (``VIEW_OPS``: reshape,
+  squeeze, unsqueeze) cost nothing;
+
+and every op that runs a kernel adds ``op_overhead`` (its launch). The dtype of an op is its
+first floating-point operand's (its result's when it has none); a dtype the device file has no
+peak for is priced at the nearest one it has (``peak_for``).
+
+Collectives are priced with the alpha-beta model of the algorithm a library picks, where
+``alpha`` is the latency and ``beta`` the bandwidth (times ``network``) of the slowest link
+the group crosses (``Cluster.link``: NVLink inside a node, the network once the group spans
+nodes), ``n`` the group size and ``S`` the bytes of the larger of operand and result:
+
+- all_reduce: the faster of a ring, ``2(n-1) alpha + 2 (n-1)/n S / beta``, and a double
+  binary tree, ``2 log2(n) alpha + 2 S / beta`` (NCCL's two algorithms);
+- all_gather, reduce_scatter, all_to_all: ``(n-1) alpha + (n-1)/n S / beta``;
+- broadcast: ``log2(n) alpha + S / beta`` (pipelined);
+- send/recv: ``alpha + S / beta`` over the link between the two ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..ir.graph import Node
+from ..ops.registry import OPS, Cost
+from .hardware import Cluster, ClusterError, Link
+
+GEMM_OPS = frozenset({"matmul", "matmul_integer", "linear_pointwise", "conv2d", "conv3d", "conv_transpose2d",
+                      "conv_transpose3d", "conv2d_pointwise", "conv2d_grad"})
+ATTENTION_OPS = frozenset({"attention", "attention_grad", "rotary_attention"})
+# Ops whose result is a view of their operand: no kernel runs.
+VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze"})
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"})
+P2P_OPS = frozenset({"send", "recv"})
+# Ops that run no kernel and move nothing: the rank's position, a constant folded in place.
+FREE_OPS = frozenset({"axis_index", "constant"})
+
+# partita dtype name -> the peak FLOP/s entry of a device file it runs at.
+_PEAK_OF = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16", "f8e4m3fn": "f8", "f8e5m2": "f8",
+            "f8e4m3fnuz": "f8", "f8e5m2fnuz": "f8", "i8": "i8", "u8": "i8"}
+_FALLBACK = ("f32", "tf32", "bf16", "f16", "f64")
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """The priced time of one op: ``seconds`` in all, of which ``kind`` says what bound it
+    (``gemm``, ``attention``, ``memory``, ``compute``, ``view``, ``collective``, ``p2p``)."""
+
+    seconds: float
+    kind: str
+    flops: int = 0
+    bytes: int = 0
+
+
+class CostModel:
+    """Prices the ops of per-rank programs on ``cluster``'s devices and links."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.device = cluster.device
+        self.eff = cluster.efficiency
+        self._peaks: dict[str, float] = {}
+
+    # --- compute ------------------------------------------------------------------------------
+    def peak_for(self, dtype_name: str) -> float:
+        """Peak dense FLOP/s for a partita dtype: its own entry, else the nearest one listed
+        (f32, then tf32, bf16, f16, f64)."""
+        got = self._peaks.get(dtype_name)
+        if got is not None:
+            return got
+        peaks = self.device.peak_flops
+        want = _PEAK_OF.get(dtype_name, "f32")
+        for name in (want, *_FALLBACK):
+            if name in peaks:
+                self._peaks[dtype_name] = peaks[name]
+                return peaks[name]
+        raise ClusterError(f"device '{self.device.name}' lists no peak FLOP/s; give [device.peak_flops]")
+
+    def record_cost(self, node: Node) -> Cost:
+        """The op record's FLOPs and bytes of ``node``."""
+        return OPS[node.op].cost_of([v.type for v in node.operands], [v.type for v in node.results], node.attrs)
+
+    def compute_time(self, node: Node) -> OpTime:
+        """Seconds one compute op takes on one device."""
+        op = node.op
+        if op in VIEW_OPS or op in FREE_OPS:
+            return OpTime(0.0, "view")
+        c = self.record_cost(node)
+        moved = c.bytes_read + c.bytes_written
+        dtype = _dtype_of(node)
+        if op in GEMM_OPS:
+            e = self.eff.gemm * _shape_factor(node, self.eff.gemm_knee)
+            t = c.flops / (self.peak_for(dtype) * e)
+            kind = "gemm"
+        elif op in ATTENTION_OPS:
+            t = c.flops / (self.peak_for(dtype) * self.eff.attention)
+            kind = "attention"
+        else:
+            tm = moved / (self.device.memory_bandwidth * self.eff.memory)
+            tc = c.flops / self.peak_for("f32")
+            t, kind = (tm, "memory") if tm >= tc else (tc, "compute")
+        return OpTime(t + self.eff.op_overhead, kind, c.flops, moved)
+
+    # --- communication ------------------------------------------------------------------------
+    def collective_time(self, node: Node, ranks: Sequence[int]) -> OpTime:
+        """Seconds a collective takes over the group ``ranks`` (global ranks of the cluster);
+        for send/recv, ``ranks`` is the pair (this rank, its peer)."""
+        op = node.op
+        link = self.cluster.link(list(ranks))
+        n = len(ranks)
+        if op in P2P_OPS:
+            t = node.operands[0].type if op == "send" else node.results[0].type
+            return OpTime(self.transfer(link, t.nbytes), "p2p", 0, t.nbytes)
+        ins = [v.type for v in node.operands]
+        outs = [v.type for v in node.results]
+        size = max(t.nbytes for t in ins + outs) if ins or outs else 0
+        return OpTime(self.collective(op, size, n, link), "collective", 0, size)
+
+    def transfer(self, link: Link, nbytes: float) -> float:
+        """One point-to-point transfer of ``nbytes`` over ``link``."""
+        return link.latency + nbytes / (link.bandwidth * self.eff.network)
+
+    def collective(self, op: str, nbytes: float, n: int, link: Link) -> float:
+        """Seconds of collective ``op`` on a buffer of ``nbytes`` over ``n`` ranks joined by
+        ``link`` (the formulas of the module docstring)."""
+        if n <= 1:
+            return 0.0
+        a, b = link.latency, link.bandwidth * self.eff.network
+        if op == "all_reduce":
+            ring = 2 * (n - 1) * a + 2 * (n - 1) / n * nbytes / b
+            tree = 2 * math.log2(n) * a + 2 * nbytes / b
+            return min(ring, tree)
+        if op in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) * a + (n - 1) / n * nbytes / b
+        if op == "broadcast":
+            return math.log2(n) * a + nbytes / b
+        raise ClusterError(f"the cost model has no formula for the collective '{op}'")
+
+
+def _dtype_of(node: Node) -> str:
+    for v in node.operands:
+        if v.type.dtype.is_float:
+            return v.type.dtype.name
+    for v in node.results:
+        return v.type.dtype.name
+    return "f32"
+
+
+def _shape_factor(node: Node, knee: float) -> float:
+    """prod(d / (d + knee)) over a GEMM's m, n and k (convolutions: output pixels x batch,
+    output channels, and the reduction over input channels x kernel)."""
+    op = node.op
+    if op in ("matmul", "matmul_integer", "linear_pointwise"):
+        a, b = node.operands[0].type.shape, node.operands[1].type.shape
+        k = a[-1] if a else 1
+        n = b[-1] if len(b) >= 2 else 1
+        # A weight (rank-2 rhs) sees every leading dim of the lhs as rows.
+        m = math.prod(a[:-1]) if len(b) <= 2 else (a[-2] if len(a) >= 2 else 1)
+    else:
+        out = node.results[0].type.shape
+        w = node.operands[1].type.shape if len(node.operands) > 1 else out
+        m = math.prod(out) // max(out[1], 1) if len(out) > 1 else 1
+        n = out[1] if len(out) > 1 else 1
+        k = math.prod(w[1:]) if len(w) > 1 else 1
+    f = 1.0
+    for d in (m, n, k):
+        f *= d / (d + knee)
+    return f

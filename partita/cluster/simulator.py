@@ -1,0 +1,660 @@
+"""The simulator: one training (or inference) step of the per-rank programs partita emits, on a
+cluster described by a cluster file, priced by the cost model.
+
+Every rank has a compute stream and one communication stream per mesh axis, and runs its
+program in order exactly as the runtime does (``TorchProgram(overlap=True)``): a compute op
+runs on the compute stream after the one before it; a collective with an asynchronous form
+(all_reduce, all_gather, send, recv) starts on its axis's stream where it stands in the
+program, once every member of its group has reached it and the stream is free, and the
+compute stream waits for it only where its result is first read (a send: at the program's
+end); the other collectives (reduce_scatter, all_to_all, broadcast) block the compute
+stream until they finish. The k-th collective on an axis meets the k-th of every member of
+its group; the k-th send from rank s to d meets the k-th recv on d from s, and transfers
+between one pair of ranks happen one after another. Constants and other ops without operands
+or effects are computed once, outside the step, as the runtime hoists them.
+
+Ranks whose programs and links are alike are simulated once: a rank's signature is its program
+and, for each mesh axis, which link (inside a node or across nodes) joins it to each member of
+its group; a representative of each signature runs, and a collective waits for the
+representatives of its members' signatures. This is exact when alike ranks keep alike
+timelines, which holds whenever the representatives' point-to-point peers are representatives
+of their own signatures (checked; otherwise every rank is simulated).
+
+``simulate(program, cluster)`` returns a ``SimResult``: the step time, tokens per second,
+FLOP/s utilization (model FLOPs without recomputation, MFU, and hardware FLOPs as computed,
+HFU, after Korthikanti et al. 2022), each simulated rank's memory (``partita.cluster.memory``),
+the communication volume per axis, and the timeline (``chrome_trace()`` writes it as JSON that
+Perfetto and chrome://tracing show).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ..ir.diagnostics import PartitaError
+from ..ir.graph import Graph, Node, Value
+from ..ir.mesh import Mesh
+from ..ops.registry import OPS
+from .cost import COLLECTIVE_OPS, GEMM_OPS, ATTENTION_OPS, P2P_OPS, CostModel
+from .hardware import Cluster, load_cluster
+from .memory import MemoryReport, memory_report
+
+# Ops the runtime starts and waits for later (their records have a torch_async form).
+ASYNC_OPS = frozenset(n for n, d in OPS.items() if d.torch_async is not None)
+
+
+class SimulationError(PartitaError):
+    """A program that cannot be simulated on the cluster (the message names the rank, the
+    field or the axis, and the fix)."""
+
+
+# --- programs as steps -------------------------------------------------------------------------
+
+@dataclass
+class _Comm:
+    node: Node
+    axis: str
+    ordinal: int           # k-th collective on this axis (or k-th transfer to/from this peer)
+    is_async: bool
+    peer: int | None       # send/recv: the peer's coordinate along axis
+    sending: bool = False
+
+
+@dataclass
+class _Program:
+    """A per-rank program cut into steps: ("run", seconds, first node index, last) for a run of
+    compute ops, ("comm", _Comm index) where a communication is issued, ("wait", _Comm index)
+    where the compute stream waits for one."""
+
+    graph: Graph
+    steps: list[tuple]
+    comms: list[_Comm]
+    nodes: list[Node]
+    durations: list[float]       # per node (0 for communication and hoisted nodes)
+    flops: float                  # compute FLOPs of one run of the program
+    kinds: dict[str, float]       # seconds of compute by kind (gemm, attention, memory, ...)
+
+
+def _hoisted(node: Node, outputs: set[Value]) -> bool:
+    return not node.operands and len(node.results) == 1 and not OPS[node.op].effects_of(node.attrs) \
+        and node.results[0] not in outputs
+
+
+def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> _Program:
+    """Cut ``graph`` into the steps the simulator plays, pricing every compute op once."""
+    outputs = set(graph.outputs)
+    steps: list[tuple] = []
+    comms: list[_Comm] = []
+    nodes = list(graph.nodes)
+    durations = [0.0] * len(nodes)
+    pending: dict[Value, int] = {}
+    ordinals: dict[tuple, int] = defaultdict(int)
+    flops = 0.0
+    kinds: dict[str, float] = defaultdict(float)
+    run_start = -1
+    run_time = 0.0
+    cache = {} if cache is None else cache
+
+    def flush(end: int) -> None:
+        nonlocal run_start, run_time
+        if run_start >= 0:
+            steps.append(("run", run_time, run_start, end))
+        run_start, run_time = -1, 0.0
+
+    for i, n in enumerate(nodes):
+        waits = [pending.pop(v) for v in dict.fromkeys(n.operands) if v in pending]
+        if waits:
+            flush(i)
+            steps.extend(("wait", c) for c in waits)
+        op = n.op
+        if op in P2P_OPS or (op in COLLECTIVE_OPS and n.attrs.get("group_size", 1) > 1):
+            flush(i)
+            axis = n.attrs["axis"]
+            peer = n.attrs.get("peer") if op in P2P_OPS else None
+            key = (axis, op, peer) if op in P2P_OPS else (axis,)
+            c = _Comm(n, axis, ordinals[key], op in ASYNC_OPS, peer, op == "send")
+            ordinals[key] += 1
+            comms.append(c)
+            steps.append(("comm", len(comms) - 1))
+            if c.is_async and n.results:
+                pending[n.results[0]] = len(comms) - 1
+            elif c.is_async and not n.results:
+                pass   # a send: waited for at the end
+            else:
+                steps.append(("wait", len(comms) - 1))
+            continue
+        if _hoisted(n, outputs):
+            continue
+        key2 = (op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
+                tuple((v.type.shape, v.type.dtype.name) for v in n.results), _attr_key(n.attrs))
+        priced = cache.get(key2)
+        if priced is None:
+            priced = cache[key2] = model.compute_time(n)
+        durations[i] = priced.seconds
+        flops += priced.flops
+        kinds[priced.kind] += priced.seconds
+        if run_start < 0:
+            run_start = i
+        run_time += priced.seconds
+    flush(len(nodes))
+    # Results still in flight at the end (outputs of asynchronous collectives), and every
+    # send, are waited for before the step ends.
+    steps.extend(("wait", c) for c in pending.values())
+    steps.extend(("wait", k) for k, c in enumerate(comms) if c.sending)
+    return _Program(graph, steps, comms, nodes, durations, flops, dict(kinds))
+
+
+def _attr_key(attrs: dict) -> tuple:
+    out = []
+    for k, v in sorted(attrs.items()):
+        if isinstance(v, list):
+            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        elif hasattr(v, "tobytes"):
+            v = (getattr(v, "shape", None), v.tobytes()[:64])
+        out.append((k, v if _hashable(v) else repr(v)))
+    return tuple(out)
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+# --- results -----------------------------------------------------------------------------------
+
+@dataclass
+class Event:
+    """One span of a rank's timeline: ``stream`` is ``compute`` or ``comm:<axis>``."""
+
+    rank: int
+    stream: str
+    name: str
+    start: float
+    end: float
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class RankResult:
+    """One simulated rank (the representative of ``count`` alike ranks)."""
+
+    rank: int
+    count: int
+    end: float                      # seconds from the step's start to this rank's end
+    compute: float                  # seconds its compute stream is busy
+    waiting: float                  # seconds its compute stream waits for communication
+    comm: dict[str, float]          # seconds each axis's stream is busy
+    flops: float                    # FLOPs it computes in the step
+    kinds: dict[str, float]         # compute seconds by kind
+    memory: MemoryReport | None = None
+
+
+@dataclass
+class SimResult:
+    """What ``simulate`` found (see the module docstring)."""
+
+    cluster: Cluster
+    mesh: Mesh
+    step_time: float
+    ranks: list[RankResult]
+    events: list[Event]
+    comm_bytes: dict[str, float]         # bytes one rank of each signature sends per axis, summed over ranks
+    tokens: int | None
+    model_flops: float | None            # per step, whole model, without recomputation
+    hardware_flops: float                # per step, all ranks, as computed
+    peak_flops: float                    # one device's peak for the model's dtype
+    dedup: bool
+
+    @property
+    def devices(self) -> int:
+        return self.mesh.size
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return None if self.tokens is None else self.tokens / self.step_time
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: model FLOPs per second over the devices' peak."""
+        if self.model_flops is None:
+            return None
+        return self.model_flops / (self.step_time * self.devices * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilization: FLOPs computed (recomputation included) per second over
+        the devices' peak."""
+        return self.hardware_flops / (self.step_time * self.devices * self.peak_flops)
+
+    def flops_per_device(self, flops: float | None = None) -> float:
+        """FLOP/s per device for ``flops`` per step (default the model FLOPs)."""
+        f = self.model_flops if flops is None else flops
+        if f is None:
+            raise SimulationError("the model FLOPs are unknown; pass flops=")
+        return f / (self.step_time * self.devices)
+
+    def peak_memory(self) -> float:
+        return max((r.memory.peak for r in self.ranks if r.memory is not None), default=0.0)
+
+    def text(self) -> str:
+        from .hardware import format_quantity as fq
+
+        lines = [f"simulated step on {self.cluster.name} ({self.devices} of {self.cluster.devices} devices, "
+                 f"mesh {self.mesh}): {self.step_time * 1e3:.2f} ms"]
+        if self.tokens is not None:
+            lines.append(f"  {self.tokens_per_second:,.0f} tokens/s ({self.tokens:,} tokens per step)")
+        if self.mfu is not None:
+            lines.append(f"  MFU {self.mfu:.1%} ({fq(self.flops_per_device(), 'FLOP/s')} per device), "
+                         f"HFU {self.hfu:.1%}")
+        else:
+            lines.append(f"  HFU {self.hfu:.1%}")
+        lines.append(f"  ranks simulated: {len(self.ranks)} of {self.devices}" +
+                     (" (alike ranks once)" if self.dedup else ""))
+        lines.append(f"  {'rank':>6} {'alike':>6} {'end ms':>9} {'compute':>8} {'waits':>8}  comm per axis"
+                     f"{'':16} peak memory")
+        for r in self.ranks[:16]:
+            comm = ", ".join(f"{a} {t * 1e3:.2f}" for a, t in sorted(r.comm.items())) or "-"
+            mem = fq(r.memory.peak, "B") if r.memory is not None else "-"
+            lines.append(f"  {r.rank:>6} {r.count:>6} {r.end * 1e3:>9.2f} {r.compute * 1e3:>8.2f} "
+                         f"{r.waiting * 1e3:>8.2f}  {comm:<28} {mem}")
+        if len(self.ranks) > 16:
+            lines.append(f"  ... {len(self.ranks) - 16} more")
+        if self.comm_bytes:
+            lines.append("  communication per step: " + ", ".join(
+                f"{a} {fq(b, 'B')}" for a, b in sorted(self.comm_bytes.items())))
+        with_mem = [(r.memory.peak, r) for r in self.ranks if r.memory is not None]
+        worst = max(with_mem, key=lambda x: x[0])[1] if with_mem else None
+        if worst is not None and worst.memory is not None:
+            lines.append(f"  memory of rank {worst.rank} (the largest):")
+            lines.extend("    " + s for s in worst.memory.text(self.cluster.device.memory).splitlines())
+        return "\n".join(lines)
+
+    def chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
+        """The timeline as Chrome trace JSON (one process per simulated rank, one thread per
+        stream); written to ``path`` when given."""
+        tids: dict[tuple[int, str], int] = {}
+        events: list[dict] = []
+        for r in self.ranks:
+            events.append({"ph": "M", "name": "process_name", "pid": r.rank,
+                           "args": {"name": f"rank {r.rank}" + (f" (x{r.count})" if r.count > 1 else "")}})
+        for e in self.events:
+            key = (e.rank, e.stream)
+            if key not in tids:
+                tids[key] = len([k for k in tids if k[0] == e.rank])
+                events.append({"ph": "M", "name": "thread_name", "pid": e.rank, "tid": tids[key],
+                               "args": {"name": e.stream}})
+            events.append({"ph": "X", "name": e.name, "pid": e.rank, "tid": tids[key], "ts": e.start * 1e6,
+                           "dur": max(e.end - e.start, 0.0) * 1e6, "args": e.args})
+        doc = {"traceEvents": events, "displayTimeUnit": "ms",
+               "otherData": {"cluster": self.cluster.name, "mesh": str(self.mesh),
+                             "step_ms": self.step_time * 1e3}}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+
+# --- the simulation ----------------------------------------------------------------------------
+
+def _programs_of(program: Any) -> tuple[list[Graph], Mesh, Graph | None]:
+    """(per-rank graphs, mesh, single-device graph) of a ParallelProgram, PipelineProgram or
+    Graph."""
+    if isinstance(program, Graph):
+        return [program], Mesh.of("dp=1"), program
+    graphs_of = getattr(program, "rank_graphs", None)
+    mesh = getattr(program, "mesh", None)
+    if mesh is None:
+        raise SimulationError(f"simulate: expected a ParallelProgram, a PipelineProgram or a Graph, "
+                              f"got {type(program).__name__}")
+    graphs = graphs_of() if callable(graphs_of) else [program.local] * mesh.size
+    return graphs, mesh, getattr(program, "single_device", None)
+
+
+def check_fits_cluster(mesh: Mesh, cluster: Cluster, tp_axes: Iterable[str] = ("tp",)) -> None:
+    """A mesh the cluster can hold, with every tensor-parallel axis inside one node."""
+    if mesh.size > cluster.devices:
+        raise SimulationError(
+            f"the mesh {mesh} needs {mesh.size} devices but the cluster '{cluster.name}' has {cluster.devices} "
+            f"({cluster.nodes} x {cluster.gpus_per_node}); use a smaller mesh, or more nodes "
+            f"(cluster.with_nodes({math.ceil(mesh.size / cluster.gpus_per_node)}))")
+    names = mesh.names
+    for a in tp_axes:
+        if a not in names:
+            continue
+        span = mesh.axis_size(a) * math.prod(mesh.shape[names.index(a) + 1:])
+        if mesh.axis_size(a) > 1 and span > cluster.gpus_per_node:
+            raise SimulationError(
+                f"the tensor-parallel axis {a}={mesh.axis_size(a)} of {mesh} spans {span} consecutive ranks, more "
+                f"than the {cluster.gpus_per_node} devices of a node of '{cluster.name}': its collectives would "
+                f"cross the network on every layer; make '{a}' the last mesh axis and at most "
+                f"{cluster.gpus_per_node} wide")
+
+
+def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
+             model_flops: float | None = None, dedup: bool = True, trace: bool = True,
+             memory: bool = True, check_memory: bool = False,
+             progress: Callable[[str], None] | None = None) -> SimResult:
+    """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
+    ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
+
+    ``tokens``: tokens per step (for tokens/s; default: the elements of the single-device
+    program's integer ``input`` named ids/input_ids, if any). ``model_flops``: FLOPs of one
+    step of the model without recomputation (default: the single-device program's compute
+    FLOPs less the nodes ``partita.autodiff.memory`` marks as recomputed). ``dedup``: simulate
+    alike ranks once. ``trace``: keep the timeline. ``memory``: each simulated rank's memory
+    report; ``check_memory``: raise when a rank's peak exceeds the device's memory.
+    """
+    cluster = load_cluster(cluster)
+    graphs, mesh, single = _programs_of(program)
+    check_fits_cluster(mesh, cluster)
+    model = CostModel(cluster)
+    say = progress or (lambda s: None)
+    # One prepared program per distinct graph object.
+    prepared: dict[int, _Program] = {}
+    cache: dict = {}
+    for g in graphs:
+        if id(g) not in prepared:
+            prepared[id(g)] = prepare(g, model, cache)
+    say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
+    n = mesh.size
+    prog_of = [prepared[id(g)] for g in graphs]
+    reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
+    sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace)
+    sim.run()
+    ranks = []
+    comm_bytes: dict[str, float] = defaultdict(float)
+    hw = 0.0
+    for r in reps:
+        p = prog_of[r]
+        st = sim.state[r]
+        mem = memory_report(p.graph) if memory else None
+        ranks.append(RankResult(r, count[r], st.clock, st.busy, st.waiting, dict(st.comm_busy), p.flops,
+                                p.kinds, mem))
+        hw += p.flops * count[r]
+        for a, b in st.comm_bytes.items():
+            comm_bytes[a] += b * count[r]
+    step = max(st.clock for st in sim.state.values())
+    if check_memory:
+        for rr in ranks:
+            if rr.memory is not None and rr.memory.peak > cluster.device.memory:
+                raise SimulationError(rr.memory.over_message(rr.rank, cluster.device))
+    if single is not None and tokens is None:
+        tokens = _tokens(single)
+    if model_flops is None and single is not None:
+        model_flops = _model_flops(single, model)
+    peak = model.peak_for(_main_dtype(prog_of[reps[0]]))
+    events = sorted(sim.events, key=lambda e: (e.rank, e.start)) if trace else []
+    return SimResult(cluster, mesh, step, ranks, events, dict(comm_bytes), tokens, model_flops, hw, peak,
+                     dedup and len(reps) < n)
+
+
+def _tokens(graph: Graph) -> int | None:
+    for v in graph.inputs:
+        if v.role == "input" and v.type.dtype.is_int and (v.name or "") in ("ids", "input_ids", "tokens"):
+            return math.prod(v.type.shape)
+    return None
+
+
+def _model_flops(graph: Graph, model: CostModel) -> float:
+    from ..autodiff.memory import recomputed_nodes
+
+    skip = recomputed_nodes(graph)
+    total = 0.0
+    for node in graph.nodes:
+        if node in skip or node.op in COLLECTIVE_OPS or node.op in P2P_OPS:
+            continue
+        total += model.record_cost(node).flops
+    return total
+
+
+def _main_dtype(p: _Program) -> str:
+    """The dtype of most of a program's matmul FLOPs (f32 without any)."""
+    by: dict[str, float] = defaultdict(float)
+    for node in p.nodes:
+        if node.op in GEMM_OPS or node.op in ATTENTION_OPS:
+            by[node.operands[0].type.dtype.name] += 1
+    return max(by, key=lambda k: by[k]) if by else "f32"
+
+
+def _representatives(mesh: Mesh, cluster: Cluster, graphs: list[Graph], progs: list[_Program],
+                     dedup: bool) -> tuple[list[int], list[int], dict[int, int]]:
+    n = mesh.size
+    if not dedup:
+        return list(range(n)), list(range(n)), {r: 1 for r in range(n)}
+    node_of = [cluster.node_of(r) for r in range(n)]
+    sig_rep: dict[tuple, int] = {}
+    rep_of = [0] * n
+    for r in range(n):
+        sig: list[Any] = [id(graphs[r])]
+        for a in mesh.names:
+            g = mesh.group_of(r, a)
+            sig.append(tuple(node_of[m] == node_of[r] for m in g))
+            sig.append(all(node_of[m] == node_of[g[0]] for m in g))
+        key = tuple(sig)
+        rep_of[r] = sig_rep.setdefault(key, r)
+    reps = sorted(set(rep_of))
+    # Point-to-point peers of representatives must be representatives' alikes consistently:
+    # rep r's peer d, and rep(d)'s peer at r's coordinate, must be alike r.
+    for r in reps:
+        for c in progs[r].comms:
+            if c.peer is None:
+                continue
+            d = mesh.group_of(r, c.axis)[c.peer]
+            back = mesh.group_of(rep_of[d], c.axis)[mesh.coord(r, c.axis)]
+            if rep_of[back] != r:
+                return list(range(n)), list(range(n)), {x: 1 for x in range(n)}
+    count: dict[int, int] = defaultdict(int)
+    for r in range(n):
+        count[rep_of[r]] += 1
+    return reps, rep_of, dict(count)
+
+
+@dataclass
+class _State:
+    pos: int = 0
+    clock: float = 0.0
+    busy: float = 0.0
+    waiting: float = 0.0
+    issued: dict[int, float] = field(default_factory=dict)     # comm index -> issue time
+    done: dict[int, float] = field(default_factory=dict)       # comm index -> completion
+    comm_busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    comm_bytes: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    finished: bool = False
+
+
+class _Sim:
+    def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, progs: list[_Program], reps: list[int],
+                 rep_of: list[int], trace: bool) -> None:
+        self.mesh, self.cluster, self.model = mesh, cluster, model
+        self.progs, self.reps, self.rep_of, self.trace = progs, reps, rep_of, trace
+        self.state = {r: _State() for r in reps}
+        self.events: list[Event] = []
+        # (rep, axis, ordinal) -> comm index, per representative, for the collectives.
+        self.by_key: dict[tuple, int] = {}
+        for r in reps:
+            for k, c in enumerate(progs[r].comms):
+                if c.peer is None:
+                    self.by_key[(r, c.axis, c.ordinal)] = k
+                else:
+                    self.by_key[(r, c.axis, c.node.op, c.peer, c.ordinal)] = k
+        self.groups: dict[tuple[int, str], list[int]] = {}
+        self.channel_free: dict[tuple, float] = defaultdict(float)
+        self.p2p_done: dict[tuple, float] = {}
+
+    def group(self, r: int, axis: str) -> list[int]:
+        key = (r, axis)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = self.mesh.group_of(r, axis)
+        return g
+
+    def run(self) -> None:
+        active = list(self.reps)
+        while active:
+            progress = False
+            for r in active:
+                progress |= self.advance(r)
+            active = [r for r in active if not self.state[r].finished]
+            if active and not progress:
+                raise SimulationError(self._deadlock(active))
+
+    def _deadlock(self, active: list[int]) -> str:
+        parts = []
+        for r in active[:6]:
+            st = self.state[r]
+            kind, k = self.progs[r].steps[st.pos][:2]
+            c = self.progs[r].comms[k]
+            parts.append(f"rank {r} waits at %{c.node.results[0].name if c.node.results else ''} = {c.node.op} over "
+                         f"{c.axis} (its {c.ordinal + 1}. on that axis)")
+        return "the per-rank programs cannot finish: " + "; ".join(parts) + \
+            (f" (and {len(active) - 6} more)" if len(active) > 6 else "") + \
+            "; their collectives or sends and recvs do not line up (check the program with " \
+            "partita.parallel.simulate.check_deadlock_free)"
+
+    def advance(self, r: int) -> bool:
+        st = self.state[r]
+        prog = self.progs[r]
+        steps = prog.steps
+        moved = False
+        while st.pos < len(steps):
+            s = steps[st.pos]
+            kind = s[0]
+            if kind == "run":
+                _, dur, a, b = s
+                if self.trace and dur > 0:
+                    self._trace_run(r, prog, a, b, st.clock)
+                st.clock += dur
+                st.busy += dur
+            elif kind == "comm":
+                k = s[1]
+                if k not in st.issued:
+                    st.issued[k] = st.clock
+            else:  # wait
+                k = s[1]
+                t = st.done.get(k)
+                if t is None:
+                    t = self.resolve(r, k)
+                    if t is None:
+                        return moved
+                if t > st.clock:
+                    st.waiting += t - st.clock
+                    st.clock = t
+            st.pos += 1
+            moved = True
+        st.finished = True
+        return moved
+
+    def _trace_run(self, r: int, prog: _Program, a: int, b: int, t0: float) -> None:
+        t = t0
+        for i in range(a, b):
+            d = prog.durations[i]
+            if d > 0:
+                node = prog.nodes[i]
+                name = node.op
+                self.events.append(Event(r, "compute", name, t, t + d,
+                                         {"result": node.results[0].name if node.results else ""}))
+                t += d
+
+    def resolve(self, r: int, k: int) -> float | None:
+        """The completion time of rep r's comm k, once every participant has issued it."""
+        c = self.progs[r].comms[k]
+        st = self.state[r]
+        if k not in st.issued:
+            return None
+        if c.peer is not None:
+            return self._resolve_p2p(r, k, c)
+        group = self.group(r, c.axis)
+        start = 0.0
+        members = []
+        for m in dict.fromkeys(self.rep_of[x] for x in group):
+            km = self.by_key.get((m, c.axis, c.ordinal))
+            if km is None:
+                raise SimulationError(f"rank {m} issues fewer collectives over '{c.axis}' than rank {r}: its "
+                                      f"{c.ordinal + 1}. one ({c.node.op}) has no partner")
+            sm = self.state[m]
+            if km not in sm.issued:
+                return None
+            before = self.by_key.get((m, c.axis, c.ordinal - 1)) if c.ordinal > 0 else None
+            free = 0.0
+            if before is not None:
+                got = sm.done.get(before)
+                if got is None:
+                    got = self.resolve(m, before)
+                    if got is None:
+                        return None
+                free = got
+            start = max(start, sm.issued[km], free)
+            members.append((m, km))
+        dur = self.model.collective_time(c.node, group).seconds
+        end = start + dur
+        for m, km in members:
+            sm = self.state[m]
+            if km not in sm.done:
+                sm.done[km] = end
+                mc = self.progs[m].comms[km]
+                sm.comm_busy[c.axis] += dur
+                sm.comm_bytes[c.axis] += self._sent_bytes(mc.node, len(group))
+                if self.trace:
+                    self.events.append(Event(m, f"comm:{c.axis}", c.node.op, start, end,
+                                             {"bytes": self._sent_bytes(mc.node, len(group)),
+                                              "group": len(group)}))
+        return end
+
+    def _sent_bytes(self, node: Node, n: int) -> float:
+        c = self.model.record_cost(node)
+        return float(c.bytes_written)
+
+    def _resolve_p2p(self, r: int, k: int, c: _Comm) -> float | None:
+        group = self.group(r, c.axis)
+        me = self.mesh.coord(r, c.axis)
+        peer_rank = group[c.peer] if c.peer is not None else r
+        d = self.rep_of[peer_rank]
+        other = "recv" if c.sending else "send"
+        kd = self.by_key.get((d, c.axis, other, me, c.ordinal))
+        if kd is None:
+            raise SimulationError(f"rank {r}'s {c.ordinal + 1}. {c.node.op} over '{c.axis}' (peer {c.peer}) has no "
+                                  f"matching {other} on rank {peer_rank}")
+        sd = self.state[d]
+        if kd not in sd.issued:
+            return None
+        src, dst = (r, d) if c.sending else (d, r)
+        ks, kr = (k, kd) if c.sending else (kd, k)
+        key = (src, dst, c.axis, c.ordinal)
+        end = self.p2p_done.get(key)
+        if end is None:
+            # Transfers between one pair go one after another, in order.
+            prev = (src, dst, c.axis, c.ordinal - 1)
+            free = 0.0
+            if c.ordinal > 0:
+                if prev not in self.p2p_done:
+                    ksp = self.by_key[(src, c.axis, "send", self.mesh.coord(dst, c.axis), c.ordinal - 1)] \
+                        if c.sending else None
+                    if ksp is None:
+                        krp = self.by_key[(dst, c.axis, "recv", self.mesh.coord(src, c.axis), c.ordinal - 1)]
+                        got = self.resolve(dst, krp)
+                    else:
+                        got = self.resolve(src, ksp)
+                    if got is None:
+                        return None
+                free = self.p2p_done[prev]
+            start = max(self.state[src].issued[ks], self.state[dst].issued[kr], free)
+            node = self.progs[src].comms[ks].node
+            ot = self.model.collective_time(node, [r, peer_rank])   # the real pair: its link
+            end = start + ot.seconds
+            self.p2p_done[key] = end
+            self.state[src].comm_busy[c.axis] += ot.seconds
+            self.state[src].comm_bytes[c.axis] += ot.bytes
+            if self.trace:
+                self.events.append(Event(src, f"comm:{c.axis}", "send", start, end, {"bytes": ot.bytes, "to": dst}))
+                self.events.append(Event(dst, f"comm:{c.axis}", "recv", start, end, {"bytes": ot.bytes, "from": src}))
+        self.state[src].done[ks] = end
+        self.state[dst].done[kr] = end
+        return end
