@@ -196,8 +196,8 @@ def _dropout(ctx, node, d, needs):
     if not node.attrs["train"]:
         return [g]
     # The mask is a hash of the element index and the seed, so the same op on the gradient
-    # applies the same mask and scale.
-    return [ctx.b.dropout(g, **node.attrs)]
+    # applies the same mask and scale (a piece's: with the same origin).
+    return [ctx.b.dropout(g, *node.operands[1:], **node.attrs)] + [None] * (len(node.operands) - 1)
 
 
 # --- reductions ----------------------------------------------------------------------------------

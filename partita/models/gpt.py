@@ -12,18 +12,32 @@ from __future__ import annotations
 import math
 
 from ..ir.dtypes import DType, i64
-from ..ir.graph import Graph
+from ..ir.builder import Builder
+from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
 from ._build import ScopedBuilder, check_positive, linear, model_dtype
 
 
 def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int = 1, dtype: str | DType = "bf16",
-        *, ffn: int | None = None, positions: int | None = None, eps: float = 1e-5, name: str = "gpt") -> Graph:
+        *, ffn: int | None = None, positions: int | None = None, eps: float = 1e-5, attention: str = "fused",
+        dropout: float = 0.0, name: str = "gpt") -> Graph:
     """The forward graph ``ids [batch, seq] i64 -> logits [batch, seq, vocab]`` of a GPT-2
     model; params are ``param`` inputs named as GPT2LMHeadModel's state_dict (the fused
     ``c_attn`` split in three), with no arrays. ``ffn``: the MLP width (4 * hidden);
-    ``positions``: rows of the position embedding (``seq``)."""
+    ``positions``: rows of the position embedding (``seq``).
+
+    ``attention``: ``"fused"`` (one ``attention`` op, as flash attention computes it) or
+    ``"eager"`` (the scores ``q k^T`` materialized, masked, softmaxed and multiplied by ``v``,
+    as GPT-2's eager attention and Megatron-LM before flash attention compute it: what a
+    simulation of those runs must price). ``dropout``: the training dropout probability
+    after the embeddings, the attention output and the MLP, and on the attention
+    probabilities with ``attention="eager"`` (GPT-2 and Megatron-LM train with 0.1); 0 adds
+    no dropout op."""
     check_positive("gpt", layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch)
+    if attention not in ("fused", "eager"):
+        raise ValueError(f"gpt: attention={attention!r:.40} is not 'fused' or 'eager'")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"gpt: dropout={dropout!r:.40} must be in [0, 1)")
     if hidden % heads:
         raise ValueError(f"gpt: hidden={hidden} is not a multiple of heads={heads}")
     dt = model_dtype(dtype)
@@ -46,6 +60,17 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
     pos_ids = b.unsqueeze(b.iota(shape=(S,)), axes=(0,))
     pos = sb.at("transformer.wpe").embedding(wpe, pos_ids)
     x = sb.at("transformer").add(tok, pos)
+    seeds = iter(range(1, 4 * layers + 2))
+
+    def drop(b: Builder, t: Value) -> Value:
+        return b.dropout(t, p=dropout, train=True, seed=next(seeds)) if dropout > 0 else t
+
+    x = drop(sb.at("transformer.drop"), x)
+    causal = None
+    if attention == "eager":
+        b = sb.at("transformer")
+        rows = b.unsqueeze(b.iota(shape=(S,)), axes=(1,))
+        causal = b.greater_equal(rows, b.unsqueeze(b.iota(shape=(S,)), axes=(0,)))     # [S, S]: key <= query
 
     for i in range(layers):
         s = f"transformer.h.{i}"
@@ -59,12 +84,18 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
             qkv.append(b.reshape(linear(b, x2, w, bias, False), shape=(B, S, H)))
         b = sb.at(f"{s}.attn")
         q, k, v = (b.transpose(b.reshape(t, shape=(B, S, -1, hd)), perm=(0, 2, 1, 3)) for t in qkv)
-        out, _lse = b.attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True)
+        if causal is None:
+            out, _lse = b.attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True)
+        else:
+            scores = b.matmul(b.mul(q, b.full(shape=(), value=1.0 / math.sqrt(hd), dtype=q.type.dtype)),
+                              b.transpose(k, perm=(0, 1, 3, 2)))
+            scores = b.where(causal, scores, b.full(shape=(), value=-1e4, dtype=q.type.dtype))
+            out = b.matmul(drop(b, b.softmax(scores, axis=-1)), v)
         att = b.reshape(b.transpose(out, perm=(0, 2, 1, 3)), shape=(B, S, -1))
         b = sb.at(f"{s}.attn.c_proj")
         proj = linear(b, b.reshape(att, shape=(-1, H)), P("attn.c_proj.weight", (H, H)), P("attn.c_proj.bias", (H,)),
                       False)
-        x = sb.at(s).add(b.reshape(proj, shape=(B, S, H)), x)
+        x = sb.at(s).add(drop(b, b.reshape(proj, shape=(B, S, H))), x)
         ln2 = sb.at(f"{s}.ln_2").layer_norm(x, P("ln_2.weight", (H,)), P("ln_2.bias", (H,)), eps=eps)
         b = sb.at(f"{s}.mlp.c_fc")
         h = linear(b, b.reshape(ln2, shape=(-1, H)), P("mlp.c_fc.weight", (H, ffn)), P("mlp.c_fc.bias", (ffn,)), False)
@@ -72,7 +103,7 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
         b = sb.at(f"{s}.mlp.c_proj")
         h = linear(b, b.reshape(h, shape=(-1, ffn)), P("mlp.c_proj.weight", (ffn, H)), P("mlp.c_proj.bias", (H,)),
                    False)
-        x = sb.at(s).add(x, b.reshape(h, shape=(B, S, H)))
+        x = sb.at(s).add(x, drop(b, b.reshape(h, shape=(B, S, H))))
 
     lnf_w = sb.param("transformer.ln_f.weight", (H,), dt)
     lnf_b = sb.param("transformer.ln_f.bias", (H,), dt)

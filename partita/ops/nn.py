@@ -808,12 +808,43 @@ def _dropout_hash(idx, k0: int, k1: int):
 
 
 def _dropout_infer(ts, attrs):
-    (x,) = ts
+    x = ts[0]
     _require_float("dropout", x)
     p = attrs["p"]
     if not 0.0 <= p <= 1.0:
         raise TypeRuleError(f"dropout: probability p must be between 0 and 1, got {p}")
+    whole = attrs["whole"]
+    if len(ts) > 1:
+        o = ts[1]
+        if o.dtype != i64 or o.shape != (x.rank,):
+            raise TypeRuleError(f"dropout: origin {o} must be i64 [{x.rank}] (the global index of x's first "
+                                "element along each dim)")
+        if whole is None or len(whole) != x.rank or any(w < n for w, n in zip(whole, x.shape)):
+            raise TypeRuleError(f"dropout: with an origin, whole={whole} must give the global shape that x "
+                                f"{x} is a piece of (one size per dim, each at least x's)")
+    elif whole is not None:
+        raise TypeRuleError("dropout: whole= (a global shape) needs the origin operand")
     return x
+
+
+def _global_index(lib, shape, origin, whole, device=None):
+    """The flat index in a tensor of shape ``whole`` of every element of a ``shape`` piece
+    whose first element sits at ``origin`` (None: the piece is the whole tensor)."""
+    n = math.prod(shape)
+    if origin is None:
+        idx = lib.arange(n, dtype=lib.int64) if device is None else lib.arange(n, dtype=lib.int64, device=device)
+        return idx.reshape(tuple(shape))
+    stride = 1
+    idx = None
+    for d in reversed(range(len(shape))):
+        ar = lib.arange(shape[d], dtype=lib.int64) if device is None else \
+            lib.arange(shape[d], dtype=lib.int64, device=device)
+        term = ((ar + origin[d]) * stride).reshape(tuple(-1 if k == d else 1 for k in range(len(shape))))
+        idx = term if idx is None else idx + term
+        stride *= int(whole[d])
+    if idx is None:      # a scalar: its index is 0
+        return lib.zeros((), dtype=lib.int64) if device is None else lib.zeros((), dtype=lib.int64, device=device)
+    return idx           # the terms broadcast to the piece's full shape
 
 
 def _np_dropout(args, attrs):
@@ -823,7 +854,9 @@ def _np_dropout(args, attrs):
     x = _compute_np(x)
     p = attrs["p"]
     k0, k1 = _dropout_keys(attrs["seed"])
-    keep = _dropout_hash(np.arange(x.size, dtype=np.int64).reshape(x.shape), k0, k1) >= _dropout_threshold(p)
+    origin = [int(o) for o in np.asarray(args[1]).reshape(-1)] if len(args) > 1 else None
+    idx = _global_index(np, x.shape, origin, attrs["whole"])
+    keep = _dropout_hash(idx, k0, k1) >= _dropout_threshold(p)
     scale = np.asarray(1.0 / (1.0 - p) if p < 1.0 else 0.0, x.dtype)
     return np.where(keep, x * scale, np.zeros((), x.dtype))
 
@@ -834,15 +867,17 @@ def _torch_dropout(args, attrs):
         return x
     p = attrs["p"]
     k0, k1 = _dropout_keys(attrs["seed"])
-    idx = torch.arange(x.numel(), dtype=torch.int64, device=x.device).reshape(x.shape)
+    origin = args[1].to(torch.int64) if len(args) > 1 else None
+    idx = _global_index(torch, tuple(x.shape), origin, attrs["whole"], x.device)
     keep = _dropout_hash(idx, k0, k1) >= _dropout_threshold(p)
     scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
     return torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 register(OpDef(
-    name="dropout", operands=("x",),
-    attrs=(AttrSpec("p", "float", 0.5), AttrSpec("train", "bool", False), AttrSpec("seed", "int", 0)),
+    name="dropout", operands=("x", "origin?"),
+    attrs=(AttrSpec("p", "float", 0.5), AttrSpec("train", "bool", False), AttrSpec("seed", "int", 0),
+           AttrSpec("whole", "ints", None)),
     infer=_dropout_infer, reference=_np_dropout, torch=_torch_dropout,
     effects=lambda attrs: frozenset({"rng"}) if attrs["train"] else frozenset(),
     cost=_io_cost(1),
@@ -850,7 +885,10 @@ register(OpDef(
         "probability p and scale the others by 1/(1-p); p=1 gives zeros (NaN included). The mask "
         "is a counter-based hash of the flat element index and the seed, computed with the same "
         "int64 arithmetic by both executors, so one seed gives one mask everywhere (it is not "
-        "torch's generator stream). A train dropout has the 'rng' effect.",
+        "torch's generator stream). A train dropout has the 'rng' effect. With the optional "
+        "origin (i64 [rank]) and whole (a shape), x is the piece at origin of a tensor of shape "
+        "whole and the mask is that tensor's: a rank's dropout of its shard equals its piece of "
+        "the unsplit dropout (how a split dropout runs; partita.parallel.local_forms.dropout).",
 ))
 
 

@@ -125,6 +125,20 @@ def embedding(f: LocalForm) -> list[Value]:
     return [f.emit("where", mask, out, f.scalar(0.0, table.type.dtype))]
 
 
+def dropout(f: LocalForm) -> list[Value]:
+    """A training dropout of a split tensor: the rank's piece with its origin (the global index
+    of its first element along each dim), so it draws the unsplit dropout's mask for its
+    elements. The global shape is the real one (padding left out): a padded element hashes
+    some real element's index, and padding is thrown away."""
+    (x,) = f.operands
+    labels = [f"d{i}" for i in range(x.type.rank)]
+    starts = [f.emit("unsqueeze", f.start(lab, x.type.shape[i]), axes=(0,)) if lab in f.split
+              else f.emit("full", shape=(1,), value=0, dtype=i64) for i, lab in enumerate(labels)]
+    origin = starts[0] if len(starts) == 1 else f.emit("concat", *starts, axis=0)
+    whole = tuple(f.real_size(0, d) for d in range(x.type.rank))
+    return [f.emit("dropout", x, origin, **{**f.attrs, "whole": whole})]
+
+
 def _log_sum_exp(f: LocalForm, logits: Value, cdim: int) -> tuple[Value, Value]:
     """``(z, m)``: the logits shifted by the global max over the classes (keepdim), and that
     max; the shift keeps exp finite, as log_softmax's own does."""

@@ -512,10 +512,16 @@ def _cast(ts, attrs):
 
 @rule("dropout")
 def _dropout(ts, attrs):
-    (t,) = ts
-    # The training mask hashes the global element index, which a rank does not know.
-    labels = (None,) * t.rank if attrs["train"] else _dims(t)
-    return DimSpec((labels,), (labels,), linear=frozenset({0}))
+    t = ts[0]
+    if not attrs["train"]:
+        return DimSpec((_dims(t),), (_dims(t),), linear=frozenset({0}))
+    if len(ts) > 1:      # already a piece of a split dropout: kept as it is
+        return DimSpec(((None,) * t.rank, (None,)), ((None,) * t.rank,), linear=frozenset({0}))
+    # The training mask hashes the global element index: a split rank runs the local form,
+    # which gives its piece's origin (local_forms.dropout).
+    labels = _dims(t)
+    return DimSpec((labels,), (labels,), linear=frozenset({0}), ranged=frozenset(labels),
+                   local_form=local_forms.dropout)
 
 
 @rule("embedding")

@@ -20,15 +20,17 @@ def _hf_logits(lm, ids):
         return lm(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
 
 
-def test_gpt_matches_hf_gpt2():
+@pytest.mark.parametrize("attention", ["fused", "eager"])
+def test_gpt_matches_hf_gpt2(attention):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=257, n_positions=32, use_cache=False,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     lm = transformers.GPT2LMHeadModel(cfg).eval()
-    g = gpt(layers=2, hidden=64, heads=4, seq=T, vocab=257, batch=B, dtype="f32", positions=32)
+    g = gpt(layers=2, hidden=64, heads=4, seq=T, vocab=257, batch=B, dtype="f32", positions=32, attention=attention)
     assert is_weightless(g) and len(g.weights) == 0
+    assert any(n.op == "attention" for n in g.nodes) == (attention == "fused")
     verify(g)
     load_hf_state_dict(g, lm.state_dict())
     ids = np.random.default_rng(0).integers(0, 257, (B, T)).astype(np.int64)
@@ -80,6 +82,19 @@ def test_bad_configs_say_why():
         llama(2, 64, 4, 8, 100, kv_heads=3)
     with pytest.raises(Exception, match="dtype"):
         gpt(2, 64, 4, 8, 100, dtype="f64")
+    with pytest.raises(ValueError, match="'fused' or 'eager'"):
+        gpt(2, 64, 4, 8, 100, attention="flash")
+    with pytest.raises(ValueError, match=r"dropout=1.5 must be in \[0, 1\)"):
+        gpt(2, 64, 4, 8, 100, dropout=1.5)
+
+
+def test_gpt_dropout_trains():
+    g = gpt(layers=2, hidden=32, heads=4, seq=8, vocab=64, batch=2, dtype="f32", attention="eager", dropout=0.1)
+    drops = [n for n in g.nodes if n.op == "dropout"]
+    assert len(drops) == 1 + 3 * 2 and all(n.attrs["train"] for n in drops)
+    assert len({n.attrs["seed"] for n in drops}) == len(drops)        # each draws its own mask
+    step = partita.training_step(g, loss="cross_entropy", optimizer="adamw")
+    verify(step)
 
 
 @pytest.mark.parametrize("make", ["gpt", "llama"])

@@ -28,7 +28,7 @@ import pytest
 
 import partita  # (importing it attaches the rules)
 from partita.ir import TensorType
-from partita.ir.dtypes import DTYPES
+from partita.ir.dtypes import DTYPES, i64
 from partita.ir.printer import value_names
 from partita.ops.registry import OPS
 from partita.parallel import Mesh, Placement
@@ -445,8 +445,15 @@ def test_reshape_labels_follow_the_factorization():
     assert spec.operands == (("d0", None, "d2"),) and spec.results == (("d0", "d2"),)
 
 
-def test_dropout_in_training_is_replicated_only():
-    _conflict("dropout", [T(4, 6)], {"train": True, "p": 0.5}, [Placement.split(2, {0: "x"})])
+def test_dropout_in_training_splits_through_its_local_form():
+    # The mask hashes the global index: a split training dropout runs local_forms.dropout (its
+    # piece's origin; tests/parallel/test_dropout_split.py checks the values), and a dropout
+    # that already is a piece (with an origin) stays whole.
+    attrs = OPS["dropout"].normalize_attrs({"train": True, "p": 0.5})
+    spec = sharding_spec("dropout", [T(4, 6)], attrs)
+    assert spec.ranged == {"d0", "d1"} and spec.local_form is not None
+    piece = sharding_spec("dropout", [T(4, 6), TensorType((2,), i64)], dict(attrs, whole=(8, 6)))
+    assert piece.operands[0] == (None, None) and piece.local_form is None
 
 
 def test_localize_rewrites_size_attributes():
