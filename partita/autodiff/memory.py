@@ -253,9 +253,19 @@ def _in_attention(node: Node, layer: str) -> bool:
     return any(_ATTENTION_SCOPE.search(part) for part in loc.scope[len(layer):].split(".") if part)
 
 
-def _recomputable(node: Node, layer: str, policy: str) -> bool:
+def _replayable(node: Node) -> bool:
+    """Whether running ``node`` again gives the same result: no effects, or a training
+    dropout, whose mask is a hash of its seed and the element indices (computing it again
+    draws the same mask, as Megatron-LM restores the RNG state for a recomputed layer)."""
     op = OPS.get(node.op)
-    if op is None or op.effects_of(node.attrs):
+    if op is None:
+        return False
+    effects = op.effects_of(node.attrs)
+    return not effects or (node.op == "dropout" and effects == {"rng"})
+
+
+def _recomputable(node: Node, layer: str, policy: str) -> bool:
+    if not _replayable(node):
         return False
     if policy == "full":
         return True

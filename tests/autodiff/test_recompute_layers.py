@@ -152,3 +152,24 @@ def test_recompute_pass_and_bad_policy(steps):
     assert recompute_policy(True) == "cheap" and recompute_policy(False) == "none"
     with pytest.raises(AutodiffError, match="did you mean 'full'"):
         recompute_policy("fulll")
+
+
+@pytest.mark.parametrize("policy", ["selective", "full"])
+def test_dropout_is_recomputed_with_its_mask(policy):
+    """A training dropout's mask is a hash of its seed and indices: recomputing the layer
+    draws it again, so the recomputed step equals the plain one and the attention probs'
+    dropout is not saved."""
+    import partita
+
+    g = partita.models.gpt(layers=2, hidden=32, heads=4, seq=16, vocab=64, batch=2, dtype="f32", attention="eager",
+                           dropout=0.2)
+    plain = partita.training_step(g, loss="cross_entropy", optimizer=None)
+    step = partita.training_step(g, loss="cross_entropy", optimizer=None, recompute=policy)
+    again = [n for n in step.nodes if n.op == "dropout" and n.loc is not None and n.loc.recompute == policy]
+    assert len(again) >= 2          # each layer's attention-probs dropout at least
+    rng = np.random.default_rng(0)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(np.float32)
+         for v in plain.inputs if v.role == "param"}
+    feed = {"ids": rng.integers(0, 64, (2, 16)), "target": rng.integers(0, 64, (2, 16))}
+    for a, b in zip(partita.run(step, feed, w), partita.run(plain, feed, w)):
+        np.testing.assert_array_equal(a, b)
