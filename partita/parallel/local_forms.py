@@ -130,11 +130,14 @@ def dropout(f: LocalForm) -> list[Value]:
     of its first element along each dim), so it draws the unsplit dropout's mask for its
     elements. The global shape is the real one (padding left out): a padded element hashes
     some real element's index, and padding is thrown away."""
-    (x,) = f.operands
+    x = f.operands[0]
     labels = [f"d{i}" for i in range(x.type.rank)]
     starts = [f.emit("unsqueeze", f.start(lab, x.type.shape[i]), axes=(0,)) if lab in f.split
               else f.emit("full", shape=(1,), value=0, dtype=i64) for i, lab in enumerate(labels)]
     origin = starts[0] if len(starts) == 1 else f.emit("concat", *starts, axis=0)
+    if len(f.operands) > 1:
+        # Already a piece (at origin, of a tensor of shape whole): a piece of the piece.
+        return [f.emit("dropout", x, f.emit("add", f.operands[1], origin), **f.attrs)]
     whole = tuple(f.real_size(0, d) for d in range(x.type.rank))
     return [f.emit("dropout", x, origin, **{**f.attrs, "whole": whole})]
 

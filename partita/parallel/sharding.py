@@ -515,12 +515,12 @@ def _dropout(ts, attrs):
     t = ts[0]
     if not attrs["train"]:
         return DimSpec((_dims(t),), (_dims(t),), linear=frozenset({0}))
-    if len(ts) > 1:      # already a piece of a split dropout: kept as it is
-        return DimSpec(((None,) * t.rank, (None,)), ((None,) * t.rank,), linear=frozenset({0}))
     # The training mask hashes the global element index: a split rank runs the local form,
-    # which gives its piece's origin (local_forms.dropout).
+    # which gives its piece's origin (local_forms.dropout); a dropout that already is a piece
+    # (an origin operand: a microbatch's) adds its own.
     labels = _dims(t)
-    return DimSpec((labels,), (labels,), linear=frozenset({0}), ranged=frozenset(labels),
+    operands = (labels,) if len(ts) == 1 else (labels, (None,))
+    return DimSpec(operands, (labels,), linear=frozenset({0}), ranged=frozenset(labels),
                    local_form=local_forms.dropout)
 
 

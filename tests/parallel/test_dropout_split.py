@@ -66,3 +66,27 @@ def test_split_dropout_matches_single_device(attention, mesh, strategy):
     got = prog.simulate(feed, w)
     for v, a, b in zip(step.outputs, got, want):
         assert _rel(a, b) < 1e-5, f"{strategy} on {mesh}: %{v.name} differs by {_rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize("mesh,strategy,recompute,extra", [
+    ("pp=2", "pp", "full", {}),
+    ("pp=2,dp=2", "pp+dp", "none", {}),
+    ("pp=2,dp=2", "pp+dp", "full", {"schedule": "interleaved", "virtual_stages": 2}),
+    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "selective", {}),
+])
+def test_pipelines_with_dropout_match_single_device(mesh, strategy, recompute, extra):
+    """Microbatch m of a pipeline holds the batch's rows [m*B/M, (m+1)*B/M), each data-parallel
+    rank a share of it (PipelineProgram._mb_major), so its dropouts draw the step's mask; a
+    recomputed dropout draws it again."""
+    g = partita.models.gpt(layers=4, hidden=32, heads=4, seq=8, vocab=64, batch=8, dtype="f32", attention="eager",
+                           dropout=0.1)
+    step = partita.training_step(g, loss="cross_entropy", optimizer="sgd", recompute=recompute)
+    rng = np.random.default_rng(0)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(np.float32)
+         for v in step.inputs if v.role == "param"}
+    feed = {"ids": rng.integers(0, 64, (8, 8)), "target": rng.integers(0, 64, (8, 8))}
+    want = partita.run(step, feed, w)
+    prog = partita.parallelize(step, mesh=mesh, strategy=strategy, microbatches=2, **extra)
+    got = prog.simulate(feed, w)
+    for v, a, b in zip(step.outputs, got, want):
+        assert _rel(a, b) < 1e-4, f"{strategy} on {mesh}: %{v.name} differs by {_rel(a, b):.2e}"

@@ -447,13 +447,13 @@ def test_reshape_labels_follow_the_factorization():
 
 def test_dropout_in_training_splits_through_its_local_form():
     # The mask hashes the global index: a split training dropout runs local_forms.dropout (its
-    # piece's origin; tests/parallel/test_dropout_split.py checks the values), and a dropout
-    # that already is a piece (with an origin) stays whole.
+    # piece's origin; tests/parallel/test_dropout_split.py checks the values), and so does a
+    # dropout that already is a piece (with an origin: a microbatch's), adding to it.
     attrs = OPS["dropout"].normalize_attrs({"train": True, "p": 0.5})
     spec = sharding_spec("dropout", [T(4, 6)], attrs)
     assert spec.ranged == {"d0", "d1"} and spec.local_form is not None
     piece = sharding_spec("dropout", [T(4, 6), TensorType((2,), i64)], dict(attrs, whole=(8, 6)))
-    assert piece.operands[0] == (None, None) and piece.local_form is None
+    assert piece.operands == (("d0", "d1"), (None,)) and piece.local_form is not None
 
 
 def test_localize_rewrites_size_attributes():

@@ -150,7 +150,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         progs.append(st)
     timings["stages"] = time.perf_counter() - t1 - unroll_s
     timings["unroll"] = unroll_s
-    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings)
+    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings, batch_ranks=dp)
     t2 = time.perf_counter()
     check_program(out)
     timings["check"] = time.perf_counter() - t2

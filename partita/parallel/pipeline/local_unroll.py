@@ -24,6 +24,7 @@ from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value, bulk_build
 from ...ir.types import TensorType
 from ...ir.verifier import verify
+from .build import MB_AXIS
 from .schedule import Action, PipelineError, Schedule, Transfer
 
 
@@ -131,6 +132,17 @@ class _Unroll:
         store = self.env[m] if m is not None else self.once
         append = self.U._append_unchecked
         for n in self.by_key.get(key, ()):
+            if n.op == "axis_index" and n.attrs.get("axis") == MB_AXIS:
+                # The microbatch's index (a split dropout's origin along the batch): microbatch
+                # m's copy knows it.
+                if m is None:
+                    raise PipelineError(f"pipeline unroll (rank {self.rank}): the microbatch index is read once per "
+                                        "step; this is an internal error of the pipeline's sections")
+                node = Node("full", [], {"shape": (), "value": m, "dtype": n.results[0].type.dtype},
+                            [n.results[0].type], n.loc)
+                append(node)
+                store[n.results[0]] = self.last[n.results[0]] = node.results[0]
+                continue
             attrs = dict(n.attrs)
             tag = attrs.get("tag")
             if m is not None and isinstance(tag, str):

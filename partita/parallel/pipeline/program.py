@@ -70,6 +70,8 @@ class PipelineProgram:
     submesh: Mesh | None
     plan: Any = None
     timings: dict[str, float] = field(default_factory=dict)
+    # The data-parallel ranks that split each microbatch (the batch rows' layout, _mb_major).
+    batch_ranks: int = 1
 
     @property
     def single_device(self) -> Graph:
@@ -126,8 +128,27 @@ class PipelineProgram:
         for v in self.source.inputs:
             if v.role == "input" and input_name(v) not in inputs:
                 raise StrategyError(f"no value for the input %{input_name(v)} {v.type}")
+        inputs = {k: self._mb_major(k, v) for k, v in inputs.items()}
         return self._spread([st.shard_inputs({k: v for k, v in inputs.items() if _has(st.graph, k)})
                              for st in self.stages])
+
+    def _mb_major(self, name: str, x: Any, dim: int = 0, back: bool = False) -> Any:
+        """Microbatch m is rows [m*B/M, (m+1)*B/M) of the batch, and data-parallel rank d holds
+        the d-th share of every microbatch (the pipeline's partitions nest so: the microbatch
+        split, then dp inside it; a split dropout's mask follows that layout). A stage's dp
+        split hands rank d a contiguous block, so the rows are reordered microbatch-major
+        first (``back``: the inverse, for outputs that hold every microbatch)."""
+        M, D = self.pipeline.schedule.microbatches, self.batch_ranks
+        if M == 1 or D == 1:
+            return x
+        if not back and not any(v.role == "input" and input_name(v) == name for v in self.source.inputs):
+            return x
+        a = np.asarray(x)
+        if a.ndim <= dim or a.shape[dim] % (M * D):
+            return x
+        n = a.shape[dim] // (M * D)
+        shape = a.shape[:dim] + ((D, M) if back else (M, D)) + (n,) + a.shape[dim + 1:]
+        return np.swapaxes(a.reshape(shape), dim, dim + 1).reshape(a.shape)
 
     def assemble_outputs(self, outputs_by_rank: Sequence[Sequence[Any]]) -> list[np.ndarray]:
         """The single-device graph's outputs, from the ranks that compute them."""
@@ -159,6 +180,8 @@ class PipelineProgram:
             if i in finals:
                 shape[finals[i]] *= M
             full = assemble([np.asarray(o[i]) for o in group], pl, st.mesh, shape)
+            if i in finals:
+                full = self._mb_major("", full, finals[i], back=True)
             pads = st.padding.outputs.get(i) if st.padding is not None else None
             out.append(cut_array(full, pads) if pads else full)
         return out

@@ -153,7 +153,8 @@ def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward
         recomputed = recomputed_nodes(g)
     # A recomputed node is part of B (before the first B node that reads it) even where only
     # weight gradients read it: W runs after B in every schedule, so it finds the values there.
-    b_set = (value_cone([x for x in new_rg if x is not None]) | recomputed) - f_set
+    # Whatever a recomputed node reads (outside F) is B's too.
+    b_set = value_cone([x for x in new_rg if x is not None] + [r for n in recomputed for r in n.results]) - f_set
     w_set = value_cone(list(param_grads.values())) - f_set - b_set
     order = list(g.nodes)
     cp = ChunkProgram(chunk.index, g, [g.input(f"pp.recv{i}") for i in range(len(recv))], send,
