@@ -98,17 +98,16 @@ def fit_alpha_beta(nbytes: Sequence[float], times: Sequence[float], latency_term
         raise ValueError("fit_alpha_beta needs at least two positive timings")
     rows = np.stack([a / t, b * s / t], axis=1)   # unknowns: alpha and 1/beta
     ones = np.ones_like(t)
+
+    def cost(x: tuple[float, float]) -> float:
+        return float(np.sum((rows @ np.asarray(x) - ones) ** 2))
+
     (alpha, inv_beta), *_ = np.linalg.lstsq(rows, ones, rcond=None)
     if alpha < 0 or inv_beta <= 0:
-        # A bound is active: fit the other unknown alone (one column of the same system).
-        candidates = []
-        col = rows[:, 1]
-        if np.any(col > 0):
-            candidates.append((0.0, float(col @ ones / (col @ col))))
-        col = rows[:, 0]
-        candidates.append((float(col @ ones / (col @ col)), 0.0))
-        best = min(candidates, key=lambda c: float(np.sum((rows @ np.array(c) - ones) ** 2)) if c[1] > 0 else math.inf)
-        alpha, inv_beta = best
+        # A bound is active: the best of the two edges, each one column of the same system.
+        only_beta = (0.0, float(rows[:, 1] @ ones / (rows[:, 1] @ rows[:, 1])))
+        only_alpha = (float(rows[:, 0] @ ones / (rows[:, 0] @ rows[:, 0])), 0.0)
+        alpha, inv_beta = min((only_beta, only_alpha), key=cost)
         if inv_beta <= 0:
             # Only latency shows (every message small): take the bandwidth the largest
             # message allows at most beside that latency, rather than an infinite one.
@@ -370,10 +369,21 @@ def message_sizes(quick: bool) -> list[int]:
     return [4 * 16 ** i for i in range(6)] if quick else [4 * 4 ** i for i in range(13)]
 
 
-def _gloo_worker(rank: int, nproc: int, port: int, threads: int, sizes: list[int], repeats: int,
+def _calls(nbytes: int, quick: bool) -> int:
+    """Timed calls per collective and size: the same on every rank (a count one rank chose
+    alone would leave the others waiting in a collective it never enters)."""
+    if nbytes <= 2 ** 16:
+        return 15 if quick else 40
+    if nbytes <= 2 ** 22:
+        return 6 if quick else 15
+    return 3 if quick else 5
+
+
+def _gloo_worker(rank: int, nproc: int, port: int, threads: int, sizes: list[int], quick: bool,
                  results: Any) -> None:
-    """One rank of the gloo measurement: times every collective at every size and puts
-    ``(rank, {collective: {bytes: [seconds per sample]}})`` (or an error) on ``results``."""
+    """One rank of the gloo measurement: times each call of every collective at every size and
+    puts ``(rank, {collective: {bytes: [seconds per call]}}, skipped)`` on ``results``, or
+    ``(rank, None, traceback)`` when something failed."""
     import traceback
     import warnings
     from datetime import timedelta
@@ -384,18 +394,19 @@ def _gloo_worker(rank: int, nproc: int, port: int, threads: int, sizes: list[int
 
         warnings.filterwarnings("ignore")
         torch.set_num_threads(threads)
+        # The timeout bounds every collective: a rank whose peer died raises instead of waiting.
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
-                                timeout=timedelta(seconds=120))
+                                timeout=timedelta(seconds=_GLOO_TIMEOUT_S))
         out: dict[str, dict[int, list[float]]] = {}
 
         def ops(nbytes: int) -> dict[str, Callable[[], Any]]:
-            per = max(1, nbytes // 4 // nproc)           # elements per rank's piece
-            full = torch.ones(max(1, nbytes // 4))
+            full = torch.ones(max(1, nbytes // 4))           # S bytes: the whole buffer
+            per = max(1, full.numel() // nproc)              # one rank's piece of it
             piece = torch.ones(per)
             pieces = [torch.empty(per) for _ in range(nproc)]
             inputs = [torch.ones(per) for _ in range(nproc)]
 
-            def send_recv() -> None:
+            def send_recv() -> None:                         # a round trip between ranks 0 and 1
                 if rank == 0:
                     dist.send(full, 1)
                     dist.recv(full, 1)
@@ -408,38 +419,46 @@ def _gloo_worker(rank: int, nproc: int, port: int, threads: int, sizes: list[int
                     "broadcast": lambda: dist.broadcast(full, 0),
                     "send_recv": send_recv}
 
+        # Every rank tries each collective once; gloo raises on one it does not implement
+        # (reduce_scatter in some torch versions) on every rank alike.
         skipped: set[str] = set()
         for name, fn in ops(4 * nproc).items():
             try:
                 fn()
             except (RuntimeError, NotImplementedError, ValueError):
                 skipped.add(name)
+        dist.barrier()
         for nbytes in sizes:
             table = ops(nbytes)
-            inner = 20 if nbytes <= 2 ** 16 else 5 if nbytes <= 2 ** 22 else 1
             for name, fn in table.items():
                 if name in skipped:
                     continue
-                fn()
-                samples = []
-                for _ in range(repeats):
-                    dist.barrier()
+                fn()                                         # warm-up
+                dist.barrier()
+                times = []
+                for _ in range(_calls(nbytes, quick)):
                     t0 = time.perf_counter()
-                    for _ in range(inner):
-                        fn()
-                    t = (time.perf_counter() - t0) / inner
-                    samples.append(t / 2 if name == "send_recv" else t)   # a round trip is two messages
-                out.setdefault(name, {})[nbytes] = samples
+                    fn()
+                    t = time.perf_counter() - t0
+                    times.append(t / 2 if name == "send_recv" else t)   # a round trip is two messages
+                out.setdefault(name, {})[nbytes] = times
         dist.barrier()
+        dist.destroy_process_group()
         results.put((rank, out, sorted(skipped)))
     except BaseException:  # noqa: BLE001 -- the parent reports whatever stopped a rank
         results.put((rank, None, traceback.format_exc()))
 
 
+_GLOO_TIMEOUT_S = 60.0
+
+
 def measure_gloo(nproc: int, threads: int, quick: bool, progress: Callable[[str], Any],
                  timeout_s: float = 300.0) -> tuple[dict[str, dict[int, float]], list[str]]:
-    """Median seconds per collective and message size on ``nproc`` gloo ranks on loopback
-    (each sample: the slowest rank's time), and the collectives gloo does not support."""
+    """Seconds per collective and message size on ``nproc`` gloo ranks on loopback: for each
+    call the slowest rank's time, and the median over the calls (loopback on a few shared cores
+    has a long tail of slow calls, which a mean would follow); and the collectives gloo does
+    not support. Never waits more than ``timeout_s``: a rank that fails or hangs stops the
+    measurement with a CalibrationError, and every rank is joined (or killed) before it returns."""
     import multiprocessing
     import queue as queue_mod
 
@@ -449,23 +468,23 @@ def measure_gloo(nproc: int, threads: int, quick: bool, progress: Callable[[str]
         raise CalibrationError(f"calibrate: gloo needs at least 2 processes to measure a link, got nproc={nproc}")
     check_spawnable("calibrate")
     sizes = message_sizes(quick)
-    repeats = 3 if quick else 5
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, nproc, port, threads, sizes, repeats, results), daemon=True,
+    procs = [ctx.Process(target=_gloo_worker, args=(r, nproc, port, threads, sizes, quick, results), daemon=True,
                          name=f"partita-calibrate-{r}") for r in range(nproc)]
     for p in procs:
         p.start()
     progress(f"  {nproc} gloo ranks on 127.0.0.1:{port}, {len(sizes)} sizes "
-             f"({format_quantity(sizes[0], 'B')} .. {format_quantity(sizes[-1], 'B')}), {repeats} samples each")
+             f"({format_quantity(sizes[0], 'B')} .. {format_quantity(sizes[-1], 'B')}), "
+             f"{_calls(sizes[-1], quick)}-{_calls(sizes[0], quick)} calls each")
     got: dict[int, Any] = {}
     skipped: list[str] = []
     deadline = time.monotonic() + timeout_s
     try:
         while len(got) < nproc:
             try:
-                rank, data, extra = results.get(timeout=1.0)
+                rank, data, extra = results.get(timeout=0.5)
             except queue_mod.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
                 if dead or time.monotonic() > deadline:
@@ -479,17 +498,17 @@ def measure_gloo(nproc: int, threads: int, quick: bool, progress: Callable[[str]
             skipped = extra
     finally:
         for p in procs:
-            p.join(timeout=10)
+            p.join(timeout=10 if len(got) == nproc else 0.5)
             if p.exitcode is None:
                 p.kill()
                 p.join(timeout=5)
+        results.close()
+        results.join_thread()
     medians: dict[str, dict[int, float]] = {}
     for name in got[0]:
-        medians[name] = {}
-        for nbytes in got[0][name]:
-            ranks = [r for r in range(nproc) if name != "send_recv" or r < 2]
-            slowest = [max(got[r][name][nbytes][i] for r in ranks) for i in range(repeats)]
-            medians[name][nbytes] = statistics.median(slowest)
+        ranks = [0, 1] if name == "send_recv" else list(range(nproc))
+        medians[name] = {nbytes: statistics.median(max(calls) for calls in zip(*(got[r][name][nbytes] for r in ranks)))
+                         for nbytes in got[0][name]}
     return medians, skipped
 
 
