@@ -314,7 +314,8 @@ def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[s
         fractions[name] = 2 * 4 * h.numel() / statistics.median(_samples(fn, reps, min_s)) / bandwidth
     memory = min(1.0, statistics.median(fractions.values()))
     found.append(Measurement("efficiency.memory", memory, "", _relative_range(list(fractions.values())),
-                             "median over layer_norm, gelu, softmax of f32 "
+                             "median over layer_norm, gelu, softmax (each allocating its result, as the executor does; on one "
+                             "thread their arithmetic, not memory, bounds them) of f32 "
                              f"[{rows}, {h.shape[-1]}] of bytes read + written per second over the memory bandwidth ("
                              + ", ".join(f"{k} {v:.2f}" for k, v in fractions.items()) + ")"))
     progress(f"  memory-bound ops: {memory:.3g} of the bandwidth (" +
@@ -595,6 +596,19 @@ def calibrate(nproc: int = 4, threads: int = 1, quick: bool = False,
     return measure(nproc, threads, quick, progress).cluster
 
 
+def summary_rows(cal: Calibration) -> list[list[str]]:
+    """One row per measured figure (name, value, relative error), then each collective's alpha
+    and beta: the table ``partita calibrate`` prints."""
+    rows = [[m.name, format_quantity(m.value, m.unit) if m.unit else f"{m.value:.4g}", f"{m.error:.1%}"]
+            for m in cal.measurements]
+    for name, fit in cal.fits.items():
+        if name == "link":
+            continue
+        rows.append([f"gloo {name} alpha", format_quantity(fit.alpha, "s"), f"{fit.error:.1%}"])
+        rows.append([f"gloo {name} beta", format_quantity(fit.beta, "B/s"), f"{fit.error:.1%}"])
+    return rows
+
+
 # --- the file --------------------------------------------------------------------------------
 
 def _toml_string(s: str) -> str:
@@ -648,5 +662,5 @@ def write_cluster(cluster: Cluster, path: "str | os.PathLike[str]") -> Path:
 
 __all__ = ["AlphaBetaFit", "COLLECTIVE_MODELS", "Calibration", "CalibrationError", "KneeFit", "Measurement",
            "calibrate", "cluster_toml", "cpu_model", "fit_alpha_beta", "fit_collectives", "fit_gemm_knee",
-           "gemm_model", "measure", "measure_gloo", "message_sizes", "write_cluster"]
+           "gemm_model", "measure", "measure_gloo", "message_sizes", "summary_rows", "write_cluster"]
 
