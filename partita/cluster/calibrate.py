@@ -525,8 +525,8 @@ def fit_collectives(medians: Mapping[str, Mapping[int, float]], nproc: int) -> d
         if name in LINK_COLLECTIVES:
             joint += [(s, t, a, b) for s, t in pts]
     if joint:
-        s, t, a, b = (list(c) for c in zip(*joint))
-        fits["link"] = fit_alpha_beta(s, t, a, b)
+        fits["link"] = fit_alpha_beta([p[0] for p in joint], [p[1] for p in joint], [p[2] for p in joint],
+                                      [p[3] for p in joint])
     return fits
 
 
