@@ -374,9 +374,9 @@ def _calls(nbytes: int, quick: bool) -> int:
     """Timed calls per collective and size: the same on every rank (a count one rank chose
     alone would leave the others waiting in a collective it never enters)."""
     if nbytes <= 2 ** 16:
-        return 15 if quick else 40
+        return 10 if quick else 40
     if nbytes <= 2 ** 22:
-        return 6 if quick else 15
+        return 4 if quick else 15
     return 3 if quick else 5
 
 
