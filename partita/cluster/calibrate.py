@@ -536,7 +536,6 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
             progress: Callable[[str], Any] = print) -> Calibration:
     """Measure this machine (see the module docstring): the cluster and every figure behind it."""
     import torch
-    from .. import __version__
 
     start = time.perf_counter()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -568,7 +567,7 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
               Measurement("intra_node.bandwidth", link.bandwidth, "B/s", link_fit.error, net_how),
               Measurement("device.memory", memory, "B", 0.0, f"total RAM {format_quantity(total_memory(), 'B')} / "
                                                              f"{nproc} ranks")]
-    sources = [f"measured by partita calibrate {__version__} on {when}: {cpu}, torch {torch.__version__} on "
+    sources = [f"measured by partita calibrate {_partita_version()} on {when}: {cpu}, torch {torch.__version__} on "
                f"{threads} thread(s) per rank, {nproc} gloo ranks on loopback{', quick' if quick else ''}"]
     sources += [f"{m.name}: {m.how}" for m in found]
     sources += [f"gloo {name}: alpha {format_quantity(f.alpha, 's')}, beta {format_quantity(f.beta, 'B/s')}, "
@@ -581,6 +580,16 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
                       description=f"this machine ({cpu}) as {nproc} gloo ranks on loopback, measured {when}",
                       sources=tuple(sources), efficiency=eff)
     return Calibration(cluster, tuple(found), fits, time.perf_counter() - start)
+
+
+def _partita_version() -> str:
+    # The installed distribution's version: cluster/ may not import the top-level package (api/).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("partita")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _model_text(name: str) -> str:
