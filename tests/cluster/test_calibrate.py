@@ -159,3 +159,13 @@ def test_quick_calibration_on_two_gloo_ranks_writes_a_cluster_file(tmp_path: Pat
     assert "gloo all_reduce: alpha" in text and "measured by partita calibrate" in text
     assert any("gloo" in line for line in lines)
     assert [r[0] for r in summary_rows(cal)][:1] == ["peak_flops.f32"]
+
+
+# Multi-process: a rank that fails stops the measurement with its error, and nothing is left running.
+@pytest.mark.timeout(120)
+def test_a_failing_gloo_rank_stops_the_measurement_with_its_error():
+    import multiprocessing
+
+    with pytest.raises(CalibrationError, match=r"gloo rank \d failed:(.|\n)*set_num_threads"):
+        measure_gloo(2, 0, True, lambda s: None)      # torch.set_num_threads(0) raises in every rank
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("partita-calibrate-")]
