@@ -460,14 +460,37 @@ def measure_gloo(nproc: int, threads: int, quick: bool, progress: Callable[[str]
     has a long tail of slow calls, which a mean would follow); and the collectives gloo does
     not support. Never waits more than ``timeout_s``: a rank that fails or hangs stops the
     measurement with a CalibrationError, and every rank is joined (or killed) before it returns."""
-    import multiprocessing
-    import queue as queue_mod
-
-    from ..runtime.launch import _free_port, check_spawnable
+    from ..runtime.launch import check_spawnable
 
     if nproc < 2:
         raise CalibrationError(f"calibrate: gloo needs at least 2 processes to measure a link, got nproc={nproc}")
     check_spawnable("calibrate")
+    for attempt in range(3):
+        try:
+            got, skipped = _run_gloo_ranks(nproc, threads, quick, progress, timeout_s)
+            break
+        except CalibrationError as e:
+            # The free port was taken between choosing it and rank 0 binding it: choose again.
+            if attempt == 2 or "address already in use" not in str(e).lower():
+                raise
+            progress("  the port was taken meanwhile; again on another one")
+    medians: dict[str, dict[int, float]] = {}
+    for name in got[0]:
+        ranks = [0, 1] if name == "send_recv" else list(range(nproc))
+        medians[name] = {nbytes: statistics.median(max(calls) for calls in zip(*(got[r][name][nbytes] for r in ranks)))
+                         for nbytes in got[0][name]}
+    return medians, skipped
+
+
+def _run_gloo_ranks(nproc: int, threads: int, quick: bool, progress: Callable[[str], Any],
+                    timeout_s: float) -> tuple[dict[int, Any], list[str]]:
+    """Spawn the ranks of ``_gloo_worker`` on a free port; each rank's timings by rank, and the
+    collectives gloo skipped."""
+    import multiprocessing
+    import queue as queue_mod
+
+    from ..runtime.launch import _free_port
+
     sizes = message_sizes(quick)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -505,12 +528,7 @@ def measure_gloo(nproc: int, threads: int, quick: bool, progress: Callable[[str]
                 p.join(timeout=5)
         results.close()
         results.join_thread()
-    medians: dict[str, dict[int, float]] = {}
-    for name in got[0]:
-        ranks = [0, 1] if name == "send_recv" else list(range(nproc))
-        medians[name] = {nbytes: statistics.median(max(calls) for calls in zip(*(got[r][name][nbytes] for r in ranks)))
-                         for nbytes in got[0][name]}
-    return medians, skipped
+    return got, skipped
 
 
 def fit_collectives(medians: Mapping[str, Mapping[int, float]], nproc: int) -> dict[str, AlphaBetaFit]:

@@ -169,3 +169,25 @@ def test_a_failing_gloo_rank_stops_the_measurement_with_its_error():
     with pytest.raises(CalibrationError, match=r"gloo rank \d failed:(.|\n)*set_num_threads"):
         measure_gloo(2, 0, True, lambda s: None)      # torch.set_num_threads(0) raises in every rank
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("partita-calibrate-")]
+
+
+# Multi-process: the port chosen is taken before rank 0 binds it; calibrate chooses another.
+@pytest.mark.timeout(180)
+def test_a_port_taken_meanwhile_is_chosen_again(monkeypatch):
+    import socket
+
+    import partita.runtime.launch as launch
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = launch._free_port
+    ports = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(launch, "_free_port", lambda: next(ports, None) or real())
+    lines: list[str] = []
+    try:
+        medians, _ = measure_gloo(2, 1, True, lines.append)
+    finally:
+        taken.close()
+    assert any("port was taken" in line for line in lines)
+    assert medians["all_reduce"] and all(t > 0 for t in medians["all_reduce"].values())
