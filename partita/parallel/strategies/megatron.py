@@ -63,12 +63,21 @@ class Megatron(Strategy):
                 why += " (a fused projection: run the split-projections pass on the forward graph first)"
             ctx.notes.append(f"%{ctx.name(w)} kept whole over '{axis}': {why}")
         ctx.shared[REDUCED] = reduced
-        # Optimizer state follows its param (a ZeRO preset shards it further).
+        # Optimizer state follows its param (a ZeRO preset shards it further). With master
+        # weights the update reads the f32 master <p>.master, which is placed as <p> too:
+        # otherwise every rank would update the whole param, its gradient gathered first.
+        by_name = {str(v.name): v for v in ctx.graph.inputs}
         for node in ctx.graph.nodes:
-            if node.op in UPDATE_OPS and node.operands[0] in ctx.fixed:
-                for st in node.operands[2:]:
-                    if st.type.shape == node.operands[0].type.shape:
-                        ctx.place(st, ctx.fixed[node.operands[0]])
+            if node.op not in UPDATE_OPS:
+                continue
+            w = node.operands[0]
+            p = by_name.get(str(w.name)[:-len(".master")], w) \
+                if w.role == "state" and str(w.name).endswith(".master") else w
+            if p not in ctx.fixed:
+                continue
+            for st in ([w] if w is not p else []) + list(node.operands[2:]):
+                if st.type.shape == p.type.shape and st not in ctx.fixed:
+                    ctx.place(st, ctx.fixed[p])
 
 
 @register
