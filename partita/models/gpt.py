@@ -20,7 +20,7 @@ from ._build import ScopedBuilder, check_positive, linear, model_dtype
 
 def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int = 1, dtype: str | DType = "bf16",
         *, ffn: int | None = None, positions: int | None = None, eps: float = 1e-5, attention: str = "fused",
-        dropout: float = 0.0, name: str = "gpt") -> Graph:
+        dropout: float = 0.0, layout: str = "bsh", name: str = "gpt") -> Graph:
     """The forward graph ``ids [batch, seq] i64 -> logits [batch, seq, vocab]`` of a GPT-2
     model; params are ``param`` inputs named as GPT2LMHeadModel's state_dict (the fused
     ``c_attn`` split in three), with no arrays. ``ffn``: the MLP width (4 * hidden);
@@ -32,10 +32,16 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
     simulation of those runs must price). ``dropout``: the training dropout probability
     after the embeddings, the attention output and the MLP, and on the attention
     probabilities with ``attention="eager"`` (GPT-2 and Megatron-LM train with 0.1); 0 adds
-    no dropout op."""
+    no dropout op. ``layout``: the activations between the layers as ``[batch, seq, hidden]``
+    (``"bsh"``, GPT-2's) or ``[seq, batch, hidden]`` (``"sbh"``, Megatron-LM's): the projections
+    multiply the flattened ``[rows, hidden]`` view, whose leading dim is then the sequence, so
+    that sequence parallelism splits it whatever the batch (a microbatch of one sequence on
+    tp=8); the logits come back as ``[batch, seq, vocab]`` either way."""
     check_positive("gpt", layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch)
     if attention not in ("fused", "eager"):
         raise ValueError(f"gpt: attention={attention!r:.40} is not 'fused' or 'eager'")
+    if layout not in ("bsh", "sbh"):
+        raise ValueError(f"gpt: layout={layout!r:.40} is not 'bsh' or 'sbh'")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"gpt: dropout={dropout!r:.40} must be in [0, 1)")
     if hidden % heads:
@@ -54,10 +60,12 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
     wte = sb.param("transformer.wte.weight", (vocab, H), dt)
     wpe = sb.param("transformer.wpe.weight", (positions, H), dt)
 
+    sbh = layout == "sbh"
+    lead = (S, B) if sbh else (B, S)
     b = sb.at("transformer.wte")
-    tok = b.embedding(wte, ids)
+    tok = b.embedding(wte, b.transpose(ids, perm=(1, 0)) if sbh else ids)
     b = sb.at("transformer")
-    pos_ids = b.unsqueeze(b.iota(shape=(S,)), axes=(0,))
+    pos_ids = b.unsqueeze(b.iota(shape=(S,)), axes=(1 if sbh else 0,))
     pos = sb.at("transformer.wpe").embedding(wpe, pos_ids)
     x = sb.at("transformer").add(tok, pos)
     seeds = iter(range(1, 4 * layers + 2))
@@ -81,9 +89,10 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
         qkv = []
         for j in range(3):
             w, bias = P(f"attn.c_attn.weight.split{j}", (H, H)), P(f"attn.c_attn.bias.split{j}", (H,))
-            qkv.append(b.reshape(linear(b, x2, w, bias, False), shape=(B, S, H)))
+            qkv.append(b.reshape(linear(b, x2, w, bias, False), shape=(*lead, H)))
         b = sb.at(f"{s}.attn")
-        q, k, v = (b.transpose(b.reshape(t, shape=(B, S, -1, hd)), perm=(0, 2, 1, 3)) for t in qkv)
+        heads_first = (1, 2, 0, 3) if sbh else (0, 2, 1, 3)          # -> [B, heads, S, hd]
+        q, k, v = (b.transpose(b.reshape(t, shape=(*lead, -1, hd)), perm=heads_first) for t in qkv)
         if causal is None:
             out, _lse = b.attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True)
         else:
@@ -91,23 +100,25 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
                               b.transpose(k, perm=(0, 1, 3, 2)))
             scores = b.where(causal, scores, b.full(shape=(), value=-1e4, dtype=q.type.dtype))
             out = b.matmul(drop(b, b.softmax(scores, axis=-1)), v)
-        att = b.reshape(b.transpose(out, perm=(0, 2, 1, 3)), shape=(B, S, -1))
+        att = b.reshape(b.transpose(out, perm=(2, 0, 1, 3) if sbh else (0, 2, 1, 3)), shape=(*lead, -1))
         b = sb.at(f"{s}.attn.c_proj")
         proj = linear(b, b.reshape(att, shape=(-1, H)), P("attn.c_proj.weight", (H, H)), P("attn.c_proj.bias", (H,)),
                       False)
-        x = sb.at(s).add(drop(b, b.reshape(proj, shape=(B, S, H))), x)
+        x = sb.at(s).add(drop(b, b.reshape(proj, shape=(*lead, H))), x)
         ln2 = sb.at(f"{s}.ln_2").layer_norm(x, P("ln_2.weight", (H,)), P("ln_2.bias", (H,)), eps=eps)
         b = sb.at(f"{s}.mlp.c_fc")
         h = linear(b, b.reshape(ln2, shape=(-1, H)), P("mlp.c_fc.weight", (H, ffn)), P("mlp.c_fc.bias", (ffn,)), False)
-        h = sb.at(f"{s}.mlp.act").gelu(b.reshape(h, shape=(B, S, ffn)), approximate="tanh")
+        h = sb.at(f"{s}.mlp.act").gelu(b.reshape(h, shape=(*lead, ffn)), approximate="tanh")
         b = sb.at(f"{s}.mlp.c_proj")
         h = linear(b, b.reshape(h, shape=(-1, ffn)), P("mlp.c_proj.weight", (ffn, H)), P("mlp.c_proj.bias", (H,)),
                    False)
-        x = sb.at(s).add(x, drop(b, b.reshape(h, shape=(B, S, H))))
+        x = sb.at(s).add(x, drop(b, b.reshape(h, shape=(*lead, H))))
 
     lnf_w = sb.param("transformer.ln_f.weight", (H,), dt)
     lnf_b = sb.param("transformer.ln_f.bias", (H,), dt)
     x = sb.at("transformer.ln_f").layer_norm(x, lnf_w, lnf_b, eps=eps)
     b = sb.at("lm_head")
     logits = b.matmul(b.reshape(x, shape=(B * S, H)), b.transpose(wte, perm=(1, 0)))
+    if sbh:
+        return b.ret(b.transpose(b.reshape(logits, shape=(S, B, vocab)), perm=(1, 0, 2)))
     return b.ret(b.reshape(logits, shape=(B, S, vocab)))

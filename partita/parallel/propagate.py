@@ -156,6 +156,13 @@ class _Propagator:
         self.pl: dict[Value, Placement] = {}
         self.specs: dict[Node, DimSpec | None] = {}
         self.report = PropagationReport(mesh)
+        # In a training step a param resharded where it is read is resharded back as its
+        # gradient in the backward (an all_reduce or reduce_scatter of its size, about twice
+        # the bytes): priced at three times its own bytes, so that one consumer's gather of a
+        # weight does not look cheaper than moving the activation (sequence parallelism's
+        # attention projections, whose weights are smaller than the activation they read).
+        self.param_factor = 3 if any(v.name and str(v.name).endswith(".grad") for v in graph.outputs) or \
+            any(n.op in ("adamw_update", "sgd_update") for n in self.nodes) else 1
 
     # --- helpers ---------------------------------------------------------------------------
     def name(self, v: Value) -> str:
@@ -181,7 +188,10 @@ class _Propagator:
         """Bytes sent per rank to turn ``have`` into ``want`` for ``v``; None if impossible."""
         if have == want:
             return 0
-        return reshard_cost(tuple(v.type.shape), v.type.dtype, have, want, self.mesh)
+        c = reshard_cost(tuple(v.type.shape), v.type.dtype, have, want, self.mesh)
+        if c is not None and v.producer is None and v.role == "param":
+            c *= self.param_factor
+        return c
 
 
     # --- the fixed point -----------------------------------------------------------------------

@@ -20,15 +20,16 @@ def _hf_logits(lm, ids):
         return lm(input_ids=torch.from_numpy(ids), use_cache=False).logits.numpy()
 
 
-@pytest.mark.parametrize("attention", ["fused", "eager"])
-def test_gpt_matches_hf_gpt2(attention):
+@pytest.mark.parametrize("attention,layout", [("fused", "bsh"), ("eager", "bsh"), ("eager", "sbh")])
+def test_gpt_matches_hf_gpt2(attention, layout):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=257, n_positions=32, use_cache=False,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     lm = transformers.GPT2LMHeadModel(cfg).eval()
-    g = gpt(layers=2, hidden=64, heads=4, seq=T, vocab=257, batch=B, dtype="f32", positions=32, attention=attention)
+    g = gpt(layers=2, hidden=64, heads=4, seq=T, vocab=257, batch=B, dtype="f32", positions=32, attention=attention,
+            layout=layout)
     assert is_weightless(g) and len(g.weights) == 0
     assert any(n.op == "attention" for n in g.nodes) == (attention == "fused")
     verify(g)

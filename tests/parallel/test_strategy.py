@@ -482,3 +482,19 @@ def test_megatron_shards_master_weights_with_their_params(mesh, strategy):
         # bf16 gradients (squared in exp_avg_sq); the key biases' gradients are zero up to rounding
         err = np.linalg.norm(np.float64(a) - np.float64(b)) / max(np.linalg.norm(np.float64(b)), 1e-4)
         assert err < 3e-2, f"%{v.name} differs by {err:.2e}"
+
+
+def test_sequence_parallel_gathers_activations_not_weights():
+    """megatron+sp with fewer rows per microbatch than tp ranks (the [seq, batch, hidden]
+    layout): each column-parallel layer's input is all_gathered once for the projections that
+    read it, and no forward all_gather moves a column-parallel weight (the row-parallel c_proj
+    of attention still gathers its weight at small sizes: propagation prices that against
+    the reduce_scatter one consumer at a time)."""
+    g = partita.models.gpt(layers=2, hidden=128, heads=4, seq=512, vocab=512, batch=1, dtype="f32", layout="sbh")
+    step = partita.training_step(g, loss="cross_entropy", optimizer="adamw")
+    prog = parallelize(step, "tp=4", "megatron+sp")
+    text = prog.plan.text()
+    gathered_weights = [ln for ln in text.splitlines() if "[forward] all_gather" in ln
+                        and ("c_attn.weight" in ln or "c_fc.weight" in ln)]
+    assert not gathered_weights, gathered_weights[:3]
+    assert text.count("[forward] all_gather") >= 4          # ln_1 and ln_2 outputs, per layer

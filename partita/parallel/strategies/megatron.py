@@ -90,11 +90,43 @@ class SequenceParallel(Strategy):
     order = 20
 
     def annotate(self, ctx: AnnotationContext) -> None:
+        split = False
         for v in ctx.shared[REDUCED]:
             p = self.token_split(ctx, v)
             if p is not None and v not in ctx.fixed:
                 ctx.place(v, p)
                 ctx.sinks.add(v)
+                split = True
+        if not split:
+            return
+        # Megatron-LM's all_gather before each column-parallel layer: the activation it reads is
+        # gathered (once, for every projection that reads it), rather than the projections'
+        # weights; priced one consumer at a time, gathering a q, k or v weight looks cheaper
+        # than the activation the three share.
+        from ...autodiff.memory import backward_start
+
+        tp = ctx.axis(self)
+        stop = backward_start(ctx.graph)
+        for node in ctx.graph.nodes:
+            if node is stop:
+                break
+            w = weight_of(node)
+            if w is None or w[0] not in ctx.fixed:
+                continue
+            param, transposed = w
+            col = 0 if transposed else 1
+            x = node.operands[0]
+            if ctx.fixed[param].dims[col] == (tp,) and x not in ctx.fixed and x.producer is not None:
+                ctx.place(x, Placement(tuple(() if d != 0 or not ctx.strategy.dp_axis else (ctx.strategy.dp_axis,)
+                                             for d in range(x.type.rank))) if self._batch_lead(ctx, x)
+                          else Placement.replicated(x.type.rank))
+                ctx.sinks.add(x)
+
+    def _batch_lead(self, ctx: AnnotationContext, x: Value) -> bool:
+        """Whether ``x``'s leading dim also carries the data-parallel split (kept when gathering
+        over the tensor axis)."""
+        dp = ctx.strategy.dp_axis
+        return bool(dp) and x.type.rank >= 1 and x.type.shape[0] % ctx.mesh.axis_size(dp) == 0
 
     def token_split(self, ctx: AnnotationContext, v: Value) -> Placement | None:
         """The sequence-parallel placement of activation ``v``: its leading dim (the batch, or
