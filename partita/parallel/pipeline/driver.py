@@ -12,7 +12,7 @@ from ..mesh import Mesh
 from ..placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import build_pipeline, is_training
-from .local_unroll import local_sections, unroll_local
+from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
 from .program import PipelineProgram, WholeStage
 from .schedule import PipelineError, make_schedule
 
@@ -53,9 +53,11 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          annotations: Mapping[str, Any] | None = None, *, microbatches: int = 1,
                          schedule: str = "1f1b", virtual_stages: int = 1,
                          stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
-                         **spmd: Any) -> PipelineProgram:
+                         unroll: bool = True, **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
-    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``."""
+    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``.
+    ``unroll=False``: keep each rank's local template (``PipelineProgram.templates``) instead
+    of unrolling it, for ``partita.cluster.simulate``; nothing is checked or runnable then."""
     from ..driver import parallelize
 
     t0 = time.perf_counter()
@@ -86,6 +88,9 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         raise PipelineError(f"strategy {strategy} on {mesh}: the mesh axes {', '.join(a for a, _ in others)} have no "
                             f"strategy; add one (e.g. 'pp+dp') or use the mesh '{axis}={S}'")
     training = is_training(graph)
+    if not unroll and not training:
+        raise PipelineError("parallelize: unroll=False simulates a training pipeline; a forward-only (inference) "
+                            "pipeline is small enough to unroll: leave unroll out")
     policy = _recompute_policy(graph, recompute, training)
     sched = make_schedule(schedule, S, M, v, forward_only=not training)
     sched.validate()
@@ -107,6 +112,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     gather_mb = spmd.pop("gather_mb", 4.0)
     items = sched.program_order(tied=bool(pipe.tied) and training)
     progs: list[Any] = []
+    templates: list[LocalTemplate] = []
     t1 = time.perf_counter()
     unroll_s = 0.0
     for rp in pipe.ranks:
@@ -137,22 +143,35 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         sections = local_sections(local, rp.sections, spans,
                                   (copy, node_origin) if spans is not None else None)
         batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
+        chunk_grads = {c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()}
+        acc_values = {nm: loc(v) for nm, v in rp.acc_values.items()}
+        loss_share = loc(rp.loss_share) if rp.loss_share is not None else None
+        finals = [(loc(v), d) for v, d in rp.finals]
+        if not unroll:
+            if submesh is not None and bucket_mb is not None:
+                _bucket_template(local, sections, bucket_mb, first_mb)
+            templates.append(LocalTemplate(rp.rank, local, sections, sched, items[rp.rank], batch, chunk_grads,
+                                           acc_values, loss_share, finals))
+            unroll_s += time.perf_counter() - t
+            progs.append(st)
+            continue
+        once: set[Any] = set()
         unrolled = unroll_local(local, sections, sched, rp.rank, items[rp.rank], batch=batch,
-                                chunk_grads={c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()},
-                                acc_values={nm: loc(v) for nm, v in rp.acc_values.items()},
-                                loss_share=loc(rp.loss_share) if rp.loss_share is not None else None,
-                                finals=[(loc(v), d) for v, d in rp.finals], mesh=mesh)
+                                chunk_grads=chunk_grads, acc_values=acc_values, loss_share=loss_share,
+                                finals=finals, mesh=mesh, once_nodes=once)
         unroll_s += time.perf_counter() - t
         if submesh is not None:
-            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb)
+            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb, once)
         unrolled.mesh = mesh
         st.local = unrolled
         progs.append(st)
     timings["stages"] = time.perf_counter() - t1 - unroll_s
     timings["unroll"] = unroll_s
-    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings)
+    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings,
+                          unrolled=unroll, templates=templates if not unroll else None)
     t2 = time.perf_counter()
-    check_program(out)
+    if unroll:
+        check_program(out)
     timings["check"] = time.perf_counter() - t2
     from .report import build_pipeline_plan
 
@@ -162,17 +181,40 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
 
 
 def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool, prefetch: int,
-                        gather_mb: Any) -> None:
+                        gather_mb: Any, once: "set[Any] | None" = None) -> None:
     """The bucketing and ordering of collectives that ``parallelize`` runs on a per-rank
-    program, here on the unrolled one (a template's buckets would mix microbatches)."""
+    program, here on the unrolled one (a template's buckets would mix microbatches).
+    ``once``: the nodes of the once-per-step sections, whose all_reduces alone are bucketed
+    (the gradient reductions): fusing two microbatches' independent collectives (a small
+    all_reduce of the loss of microbatch m with that of m + 1) would hold the first back until
+    the second's forward, and reorder the schedule around it."""
     from ..bucket import bucket_gathers, bucket_gradients, order_collectives
 
     if bucket_mb is not None:
-        bucket_gradients(local, bucket_mb, first_mb)
+        bucket_gradients(local, bucket_mb, first_mb, only=once)
     if gather_mb is not None:
         bucket_gathers(local, gather_mb)
     if order:
         order_collectives(local, prefetch, keep_order=True)
+
+
+def _bucket_template(local: Graph, sections: dict[Any, tuple], bucket_mb: Any, first_mb: Any) -> None:
+    """Bucket the once-per-step sections' all_reduces of a template in place, as
+    ``_finish_collectives`` buckets them on the unrolled program (the candidates and their
+    relative order are the same there), and give the fused nodes their section: that of the
+    node they stand before."""
+    from ..bucket import bucket_gradients
+
+    once = {n for n, k in sections.items() if k[0] in ONCE_SECTIONS}
+    bucket_gradients(local, bucket_mb, first_mb, only=once)
+    key: tuple = ("tail",)
+    for n in reversed(list(local.nodes)):
+        if n in sections:
+            key = sections[n]
+        else:
+            sections[n] = key
+    for n in [n for n in sections if n.graph is not local]:
+        del sections[n]
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
