@@ -31,6 +31,7 @@ from typing import Any
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
+from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
 from .hardware import Cluster
@@ -53,12 +54,31 @@ class _Fragment:
     leaves: list[tuple[Value, int]]
     flops: float
     kinds: dict[str, float]
+    lead_outside: bool = False
+    has_collective: bool = False
 
 
-def _section_order(nodes: list[Node]) -> tuple[list[Node], set[Node]]:
+@dataclass
+class _Order:
+    """A section's nodes in the unrolled program's order (see ``_section_order``)."""
+
+    nodes: list[Node]
+    outside: set[Node]            # issued at the hoist point (before the section)
+    deferred: dict[Node, Node | None]   # gathers that sink past the section's end: -> anchor node
+    lead_outside: bool            # its first collective is anchored before the section
+    has_collective: bool
+
+
+def _section_order(nodes: list[Node]) -> _Order:
     """``nodes`` (one section, template order) in the order ``order_collectives(keep_order=
-    True)`` gives their copies in the unrolled program, and the collectives that need nothing
-    of the section (hoisted out of it)."""
+    True)`` gives their copies in the unrolled program: each collective (``_is_collective``:
+    point-to-point transfers are not) hoisted to just after the last node it needs and the
+    collective before it, then each all_gather sunk to just before its first reader or the
+    next collective. What crosses the section's bounds is returned apart: the collectives
+    that need nothing of the section (they go up to the collective before them, in an
+    earlier section; an all_gather among them that another such one follows stays there),
+    and the all_gathers that sink past the section's end (into a later section, unless the
+    next collective is anchored before its section: then they stay at their anchor)."""
     from ..parallel.bucket import _effect_chain, _grows, _hoist_collectives, _is_collective, _sink_gathers
 
     inside = set(nodes)
@@ -72,25 +92,45 @@ def _section_order(nodes: list[Node]) -> tuple[list[Node], set[Node]]:
         return ds
 
     anchor: dict[Node, int] = {}
+    anchor_node: dict[Node, Node | None] = {}
     last = -1
-    outside: set[Node] = set()
+    last_node: Node | None = None
+    lead: list[Node] = []
+    colls: list[Node] = []
     for n in nodes:
         if not _is_collective(n):
             continue
-        a = last
+        colls.append(n)
+        a, an = last, last_node
         for d in deps(n):
-            a = max(a, anchor[d] if d in anchor else pos[d])
+            x = anchor[d] if d in anchor else pos[d]
+            if x > a:
+                a, an = x, (anchor_node[d] if d in anchor else d)
         anchor[n] = last = a
-        if a < 0 and not _grows(n) and OPS[n.op].torch_async is not None:
+        anchor_node[n] = last_node = an
+        if a < 0:
+            lead.append(n)
+    outside: set[Node] = set()
+    for i, n in enumerate(lead):
+        if not _is_comm(n) or OPS[n.op].torch_async is None:
+            continue
+        if not _grows(n) or i + 1 < len(lead):
             outside.add(n)
     order = _sink_gathers(_hoist_collectives(nodes, pos, deps))
-    return order, outside
+    deferred: dict[Node, Node | None] = {}
+    for i, n in enumerate(order):
+        if _grows(n) and _is_comm(n) and n not in outside:
+            readers = {u for r in n.results for u in r.users}
+            if not any(x in readers or _is_collective(x) for x in order[i + 1:]):
+                deferred[n] = anchor_node.get(n)
+    return _Order(order, outside, deferred, bool(colls) and anchor[colls[0]] < 0, bool(colls))
 
 
 def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict, outputs: set[Value]) -> _Fragment:
     from .simulator import ASYNC_OPS, _attr_key, _hoisted
 
-    order, outside = _section_order(nodes)
+    so = _section_order(nodes)
+    order, outside = so.nodes, so.outside
     inside = set(nodes)
     entries: list[tuple] = []
     comms: list[Node] = []
@@ -109,13 +149,18 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
         if _is_comm(n):
             j = len(comms)
             comms.append(n)
-            entries.append(("hoist" if n in outside else "comm", j))
+            if n in so.deferred:
+                entries.append(("defer", j, so.deferred[n]))
+            else:
+                entries.append(("hoist" if n in outside else "comm", j))
             if n.op in ASYNC_OPS:
                 if n.results:
                     pending[n.results[0]] = j
             else:
                 entries.append(("wait", j))
             continue
+        if OPS[n.op].collective is not None:
+            entries.append(("pseudo",))   # an operand-free collective (axis_index): a place only
         if _hoisted(n, outputs):
             continue
         k2 = (n.op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
@@ -126,7 +171,8 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
         flops += priced.flops
         kinds[priced.kind] += priced.seconds
         entries.append(("run", priced.seconds, n))
-    return _Fragment(key, entries, comms, list(pending.items()), flops, dict(kinds))
+    return _Fragment(key, entries, comms, list(pending.items()), flops, dict(kinds), so.lead_outside,
+                     so.has_collective)
 
 
 @dataclass
@@ -141,6 +187,7 @@ class _Piece:
     comm_bytes: tuple
     at: dict[Value, float]
     last_issue: float | None
+    first_coll: float | None = None
 
 
 @dataclass
@@ -173,7 +220,7 @@ def cut_fragment(frag: _Fragment, axes: frozenset[str]) -> _Variant:
 
     for e in frag.entries:
         kind = e[0]
-        if kind == "run":
+        if kind in ("run", "pseudo"):
             cur.append(e)
         elif kind in ("comm", "wait") and axis(e[1]) in axes and frag.comms[e[1]].op not in P2P_OPS:
             cur.append(e)
@@ -182,7 +229,7 @@ def cut_fragment(frag: _Fragment, axes: frozenset[str]) -> _Variant:
             else:
                 open_.discard(e[1])
         else:
-            if kind == "hoist" and axis(e[1]) in axes:
+            if kind in ("hoist", "defer") and axis(e[1]) in axes:
                 bad.add(axis(e[1]))
             close()
             segs.append(e)
@@ -203,8 +250,13 @@ def price_piece(entries: list[tuple], comms: list[Node], comm_time: Any, exports
     cbytes: dict[str, float] = defaultdict(float)
     at: dict[Value, float] = {}
     last_issue = None
+    first = None
     for e in entries:
         kind = e[0]
+        if kind == "pseudo":
+            if first is None:
+                first = clock
+            continue
         if kind == "run":
             clock += e[1]
             busy += e[1]
@@ -220,12 +272,14 @@ def price_piece(entries: list[tuple], comms: list[Node], comm_time: Any, exports
             cb[a] += dur
             cbytes[a] += nbytes
             last_issue = clock
+            if first is None:
+                first = clock
         else:  # wait
             t = done[e[1]]
             if t > clock:
                 waiting += t - clock
                 clock = t
-    return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue)
+    return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue, first)
 
 
 @dataclass
@@ -293,6 +347,8 @@ class SectionProgramBuilder:
                 for e in f.entries:
                     if e[0] == "hoist":
                         got.update(f.comms[e[1]].operands)
+                    elif e[0] == "defer" and e[2] is not None and e[2].results:
+                        got.add(e[2].results[0])
             for gs in t.chunk_grads.values():
                 got.update(v for _, v in gs)
             if t.loss_share is not None:
@@ -334,17 +390,13 @@ class SectionProgramBuilder:
         acc_point: dict[str, tuple[int, float]] = {}
         loss_points: list[tuple[int, float]] = []
 
-        def is_once(key: tuple) -> bool:
-            from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
-            return key[0] in ONCE_SECTIONS
-
         def copy_of(v: Value, m: int | None) -> tuple | None:
             """The key of the copy of template value ``v`` read by a section copy ``m``."""
             p = v.producer
             if p is None:
                 return None
             ps = sec_of[p]
-            if is_once(ps):
+            if ps[0] in ONCE_SECTIONS:
                 return (v, None)
             if m is not None:
                 return (v, m)
@@ -370,7 +422,22 @@ class SectionProgramBuilder:
         def run(dur: float, label: str) -> None:
             B.steps.append(("run", dur, -1, label))
 
-        def copy(key: tuple, m: int | None) -> None:
+        deferred: list[int] = []
+
+        def flush(upto: int | None = None, at: tuple[int, float] | None = None) -> None:
+            """Issue the deferred all_gathers (all, or up to comm ``upto``): at point ``at``, or
+            here (the next collective or the first reader of one has come)."""
+            if not deferred:
+                return
+            n = len(deferred) if upto is None else deferred.index(upto) + 1
+            for k in deferred[:n]:
+                if at is None:
+                    B.steps.append(("comm", k))
+                else:
+                    B.hoist[at[0]].append((at[1], k))
+            del deferred[:n]
+
+        def copy(key: tuple, m: int | None, lead_next: bool | None = None) -> None:
             frag = frags.get(key)
             if frag is None:
                 return
@@ -384,6 +451,8 @@ class SectionProgramBuilder:
             for s, piece in zip(var.segs, pc):
                 if piece is not None:
                     i = len(B.steps)
+                    if deferred and piece.first_coll is not None:
+                        flush(at=(i, piece.first_coll))
                     B.steps.append(("piece", piece.duration, piece.busy, piece.waiting, piece.comm_busy,
                                     piece.comm_bytes, label))
                     for v, off in piece.at.items():
@@ -392,7 +461,23 @@ class SectionProgramBuilder:
                         B.last_point = (i, piece.last_issue)
                     continue
                 kind = s[0]
-                if kind == "comm":
+                if deferred and kind in ("comm", "hoist", "defer"):
+                    flush()
+                if kind == "defer":
+                    n = frag.comms[s[1]]
+                    k = gmap[s[1]] = new_comm(n)
+                    an = s[2]
+                    pt = B.points.get((an.results[0], m)) if an is not None and an.results else None
+                    if pt is None:
+                        pt = B.last_point
+                    if lead_next:
+                        # The next collective is hoisted to just after this one's anchor: it
+                        # does not sink.
+                        B.hoist[pt[0]].append((pt[1], k))
+                    else:
+                        deferred.append(k)
+                    B.last_point = pt
+                elif kind == "comm":
                     n = frag.comms[s[1]]
                     k = gmap[s[1]] = new_comm(n)
                     B.steps.append(("comm", k))
@@ -419,6 +504,8 @@ class SectionProgramBuilder:
                     ck = copy_of(s[1], m)
                     k2 = B.pending.pop(ck, None) if ck is not None else None
                     if k2 is not None:
+                        if k2 in deferred:
+                            flush(k2)
                         B.steps.append(("wait", k2))
             for v, j in frag.leaves:
                 B.pending[(v, m)] = gmap[j]
@@ -449,7 +536,10 @@ class SectionProgramBuilder:
                     if acc > 0:
                         run(acc, label)
                         acc = 0.0
-                    B.steps.append(("wait", B.pending.pop(waitkey)))
+                    k = B.pending.pop(waitkey)
+                    if k in deferred:
+                        flush(k)
+                    B.steps.append(("wait", k))
                 if ty is None:
                     done(None)
                     continue
@@ -476,10 +566,40 @@ class SectionProgramBuilder:
             if total > 0:
                 run(total, "microbatch slices")
         acc_set: set[str] = set()
+        # Per chunk: its gradients, their adds' total time and each one's end offset in it.
+        chunk_info: dict[int, tuple] = {}
+        last_acc: dict[int, tuple[int | None, int]] = {}
+
+        def info(c: int) -> tuple:
+            got = chunk_info.get(c)
+            if got is None:
+                gs = t.chunk_grads.get(c, [])
+                offs, tot, fl = [], 0.0, 0.0
+                kinds: dict[str, float] = defaultdict(float)
+                for _, gv in gs:
+                    p = price_add(gv.type)
+                    tot += p.seconds
+                    fl += p.flops
+                    kinds[p.kind] += p.seconds
+                    offs.append(tot)
+                comm_grads = [gv for _, gv in gs if gv.producer is not None and _is_comm(gv.producer)]
+                got = chunk_info[c] = (gs, offs, tot, fl, dict(kinds), comm_grads)
+            return got
 
         def accumulate(c: int, m: int) -> None:
+            gs, offs, tot, fl, kinds, comm_grads = info(c)
+            fast = c in last_acc and not any((gv, m) in B.pending for gv in comm_grads)
+            if fast:
+                # Every gradient of the chunk has a sum already: one add each, one run.
+                if tot > 0:
+                    last_acc[c] = (len(B.steps), m)
+                    run(tot, f"gradient sums of chunk {c}, microbatch {m}")
+                    B.flops += fl
+                    for kk, x in kinds.items():
+                        B.kinds[kk] += x
+                return
             pairs = []
-            for nm, gv in t.chunk_grads.get(c, []):
+            for nm, gv in gs:
                 ck = copy_of(gv, m)
 
                 def done(pt: Any, nm: str = nm, ck: Any = ck) -> None:
@@ -493,8 +613,21 @@ class SectionProgramBuilder:
                 acc_set.add(nm)
                 pairs.append((None if first else gv.type, ck, done))
             adds(pairs, f"gradient sums of chunk {c}, microbatch {m}")
+            last_acc[c] = (None, m)
+
+        def settle_acc() -> None:
+            """The point of each param's latest sum, from the chunks' latest adds."""
+            for c, (i, m) in last_acc.items():
+                if i is None:
+                    continue
+                gs, offs = info(c)[:2]
+                for (nm, _), off in zip(gs, offs):
+                    pt = (i, off)
+                    if nm not in acc_point or acc_point[nm] < pt:
+                        acc_point[nm] = pt
 
         def sums() -> None:
+            settle_acc()
             for nm, v in t.acc_values.items():
                 if nm in acc_point:
                     once_point[v] = acc_point[nm]
@@ -509,39 +642,61 @@ class SectionProgramBuilder:
                 adds(pairs, "loss sum")
                 loss_points[:] = [once_point[t.loss_share]]
 
-        tied_done = False
         from ..parallel.pipeline.schedule import Action
 
+        # The unroll's order (local_unroll._Unroll._run), as a plan first: whether the next
+        # section with a collective starts with one anchored before it decides where an
+        # all_gather at a section's end goes.
+        plan: list[tuple] = []
+        tied_done = False
         for it in t.items:
             if isinstance(it, Action):
                 c, m = it.chunk, it.mb
                 if it.kind == "F":
-                    copy(("F", c), m)
+                    plan.append(("copy", ("F", c), m))
                     if t.loss_share is not None and c == sched.chunks - 1:
-                        q = B.points.get((t.loss_share, m))
-                        loss_points.append(q if q is not None else (len(B.steps), 0.0))
+                        plan.append(("loss", m))
                 elif it.kind == "B":
-                    copy(("B", c), m)
+                    plan.append(("copy", ("B", c), m))
                     if not sched.split:
-                        copy(("W", c), m)
-                        accumulate(c, m)
+                        plan.append(("copy", ("W", c), m))
+                        plan.append(("acc", c, m))
                 else:
-                    copy(("W", c), m)
-                    accumulate(c, m)
+                    plan.append(("copy", ("W", c), m))
+                    plan.append(("acc", c, m))
                 continue
             if it.what == "tied":
                 if not tied_done:
-                    sums()
-                    copy(("tied",), None)
+                    plan.append(("sums",))
+                    plan.append(("copy", ("tied",), None))
                     tied_done = True
                 continue
             if it.src == it.dst:
                 continue
             side = "send" if it.src == t.rank else "recv"
-            copy((side, it.what, it.after.chunk), it.after.mb)
-        sums()
-        for key in (("loss",), ("final",), ("opt",), ("tail",)):
-            copy(key, None)
+            plan.append(("copy", (side, it.what, it.after.chunk), it.after.mb))
+        plan.append(("sums",))
+        plan.extend(("copy", key, None) for key in (("loss",), ("final",), ("opt",), ("tail",)))
+        lead_next: list[bool | None] = [None] * len(plan)
+        nxt: bool | None = None
+        for i in range(len(plan) - 1, -1, -1):
+            lead_next[i] = nxt
+            op = plan[i]
+            if op[0] == "copy":
+                f = frags.get(op[1])
+                if f is not None and f.has_collective:
+                    nxt = f.lead_outside
+        for op, ln in zip(plan, lead_next):
+            if op[0] == "copy":
+                copy(op[1], op[2], ln)
+            elif op[0] == "acc":
+                accumulate(op[1], op[2])
+            elif op[0] == "loss":
+                q = B.points.get((t.loss_share, op[1]))
+                loss_points.append(q if q is not None else (len(B.steps), 0.0))
+            else:
+                sums()
+        flush()
         B.steps.extend(("wait", k) for k in B.pending.values())
         B.steps.extend(("wait", k) for k, c in enumerate(B.comms) if c.sending)
         prog = _Program(t.local, B.steps, B.comms, list(t.local.nodes), [], B.flops, dict(B.kinds))
