@@ -303,7 +303,7 @@ class SectionProgramBuilder:
 
     def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, cache: dict) -> None:
         self.mesh, self.cluster, self.model, self.cache = mesh, cluster, model, cache
-        self.frags: dict[tuple, dict[tuple, _Fragment]] = {}
+        self.frags: dict[int, dict[tuple, _Fragment]] = {}
         self.variants: dict[tuple, tuple[dict[tuple, _Variant], frozenset[str]]] = {}
         self.pieces: dict[tuple, Any] = {}
         self.comm_cache: dict[tuple, tuple[float, float]] = {}
@@ -598,7 +598,7 @@ class SectionProgramBuilder:
                     for kk, x in kinds.items():
                         B.kinds[kk] += x
                 return
-            pairs = []
+            pairs: list[tuple[Any, tuple | None, Any]] = []
             for nm, gv in gs:
                 ck = copy_of(gv, m)
 
@@ -632,7 +632,7 @@ class SectionProgramBuilder:
                 if nm in acc_point:
                     once_point[v] = acc_point[nm]
             if t.loss_share is not None and loss_points:
-                pairs = []
+                pairs: list[tuple[Any, tuple | None, Any]] = []
                 for i in range(1, len(loss_points)):
                     def done(pt: Any) -> None:
                         once_point[t.loss_share] = pt

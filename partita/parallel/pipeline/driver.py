@@ -4,6 +4,7 @@ mesh, and the static proof that the ranks' sends, recvs and collectives meet."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -115,9 +116,26 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     templates: list[LocalTemplate] = []
     t1 = time.perf_counter()
     unroll_s = 0.0
+    alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
+    key: tuple = ()
     for rp in pipe.ranks:
         # Each stage's template (one microbatch) is parallelized, then unrolled per schedule
         # action on the per-rank program (local_unroll.py): compile time does not grow with M.
+        if not unroll and submesh is not None:
+            # Stages alike but for names (the middle stages of a GPT: other layers of one
+            # shape) are parallelized once; the others take a copy of its local template.
+            notes0 = _boundary_annotations(rp, submesh, dp_axis, dp, rest.tp_axis if rest.sequence_parallel else None)
+            mine0 = {str(x.name) for x in rp.graph.inputs}
+            notes0.update({k: p for k, p in user.items() if k in mine0})
+            key = _template_key(rp, S, notes0)
+            if key in alike:
+                t = time.perf_counter()
+                q, st_q, tq = alike[key]
+                st_p, tmpl = _reuse_template(st_q, tq, q, rp.rank, S, items[rp.rank])
+                templates.append(tmpl)
+                progs.append(st_p)
+                unroll_s += time.perf_counter() - t
+                continue
         if submesh is None:
             st: Any = WholeStage(rp.graph)
             local, spans = rp.graph, None
@@ -152,6 +170,8 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                 _bucket_template(local, sections, bucket_mb, first_mb)
             templates.append(LocalTemplate(rp.rank, local, sections, sched, items[rp.rank], batch, chunk_grads,
                                            acc_values, loss_share, finals))
+            if submesh is not None:
+                alike.setdefault(key, (rp.rank, st, templates[-1]))
             unroll_s += time.perf_counter() - t
             progs.append(st)
             continue
@@ -196,6 +216,81 @@ def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool
         bucket_gathers(local, gather_mb)
     if order:
         order_collectives(local, prefetch, keep_order=True)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\d+", "#", text)
+
+
+def _template_key(rp: Any, S: int, notes: dict[str, Placement]) -> tuple:
+    """What parallelizing pp rank ``rp.rank``'s template depends on, but for names and numbers
+    (layer and chunk indices): its inputs, every node's op, attributes (a transfer's peer
+    relative to the rank), result types, operands by position, location scope and section
+    (chunks counted on the rank), what the unroll maps, and the boundary placements (which
+    outputs of the step it returns is for running, not simulating: left out)."""
+    r = rp.rank
+    idx: dict[Value, tuple] = {v: ("in", i) for i, v in enumerate(rp.graph.inputs)}
+    parts: list[Any] = [tuple((_norm(str(v.name)), str(v.type), v.role) for v in rp.graph.inputs)]
+
+    def sec(k: Any) -> Any:
+        if k is None:
+            return None
+        if k[0] in ("F", "B", "W"):
+            return (k[0], (k[1] - r) // S)
+        if k[0] in ("send", "recv"):
+            return (k[0], k[1], (k[2] - r) // S)
+        return k
+
+    def attr(a: str, v: Any) -> Any:
+        if a == "peer" and isinstance(v, int):
+            return ("peer", (v - r) % S)
+        if a in ("tag", "name"):
+            return None
+        return _norm(repr(v))
+
+    for k, n in enumerate(rp.graph.nodes):
+        parts.append((n.op, tuple(sorted((a, attr(a, v)) for a, v in n.attrs.items())),
+                      tuple(idx[o] for o in n.operands), tuple(str(x.type) for x in n.results),
+                      _norm(repr(n.loc)), sec(rp.sections.get(n))))
+        for j, x in enumerate(n.results):
+            idx[x] = (k, j)
+    parts.append(tuple(idx.get(v) for v in rp.graph.outputs))
+    parts.append(tuple(((c - r) // S, tuple((_norm(nm), idx.get(v)) for nm, v in gs))
+                       for c, gs in sorted(rp.chunk_grads.items())))
+    parts.append(tuple((_norm(nm), idx.get(v)) for nm, v in rp.acc_values.items()))
+    parts.append(idx.get(rp.loss_share) if rp.loss_share is not None else None)
+    parts.append(tuple((idx.get(v), d) for v, d in rp.finals))
+    parts.append(tuple(sorted((_norm(k), repr(p)) for k, p in notes.items())))
+    return tuple(parts)
+
+
+def _reuse_template(st_q: Any, tq: LocalTemplate, q: int, p: int, S: int, items: list[Any]) -> tuple[Any, LocalTemplate]:
+    """pp rank ``p``'s stage and template from pp rank ``q``'s, alike but for names: a copy of
+    its local template with the transfers' peers and the sections' chunks moved to ``p``."""
+    import copy as _copy
+
+    g = tq.local.clone()
+    nmap = dict(zip(tq.local.nodes, g.nodes))
+    vmap = dict(zip(tq.local.values(), g.values()))
+    for n in g.nodes:
+        if "peer" in n.attrs and isinstance(n.attrs["peer"], int):
+            n.attrs["peer"] = (n.attrs["peer"] - q + p) % S
+
+    def sec(k: tuple) -> tuple:
+        if k[0] in ("F", "B", "W"):
+            return (k[0], k[1] - q + p)
+        if k[0] in ("send", "recv"):
+            return (k[0], k[1], k[2] - q + p)
+        return k
+
+    t = LocalTemplate(p, g, {nmap[n]: sec(k) for n, k in tq.sections.items()}, tq.sched, items, dict(tq.batch),
+                      {c - q + p: [(nm, vmap[v]) for nm, v in gs] for c, gs in tq.chunk_grads.items()},
+                      {nm: vmap[v] for nm, v in tq.acc_values.items()},
+                      vmap[tq.loss_share] if tq.loss_share is not None else None,
+                      [(vmap[v], d) for v, d in tq.finals])
+    st = _copy.copy(st_q)
+    st.local = g
+    return st, t
 
 
 def _bucket_template(local: Graph, sections: dict[Any, tuple], bucket_mb: Any, first_mb: Any) -> None:
