@@ -6,11 +6,12 @@ schedule action (partita/parallel/pipeline/local_unroll.py). Simulating it node 
 of simulator steps, and a rank's step list is the fragments concatenated in the rank's
 schedule order, exactly as ``prepare`` would cut the unrolled program:
 
-- compute ops priced as ``prepare`` prices them; communication issued where the unrolled
-  program's ``order_collectives(keep_order=True)`` puts it: inside its section, hoisted to
-  just after what it needs; a collective that needs nothing of its own section (a recv, a
-  send of a value the forward made) goes up to just after the collective before it or its
-  operand's producer, whichever comes later (a *hoist point*: a step and an offset into it);
+- compute ops priced as ``prepare`` prices them; collectives issued where the unrolled
+  program's ``order_collectives(keep_order=True)`` puts them (sends and recvs keep their
+  place): inside its section, hoisted to just after what it needs; one that needs nothing of
+  its own section goes up to just after the collective before it (a *hoist point*: a step and
+  an offset into it); an all_gather at its section's end sinks into a later section, to just
+  before its first reader or the next collective, unless that one is hoisted to just after it;
 - an asynchronous result is waited for where it is first read, also by a later section (a
   recv read by the next forward); comm ordinals per axis and per point-to-point peer are
   numbered in program order, as ``prepare`` numbers them;
