@@ -19,7 +19,7 @@ GPT on 3,072 GPUs (pp=64, dp=6, tp=8; 512 microbatches, 1F1B) and GPT-3 175B on 
 (pp=8, dp=16, tp=8; 96 microbatches, interleaved with 2 virtual stages); wall seconds of each
 phase, peak RSS of the process, the simulated step time and MFU on Selene:
 
-    OMP_NUM_THREADS=1 /usr/bin/time -v .venv/bin/python bench/bench_simulate.py --speed --only 1t
+    OMP_NUM_THREADS=1 PYTHONPATH=. /usr/bin/time -v .venv/bin/python bench/bench_simulate.py --speed --only 1t
 """
 
 from __future__ import annotations

@@ -302,10 +302,14 @@ def _bucket_template(local: Graph, sections: dict[Any, tuple], bucket_mb: Any, f
 
     once = {n for n, k in sections.items() if k[0] in ONCE_SECTIONS}
     bucket_gradients(local, bucket_mb, first_mb, only=once)
+    # A bucket sits after its members' operands: with zero2 a gradient in a W section, which
+    # in the unrolled program is the sum after the last microbatch. Its nodes are once per
+    # step: they join the next once-per-step section.
     key: tuple = ("tail",)
     for n in reversed(list(local.nodes)):
         if n in sections:
-            key = sections[n]
+            if sections[n][0] in ONCE_SECTIONS:
+                key = sections[n]
         else:
             sections[n] = key
     for n in [n for n in sections if n.graph is not local]:
