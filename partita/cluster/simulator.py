@@ -78,6 +78,9 @@ class _Program:
     durations: list[float]       # per node (0 for communication and hoisted nodes)
     flops: float                  # compute FLOPs of one run of the program
     kinds: dict[str, float]       # seconds of compute by kind (gemm, attention, memory, ...)
+    # Section-level programs (pipeline_sim.py): step index -> (offset, comm index) issued at
+    # that step's start clock plus offset (a collective hoisted into an earlier step).
+    hoist: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 def _hoisted(node: Node, outputs: set[Value]) -> bool:
@@ -318,6 +321,22 @@ def _programs_of(program: Any) -> tuple[list[Graph], Mesh, Graph | None]:
     return graphs, mesh, getattr(program, "single_device", None)
 
 
+def _templates_of(program: Any) -> tuple[list[Graph], Mesh, Graph | None]:
+    """(per-rank template graphs, mesh, single-device graph) of a pipeline built with
+    unroll=False: the ranks of one pp rank share its template."""
+    mesh = program.mesh
+    return [program.templates[program.coords(r)[0]].local for r in range(mesh.size)], mesh, program.single_device
+
+
+def _p2p_shell(graph: Graph) -> Any:
+    """What the alike-rank check reads of a program: its point-to-point transfers' peers."""
+    from types import SimpleNamespace
+
+    comms = [_Comm(n, n.attrs["axis"], 0, True, n.attrs.get("peer"), n.op == "send") for n in graph.nodes
+             if n.op in P2P_OPS]
+    return SimpleNamespace(comms=comms)
+
+
 def check_fits_cluster(mesh: Mesh, cluster: Cluster, tp_axes: Iterable[str] = ("tp",)) -> None:
     """A mesh the cluster can hold, with every tensor-parallel axis inside one node."""
     if mesh.size > cluster.devices:
@@ -353,20 +372,43 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     report; ``check_memory``: raise when a rank's peak exceeds the device's memory.
     """
     cluster = load_cluster(cluster)
-    graphs, mesh, single = _programs_of(program)
+    sections = getattr(program, "unrolled", True) is False
+    if sections:
+        if check_memory:
+            raise SimulationError("simulate: check_memory needs the per-rank programs, which a pipeline built with "
+                                  "unroll=False does not have; parallelize without unroll=False to check memory")
+        memory = False
+        graphs, mesh, single = _templates_of(program)
+    else:
+        graphs, mesh, single = _programs_of(program)
     check_fits_cluster(mesh, cluster)
     model = CostModel(cluster)
     say = progress or (lambda s: None)
-    # One prepared program per distinct graph object.
-    prepared: dict[int, _Program] = {}
-    cache: dict = {}
-    for g in graphs:
-        if id(g) not in prepared:
-            prepared[id(g)] = prepare(g, model, cache)
-    say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
     n = mesh.size
-    prog_of = [prepared[id(g)] for g in graphs]
-    reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
+    cache: dict = {}
+    if sections:
+        templates = [program.templates[program.coords(r)[0]] for r in range(n)]
+        shells = [_p2p_shell(t.local) for t in program.templates]
+        reps, rep_of, count = _representatives(mesh, cluster, graphs,
+                                               [shells[program.coords(r)[0]] for r in range(n)], dedup)
+        from .pipeline_sim import SectionProgramBuilder
+
+        builder = SectionProgramBuilder(mesh, cluster, model, cache)
+        built: dict[int, _Program] = {}
+        for r in reps:
+            alone = frozenset(a for a in mesh.names if all(rep_of[x] == r for x in mesh.group_of(r, a)))
+            built[r] = builder.build(templates[r], r, alone)
+        prog_of = [built[rep_of[r]] for r in range(n)]
+        say(f"built {len(built)} section-level program(s), {sum(len(p.steps) for p in built.values())} steps")
+    else:
+        # One prepared program per distinct graph object.
+        prepared: dict[int, _Program] = {}
+        for g in graphs:
+            if id(g) not in prepared:
+                prepared[id(g)] = prepare(g, model, cache)
+        say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
+        prog_of = [prepared[id(g)] for g in graphs]
+        reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
     sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace)
     sim.run()
     ranks = []
@@ -424,7 +466,7 @@ def _main_dtype(p: _Program) -> str:
     return max(by, key=lambda k: by[k]) if by else "f32"
 
 
-def _representatives(mesh: Mesh, cluster: Cluster, graphs: list[Graph], progs: list[_Program],
+def _representatives(mesh: Mesh, cluster: Cluster, graphs: list[Graph], progs: Sequence[Any],
                      dedup: bool) -> tuple[list[int], list[int], dict[int, int]]:
     n = mesh.size
     if not dedup:
@@ -435,8 +477,11 @@ def _representatives(mesh: Mesh, cluster: Cluster, graphs: list[Graph], progs: l
     for r in range(n):
         sig: list[Any] = [id(graphs[r])]
         for a in mesh.names:
+            # How many of its group share its node, and whether the group is one node: a
+            # collective's time depends on its group's links, not on where in the group a
+            # rank stands (dp ranks one per node are alike wherever they are).
             g = mesh.group_of(r, a)
-            sig.append(tuple(node_of[m] == node_of[r] for m in g))
+            sig.append(sum(node_of[m] == node_of[r] for m in g))
             sig.append(all(node_of[m] == node_of[g[0]] for m in g))
         key = tuple(sig)
         rep_of[r] = sig_rep.setdefault(key, r)
@@ -524,15 +569,36 @@ class _Sim:
         prog = self.progs[r]
         steps = prog.steps
         moved = False
+        hoist = prog.hoist
         while st.pos < len(steps):
+            if hoist:
+                h = hoist.get(st.pos)
+                if h:
+                    for off, k in h:
+                        if k not in st.issued:
+                            st.issued[k] = st.clock + off
             s = steps[st.pos]
             kind = s[0]
             if kind == "run":
                 _, dur, a, b = s
                 if self.trace and dur > 0:
-                    self._trace_run(r, prog, a, b, st.clock)
+                    if a < 0:   # a section-level run: one span, named by its section
+                        self.events.append(Event(r, "compute", str(b), st.clock, st.clock + dur, {"section": b}))
+                    else:
+                        self._trace_run(r, prog, a, b, st.clock)
                 st.clock += dur
                 st.busy += dur
+            elif kind == "piece":
+                _, dur, busy, waiting, cbusy, cbytes, label = s
+                if self.trace and dur > 0:
+                    self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
+                st.clock += dur
+                st.busy += busy
+                st.waiting += waiting
+                for a, x in cbusy:
+                    st.comm_busy[a] += x
+                for a, x in cbytes:
+                    st.comm_bytes[a] += x
             elif kind == "comm":
                 k = s[1]
                 if k not in st.issued:

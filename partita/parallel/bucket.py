@@ -24,7 +24,7 @@ import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 from ..ir.attrs import DenseAttr
 from ..ir.builder import Builder
@@ -168,7 +168,8 @@ def _fusion_key(node: Node) -> tuple:
     return (node.op, node.operands[0].type.dtype.name, attrs)
 
 
-def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None = None) -> BucketReport:
+def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None = None,
+                     only: "Container[Node] | None" = None) -> BucketReport:
     """Coalesce the independent all_reduce (and dim-0 reduce_scatter) nodes of the per-rank
     ``graph`` into buckets of at most ``size_mb`` MiB, in place; returns the BucketReport.
 
@@ -181,6 +182,9 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None
     ``first_mb``: the first bucket of each kind holds at most this many MiB (DDP's 1 MiB
     first bucket): its collective then starts early in the backward pass, while the rest of
     the backward runs (with an executor that overlaps, TorchProgram(overlap=True)).
+
+    ``only``: the candidates are these nodes (a pipeline rank's once-per-step sections: its
+    gradient reductions), the others keep their collectives.
     """
     if not isinstance(size_mb, (int, float)) or isinstance(size_mb, bool) or not size_mb > 0 \
             or math.isinf(size_mb):
@@ -204,7 +208,7 @@ def bucket_gradients(graph: Graph, size_mb: float = 25.0, first_mb: float | None
 
     # Nothing to move for an empty tensor; it keeps its own collective.
     cands = [n for n in nodes if n.op in FUSION_RULES and FUSION_RULES[n.op].accepts(n)
-             and n.operands[0].type.numel > 0]
+             and n.operands[0].type.numel > 0 and (only is None or n in only)]
     bit = {n: 1 << i for i, n in enumerate(cands)}
     up = _upstream_masks(nodes, bit)
 

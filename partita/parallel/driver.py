@@ -115,7 +115,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
-                recompute: bool | str | None = None, _track: bool = False) -> Any:
+                recompute: bool | str | None = None, unroll: bool = True, _track: bool = False) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -143,7 +143,10 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     (``"full"``, ``"selective"``, ``"cheap"``/True, ``"none"``/False) is the activation
     recomputation of every chunk's backward (default: the step's own, from
     ``training_step(..., recompute=...)``). A forward graph gets a forward-only (inference)
-    pipeline.
+    pipeline. ``unroll=False`` (pipelines only) keeps each stage's one-microbatch template and
+    its schedule without unrolling them into per-rank programs: enough for
+    ``partita.cluster.simulate`` (section by section, docs/cluster.md), in a time that does not
+    grow with the microbatches, but not for running.
     """
     import time
 
@@ -159,13 +162,14 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         return parallelize_pipeline(graph, m, s, annotations, microbatches=1 if microbatches is None else microbatches,
                                     schedule="1f1b" if schedule is None else schedule,
                                     virtual_stages=1 if virtual_stages is None else virtual_stages, stages=stages,
-                                    recompute=recompute,
+                                    recompute=recompute, unroll=unroll,
                                     allow_replication=allow_replication, bucket_mb=bucket_mb,
                                     first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch,
                                     gather_mb=gather_mb)
     pipeline_only = [k for k, x in (("microbatches", microbatches), ("schedule", schedule),
                                     ("virtual_stages", virtual_stages), ("stages", stages),
-                                    ("recompute", recompute)) if x is not None]
+                                    ("recompute", recompute), ("unroll", None if unroll else False))
+                    if x is not None]
     if pipeline_only:
         raise StrategyError(f"parallelize: {', '.join(pipeline_only)} {'is' if len(pipeline_only) == 1 else 'are'} "
                             f"options of pipeline parallelism, but strategy {s} has no 'pp'; add it (e.g. "

@@ -731,3 +731,22 @@ def test_pipeline_takes_the_steps_recompute_policy_and_refuses_another(gpt2):
         _pp(gpt2.fwd, "pp=2", microbatches=2, recompute="full")
     with pytest.raises(StrategyError, match="training_step"):
         _pp(gpt2.step, "dp=2", "dp", recompute="full")
+
+
+def test_master_weights_keep_their_optimizer_in_a_pipeline():
+    """adamw with master_weights updates each bf16 param's f32 master copy (``<p>.master``,
+    from the gradient cast to f32) and casts the new param back: every stage keeps those
+    updates for its params, and every output of the step comes from some stage."""
+    import partita
+
+    fwd = partita.models.gpt(layers=4, hidden=64, heads=4, seq=16, vocab=128, batch=16, dtype="bf16")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True)
+    updates = sum(n.op == "adamw_update" for n in step.nodes)
+    prog = _pp(step, "pp=2,dp=2", "pp+dp", microbatches=4)
+    per_stage = [sum(n.op == "adamw_update" for n in st.local.nodes) for st in prog.stages]
+    # The tied embedding is updated on both of its stages.
+    assert sum(per_stage) == updates + len(prog.pipeline.tied) and min(per_stage) > 0
+    given = {i for rp in prog.pipeline.ranks for i in rp.source_index if i is not None}
+    assert given == set(range(len(step.outputs)))
+    names = {str(v.name) for st in prog.stages for v in st.local.outputs}
+    assert "transformer.wte.weight.1" in names and "transformer.wte.weight.master.1" in names

@@ -452,21 +452,45 @@ class _Unroller:
         state, a step counter) with the summed gradients in place of the step's own."""
         step = self.step
         owned = {nm for nm, rs in self.owners.items() if r in rs}
-        updates = [n for n in step.nodes if n.op in UPDATE_OPS and str(n.operands[0].name) in owned]
+
+        def param_of(n: Node) -> str | None:
+            """The param an update trains: its operand 0, or the param of an f32 master
+            copy ``<p>.master`` (adamw with master_weights, which reads the gradient cast)."""
+            nm = str(n.operands[0].name)
+            if nm in owned:
+                return nm
+            if nm.endswith(".master") and nm[:-len(".master")] in owned:
+                return nm[:-len(".master")]
+            return None
+
+        updates = [n for n in step.nodes if n.op in UPDATE_OPS and param_of(n) is not None]
         upd = set(updates)
         need = value_cone([v for n in updates for i, v in enumerate(n.operands) if i != 1])
+        # What the step computes from the updates alone: the new bf16/f16 param cast from
+        # its updated master copy.
+        made = {x for n in updates for x in n.results}
+        after = set()
+        for n in step.nodes:
+            if n.operands and n not in upd and all(v in made for v in n.operands):
+                after.add(n)
+                made.update(n.results)
         e: dict[Value, Value] = {}
         for n in step.nodes:
-            if n not in need and n not in upd:
+            if n not in need and n not in upd and n not in after:
                 continue
             operands = []
             for i, v in enumerate(n.operands):
                 if n in upd and i == 1:
-                    a = acc[str(n.operands[0].name)]
+                    pn = param_of(n)
+                    assert pn is not None
+                    a = acc[pn]
                     # A template reads the summed gradient through its own node, so that a
                     # placement the strategies give the update's gradient (ZeRO's split) is
                     # made once per step, not once per microbatch.
-                    operands.append(b.reshape(a, shape=list(a.type.shape)))
+                    summed = b.reshape(a, shape=list(a.type.shape))
+                    if summed.type.dtype != v.type.dtype:
+                        summed = b.cast(summed, dtype=v.type.dtype)   # the master copy's f32 gradient
+                    operands.append(summed)
                     continue
                 if v not in e:
                     assert v.producer is None, "the optimizer's cone is closed"

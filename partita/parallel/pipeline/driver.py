@@ -4,6 +4,7 @@ mesh, and the static proof that the ranks' sends, recvs and collectives meet."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -12,7 +13,7 @@ from ..mesh import Mesh
 from ..placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import build_pipeline, is_training
-from .local_unroll import local_sections, unroll_local
+from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
 from .program import PipelineProgram, WholeStage
 from .schedule import PipelineError, make_schedule
 
@@ -53,9 +54,11 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          annotations: Mapping[str, Any] | None = None, *, microbatches: int = 1,
                          schedule: str = "1f1b", virtual_stages: int = 1,
                          stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
-                         **spmd: Any) -> PipelineProgram:
+                         unroll: bool = True, **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
-    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``."""
+    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``.
+    ``unroll=False``: keep each rank's local template (``PipelineProgram.templates``) instead
+    of unrolling it, for ``partita.cluster.simulate``; nothing is checked or runnable then."""
     from ..driver import parallelize
 
     t0 = time.perf_counter()
@@ -86,6 +89,9 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         raise PipelineError(f"strategy {strategy} on {mesh}: the mesh axes {', '.join(a for a, _ in others)} have no "
                             f"strategy; add one (e.g. 'pp+dp') or use the mesh '{axis}={S}'")
     training = is_training(graph)
+    if not unroll and not training:
+        raise PipelineError("parallelize: unroll=False simulates a training pipeline; a forward-only (inference) "
+                            "pipeline is small enough to unroll: leave unroll out")
     policy = _recompute_policy(graph, recompute, training)
     sched = make_schedule(schedule, S, M, v, forward_only=not training)
     sched.validate()
@@ -107,11 +113,29 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     gather_mb = spmd.pop("gather_mb", 4.0)
     items = sched.program_order(tied=bool(pipe.tied) and training)
     progs: list[Any] = []
+    templates: list[LocalTemplate] = []
     t1 = time.perf_counter()
     unroll_s = 0.0
+    alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
+    key: tuple = ()
     for rp in pipe.ranks:
         # Each stage's template (one microbatch) is parallelized, then unrolled per schedule
         # action on the per-rank program (local_unroll.py): compile time does not grow with M.
+        if not unroll and submesh is not None:
+            # Stages alike but for names (the middle stages of a GPT: other layers of one
+            # shape) are parallelized once; the others take a copy of its local template.
+            notes0 = _boundary_annotations(rp, submesh, dp_axis, dp, rest.tp_axis if rest.sequence_parallel else None)
+            mine0 = {str(x.name) for x in rp.graph.inputs}
+            notes0.update({k: p for k, p in user.items() if k in mine0})
+            key = _template_key(rp, S, notes0)
+            if key in alike:
+                t = time.perf_counter()
+                q, st_q, tq = alike[key]
+                st_p, tmpl = _reuse_template(st_q, tq, q, rp.rank, S, items[rp.rank])
+                templates.append(tmpl)
+                progs.append(st_p)
+                unroll_s += time.perf_counter() - t
+                continue
         if submesh is None:
             st: Any = WholeStage(rp.graph)
             local, spans = rp.graph, None
@@ -137,22 +161,37 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         sections = local_sections(local, rp.sections, spans,
                                   (copy, node_origin) if spans is not None else None)
         batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
+        chunk_grads = {c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()}
+        acc_values = {nm: loc(v) for nm, v in rp.acc_values.items()}
+        loss_share = loc(rp.loss_share) if rp.loss_share is not None else None
+        finals = [(loc(v), d) for v, d in rp.finals]
+        if not unroll:
+            if submesh is not None and bucket_mb is not None:
+                _bucket_template(local, sections, bucket_mb, first_mb)
+            templates.append(LocalTemplate(rp.rank, local, sections, sched, items[rp.rank], batch, chunk_grads,
+                                           acc_values, loss_share, finals))
+            if submesh is not None:
+                alike.setdefault(key, (rp.rank, st, templates[-1]))
+            unroll_s += time.perf_counter() - t
+            progs.append(st)
+            continue
+        once: set[Any] = set()
         unrolled = unroll_local(local, sections, sched, rp.rank, items[rp.rank], batch=batch,
-                                chunk_grads={c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()},
-                                acc_values={nm: loc(v) for nm, v in rp.acc_values.items()},
-                                loss_share=loc(rp.loss_share) if rp.loss_share is not None else None,
-                                finals=[(loc(v), d) for v, d in rp.finals], mesh=mesh)
+                                chunk_grads=chunk_grads, acc_values=acc_values, loss_share=loss_share,
+                                finals=finals, mesh=mesh, once_nodes=once)
         unroll_s += time.perf_counter() - t
         if submesh is not None:
-            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb)
+            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb, once)
         unrolled.mesh = mesh
         st.local = unrolled
         progs.append(st)
     timings["stages"] = time.perf_counter() - t1 - unroll_s
     timings["unroll"] = unroll_s
-    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings, batch_ranks=dp)
+    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings,
+                          unrolled=unroll, templates=templates if not unroll else None, batch_ranks=dp)
     t2 = time.perf_counter()
-    check_program(out)
+    if unroll:
+        check_program(out)
     timings["check"] = time.perf_counter() - t2
     from .report import build_pipeline_plan
 
@@ -162,17 +201,119 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
 
 
 def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool, prefetch: int,
-                        gather_mb: Any) -> None:
+                        gather_mb: Any, once: "set[Any] | None" = None) -> None:
     """The bucketing and ordering of collectives that ``parallelize`` runs on a per-rank
-    program, here on the unrolled one (a template's buckets would mix microbatches)."""
+    program, here on the unrolled one (a template's buckets would mix microbatches).
+    ``once``: the nodes of the once-per-step sections, whose all_reduces alone are bucketed
+    (the gradient reductions): fusing two microbatches' independent collectives (a small
+    all_reduce of the loss of microbatch m with that of m + 1) would hold the first back until
+    the second's forward, and reorder the schedule around it."""
     from ..bucket import bucket_gathers, bucket_gradients, order_collectives
 
     if bucket_mb is not None:
-        bucket_gradients(local, bucket_mb, first_mb)
+        bucket_gradients(local, bucket_mb, first_mb, only=once)
     if gather_mb is not None:
         bucket_gathers(local, gather_mb)
     if order:
         order_collectives(local, prefetch, keep_order=True)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\d+", "#", text)
+
+
+def _template_key(rp: Any, S: int, notes: dict[str, Placement]) -> tuple:
+    """What parallelizing pp rank ``rp.rank``'s template depends on, but for names and numbers
+    (layer and chunk indices): its inputs, every node's op, attributes (a transfer's peer
+    relative to the rank), result types, operands by position, location scope and section
+    (chunks counted on the rank), what the unroll maps, and the boundary placements (which
+    outputs of the step it returns is for running, not simulating: left out)."""
+    r = rp.rank
+    idx: dict[Value, tuple] = {v: ("in", i) for i, v in enumerate(rp.graph.inputs)}
+    parts: list[Any] = [tuple((_norm(str(v.name)), str(v.type), v.role) for v in rp.graph.inputs)]
+
+    def sec(k: Any) -> Any:
+        if k is None:
+            return None
+        if k[0] in ("F", "B", "W"):
+            return (k[0], (k[1] - r) // S)
+        if k[0] in ("send", "recv"):
+            return (k[0], k[1], (k[2] - r) // S)
+        return k
+
+    def attr(a: str, v: Any) -> Any:
+        if a == "peer" and isinstance(v, int):
+            return ("peer", (v - r) % S)
+        if a in ("tag", "name"):
+            return None
+        return _norm(repr(v))
+
+    for k, n in enumerate(rp.graph.nodes):
+        parts.append((n.op, tuple(sorted((a, attr(a, v)) for a, v in n.attrs.items())),
+                      tuple(idx[o] for o in n.operands), tuple(str(x.type) for x in n.results),
+                      _norm(repr(n.loc)), sec(rp.sections.get(n))))
+        for j, x in enumerate(n.results):
+            idx[x] = (k, j)
+    parts.append(tuple(idx.get(v) for v in rp.graph.outputs))
+    parts.append(tuple(((c - r) // S, tuple((_norm(nm), idx.get(v)) for nm, v in gs))
+                       for c, gs in sorted(rp.chunk_grads.items())))
+    parts.append(tuple((_norm(nm), idx.get(v)) for nm, v in rp.acc_values.items()))
+    parts.append(idx.get(rp.loss_share) if rp.loss_share is not None else None)
+    parts.append(tuple((idx.get(v), d) for v, d in rp.finals))
+    parts.append(tuple(sorted((_norm(k), repr(p)) for k, p in notes.items())))
+    return tuple(parts)
+
+
+def _reuse_template(st_q: Any, tq: LocalTemplate, q: int, p: int, S: int, items: list[Any]) -> tuple[Any, LocalTemplate]:
+    """pp rank ``p``'s stage and template from pp rank ``q``'s, alike but for names: a copy of
+    its local template with the transfers' peers and the sections' chunks moved to ``p``."""
+    import copy as _copy
+
+    g = tq.local.clone()
+    nmap = dict(zip(tq.local.nodes, g.nodes))
+    vmap = dict(zip(tq.local.values(), g.values()))
+    for n in g.nodes:
+        if "peer" in n.attrs and isinstance(n.attrs["peer"], int):
+            n.attrs["peer"] = (n.attrs["peer"] - q + p) % S
+
+    def sec(k: tuple) -> tuple:
+        if k[0] in ("F", "B", "W"):
+            return (k[0], k[1] - q + p)
+        if k[0] in ("send", "recv"):
+            return (k[0], k[1], k[2] - q + p)
+        return k
+
+    t = LocalTemplate(p, g, {nmap[n]: sec(k) for n, k in tq.sections.items()}, tq.sched, items, dict(tq.batch),
+                      {c - q + p: [(nm, vmap[v]) for nm, v in gs] for c, gs in tq.chunk_grads.items()},
+                      {nm: vmap[v] for nm, v in tq.acc_values.items()},
+                      vmap[tq.loss_share] if tq.loss_share is not None else None,
+                      [(vmap[v], d) for v, d in tq.finals])
+    st = _copy.copy(st_q)
+    st.local = g
+    return st, t
+
+
+def _bucket_template(local: Graph, sections: dict[Any, tuple], bucket_mb: Any, first_mb: Any) -> None:
+    """Bucket the once-per-step sections' all_reduces of a template in place, as
+    ``_finish_collectives`` buckets them on the unrolled program (the candidates and their
+    relative order are the same there), and give the fused nodes their section: that of the
+    node they stand before."""
+    from ..bucket import bucket_gradients
+
+    once = {n for n, k in sections.items() if k[0] in ONCE_SECTIONS}
+    bucket_gradients(local, bucket_mb, first_mb, only=once)
+    # A bucket sits after its members' operands: with zero2 a gradient in a W section, which
+    # in the unrolled program is the sum after the last microbatch. Its nodes are once per
+    # step: they join the next once-per-step section.
+    key: tuple = ("tail",)
+    for n in reversed(list(local.nodes)):
+        if n in sections:
+            if sections[n][0] in ONCE_SECTIONS:
+                key = sections[n]
+        else:
+            sections[n] = key
+    for n in [n for n in sections if n.graph is not local]:
+        del sections[n]
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,

@@ -18,6 +18,7 @@ parameter's gradient, the loss share) reads the sum this module builds instead.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ...ir.builder import Builder
@@ -85,8 +86,10 @@ class _Unroll:
     def __init__(self, local: Graph, section: dict[Node, tuple], sched: Schedule, rank: int, *,
                  batch: dict[str, int], chunk_grads: dict[int, list[tuple[str, Value]]],
                  acc_values: dict[str, Value], loss_share: Value | None,
-                 finals: list[tuple[Value, int | None]], mesh: Any = None) -> None:
+                 finals: list[tuple[Value, int | None]], mesh: Any = None,
+                 once_nodes: "set[Node] | None" = None) -> None:
         self.L = local
+        self.once_nodes = once_nodes
         self.sched = sched
         self.rank = rank
         self.M = sched.microbatches
@@ -149,6 +152,8 @@ class _Unroll:
                 attrs["tag"] = tag.replace("MB", str(m))
             node = Node(n.op, [self.lookup(o, m) for o in n.operands], attrs, [r.type for r in n.results], n.loc)
             append(node)
+            if m is None and self.once_nodes is not None:
+                self.once_nodes.add(node)
             for a, x in zip(n.results, node.results):
                 store[a] = x
                 self.last[a] = x
@@ -252,14 +257,39 @@ class _Unroll:
 def unroll_local(local: Graph, sections: dict[Node, tuple], sched: Schedule, rank: int, items: list[Any], *,
                  batch: dict[str, int], chunk_grads: dict[int, list[tuple[str, Value]]],
                  acc_values: dict[str, Value], loss_share: Value | None,
-                 finals: list[tuple[Value, int | None]], mesh: Any = None) -> Graph:
+                 finals: list[tuple[Value, int | None]], mesh: Any = None,
+                 once_nodes: "set[Node] | None" = None) -> Graph:
     """The program of pp rank ``rank`` for ``sched`` (its ``items``: actions and transfers in
     program order) from its local template ``local`` whose nodes' ``sections`` are known;
     ``batch``: the batch inputs by name with their batch dim; the rest as the template's
     RankProgram records them, mapped to the local template's values; ``mesh``: the whole
-    mesh the program runs on (the template's is its stage's)."""
+    mesh the program runs on (the template's is its stage's). ``once_nodes``: filled with the
+    nodes of the once-per-step sections (the gradient reductions the pipeline buckets)."""
     return _Unroll(local, sections, sched, rank, batch=batch, chunk_grads=chunk_grads, acc_values=acc_values,
-                   loss_share=loss_share, finals=finals, mesh=mesh).run(items)
+                   loss_share=loss_share, finals=finals, mesh=mesh, once_nodes=once_nodes).run(items)
 
 
-__all__ = ["local_sections", "unroll_local"]
+# Sections copied once per step (the others once per microbatch).
+ONCE_SECTIONS = frozenset({"tied", "loss", "final", "opt", "tail"})
+
+
+@dataclass
+class LocalTemplate:
+    """What ``unroll_local`` needs of one pp rank, kept instead of the unrolled program when
+    the pipeline is built with ``unroll=False`` (for the section-level simulation,
+    partita/cluster/simulator.py): the parallelized one-microbatch template, its nodes'
+    sections, the rank's schedule items in program order, and the values the unroll maps."""
+
+    rank: int
+    local: Graph
+    sections: dict[Node, tuple]
+    sched: Schedule
+    items: list[Any]
+    batch: dict[str, int]
+    chunk_grads: dict[int, list[tuple[str, Value]]]
+    acc_values: dict[str, Value]
+    loss_share: Value | None
+    finals: list[tuple[Value, int | None]]
+
+
+__all__ = ["LocalTemplate", "ONCE_SECTIONS", "local_sections", "unroll_local"]

@@ -15,6 +15,7 @@ from ...ir.printer import print_graph
 from ..mesh import Mesh
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import Pipeline
+from .schedule import PipelineError
 
 
 class WholeStage:
@@ -72,6 +73,16 @@ class PipelineProgram:
     timings: dict[str, float] = field(default_factory=dict)
     # The data-parallel ranks that split each microbatch (the batch rows' layout, _mb_major).
     batch_ranks: int = 1
+    # unroll=False: the stages keep their one-microbatch templates (``templates``, one per pp
+    # rank) for the section-level simulation; nothing here can run.
+    unrolled: bool = True
+    templates: list[Any] | None = None
+
+    def _runnable(self, what: str) -> None:
+        if not self.unrolled:
+            raise PipelineError(f"PipelineProgram.{what}: this pipeline was built with unroll=False for simulation "
+                                "(partita.cluster.simulate); its ranks have no programs. Parallelize again without "
+                                "unroll=False to run it")
 
     @property
     def single_device(self) -> Graph:
@@ -94,6 +105,7 @@ class PipelineProgram:
 
     def rank_graphs(self) -> list[Graph]:
         """The program of every global rank (row-major over the mesh)."""
+        self._runnable("rank_graphs")
         return [self.stages[self.coords(r)[0]].local for r in range(self.mesh.size)]
 
     @property
@@ -119,12 +131,14 @@ class PipelineProgram:
     def shard_weights(self, weights: Mapping[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
         """Each rank's pieces of its stage's params and optimizer state (default: the
         single-device graph's weights; missing state starts at zeros)."""
+        self._runnable("shard_weights")
         src = dict(self.source.weights if weights is None else weights)
         return self._spread([st.shard_weights({k: v for k, v in src.items() if _has(st.graph, k)})
                              for st in self.stages])
 
     def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
         """Each rank's pieces of the data inputs its stage reads."""
+        self._runnable("shard_inputs")
         for v in self.source.inputs:
             if v.role == "input" and input_name(v) not in inputs:
                 raise StrategyError(f"no value for the input %{input_name(v)} {v.type}")
@@ -152,6 +166,7 @@ class PipelineProgram:
 
     def assemble_outputs(self, outputs_by_rank: Sequence[Sequence[Any]]) -> list[np.ndarray]:
         """The single-device graph's outputs, from the ranks that compute them."""
+        self._runnable("assemble_outputs")
         res: list[Any] = [None] * len(self.source.outputs)
         for p, group in enumerate(self._by_stage(outputs_by_rank)):
             outs = self._stage_outputs(p, group)
@@ -188,6 +203,7 @@ class PipelineProgram:
 
     def assemble_weights(self, weights_by_rank: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """The global params and optimizer state (a weight two stages share from the first)."""
+        self._runnable("assemble_weights")
         out: dict[str, np.ndarray] = {}
         for p, group in enumerate(self._by_stage(weights_by_rank)):
             for k, v in self.stages[p].assemble_weights(group).items():
@@ -197,6 +213,7 @@ class PipelineProgram:
     def simulate(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
         """Run every rank's program in this process (NumPy reference, exact collectives and
         point-to-point transfers) on the global ``inputs``; returns the global outputs."""
+        self._runnable("simulate")
         from ..simulate import run_mesh
 
         outs = run_mesh(self.rank_graphs(), self.mesh, self.shard_inputs(inputs), self.shard_weights(weights))
@@ -204,6 +221,7 @@ class PipelineProgram:
 
     def text(self, rank: int = 0) -> str:
         """The program of global rank ``rank`` as text."""
+        self._runnable("text")
         return print_graph(self.rank_graphs()[rank])
 
 

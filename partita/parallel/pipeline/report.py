@@ -12,6 +12,7 @@ from ...autodiff.memory import analyze
 from ...ir.graph import Graph, Value
 from ...ops.collective import is_point_to_point
 from ..report import _fmt
+from .local_unroll import ONCE_SECTIONS
 
 
 @dataclass
@@ -173,6 +174,12 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
         mem = analyze(local)
         sends = [n for n in local.nodes if is_point_to_point(n) and n.operands]
         recvs = [n for n in local.nodes if is_point_to_point(n) and not n.operands]
+        if not getattr(prog, "unrolled", True):
+            # A template (unroll=False): its transfers of one microbatch happen once per
+            # microbatch; its peak is one microbatch's (the plan says "template").
+            sec = prog.templates[p].sections
+            sends = [n for n in sends for _ in range(1 if sec[n][0] in ONCE_SECTIONS else sched.microbatches)]
+            recvs = [n for n in recvs for _ in range(1 if sec[n][0] in ONCE_SECTIONS else sched.microbatches)]
         per.append(StageReport(p, chunks, layers, len(local), params, params if pipe.training else 0, state,
                                per_mb, held[p], per_mb * held[p] // max(len(chunks), 1),
                                max(mem.peak_bytes - mem.input_bytes, 0),

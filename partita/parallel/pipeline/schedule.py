@@ -158,7 +158,18 @@ class Schedule:
         runs its actions in order, each as soon as its rank is free and what it needs from
         the other chunks is done. Raises PipelineError if the order can never finish (a
         rank waits for an action that waits for it)."""
-        times = times or default_times(self.split)
+        if times is None:
+            # The unit-time timeline is asked for by the program order, the transfers, the
+            # bubble and the chart: played once (512 microbatches on 64 ranks are 65,536 actions).
+            key = (id(self.actions), sum(len(a) for a in self.actions))
+            cached = self.__dict__.get("_unit_timeline")
+            if cached is None or cached[0] != key:
+                cached = (key, self._simulate(default_times(self.split)))
+                self.__dict__["_unit_timeline"] = cached
+            return cached[1]
+        return self._simulate(times)
+
+    def _simulate(self, times: Callable[[Action], float]) -> Timeline:
         start: dict[Action, float] = {}
         end: dict[Action, float] = {}
         pcs = [0] * self.stages
@@ -244,10 +255,15 @@ class Schedule:
         tl = self.simulate(times)
         trs = self.transfers(tied, times)
         order = {id(t): i for i, t in enumerate(trs)}
+        mine: list[list[Transfer]] = [[] for _ in self.actions]
+        for t in trs:
+            mine[t.src].append(t)
+            if t.dst != t.src:
+                mine[t.dst].append(t)
         out: list[list[Action | Transfer]] = []
         for r, acts in enumerate(self.actions):
             items: list[tuple[tuple, Action | Transfer]] = [((tl.start[a], 1, i), a) for i, a in enumerate(acts)]
-            items += [((t.time, 0, order[id(t)]), t) for t in trs if r in (t.src, t.dst)]
+            items += [((t.time, 0, order[id(t)]), t) for t in mine[r]]
             items.sort(key=lambda x: x[0])
             out.append([x for _, x in items])
         return out
@@ -256,7 +272,7 @@ class Schedule:
         """The schedule as text: one row per rank, one cell per time unit of the simulation
         (unit times), each cell the action running then (``F3``: forward of microbatch 3,
         ``B``/``W`` the backward parts, ``.3`` the chunk for interleaving), ``.`` idle."""
-        tl = self.simulate(default_times(self.split))
+        tl = self.simulate()
         unit = 1.0
         n = int(round(tl.makespan / unit))
         rows = []
