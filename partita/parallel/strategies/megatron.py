@@ -76,7 +76,7 @@ class Megatron(Strategy):
             if p not in ctx.fixed:
                 continue
             for st in ([w] if w is not p else []) + list(node.operands[2:]):
-                if st.type.shape == p.type.shape and st not in ctx.fixed:
+                if st.type.shape == p.type.shape and st not in ctx.fixed and st.producer is None:
                     ctx.place(st, ctx.fixed[p])
 
 
@@ -126,7 +126,7 @@ class SequenceParallel(Strategy):
         """Whether ``x``'s leading dim also carries the data-parallel split (kept when gathering
         over the tensor axis)."""
         dp = ctx.strategy.dp_axis
-        return bool(dp) and x.type.rank >= 1 and x.type.shape[0] % ctx.mesh.axis_size(dp) == 0
+        return dp is not None and x.type.rank >= 1 and x.type.shape[0] % ctx.mesh.axis_size(dp) == 0
 
     def token_split(self, ctx: AnnotationContext, v: Value) -> Placement | None:
         """The sequence-parallel placement of activation ``v``: its leading dim (the batch, or
