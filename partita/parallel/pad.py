@@ -139,6 +139,16 @@ class _Padder:
 
     def run(self, seeds: Sequence[tuple[Value, int]]) -> PadReport:
         uf = index_classes(self.g)
+        # A master copy <p>.master (adamw's master_weights) indexes as its param <p> does, even
+        # where nothing in the graph joins them (a pipeline stage whose tied weight's gradient
+        # arrives from another stage): it is padded with it.
+        by_name = {str(v.name): v for v in self.g.inputs}
+        for v in self.g.inputs:
+            nm = str(v.name)
+            p = by_name.get(nm[:-len(".master")]) if v.role == "state" and nm.endswith(".master") else None
+            if p is not None and p.type.shape == v.type.shape:
+                for d in range(v.type.rank):
+                    uf.union((v, d), (p, d))
         roots = {}
         for v, d in seeds:
             n = v.type.shape[d]
