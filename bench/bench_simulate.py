@@ -7,10 +7,21 @@ optimizer states sharded (zero1), 16.6 GB with the gradients too (zero2), 1.9 GB
 parameters too (zero3); GB = 1e9 bytes. The figures come from partita's own per-rank memory
 report (``partita.cluster.memory_report``) of the programs ``parallelize`` emits, the model
 a weightless GPT (``partita.models.gpt``) with exactly 7.5e9 parameters: 40 layers, hidden
-3840 (30 heads), vocab 107,355, 2,048 positions. The Megatron-LM and Korthikanti et al. rows
-(docs/benchmarks.md, issue 16) are still to come.
+3840 (30 heads), vocab 107,355, 2,048 positions.
 
-    .venv/bin/python bench/bench_simulate.py            # about 15 s
+Megatron-LM's Table 1 (Narayanan et al. 2021): the ten GPT rows from 1.7B on 32 A100s to 1T
+on 3,072, each with its published plan (tensor and pipeline sizes, global batch, the
+microbatch size and interleaving of the authors' run_table_1.sh), full activation
+recomputation, mixed precision, on the ``selene`` cluster file; the model as those runs
+computed it (before flash attention: eager attention, the scores materialized; dropout 0.1).
+TFLOP/s per GPU is the paper's Eq. (3), F = 96 B s l h^2 (1 + s/6h + V/16lh), over the
+simulated step time. Korthikanti et al. 2022, Table 5: MFU and HFU of 22B, 175B, 530B and
+1T with sequence parallelism and selective recomputation on tp=8 without data parallelism
+(their Table 3), by their Eq. (7) and (8) over the simulated step time.
+
+    .venv/bin/python bench/bench_simulate.py                     # everything
+    .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
+    .venv/bin/python bench/bench_simulate.py --table megatron --rows 1.7B,18.4B
 
 ``--speed``: how long partita takes to simulate one step of Megatron-LM's largest pipeline
 plans (Narayanan et al. 2021, Table 1), the graph built from the config and parallelized with
@@ -100,11 +111,103 @@ def speed(only: list[str]) -> list[dict]:
     return rows
 
 
+# Narayanan et al. 2021, Table 1, with the authors' run_table_1.sh: (name, heads, hidden, layers,
+# tp, pp, GPUs, global batch, published TFLOP/s per GPU, microbatch size, model chunks per rank).
+MEGATRON_T1 = [
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3),
+    ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1),
+]
+# Korthikanti et al. 2022, Tables 3 and 5: (name, heads, hidden, layers, tp, pp, GPUs, global
+# batch, microbatch, chunks per rank, published MFU, published HFU).
+KORTHIKANTI = [
+    ("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 0.415, 0.437),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 0.514, 0.528),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 0.560, 0.570),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 0.563, 0.570),
+]
+SEQ, VOCAB, A100_PEAK = 2048, 51200, 312e12
+
+
+def _plan(tp: int, pp: int, gpus: int, batch: int, micro: int, chunks: int, sp: bool) -> tuple[str, str, dict]:
+    dp = gpus // (tp * pp)
+    axes = ([f"pp={pp}"] if pp > 1 else []) + ([f"dp={dp}"] if dp > 1 or (tp == 1 and pp == 1) else []) + \
+        ([f"tp={tp}"] if tp > 1 else [])
+    words = (["pp"] if pp > 1 else []) + (["dp"] if dp > 1 or (tp == 1 and pp == 1) else []) + \
+        (["megatron"] if tp > 1 else []) + (["sp"] if sp and tp > 1 else [])
+    kw: dict = {}
+    if pp > 1:
+        kw = {"microbatches": batch // (dp * micro), "schedule": "interleaved" if chunks > 1 else "1f1b",
+              "unroll": False}
+        if chunks > 1:
+            kw["virtual_stages"] = chunks
+    return ",".join(axes), "+".join(words), kw
+
+
+def _simulate_row(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int, micro: int,
+                  chunks: int, *, recompute: str, sp: bool) -> tuple[object, str, dict, float]:
+    from partita.cluster import simulate
+
+    t0 = time.perf_counter()
+    fwd = partita.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=SEQ, vocab=VOCAB, batch=batch,
+                             dtype="bf16", attention="eager", dropout=0.1, layout="sbh" if sp else "bsh")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True,
+                                 recompute=recompute)
+    mesh, strategy, kw = _plan(tp, pp, gpus, batch, micro, chunks, sp)
+    prog = partita.parallelize(step, mesh=mesh, strategy=strategy, **kw)
+    res = simulate(prog, "selene", trace=False, memory=False)
+    return res, f"{mesh} {strategy}" + (f" M={kw['microbatches']} {kw['schedule']}" if kw else ""), kw, \
+        time.perf_counter() - t0
+
+
+def megatron_table1(names: list[str] | None = None) -> list[dict]:
+    rows = []
+    for name, a, h, l, tp, pp, n, B, pub, mb, v in MEGATRON_T1:
+        if names and name not in names:
+            continue
+        res, plan, kw, secs = _simulate_row(a, h, l, tp, pp, n, B, mb, v, recompute="full", sp=False)
+        F = 96 * B * SEQ * l * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * l * h))
+        tf = F / (res.step_time * n) / 1e12
+        rows.append({"model": name, "plan": plan, "gpus": n, "published_tflops": pub, "simulated_tflops": round(tf, 1),
+                     "error": tf / pub - 1, "step_s": res.step_time, "seconds": secs})
+        print(f"{name:>7} {plan:<48} published {pub} TFLOP/s, simulated {tf:6.1f} ({tf / pub - 1:+.1%}); step "
+              f"{res.step_time:.2f} s [{secs:.0f} s]", flush=True)
+    return rows
+
+
+def korthikanti(names: list[str] | None = None) -> list[dict]:
+    rows = []
+    for name, a, h, l, tp, pp, n, B, mb, v, mfu, hfu in KORTHIKANTI:
+        if names and name not in names:
+            continue
+        res, plan, kw, secs = _simulate_row(a, h, l, tp, pp, n, B, mb, v, recompute="selective", sp=True)
+        model = 72 * B * l * SEQ * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * h * l))
+        hw = 72 * B * l * SEQ * h * h * (1 + SEQ / (3 * h) + VOCAB / (12 * h * l))
+        m, hh = (f / (res.step_time * n * A100_PEAK) for f in (model, hw))
+        rows.append({"model": name, "plan": plan, "gpus": n, "published_mfu": mfu, "simulated_mfu": m,
+                     "published_hfu": hfu, "simulated_hfu": hh, "mfu_error": m / mfu - 1, "hfu_error": hh / hfu - 1,
+                     "step_s": res.step_time, "seconds": secs})
+        print(f"{name:>5} {plan:<48} MFU published {mfu:.1%} simulated {m:.1%} ({m / mfu - 1:+.1%}), HFU "
+              f"published {hfu:.1%} simulated {hh:.1%} ({hh / hfu - 1:+.1%}); step {res.step_time:.2f} s "
+              f"[{secs:.0f} s]", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_simulate.json"))
     ap.add_argument("--speed", action="store_true", help="time the simulation of the 1T and 175B pipeline plans")
     ap.add_argument("--only", action="append", choices=sorted(SPEED_PLANS), help="with --speed: this plan only")
+    ap.add_argument("--table", choices=["zero", "megatron", "korthikanti"], action="append",
+                    help="run only these tables (repeatable; default all three)")
+    ap.add_argument("--rows", help="comma-separated model names of the Megatron/Korthikanti rows (default all)")
     args = ap.parse_args()
     if args.speed:
         rows = speed(args.only or ["175b", "1t"])
@@ -113,7 +216,15 @@ def main() -> None:
         path.write_text(json.dumps(rows, indent=1))
         print(f"wrote {path}")
         return
-    out = {"zero_fig1": zero_memory()}
+    tables = set(args.table or ["zero", "megatron", "korthikanti"])
+    names = args.rows.split(",") if args.rows else None
+    out: dict = {}
+    if "zero" in tables:
+        out["zero_fig1"] = zero_memory()
+    if "megatron" in tables:
+        out["megatron_table1"] = megatron_table1(names)
+    if "korthikanti" in tables:
+        out["korthikanti_table5"] = korthikanti(names)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
