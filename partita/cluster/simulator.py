@@ -630,7 +630,31 @@ class _Sim:
                 t += d
 
     def resolve(self, r: int, k: int) -> float | None:
-        """The completion time of rep r's comm k, once every participant has issued it."""
+        """The completion time of rep r's comm k, once every participant has issued it (None
+        while one has not). A comm's start waits for the one before it on the same group or
+        pair; those chains are walked with an explicit stack (thousands of microbatches' sends
+        between two stages would overflow Python's recursion limit)."""
+        stack = [(r, k)]
+        while stack:
+            r1, k1 = stack[-1]
+            if k1 in self.state[r1].done:
+                stack.pop()
+                continue
+            out = self._resolve_once(r1, k1)
+            if out is None:
+                return None
+            if isinstance(out, tuple):
+                if out[1] in self.state[out[0]].done:   # resolved, yet not what k1 waits for
+                    raise SimulationError(f"internal: rank {r1}'s comm {k1} waits on rank {out[0]}'s comm "
+                                          f"{out[1]}, which completed without releasing it")
+                stack.append(out)
+                continue
+            stack.pop()
+        return self.state[r].done[k]
+
+    def _resolve_once(self, r: int, k: int) -> float | tuple[int, int] | None:
+        """Comm k of rep r's completion if everything it waits for has completed; else the
+        (rep, comm) to resolve first, or None while a participant has not issued it."""
         c = self.progs[r].comms[k]
         st = self.state[r]
         if k not in st.issued:
@@ -653,9 +677,7 @@ class _Sim:
             if before is not None:
                 got = sm.done.get(before)
                 if got is None:
-                    got = self.resolve(m, before)
-                    if got is None:
-                        return None
+                    return (m, before)
                 free = got
             start = max(start, sm.issued[km], free)
             members.append((m, km))
@@ -678,7 +700,7 @@ class _Sim:
         c = self.model.record_cost(node)
         return float(c.bytes_written)
 
-    def _resolve_p2p(self, r: int, k: int, c: _Comm) -> float | None:
+    def _resolve_p2p(self, r: int, k: int, c: _Comm) -> float | tuple[int, int] | None:
         group = self.group(r, c.axis)
         me = self.mesh.coord(r, c.axis)
         peer_rank = group[c.peer] if c.peer is not None else r
@@ -704,12 +726,8 @@ class _Sim:
                     ksp = self.by_key[(src, c.axis, "send", self.mesh.coord(dst, c.axis), c.ordinal - 1)] \
                         if c.sending else None
                     if ksp is None:
-                        krp = self.by_key[(dst, c.axis, "recv", self.mesh.coord(src, c.axis), c.ordinal - 1)]
-                        got = self.resolve(dst, krp)
-                    else:
-                        got = self.resolve(src, ksp)
-                    if got is None:
-                        return None
+                        return (dst, self.by_key[(dst, c.axis, "recv", self.mesh.coord(src, c.axis), c.ordinal - 1)])
+                    return (src, ksp)
                 free = self.p2p_done[prev]
             start = max(self.state[src].issued[ks], self.state[dst].issued[kr], free)
             node = self.progs[src].comms[ks].node

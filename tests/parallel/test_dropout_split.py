@@ -87,6 +87,12 @@ def test_pipelines_with_dropout_match_single_device(mesh, strategy, recompute, e
     feed = {"ids": rng.integers(0, 64, (8, 8)), "target": rng.integers(0, 64, (8, 8))}
     want = partita.run(step, feed, w)
     prog = partita.parallelize(step, mesh=mesh, strategy=strategy, microbatches=2, **extra)
+    # The stages are cut on the forward alone: each chunk sends the hidden state on (and the
+    # tied embedding's gradient back), not the backward's values (the backward's dropouts,
+    # which replay the forward's masks, once dragged it into the forward cone).
+    for ch in prog.pipeline.cut.chunks:
+        assert len(ch.send) <= 1, f"chunk {ch.index} sends {len(ch.send)} values: " + \
+            ", ".join(f"{v.producer.op if v.producer else v.name} {v.type}" for v in ch.send)
     got = prog.simulate(feed, w)
     for v, a, b in zip(step.outputs, got, want):
         assert _rel(a, b) < 1e-4, f"{strategy} on {mesh}: %{v.name} differs by {_rel(a, b):.2e}"

@@ -67,6 +67,13 @@ def forward_of(step: Graph) -> tuple[Graph, bool]:
             raise PipelineError(f"pipeline: @{step.name} looks like a training step but its output 0 is not a float "
                                 "scalar loss; build it with partita.training_step")
         g.set_outputs([g.outputs[0]])
+        # The loss's cone, not dce: dce keeps ops with effects, and the backward's dropouts
+        # (a seeded dropout replays its mask on the gradient) would drag the backward in.
+        keep = value_cone([g.outputs[0]])
+        for n in list(g.reversed_nodes()):
+            if n not in keep:
+                g.erase(n)
+        return g, training
     from ...passes.manager import PassManager
 
     PassManager.parse("dce", verify_each=False).run(g)
