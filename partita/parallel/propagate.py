@@ -95,13 +95,18 @@ class PropagationReport:
         return "\n".join(lines)
 
 
-def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Value]" = ()) -> PropagationReport:
+def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Value]" = (), *, repeat: int = 1,
+              once: "set[Value] | frozenset[Value]" = frozenset()) -> PropagationReport:
     """Give every value of ``graph`` a placement (in place) and report the decisions.
 
     ``mesh`` sets ``graph.mesh`` when the graph has none. ``sinks`` are annotated values that
     constrain only themselves: their placement is not pushed back onto their producers'
     operands (a sequence-parallel boundary asks for a reduce_scatter where it is produced,
-    instead of making its producer's inputs split). Raises PropagationError without a mesh,
+    instead of making its producer's inputs split). ``repeat``: the graph is a pipeline
+    stage's one-microbatch template that runs ``repeat`` times a step, but for the values in
+    ``once`` (the gradients the microbatches accumulate, reduced once; what the once-per-step
+    sections make): a reshard of any other value, and the work of the nodes, count
+    ``repeat`` times. Raises PropagationError without a mesh,
     or when an annotated placement does not fit its value.
     """
     if graph.mesh is None:
@@ -112,7 +117,7 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
             graph.mesh = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
         except MeshError as e:
             raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
-    return _Propagator(graph, graph.mesh, sinks).run()
+    return _Propagator(graph, graph.mesh, sinks, repeat, once).run()
 
 
 # How many floating-point operations a rank does in the time it sends one byte to a peer:
@@ -147,8 +152,11 @@ def placement_from_labels(labels: Sequence, label_axes: dict[str, tuple[str, ...
 
 
 class _Propagator:
-    def __init__(self, graph: Graph, mesh: Mesh, sinks: "Sequence[Value]" = ()) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, sinks: "Sequence[Value]" = (), repeat: int = 1,
+                 once: "set[Value] | frozenset[Value]" = frozenset()) -> None:
         self.g = graph
+        self.repeat = repeat
+        self.once = once
         self.sinks = set(sinks)
         self.mesh = mesh
         self.names = value_names(graph)
@@ -189,9 +197,12 @@ class _Propagator:
         if have == want:
             return 0
         c = reshard_cost(tuple(v.type.shape), v.type.dtype, have, want, self.mesh)
-        if c is not None and v.producer is None and v.role == "param":
-            c *= self.param_factor
-        return c
+        if c is None or v in self.once:
+            return c
+        if v.producer is None and v.role == "param":
+            # Gathered for each microbatch, its gradient reduced once.
+            return c * (self.repeat + self.param_factor - 1)
+        return c * self.repeat
 
 
     # --- the fixed point -----------------------------------------------------------------------
@@ -379,6 +390,8 @@ class _Propagator:
                 # each compute more, which is worth so many bytes not sent.
                 used = {a for w in wants for axes in w.dims for a in axes}
                 work = flops / math.prod(self.mesh.axis_size(a) for a in used)
+                if not (node.results and node.results[0] in self.once):
+                    work *= self.repeat
                 key = (total + work / FLOPS_PER_BYTE, k)
                 if best is None or key < best[:2]:
                     best = (key[0], k, got, wants, total)

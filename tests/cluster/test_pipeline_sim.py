@@ -44,7 +44,11 @@ def step():
 
 
 # The section-level steps are those prepare makes of the unrolled program: the same step time
-# up to rounding (the sums run in another order).
+# up to rounding (the sums run in another order). Under pp+dp+megatron the tied embedding's
+# gradient, which the template reduces over dp where it is made, is reduced once per step on
+# the microbatches' sum (driver._defer_grad_reductions); the sections issue that reduction at
+# its once-per-step section, the unrolled program right after the last sum: the last stage
+# ends one op (5 us of 5.6 ms) apart, within 1e-3.
 CASES = [
     ("pp=2,dp=2", "pp+dp", "1f1b", 1, 4, 1e-9),
     ("pp=4,dp=2", "pp+dp", "gpipe", 1, 8, 1e-9),
@@ -52,9 +56,9 @@ CASES = [
     ("pp=2,dp=4", "pp+dp", "interleaved", 2, 4, 1e-9),
     ("pp=4", "pp", "1f1b", 1, 8, 1e-9),
     ("pp=2,tp=2", "pp+megatron", "interleaved", 2, 4, 1e-9),
-    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "1f1b", 1, 4, 1e-9),
-    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "interleaved", 2, 8, 1e-9),
-    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "zero-bubble", 1, 4, 1e-9),
+    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "1f1b", 1, 4, 1e-3),
+    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "interleaved", 2, 8, 1e-3),
+    ("pp=2,dp=2,tp=2", "pp+dp+megatron", "zero-bubble", 1, 4, 1e-3),
     ("pp=4,tp=2", "pp+megatron", "gpipe", 1, 4, 1e-9),
 ]
 

@@ -750,3 +750,33 @@ def test_master_weights_keep_their_optimizer_in_a_pipeline():
     assert given == set(range(len(step.outputs)))
     names = {str(v.name) for st in prog.stages for v in st.local.outputs}
     assert "transformer.wte.weight.1" in names and "transformer.wte.weight.master.1" in names
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_tied_gradient_is_communicated_once_per_step_not_per_microbatch(unroll):
+    """The tied embedding's gradient is summed over the microbatches first and reduced over dp
+    (gathered over tp) once; the first stage does not gather each microbatch's activations over
+    dp to avoid that reduction (the template's propagation prices a microbatch section's
+    reshards M times, driver._template_repeat)."""
+    import collections
+
+    import partita
+
+    fwd = partita.models.gpt(layers=4, hidden=64, heads=4, seq=16, vocab=128, batch=16, dtype="f32")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd")
+    rng = np.random.default_rng(0)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.1).astype(np.float32)
+         for v in step.inputs if v.role == "param"}
+    feed = {"ids": rng.integers(0, 128, (16, 16)), "target": rng.integers(0, 128, (16, 16))}
+    for M in (4, 8):
+        prog = partita.parallelize(step, mesh="pp=2,dp=2,tp=2", strategy="pp+dp+megatron", microbatches=M,
+                                   unroll=unroll)
+        graphs = prog.rank_graphs() if unroll else [t.local for t in prog.templates]
+        for r, g in enumerate(graphs):
+            dp_ops = collections.Counter(n.op for n in g.nodes if n.attrs.get("axis") == "dp")
+            assert dp_ops == {"all_reduce": 1}, f"M={M}, program {r}: {dict(dp_ops)}"
+        if unroll and M == 4:
+            want = partita.run(step, feed, w)
+            got = prog.simulate(feed, w)
+            for v, a, b in zip(step.outputs, got, want):
+                np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=f"%{v.name}")

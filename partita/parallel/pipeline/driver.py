@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any, Mapping, Sequence
 
-from ...ir.graph import Graph, Value
+from ...ir.graph import Graph, Node, Value
 from ..mesh import Mesh
 from ..placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError
@@ -147,7 +147,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             notes.update({k: p for k, p in user.items() if k in mine})
             try:
                 st = parallelize(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None, order=False,
-                                 _track=True, **spmd)
+                                 _track=True, _repeat=_template_repeat(rp, M), **spmd)
             except StrategyError as e:
                 raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
             local = st.local
@@ -165,6 +165,8 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
         acc_values = {nm: loc(v) for nm, v in rp.acc_values.items()}
         loss_share = loc(rp.loss_share) if rp.loss_share is not None else None
         finals = [(loc(v), d) for v, d in rp.finals]
+        if submesh is not None:
+            _defer_grad_reductions(sections, chunk_grads, acc_values)
         if not unroll:
             if submesh is not None and bucket_mb is not None:
                 _bucket_template(local, sections, bucket_mb, first_mb)
@@ -314,6 +316,50 @@ def _bucket_template(local: Graph, sections: dict[Any, tuple], bucket_mb: Any, f
             sections[n] = key
     for n in [n for n in sections if n.graph is not local]:
         del sections[n]
+
+
+def _defer_grad_reductions(sections: dict[Node, tuple], chunk_grads: dict[int, list[tuple[str, Value]]],
+                           acc_values: dict[str, Value]) -> None:
+    """A param gradient the template reduces or gathers in its microbatch sections (a tied
+    weight's gradient, annotated whole for its exchange, all_reduced over dp and gathered
+    over tp where it is made) is communicated once per step instead, on the microbatches'
+    sum: sum reductions and gathers commute with the sum over microbatches. In place: the
+    chain of collectives joins the once-per-step section of the gradient's first reader,
+    just before it, and the microbatches accumulate the chain's operand."""
+    linear = ("all_reduce", "reduce_scatter", "all_gather")
+    for grads in chunk_grads.values():
+        for i, (nm, gv) in enumerate(grads):
+            if acc_values.get(nm) is not gv or not gv.users or gv.graph is None or gv in gv.graph.outputs:
+                continue
+            if any(sections.get(u, ("opt",))[0] not in ONCE_SECTIONS for u in gv.users):
+                continue
+            chain: list[Node] = []
+            x = gv
+            while x.producer is not None and x.producer.op in linear and \
+                    x.producer.attrs.get("op", "sum") in ("sum", "avg") and \
+                    sections.get(x.producer, ("opt",))[0] in ("F", "B", "W") and (x is gv or len(x.users) == 1):
+                chain.append(x.producer)
+                x = x.producer.operands[0]
+            if not chain or len(x.users) != 1:
+                continue
+            first = min(gv.users, key=lambda u: u._order)
+            for n in reversed(chain):
+                sections[n] = sections.get(first, ("opt",))
+                # Where the unrolled program has it: just before the gradient's first reader.
+                gv.graph.move_before(first, n)
+            grads[i] = (nm, x)
+            acc_values[nm] = x
+
+
+def _template_repeat(rp: Any, M: int) -> tuple[int, set[Value]]:
+    """(M, once) for the propagation of pp rank ``rp``'s one-microbatch template: its
+    microbatch sections run M times a step; the once-per-step sections' values and the param
+    gradients the microbatches accumulate (reduced once, after the last) do not."""
+    once = {r for n, key in rp.sections.items() if key and key[0] in ONCE_SECTIONS for r in n.results}
+    for grads in rp.chunk_grads.values():
+        once.update(v for _, v in grads)
+    once.update(rp.acc_values.values())
+    return M, once
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
