@@ -157,7 +157,11 @@ def _simulate_row(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: 
 
     t0 = time.perf_counter()
     fwd = partita.models.gpt(layers=layers, hidden=hidden, heads=heads, seq=SEQ, vocab=VOCAB, batch=batch,
-                             dtype="bf16", attention="eager", dropout=0.1, layout="sbh" if sp else "bsh")
+                             dtype="bf16", attention="eager", dropout=0.1,
+                             # Megatron-LM's [seq, batch, hidden] keeps a sequence split through the
+                             # [rows, hidden] view; a pipeline splits microbatches along dim 0, and its
+                             # rows are [seq] alone at microbatch 1 (every pipeline row here).
+                             layout="sbh" if sp and pp == 1 else "bsh")
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True,
                                  recompute=recompute)
     mesh, strategy, kw = _plan(tp, pp, gpus, batch, micro, chunks, sp)

@@ -565,6 +565,23 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
         peak, eff, bandwidth, found = measure_compute(quick, progress)
     finally:
         torch.set_num_threads(before)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        cache = measure_cache(nproc, quick, progress)
+    finally:
+        torch.set_num_threads(before)
+    if cache is not None:
+        found += [cache[2], cache[3]]
+    shared: int | None = None
+    if nproc > 1:
+        # The ranks share this machine's cores: the device is a rank computing beside the others.
+        cont = measure_contention(nproc, threads, quick, progress)
+        found.append(cont)
+        if cont.value < 0.95:
+            # The simulator shares the cores between the ranks that compute at each moment
+            # (Cluster.cores_per_node); the peaks stay those of one rank alone.
+            shared = max(1, min(nproc, round(nproc * cont.value)))
     progress("gloo collectives:")
     medians, skipped = measure_gloo(nproc, threads, quick, progress)
     fits = fit_collectives(medians, nproc)
@@ -593,11 +610,118 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
                 + (" (model: " + _model_text(name) + ")" if name != "link" else " (all of them together)")
                 for name, f in fits.items()]
     sources += [f"gloo {name}: not supported, not measured" for name in skipped]
-    device = Device(f"{cpu}, {threads} thread(s)", peak, memory, bandwidth)
+    device = Device(f"{cpu}, {threads} thread(s)", peak, memory, bandwidth,
+                    cache[0] if cache is not None else None, cache[1] if cache is not None else None)
     cluster = Cluster("this-machine", device, 1, nproc, link, link,
                       description=f"this machine ({cpu}) as {nproc} gloo ranks on loopback, measured {when}",
-                      sources=tuple(sources), efficiency=eff)
+                      sources=tuple(sources), efficiency=eff, cores_per_node=shared)
     return Calibration(cluster, tuple(found), fits, time.perf_counter() - start)
+
+
+def last_level_cache() -> int | None:
+    """Bytes of this CPU's last-level cache (Linux sysfs), or None."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    best: tuple[int, int] | None = None
+    for d in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            level = int((d / "level").read_text())
+            kind = (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(size[-1:], 1)
+        try:
+            n = int(size.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, n)
+    return best[1] if best else None
+
+
+def measure_cache(nproc: int, quick: bool, progress: Callable[[str], Any]) -> tuple[float, float, Measurement,
+                                                                                    Measurement] | None:
+    """A rank's share of the last-level cache (its size over ``nproc``) and the bandwidth of
+    f32 adds and copies whose arrays fit in half of it; None where the cache is unknown."""
+    import torch
+
+    size = last_level_cache()
+    if size is None:
+        return None
+    share = size / nproc
+    n_el = max(1024, int(share / 2 / 12))
+    reps, min_s = (3, 0.02) if quick else (5, 0.05)
+    x, y, out = torch.randn(n_el), torch.randn(n_el), torch.empty(n_el)
+    s_add = _samples(lambda: torch.add(x, y, out=out), reps, min_s)
+    s_copy = _samples(lambda: out.copy_(x), reps, min_s)
+    bw_add = 3 * 4 * n_el / statistics.median(s_add)
+    bw_copy = 2 * 4 * n_el / statistics.median(s_copy)
+    bw, spread = max((bw_add, _spread(s_add)), (bw_copy, _spread(s_copy)))
+    progress(f"  cache: {format_quantity(share, 'B')} per rank ({format_quantity(size, 'B')} / {nproc}), "
+             f"{format_quantity(bw, 'B/s')} (add {format_quantity(bw_add, 'B/s')}, copy {format_quantity(bw_copy, 'B/s')})")
+    return share, bw, \
+        Measurement("cache", share, "B", 0.0, f"the last-level cache ({format_quantity(size, 'B')}, sysfs) over {nproc} "
+                                             "ranks"), \
+        Measurement("cache_bandwidth", bw, "B/s", spread,
+                    f"f32 add and copy of {n_el * 4 // 1024} KiB arrays (half the cache share), bytes read + written "
+                    f"per second, the faster (add {format_quantity(bw_add, 'B/s')}, copy {format_quantity(bw_copy, 'B/s')})")
+
+
+def _contention_probe(threads: int, seconds: float) -> float:
+    """Units of work per second of a mix of a rank's kernels (an f32 matmul of 512 and a
+    layer_norm of [1024, 1024]), run for ``seconds``."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    h = torch.randn(1024, 1024)
+    torch.matmul(a, b)
+    F.layer_norm(h, (1024,))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.matmul(a, b)
+        F.layer_norm(h, (1024,))
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def _contention_worker(threads: int, seconds: float, start: Any, out: Any) -> None:
+    start.wait()
+    out.put(_contention_probe(threads, seconds))
+
+
+def measure_contention(nproc: int, threads: int, quick: bool, progress: Callable[[str], Any]) -> Measurement:
+    """How fast a rank computes while all ``nproc`` ranks compute at once, relative to alone:
+    the ranks of this machine share its cores (4 ranks on 2 cores run at about half speed),
+    which a GPU cluster's devices do not. The median rank's rate over the rate of one process
+    alone, at most 1."""
+    import multiprocessing as mp
+
+    seconds = 0.5 if quick else 1.5
+    solo = _contention_probe(threads, seconds)
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(nproc), ctx.Queue()
+    procs = [ctx.Process(target=_contention_worker, args=(threads, seconds, start, out), daemon=True)
+             for _ in range(nproc)]
+    for p in procs:
+        p.start()
+    rates = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    ratio = min(1.0, statistics.median(rates) / solo)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    progress(f"  contention: {nproc} ranks computing at once run at {ratio:.2f} of one alone "
+             f"({cores} cores, {threads} thread(s) per rank)")
+    return Measurement("contention", ratio, "", _relative_range(rates),
+                       f"an f32 matmul of 512 and a layer_norm of [1024, 1024] in a loop on {nproc} processes at once "
+                       f"({threads} thread(s) each, {cores} cores), the median rank's rate over one process alone; "
+                       "below 0.95, cores_per_node = round(ranks x it)")
 
 
 def _partita_version() -> str:
@@ -660,6 +784,8 @@ def cluster_toml(cluster: Cluster) -> str:
     if cluster.description:
         lines.append(f"description = {_toml_string(cluster.description)}")
     lines += [f"nodes = {cluster.nodes}", f"gpus_per_node = {cluster.gpus_per_node}"]
+    if cluster.cores_per_node is not None:
+        lines.append(f"cores_per_node = {cluster.cores_per_node}    # ranks that compute at full speed at once")
     if cluster.sources:
         lines.append("sources = [")
         lines += [f"  {_toml_string(s)}," for s in cluster.sources]
@@ -669,7 +795,10 @@ def cluster_toml(cluster: Cluster) -> str:
         return f"{key} = {_number(x)}    # {format_quantity(x, unit)}"
 
     lines += ["", "[device]", f"name = {_toml_string(d.name)}", q("memory", d.memory, "B"),
-              q("memory_bandwidth", d.memory_bandwidth, "B/s"), "", "[device.peak_flops]"]
+              q("memory_bandwidth", d.memory_bandwidth, "B/s")]
+    if d.cache is not None and d.cache_bandwidth is not None:
+        lines += [q("cache", d.cache, "B"), q("cache_bandwidth", d.cache_bandwidth, "B/s")]
+    lines += ["", "[device.peak_flops]"]
     lines += [q(k, v, "FLOP/s") for k, v in sorted(d.peak_flops.items())]
     for table, link in (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node)):
         lines += ["", f"[{table}]", q("bandwidth", link.bandwidth, "B/s"), q("latency", link.latency, "s")]

@@ -112,7 +112,10 @@ class CostModel:
             t = c.flops / (self.peak_for(dtype) * self.eff.attention)
             kind = "attention"
         else:
-            tm = moved / (self.device.memory_bandwidth * self.eff.memory)
+            d = self.device
+            bw = d.cache_bandwidth if d.cache is not None and d.cache_bandwidth is not None and moved <= d.cache \
+                else d.memory_bandwidth
+            tm = moved / (bw * self.eff.memory)
             tc = c.flops / self.peak_for("f32")
             t, kind = (tm, "memory") if tm >= tc else (tc, "compute")
         return OpTime(t + self.eff.op_overhead, kind, c.flops, moved)

@@ -38,6 +38,10 @@ class Device:
     peak_flops: Mapping[str, float]      # dtype name (bf16, f16, tf32, f32, f64, f8, i8) -> dense FLOP/s
     memory: float                        # bytes
     memory_bandwidth: float              # bytes/s
+    # A CPU's last-level cache: a memory-bound op whose operands and results fit in ``cache``
+    # bytes moves them at ``cache_bandwidth`` instead (None: no such cache is modelled).
+    cache: float | None = None
+    cache_bandwidth: float | None = None
 
     def flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; a dtype the device file does not list is an error."""
@@ -98,6 +102,10 @@ class Cluster:
     source: str = ""                     # the file it came from
     sources: tuple[str, ...] = field(default_factory=tuple)
     efficiency: Efficiency = field(default_factory=Efficiency)
+    # CPU ranks that share their node's cores (this machine: 4 gloo ranks on 2 cores): at most
+    # this many of a node's ranks compute at full speed at once; k > cores_per_node computing
+    # together each run at cores_per_node / k of their speed. None: devices share nothing.
+    cores_per_node: int | None = None
 
     @property
     def devices(self) -> int:
@@ -209,9 +217,9 @@ def format_quantity(x: float, unit: str) -> str:
 # section -> field -> (kind, required)
 _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
     "": {"name": ("text", True), "description": ("text", False), "nodes": ("count", True),
-         "gpus_per_node": ("count", True), "sources": ("texts", False)},
+         "gpus_per_node": ("count", True), "cores_per_node": ("count", False), "sources": ("texts", False)},
     "device": {"name": ("text", True), "memory": ("bytes", True), "memory_bandwidth": ("bandwidth", True),
-               "peak_flops": ("table", True)},
+               "peak_flops": ("table", True), "cache": ("bytes", False), "cache_bandwidth": ("bandwidth", False)},
     "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
     "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
     "efficiency": {"gemm": ("fraction", False), "gemm_knee": ("count", False), "attention": ("fraction", False),
@@ -317,15 +325,21 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
     if not peak:
         raise ClusterError(f"{loc.at('device.peak_flops')}: [device.peak_flops] lists no dtype; give at least one, "
                            "e.g. bf16 = \"312 TFLOP/s\"")
-    for key in ("nodes", "gpus_per_node"):
-        if top[key] != int(top[key]):
+    for key in ("nodes", "gpus_per_node", "cores_per_node"):
+        if key in top and top[key] != int(top[key]):
             raise ClusterError(f"{loc.at('', key)}: {key} must be a whole number, got {top[key]}")
-    device = Device(dev["name"], peak, dev["memory"], dev["memory_bandwidth"])
+    if ("cache" in dev) != ("cache_bandwidth" in dev):
+        have, miss = ("cache", "cache_bandwidth") if "cache" in dev else ("cache_bandwidth", "cache")
+        raise ClusterError(f"{loc.at('device', have)}: [device] gives {have} without {miss}; give both (the "
+                           "last-level cache's bytes and its bandwidth) or neither")
+    device = Device(dev["name"], peak, dev["memory"], dev["memory_bandwidth"], dev.get("cache"),
+                    dev.get("cache_bandwidth"))
     return Cluster(top["name"], device, int(top["nodes"]), int(top["gpus_per_node"]),
                    Link(values["intra_node"]["bandwidth"], values["intra_node"]["latency"]),
                    Link(values["inter_node"]["bandwidth"], values["inter_node"]["latency"]),
                    top.get("description", ""), where, tuple(top.get("sources", ())),
-                   Efficiency(**values["efficiency"]))
+                   Efficiency(**values["efficiency"]),
+                   int(top["cores_per_node"]) if "cores_per_node" in top else None)
 
 
 def _describe(kind: str) -> str:

@@ -34,7 +34,7 @@ import math
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
@@ -382,6 +382,8 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     else:
         graphs, mesh, single = _programs_of(program)
     check_fits_cluster(mesh, cluster)
+    if _shares_cores(mesh, cluster):
+        dedup = False
     model = CostModel(cluster)
     say = progress or (lambda s: None)
     n = mesh.size
@@ -409,8 +411,11 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
         prog_of = [prepared[id(g)] for g in graphs]
         reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
-    sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace)
-    sim.run()
+    if _shares_cores(mesh, cluster):
+        sim = _shared_core_sim(mesh, cluster, model, prog_of, reps, rep_of, trace, say)
+    else:
+        sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace)
+        sim.run()
     ranks = []
     comm_bytes: dict[str, float] = defaultdict(float)
     hw = 0.0
@@ -436,6 +441,69 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     events = sorted(sim.events, key=lambda e: (e.rank, e.start)) if trace else []
     return SimResult(cluster, mesh, step, ranks, events, dict(comm_bytes), tokens, model_flops, hw, peak,
                      dedup and len(reps) < n)
+
+
+def _shares_cores(mesh: Mesh, cluster: Cluster) -> bool:
+    c = cluster.cores_per_node
+    return c is not None and min(mesh.size, cluster.gpus_per_node) > c
+
+
+def _slowdowns(spans: Mapping[int, list[tuple[float, float]]], node_of: Callable[[int], int],
+               cores: int) -> dict[int, float]:
+    """Each rank's mean slowdown over the time it computes, when the ranks of a node that
+    compute at once share its ``cores``: k > cores of them run at cores / k of their speed."""
+    by_node: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    for r, ss in spans.items():
+        for a, b in ss:
+            if b > a:
+                by_node[node_of(r)] += [(a, 1, r), (b, -1, r)]
+    out: dict[int, float] = {}
+    for evs in by_node.values():
+        evs.sort(key=lambda e: (e[0], e[1]))
+        busy: dict[int, int] = defaultdict(int)
+        k, t_prev = 0, evs[0][0] if evs else 0.0
+        num: dict[int, float] = defaultdict(float)
+        den: dict[int, float] = defaultdict(float)
+        for t, d, r in evs:
+            if t > t_prev and k > 0:
+                f = max(1.0, k / cores)
+                for q, n in busy.items():
+                    if n > 0:
+                        num[q] += f * (t - t_prev)
+                        den[q] += t - t_prev
+            t_prev = t
+            busy[r] += d
+            k += d
+        for q in den:
+            out[q] = num[q] / den[q] if den[q] > 0 else 1.0
+    return out
+
+
+def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: list[_Program], reps: list[int],
+                     rep_of: list[int], trace: bool, say: Callable[[str], None]) -> "_Sim":
+    """The step on ranks that share their node's cores (``Cluster.cores_per_node``): the
+    simulation is run again with each rank's compute slowed by its mean slowdown over the
+    spans it computed in the run before (processor sharing: k > cores ranks computing at
+    once each at cores / k of their speed), damped, until the factors settle (at most 12
+    runs). Alike ranks are each simulated (the count of ranks computing at once needs them)."""
+    if len(reps) < mesh.size:
+        raise SimulationError("internal: shared cores need every rank simulated")
+    cores = cluster.cores_per_node or 1
+    scale = {r: 1.0 for r in reps}
+    sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, False, scale)
+    sim.run()
+    for it in range(12):
+        got = _slowdowns(sim.spans, cluster.node_of, cores)
+        new = {r: 0.5 * (scale[r] + got.get(r, 1.0)) for r in reps}
+        moved = max(abs(new[r] - scale[r]) for r in reps)
+        scale = new
+        sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace, scale)
+        sim.run()
+        if moved < 1e-3:
+            break
+    say(f"shared cores ({cores} per node): compute slowed by " +
+        ", ".join(f"rank {r} x{scale[r]:.2f}" for r in reps[:8]) + (" ..." if len(reps) > 8 else ""))
+    return sim
 
 
 def _tokens(graph: Graph) -> int | None:
@@ -517,9 +585,13 @@ class _State:
 
 class _Sim:
     def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, progs: list[_Program], reps: list[int],
-                 rep_of: list[int], trace: bool) -> None:
+                 rep_of: list[int], trace: bool, scale: Mapping[int, float] | None = None) -> None:
         self.mesh, self.cluster, self.model = mesh, cluster, model
         self.progs, self.reps, self.rep_of, self.trace = progs, reps, rep_of, trace
+        # Shared cores (Cluster.cores_per_node): each rank's compute slowed by its factor, and
+        # the spans it computes in, from which the next factors come (simulate).
+        self.scale = scale
+        self.spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
         self.state = {r: _State() for r in reps}
         self.events: list[Event] = []
         # (rep, axis, ordinal) -> comm index, per representative, for the collectives.
@@ -581,6 +653,9 @@ class _Sim:
             kind = s[0]
             if kind == "run":
                 _, dur, a, b = s
+                if self.scale is not None and dur > 0:
+                    dur *= self.scale[r]
+                    self.spans[r].append((st.clock, st.clock + dur))
                 if self.trace and dur > 0:
                     if a < 0:   # a section-level run: one span, named by its section
                         self.events.append(Event(r, "compute", str(b), st.clock, st.clock + dur, {"section": b}))
@@ -590,6 +665,11 @@ class _Sim:
                 st.busy += dur
             elif kind == "piece":
                 _, dur, busy, waiting, cbusy, cbytes, label = s
+                if self.scale is not None and busy > 0:
+                    extra = busy * (self.scale[r] - 1)
+                    self.spans[r].append((st.clock, st.clock + dur + extra))
+                    dur += extra
+                    busy += extra
                 if self.trace and dur > 0:
                     self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
                 st.clock += dur

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partita.cluster import Cluster, Device, Efficiency, Link, load_cluster
+from partita.cluster import Cluster, ClusterError, Device, Efficiency, Link, load_cluster, parse_cluster
 from partita.cluster.calibrate import (COLLECTIVE_MODELS, CalibrationError, cluster_toml, fit_alpha_beta,
                                        fit_collectives, fit_gemm_knee, gemm_model, measure, measure_gloo,
                                        message_sizes, summary_rows, write_cluster)
@@ -125,6 +125,21 @@ def test_write_cluster_reads_back_equal(tmp_path: Path):
     assert "# how: one" in text and "# gloo all_reduce: alpha 1 us" in text   # the sources as comments too
 
 
+def test_cores_per_node_and_cache_read_back_equal(tmp_path: Path):
+    c = _cluster()
+    c = replace(c, cores_per_node=2, device=replace(c.device, cache=8.25e6, cache_bandwidth=9.125e10))
+    back = load_cluster(write_cluster(c, tmp_path / "m.toml"))
+    assert replace(back, source="") == c
+    assert back.cores_per_node == 2 and back.device.cache == 8.25e6 and back.device.cache_bandwidth == 9.125e10
+
+
+def test_cache_needs_its_bandwidth(tmp_path: Path):
+    text = cluster_toml(replace(_cluster(), device=replace(_cluster().device, cache=1e6, cache_bandwidth=1e10)))
+    bad = "\n".join(line for line in text.splitlines() if not line.startswith("cache_bandwidth"))
+    with pytest.raises(ClusterError, match="cache without cache_bandwidth"):
+        parse_cluster(bad)
+
+
 def test_gloo_needs_two_ranks():
     with pytest.raises(CalibrationError, match="at least 2 processes"):
         measure_gloo(1, 1, True, lambda s: None)
@@ -158,6 +173,12 @@ def test_quick_calibration_on_two_gloo_ranks_writes_a_cluster_file(tmp_path: Pat
     text = path.read_text()
     assert "gloo all_reduce: alpha" in text and "measured by partita calibrate" in text
     assert any("gloo" in line for line in lines)
+    # Two ranks on this machine's cores (2 or more): they compute at full speed at once.
+    assert any(m.name == "contention" and 0 < m.value <= 1 for m in cal.measurements)
+    assert c.cores_per_node is None or c.cores_per_node >= 1
+    assert (d.cache is None) == (d.cache_bandwidth is None)
+    if d.cache is not None:
+        assert d.cache > 0 and d.cache_bandwidth > 0
     assert [r[0] for r in summary_rows(cal)][:1] == ["peak_flops.f32"]
 
 

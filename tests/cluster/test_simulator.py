@@ -311,3 +311,66 @@ def test_a_rank_over_its_device_memory_is_named_with_the_excess(gpt_step):
     # Without the check it simulates and says how full the device is.
     r = simulate(prog, tiny)
     assert r.peak_memory() > 100_000
+
+
+# --- ranks that share their node's cores (this machine: 4 gloo ranks on 2 cores) -------------
+
+def test_slowdowns_share_the_cores_between_the_ranks_computing_at_once():
+    from partita.cluster.simulator import _slowdowns
+
+    spans = {0: [(0.0, 2.0)], 1: [(1.0, 3.0)], 2: [(10.0, 11.0)]}
+    got = _slowdowns(spans, lambda r: 0, 1)
+    # [1, 2]: two ranks on one core, each at half speed.
+    assert got[0] == pytest.approx(1.5) and got[1] == pytest.approx(1.5) and got[2] == pytest.approx(1.0)
+    assert _slowdowns(spans, lambda r: 0, 2) == {0: 1.0, 1: 1.0, 2: 1.0}
+    # On different nodes nobody shares.
+    assert _slowdowns(spans, lambda r: r, 1) == {0: 1.0, 1: 1.0, 2: 1.0}
+
+
+COMPUTE = """graph @g(%x: f32[1024]) -> (f32[1024]) mesh(dp=2) {
+  %h = exp(%x) : f32[1024]
+  return %h
+}"""
+
+STAGGERED = """graph @g(%x: f32[1024]) -> (f32[1024]) mesh(pp=2) {
+  %r = recv() {axis="pp", group_size=2, peer=0, shape=[1024], dtype="f32"} : f32[1024]
+  %h = exp(%r) : f32[1024]
+  return %h
+}"""
+
+
+def test_ranks_computing_at_once_on_shared_cores_run_slower():
+    alone = simulate(ranks_program("dp=2", COMPUTE), toy(), memory=False)
+    shared = simulate(ranks_program("dp=2", COMPUTE), dataclasses.replace(toy(), cores_per_node=1), memory=False)
+    exp_t = 2 * 4096 / 1e9
+    assert alone.step_time == pytest.approx(exp_t)
+    # Both ranks compute the whole time: each at half speed.
+    assert shared.step_time == pytest.approx(2 * exp_t, rel=1e-3)
+    assert not shared.dedup and len(shared.ranks) == 2
+    # One core per rank: nothing changes.
+    assert simulate(ranks_program("dp=2", COMPUTE), dataclasses.replace(toy(), cores_per_node=2),
+                    memory=False).step_time == pytest.approx(exp_t)
+
+
+def test_a_rank_that_waits_leaves_the_cores_to_the_others():
+    first = """graph @g(%x: f32[1024]) -> (f32[1024]) mesh(pp=2) {
+  %h = exp(%x) : f32[1024]
+  send(%h) {axis="pp", group_size=2, peer=1}
+  return %h
+}"""
+    prog = ranks_program("pp=2", first, STAGGERED)
+    alone = simulate(prog, toy(), memory=False)
+    shared = simulate(prog, dataclasses.replace(toy(), cores_per_node=1), memory=False)
+    # The second stage computes only after the first: never together, no slowdown.
+    assert shared.step_time == pytest.approx(alone.step_time, rel=1e-6)
+
+
+def test_a_memory_bound_op_that_fits_in_the_cache_moves_at_its_bandwidth():
+    c = toy()
+    fast = dataclasses.replace(c, device=dataclasses.replace(c.device, cache=64e3, cache_bandwidth=4e9))
+    g = partita.parse(COMPUTE)
+    node = next(iter(g.nodes))
+    assert CostModel(c).compute_time(node).seconds == pytest.approx(8192 / 1e9)
+    assert CostModel(fast).compute_time(node).seconds == pytest.approx(8192 / 4e9)
+    small = dataclasses.replace(c, device=dataclasses.replace(c.device, cache=4e3, cache_bandwidth=4e9))
+    assert CostModel(small).compute_time(node).seconds == pytest.approx(8192 / 1e9)   # 8 KB do not fit in 4 KB
