@@ -592,7 +592,8 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
     if skipped:
         progress(f"  skipped (gloo does not support them): {', '.join(skipped)}")
     link_fit = fits["link"]
-    link = Link(link_fit.beta, link_fit.alpha)
+    link = Link(link_fit.beta, link_fit.alpha,
+                tuple((name, f.alpha, f.beta) for name, f in fits.items() if name != "link"))
     memory = total_memory() / nproc
     sizes = message_sizes(quick)
     net_how = (f"one fit of {', '.join(n for n in LINK_COLLECTIVES if n in medians)} on {nproc} gloo ranks on "
@@ -802,6 +803,10 @@ def cluster_toml(cluster: Cluster) -> str:
     lines += [q(k, v, "FLOP/s") for k, v in sorted(d.peak_flops.items())]
     for table, link in (("intra_node", cluster.intra_node), ("inter_node", cluster.inter_node)):
         lines += ["", f"[{table}]", q("bandwidth", link.bandwidth, "B/s"), q("latency", link.latency, "s")]
+        if link.collectives:
+            lines += ["", f"[{table}.collectives]    # each collective's own fit"]
+            lines += [f"{op} = {{ latency = {_number(a)}, bandwidth = {_number(b)} }}    # "
+                      f"{format_quantity(a, 's')}, {format_quantity(b, 'B/s')}" for op, a, b in link.collectives]
     e = cluster.efficiency
     lines += ["", "[efficiency]", f"gemm = {_number(e.gemm)}", f"gemm_knee = {_number(e.gemm_knee)}",
               f"attention = {_number(e.attention)}", f"memory = {_number(e.memory)}",

@@ -135,16 +135,33 @@ class CostModel:
         size = max(t.nbytes for t in ins + outs) if ins or outs else 0
         return OpTime(self.collective(op, size, n, link), "collective", 0, size)
 
+    def latency_part(self, node: Node, ranks: Sequence[int]) -> float:
+        """The part of ``collective_time(node, ranks)`` that is latency (the alpha terms: the
+        same collective on an empty buffer), in which no bytes are copied or summed."""
+        link = self.cluster.link(list(ranks))
+        if node.op in P2P_OPS:
+            return self.transfer(link, 0)
+        return self.collective(node.op, 0, len(ranks), link)
+
     def transfer(self, link: Link, nbytes: float) -> float:
         """One point-to-point transfer of ``nbytes`` over ``link``."""
-        return link.latency + nbytes / (link.bandwidth * self.eff.network)
+        own = link.for_op("send_recv")
+        a, bw = own if own is not None else (link.latency, link.bandwidth)
+        return a + nbytes / (bw * self.eff.network)
 
     def collective(self, op: str, nbytes: float, n: int, link: Link) -> float:
         """Seconds of collective ``op`` on a buffer of ``nbytes`` over ``n`` ranks joined by
         ``link`` (the formulas of the module docstring)."""
         if n <= 1:
             return 0.0
-        a, b = link.latency, link.bandwidth * self.eff.network
+        own = link.for_op(op)
+        if own is not None:
+            # Figures measured for this collective, fitted to the ring's formula (calibrate).
+            a, b = own[0], own[1] * self.eff.network
+            if op == "all_reduce":
+                return 2 * (n - 1) * a + 2 * (n - 1) / n * nbytes / b
+        else:
+            a, b = link.latency, link.bandwidth * self.eff.network
         if op == "all_reduce":
             ring = 2 * (n - 1) * a + 2 * (n - 1) / n * nbytes / b
             tree = 2 * math.log2(n) * a + 2 * nbytes / b

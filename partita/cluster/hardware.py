@@ -57,10 +57,23 @@ class Link:
 
     bandwidth: float
     latency: float
+    # Measured figures of particular collectives over this link (partita calibrate: gloo's
+    # all_reduce, all_gather, ... each fitted to its own alpha-beta model), as (op, latency,
+    # bandwidth); an op listed here is priced with its own figures, the others with the link's.
+    collectives: tuple[tuple[str, float, float], ...] = ()
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` over the link once (the alpha-beta model)."""
         return self.latency + nbytes / self.bandwidth
+
+    def for_op(self, op: str) -> "tuple[float, float] | None":
+        """(latency, bandwidth) measured for collective ``op`` (send_recv for send and recv),
+        or None."""
+        key = "send_recv" if op in ("send", "recv") else op
+        for name, a, b in self.collectives:
+            if name == key:
+                return a, b
+        return None
 
 
 @dataclass(frozen=True)
@@ -220,8 +233,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
          "gpus_per_node": ("count", True), "cores_per_node": ("count", False), "sources": ("texts", False)},
     "device": {"name": ("text", True), "memory": ("bytes", True), "memory_bandwidth": ("bandwidth", True),
                "peak_flops": ("table", True), "cache": ("bytes", False), "cache_bandwidth": ("bandwidth", False)},
-    "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
-    "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True)},
+    "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False)},
+    "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False)},
     "efficiency": {"gemm": ("fraction", False), "gemm_knee": ("count", False), "attention": ("fraction", False),
                    "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False)},
 }
@@ -334,9 +347,10 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
                            "last-level cache's bytes and its bandwidth) or neither")
     device = Device(dev["name"], peak, dev["memory"], dev["memory_bandwidth"], dev.get("cache"),
                     dev.get("cache_bandwidth"))
+    links = {t: Link(values[t]["bandwidth"], values[t]["latency"], _collectives(values[t], t, loc))
+             for t in ("intra_node", "inter_node")}
     return Cluster(top["name"], device, int(top["nodes"]), int(top["gpus_per_node"]),
-                   Link(values["intra_node"]["bandwidth"], values["intra_node"]["latency"]),
-                   Link(values["inter_node"]["bandwidth"], values["inter_node"]["latency"]),
+                   links["intra_node"], links["inter_node"],
                    top.get("description", ""), where, tuple(top.get("sources", ())),
                    Efficiency(**values["efficiency"]),
                    int(top["cores_per_node"]) if "cores_per_node" in top else None)
@@ -345,6 +359,26 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
 def _describe(kind: str) -> str:
     return {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
             "count": "a positive whole number", "fraction": "a fraction in (0, 1] such as 0.75"}.get(kind, f"a {kind} quantity such as {_example(kind)}")
+
+
+COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+
+
+def _collectives(link: Mapping[str, Any], table: str, loc: _Located) -> tuple[tuple[str, float, float], ...]:
+    """``[<table>.collectives]``: ``all_reduce = { latency = "119 us", bandwidth = "899 MB/s" }``."""
+    raw = link.get("collectives") or {}
+    out = []
+    where = f"{table}.collectives"
+    for op, entry in raw.items():
+        if op not in COLLECTIVE_NAMES:
+            raise ClusterError(f"{loc.at(where, op)}: unknown collective '{op}' in [{where}]"
+                               f"{suggest(op, COLLECTIVE_NAMES)}; collectives: {', '.join(COLLECTIVE_NAMES)}")
+        if not isinstance(entry, dict) or set(entry) != {"latency", "bandwidth"}:
+            raise ClusterError(f"{loc.at(where, op)}: {op} in [{where}] must be a table of latency and bandwidth, "
+                               f'e.g. {op} = {{ latency = "100 us", bandwidth = "1 GB/s" }}; got {entry!r:.80}')
+        out.append((op, _value(entry["latency"], "time", where, op, loc),
+                    _value(entry["bandwidth"], "bandwidth", where, op, loc)))
+    return tuple(out)
 
 
 def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:

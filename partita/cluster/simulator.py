@@ -449,14 +449,20 @@ def _shares_cores(mesh: Mesh, cluster: Cluster) -> bool:
 
 
 def _slowdowns(spans: Mapping[int, list[tuple[float, float]]], node_of: Callable[[int], int],
-               cores: int) -> dict[int, float]:
+               cores: int, comm: Mapping[int, list[tuple[float, float]]] | None = None) -> dict[int, float]:
     """Each rank's mean slowdown over the time it computes, when the ranks of a node that
-    compute at once share its ``cores``: k > cores of them run at cores / k of their speed."""
+    compute at once share its ``cores``: k > cores of them run at cores / k of their speed.
+    ``comm``: spans in which a rank's collectives or transfers run; they take a core too (gloo
+    copies and sums on the CPU) but are not slowed (their figures were measured so)."""
     by_node: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     for r, ss in spans.items():
         for a, b in ss:
             if b > a:
                 by_node[node_of(r)] += [(a, 1, r), (b, -1, r)]
+    for r, ss in (comm or {}).items():
+        for a, b in _merged(ss):
+            if b > a:
+                by_node[node_of(r)] += [(a, 1, -1 - r), (b, -1, -1 - r)]
     out: dict[int, float] = {}
     for evs in by_node.values():
         evs.sort(key=lambda e: (e[0], e[1]))
@@ -475,7 +481,18 @@ def _slowdowns(spans: Mapping[int, list[tuple[float, float]]], node_of: Callable
             busy[r] += d
             k += d
         for q in den:
-            out[q] = num[q] / den[q] if den[q] > 0 else 1.0
+            if q >= 0:
+                out[q] = num[q] / den[q] if den[q] > 0 else 1.0
+    return out
+
+
+def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
     return out
 
 
@@ -483,9 +500,10 @@ def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: li
                      rep_of: list[int], trace: bool, say: Callable[[str], None]) -> "_Sim":
     """The step on ranks that share their node's cores (``Cluster.cores_per_node``): the
     simulation is run again with each rank's compute slowed by its mean slowdown over the
-    spans it computed in the run before (processor sharing: k > cores ranks computing at
-    once each at cores / k of their speed), damped, until the factors settle (at most 12
-    runs). Alike ranks are each simulated (the count of ranks computing at once needs them)."""
+    spans it computed in the run before (processor sharing: k > cores ranks busy at once each
+    compute at cores / k of their speed; a rank's running collective or transfer keeps a core
+    busy too), damped, until the factors settle (at most 12 runs). Alike ranks are each
+    simulated (the count of ranks busy at once needs them)."""
     if len(reps) < mesh.size:
         raise SimulationError("internal: shared cores need every rank simulated")
     cores = cluster.cores_per_node or 1
@@ -493,7 +511,7 @@ def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: li
     sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, False, scale)
     sim.run()
     for it in range(12):
-        got = _slowdowns(sim.spans, cluster.node_of, cores)
+        got = _slowdowns(sim.spans, cluster.node_of, cores, sim.cspans)
         new = {r: 0.5 * (scale[r] + got.get(r, 1.0)) for r in reps}
         moved = max(abs(new[r] - scale[r]) for r in reps)
         scale = new
@@ -592,6 +610,7 @@ class _Sim:
         # the spans it computes in, from which the next factors come (simulate).
         self.scale = scale
         self.spans: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        self.cspans: dict[int, list[tuple[float, float]]] = defaultdict(list)
         self.state = {r: _State() for r in reps}
         self.events: list[Event] = []
         # (rep, axis, ordinal) -> comm index, per representative, for the collectives.
@@ -767,6 +786,9 @@ class _Sim:
             sm = self.state[m]
             if km not in sm.done:
                 sm.done[km] = end
+                if self.scale is not None:
+                    # The CPU copies and sums the bytes: the span after the latency terms.
+                    self.cspans[m].append((min(end, start + self.model.latency_part(c.node, group)), end))
                 mc = self.progs[m].comms[km]
                 sm.comm_busy[c.axis] += dur
                 sm.comm_bytes[c.axis] += self._sent_bytes(mc.node, len(group))
@@ -814,6 +836,10 @@ class _Sim:
             ot = self.model.collective_time(node, [r, peer_rank])   # the real pair: its link
             end = start + ot.seconds
             self.p2p_done[key] = end
+            if self.scale is not None:
+                busy_from = min(end, start + self.model.latency_part(node, [r, peer_rank]))
+                self.cspans[src].append((busy_from, end))
+                self.cspans[dst].append((busy_from, end))
             self.state[src].comm_busy[c.axis] += ot.seconds
             self.state[src].comm_bytes[c.axis] += ot.bytes
             if self.trace:

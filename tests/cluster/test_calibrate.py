@@ -133,6 +133,26 @@ def test_cores_per_node_and_cache_read_back_equal(tmp_path: Path):
     assert back.cores_per_node == 2 and back.device.cache == 8.25e6 and back.device.cache_bandwidth == 9.125e10
 
 
+def test_each_collectives_own_fit_reads_back_and_prices_it(tmp_path: Path):
+    from partita.cluster.cost import CostModel
+
+    c = _cluster()
+    link = replace(c.intra_node, collectives=(("all_reduce", 1.25e-4, 8.5e8), ("send_recv", 6.5e-5, 3.25e9)))
+    c = replace(c, intra_node=link, inter_node=link)
+    back = load_cluster(write_cluster(c, tmp_path / "m.toml"))
+    assert replace(back, source="") == c
+    m = CostModel(back)
+    n, s = 4, 2 ** 20
+    assert m.collective("all_reduce", s, n, back.intra_node) == pytest.approx(2 * 3 * 1.25e-4 + 1.5 * s / 8.5e8)
+    # Not listed: the link's own figures.
+    a, b = link.latency, link.bandwidth
+    assert m.collective("all_gather", s, n, back.intra_node) == pytest.approx(3 * a + 0.75 * s / b)
+    assert m.transfer(back.intra_node, s) == pytest.approx(6.5e-5 + s / 3.25e9)
+    bad = cluster_toml(c).replace("all_reduce = {", "all_reduse = {", 1)
+    with pytest.raises(ClusterError, match="unknown collective 'all_reduse'.*all_reduce"):
+        parse_cluster(bad)
+
+
 def test_cache_needs_its_bandwidth(tmp_path: Path):
     text = cluster_toml(replace(_cluster(), device=replace(_cluster().device, cache=1e6, cache_bandwidth=1e10)))
     bad = "\n".join(line for line in text.splitlines() if not line.startswith("cache_bandwidth"))
@@ -170,6 +190,7 @@ def test_quick_calibration_on_two_gloo_ranks_writes_a_cluster_file(tmp_path: Pat
     assert 0 < e.gemm <= 1 and e.gemm_knee > 0 and 0 < e.attention <= 1 and 0 < e.memory <= 1
     assert e.op_overhead > 0 and e.network == 1.0
     assert {"all_reduce", "all_gather", "broadcast", "send_recv", "link"} <= set(cal.fits)
+    assert {"all_reduce", "all_gather", "send_recv"} <= {op for op, _, _ in back.intra_node.collectives}
     text = path.read_text()
     assert "gloo all_reduce: alpha" in text and "measured by partita calibrate" in text
     assert any("gloo" in line for line in lines)

@@ -323,6 +323,9 @@ def test_slowdowns_share_the_cores_between_the_ranks_computing_at_once():
     # [1, 2]: two ranks on one core, each at half speed.
     assert got[0] == pytest.approx(1.5) and got[1] == pytest.approx(1.5) and got[2] == pytest.approx(1.0)
     assert _slowdowns(spans, lambda r: 0, 2) == {0: 1.0, 1: 1.0, 2: 1.0}
+    # A running collective takes a core too: rank 2 computes beside rank 0's all_reduce.
+    got = _slowdowns({0: [(0.0, 1.0)], 2: [(10.0, 12.0)]}, lambda r: 0, 1, {0: [(10.0, 11.0)]})
+    assert got[2] == pytest.approx(1.5) and got[0] == pytest.approx(1.0) and -1 not in got
     # On different nodes nobody shares.
     assert _slowdowns(spans, lambda r: r, 1) == {0: 1.0, 1: 1.0, 2: 1.0}
 
