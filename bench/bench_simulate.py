@@ -19,7 +19,7 @@ simulated step time. Korthikanti et al. 2022, Table 5: MFU and HFU of 22B, 175B,
 1T with sequence parallelism and selective recomputation on tp=8 without data parallelism
 (their Table 3), by their Eq. (7) and (8) over the simulated step time.
 
-    .venv/bin/python bench/bench_simulate.py                     # everything
+    .venv/bin/python bench/bench_simulate.py                     # everything (about 2 minutes)
     .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
     .venv/bin/python bench/bench_simulate.py --table megatron --rows 1.7B,18.4B
 
