@@ -593,7 +593,9 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
         progress(f"  skipped (gloo does not support them): {', '.join(skipped)}")
     link_fit = fits["link"]
     link = Link(link_fit.beta, link_fit.alpha,
-                tuple((name, f.alpha, f.beta) for name, f in fits.items() if name != "link"))
+                tuple((name, f.alpha, f.beta) for name, f in fits.items() if name != "link"),
+                tuple((name, 2 if name == "send_recv" else nproc, tuple((float(x), t) for x, t in sorted(by.items())))
+                      for name, by in medians.items()))
     memory = total_memory() / nproc
     sizes = message_sizes(quick)
     net_how = (f"one fit of {', '.join(n for n in LINK_COLLECTIVES if n in medians)} on {nproc} gloo ranks on "
@@ -807,6 +809,10 @@ def cluster_toml(cluster: Cluster) -> str:
             lines += ["", f"[{table}.collectives]    # each collective's own fit"]
             lines += [f"{op} = {{ latency = {_number(a)}, bandwidth = {_number(b)} }}    # "
                       f"{format_quantity(a, 's')}, {format_quantity(b, 'B/s')}" for op, a, b in link.collectives]
+        if link.measured:
+            lines += ["", f"[{table}.measured]    # medians per message size; these price the collective"]
+            lines += [f"{op} = {{ ranks = {n}, bytes = [{', '.join(_number(x) for x, _ in pts)}], "
+                      f"seconds = [{', '.join(_number(t) for _, t in pts)}] }}" for op, n, pts in link.measured]
     e = cluster.efficiency
     lines += ["", "[efficiency]", f"gemm = {_number(e.gemm)}", f"gemm_knee = {_number(e.gemm_knee)}",
               f"attention = {_number(e.attention)}", f"memory = {_number(e.memory)}",

@@ -143,17 +143,51 @@ class CostModel:
             return self.transfer(link, 0)
         return self.collective(node.op, 0, len(ranks), link)
 
+    def _measured(self, op: str, nbytes: float, n: int, link: Link) -> float | None:
+        """``op`` on ``n`` ranks from the times measured for it (``Link.measured``): log-log
+        interpolation between the measured sizes (below the smallest: its time; above the
+        largest: the last two points' slope in bytes), scaled by the alpha-beta model's ratio
+        of n ranks to the measured ranks. None where nothing was measured."""
+        got = link.measured_for(op)
+        if got is None:
+            return None
+        n0, pts = got
+        if nbytes <= pts[0][0]:
+            t = pts[0][1]
+        elif nbytes >= pts[-1][0]:
+            (x0, t0), (x1, t1) = pts[-2] if len(pts) > 1 else pts[-1], pts[-1]
+            slope = (t1 - t0) / (x1 - x0) if x1 > x0 else 0.0
+            t = t1 + max(slope, 0.0) * (nbytes - x1)
+        else:
+            i = next(k for k in range(1, len(pts)) if pts[k][0] >= nbytes)
+            (x0, t0), (x1, t1) = pts[i - 1], pts[i]
+            f = (math.log(nbytes) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            t = math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+        if n != n0 and op not in ("send", "recv", "send_recv"):
+            t *= self._formula(op, nbytes, n, link) / self._formula(op, nbytes, n0, link)
+        return t
+
     def transfer(self, link: Link, nbytes: float) -> float:
         """One point-to-point transfer of ``nbytes`` over ``link``."""
+        got = self._measured("send_recv", nbytes, 2, link)
+        if got is not None:
+            return got
         own = link.for_op("send_recv")
         a, bw = own if own is not None else (link.latency, link.bandwidth)
         return a + nbytes / (bw * self.eff.network)
 
     def collective(self, op: str, nbytes: float, n: int, link: Link) -> float:
         """Seconds of collective ``op`` on a buffer of ``nbytes`` over ``n`` ranks joined by
-        ``link`` (the formulas of the module docstring)."""
+        ``link``: from its measured times where the link has them, else the formulas of the
+        module docstring."""
         if n <= 1:
             return 0.0
+        got = self._measured(op, nbytes, n, link)
+        if got is not None:
+            return got
+        return self._formula(op, nbytes, n, link)
+
+    def _formula(self, op: str, nbytes: float, n: int, link: Link) -> float:
         own = link.for_op(op)
         if own is not None:
             # Figures measured for this collective, fitted to the ring's formula (calibrate).

@@ -61,10 +61,23 @@ class Link:
     # all_reduce, all_gather, ... each fitted to its own alpha-beta model), as (op, latency,
     # bandwidth); an op listed here is priced with its own figures, the others with the link's.
     collectives: tuple[tuple[str, float, float], ...] = ()
+    # Measured times of particular collectives (partita calibrate), as (op, ranks, ((bytes,
+    # seconds), ...)) in increasing bytes: an op listed here is priced by interpolating them
+    # (log-log), for another group size scaled by its alpha-beta model's ratio. Gloo's times
+    # do not follow one alpha-beta line (an all_reduce of 64 KiB costs ten 4 B ones).
+    measured: tuple[tuple[str, int, tuple[tuple[float, float], ...]], ...] = ()
 
     def time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` over the link once (the alpha-beta model)."""
         return self.latency + nbytes / self.bandwidth
+
+    def measured_for(self, op: str) -> "tuple[int, tuple[tuple[float, float], ...]] | None":
+        """(ranks, points) measured for collective ``op`` (send_recv for send and recv), or None."""
+        key = "send_recv" if op in ("send", "recv") else op
+        for name, n, pts in self.measured:
+            if name == key:
+                return n, pts
+        return None
 
     def for_op(self, op: str) -> "tuple[float, float] | None":
         """(latency, bandwidth) measured for collective ``op`` (send_recv for send and recv),
@@ -233,8 +246,10 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
          "gpus_per_node": ("count", True), "cores_per_node": ("count", False), "sources": ("texts", False)},
     "device": {"name": ("text", True), "memory": ("bytes", True), "memory_bandwidth": ("bandwidth", True),
                "peak_flops": ("table", True), "cache": ("bytes", False), "cache_bandwidth": ("bandwidth", False)},
-    "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False)},
-    "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False)},
+    "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False),
+                   "measured": ("table", False)},
+    "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False),
+                   "measured": ("table", False)},
     "efficiency": {"gemm": ("fraction", False), "gemm_knee": ("count", False), "attention": ("fraction", False),
                    "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False)},
 }
@@ -347,7 +362,8 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
                            "last-level cache's bytes and its bandwidth) or neither")
     device = Device(dev["name"], peak, dev["memory"], dev["memory_bandwidth"], dev.get("cache"),
                     dev.get("cache_bandwidth"))
-    links = {t: Link(values[t]["bandwidth"], values[t]["latency"], _collectives(values[t], t, loc))
+    links = {t: Link(values[t]["bandwidth"], values[t]["latency"], _collectives(values[t], t, loc),
+                     _measured(values[t], t, loc))
              for t in ("intra_node", "inter_node")}
     return Cluster(top["name"], device, int(top["nodes"]), int(top["gpus_per_node"]),
                    links["intra_node"], links["inter_node"],
@@ -378,6 +394,32 @@ def _collectives(link: Mapping[str, Any], table: str, loc: _Located) -> tuple[tu
                                f'e.g. {op} = {{ latency = "100 us", bandwidth = "1 GB/s" }}; got {entry!r:.80}')
         out.append((op, _value(entry["latency"], "time", where, op, loc),
                     _value(entry["bandwidth"], "bandwidth", where, op, loc)))
+    return tuple(out)
+
+
+def _measured(link: Mapping[str, Any], table: str, loc: _Located
+              ) -> tuple[tuple[str, int, tuple[tuple[float, float], ...]], ...]:
+    """``[<table>.measured]``: ``all_reduce = { ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }``."""
+    raw = link.get("measured") or {}
+    out = []
+    where = f"{table}.measured"
+    for op, entry in raw.items():
+        if op not in COLLECTIVE_NAMES:
+            raise ClusterError(f"{loc.at(where, op)}: unknown collective '{op}' in [{where}]"
+                               f"{suggest(op, COLLECTIVE_NAMES)}; collectives: {', '.join(COLLECTIVE_NAMES)}")
+        ok = isinstance(entry, dict) and set(entry) == {"ranks", "bytes", "seconds"} and \
+            isinstance(entry["bytes"], list) and isinstance(entry["seconds"], list) and \
+            len(entry["bytes"]) == len(entry["seconds"]) >= 1 and isinstance(entry["ranks"], int) and entry["ranks"] >= 2
+        if ok:
+            xs = [float(x) for x in entry["bytes"]]
+            ts = [float(t) for t in entry["seconds"]]
+            ok = all(x > 0 and math.isfinite(x) for x in xs) and all(t > 0 and math.isfinite(t) for t in ts) and \
+                all(a < b for a, b in zip(xs, xs[1:]))
+        if not ok:
+            raise ClusterError(f"{loc.at(where, op)}: {op} in [{where}] must be a table of ranks (2 or more), bytes "
+                               "(increasing, positive) and seconds (positive, as many), e.g. "
+                               f"{op} = {{ ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }}; got {entry!r:.80}")
+        out.append((op, int(entry["ranks"]), tuple(zip(xs, ts))))
     return tuple(out)
 
 

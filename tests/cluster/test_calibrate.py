@@ -153,6 +153,31 @@ def test_each_collectives_own_fit_reads_back_and_prices_it(tmp_path: Path):
         parse_cluster(bad)
 
 
+def test_measured_collective_times_read_back_and_are_interpolated(tmp_path: Path):
+    from partita.cluster.cost import CostModel
+
+    c = _cluster()
+    pts = ((4.0, 5e-4), (65536.0, 6e-3), (1048576.0, 6.5e-3), (8388608.0, 1.3e-2))
+    link = replace(c.intra_node, collectives=(("all_reduce", 2.5e-4, 6e8),), measured=(("all_reduce", 4, pts),))
+    c = replace(c, intra_node=link, inter_node=link)
+    back = load_cluster(write_cluster(c, tmp_path / "m.toml"))
+    assert replace(back, source="") == c
+    m = CostModel(back)
+    L = back.intra_node
+    assert m.collective("all_reduce", 65536, 4, L) == pytest.approx(6e-3)        # a measured size
+    assert m.collective("all_reduce", 1, 4, L) == pytest.approx(5e-4)            # below: the smallest
+    mid = m.collective("all_reduce", 2 ** 18, 4, L)                               # log-log between
+    assert mid == pytest.approx(math.exp((math.log(6e-3) + math.log(6.5e-3)) / 2))
+    # Above the largest: the last two points' slope in bytes.
+    assert m.collective("all_reduce", 2 * 8388608, 4, L) == pytest.approx(1.3e-2 + (1.3e-2 - 6.5e-3) / 7340032 * 8388608)
+    # Two ranks: scaled by the ring formula's ratio, with the collective's own alpha and beta.
+    ring = lambda n, s: 2 * (n - 1) * 2.5e-4 + 2 * (n - 1) / n * s / 6e8
+    assert m.collective("all_reduce", 65536, 2, L) == pytest.approx(6e-3 * ring(2, 65536) / ring(4, 65536))
+    bad = cluster_toml(c).replace("ranks = 4", "ranks = 1", 1)
+    with pytest.raises(ClusterError, match="ranks \\(2 or more\\)"):
+        parse_cluster(bad)
+
+
 def test_cache_needs_its_bandwidth(tmp_path: Path):
     text = cluster_toml(replace(_cluster(), device=replace(_cluster().device, cache=1e6, cache_bandwidth=1e10)))
     bad = "\n".join(line for line in text.splitlines() if not line.startswith("cache_bandwidth"))
@@ -191,6 +216,7 @@ def test_quick_calibration_on_two_gloo_ranks_writes_a_cluster_file(tmp_path: Pat
     assert e.op_overhead > 0 and e.network == 1.0
     assert {"all_reduce", "all_gather", "broadcast", "send_recv", "link"} <= set(cal.fits)
     assert {"all_reduce", "all_gather", "send_recv"} <= {op for op, _, _ in back.intra_node.collectives}
+    assert {"all_reduce", "all_gather", "send_recv"} <= {op for op, _, _ in back.intra_node.measured}
     text = path.read_text()
     assert "gloo all_reduce: alpha" in text and "measured by partita calibrate" in text
     assert any("gloo" in line for line in lines)
