@@ -348,6 +348,22 @@ class _Propagator:
             for a in dict.fromkeys(a for p in (self.pl[o] for o in node.operands) for axes in p.dims for a in axes):
                 if a not in used:
                     maps += [{**m, lab: (a,)} for lab in allowed if lab not in m]
+        # A partial sum whose result is read beside a value of its shape already placed split
+        # over the partial axis (a weight gradient beside its sharded master and moments): the
+        # sum reduce-scattered onto that split, half of all_reducing it and slicing it after.
+        partial_axes = {a for o in node.operands for a in self.pl[o].partial}
+        if partial_axes:
+            for j, r in enumerate(node.results):
+                lab = spec.results[j]
+                for u in r.users:
+                    for o in u.operands:
+                        p = self.pl.get(o)
+                        if o is r or p is None or o.type.shape != r.type.shape:
+                            continue
+                        m = {lab[d]: axes for d, axes in enumerate(p.dims)
+                             if axes and lab[d] is not None and set(axes) <= partial_axes}
+                        if m and m not in maps:
+                            maps.append(m)
         out: list[list[Placement]] = []
         seen: set[tuple] = set()
         for m in maps:

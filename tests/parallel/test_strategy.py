@@ -498,3 +498,24 @@ def test_sequence_parallel_gathers_activations_not_weights():
                         and ("c_attn.weight" in ln or "c_fc.weight" in ln)]
     assert not gathered_weights, gathered_weights[:3]
     assert text.count("[forward] all_gather") >= 4          # ln_1 and ln_2 outputs, per layer
+
+
+def test_sequence_parallel_weight_gradients_are_reduce_scattered_not_all_reduced():
+    """A weight gradient propagation makes as a partial sum (both operands split by rows) is
+    reduce-scattered onto its sharded master's split, not all_reduced whole and sliced (half
+    the bytes); the shapes are those at which the partial sum is the cheaper plan."""
+    import collections
+
+    import partita
+
+    fwd = partita.models.gpt(layers=1, hidden=2048, heads=16, seq=2048, vocab=1024, batch=4, dtype="bf16",
+                             attention="eager", dropout=0.1, layout="sbh")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True,
+                                 recompute="selective")
+    prog = partita.parallelize(step, mesh="tp=8", strategy="megatron+sp")
+    shapes = {tuple(v.type.shape) for v in step.inputs if v.role == "param" and v.type.rank == 2}
+    reduced = collections.Counter(n.op for n in prog.local.nodes
+                                  if n.op in ("all_reduce", "reduce_scatter") and n.operands[0].producer is not None
+                                  and n.operands[0].producer.op == "matmul"
+                                  and tuple(n.operands[0].type.shape) in shapes)
+    assert reduced["reduce_scatter"] >= 3 and reduced["all_reduce"] == 0, dict(reduced)
