@@ -116,7 +116,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
                 recompute: bool | str | None = None, unroll: bool = True, _track: bool = False,
-                _repeat: "tuple[int, set[Value]] | None" = None) -> Any:
+                _repeat: "tuple[int, set[Value], set[Value]] | None" = None) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -186,10 +186,12 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     # _repeat=(M, once): ``graph`` is a pipeline stage's one-microbatch template, run M times
     # a step but for the values in ``once`` (made or reduced once per step): propagation
     # prices the reshards of the others M times.
-    repeat, once = 1, set()
+    repeat, once, acc = 1, set(), set()
     if _repeat is not None:
         to_copy = dict(zip(graph.values(), g.values()))
-        repeat, once = _repeat[0], {to_copy[v] for v in _repeat[1] if v in to_copy}
+        repeat = _repeat[0]
+        once = {to_copy[v] for v in _repeat[1] if v in to_copy}
+        acc = {to_copy[v] for v in _repeat[2] if v in to_copy}
     for v in g.values():
         v.placement = None
     g.mesh = m
@@ -231,7 +233,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     timings["annotate"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     try:
-        prop = propagate(g, sinks=list(ctx.sinks), repeat=repeat, once=once)
+        prop = propagate(g, sinks=list(ctx.sinks), repeat=repeat, once=once, accumulated=acc)
     except PropagationError as e:
         raise StrategyError(f"strategy {s}: {e}") from e
     if ctx.late:
@@ -240,7 +242,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         for v, p in ctx.late.items():
             v.placement = p
         try:
-            prop = propagate(g, repeat=repeat, once=once)
+            prop = propagate(g, repeat=repeat, once=once, accumulated=acc)
         except PropagationError as e:
             raise StrategyError(f"strategy {s}: {e}") from e
     timings["propagate"] = time.perf_counter() - t1

@@ -96,7 +96,8 @@ class PropagationReport:
 
 
 def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Value]" = (), *, repeat: int = 1,
-              once: "set[Value] | frozenset[Value]" = frozenset()) -> PropagationReport:
+              once: "set[Value] | frozenset[Value]" = frozenset(),
+              accumulated: "set[Value] | frozenset[Value]" = frozenset()) -> PropagationReport:
     """Give every value of ``graph`` a placement (in place) and report the decisions.
 
     ``mesh`` sets ``graph.mesh`` when the graph has none. ``sinks`` are annotated values that
@@ -106,7 +107,9 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
     stage's one-microbatch template that runs ``repeat`` times a step, but for the values in
     ``once`` (the gradients the microbatches accumulate, reduced once; what the once-per-step
     sections make): a reshard of any other value, and the work of the nodes, count
-    ``repeat`` times. Raises PropagationError without a mesh,
+    ``repeat`` times; ``accumulated`` (the param gradients among them) are summed each
+    microbatch at their local size, which is priced too (``ACCUMULATE_BYTES``). Raises
+    PropagationError without a mesh,
     or when an annotated placement does not fit its value.
     """
     if graph.mesh is None:
@@ -117,8 +120,14 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
             graph.mesh = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
         except MeshError as e:
             raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
-    return _Propagator(graph, graph.mesh, sinks, repeat, once).run()
+    return _Propagator(graph, graph.mesh, sinks, repeat, once, accumulated).run()
 
+
+# A pipeline template's accumulated gradient is summed each microbatch at its local size (an
+# add reads two and writes one): priced as this many bytes sent per local byte (memory moves
+# a byte several times faster than a link sends one), so that a full-size partial sum of a
+# weight gradient is not taken for cheaper than gathering the activation it needs.
+ACCUMULATE_BYTES = 0.5
 
 # How many floating-point operations a rank does in the time it sends one byte to a peer:
 # the exchange rate between repeated work and communication in the price of a placement
@@ -153,10 +162,12 @@ def placement_from_labels(labels: Sequence, label_axes: dict[str, tuple[str, ...
 
 class _Propagator:
     def __init__(self, graph: Graph, mesh: Mesh, sinks: "Sequence[Value]" = (), repeat: int = 1,
-                 once: "set[Value] | frozenset[Value]" = frozenset()) -> None:
+                 once: "set[Value] | frozenset[Value]" = frozenset(),
+                 accumulated: "set[Value] | frozenset[Value]" = frozenset()) -> None:
         self.g = graph
         self.repeat = repeat
         self.once = once
+        self.accumulated = accumulated
         self.sinks = set(sinks)
         self.mesh = mesh
         self.names = value_names(graph)
@@ -402,6 +413,12 @@ class _Propagator:
                     if r in self.pl:
                         c = self.cost(r, p, self.pl[r])
                         total += c if c is not None else 1 << 62
+                    if r in self.accumulated and self.repeat > 1:
+                        # Smaller only where split as its param is (the model states' shards):
+                        # a split its param does not have must be undone once per step anyway.
+                        mine = self.param_axes(r)
+                        pieces = math.prod(self.mesh.axis_size(a) for axes in p.dims for a in axes if a in mine)
+                        total += int(self.repeat * ACCUMULATE_BYTES * r.type.nbytes / pieces)
                 # Work a rank repeats counts too: splitting the op over fewer devices makes
                 # each compute more, which is worth so many bytes not sent.
                 used = {a for w in wants for axes in w.dims for a in axes}
@@ -414,6 +431,23 @@ class _Propagator:
         if best is None:  # unreachable: replicating every operand is always accepted
             raise PropagationError(f"no placement of the operands of {self.describe(node)} satisfies its sharding rule")
         return best[2], best[3], best[4]
+
+    def param_axes(self, r: Value) -> set[str]:
+        """The mesh axes a gradient's param (or its master or moments: graph inputs of its
+        shape read beside it) is placed split over."""
+        out: set[str] = set()
+        frontier, seen = [r], {r}
+        for _ in range(3):   # through a cast or a scaling of the gradient on its way to the update
+            nxt = []
+            for v in frontier:
+                for u in v.users:
+                    for o in u.operands:
+                        if o not in seen and o.producer is None and o.type.shape == r.type.shape and o in self.pl:
+                            out.update(a for axes in self.pl[o].dims for a in axes)
+                    nxt += [x for x in u.results if x.type.shape == r.type.shape and x not in seen]
+            seen.update(nxt)
+            frontier = nxt
+        return out
 
     def flops(self, node: Node) -> float:
         try:

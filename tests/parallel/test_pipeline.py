@@ -780,3 +780,26 @@ def test_tied_gradient_is_communicated_once_per_step_not_per_microbatch(unroll):
             got = prog.simulate(feed, w)
             for v, a, b in zip(step.outputs, got, want):
                 np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=f"%{v.name}")
+
+
+def test_sequence_parallel_weight_gradients_in_a_pipeline_are_not_full_size_partial_sums():
+    """A pipeline template's weight gradient is summed every microbatch at its local size:
+    propagation prices that (propagate.ACCUMULATE_BYTES), so a sequence-parallel layer gathers
+    the activation and computes its gradient's shard (Megatron-LM's plan), instead of summing a
+    full-size partial gradient each microbatch and reduce-scattering it once (the shapes are
+    those at which the second moves fewer bytes)."""
+    import collections
+
+    import partita
+
+    fwd = partita.models.gpt(layers=2, hidden=4096, heads=32, seq=1024, vocab=1024, batch=8, dtype="bf16",
+                             attention="eager", dropout=0.1)
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True,
+                                 recompute="selective")
+    prog = partita.parallelize(step, mesh="pp=2,tp=8", strategy="pp+megatron+sp", microbatches=8, unroll=False)
+    shapes = {tuple(v.type.shape) for v in step.inputs if v.role == "param" and v.type.rank == 2}
+    for t in prog.templates:
+        once = collections.Counter(str(n.operands[0].type) for n in t.local.nodes
+                                   if n.op == "reduce_scatter" and t.sections[n][0] == "opt"
+                                   and tuple(n.operands[0].type.shape) in shapes)
+        assert not once, f"pp rank {t.rank}: full-size weight gradients reduce-scattered once per step: {dict(once)}"

@@ -351,15 +351,16 @@ def _defer_grad_reductions(sections: dict[Node, tuple], chunk_grads: dict[int, l
             acc_values[nm] = x
 
 
-def _template_repeat(rp: Any, M: int) -> tuple[int, set[Value]]:
-    """(M, once) for the propagation of pp rank ``rp``'s one-microbatch template: its
-    microbatch sections run M times a step; the once-per-step sections' values and the param
-    gradients the microbatches accumulate (reduced once, after the last) do not."""
+def _template_repeat(rp: Any, M: int) -> tuple[int, set[Value], set[Value]]:
+    """(M, once, accumulated) for the propagation of pp rank ``rp``'s one-microbatch template:
+    its microbatch sections run M times a step; the once-per-step sections' values and the
+    param gradients the microbatches accumulate (reduced once, after the last) do not; those
+    gradients are summed each microbatch, at their local size."""
     once = {r for n, key in rp.sections.items() if key and key[0] in ONCE_SECTIONS for r in n.results}
-    for grads in rp.chunk_grads.values():
-        once.update(v for _, v in grads)
+    acc = {v for grads in rp.chunk_grads.values() for _, v in grads}
+    once.update(acc)
     once.update(rp.acc_values.values())
-    return M, once
+    return M, once, acc
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
