@@ -247,6 +247,18 @@ def _bf16_usable(torch: Any) -> bool:
     return bool(torch.allclose(got, want, rtol=0.05, atol=0.5))
 
 
+def _add_copy_bandwidth(torch: Any, n_el: int, reps: int, min_s: float) -> tuple[float, float, float, float]:
+    """Bytes read + written per second of f32 adds and copies of ``n_el`` elements: (the
+    faster, its spread, the add's, the copy's)."""
+    x, y, out = torch.randn(n_el), torch.randn(n_el), torch.empty(n_el)
+    s_add = _samples(lambda: torch.add(x, y, out=out), reps, min_s)
+    s_copy = _samples(lambda: out.copy_(x), reps, min_s)
+    bw_add = 3 * 4 * n_el / statistics.median(s_add)
+    bw_copy = 2 * 4 * n_el / statistics.median(s_copy)
+    best, spread = max((bw_add, _spread(s_add)), (bw_copy, _spread(s_copy)))
+    return best, spread, bw_add, bw_copy
+
+
 def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[str, float], Efficiency, float,
                                                                       list[Measurement]]:
     """Peak FLOP/s per dtype, the compute and memory part of ``[efficiency]`` and the memory
@@ -293,12 +305,7 @@ def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[s
 
     # Memory bandwidth: bytes read + written per second of large adds and copies.
     n_el = (8 if quick else 16) * 2 ** 20
-    x, y, out = torch.randn(n_el), torch.randn(n_el), torch.empty(n_el)
-    s_add = _samples(lambda: torch.add(x, y, out=out), reps, min_s)
-    s_copy = _samples(lambda: out.copy_(x), reps, min_s)
-    bw_add = 3 * 4 * n_el / statistics.median(s_add)
-    bw_copy = 2 * 4 * n_el / statistics.median(s_copy)
-    bandwidth, bw_spread = max((bw_add, _spread(s_add)), (bw_copy, _spread(s_copy)))
+    bandwidth, bw_spread, bw_add, bw_copy = _add_copy_bandwidth(torch, n_el, reps, min_s)
     found.append(Measurement("memory_bandwidth", bandwidth, "B/s", bw_spread,
                              f"f32 add and copy of {n_el * 4 // 2 ** 20} MiB arrays, bytes read + written per second, "
                              f"the faster (add {format_quantity(bw_add, 'B/s')}, copy {format_quantity(bw_copy, 'B/s')})"))
@@ -656,12 +663,7 @@ def measure_cache(nproc: int, quick: bool, progress: Callable[[str], Any]) -> tu
     share = size / nproc
     n_el = max(1024, int(share / 2 / 12))
     reps, min_s = (3, 0.02) if quick else (5, 0.05)
-    x, y, out = torch.randn(n_el), torch.randn(n_el), torch.empty(n_el)
-    s_add = _samples(lambda: torch.add(x, y, out=out), reps, min_s)
-    s_copy = _samples(lambda: out.copy_(x), reps, min_s)
-    bw_add = 3 * 4 * n_el / statistics.median(s_add)
-    bw_copy = 2 * 4 * n_el / statistics.median(s_copy)
-    bw, spread = max((bw_add, _spread(s_add)), (bw_copy, _spread(s_copy)))
+    bw, spread, bw_add, bw_copy = _add_copy_bandwidth(torch, n_el, reps, min_s)
     progress(f"  cache: {format_quantity(share, 'B')} per rank ({format_quantity(size, 'B')} / {nproc}), "
              f"{format_quantity(bw, 'B/s')} (add {format_quantity(bw_add, 'B/s')}, copy {format_quantity(bw_copy, 'B/s')})")
     return share, bw, \

@@ -380,15 +380,23 @@ def _describe(kind: str) -> str:
 COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
 
-def _collectives(link: Mapping[str, Any], table: str, loc: _Located) -> tuple[tuple[str, float, float], ...]:
-    """``[<table>.collectives]``: ``all_reduce = { latency = "119 us", bandwidth = "899 MB/s" }``."""
-    raw = link.get("collectives") or {}
+def _collective_entries(link: Mapping[str, Any], key: str, table: str, loc: _Located
+                        ) -> "list[tuple[str, Any, str]]":
+    """(op, entry, table name) of ``[<table>.<key>]``, each op checked to be a collective."""
+    where = f"{table}.{key}"
     out = []
-    where = f"{table}.collectives"
-    for op, entry in raw.items():
+    for op, entry in (link.get(key) or {}).items():
         if op not in COLLECTIVE_NAMES:
             raise ClusterError(f"{loc.at(where, op)}: unknown collective '{op}' in [{where}]"
                                f"{suggest(op, COLLECTIVE_NAMES)}; collectives: {', '.join(COLLECTIVE_NAMES)}")
+        out.append((op, entry, where))
+    return out
+
+
+def _collectives(link: Mapping[str, Any], table: str, loc: _Located) -> tuple[tuple[str, float, float], ...]:
+    """``[<table>.collectives]``: ``all_reduce = { latency = "119 us", bandwidth = "899 MB/s" }``."""
+    out = []
+    for op, entry, where in _collective_entries(link, "collectives", table, loc):
         if not isinstance(entry, dict) or set(entry) != {"latency", "bandwidth"}:
             raise ClusterError(f"{loc.at(where, op)}: {op} in [{where}] must be a table of latency and bandwidth, "
                                f'e.g. {op} = {{ latency = "100 us", bandwidth = "1 GB/s" }}; got {entry!r:.80}')
@@ -400,13 +408,8 @@ def _collectives(link: Mapping[str, Any], table: str, loc: _Located) -> tuple[tu
 def _measured(link: Mapping[str, Any], table: str, loc: _Located
               ) -> tuple[tuple[str, int, tuple[tuple[float, float], ...]], ...]:
     """``[<table>.measured]``: ``all_reduce = { ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }``."""
-    raw = link.get("measured") or {}
     out = []
-    where = f"{table}.measured"
-    for op, entry in raw.items():
-        if op not in COLLECTIVE_NAMES:
-            raise ClusterError(f"{loc.at(where, op)}: unknown collective '{op}' in [{where}]"
-                               f"{suggest(op, COLLECTIVE_NAMES)}; collectives: {', '.join(COLLECTIVE_NAMES)}")
+    for op, entry, where in _collective_entries(link, "measured", table, loc):
         ok = isinstance(entry, dict) and set(entry) == {"ranks", "bytes", "seconds"} and \
             isinstance(entry["bytes"], list) and isinstance(entry["seconds"], list) and \
             len(entry["bytes"]) == len(entry["seconds"]) >= 1 and isinstance(entry["ranks"], int) and entry["ranks"] >= 2

@@ -382,7 +382,8 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     else:
         graphs, mesh, single = _programs_of(program)
     check_fits_cluster(mesh, cluster)
-    if _shares_cores(mesh, cluster):
+    shared = _shares_cores(mesh, cluster)
+    if shared:
         dedup = False
     model = CostModel(cluster)
     say = progress or (lambda s: None)
@@ -411,7 +412,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
         prog_of = [prepared[id(g)] for g in graphs]
         reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
-    if _shares_cores(mesh, cluster):
+    if shared:
         sim = _shared_core_sim(mesh, cluster, model, prog_of, reps, rep_of, trace, say)
     else:
         sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, trace)
@@ -510,7 +511,7 @@ def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: li
     scale = {r: 1.0 for r in reps}
     sim = _Sim(mesh, cluster, model, prog_of, reps, rep_of, False, scale)
     sim.run()
-    for it in range(12):
+    for _ in range(12):
         got = _slowdowns(sim.spans, cluster.node_of, cores, sim.cspans)
         new = {r: 0.5 * (scale[r] + got.get(r, 1.0)) for r in reps}
         moved = max(abs(new[r] - scale[r]) for r in reps)
