@@ -480,6 +480,20 @@ def _attention(ctx, node, d, needs):
     return [dq, dk, dv] + [None] * len(mask)
 
 
+@rule("masked_softmax")
+def _masked_softmax(ctx, node, d, needs):
+    (g,) = d
+    x, *mask = node.operands
+    if mask and needs[1]:
+        name = f"%{mask[0].name} " if mask[0].name is not None else ""
+        raise AutodiffError(f"the masked_softmax mask {name}({mask[0].type}) depends on the differentiated inputs, "
+                            f"but masked_softmax does not differentiate its mask; compute the mask from non-param "
+                            f"inputs, or add it to the scores before a plain softmax")
+    (y,) = node.results
+    dx = ctx.b.masked_softmax_grad(g, y, scale=node.attrs["scale"], causal=node.attrs["causal"])
+    return [dx] + [None] * len(mask)
+
+
 @rule("conv2d", "conv3d")
 def _conv2d(ctx, node, d, needs):
     (g,) = d

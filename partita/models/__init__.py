@@ -8,8 +8,9 @@ and LlamaForCausalLM, so every strategy treats them alike, and the param names a
 models' state_dict names (``load_hf_state_dict`` fills a graph from one).
 """
 
+from ._build import ModelError
 from .gpt import gpt
 from .hf import is_weightless, load_hf_state_dict
 from .llama import llama
 
-__all__ = ["gpt", "llama", "load_hf_state_dict", "is_weightless"]
+__all__ = ["ModelError", "gpt", "llama", "load_hf_state_dict", "is_weightless"]

@@ -11,18 +11,22 @@ from ..ir.types import Location, TensorType
 _DTYPES = {"f32": f32, "bf16": bf16, "f16": f16}
 
 
+class ModelError(PartitaError, ValueError):
+    """A model config that cannot be built (also a ValueError, as the builders raised before)."""
+
+
 def model_dtype(name: str | DType) -> DType:
     if isinstance(name, DType):
         name = name.name
     if name not in _DTYPES:
-        raise PartitaError(f"model dtype {name!r:.40} is not one of {', '.join(_DTYPES)}")
+        raise ModelError(f"model dtype {name!r:.40} is not one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
 
 
 def check_positive(model: str, **sizes: int) -> None:
     for k, n in sizes.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise PartitaError(f"{model}: {k} must be a positive int, got {n!r:.40}")
+            raise ModelError(f"{model}: {k} must be a positive int, got {n!r:.40}")
 
 
 class ScopedBuilder:

@@ -15,7 +15,7 @@ from ..ir.dtypes import DType, i64
 from ..ir.builder import Builder
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
-from ._build import ScopedBuilder, check_positive, linear, model_dtype
+from ._build import ModelError, ScopedBuilder, check_positive, linear, model_dtype
 
 
 def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int = 1, dtype: str | DType = "bf16",
@@ -28,30 +28,32 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
 
     ``attention``: ``"fused"`` (one ``attention`` op, as flash attention computes it) or
     ``"eager"`` (the scores ``q k^T`` materialized, masked, softmaxed and multiplied by ``v``,
-    as GPT-2's eager attention and Megatron-LM before flash attention compute it: what a
-    simulation of those runs must price). ``dropout``: the training dropout probability
+    as GPT-2's eager attention computes it) or ``"fused_softmax"`` (the scores materialized,
+    then scaled, causally masked and softmaxed by one ``masked_softmax`` op, as Megatron-LM
+    computes attention before flash attention, with its fused scale-mask-softmax kernel: what
+    a simulation of its published runs must price). ``dropout``: the training dropout probability
     after the embeddings, the attention output and the MLP, and on the attention
-    probabilities with ``attention="eager"`` (GPT-2 and Megatron-LM train with 0.1); 0 adds
+    probabilities with the scores materialized (GPT-2 and Megatron-LM train with 0.1); 0 adds
     no dropout op. ``layout``: the activations between the layers as ``[batch, seq, hidden]``
     (``"bsh"``, GPT-2's) or ``[seq, batch, hidden]`` (``"sbh"``, Megatron-LM's): the projections
     multiply the flattened ``[rows, hidden]`` view, whose leading dim is then the sequence, so
     that sequence parallelism splits it whatever the batch (a microbatch of one sequence on
     tp=8); the logits come back as ``[batch, seq, vocab]`` either way."""
     check_positive("gpt", layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch)
-    if attention not in ("fused", "eager"):
-        raise ValueError(f"gpt: attention={attention!r:.40} is not 'fused' or 'eager'")
+    if attention not in ("fused", "eager", "fused_softmax"):
+        raise ModelError(f"gpt: attention={attention!r:.40} is not 'fused', 'eager' or 'fused_softmax'")
     if layout not in ("bsh", "sbh"):
-        raise ValueError(f"gpt: layout={layout!r:.40} is not 'bsh' or 'sbh'")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"gpt: dropout={dropout!r:.40} must be in [0, 1)")
+        raise ModelError(f"gpt: layout={layout!r:.40} is not 'bsh' or 'sbh'")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        raise ModelError(f"gpt: dropout={dropout!r:.40} must be in [0, 1)")
     if hidden % heads:
-        raise ValueError(f"gpt: hidden={hidden} is not a multiple of heads={heads}")
+        raise ModelError(f"gpt: hidden={hidden} is not a multiple of heads={heads}")
     dt = model_dtype(dtype)
     ffn = 4 * hidden if ffn is None else ffn
     positions = seq if positions is None else positions
     check_positive("gpt", ffn=ffn, positions=positions)
     if positions < seq:
-        raise ValueError(f"gpt: positions={positions} < seq={seq}")
+        raise ModelError(f"gpt: positions={positions} < seq={seq}")
     hd = hidden // heads
     B, S, H = batch, seq, hidden
     g = Graph(name)
@@ -93,9 +95,13 @@ def gpt(layers: int, hidden: int, heads: int, seq: int, vocab: int, batch: int =
         b = sb.at(f"{s}.attn")
         heads_first = (1, 2, 0, 3) if sbh else (0, 2, 1, 3)          # -> [B, heads, S, hd]
         q, k, v = (b.transpose(b.reshape(t, shape=(*lead, -1, hd)), perm=heads_first) for t in qkv)
-        if causal is None:
+        if attention == "fused":
             out, _lse = b.attention(q, k, v, scale=1.0 / math.sqrt(hd), causal=True)
+        elif attention == "fused_softmax":
+            scores = b.matmul(q, b.transpose(k, perm=(0, 1, 3, 2)))
+            out = b.matmul(drop(b, b.masked_softmax(scores, scale=1.0 / math.sqrt(hd), causal=True)), v)
         else:
+            assert causal is not None
             scores = b.matmul(b.mul(q, b.full(shape=(), value=1.0 / math.sqrt(hd), dtype=q.type.dtype)),
                               b.transpose(k, perm=(0, 1, 3, 2)))
             scores = b.where(causal, scores, b.full(shape=(), value=-1e4, dtype=q.type.dtype))

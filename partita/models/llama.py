@@ -15,7 +15,7 @@ from ..ir.builder import Builder
 from ..ir.dtypes import DType, f32, i64
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
-from ._build import ScopedBuilder, check_positive, linear, model_dtype
+from ._build import ModelError, ScopedBuilder, check_positive, linear, model_dtype
 
 
 def _rotate(b: Builder, x: Value, cos: Value, sin: Value, hd: int) -> Value:
@@ -49,12 +49,12 @@ def llama(layers: int, hidden: int, heads: int, seq: int, vocab: int, kv_heads: 
     check_positive("llama", layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, batch=batch,
                    kv_heads=kv_heads, ffn=ffn)
     if hidden % heads or heads % kv_heads:
-        raise ValueError(f"llama: hidden={hidden} must be a multiple of heads={heads}, and heads of "
+        raise ModelError(f"llama: hidden={hidden} must be a multiple of heads={heads}, and heads of "
                          f"kv_heads={kv_heads}")
     dt = model_dtype(dtype)
     hd, rep = hidden // heads, heads // kv_heads
     if hd % 2:
-        raise ValueError(f"llama: the head size {hd} must be even for the rotary embedding")
+        raise ModelError(f"llama: the head size {hd} must be even for the rotary embedding")
     B, S, H, KV = batch, seq, hidden, kv_heads * (hidden // heads)
     g = Graph(name)
     sb = ScopedBuilder(g, "partita/models/llama.py")

@@ -185,6 +185,39 @@ register(OpDef(
 ))
 
 
+def _masked_softmax_grad_infer(ts, a):
+    dy, y = ts
+    _require_float("masked_softmax_grad", dy, "dy")
+    _require_like("masked_softmax_grad", dy, "dy", y, "y")
+    if dy.rank < 1:
+        raise TypeRuleError(f"masked_softmax_grad: dy {dy} must have rank 1 or more ([..., Tk])")
+    return dy
+
+
+def _np_masked_softmax_grad(args, a):
+    dy, y = _compute_np(args[0]), _compute_np(args[1])
+    return a["scale"] * y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+
+def _torch_masked_softmax_grad(args, a):
+    dy, y = args
+    ct = _attn_compute_dtype(dy)
+    dx = torch.ops.aten._softmax_backward_data(dy.to(ct), y.to(ct), -1, ct)
+    return (dx * a["scale"]).to(dy.dtype)
+
+
+register(OpDef(
+    name="masked_softmax_grad", operands=("dy", "y"),
+    attrs=(AttrSpec("scale", "float", 1.0), AttrSpec("causal", "bool", False)),
+    infer=_masked_softmax_grad_infer, reference=_np_masked_softmax_grad, torch=_torch_masked_softmax_grad,
+    cost=_io_cost(5),
+    doc="dx of masked_softmax from dy and its output y: scale * y * (dy - sum(dy * y)) along "
+        "the last axis, one pass (a dropped score has y = 0, so dx = 0 there; the mask is not "
+        "read). causal is the forward's, kept for the record. f16/bf16 compute in f32. "
+        "Cost: 5 FLOPs per element.",
+))
+
+
 # --- layer_norm and rms_norm --------------------------------------------------------------------
 
 def _norm_axes(name: str, x: TensorType, axes) -> tuple[int, ...]:

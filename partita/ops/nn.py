@@ -1155,3 +1155,81 @@ register(OpDef(
         "ranks reshaped to 4-d, a bool mask made additive), else the same formula in torch ops. "
         "Cost: 2 * B*Tq*Tk * (E + Ev) + 5 * B*Tq*Tk FLOPs (B: batch x heads).",
 ))
+
+
+# --- masked_softmax ----------------------------------------------------------------------------
+#
+# The softmax of attention scores with their scale and mask in one pass, as Megatron-LM's
+# fused scale-mask-softmax kernels compute it: the scores are read once and the probabilities
+# written once, where scale, mask and softmax as separate ops read and write the [.., Tq, Tk]
+# scores three times. Its backward (masked_softmax_grad in backward.py) needs only dy and the
+# probabilities: a dropped score has probability 0 and so gradient 0.
+
+def _masked_softmax_infer(ts, attrs):
+    x = ts[0]
+    _require_float("masked_softmax", x, "scores x")
+    need = 2 if attrs["causal"] else 1
+    if x.rank < need:
+        raise TypeRuleError(f"masked_softmax: the scores x {x} must have rank {need} or more "
+                            f"({'[..., Tq, Tk] with causal=true' if need == 2 else '[..., Tk]'})")
+    if len(ts) > 1:
+        m = ts[1]
+        if not (m.dtype.is_bool or m.dtype == x.dtype):
+            raise TypeRuleError(f"masked_softmax: the mask {m} must be bool (true keeps a score) or have the "
+                                f"scores' dtype {x.dtype} (added to the scaled scores); cast it")
+        ok = m.rank <= x.rank and all(a in (1, b) for a, b in zip(reversed(m.shape), reversed(x.shape)))
+        if not ok:
+            raise TypeRuleError(f"masked_softmax: the mask {m} does not broadcast to the scores {x}; each "
+                                f"dim must be 1 or equal")
+    return x
+
+
+def _np_masked_softmax(args, attrs):
+    x = args[0].astype(np.float64)
+    s = x * attrs["scale"]
+    if attrs["causal"]:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    if len(args) > 1:
+        m = args[1]
+        s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
+    if s.shape[-1] == 0:
+        return s
+    top = np.max(s, axis=-1, keepdims=True)
+    top = np.where(top == -np.inf, 0.0, top)  # a row with every score dropped gives 0
+    e = np.exp(s - top)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(total == 0.0, 1.0, total)
+
+
+def _torch_masked_softmax(args, attrs):
+    x = args[0]
+    if x.shape[-1] == 0 or x.numel() == 0:
+        return x.clone()
+    ct = _attn_compute_dtype(x)
+    s = x.to(ct) * attrs["scale"]
+    if attrs["causal"]:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if len(args) > 1:
+        m = args[1]
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(ct)
+    top = s.amax(-1, keepdim=True)
+    top = top.masked_fill(top == float("-inf"), 0.0)
+    e = torch.exp(s - top)
+    total = e.sum(-1, keepdim=True)
+    return (e / total.masked_fill(total == 0, 1.0)).to(x.dtype)
+
+
+register(OpDef(
+    name="masked_softmax", operands=("x", "mask?"),
+    attrs=(AttrSpec("scale", "float", 1.0), AttrSpec("causal", "bool", False)),
+    infer=_masked_softmax_infer, reference=_np_masked_softmax, torch=_torch_masked_softmax,
+    cost=_io_cost(6),
+    doc="softmax(x * scale + mask) along the last axis, in one pass over the scores, as "
+        "Megatron-LM's fused scale-mask-softmax kernels: causal=true drops key j for query i "
+        "where j > i (top-left aligned over the last two dims, as attention's causal); the "
+        "optional mask broadcasts to x: bool keeps true scores, a float one (x's dtype) is "
+        "added. A row whose scores are all dropped gives 0 (as attention). f16/bf16 compute "
+        "in f32 and round once. Cost: 6 FLOPs per element (scale, max, sub, exp, sum, div), "
+        "the scores read once and the probabilities written once.",
+))

@@ -480,6 +480,31 @@ def _softmax_grad(ts, attrs):
     return DimSpec((labels, labels), (labels,), linear=frozenset({0}))
 
 
+def _masked_softmax_labels(x: TensorType, causal: bool) -> tuple:
+    # The batch and head dims split freely; the keys (the softmax's axis) never; the queries
+    # only without causal (a rank holding queries [a, b) would need its offset a to mask).
+    r = x.rank
+    return tuple(None if i == r - 1 or (causal and i == r - 2) else f"o{i}" for i in range(r))
+
+
+@rule("masked_softmax")
+def _masked_softmax(ts, attrs):
+    x = ts[0]
+    xl = _masked_softmax_labels(x, attrs["causal"])
+    ops = [xl]
+    if len(ts) > 1:
+        (ml,) = _broadcast_labels([ts[1]], x.shape)
+        off = x.rank - ts[1].rank
+        ops.append(tuple(lab if xl[off + i] is not None else None for i, lab in enumerate(ml)))
+    return DimSpec(tuple(ops), (xl,))
+
+
+@rule("masked_softmax_grad")
+def _masked_softmax_grad(ts, attrs):
+    xl = _masked_softmax_labels(ts[0], attrs["causal"])
+    return DimSpec((xl, xl), (xl,), linear=frozenset({0}))
+
+
 @rule("layer_norm", "rms_norm")
 def _norm(ts, attrs):
     x = ts[0]

@@ -83,7 +83,7 @@ def test_bad_configs_say_why():
         llama(2, 64, 4, 8, 100, kv_heads=3)
     with pytest.raises(Exception, match="dtype"):
         gpt(2, 64, 4, 8, 100, dtype="f64")
-    with pytest.raises(ValueError, match="'fused' or 'eager'"):
+    with pytest.raises(ValueError, match="'fused', 'eager' or 'fused_softmax'"):
         gpt(2, 64, 4, 8, 100, attention="flash")
     with pytest.raises(ValueError, match=r"dropout=1.5 must be in \[0, 1\)"):
         gpt(2, 64, 4, 8, 100, dropout=1.5)
@@ -96,6 +96,25 @@ def test_gpt_dropout_trains():
     assert len({n.attrs["seed"] for n in drops}) == len(drops)        # each draws its own mask
     step = partita.training_step(g, loss="cross_entropy", optimizer="adamw")
     verify(step)
+
+
+def test_gpt_fused_softmax_computes_what_eager_attention_computes():
+    """attention="fused_softmax" runs one masked_softmax where "eager" runs scale, where and
+    softmax: the same logits and the same gradients."""
+    kw = dict(layers=2, hidden=32, heads=4, seq=8, vocab=64, batch=2, dtype="f32")
+    eager, fused = gpt(**kw, attention="eager"), gpt(**kw, attention="fused_softmax")
+    ops = [n.op for n in fused.nodes]
+    assert ops.count("masked_softmax") == 2 and "softmax" not in ops and "where" not in ops
+    rng = np.random.default_rng(0)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(np.float32)
+         for v in eager.inputs if v.role == "param"}
+    feed = {"ids": rng.integers(0, 64, (2, 8)), "target": rng.integers(0, 64, (2, 8))}
+    ids = {"ids": feed["ids"]}
+    np.testing.assert_allclose(partita.run(fused, ids, w)[0], partita.run(eager, ids, w)[0], rtol=1e-4, atol=1e-5)
+    steps = [partita.training_step(g, loss="cross_entropy", optimizer=None) for g in (eager, fused)]
+    assert sum(n.op == "masked_softmax_grad" for n in steps[1].nodes) == 2
+    for a, b in zip(partita.run(steps[1], feed, w), partita.run(steps[0], feed, w)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("make", ["gpt", "llama"])

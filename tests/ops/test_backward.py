@@ -102,6 +102,25 @@ def test_softmax_grad_errors():
     expect_error("log_softmax_grad", [("f32", (2, 3)), ("f32", (3, 2))], {}, "y f32[3,2]", "shape of dy")
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 5), (4, 7), (3, 1)])
+@pytest.mark.parametrize("dt", DTYPES)
+def test_masked_softmax_grad(shape, dt):
+    x, dy = rand(shape, dt, -5, 5), rand(shape, dt)
+
+    def fwd(t):
+        s = t * 0.7
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return F.softmax(s, dim=-1)
+    y = _np(fwd(_t(x)))
+    check_op("masked_softmax_grad", [dy, y], {"scale": 0.7, "causal": True},
+             lambda g, _: vjp(fwd, [_t(x)], g)[0])
+
+
+def test_masked_softmax_grad_errors():
+    expect_error("masked_softmax_grad", [("f32", (2, 3)), ("f32", (3, 2))], {}, "y f32[3,2]", "shape of dy")
+    expect_error("masked_softmax_grad", [("i64", (2, 3)), ("i64", (2, 3))], {}, "floating-point")
+
+
 # --- layer_norm / rms_norm ---------------------------------------------------------------------------
 
 def _nshape(shape, axes):

@@ -54,6 +54,58 @@ def test_softmax_errors():
     expect_error("log_softmax", [("f32", (2, 3))], {"axis": 2}, "axis 2", "rank 2")
 
 
+# --- masked_softmax --------------------------------------------------------------------------
+
+def _masked_softmax_eager(x, mask=None, *, scale=1.0, causal=False):
+    """What the fused op replaces: scale, mask and softmax as three eager ops."""
+    s = x.double() * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    return torch.nan_to_num(F.softmax(s, dim=-1), nan=0.0).to(x.dtype)
+
+
+@pytest.mark.parametrize("shape,causal", [((2, 3, 5, 5), True), ((3, 4, 6), True), ((4, 6), False), ((2, 1), True),
+                                          ((5,), False), ((0, 4), False), ((2, 0, 0), True)])
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_masked_softmax_matches_scale_mask_softmax(shape, causal, dt):
+    x = rand(shape, dt, -8, 8)
+    check_op("masked_softmax", [x], {"scale": 0.3, "causal": causal},
+             lambda t: _masked_softmax_eager(t, scale=0.3, causal=causal))
+
+
+def test_masked_softmax_with_bool_and_additive_masks_and_dropped_rows():
+    x = rand((2, 3, 4), "f32", -4, 4)
+    keep = np.array([[True, False, True, False], [False, False, False, False], [True, True, True, True]])
+    out = check_op("masked_softmax", [x, keep], {"scale": 2.0},
+                   lambda t, m: _masked_softmax_eager(t, m, scale=2.0))[0]
+    assert np.all(out[:, 1] == 0.0)  # every score of query 1 dropped: probabilities 0, as attention gives
+    bias = rand((2, 1, 4), "f32", -2, 1)
+    check_op("masked_softmax", [x, bias], {"causal": True},
+             lambda t, m: _masked_softmax_eager(t, m, causal=True))
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_masked_softmax_low_precision(dt):
+    x = rand((2, 6, 6), dt, -4, 4)
+    check_op("masked_softmax", [x], {"causal": True, "scale": 0.125},
+             lambda t: _masked_softmax_eager(t, scale=0.125, causal=True), **LOOSE[dt])
+
+
+def test_masked_softmax_prices_one_pass_over_the_scores():
+    t = partita.ir.types.TensorType((2, 8, 16, 16), partita.ir.dtypes.bf16)
+    c = get_op("masked_softmax").cost_of([t], [t], {"scale": 1.0, "causal": True})
+    assert (c.bytes_read, c.bytes_written, c.flops) == (t.nbytes, t.nbytes, 6 * t.numel)
+
+
+def test_masked_softmax_errors():
+    expect_error("masked_softmax", [("i64", (2, 3))], {}, "floating-point", "i64[2,3]")
+    expect_error("masked_softmax", [("f32", (5,))], {"causal": True}, "rank 2 or more", "causal=true")
+    expect_error("masked_softmax", [("f32", (2, 3)), ("f32", (4, 3))], {}, "does not broadcast", "f32[4,3]")
+    expect_error("masked_softmax", [("f32", (2, 3)), ("i64", (2, 3))], {}, "must be bool", "cast it")
+
+
 # --- layer_norm / rms_norm ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,axes", [((4, 8), (-1,)), ((2, 3, 5), (-2, -1)), ((2, 3, 5), (1, 2)),

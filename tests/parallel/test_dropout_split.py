@@ -46,7 +46,7 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-3))
 
 
-@pytest.mark.parametrize("attention", ["fused", "eager"])
+@pytest.mark.parametrize("attention", ["fused", "eager", "fused_softmax"])
 @pytest.mark.parametrize("mesh,strategy", [("dp=2", "dp"), ("tp=2", "megatron"), ("dp=2,tp=2", "dp+megatron"),
                                            ("tp=2", "megatron+sp")])
 def test_split_dropout_matches_single_device(attention, mesh, strategy):
@@ -61,7 +61,7 @@ def test_split_dropout_matches_single_device(attention, mesh, strategy):
     prog = parallelize(step, mesh, strategy)
     assert "kept whole" not in prog.plan.text()
     split = [n for n in prog.local.nodes if n.op == "dropout" and len(n.operands) == 2]
-    if "dp" in mesh or attention == "eager" or "sp" in strategy:
+    if "dp" in mesh or attention != "fused" or "sp" in strategy:
         assert split, "the dropouts of split activations should run split"
     got = prog.simulate(feed, w)
     for v, a, b in zip(step.outputs, got, want):
@@ -73,13 +73,15 @@ def test_split_dropout_matches_single_device(attention, mesh, strategy):
     ("pp=2,dp=2", "pp+dp", "none", {}),
     ("pp=2,dp=2", "pp+dp", "full", {"schedule": "interleaved", "virtual_stages": 2}),
     ("pp=2,dp=2,tp=2", "pp+dp+megatron", "selective", {}),
+    ("pp=2,tp=2", "pp+megatron+sp", "selective", {"attention": "fused_softmax"}),
 ])
 def test_pipelines_with_dropout_match_single_device(mesh, strategy, recompute, extra):
     """Microbatch m of a pipeline holds the batch's rows [m*B/M, (m+1)*B/M), each data-parallel
     rank a share of it (PipelineProgram._mb_major), so its dropouts draw the step's mask; a
     recomputed dropout draws it again."""
-    g = partita.models.gpt(layers=4, hidden=32, heads=4, seq=8, vocab=64, batch=8, dtype="f32", attention="eager",
-                           dropout=0.1)
+    extra = dict(extra)
+    g = partita.models.gpt(layers=4, hidden=32, heads=4, seq=8, vocab=64, batch=8, dtype="f32",
+                           attention=extra.pop("attention", "eager"), dropout=0.1)
     step = partita.training_step(g, loss="cross_entropy", optimizer="sgd", recompute=recompute)
     rng = np.random.default_rng(0)
     w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(np.float32)
