@@ -216,17 +216,41 @@ def seed_arg(text: str) -> int:
     return n
 
 
-def int_arg(low: int) -> Callable[[str], int]:
-    """An integer flag of at least ``low``."""
+def int_arg(low: int, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An integer flag of at least ``low`` and, given ``high``, at most ``high`` (``why``
+    says where that bound comes from)."""
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
         if n < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
+        if high is not None and n > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}{' (' + why + ')' if why else ''}, got "
+                                             f"{n if n < 10 ** 30 else f'an integer of {len(str(n))} digits'}")
         return n
     return parse
+
+
+def check_output_path(path: Any, flag: str) -> Path:
+    """``path`` given to ``flag`` as a file partita can write, checked before any work: not
+    empty, no NUL byte, not a folder, its folder existing and writable. Raises CLIError naming
+    the flag and the path."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.strip():
+        raise CLIError(f"{flag}: give a file name to write, got {path!r:.60}")
+    if "\0" in text:
+        raise CLIError(f"{flag} {text!r:.80}: a file name cannot hold a NUL byte")
+    p = Path(text)
+    if p.is_dir():
+        raise CLIError(f"{flag} {text}: is a folder; give a file name (e.g. {p / 'out'}{p.suffix})")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise CLIError(f"{flag} {text}: the folder {parent} does not exist; create it or write elsewhere")
+    if p.exists() and not os.access(p, os.W_OK) or not p.exists() and not os.access(parent, os.W_OK):
+        raise CLIError(f"{flag} {text}: not writable here (permission denied); write elsewhere")
+    return p
 
 
 def float_arg(low: float, above: bool = False) -> Callable[[str], float]:

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..ir.diagnostics import PartitaError
-from .common import int_arg
+from .common import check_output_path, int_arg
 
 
 class SimulateError(PartitaError):
@@ -34,7 +34,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                                                        "(default selene)")
     s.add_argument("--nodes", type=int_arg(1), help="use this many nodes of the cluster's kind")
     s.add_argument("--mesh", default="dp=1", help="device mesh, e.g. pp=2,dp=4,tp=8 (default dp=1)")
-    s.add_argument("--strategy", default=None, help="e.g. pp+dp+megatron, zero3 (default: from the mesh axes)")
+    s.add_argument("--strategy", default=None,
+                   help="e.g. pp+dp+megatron, zero3 (default: from the mesh axes, pp -> pp, dp -> dp, tp -> megatron, "
+                        "ep -> ep; 'none' for no strategy)")
     s.add_argument("--train", choices=("adamw", "sgd"), default="adamw",
                    help="optimizer of the training step made from a forward graph (default adamw)")
     s.add_argument("--master-weights", action="store_true", help="mixed precision: f32 master weights and moments")
@@ -44,12 +46,48 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--schedule", help="gpipe, 1f1b (default), interleaved or zero-bubble")
     s.add_argument("--virtual-stages", type=int_arg(1), help="model chunks per pp rank (schedule interleaved)")
     s.add_argument("--every-rank", action="store_true", help="simulate every rank, not alike ranks once")
-    s.add_argument("--check-memory", action="store_true", help="fail when a rank exceeds its device's memory")
+    s.add_argument("--check-memory", action="store_true",
+                   help="fail when a rank exceeds its device's memory (unrolls a pipeline, as --unroll)")
+    s.add_argument("--unroll", action="store_true",
+                   help="a pipeline: unroll every microbatch into per-rank programs, for each rank's memory and a "
+                        "per-op trace (its time grows with the microbatches; by default a pipeline is simulated "
+                        "section by section, each stage's one-microbatch template priced once)")
     s.add_argument("--trace", metavar="OUT.json", help="write the timeline as a Chrome trace (Perfetto)")
     s.set_defaults(handler=cmd_simulate)
 
 
-def _model(args: argparse.Namespace) -> Any:
+_GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "batch")
+# A GPT whose weights alone pass this many parameters is not one anybody trains (1T is 10^12).
+MAX_GPT_PARAMS = 10 ** 15
+
+
+def _gpt(text: str, dtype: str) -> Any:
+    """The GPT of ``--gpt L,H,A,S,V,B``, its numbers checked before anything is built."""
+    from ..models import ModelError, gpt
+
+    parts = text.split(",")
+    try:
+        nums = [int(x) for x in parts]
+    except ValueError:
+        nums = []
+    if len(nums) != 6:
+        raise SimulateError(f"--gpt '{text:.60}': give six whole numbers, layers,hidden,heads,seq,vocab,batch "
+                            "(e.g. 24,2304,24,2048,51200,8)")
+    for name, n in zip(_GPT_FIELDS, nums):
+        if n < 1:
+            raise SimulateError(f"--gpt '{text:.60}': {name} must be at least 1, got {n}")
+    layers, hidden, heads, seq, vocab, batch = nums
+    params = layers * 12 * hidden * hidden + (vocab + seq) * hidden
+    if params > MAX_GPT_PARAMS or batch * seq > 10 ** 12:
+        raise SimulateError(f"--gpt '{text:.60}': about {params:.3g} parameters and {batch * seq:.3g} tokens a step, "
+                            f"beyond any model partita simulates (at most {MAX_GPT_PARAMS:.0e} parameters, 1e12 tokens)")
+    try:
+        return gpt(layers, hidden, heads, seq, vocab, batch=batch, dtype=dtype)
+    except ModelError as e:
+        raise SimulateError(f"--gpt '{text}': {e}") from None
+
+
+def _model(args: argparse.Namespace, strategy: str) -> Any:
     from .. import training_step
     from ..parallel.pipeline.build import is_training
 
@@ -58,21 +96,19 @@ def _model(args: argparse.Namespace) -> Any:
     if args.gpt is not None:
         from ..models import gpt
 
-        try:
-            layers, hidden, heads, seq, vocab, batch = (int(x) for x in args.gpt.split(","))
-        except ValueError:
-            raise SimulateError(f"--gpt '{args.gpt}': give six whole numbers, layers,hidden,heads,seq,vocab,batch "
-                                "(e.g. 24,2304,24,2048,51200,8)") from None
-        fwd = gpt(layers, hidden, heads, seq, vocab, batch=batch, dtype=args.dtype)
+        fwd = _gpt(args.gpt, args.dtype)
     else:
         from ..ir.parser import parse_file
         from ..ir.verifier import verify
 
         fwd = parse_file(args.file)
         verify(fwd)
+        if not fwd.outputs:
+            raise SimulateError(f"{args.file}: @{fwd.name} returns nothing; simulate needs a model whose first output "
+                                "is its loss (a scalar) or its logits")
         if is_training(fwd):
             return fwd
-    if args.strategy and "megatron" in args.strategy:
+    if "megatron" in strategy:
         from ..passes.split_projections import split_projections
 
         split_projections(fwd)
@@ -88,26 +124,47 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster, simulate
     from ..cluster.simulator import check_fits_cluster
     from ..ir.mesh import Mesh
+    from ..parallel.strategies import default_strategy, parse_strategy
     from ..parallel.strategy import parallelize
 
+    # Everything checked before any work: the cluster, the mesh on it, the strategy, the paths.
     cluster = load_cluster(args.cluster)
     if args.nodes is not None:
         cluster = cluster.with_nodes(args.nodes)
-    check_fits_cluster(Mesh.of(args.mesh), cluster)      # before any work
-    t0 = time.perf_counter()
-    step = _model(args)
-    t1 = time.perf_counter()
-    print(f"model @{step.name}: {sum(1 for _ in step.nodes)} nodes, built in {t1 - t0:.2f} s")
+    mesh = Mesh.of(args.mesh)
+    check_fits_cluster(mesh, cluster)
+    strategy = args.strategy
+    if strategy is None:
+        strategy = default_strategy(mesh)
+        print(f"strategy {strategy} (from the mesh axes; --strategy chooses another)")
+    pp = "pp" in parse_strategy(strategy, mesh)
     pipeline: dict[str, Any] = {k: getattr(args, k) for k in ("microbatches", "schedule", "virtual_stages")
                                 if getattr(args, k) is not None}
-    prog = parallelize(step, args.mesh, args.strategy, **pipeline)
+    if pipeline and not pp:
+        raise SimulateError(f"--{next(iter(pipeline)).replace('_', '-')} is a pipeline flag, but strategy {strategy} has "
+                            "no pp; add a pp axis to --mesh (e.g. --mesh pp=2,dp=4)")
+    if args.trace is not None:
+        check_output_path(args.trace, "--trace")
+    t0 = time.perf_counter()
+    step = _model(args, strategy)
+    t1 = time.perf_counter()
+    print(f"model @{step.name}: {sum(1 for _ in step.nodes)} nodes, built in {t1 - t0:.2f} s")
+    unroll = args.unroll or args.check_memory
+    if pp and not unroll:
+        pipeline["unroll"] = False
+    prog = parallelize(step, mesh, strategy, **pipeline)
     t2 = time.perf_counter()
     print(f"parallelize for {prog.mesh} with {prog.strategy}: {t2 - t1:.2f} s")
     res = simulate(prog, cluster, dedup=not args.every_rank, trace=args.trace is not None,
                    check_memory=args.check_memory, progress=print)
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
+    if pp and not unroll:
+        print("(memory per rank: not computed for a pipeline simulated section by section; --unroll computes it)")
     if args.trace:
-        res.chrome_trace(args.trace)
+        try:
+            res.chrome_trace(args.trace)
+        except OSError as e:
+            raise SimulateError(f"--trace {args.trace}: cannot write the timeline: {e.strerror or e}") from None
         print(f"\nwrote the timeline to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
     return 0

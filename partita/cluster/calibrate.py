@@ -557,10 +557,25 @@ def fit_collectives(medians: Mapping[str, Mapping[int, float]], nproc: int) -> d
 
 # --- the whole calibration -------------------------------------------------------------------
 
+# The most gloo ranks and threads per rank a calibration starts: one machine's loopback.
+MAX_NPROC = 256
+MAX_THREADS = 1024
+
+
+def _check_counts(nproc: Any, threads: Any, quick: Any) -> None:
+    for name, x, lo, hi in (("nproc", nproc, 1, MAX_NPROC), ("threads", threads, 1, MAX_THREADS)):
+        if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+            raise CalibrationError(f"calibrate: {name} must be a whole number from {lo} to {hi}, got {x!r:.40}")
+    if not isinstance(quick, bool):
+        raise CalibrationError(f"calibrate: quick must be True or False, got {quick!r:.40}")
+
+
 def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
             progress: Callable[[str], Any] = print) -> Calibration:
     """Measure this machine (see the module docstring): the cluster and every figure behind it."""
     import torch
+
+    _check_counts(nproc, threads, quick)
 
     start = time.perf_counter()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -825,11 +840,15 @@ def cluster_toml(cluster: Cluster) -> str:
 def write_cluster(cluster: Cluster, path: "str | os.PathLike[str]") -> Path:
     """Write ``cluster`` as a cluster file at ``path`` (``cluster_toml``); return the path."""
     p = Path(path)
-    p.write_text(cluster_toml(cluster))
+    try:
+        p.write_text(cluster_toml(cluster))
+    except OSError as e:
+        raise CalibrationError(f"{p}: cannot write the cluster file: {e.strerror or e}") from None
     return p
 
 
-__all__ = ["AlphaBetaFit", "COLLECTIVE_MODELS", "Calibration", "CalibrationError", "KneeFit", "Measurement",
+__all__ = ["AlphaBetaFit", "COLLECTIVE_MODELS", "Calibration", "CalibrationError", "KneeFit", "MAX_NPROC", "MAX_THREADS",
+           "Measurement",
            "calibrate", "cluster_toml", "cpu_model", "fit_alpha_beta", "fit_collectives", "fit_gemm_knee",
            "gemm_model", "measure", "measure_gloo", "message_sizes", "summary_rows", "write_cluster"]
 

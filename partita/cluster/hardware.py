@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..ir.diagnostics import PartitaError, suggest
+from ..ir.diagnostics import given as _given
 
 CLUSTER_DIR = Path(__file__).resolve().parent / "clusters"
 
 
 class ClusterError(PartitaError):
     """A cluster file that does not parse or describes an impossible machine."""
+
+
+class QuantityError(ClusterError, ValueError):
+    """A quantity that is not a number with a unit of the kind asked for (also a ValueError,
+    as ``parse_quantity`` has always raised)."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,12 @@ class Cluster:
         """The same machines, ``nodes`` of them."""
         from dataclasses import replace
 
-        if nodes < 1:
-            raise ClusterError(f"a cluster needs at least one node, got {nodes}")
+        if isinstance(nodes, bool) or not isinstance(nodes, int):
+            raise ClusterError(f"Cluster.with_nodes: nodes must be a whole number, got {_given(nodes)}")
+        if not 1 <= nodes <= min(MAX_NODES, MAX_DEVICES // self.gpus_per_node):
+            raise ClusterError(f"Cluster.with_nodes: cluster '{self.name}' takes 1 to "
+                               f"{min(MAX_NODES, MAX_DEVICES // self.gpus_per_node):,} nodes of {self.gpus_per_node} "
+                               f"devices, got {nodes:,}")
         return replace(self, nodes=nodes)
 
     def summary(self) -> str:
@@ -185,21 +195,36 @@ KINDS = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s", "time": "s", "coun
 
 def parse_quantity(value: Any, kind: str) -> float:
     """A number, or a string with a unit, in base units of ``kind`` (see KINDS). Raises
-    ValueError saying what was expected."""
+    QuantityError (a ClusterError and a ValueError) saying what was expected; the result is
+    finite, but its range is the caller's to check (``check_range``)."""
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise QuantityError(f"parse_quantity: kind must be one of {', '.join(KINDS)}; got {_given(kind)}")
     if isinstance(value, bool):
-        raise ValueError(f"expected a {kind} quantity, got the boolean {value}")
-    if isinstance(value, (int, float)):
+        raise QuantityError(f"expected a {kind} quantity, got the boolean {str(value).lower()}")
+    if isinstance(value, int):
+        if abs(value) > 10 ** 300:
+            raise QuantityError(f"expected a {kind} quantity, got an integer of {len(str(abs(value)))} digits, "
+                                "beyond any sane value")
         return float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"expected a finite {kind} quantity, got {value}")
+        return value
     if not isinstance(value, str):
-        raise ValueError(f"expected a number or a string with a unit, got {type(value).__name__}")
+        raise QuantityError(f"expected a number or a string with a unit such as {_example(kind)}, got "
+                            f"{_given(value)}")
     m = _QUANTITY.match(value)
     if not m:
-        raise ValueError(f"'{value}' is not a number with a unit, such as {_example(kind)}")
+        raise QuantityError(f"'{value:.60}' is not a number with a unit, such as {_example(kind)}")
     number, unit = float(m.group(1)), m.group(2)
     scale = _unit_scale(unit, kind)
     if scale is None:
-        raise ValueError(f"'{value}': the unit '{unit}' is not a {kind} unit (write it as {_example(kind)})")
-    return number * scale
+        raise QuantityError(f"'{value}': the unit '{unit}' is not a {kind} unit (write it as {_example(kind)})")
+    x = number * scale
+    if not math.isfinite(x):
+        raise QuantityError(f"'{value}' is beyond any finite {kind} quantity")
+    return x
+
 
 
 def _example(kind: str) -> str:
@@ -254,6 +279,27 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
                    "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False)},
 }
 _OPTIONAL_TABLES = ("efficiency",)
+
+# What partita accepts, per kind and where a field needs its own bounds, in base units: wide
+# enough for any real machine (a CPU core to an exascale GPU, loopback to NVLink), narrow
+# enough that the simulator's arithmetic stays finite and meaningful (a device of 5e-324
+# FLOP/s or a knee of 1e308 divided by zero; an op overhead of 1e308 s gave an infinite step).
+MAX_NODES = 1_000_000
+MAX_DEVICES = 100_000_000
+RANGES: dict[Any, tuple[float, float]] = {
+    "bytes": (1.0, 2.0 ** 60),                 # 1 B .. 1 EiB
+    "bandwidth": (1e3, 1e16),                  # 1 kB/s .. 10 PB/s
+    "flops": (1e6, 1e19),                      # 1 MFLOP/s .. 10 EFLOP/s
+    "time": (0.0, 10.0),                       # latencies: 0 .. 10 s
+    "count": (1.0, float(MAX_NODES)),
+    "fraction": (0.0, 1.0),
+    ("", "gpus_per_node"): (1.0, 4096.0),
+    ("", "cores_per_node"): (1.0, 65536.0),
+    ("efficiency", "gemm_knee"): (1e-3, 1e6),  # a matmul dim in elements
+    ("efficiency", "op_overhead"): (0.0, 1.0),
+}
+# [*.measured]: bytes and seconds of one collective, and its group size.
+MEASURED_RANGES = {"bytes": (1.0, 2.0 ** 50), "seconds": (1e-9, 1e4), "ranks": (2, MAX_DEVICES)}
 DTYPES = ("f64", "f32", "tf32", "bf16", "f16", "f8", "i8")
 
 
@@ -294,7 +340,16 @@ def load_cluster(spec: "str | os.PathLike[str] | Cluster") -> Cluster:
     """A Cluster from a shipped name (``"selene"``), a path to a ``.toml`` file, or a Cluster."""
     if isinstance(spec, Cluster):
         return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ClusterError(f"load_cluster: give a shipped cluster's name (one of {', '.join(list_clusters())}), the "
+                           f"path of a .toml file or a Cluster; got {_given(spec)}")
     text_spec = os.fspath(spec)
+    if not isinstance(text_spec, str):
+        text_spec = os.fsdecode(text_spec)
+    if not text_spec or "\0" in text_spec:
+        raise ClusterError(f"load_cluster: {text_spec!r:.80} is not a cluster name or a file path"
+                           + (" (it holds a NUL byte)" if "\0" in text_spec else "")
+                           + f"; the shipped clusters are {', '.join(list_clusters())}")
     path = Path(text_spec)
     if not path.suffix and not path.exists():
         shipped = CLUSTER_DIR / f"{text_spec}.toml"
@@ -303,20 +358,51 @@ def load_cluster(spec: "str | os.PathLike[str] | Cluster") -> Cluster:
                                f"are {', '.join(list_clusters())}, or give the path of a .toml file")
         path = shipped
     try:
-        text = path.read_text()
+        if path.is_dir():
+            raise ClusterError(f"{path}: is a directory, not a cluster file; give a .toml file inside it")
+        data = path.read_bytes()
     except OSError as e:
-        raise ClusterError(f"{path}: cannot read the cluster file: {e.strerror}") from None
-    return parse_cluster(text, str(path))
+        raise ClusterError(f"{path}: cannot read the cluster file: {e.strerror or e}") from None
+    return parse_cluster(_decode(data, str(path)), str(path))
+
+
+MAX_FILE_BYTES = 16 * 2 ** 20
+
+
+def _decode(data: bytes, where: str) -> str:
+    """A cluster file's bytes as text: UTF-8 (TOML's encoding), or an error at the first bad byte."""
+    if len(data) > MAX_FILE_BYTES:
+        raise ClusterError(f"{where}: {len(data):,} bytes is not a cluster file (at most "
+                           f"{MAX_FILE_BYTES // 2 ** 20} MiB); is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ClusterError(f"{where}:{line}: the cluster file is not UTF-8 text (byte {e.start} is "
+                           f"0x{data[e.start]:02x}); TOML files are UTF-8: save it as such") from None
 
 
 def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
     """The Cluster a TOML text describes; every problem is a ClusterError naming the field."""
     import tomllib
 
+    if not isinstance(where, str):
+        where = "<cluster>"
+    if isinstance(text, (bytes, bytearray)):
+        text = _decode(bytes(text), where)
+    if not isinstance(text, str):
+        raise ClusterError(f"parse_cluster: text must be the TOML text of a cluster file (str); got {_given(text)}; "
+                           "for a file use load_cluster(path)")
+    if len(text) > MAX_FILE_BYTES:
+        raise ClusterError(f"{where}: {len(text):,} characters is not a cluster file (at most "
+                           f"{MAX_FILE_BYTES // 2 ** 20} Mi)")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ClusterError(f"{where}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ClusterError(f"{where}: arrays or tables nested too deeply to read; a cluster file nests at most "
+                           "three levels") from None
     loc = _Located(text, where)
     values: dict[str, dict[str, Any]] = {}
     for table, fields in _SCHEMA.items():
@@ -356,6 +442,9 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
     for key in ("nodes", "gpus_per_node", "cores_per_node"):
         if key in top and top[key] != int(top[key]):
             raise ClusterError(f"{loc.at('', key)}: {key} must be a whole number, got {top[key]}")
+    if top["nodes"] * top["gpus_per_node"] > MAX_DEVICES:
+        raise ClusterError(f"{loc.at('', 'nodes')}: {int(top['nodes']):,} nodes x {int(top['gpus_per_node']):,} devices "
+                           f"is more than the {MAX_DEVICES:,} devices partita simulates")
     if ("cache" in dev) != ("cache_bandwidth" in dev):
         have, miss = ("cache", "cache_bandwidth") if "cache" in dev else ("cache_bandwidth", "cache")
         raise ClusterError(f"{loc.at('device', have)}: [device] gives {have} without {miss}; give both (the "
@@ -373,8 +462,9 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
 
 
 def _describe(kind: str) -> str:
-    return {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
-            "count": "a positive whole number", "fraction": "a fraction in (0, 1] such as 0.75"}.get(kind, f"a {kind} quantity such as {_example(kind)}")
+    fixed = {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
+             "count": "a positive whole number", "fraction": "a fraction in (0, 1] such as 0.75"}
+    return fixed[kind] if kind in fixed else f"a {kind} quantity such as {_example(kind)}"
 
 
 COLLECTIVE_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -410,19 +500,33 @@ def _measured(link: Mapping[str, Any], table: str, loc: _Located
     """``[<table>.measured]``: ``all_reduce = { ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }``."""
     out = []
     for op, entry, where in _collective_entries(link, "measured", table, loc):
-        ok = isinstance(entry, dict) and set(entry) == {"ranks", "bytes", "seconds"} and \
-            isinstance(entry["bytes"], list) and isinstance(entry["seconds"], list) and \
-            len(entry["bytes"]) == len(entry["seconds"]) >= 1 and isinstance(entry["ranks"], int) and entry["ranks"] >= 2
-        if ok:
-            xs = [float(x) for x in entry["bytes"]]
-            ts = [float(t) for t in entry["seconds"]]
-            ok = all(x > 0 and math.isfinite(x) for x in xs) and all(t > 0 and math.isfinite(t) for t in ts) and \
-                all(a < b for a, b in zip(xs, xs[1:]))
-        if not ok:
-            raise ClusterError(f"{loc.at(where, op)}: {op} in [{where}] must be a table of ranks (2 or more), bytes "
-                               "(increasing, positive) and seconds (positive, as many), e.g. "
-                               f"{op} = {{ ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }}; got {entry!r:.80}")
-        out.append((op, int(entry["ranks"]), tuple(zip(xs, ts))))
+        def bad(why: str) -> ClusterError:
+            return ClusterError(f"{loc.at(where, op)}: {op} in [{where}]: {why}; it must be a table of ranks (2 or "
+                                "more), bytes (increasing, positive) and seconds (positive, as many), e.g. "
+                                f"{op} = {{ ranks = 4, bytes = [4, 65536], seconds = [5e-4, 6e-3] }}")
+        if not isinstance(entry, dict) or set(entry) != {"ranks", "bytes", "seconds"}:
+            raise bad(f"got {entry!r:.80}")
+        lo, hi = MEASURED_RANGES["ranks"]
+        ranks = entry["ranks"]
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or not lo <= ranks <= hi:
+            raise bad(f"ranks = {ranks!r:.40} is not a whole number from {lo} to {hi:,}")
+        cols = {}
+        for k in ("bytes", "seconds"):
+            col = entry[k]
+            if not isinstance(col, list) or not col:
+                raise bad(f"{k} = {col!r:.40} is not a non-empty list of numbers")
+            lo_k, hi_k = MEASURED_RANGES[k]
+            for i, x in enumerate(col):
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or \
+                        not (isinstance(x, float) or abs(x) <= 10 ** 300) or not lo_k <= float(x) <= hi_k:
+                    raise bad(f"{k}[{i}] = {x!r:.40} is not a number from {lo_k:g} to {hi_k:g}")
+            cols[k] = [float(x) for x in col]
+        xs, ts = cols["bytes"], cols["seconds"]
+        if len(xs) != len(ts):
+            raise bad(f"{len(xs)} bytes but {len(ts)} seconds")
+        if not all(a < b for a, b in zip(xs, xs[1:])):
+            raise bad("the bytes do not increase")
+        out.append((op, ranks, tuple(zip(xs, ts))))
     return tuple(out)
 
 
@@ -445,8 +549,17 @@ def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:
     except ValueError as e:
         raise ClusterError(f"{loc.at(table, key)}: {name}: {e}") from None
     if kind == "fraction" and not 0 < x <= 1:
-        raise ClusterError(f"{loc.at(table, key)}: {name} must be a fraction in (0, 1], got {v!r}")
-    if not math.isfinite(x) or x <= 0 and not (kind == "time" and x == 0):
+        raise ClusterError(f"{loc.at(table, key)}: {name} must be a fraction in (0, 1], got {v!r:.60}")
+    if x <= 0 and not (kind == "time" and x == 0):
         what = "zero or more" if kind == "time" else "positive"
-        raise ClusterError(f"{loc.at(table, key)}: {name} must be {what}, got {v!r}")
+        raise ClusterError(f"{loc.at(table, key)}: {name} must be {what}, got {v!r:.60}")
+    lo, hi = RANGES.get((table, key)) or RANGES[kind]
+    if not lo <= x <= hi:
+        unit = KINDS[kind]
+        raise ClusterError(f"{loc.at(table, key)}: {name} = {v!r:.60} is outside the range partita accepts for it, "
+                           f"{_bound(lo, unit)} to {_bound(hi, unit)}; a real machine's value lies within it")
     return x
+
+
+def _bound(x: float, unit: str) -> str:
+    return f"{x:,.0f}" if not unit and x == int(x) else format_quantity(x, unit) if unit else f"{x:g}"

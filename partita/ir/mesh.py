@@ -26,6 +26,10 @@ class MeshError(PartitaError):
     """A mesh that cannot exist, or a mesh axis that is not there (the message says which)."""
 
 
+# The most ranks a mesh may have: far beyond any cluster (the simulator's largest files hold
+# 10^5 devices), small enough that per-rank work sized by it stays finite.
+MAX_RANKS = 1 << 24
+
 _AXIS_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -46,7 +50,11 @@ class Mesh:
                 raise MeshError(f"mesh axis '{name}' appears twice")
             seen.add(name)
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise MeshError(f"mesh axis '{name}' must have a positive integer size, got {size!r}")
+                raise MeshError(f"mesh axis '{name}' must have a positive integer size, got {size!r:.40}")
+        total = math.prod(s for _, s in self.axes)
+        if total > MAX_RANKS:
+            raise MeshError(f"the mesh {', '.join(f'{n}={s}' for n, s in self.axes)[:200]} has {total:,} ranks, more than "
+                            f"the {MAX_RANKS:,} partita plans for (the largest clusters hold about 10^5 devices)")
 
     # --- construction -------------------------------------------------------------------
     @classmethod

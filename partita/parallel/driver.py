@@ -157,6 +157,8 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     m = _mesh(mesh)
     s = _strategy(strategy, m)
     _check_annotations(annotations)
+    if not isinstance(unroll, bool):
+        raise StrategyError(f"parallelize: unroll must be True or False, got {_given(unroll)}")
     if "pp" in s:
         from .pipeline.driver import parallelize_pipeline
 

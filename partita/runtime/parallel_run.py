@@ -71,7 +71,7 @@ def _rel(a: Any, b: Any) -> float:
 
 
 def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | Sequence[Mapping[str, Any]] | None" = None,
-           weights: Mapping[str, Any] | None = None, steps: int | None = None, *, check: bool = False,
+           weights: Mapping[str, Any] | None = None, steps: int | None = None, *, check: "bool | str" = False,
            tolerance: float = 1e-4, timeout_s: float = 60.0, threads: int | None = 1, backend: str = "auto",
            progress: Callable[[int, int, float], None] | None = None,
            checkpoint_dir: str | None = None, resume_from: str | None = None, executor: str = "torch",
@@ -86,7 +86,9 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     ``executor``: "torch" (ATen kernels, the default) or "codegen" (generated kernels and the
     static memory plan on every rank; docs/codegen.md).
     ``check``: also run the single-device graph and compare each step's outputs (relative
-    error per tensor within ``tolerance``). ``checkpoint_dir``: save the final params and
+    error per tensor within ``tolerance``); ``check=True`` records the comparison and does
+    not raise on a mismatch (read ``result.passed`` and ``result.checks``), ``check="raise"``
+    raises a CheckMismatch naming the first step and output beyond the tolerance. ``checkpoint_dir``: save the final params and
     state there as a sharded checkpoint (one file per rank's pieces; see checkpoint.py).
     ``resume_from``: start from the latest checkpoint in that directory, recut for this
     program's mesh and placements; the step count goes on from its step, so the checkpoint
@@ -98,6 +100,9 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     from .launch import _torchrun_env, check_spawnable
 
     mesh = _check_program(program)
+    if check not in (True, False, "raise") or check is None:
+        raise LaunchError(f"launch: check must be False, True (record the comparison; read result.passed) or "
+                          f"'raise' (raise on a mismatch), got {check!r:.40}")
     if nproc is not None and (isinstance(nproc, bool) or not isinstance(nproc, int)):
         raise LaunchError(f"launch: nproc must be an int equal to the mesh size, got {nproc!r} (a "
                           f"{type(nproc).__name__}); the program's mesh {mesh} has {mesh.size} ranks: pass "
@@ -189,7 +194,20 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
         result.checkpoint_step = save_step
     if check:
         result.checks = check_single_device(_single_device(program), start_weights, per_step, steps, outputs)
+        if check == "raise" and not result.passed:
+            bad = next(c for c in result.checks if not c.worst <= tolerance)
+            raise CheckMismatch(f"launch: step {bad.step}: %{bad.worst_output} differs from the single-device step by "
+                                f"{bad.worst:.3g} (relative), beyond tolerance={tolerance:g}", result)
     return result
+
+
+class CheckMismatch(LaunchError):
+    """``launch(..., check="raise")``: the per-rank programs' outputs differ from the
+    single-device step's beyond the tolerance; ``.result`` is the run's LaunchResult."""
+
+    def __init__(self, message: str, result: "LaunchResult") -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def _save_pipeline(program: Any, checkpoint_dir: str, step: int, res: RunResult) -> None:

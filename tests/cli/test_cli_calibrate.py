@@ -57,3 +57,22 @@ def test_calibrate_quick_writes_a_cluster_file(tmp_path: Path, capsys):
     assert c.gpus_per_node == 2 and c.device.flops("f32") > 0 and c.intra_node.bandwidth > 0
     assert main(["cluster", str(out_file)]) == 0
     assert "cluster this-machine" in capsys.readouterr().out
+
+
+def test_calibrate_checks_its_numbers_and_output_before_measuring(tmp_path: Path, capsys):
+    import time
+
+    t0 = time.perf_counter()
+    assert main(["calibrate", "--nproc", "100000"]) == 2
+    assert "must be at most 256" in capsys.readouterr().err
+    assert main(["calibrate", "--threads", "100000"]) == 2
+    assert "must be at most 1024" in capsys.readouterr().err
+    assert main(["calibrate", "--quick", "-o", str(tmp_path / "no" / "such" / "x.toml")]) == 1
+    cap = capsys.readouterr()
+    assert "the folder" in cap.err and "does not exist" in cap.err and "peak" not in cap.out
+    assert time.perf_counter() - t0 < 30      # nothing measured: a bound against starting work, not a timing
+    from partita.cluster.calibrate import CalibrationError, measure
+
+    for kw in ({"nproc": 10 ** 5}, {"threads": 0}, {"nproc": "4"}, {"quick": "yes"}):
+        with pytest.raises(CalibrationError, match="calibrate: "):
+            measure(**kw)

@@ -120,3 +120,84 @@ def test_the_efficiency_table_is_optional_parsed_and_checked():
         parse_cluster(GOOD + "\n[efficiency]\ngemm = 1.5\n")
     with pytest.raises(ClusterError, match=r"unknown field \[efficiency\] gem .*did you mean 'gemm'"):
         parse_cluster(GOOD + "\n[efficiency]\ngem = 0.5\n")
+
+
+# --- bad input (issue 35): every problem a ClusterError naming the file, line and field ---------
+
+@pytest.mark.parametrize("text,message", [
+    ("", r"<cluster>: the field name is missing \(a string\)"),
+    (GOOD.replace('name = "mine"\n', ""), r"the field name is missing \(a string\)"),
+    (GOOD.replace('name = "X1"\n', ""), r"the field \[device\] name is missing \(a string\)"),
+    (GOOD.replace("[device.peak_flops]", "[device.peak_flop]"),
+     r"unknown field \[device\] peak_flop .*did you mean 'peak_flops'"),
+    (GOOD.replace('bf16 = "100 TFLOP/s"\nf32 = 25e12\n', "").replace("[device.peak_flops]\n", ""),
+     r"the field \[device\] peak_flops is missing \(a table of dtype = FLOP/s\)"),
+    (GOOD.replace("nodes = 2", "nodes = " + "9" * 400),
+     r"<cluster>:3: nodes: expected a count quantity, got an integer of 400 digits"),
+    (GOOD.replace('memory = "24 GiB"', "memory = " + "9" * 400), r"<cluster>:8: \[device\] memory: .* 400 digits"),
+    (GOOD + "\n[efficiency]\ngemm_knee = 1e308\n",
+     r"\[efficiency\] gemm_knee = 1e\+308 is outside the range partita accepts for it, 0.001 to 1,000,000"),
+    (GOOD.replace('bf16 = "100 TFLOP/s"', 'bf16 = "5e-324 TFLOP/s"'),
+     r"<cluster>:12: \[device.peak_flops\] bf16 = '5e-324 TFLOP/s' is outside the range"),
+    (GOOD + "\n[efficiency]\nop_overhead = 1e308\n", r"\[efficiency\] op_overhead = 1e\+308 is outside the range"),
+    (GOOD.replace('memory = "24 GiB"', 'memory = "1e-300 B"'), r"\[device\] memory = '1e-300 B' is outside"),
+    (GOOD.replace('memory = "24 GiB"', 'memory = "1e400 GiB"'), r"beyond any finite bytes quantity"),
+    (GOOD.replace("nodes = 2", "nodes = 1000000\ncores_per_node = 2").replace("gpus_per_node = 4", "gpus_per_node = 4000"),
+     r"more than the 100,000,000 devices"),
+    ("sources = " + "[" * 5000 + "]" * 5000, r"nested too deeply"),
+])
+def test_bad_values_are_located_cluster_errors(text, message):
+    with pytest.raises(ClusterError, match=message):
+        parse_cluster(text)
+
+
+MEASURED = '\n[intra_node.measured]\nall_reduce = {{ ranks = {ranks}, bytes = {bytes}, seconds = {seconds} }}\n'
+
+
+@pytest.mark.parametrize("ranks,nbytes,seconds,message", [
+    (4, '["abc"]', "[1e-4]", r"bytes\[0\] = 'abc' is not a number"),
+    (4, "[[1]]", "[1e-4]", r"bytes\[0\] = \[1\] is not a number"),
+    (4, "[4]", '["x"]', r"seconds\[0\] = 'x' is not a number"),
+    (4, "[true]", "[1e-4]", r"bytes\[0\] = True is not a number"),
+    (4, "[" + "9" * 400 + "]", "[1e-4]", r"bytes\[0\] = 9+.* is not a number"),
+    (4, "[4, 8]", "[1e-4]", r"2 bytes but 1 seconds"),
+    (4, "[8, 4]", "[1e-4, 2e-4]", r"the bytes do not increase"),
+    (1, "[4]", "[1e-4]", r"ranks = 1 is not a whole number from 2"),
+    ("true", "[4]", "[1e-4]", r"ranks = True is not a whole number"),
+    (4, "[]", "[]", r"bytes = \[\] is not a non-empty list"),
+])
+def test_bad_measured_entries_are_located(ranks, nbytes, seconds, message):
+    text = GOOD + MEASURED.format(ranks=ranks, bytes=nbytes, seconds=seconds)
+    with pytest.raises(ClusterError, match=r"<cluster>:\d+: all_reduce in \[intra_node.measured\]: " + message):
+        parse_cluster(text)
+
+
+def test_bad_files_and_arguments_are_cluster_errors(tmp_path):
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(GOOD.replace("X1", "X\xe9").encode("latin-1"))
+    with pytest.raises(ClusterError, match=rf"{bad}:7: the cluster file is not UTF-8 text \(byte \d+ is 0xe9\)"):
+        load_cluster(bad)
+    with pytest.raises(ClusterError, match=r"/dev/null: the field name is missing"):
+        load_cluster("/dev/null")
+    with pytest.raises(ClusterError, match=r"holds a NUL byte"):
+        load_cluster("sel\0ene.toml")
+    with pytest.raises(ClusterError, match=r"is a directory"):
+        load_cluster(tmp_path)
+    for junk in (123, None, 1.5, ["selene"]):
+        with pytest.raises(ClusterError, match=r"load_cluster: give a shipped cluster's name .* got"):
+            load_cluster(junk)
+    for junk in (None, 12, ["x"]):
+        with pytest.raises(ClusterError, match=r"parse_cluster: text must be the TOML text"):
+            parse_cluster(junk)
+    assert parse_cluster(GOOD.encode()).name == "mine"
+    c = parse_cluster(GOOD)
+    for junk in ("2", 1.5, None, True):
+        with pytest.raises(ClusterError, match=r"with_nodes: nodes must be a whole number"):
+            c.with_nodes(junk)
+    with pytest.raises(ClusterError, match=r"takes 1 to 1,000,000 nodes of 4 devices, got 10,000,000"):
+        c.with_nodes(10 ** 7)
+    assert c.with_nodes(3).devices == 12
+    with pytest.raises(ClusterError, match=r"parse_quantity: kind must be one of bytes"):
+        parse_quantity("1 GB", "weird")
+    with pytest.raises(ValueError, match=r"got \[1\] \(list\)"):
+        parse_quantity([1], "bytes")

@@ -226,3 +226,33 @@ def test_unregister_removes_the_word_and_its_aliases(step):
             parallelize(step, "mp=2", word)
     with pytest.raises(StrategyError, match="no strategy is registered as 'rowsplit'"):
         unregister("rowsplit")
+
+
+# --- pipeline arguments (issue 35): checked before the schedule or the stages are built -----------
+
+@pytest.fixture(scope="module")
+def gpt_step():
+    g = partita.models.gpt(layers=2, hidden=32, heads=4, seq=8, vocab=64, batch=8, dtype="f32")
+    return partita.training_step(g, loss="cross_entropy", optimizer="sgd")
+
+
+@pytest.mark.parametrize("mesh,kw,message", [
+    ("pp=2", {"microbatches": 10 ** 8}, r"microbatches=100,000,000 does not divide the batch: %ids i64\[8,8\]"),
+    ("pp=2", {"schedule": "interleaved", "virtual_stages": 10 ** 6, "microbatches": 2},
+     r"2000000 chunk\(s\) asked for \(2 pp ranks x virtual_stages=1000000\), but @gpt.train_step has 2"),
+    ("pp=1000000", {}, r"1000000 chunk\(s\) asked for"),
+    ("pp=99999999999999999999", {}, r"more than the 16,777,216 partita plans for"),
+    ("pp=2", {"unroll": "no"}, r"unroll must be True or False, got 'no' \(str\)"),
+    ("dp=2", {"unroll": "no"}, r"unroll must be True or False, got 'no' \(str\)"),
+    ("pp=2", {"stages": {"h.1": 1}}, r"stages must be a list of layer names .* got dict"),
+    ("pp=2", {"stages": [1, "h.1"]}, r"stages must be a list of layer names"),
+])
+def test_pipeline_arguments_fail_fast_and_clearly(gpt_step, mesh, kw, message):
+    import time
+
+    strategy = "pp" if mesh.startswith("pp") else "dp"
+    t0 = time.perf_counter()
+    with pytest.raises(partita.PartitaError, match=message):
+        parallelize(gpt_step, mesh, strategy, **kw)
+    # Each was a MemoryError after a minute, 36 s, or a hang: a bound against that, not a timing.
+    assert time.perf_counter() - t0 < 10

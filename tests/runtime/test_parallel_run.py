@@ -310,3 +310,22 @@ def test_a_script_without_a_main_guard_fails_instead_of_hanging(tmp_path):
     assert "RankFailure: rank " in out.stderr, out.stderr[-3000:]
     assert "before it received its job" in out.stderr and "if __name__ == \"__main__\":" in out.stderr
     assert secs < 120
+
+
+def test_check_raise_raises_on_a_mismatch_and_check_true_only_records(monkeypatch):
+    from partita.runtime import parallel_run
+    from partita.runtime.parallel_run import CheckMismatch, StepCheck
+
+    _, step = _step()
+    prog = partita.parallelize(step, "dp=2", "dp")
+    with pytest.raises(LaunchError, match=r"check must be False, True .* or 'raise'.*got 'yes'"):
+        partita.launch(prog, 2, _batches(1), check="yes")
+    # A planted disagreement (the real ones are what the check exists for): recorded by
+    # check=True, raised by check="raise" with the step and the output.
+    monkeypatch.setattr(parallel_run, "check_single_device",
+                        lambda *a: [StepCheck(1, 0.0, "loss", 1.0, 1.0), StepCheck(2, 0.5, "w1.1", 1.0, 1.0)])
+    res = partita.launch(prog, 2, _batches(2), check=True, timeout_s=30)
+    assert res.passed is False
+    with pytest.raises(CheckMismatch, match=r"step 2: %w1.1 differs from the single-device step by 0.5") as e:
+        partita.launch(prog, 2, _batches(2), check="raise", timeout_s=30)
+    assert e.value.result.checks[1].worst == 0.5

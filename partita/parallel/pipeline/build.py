@@ -80,22 +80,28 @@ def forward_of(step: Graph) -> tuple[Graph, bool]:
     return g, training
 
 
-def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
-    """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring)."""
-    from ..partition import _Partitioner
-    from ..propagate import propagate
-
-    batch = [v for v in fwd.inputs if v.role == "input"]
+def check_microbatches(graph: Graph, microbatches: int) -> None:
+    """A PipelineError unless ``microbatches`` divides dim 0 of every batch input (the graph
+    inputs of role 'input') of ``graph``."""
+    batch = [v for v in graph.inputs if v.role == "input"]
     if not batch:
-        raise PipelineError(f"pipeline: @{fwd.name} has no 'input'-role graph input (the batch) to split into "
+        raise PipelineError(f"pipeline: @{graph.name} has no 'input'-role graph input (the batch) to split into "
                             "microbatches")
     for v in batch:
         if v.type.rank == 0 or v.type.shape[0] % microbatches:
             n = v.type.shape[0] if v.type.rank else 1
             raise PipelineError(
-                f"pipeline: microbatches={microbatches} does not divide the batch: %{v.name} {v.type} has {n} rows in "
-                f"dim 0; use a number of microbatches that divides {n} (e.g. {_divisors(n)}) or a batch that is a "
-                f"multiple of {microbatches}")
+                f"pipeline: microbatches={microbatches:,} does not divide the batch: %{v.name} {v.type} has {n} rows "
+                f"in dim 0; use a number of microbatches that divides {n} (e.g. {_divisors(n)}) or a batch that is a "
+                f"multiple of {microbatches:,}")
+
+
+def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
+    """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring)."""
+    from ..partition import _Partitioner
+    from ..propagate import propagate
+
+    check_microbatches(fwd, microbatches)
     g = fwd.clone()
     mesh = Mesh.of({MB_AXIS: microbatches})
     g.mesh = mesh
@@ -581,5 +587,5 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners)
 
 
-__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "forward_of", "is_training",
-           "microbatch_graph"]
+__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "check_microbatches", "forward_of",
+           "is_training", "microbatch_graph"]

@@ -12,16 +12,26 @@ from ...ir.graph import Graph, Node, Value
 from ..mesh import Mesh
 from ..placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError
-from .build import build_pipeline, is_training
+from .build import build_pipeline, check_microbatches, is_training
 from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
 from .program import PipelineProgram, WholeStage
-from .schedule import PipelineError, make_schedule
+from .schedule import PipelineError, check_schedule, make_schedule
+from .stages import check_chunks, graph_layers
 
 
 def _positive(name: str, x: Any, fix: str) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or x < 1:
         raise PipelineError(f"parallelize: {name} must be a positive int, got {x!r}; {fix}")
     return x
+
+
+def _check_stages(stages: Any) -> None:
+    ok = stages is None or (isinstance(stages, (list, tuple)) and (
+        all(isinstance(x, str) for x in stages) or all(isinstance(x, int) and not isinstance(x, bool) for x in stages)))
+    if not ok and not isinstance(stages, (str, bytes)):     # a string: partition_stages says how to fix it
+        raise PipelineError(f"parallelize: stages must be a list of layer names (the layers later stages start at, "
+                            f"e.g. ['h.3', 'h.7']) or of layer counts per stage (e.g. [3, 3, 2]); got "
+                            f"{type(stages).__name__} {stages!r:.60}")
 
 
 def _recompute_policy(graph: Graph, recompute: bool | str | None, training: bool) -> str:
@@ -67,6 +77,14 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     S = mesh.axis_size(axis)
     M = _positive("microbatches", microbatches, "the batch is split into that many microbatches (e.g. 2 * the pp size)")
     v = _positive("virtual_stages", virtual_stages, "use 1, or 2 or more with schedule='interleaved'")
+    if not isinstance(unroll, bool):
+        raise PipelineError(f"parallelize: unroll must be True or False, got {type(unroll).__name__} {unroll!r:.40}")
+    _check_stages(stages)
+    # The cheap checks before any work that a user's number sizes (the schedule has S * M * v
+    # actions): the microbatches divide the batch, the layers are enough for S * v chunks.
+    check_schedule(schedule, S, M, v)
+    check_microbatches(graph, M)
+    check_chunks(graph, graph_layers(graph), S * v, v)
     user = {str(k).lstrip("%"): p for k, p in (annotations or {}).items()}
     if user:
         inputs = {str(x.name) for x in graph.inputs}

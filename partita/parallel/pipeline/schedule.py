@@ -324,16 +324,20 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     return Schedule("1f1b", stages, 1, microbatches, acts)
 
 
+def _check_interleaved(stages: int, microbatches: int, virtual: int) -> None:
+    _check_counts("interleaved", stages, microbatches, virtual)
+    if microbatches % stages:
+        lower, upper = microbatches // stages * stages, (microbatches // stages + 1) * stages
+        fix = f"microbatches={lower} or {upper}" if lower else f"microbatches={upper} or {upper + stages}"
+        raise PipelineError(f"schedule interleaved: microbatches={microbatches} is not a multiple of the {stages} pp "
+                            f"ranks; the interleaved schedule runs microbatches in rounds of {stages}: use {fix}")
+
+
 def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     """Megatron-LM's interleaved 1F1B: rank ``p`` holds chunks ``p, p + S, ...``; forwards go
     through its chunks in rounds of ``S`` microbatches, backwards through them in reverse;
     ``(v - 1) * S + 2 * (S - p - 1)`` warm-up forwards (capped at ``M * v``)."""
-    _check_counts("interleaved", stages, microbatches, virtual)
-    if microbatches % stages:
-        raise PipelineError(f"schedule interleaved: microbatches={microbatches} is not a multiple of the {stages} pp "
-                            f"ranks; the interleaved schedule runs microbatches in rounds of {stages}: use "
-                            f"microbatches={max(stages, microbatches // stages * stages)} or "
-                            f"{(microbatches // stages + 1) * stages}")
+    _check_interleaved(stages, microbatches, virtual)
     total = microbatches * virtual
 
     def fwd(k: int, p: int) -> Action:
@@ -382,20 +386,21 @@ def zero_bubble(stages: int, microbatches: int) -> Schedule:
     return Schedule("zero-bubble", S, 1, M, acts, split=True)
 
 
+def check_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> str:
+    """What ``make_schedule`` checks, without building the schedule (whose actions grow as
+    stages x microbatches x virtual): the name, the counts and how they fit. Returns the
+    schedule's canonical name."""
+    key = _schedule_key(name, virtual)
+    if key == "interleaved":
+        _check_interleaved(stages, microbatches, virtual)
+    else:
+        _check_counts(key, stages, microbatches, virtual)
+    return key
+
+
 def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1, forward_only: bool = False) -> Schedule:
     """The schedule named ``name`` (``gpipe``, ``1f1b``, ``interleaved``, ``zero-bubble``)."""
-    if not isinstance(name, str):
-        raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
-    key = _ALIASES.get(name, name.strip().lower())
-    if key not in SCHEDULES:
-        import difflib
-
-        near = difflib.get_close_matches(key, SCHEDULES + tuple(_ALIASES), n=1, cutoff=0.5)
-        hint = f" (did you mean '{_ALIASES.get(near[0], near[0])}'?)" if near else ""
-        raise PipelineError(f"unknown pipeline schedule '{name}'{hint}; choose one of {', '.join(SCHEDULES)}")
-    if virtual != 1 and key != "interleaved":
-        raise PipelineError(f"virtual_stages={virtual} needs schedule='interleaved' (schedule '{key}' runs one "
-                            "chunk per rank); use schedule='interleaved' or leave virtual_stages out")
+    key = _schedule_key(name, virtual)
     if forward_only:
         if key == "interleaved":
             s = interleaved(stages, microbatches, virtual)
@@ -411,5 +416,21 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1, f
     return zero_bubble(stages, microbatches)
 
 
+def _schedule_key(name: str, virtual: int) -> str:
+    if not isinstance(name, str):
+        raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+    key = _ALIASES.get(name, name.strip().lower())
+    if key not in SCHEDULES:
+        import difflib
+
+        near = difflib.get_close_matches(key, SCHEDULES + tuple(_ALIASES), n=1, cutoff=0.5)
+        hint = f" (did you mean '{_ALIASES.get(near[0], near[0])}'?)" if near else ""
+        raise PipelineError(f"unknown pipeline schedule '{name}'{hint}; choose one of {', '.join(SCHEDULES)}")
+    if virtual != 1 and key != "interleaved":
+        raise PipelineError(f"virtual_stages={virtual} needs schedule='interleaved' (schedule '{key}' runs one "
+                            "chunk per rank); use schedule='interleaved' or leave virtual_stages out")
+    return key
+
+
 __all__ = ["Action", "PipelineError", "SCHEDULES", "Schedule", "Timeline", "Transfer", "default_times", "gpipe",
-           "interleaved", "make_schedule", "one_f_one_b", "zero_bubble"]
+           "interleaved", "check_schedule", "make_schedule", "one_f_one_b", "zero_bubble"]

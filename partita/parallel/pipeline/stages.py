@@ -111,19 +111,7 @@ def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence
         if lay and lay not in layers:
             layers.append(lay)
     index = {lay: i for i, lay in enumerate(layers)}
-    if len(layers) < chunks:
-        found = f"{len(layers)} ({', '.join(_short(x) for x in layers[:6])}{', ...' if len(layers) > 6 else ''})" \
-            if layers else "none"
-        asked = f"{chunks} chunk(s) asked for" + (
-            f" ({chunks // virtual} pp ranks x virtual_stages={virtual})" if virtual > 1 else "")
-        if virtual > 1:
-            fix = (f"use pp ranks x virtual_stages <= {max(len(layers), 1)} (e.g. virtual_stages="
-                   f"{max(len(layers) // max(chunks // virtual, 1), 1)}), or a model with more layers")
-        else:
-            fix = f"use at most {max(len(layers), 1)} pipeline stages, or a model with more layers"
-        raise PipelineError(
-            f"pipeline: {asked}, but @{graph.name} has {found} layers to cut between (a layer is a module path ending "
-            "in a number, such as transformer.h.3, from the nodes' source scopes or the params' names); " + fix)
+    check_chunks(graph, layers, chunks, virtual)
     # Each node's effective layer: its own, never before its operands' (so that sorting by it
     # keeps the order topological); nodes outside the layers go with what they read.
     # A node outside the layers that reads only graph inputs and other such nodes (an
@@ -168,6 +156,34 @@ def partition_stages(graph: Graph, chunks: int, stages: Sequence[str] | Sequence
             chunk_of_layer[k] = c
     home = {n: chunk_of_layer[eff[n]] for n in nodes}
     return _build_chunks(graph, nodes, home, layers, bounds, work, how)
+
+
+def graph_layers(graph: Graph) -> list[str]:
+    """The layers of ``graph`` in the order its nodes first reach them (node_layer)."""
+    seen: dict[str, None] = {}
+    for n in graph.nodes:
+        lay = node_layer(n)
+        if lay:
+            seen.setdefault(lay, None)
+    return list(seen)
+
+
+def check_chunks(graph: Graph, layers: list[str], chunks: int, virtual: int = 1) -> None:
+    """A PipelineError unless ``layers`` (of ``graph``) are enough to cut ``chunks`` chunks
+    (``virtual`` per pp rank: only for the message)."""
+    if len(layers) < chunks:
+        found = f"{len(layers)} ({', '.join(_short(x) for x in layers[:6])}{', ...' if len(layers) > 6 else ''})" \
+            if layers else "none"
+        asked = f"{chunks} chunk(s) asked for" + (
+            f" ({chunks // virtual} pp ranks x virtual_stages={virtual})" if virtual > 1 else "")
+        if virtual > 1:
+            fix = (f"use pp ranks x virtual_stages <= {max(len(layers), 1)} (e.g. virtual_stages="
+                   f"{max(len(layers) // max(chunks // virtual, 1), 1)}), or a model with more layers")
+        else:
+            fix = f"use at most {max(len(layers), 1)} pipeline stages, or a model with more layers"
+        raise PipelineError(
+            f"pipeline: {asked}, but @{graph.name} has {found} layers to cut between (a layer is a module path ending "
+            "in a number, such as transformer.h.3, from the nodes' source scopes or the params' names); " + fix)
 
 
 def _cut(layers: list[str], work: list[float], mem: list[int], chunks: int,
@@ -354,4 +370,4 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
     return StageCut(graph, chunks, layers, how)
 
 
-__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_layer", "node_work", "partition_stages", "value_cone"]
+__all__ = ["BYTE_FLOPS", "Chunk", "StageCut", "layer_of_path", "node_layer", "node_work", "partition_stages", "value_cone", "graph_layers", "check_chunks"]

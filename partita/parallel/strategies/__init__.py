@@ -15,9 +15,9 @@ implement ``annotate(ctx)`` (and ``passes(ctx)`` where it rewrites the per-rank 
 ``register`` it; ``parallelize(graph, mesh, "dp+mine")`` then finds it by its word.
 """
 
-from .base import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, lookup,
-                   parse_strategy, register, registered, unregister)
+from .base import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, default_strategy,
+                   lookup, parse_strategy, register, registered, unregister)
 from . import pp, dp, zero, megatron, ep  # noqa: F401,E402  (register the built-in strategies, in this order)
 
-__all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "lookup",
-           "parse_strategy", "register", "registered", "unregister"]
+__all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "default_strategy",
+           "lookup", "parse_strategy", "register", "registered", "unregister"]

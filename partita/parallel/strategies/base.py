@@ -190,6 +190,23 @@ def _one_of(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
+def default_strategy(mesh: Mesh) -> str:
+    """The strategy a mesh's axis names ask for when none is given: each axis takes the first
+    registered strategy that works on an axis of its name (``pp`` -> pp, ``dp`` -> dp, ``tp``
+    -> megatron, ``ep`` -> ep); ``"pp=2,dp=4,tp=8"`` -> ``"pp+dp+megatron"``. An axis no
+    strategy names is a StrategyError."""
+    words = []
+    for a in mesh.names:
+        hit = next((s.name for s in _REGISTRY.values() if s.axis == a and not s.requires), None)
+        if hit is None:
+            axes = sorted({s.axis for s in _REGISTRY.values() if s.axis})
+            raise StrategyError(f"no strategy works on the mesh axis '{a}' of {mesh} by default (the axes with a "
+                                f"default: {', '.join(axes)}); name the axis after its strategy or give the "
+                                f"strategy (e.g. --strategy / strategy='dp')")
+        words.append(hit)
+    return "+".join(words)
+
+
 def parse_strategy(text: str | None, mesh: Mesh) -> ParsedStrategy:
     """Parse ``"dp+megatron"``-style text against ``mesh``: each word is looked up in the
     registry (aliases too) and works on the mesh axis of its ``axis`` name (or the only axis of
@@ -280,5 +297,5 @@ class AnnotationContext:
         self.place(v, Placement.split(v.type.rank, {0: axis}))
 
 
-__all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "lookup",
-           "parse_strategy", "register", "registered", "unregister"]
+__all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "default_strategy",
+           "lookup", "parse_strategy", "register", "registered", "unregister"]
