@@ -596,9 +596,9 @@ def _index_add(ctx, node, d, needs):
 
 # --- rounding, inverse and hyperbolic functions, bitwise ops, remainders -----------------------
 
-# Integer or bool results (bitwise, shifts, float classes): never differentiated.
+# Integer or bool results (bitwise, shifts, float classes, integer division): never differentiated.
 for _name in ("isnan", "isinf", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
-              "bitwise_left_shift", "bitwise_right_shift"):
+              "bitwise_left_shift", "bitwise_right_shift", "int_div"):
     RULES[_name] = NOT_DIFFERENTIABLE
 # Rounding is piecewise constant: its derivative is 0 wherever it exists (as sign, and PyTorch).
 for _name in ("floor", "ceil", "round", "trunc"):

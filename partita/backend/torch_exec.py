@@ -392,7 +392,7 @@ _U64_RULES = {"add": "wrap", "sub": "wrap", "mul": "wrap", "neg": "wrap", "sum":
               "isnan": "wrap", "isinf": "wrap",
               # unsigned division and logical shifts have no int64 kernel: the op's NumPy
               # reference computes them on the host, in uint64
-              "remainder": "host", "fmod": "host", "bitwise_right_shift": "host",
+              "remainder": "host", "fmod": "host", "int_div": "host", "bitwise_right_shift": "host",
               "topk": "ordered", "sort": "ordered"}
 
 

@@ -340,10 +340,9 @@ def _div(n: OnnxNode) -> list[Value | None]:
     x, y = n.input(0), n.input(1)
     if x.type.dtype.is_float:
         return [n.emit("div", x, y)]
-    # ONNX integer Div truncates toward zero and keeps the integer type; partita's div is true
-    # division. f64 holds every integer below 2**53 exactly, and the cast back truncates.
-    q = n.emit("div", n.emit("cast", x, dtype=dt.f64), n.emit("cast", y, dtype=dt.f64))
-    return [n.emit("cast", q, dtype=x.type.dtype)]
+    # ONNX integer Div truncates toward zero and keeps the integer type (partita's div is true
+    # division). ONNX leaves a zero divisor undefined; int_div raises there, as PyTorch does.
+    return [n.emit("int_div", x, y, rounding="trunc")]
 
 
 def _identity(n: OnnxNode) -> list[Value | None]:

@@ -1234,8 +1234,8 @@ def _div_mode(cx: _Converter, a: Any, b: Any, *, rounding_mode: str | None = Non
     """div with rounding_mode None (true division), "trunc" or "floor", as PyTorch computes
     them. Floats: trunc(a / b); floor by Python's algorithm, which PyTorch follows
     ((a - fmod(a, b)) / b, one down when the remainder's sign differs from b's, then the
-    nearest integer), a / b where b is 0. Integers: through f64, exact while |a| < 2**53,
-    then back to the integer dtype."""
+    nearest integer), a / b where b is 0. Integers: partita's exact int_div (a zero divisor
+    raises at run time, as eager does; INT_MIN / -1 wraps); bool operands count as integers."""
     x, y = cx.operand(a, b), cx.operand(b, a)
     if rounding_mode is None:
         return cx.emit("div", x, y)
@@ -1243,10 +1243,8 @@ def _div_mode(cx: _Converter, a: Any, b: Any, *, rounding_mode: str | None = Non
         raise Unsupported(f"aten.div: rounding_mode {rounding_mode!r}; torch takes None, 'trunc' or 'floor'")
     out = cx.out_type().dtype
     if not out.is_float:
-        from ..ir.dtypes import f64
-
-        q = cx.emit("div", cx.emit("cast", x, dtype=f64), cx.emit("cast", y, dtype=f64))
-        return cx.emit("cast", cx.emit("trunc" if rounding_mode == "trunc" else "floor", q), dtype=out)
+        x, y = (v if v.type.dtype is out else cx.emit("cast", v, dtype=out) for v in (x, y))
+        return cx.emit("int_div", x, y, rounding=rounding_mode)
     if x.type.dtype is not out:
         x = cx.emit("cast", x, dtype=out)
     if y.type.dtype is not out:

@@ -58,6 +58,11 @@ class ExecutionError(PartitaError):
     """A graph could not be run: missing inputs or weights, wrong input shapes."""
 
 
+class IntegerDivisionByZeroError(ExecutionError):
+    """An integer division or remainder (int_div, remainder, fmod) met a zero divisor at run
+    time; PyTorch raises there too. The message names the node."""
+
+
 class DenseTooLargeError(ExecutionError):
     """A dense tensor attribute (a splat, until then kept as one value) is too large to build."""
 

@@ -12,7 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ..ir.diagnostics import TypeRuleError
+from ..ir.diagnostics import IntegerDivisionByZeroError, TypeRuleError
 from ..ir.dtypes import DType, bool_, f32, from_numpy, promote
 from ..ir.types import TensorType
 from ._lazy import F, to_torch_dtype, torch
@@ -256,8 +256,10 @@ register(OpDef(
 # PyTorch and ONNX round). The bitwise ops take integers and bools, the shifts integers of one
 # dtype: a shift by a negative amount or by the width or more gives 0 (left, and right of an
 # unsigned or non-negative value) or -1 (right of a negative value), which is what a shift
-# one bit at a time would give. Integer remainder and fmod by 0 give 0 (NumPy's choice; C
-# leaves it undefined and PyTorch raises).
+# one bit at a time would give. Integer division (int_div) and integer remainder and fmod are
+# exact in every integer dtype; a zero divisor raises IntegerDivisionByZeroError at run time
+# (PyTorch raises too; C leaves it undefined), and INT_MIN / -1 wraps to INT_MIN (docs/ir.md,
+# "Integer division and remainders").
 
 def _keep_int(np_fn):
     return lambda x, a: x if x.dtype.kind in "iu" else np_fn(x)
@@ -368,9 +370,30 @@ _int_binary("bitwise_right_shift", _np_shift(False), _torch_shift(False),
             "lhs, else 0", allow_bool=False, same_dtype=True)
 
 
+def _zero_divisor_error(op: str) -> IntegerDivisionByZeroError:
+    # The executors put the node (results, op, place) in front of the message.
+    return IntegerDivisionByZeroError(
+        f"integer division by zero: the divisor (rhs of {op}) has a zero element, where PyTorch raises "
+        "too; make the divisor nonzero first, e.g. where(rhs == 0, 1, rhs), or divide floats")
+
+
+def _np_check_divisor(op: str, a: np.ndarray, b: np.ndarray) -> None:
+    """Raise where an integer divisor element is 0. A broadcast result is empty exactly when an
+    operand is, and then nothing is divided."""
+    if a.size and b.size and not np.all(b):
+        raise _zero_divisor_error(op)
+
+
+def _torch_check_divisor(op: str, a, b) -> None:
+    # One host sync on an accelerator; integer division is rare in models and a wrong value is
+    # worse (a CUDA kernel gives -1 or garbage where the CPU kernel raises).
+    if a.numel() and b.numel() and not bool(torch.all(b)):
+        raise _zero_divisor_error(op)
+
+
 def _np_safe_divisor(b):
-    """Integer divisors 0 and -1 replaced by 1: x % 1 == x % -1 == 0, and no division by 0 or
-    INT_MIN / -1 (both undefined in C) is attempted."""
+    """Integer divisors 0 and -1 replaced by 1 (after the zero check): x % 1 == x % -1 == 0, and
+    no INT_MIN / -1 (undefined in C, a trap on x86) is attempted."""
     trivial = (b == 0) | (b == -1) if b.dtype.kind == "i" else (b == 0)
     return np.where(trivial, np.ones((), b.dtype), b)
 
@@ -380,9 +403,10 @@ def _torch_safe_divisor(b):
     return torch.where(trivial, torch.ones_like(b), b)
 
 
-def _np_mod(np_fn):
+def _np_mod(name: str, np_fn):
     def mod(a, b):
         if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+            _np_check_divisor(name, a, b)
             return np_fn(a, _np_safe_divisor(b))
         with np.errstate(divide="ignore", invalid="ignore"):
             return np_fn(a, b)
@@ -395,10 +419,11 @@ def _np_remainder_float(a, b):
     return np.remainder(a, b)
 
 
-def _torch_mod(torch_fn, floats):
+def _torch_mod(name: str, torch_fn, floats):
     def mod(a, b):
         if a.is_floating_point() or b.is_floating_point():
             return floats(a, b)
+        _torch_check_divisor(name, a, b)
         return torch_fn(a, _torch_safe_divisor(b))
     return mod
 
@@ -412,7 +437,60 @@ def _torch_remainder_float(a, b):
     return torch.where(r == 0, torch.copysign(torch.zeros_like(r), b), r)
 
 
-_binary("remainder", _np_mod(np.remainder), _torch_mod(torch.remainder, _torch_remainder_float), "numeric",
-        "lhs mod rhs with the divisor's sign (Python's %); integers: x % 0 is 0")
-_binary("fmod", _np_mod(np.fmod), _torch_mod(torch.fmod, torch.fmod), "numeric",
-        "C's fmod: lhs - trunc(lhs / rhs) * rhs, with the dividend's sign; integers: fmod(x, 0) is 0")
+_binary("remainder", _np_mod("remainder", np.remainder),
+        _torch_mod("remainder", torch.remainder, _torch_remainder_float), "numeric",
+        "lhs mod rhs with the divisor's sign (Python's %); integers: exact, a zero divisor raises "
+        "IntegerDivisionByZeroError at run time, INT_MIN % -1 is 0; floats: x % 0 is NaN")
+_binary("fmod", _np_mod("fmod", np.fmod), _torch_mod("fmod", torch.fmod, torch.fmod), "numeric",
+        "C's fmod: lhs - trunc(lhs / rhs) * rhs, with the dividend's sign; integers: exact, a zero "
+        "divisor raises IntegerDivisionByZeroError at run time, fmod(INT_MIN, -1) is 0; floats: "
+        "fmod(x, 0) is NaN")
+
+
+# --- integer division ------------------------------------------------------------------------
+
+def _int_div_infer(ts: list[TensorType], attrs: dict) -> TensorType:
+    a, b = ts
+    shape = broadcast_shapes(a.shape, b.shape, op="int_div")
+    for which, t in (("lhs", a), ("rhs", b)):
+        if not t.dtype.is_int:
+            raise TypeRuleError(f"int_div takes integer tensors; {which} is {t} (for floats use div, then "
+                                "floor or trunc; cast a bool to an integer dtype first)")
+    return TensorType(shape, promote(a.dtype, b.dtype))
+
+
+def _np_int_div(args, attrs):
+    a, b = args
+    dt = promote(from_numpy(a.dtype), from_numpy(b.dtype)).np
+    a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
+    _np_check_divisor("int_div", a, b)
+    safe = _np_safe_divisor(b)
+    q = np.floor_divide(a, safe)
+    if dt.kind == "u":
+        return q  # floor and trunc agree
+    if attrs["rounding"] == "trunc":
+        # One up where floor went below a negative, inexact quotient; q + 1 cannot overflow there.
+        q = q + ((np.remainder(a, safe) != 0) & ((a < 0) != (safe < 0))).astype(dt)
+    # x / -1 is -x, wrapping (INT_MIN / -1 is INT_MIN, as PyTorch's floor division gives).
+    return np.where(b == -1, np.negative(a), q)
+
+
+def _torch_int_div(args, attrs):
+    a, b = args
+    dt = torch.promote_types(a.dtype, b.dtype)
+    a, b = a.to(dt), b.to(dt)
+    _torch_check_divisor("int_div", a, b)
+    # torch's truncating kernel traps (SIGFPE) on INT_MIN / -1: divisors -1 become negations.
+    q = torch.div(a, _torch_safe_divisor(b), rounding_mode=attrs["rounding"])
+    return torch.where(b == -1, torch.neg(a), q) if dt.is_signed else q
+
+
+register(OpDef(
+    name="int_div", operands=("lhs", "rhs"), infer=_int_div_infer, reference=_np_int_div, torch=_torch_int_div,
+    attrs=(AttrSpec("rounding", "str", choices=("floor", "trunc")),),
+    doc="integer division of integer tensors (broadcast, promoted), exact in every integer dtype: "
+        "rounding='floor' rounds the quotient down (Python's //, torch.div(rounding_mode='floor')), "
+        "'trunc' toward zero (C's /, ONNX Div); x / -1 is -x, wrapping (INT_MIN / -1 is INT_MIN); a zero "
+        "divisor raises IntegerDivisionByZeroError at run time, as PyTorch raises",
+    elementwise=True, right_identity=1.0,
+))

@@ -97,6 +97,8 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     **{n: [([("i8", (4, 2)), ("i8", (4, 2))], {})] for n in ("bitwise_left_shift", "bitwise_right_shift")},
     **{n: [([("f", (4, 2)), ("pos", (2,))], {}), ([("i32", (4, 2)), ("i32", (4, 2))], {})]
        for n in ("remainder", "fmod")},
+    "int_div": [([("i32", (4, 2)), ("i32", (2,))], {"rounding": "floor"}),
+                ([("i32", (4, 2)), ("i32", (4, 2))], {"rounding": "trunc"})],
     "dropout": [([("f", (4, 6))], {"p": 0.3}), ([("f", (4, 6))], {"p": 0.3, "train": True, "seed": 3})],
     "sum": [([("f", (4, 2, 6))], {"axes": [1]}), ([("f", (4, 2))], {}), ([("f", (4, 2))], {"axes": [0], "keepdim": True})],
     "mean": [([("f", (4, 2, 6))], {"axes": [0, 2]}), ([("f", (4, 2))], {"axes": [1], "keepdim": True}),
