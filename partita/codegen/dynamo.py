@@ -15,7 +15,8 @@ optimized with the default pipeline (``PIPELINE``, as ``partita opt``), and buil
 
 A graph partita cannot take (an ATen op without a converter, symbolic shapes, a non-CPU
 tensor, ...) is not an error: the backend warns once, naming the ops and their source lines,
-and runs that graph's own FX code on ATen instead. ``stats()`` counts both kinds.
+and runs that graph's own FX code on ATen instead. ``stats()`` counts both kinds. An invalid
+``options=`` entry is an error (``BackendOptionError``), never a fallback.
 
 Importing this module registers the backend under the name ``"partita"`` with dynamo; the
 package's entry point (group ``torch_dynamo_backends``) makes the name known without the
@@ -30,10 +31,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from ..ir.diagnostics import PartitaError, PassError
 from . import CompiledProgram
 
 __all__ = ["partita_backend", "compile_fx_graph", "stats", "reset_stats", "Stats", "GraphRecord", "PIPELINE",
-           "PartitaFallbackWarning"]
+           "PartitaFallbackWarning", "BackendOptionError"]
 
 # The optimization pipeline run before fusion: the default of ``partita opt``
 # (partita/cli/common.py DEFAULT_PIPELINE). CompiledProgram then runs fuse-kernels and dce.
@@ -114,6 +116,17 @@ def reset_stats() -> None:
         _WARNED.clear()
 
 
+class BackendOptionError(PartitaError, ValueError):
+    """An unknown name or an invalid value in ``torch.compile(backend="partita", options=...)``.
+
+    Raised on the first call (when dynamo hands the backend its first graph, wrapped in dynamo's
+    ``BackendCompilerFailed``), never turned into a fallback: an option that cannot take effect
+    would otherwise leave every graph on ATen with only a warning."""
+
+
+_WHO = "torch.compile(backend='partita')"
+
+
 @dataclass(frozen=True)
 class _Options:
     passes: str = PIPELINE
@@ -125,12 +138,31 @@ class _Options:
         options = dict(options or {})
         unknown = set(options) - {"passes", "fallback", "min_ops"}
         if unknown:
-            raise ValueError(f"torch.compile(backend='partita'): unknown option(s) {', '.join(sorted(unknown))}; "
-                             "the options are passes (a pipeline), fallback ('warn' or 'error') and min_ops")
-        o = cls(**options)
-        if o.fallback not in ("warn", "error"):
-            raise ValueError(f"torch.compile(backend='partita'): fallback must be 'warn' or 'error', got {o.fallback!r}")
-        return o
+            raise BackendOptionError(f"{_WHO}: unknown option(s) {', '.join(sorted(map(str, unknown)))}; the options "
+                                     "are passes (a pipeline), fallback ('warn' or 'error') and min_ops")
+        return cls(**options).checked()
+
+    def checked(self) -> "_Options":
+        """These options, or BackendOptionError naming the option and what it takes."""
+        from ..passes.manager import PASSES, PassManager
+
+        valid = f"the passes are {', '.join(sorted(PASSES))}"
+        if not isinstance(self.passes, str):
+            raise BackendOptionError(f"{_WHO}: option 'passes' must be a pipeline string like {PIPELINE!r} "
+                                     f"('' for none), got {self.passes!r}; {valid}")
+        if self.passes:
+            try:
+                PassManager.parse(self.passes, reproducer_dir=None)
+            except PassError as e:
+                detail = str(e) if "available passes" in str(e) else f"{e}\n{valid}"
+                raise BackendOptionError(f"{_WHO}: option 'passes' is {self.passes!r}, not a valid pipeline: "
+                                         f"{detail}") from None
+        if self.fallback not in ("warn", "error"):
+            raise BackendOptionError(f"{_WHO}: option 'fallback' must be 'warn' or 'error', got {self.fallback!r}")
+        if isinstance(self.min_ops, bool) or not isinstance(self.min_ops, int) or self.min_ops < 1:
+            raise BackendOptionError(f"{_WHO}: option 'min_ops' must be an integer >= 1 (the fewest ops "
+                                     f"fuse-kernels makes a kernel of), got {self.min_ops!r}")
+        return self
 
 
 def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
@@ -171,7 +203,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
 
     from ..frontend.fx import UnsupportedGraph, import_fx
 
-    opts = _options or _Options(passes=passes, fallback=fallback)
+    opts = _options or _Options(passes=passes, fallback=fallback).checked()
     with _LOCK:
         _COUNTER[0] += 1
         name = f"dynamo_{kind}_{_COUNTER[0]}"
