@@ -21,7 +21,7 @@ from .attrs import DenseAttr, check_size
 from .diagnostics import AttributeError_, DenseTooLargeError, GraphEditError, ParseError, PartitaError
 from .dtypes import DTYPES
 from .graph import ROLES, Graph, Node, Value, bulk_build
-from .mesh import Mesh
+from .mesh import Mesh, MeshError
 from .placement import Placement, PlacementError
 from .types import Location, TensorType
 
@@ -470,8 +470,12 @@ class _Parser:
                 self.advance()
                 continue
             break
+        end = self.tok
         self.expect(")", "',' or ')' in mesh(...)")
-        return Mesh(tuple(axes))
+        try:
+            return Mesh(tuple(axes))
+        except MeshError as e:
+            raise self.error(str(e), end) from None
 
     def parse_body(self, g: Graph) -> None:
         text = self.text

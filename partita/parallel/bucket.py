@@ -816,6 +816,31 @@ class BucketGradientsPass(Pass):
 
 
 @register_pass
+class BucketGathersPass(Pass):
+    """``bucket-gathers{size-mb=4.0}``: fuse zero3's param all_gathers into buckets of at most
+    ``size-mb`` MiB of gathered params, in the order the program reads them (see
+    ``bucket_gathers``). The report of the last run is ``self.report``."""
+
+    name = "bucket-gathers"
+
+    @dataclass
+    class Options:
+        size_mb: float = 4.0
+
+        def __post_init__(self) -> None:
+            if not self.size_mb > 0 or math.isinf(self.size_mb):
+                raise ValueError(f"size-mb must be a positive number of MiB, got {self.size_mb}")
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.report: BucketReport | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        self.report = bucket_gathers(graph, self.options.size_mb)
+        return graph
+
+
+@register_pass
 class OrderCollectivesPass(Pass):
     """``order-collectives{prefetch=1}``: one program-determined order of the collectives
     (see ``order_collectives``; ``prefetch``: param all_gathers issued that many gathers
@@ -841,5 +866,5 @@ class OrderCollectivesPass(Pass):
 
 
 __all__ = ["Bucket", "BucketError", "BucketGradientsPass", "BucketReport", "CollectiveOrderError",
-           "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gathers", "bucket_gradients",
+           "BucketGathersPass", "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gathers", "bucket_gradients",
            "check_collective_order", "order_collectives"]

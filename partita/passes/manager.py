@@ -92,12 +92,60 @@ def register_pass(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def get_pass(name: str) -> type[Pass]:
-    """The pass class registered as ``name``; PassError with the closest name otherwise."""
+# Every pass partita ships, by name, and the module that defines (and registers) it: a
+# pipeline finds a pass by its name whatever happens to have been imported before (the
+# module is imported on first use). A new pass adds its line here; a test checks that each
+# module registers exactly the names listed for it, and that every registered pass is listed.
+PASS_MODULES: dict[str, str] = {
+    # graph cleanups (partita/passes/)
+    "canonicalize": "partita.passes.canonicalize",
+    "cse": "partita.passes.cse",
+    "dce": "partita.passes.dce",
+    "fold-constants": "partita.passes.fold",
+    "fuse-activations": "partita.passes.fuse",
+    "split-projections": "partita.passes.split_projections",
+    "quantize": "partita.passes.quantize",
+    # training (partita/autodiff/)
+    "grad": "partita.autodiff.grad",
+    "sgd": "partita.autodiff.optim",
+    "adamw": "partita.autodiff.optim",
+    "recompute": "partita.autodiff.memory",
+    # parallelism (partita/parallel/)
+    "propagate": "partita.parallel.propagate",
+    "partition": "partita.parallel.partition",
+    "bucket-gradients": "partita.parallel.bucket",
+    "bucket-gathers": "partita.parallel.bucket",
+    "order-collectives": "partita.parallel.bucket",
+    # code generation (partita/codegen/)
+    "fold-batch-norm": "partita.codegen.inference",
+    "assign-layout": "partita.codegen.layout",
+    "fuse-kernels": "partita.codegen.fusion",
+    "fuse-library": "partita.codegen.library",
+}
+
+
+def pass_names() -> list[str]:
+    """The names of every pass (the shipped ones and any registered since), sorted."""
+    return sorted(set(PASS_MODULES) | set(PASSES))
+
+
+def find_pass(name: str) -> type[Pass] | None:
+    """The pass class named ``name``, importing its module on first use; None if none is."""
     cls = PASSES.get(name)
+    if cls is None and isinstance(name, str) and name in PASS_MODULES:
+        import importlib
+
+        importlib.import_module(PASS_MODULES[name])
+        cls = PASSES.get(name)
+    return cls
+
+
+def get_pass(name: str) -> type[Pass]:
+    """The pass class named ``name``; PassError with the closest name otherwise."""
+    cls = find_pass(name)
     if cls is None:
-        raise PassError(f"unknown pass '{name}'{suggest(name, PASSES)}; "
-                        f"available passes: {', '.join(sorted(PASSES))}")
+        raise PassError(f"unknown pass '{name}'{suggest(name, pass_names())}; "
+                        f"available passes: {', '.join(pass_names())}")
     return cls
 
 
@@ -226,7 +274,7 @@ class _PipelineParser:
     def parse(self) -> list[Pass]:
         if not self.tokens:
             raise PassError("empty pipeline: give pass names separated by commas, e.g. 'canonicalize,cse,dce'; "
-                            f"available passes: {', '.join(sorted(PASSES))}")
+                            f"available passes: {', '.join(pass_names())}")
         passes = []
         while True:
             passes.append(self.parse_entry())
@@ -240,10 +288,10 @@ class _PipelineParser:
         kind, name, col = self.advance()
         if kind != "word":
             raise self.error(col, f"expected a pass name, found {self.describe((kind, name, col))}")
-        cls = PASSES.get(name)
+        cls = find_pass(name)
         if cls is None:
-            raise self.error(col, f"unknown pass '{name}'{suggest(name, PASSES)}; "
-                                  f"available passes: {', '.join(sorted(PASSES))}")
+            raise self.error(col, f"unknown pass '{name}'{suggest(name, pass_names())}; "
+                                  f"available passes: {', '.join(pass_names())}")
         fields = {_kebab(f.name): f for f in dataclasses.fields(cls.Options)}
         values: dict[str, Any] = {}
         if self.peek()[1] == "{" and self.peek()[0] == "punct":
@@ -469,9 +517,9 @@ def _check_print_names(names: typing.Iterable[str], what: str) -> frozenset[str]
     for n in out:
         if not isinstance(n, str):
             raise PassError(f"{what}: pass names are strings, got {type(n).__name__} {n!r:.40}")
-        if n != "all" and n not in PASSES:
-            raise PassError(f"{what}: unknown pass '{n}'{suggest(n, PASSES)}; "
-                            f"give pass names or 'all' (passes: {', '.join(sorted(PASSES))})")
+        if n != "all" and n not in pass_names():
+            raise PassError(f"{what}: unknown pass '{n}'{suggest(n, pass_names())}; "
+                            f"give pass names or 'all' (passes: {', '.join(pass_names())})")
     return out
 
 
