@@ -253,7 +253,7 @@ ATTENTION_SHAPES = [(4, 4, 128, 64, True, False), (4, 4, 128, 64, False, True), 
 
 def bench_attention(rounds: int, quick: bool) -> None:
     from partita.codegen.attention import PreparedAttention
-    from partita.ops.nn import _torch_attention
+    from partita.ops.nn import torch_attention
 
     shapes = [(1, 2, 16, 16, True, False)] if quick else ATTENTION_SHAPES
     print("\n### the generated attention against the flash kernel, one thread (ms, median of %d rounds; "
@@ -267,7 +267,7 @@ def bench_attention(rounds: int, quick: bool) -> None:
         pa = PreparedAttention((b, h), t, t, e, e, None, causal, "bool" if masked else "")
         args = [q, k, v] + ([mask] if masked else [])
         attrs = {"causal": causal, "scale": None}
-        cands = {"flash": lambda: _torch_attention(args, attrs), "generated": lambda: pa(q, k, v, mask)}
+        cands = {"flash": lambda: torch_attention(args, attrs), "generated": lambda: pa(q, k, v, mask)}
         want, got = cands["flash"]()[0], cands["generated"]()[0]
         assert float((want - got).abs().max()) <= 1e-4, (b, h, t, e)
         tm = rounds_of(cands, rounds)

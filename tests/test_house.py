@@ -24,17 +24,10 @@ from test_layers import ROOT, _package, layer_of, module_files, package_imports 
 
 MAX_FUNCTION_LINES = 150
 
-TODO = "not yet made public (issue 36)"
-
 # Cycles inside a layer that stand today: each found cycle must be one of these or part of one.
 KNOWN_CYCLES: dict[frozenset[str], str] = {
     frozenset({"partita.backend.common", "partita.backend.numpy_ref", "partita.backend.torch_exec"}):
         "the executors share helpers through common, which looks both executors up lazily",
-    frozenset({"partita.cluster.pipeline_sim", "partita.cluster.simulator"}):
-        "the section simulator builds the simulator's programs, which calls it back for pipelines",
-    frozenset({"partita.codegen.conv", "partita.codegen.gemm", "partita.codegen.kernels", "partita.codegen.library",
-               "partita.codegen.norm", "partita.codegen.op", "partita.codegen.winograd"}):
-        "the CPU facts (thread pool, cache sizes) and the ATen fallbacks live inside the kernel modules",
     frozenset({"partita.frontend.onnx", "partita.frontend.onnx_index", "partita.frontend.onnx_math",
                "partita.frontend.onnx_nn", "partita.frontend.onnx_quant"}):
         "the converter modules take onnx.py's helpers, and onnx.py imports them to register",
@@ -46,71 +39,8 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {
 
 # (importing module, module imported from, underscore name) -> why it stands.
 KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
-    ("partita.cluster.calibrate", "partita.runtime.launch", "_free_port"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.parallel.bucket", "_effect_chain"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.parallel.bucket", "_grows"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.parallel.bucket", "_hoist_collectives"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.parallel.bucket", "_is_collective"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.parallel.bucket", "_sink_gathers"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.cluster.simulator", "_attr_key"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.cluster.simulator", "_hoisted"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.cluster.simulator", "_Comm"): TODO,
-    ("partita.cluster.pipeline_sim", "partita.cluster.simulator", "_Program"): TODO,
-    ("partita.codegen", "partita.codegen.op", "_torch"): TODO,
-    ("partita.codegen.gemm", "partita.codegen.kernels", "_pool"): TODO,
-    ("partita.codegen.gemm", "partita.codegen.library", "_aten_epilogue"): TODO,
-    ("partita.codegen.kernels", "partita.codegen.op", "_torch"): TODO,
-    ("partita.codegen.optimizer", "partita.ops.optim", "_torch_adamw_inplace"): TODO,
-    ("partita.codegen.rotary", "partita.ops.nn", "_attention_infer"): TODO,
-    ("partita.codegen.rotary", "partita.ops.nn", "_np_attention"): TODO,
-    ("partita.codegen.rotary", "partita.ops.nn", "_torch_attention"): TODO,
-    ("partita.codegen.winograd", "partita.codegen.gemm", "_l2_bytes"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_Converter"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_axis"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_torch_type"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_cat"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_layer_norm"): TODO,
-    ("partita.frontend.fx", "partita.frontend.torch_export", "_ntuple"): TODO,
-    ("partita.frontend.onnx_backend", "partita.frontend.onnx", "_known"): TODO,
-    ("partita.frontend.onnx_backend", "partita.frontend.onnx", "_opset"): TODO,
-    ("partita.frontend.onnx_backend", "partita.frontend.onnx", "_upgrade"): TODO,
-    ("partita.frontend.onnx_index", "partita.frontend.onnx", "_axes_operand"): TODO,
-    ("partita.frontend.onnx_index", "partita.frontend.onnx", "_dtype"): TODO,
-    ("partita.frontend.onnx_index", "partita.frontend.onnx", "_reverse"): TODO,
-    ("partita.frontend.onnx_index", "partita.frontend.onnx", "_text"): TODO,
-    ("partita.frontend.onnx_math", "partita.frontend.onnx", "_binary"): TODO,
-    ("partita.frontend.onnx_math", "partita.frontend.onnx", "_cast_attrs"): TODO,
-    ("partita.frontend.onnx_math", "partita.frontend.onnx", "_text"): TODO,
-    ("partita.frontend.onnx_math", "partita.frontend.onnx", "_unary"): TODO,
-    ("partita.frontend.onnx_nn", "partita.frontend.onnx", "_dtype"): TODO,
-    ("partita.frontend.onnx_nn", "partita.frontend.onnx", "_lift_1d"): TODO,
-    ("partita.frontend.onnx_nn", "partita.frontend.onnx", "_spatial"): TODO,
-    ("partita.frontend.onnx_nn", "partita.frontend.onnx", "_symmetric"): TODO,
-    ("partita.frontend.onnx_nn", "partita.frontend.onnx", "_text"): TODO,
-    ("partita.frontend.onnx_quant", "partita.frontend.onnx", "_dtype"): TODO,
-    ("partita.ir.verifier", "partita.ir.graph", "_describe"): TODO,
-    ("partita.ir.verifier", "partita.ir.printer", "_Printer"): TODO,
-    ("partita.ops.backward", "partita.ops.elementwise", "_compute_np"): TODO,
-    ("partita.ops.backward", "partita.ops.elementwise", "_np_erf"): TODO,
-    ("partita.ops.backward", "partita.ops.elementwise", "_np_sigmoid"): TODO,
-    ("partita.ops.backward", "partita.ops.elementwise", "_unary"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_attn_compute_dtype"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_attn_scale"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_flash_args"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_flash_ok"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_np_attention_scores"): TODO,
-    ("partita.ops.backward", "partita.ops.nn", "_torch_attention_scores"): TODO,
-    ("partita.ops.index_scan", "partita.ops.reduce", "_compute_np"): TODO,
-    ("partita.ops.index_scan", "partita.ops.reduce", "_reduce_cost"): TODO,
-    ("partita.ops.index_scan", "partita.ops.reduce", "_scan_infer"): TODO,
-    ("partita.ops.index_scan", "partita.ops.reduce", "_scan_reference"): TODO,
-    ("partita.parallel.bucket", "partita.parallel.simulate", "_describe"): TODO,
-    ("partita.parallel.bucket", "partita.parallel.simulate", "_ordinal"): TODO,
-    ("partita.parallel.pipeline.build", "partita.parallel.partition", "_Partitioner"): TODO,
-    ("partita.parallel.pipeline.report", "partita.parallel.report", "_fmt"): TODO,
-    ("partita.runtime.checkpoint", "partita.ir.weights", "_FROM_ST"): TODO,
-    ("partita.runtime.launch", "partita.parallel.simulate", "_ordinal"): TODO,
-    ("partita.runtime.parallel_run", "partita.runtime.launch", "_torchrun_env"): TODO,
+    ("partita.ops.backward", "partita.ops.elementwise", "_unary"):
+        "the unary family's registration helper, spelled as docs/adding-an-op.md and the op records' line checks show it",
 }
 
 # (module, function's qualified name) -> its length when listed: it may shrink, never grow.

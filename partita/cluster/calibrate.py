@@ -496,12 +496,12 @@ def _run_gloo_ranks(nproc: int, threads: int, quick: bool, progress: Callable[[s
     import multiprocessing
     import queue as queue_mod
 
-    from ..runtime.launch import _free_port
+    from ..runtime.launch import free_port
 
     sizes = message_sizes(quick)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_gloo_worker, args=(r, nproc, port, threads, sizes, quick, results), daemon=True,
                          name=f"partita-calibrate-{r}") for r in range(nproc)]
     for p in procs:

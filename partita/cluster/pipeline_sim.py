@@ -36,6 +36,7 @@ from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
 from .hardware import Cluster
+from .program import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
 
 
 def _is_comm(n: Node) -> bool:
@@ -72,7 +73,7 @@ class _Order:
 
 def _section_order(nodes: list[Node]) -> _Order:
     """``nodes`` (one section, template order) in the order ``order_collectives(keep_order=
-    True)`` gives their copies in the unrolled program: each collective (``_is_collective``:
+    True)`` gives their copies in the unrolled program: each collective (``is_collective``:
     point-to-point transfers are not) hoisted to just after the last node it needs and the
     collective before it, then each all_gather sunk to just before its first reader or the
     next collective. What crosses the section's bounds is returned apart: the collectives
@@ -80,11 +81,11 @@ def _section_order(nodes: list[Node]) -> _Order:
     earlier section; an all_gather among them that another such one follows stays there),
     and the all_gathers that sink past the section's end (into a later section, unless the
     next collective is anchored before its section: then they stay at their anchor)."""
-    from ..parallel.bucket import _effect_chain, _grows, _hoist_collectives, _is_collective, _sink_gathers
+    from ..parallel.bucket import effect_chain, grows_when_gathered, hoist_collectives, is_collective, sink_gathers
 
     inside = set(nodes)
     pos = {n: i for i, n in enumerate(nodes)}
-    chain = _effect_chain(nodes)
+    chain = effect_chain(nodes)
 
     def deps(n: Node) -> list[Node]:
         ds = [v.producer for v in n.operands if v.producer is not None and v.producer in inside]
@@ -99,7 +100,7 @@ def _section_order(nodes: list[Node]) -> _Order:
     lead: list[Node] = []
     colls: list[Node] = []
     for n in nodes:
-        if not _is_collective(n):
+        if not is_collective(n):
             continue
         colls.append(n)
         a, an = last, last_node
@@ -115,21 +116,19 @@ def _section_order(nodes: list[Node]) -> _Order:
     for i, n in enumerate(lead):
         if not _is_comm(n) or OPS[n.op].torch_async is None:
             continue
-        if not _grows(n) or i + 1 < len(lead):
+        if not grows_when_gathered(n) or i + 1 < len(lead):
             outside.add(n)
-    order = _sink_gathers(_hoist_collectives(nodes, pos, deps))
+    order = sink_gathers(hoist_collectives(nodes, pos, deps))
     deferred: dict[Node, Node | None] = {}
     for i, n in enumerate(order):
-        if _grows(n) and _is_comm(n) and n not in outside:
+        if grows_when_gathered(n) and _is_comm(n) and n not in outside:
             readers = {u for r in n.results for u in r.users}
-            if not any(x in readers or _is_collective(x) for x in order[i + 1:]):
+            if not any(x in readers or is_collective(x) for x in order[i + 1:]):
                 deferred[n] = anchor_node.get(n)
     return _Order(order, outside, deferred, bool(colls) and anchor[colls[0]] < 0, bool(colls))
 
 
 def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict, outputs: set[Value]) -> _Fragment:
-    from .simulator import ASYNC_OPS, _attr_key, _hoisted
-
     so = _section_order(nodes)
     order, outside = so.nodes, so.outside
     inside = set(nodes)
@@ -162,10 +161,10 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
             continue
         if OPS[n.op].collective is not None:
             entries.append(("pseudo",))   # an operand-free collective (axis_index): a place only
-        if _hoisted(n, outputs):
+        if is_hoisted(n, outputs):
             continue
         k2 = (n.op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
-              tuple((v.type.shape, v.type.dtype.name) for v in n.results), _attr_key(n.attrs))
+              tuple((v.type.shape, v.type.dtype.name) for v in n.results), attr_key(n.attrs))
         priced = cache.get(k2)
         if priced is None:
             priced = cache[k2] = model.compute_time(n)
@@ -299,7 +298,7 @@ class _Build:
 
 
 class SectionProgramBuilder:
-    """Builds the simulator program (``simulator._Program``) of a rank of a pipeline built
+    """Builds the simulator program (``program.Program``) of a rank of a pipeline built
     with ``unroll=False`` from its ``LocalTemplate``."""
 
     def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, cache: dict) -> None:
@@ -372,8 +371,6 @@ class SectionProgramBuilder:
     def build(self, t: Any, rank: int, alone: frozenset[str]) -> Any:
         """The program of global rank ``rank`` (pp rank ``t.rank``); ``alone``: the mesh axes
         on which this rank meets only ranks it stands for."""
-        from .simulator import ASYNC_OPS, _Comm, _Program
-
         cut, axes = self.variant(t, alone)
         links = tuple((a, self.cluster.link(self.mesh.group_of(rank, a))) for a in sorted(axes))
         pkey = (id(t), axes, links)
@@ -415,7 +412,7 @@ class SectionProgramBuilder:
             axis = n.attrs["axis"]
             peer = n.attrs.get("peer") if op in P2P_OPS else None
             okey = (axis, op, peer) if op in P2P_OPS else (axis,)
-            c = _Comm(n, axis, B.ordinals[okey], op in ASYNC_OPS, peer, op == "send")
+            c = Comm(n, axis, B.ordinals[okey], op in ASYNC_OPS, peer, op == "send")
             B.ordinals[okey] += 1
             B.comms.append(c)
             return len(B.comms) - 1
@@ -700,7 +697,7 @@ class SectionProgramBuilder:
         flush()
         B.steps.extend(("wait", k) for k in B.pending.values())
         B.steps.extend(("wait", k) for k, c in enumerate(B.comms) if c.sending)
-        prog = _Program(t.local, B.steps, B.comms, list(t.local.nodes), [], B.flops, dict(B.kinds))
+        prog = Program(t.local, B.steps, B.comms, list(t.local.nodes), [], B.flops, dict(B.kinds))
         prog.hoist = {k: v for k, v in B.hoist.items()}
         return prog
 

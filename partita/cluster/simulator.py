@@ -39,14 +39,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
-from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, GEMM_OPS, ATTENTION_OPS, P2P_OPS, CostModel
 from .hardware import Cluster, load_cluster
 from .memory import MemoryReport, memory_report
-
-# Ops the runtime starts and waits for later (their records have a torch_async form).
-ASYNC_OPS = frozenset(n for n, d in OPS.items() if d.torch_async is not None)
-
+from .program import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
 
 class SimulationError(PartitaError):
     """A program that cannot be simulated on the cluster (the message names the rank, the
@@ -55,44 +51,11 @@ class SimulationError(PartitaError):
 
 # --- programs as steps -------------------------------------------------------------------------
 
-@dataclass
-class _Comm:
-    node: Node
-    axis: str
-    ordinal: int           # k-th collective on this axis (or k-th transfer to/from this peer)
-    is_async: bool
-    peer: int | None       # send/recv: the peer's coordinate along axis
-    sending: bool = False
-
-
-@dataclass
-class _Program:
-    """A per-rank program cut into steps: ("run", seconds, first node index, last) for a run of
-    compute ops, ("comm", _Comm index) where a communication is issued, ("wait", _Comm index)
-    where the compute stream waits for one."""
-
-    graph: Graph
-    steps: list[tuple]
-    comms: list[_Comm]
-    nodes: list[Node]
-    durations: list[float]       # per node (0 for communication and hoisted nodes)
-    flops: float                  # compute FLOPs of one run of the program
-    kinds: dict[str, float]       # seconds of compute by kind (gemm, attention, memory, ...)
-    # Section-level programs (pipeline_sim.py): step index -> (offset, comm index) issued at
-    # that step's start clock plus offset (a collective hoisted into an earlier step).
-    hoist: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
-
-
-def _hoisted(node: Node, outputs: set[Value]) -> bool:
-    return not node.operands and len(node.results) == 1 and not OPS[node.op].effects_of(node.attrs) \
-        and node.results[0] not in outputs
-
-
-def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> _Program:
+def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Program:
     """Cut ``graph`` into the steps the simulator plays, pricing every compute op once."""
     outputs = set(graph.outputs)
     steps: list[tuple] = []
-    comms: list[_Comm] = []
+    comms: list[Comm] = []
     nodes = list(graph.nodes)
     durations = [0.0] * len(nodes)
     pending: dict[Value, int] = {}
@@ -120,7 +83,7 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> _Progr
             axis = n.attrs["axis"]
             peer = n.attrs.get("peer") if op in P2P_OPS else None
             key = (axis, op, peer) if op in P2P_OPS else (axis,)
-            c = _Comm(n, axis, ordinals[key], op in ASYNC_OPS, peer, op == "send")
+            c = Comm(n, axis, ordinals[key], op in ASYNC_OPS, peer, op == "send")
             ordinals[key] += 1
             comms.append(c)
             steps.append(("comm", len(comms) - 1))
@@ -131,10 +94,10 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> _Progr
             else:
                 steps.append(("wait", len(comms) - 1))
             continue
-        if _hoisted(n, outputs):
+        if is_hoisted(n, outputs):
             continue
         key2 = (op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
-                tuple((v.type.shape, v.type.dtype.name) for v in n.results), _attr_key(n.attrs))
+                tuple((v.type.shape, v.type.dtype.name) for v in n.results), attr_key(n.attrs))
         priced = cache.get(key2)
         if priced is None:
             priced = cache[key2] = model.compute_time(n)
@@ -149,26 +112,7 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> _Progr
     # send, are waited for before the step ends.
     steps.extend(("wait", c) for c in pending.values())
     steps.extend(("wait", k) for k, c in enumerate(comms) if c.sending)
-    return _Program(graph, steps, comms, nodes, durations, flops, dict(kinds))
-
-
-def _attr_key(attrs: dict) -> tuple:
-    out = []
-    for k, v in sorted(attrs.items()):
-        if isinstance(v, list):
-            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
-        elif hasattr(v, "tobytes"):
-            v = (getattr(v, "shape", None), v.tobytes()[:64])
-        out.append((k, v if _hashable(v) else repr(v)))
-    return tuple(out)
-
-
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-        return True
-    except TypeError:
-        return False
+    return Program(graph, steps, comms, nodes, durations, flops, dict(kinds))
 
 
 # --- results -----------------------------------------------------------------------------------
@@ -332,7 +276,7 @@ def _p2p_shell(graph: Graph) -> Any:
     """What the alike-rank check reads of a program: its point-to-point transfers' peers."""
     from types import SimpleNamespace
 
-    comms = [_Comm(n, n.attrs["axis"], 0, True, n.attrs.get("peer"), n.op == "send") for n in graph.nodes
+    comms = [Comm(n, n.attrs["axis"], 0, True, n.attrs.get("peer"), n.op == "send") for n in graph.nodes
              if n.op in P2P_OPS]
     return SimpleNamespace(comms=comms)
 
@@ -397,7 +341,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         from .pipeline_sim import SectionProgramBuilder
 
         builder = SectionProgramBuilder(mesh, cluster, model, cache)
-        built: dict[int, _Program] = {}
+        built: dict[int, Program] = {}
         for r in reps:
             alone = frozenset(a for a in mesh.names if all(rep_of[x] == r for x in mesh.group_of(r, a)))
             built[r] = builder.build(templates[r], r, alone)
@@ -405,7 +349,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         say(f"built {len(built)} section-level program(s), {sum(len(p.steps) for p in built.values())} steps")
     else:
         # One prepared program per distinct graph object.
-        prepared: dict[int, _Program] = {}
+        prepared: dict[int, Program] = {}
         for g in graphs:
             if id(g) not in prepared:
                 prepared[id(g)] = prepare(g, model, cache)
@@ -497,7 +441,7 @@ def _merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: list[_Program], reps: list[int],
+def _shared_core_sim(mesh: Mesh, cluster: Cluster, model: CostModel, prog_of: list[Program], reps: list[int],
                      rep_of: list[int], trace: bool, say: Callable[[str], None]) -> "_Sim":
     """The step on ranks that share their node's cores (``Cluster.cores_per_node``): the
     simulation is run again with each rank's compute slowed by its mean slowdown over the
@@ -544,7 +488,7 @@ def _model_flops(graph: Graph, model: CostModel) -> float:
     return total
 
 
-def _main_dtype(p: _Program) -> str:
+def _main_dtype(p: Program) -> str:
     """The dtype of most of a program's matmul FLOPs (f32 without any)."""
     by: dict[str, float] = defaultdict(float)
     for node in p.nodes:
@@ -603,7 +547,7 @@ class _State:
 
 
 class _Sim:
-    def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, progs: list[_Program], reps: list[int],
+    def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, progs: list[Program], reps: list[int],
                  rep_of: list[int], trace: bool, scale: Mapping[int, float] | None = None) -> None:
         self.mesh, self.cluster, self.model = mesh, cluster, model
         self.progs, self.reps, self.rep_of, self.trace = progs, reps, rep_of, trace
@@ -718,7 +662,7 @@ class _Sim:
         st.finished = True
         return moved
 
-    def _trace_run(self, r: int, prog: _Program, a: int, b: int, t0: float) -> None:
+    def _trace_run(self, r: int, prog: Program, a: int, b: int, t0: float) -> None:
         t = t0
         for i in range(a, b):
             d = prog.durations[i]
@@ -803,7 +747,7 @@ class _Sim:
         c = self.model.record_cost(node)
         return float(c.bytes_written)
 
-    def _resolve_p2p(self, r: int, k: int, c: _Comm) -> float | tuple[int, int] | None:
+    def _resolve_p2p(self, r: int, k: int, c: Comm) -> float | tuple[int, int] | None:
         group = self.group(r, c.axis)
         me = self.mesh.coord(r, c.axis)
         peer_rank = group[c.peer] if c.peer is not None else r

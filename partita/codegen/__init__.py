@@ -129,7 +129,7 @@ class CompiledProgram:
         from ..ops._lazy import torch
         from .kernels import prepare_fused
         from .memory import arena_views, plan_memory
-        from .op import _torch as aten_fused
+        from .fused_body import run_body_on_aten as aten_fused
 
         prog = self.program
         nodes = [st[7] for st in prog.steps]
@@ -292,7 +292,7 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
     """The kernels of ``graph`` (fused by ``fuse-kernels`` here if it has no fused nodes yet)
     as text: each body in the IR text form and its LLVM IR (after LLVM's optimizations with
     ``optimized=True``)."""
-    from .op import body_graph
+    from .fused_body import body_graph
     from .lowering import LoweringError, lower
 
     g = graph

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from ..ops._lazy import torch
 from .jit import jit
-from .kernels import _pool
+from .cpu import kernel_pool, l2_bytes
 from .lowering import vector_width
 from .mathlib import declarations, f32
 
@@ -644,36 +644,10 @@ def pack_b(b: Any, nr: int | None = None) -> Any:
     return b.reshape(k, np_, nr).permute(1, 0, 2).contiguous()
 
 
-def _l2_bytes() -> int:
-    """This CPU's L2 per core (Linux sysfs; 512 KiB where it cannot be read)."""
-    global _L2
-    if _L2 is None:
-        _L2 = 512 << 10
-        try:
-            for idx in range(8):
-                base = f"/sys/devices/system/cpu/cpu0/cache/index{idx}/"
-                with open(base + "level") as f:
-                    level = f.read().strip()
-                with open(base + "type") as f:
-                    kind = f.read().strip()
-                if level == "2" and kind in ("Unified", "Data"):
-                    with open(base + "size") as f:
-                        text = f.read().strip()
-                    mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-                    _L2 = int(text.rstrip("KM")) * mult
-                    break
-        except (OSError, ValueError):
-            pass
-    return _L2
-
-
-_L2: int | None = None
-
-
 def direct_block_rows(cfg: GemmConfig, k: int) -> int:
     """The most rows of an A read in place per block: as many as fill half of L2 with one
     KC-slice (so each B panel, streamed from memory, serves that many rows), at least ``cfg.mc``."""
-    rows = (_l2_bytes() // 2) // (4 * min(k, cfg.kc) or 1)
+    rows = (l2_bytes() // 2) // (4 * min(k, cfg.kc) or 1)
     return max(cfg.mc, rows // cfg.mr * cfg.mr)
 
 
@@ -688,12 +662,12 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
     if m == 0 or n == 0:
         return c
     if k == 0:  # no products: the bias and the activation, as the library's ATen epilogue runs them
-        from .library import _aten_epilogue
+        from .epilogue import aten_epilogue
 
         c.zero_()
         if bias is not None:
             c += bias
-        c.copy_(_aten_epilogue(c, "none", None, act))
+        c.copy_(aten_epilogue(c, "none", None, act))
         return c
     return PreparedGemm(m, n, k, act, cfg)(a, packed, bias, c)
 
@@ -764,7 +738,7 @@ class PreparedGemm:
             return
         fn, np_ = self.fn, self.np
         bounds = [np_ * i // nt for i in range(nt + 1)]
-        pool = _pool(nt - 1)
+        pool = kernel_pool(nt - 1)
         futs = [pool.submit(fn, *(args + (None if direct else ws + 4 * wsf * i, bounds[i], bounds[i + 1], mc)))
                 for i in range(1, nt)]
         fn(*args, None if direct else ws, bounds[0], bounds[1], mc)
@@ -911,7 +885,7 @@ def split_on_team(fn: Any, params: Any, n: int, nt: int) -> None:
         launch(ctypes.addressof(data), nt)
         return
     bounds = [n * i // nt for i in range(nt + 1)]
-    pool = _pool(nt - 1)
+    pool = kernel_pool(nt - 1)
     futs = [pool.submit(fn, params, bounds[i], bounds[i + 1], i) for i in range(1, nt)]
     fn(params, bounds[0], bounds[1], 0)
     for f in futs:

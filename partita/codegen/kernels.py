@@ -14,13 +14,12 @@ and the reason is recorded (``fallbacks()``) and reported once as a warning.
 from __future__ import annotations
 
 import hashlib
-import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..ops._lazy import to_torch_dtype, torch
+from .cpu import kernel_pool
 
 __all__ = ["prepare_fused", "fallbacks", "Fallback", "kernel_name", "PARALLEL_MIN_ELEMENTS"]
 
@@ -37,8 +36,6 @@ class Fallback:
 
 
 _FALLBACKS: list[Fallback] = []
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
 
 
 def fallbacks() -> list[Fallback]:
@@ -50,14 +47,6 @@ def kernel_name(body_text: str) -> str:
     return "pk_" + hashlib.sha256(body_text.encode()).hexdigest()[:16]
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < n:
-            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="partita-kernel")
-        return _POOL
-
-
 def _where(node) -> str:
     loc = node.text_loc or node.loc
     return f" at {loc}" if loc else ""
@@ -66,7 +55,7 @@ def _where(node) -> str:
 def prepare_fused(node, outs: list | None = None) -> Callable:
     """The step function of a ``fused`` node. ``outs``: for each result, a tensor to write it
     into (from the memory plan), or None to allocate it on each call."""
-    from .op import _torch, body_graph
+    from .fused_body import body_graph, run_body_on_aten
     from .jit import CodegenError, jit
     from .lowering import LoweringError, lower
 
@@ -81,7 +70,7 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
         _FALLBACKS.append(fb)
         warnings.warn(f"partita: fused kernel {name}{fb.where} runs op by op on ATen: {e}", RuntimeWarning,
                       stacklevel=2)
-        return _torch
+        return run_body_on_aten
     fn = k.fn
     shapes = [tuple(v.type.shape) for v in body.outputs]
     dtypes = [to_torch_dtype(v.type.dtype) for v in body.outputs]
@@ -130,7 +119,7 @@ def _run_parallel(fn, addrs: list[int], outer: int, nt: int) -> None:
     if split_pointers_on_team(fn, addrs, outer, nt):
         return
     bounds = [outer * i // nt for i in range(nt + 1)]
-    pool = _pool(nt - 1)
+    pool = kernel_pool(nt - 1)
     futs = [pool.submit(_call, fn, addrs, bounds[i], bounds[i + 1]) for i in range(1, nt)]
     fn(*addrs, bounds[0], bounds[1])
     for f in futs:

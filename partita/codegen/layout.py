@@ -217,7 +217,7 @@ def nhwc_body(text: str, layout: tuple[bool, ...]) -> str | None:
     or None when it holds something other than elementwise ops, one-element constants and
     ``keepdim`` reductions of 4-d values, or a result that is not 4-d."""
     from ..ir.printer import print_graph
-    from .op import body_graph
+    from .fused_body import body_graph
 
     body = body_graph(text)
     if any(v.type.rank != 4 for v in body.outputs) or len(layout) != len(body.inputs):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -56,6 +56,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import has_effects, sole_user
+from .epilogue import BINARY, UNARY, Unary, aten_epilogue
 from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 
@@ -66,40 +67,6 @@ __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "F
 # packing buys; read when a program is prepared).
 PREPACK = True
 
-
-@dataclass(frozen=True)
-class Unary:
-    """A unary epilogue: the partita op (and attributes) it stands for, and oneDNN's post-op."""
-
-    op: str
-    attrs: dict = field(default_factory=dict)
-    onednn: str = ""
-    algorithm: str | None = None
-
-
-@dataclass(frozen=True)
-class Binary:
-    """A binary epilogue: the partita op it stands for and oneDNN's binary post-op."""
-
-    op: str
-    onednn: str
-
-
-# The epilogues the ops can express. "none" is no epilogue. oneDNN names SiLU "swish" and
-# takes GELU's form as its algorithm ("none": erf, "tanh").
-UNARY: dict[str, Unary | None] = {
-    "none": None,
-    "relu": Unary("relu", {}, "relu"),
-    "gelu": Unary("gelu", {"approximate": "none"}, "gelu", "none"),
-    "gelu_tanh": Unary("gelu", {"approximate": "tanh"}, "gelu", "tanh"),
-    "silu": Unary("silu", {}, "swish"),
-    "sigmoid": Unary("sigmoid", {}, "sigmoid"),
-    "tanh": Unary("tanh", {}, "tanh"),
-}
-BINARY: dict[str, Binary | None] = {
-    "none": None,
-    "add": Binary("add", "add"),
-}
 
 _CONV_ATTRS = ("stride", "padding", "dilation", "groups")
 
@@ -224,20 +191,10 @@ def _linear_reference(args, attrs):
 
 # --- ATen: the replaced ops' torch implementations, one after another -----------------------
 
-def _aten_epilogue(y, binary: str, other, unary: str):
-    b = BINARY[binary]
-    if b is not None:
-        y = OPS[b.op].torch([y, other], {})
-    u = UNARY[unary]
-    if u is not None:
-        y = OPS[u.op].torch([y], dict(u.attrs))
-    return y
-
-
 def _aten_conv(args, attrs):
     x, w, b, other = _conv_parts(list(args), attrs)
     y = OPS["conv2d"].torch([x, w] + ([b] if b is not None else []), {k: attrs[k] for k in _CONV_ATTRS})
-    return _aten_epilogue(y, attrs["binary"], other, attrs["unary"])
+    return aten_epilogue(y, attrs["binary"], other, attrs["unary"])
 
 
 def _aten_linear(args, attrs):
@@ -250,7 +207,7 @@ def _aten_linear(args, attrs):
         y = OPS["matmul"].torch([x, w], {})
         if b is not None:
             y = OPS["add"].torch([y, b], {})
-    return _aten_epilogue(y, "none", None, attrs["unary"])
+    return aten_epilogue(y, "none", None, attrs["unary"])
 
 
 ATEN = {"conv2d_pointwise": _aten_conv, "linear_pointwise": _aten_linear}

@@ -22,19 +22,10 @@ in every layer of a model is one kernel.
 
 from __future__ import annotations
 
-import functools
-
 from ..ir.diagnostics import TypeRuleError
 from ..ir.types import TensorType
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
-
-
-@functools.lru_cache(maxsize=4096)
-def body_graph(text: str):
-    """The body graph of a fused node's ``body`` text (parsed once per text)."""
-    from ..ir.parser import parse
-
-    return parse(text, "<fused body>")
+from .fused_body import body_graph, run_body_on_aten
 
 
 def _infer(ts: list[TensorType], attrs: dict):
@@ -56,19 +47,6 @@ def _reference(args, attrs):
     return run(body_graph(attrs["body"]), list(args))
 
 
-@functools.lru_cache(maxsize=1024)
-def _aten_program(text: str):
-    from ..backend.torch_exec import TorchProgram
-
-    return TorchProgram(body_graph(text))
-
-
-def _torch(args, attrs):
-    """The body op by op on ATen: what runs when no kernel was prepared."""
-    out = _aten_program(attrs["body"])(list(args))
-    return out[0] if len(out) == 1 else out
-
-
 def _prepare(node):
     from .kernels import prepare_fused
 
@@ -85,7 +63,7 @@ def _cost(ins, outs, attrs):
 
 
 register(OpDef(
-    name="fused", operands=("*inputs",), infer=_infer, reference=_reference, torch=_torch,
+    name="fused", operands=("*inputs",), infer=_infer, reference=_reference, torch=run_body_on_aten,
     attrs=(AttrSpec("body", "str"),), cost=_cost, torch_prepare=_prepare,
     doc="a group of elementwise ops as one generated kernel; body is the group's graph in text form "
         "(made by the fuse-kernels pass; docs/codegen.md)",

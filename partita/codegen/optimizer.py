@@ -106,7 +106,7 @@ def prepare_adamw(node: Any, inplace: bool) -> Callable | None:
     except CodegenError:
         return None
     fn = k.fn
-    from ..ops.optim import _torch_adamw_inplace as fallback
+    from ..ops.optim import torch_adamw_inplace as fallback
 
     lr, b1, b2 = attrs["lr"], attrs["beta1"], attrs["beta2"]
     empty_like = torch.empty_like

@@ -124,7 +124,7 @@ def fuse_rotary(graph: Graph, node: Node) -> Node | None:
 # --- the op ----------------------------------------------------------------------------------
 
 def _rotary_infer(ts, attrs):
-    from ..ops.nn import _attention_infer
+    from ..ops.nn import attention_infer
 
     q, k, v, cos, sin = ts[:5]
     for t, what in ((cos, "cos"), (sin, "sin")):
@@ -135,7 +135,7 @@ def _rotary_infer(ts, attrs):
         raise TypeRuleError(f"rotary_attention: q {q} has an odd head size; rotate_half splits it in two")
     if q.shape[-2] != k.shape[-2]:
         raise TypeRuleError(f"rotary_attention: q {q} and k {k} must have as many positions (self-attention)")
-    return _attention_infer([q, k, v] + list(ts[5:]), attrs)
+    return attention_infer([q, k, v] + list(ts[5:]), attrs)
 
 
 def _np_rope(x, cos, sin):
@@ -145,10 +145,10 @@ def _np_rope(x, cos, sin):
 
 
 def _rotary_reference(args, attrs):
-    from ..ops.nn import _np_attention
+    from ..ops.nn import np_attention
 
     q, k, v, cos, sin = args[:5]
-    return _np_attention([_np_rope(q, cos, sin), _np_rope(k, cos, sin), v] + list(args[5:]), attrs)
+    return np_attention([_np_rope(q, cos, sin), _np_rope(k, cos, sin), v] + list(args[5:]), attrs)
 
 
 def _torch_rope(x, cos, sin):
@@ -157,10 +157,10 @@ def _torch_rope(x, cos, sin):
 
 
 def _rotary_torch(args, attrs):
-    from ..ops.nn import _torch_attention
+    from ..ops.nn import torch_attention
 
     q, k, v, cos, sin = args[:5]
-    return _torch_attention([_torch_rope(q, cos, sin), _torch_rope(k, cos, sin), v] + list(args[5:]), attrs)
+    return torch_attention([_torch_rope(q, cos, sin), _torch_rope(k, cos, sin), v] + list(args[5:]), attrs)
 
 
 def _rotary_cost(ins, outs, attrs):

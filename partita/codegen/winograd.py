@@ -38,7 +38,8 @@ from typing import Any
 
 from ..ops._lazy import torch
 from .conv import MAX_CHANNELS, MAX_PADDING, conv_dims, micro_step, tile_for
-from .gemm import GemmConfig, _l2_bytes, pack_b, split_on_team
+from .cpu import l2_bytes
+from .gemm import GemmConfig, pack_b, split_on_team
 from .jit import jit
 from .lowering import vector_width
 
@@ -97,7 +98,7 @@ def block_tiles(cfg: GemmConfig, c: int, co: int, ntiles: int) -> int:
     register tiles, no more than the tiles there are (rounded up)."""
     cop = -(-co // cfg.nr) * cfg.nr
     per_tile = 16 * (c + cop) * 4
-    rows = int(_l2_bytes() * L2_SHARE) // per_tile // cfg.mr
+    rows = int(l2_bytes() * L2_SHARE) // per_tile // cfg.mr
     rows = max(1, min(rows, MAX_ROW_TILES, -(-ntiles // cfg.mr)))
     return rows * cfg.mr
 

@@ -34,8 +34,8 @@ from ..ir.dtypes import bool_, f32, i32
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from . import FrontendError
-from .torch_export import ATEN_TO_PARTITA, Conv, Unsupported, _Converter, _axis, _torch_type, convert_call
-from .torch_export import _cat as _export_cat, _layer_norm as _export_layer_norm, _ntuple
+from .torch_export import ATEN_TO_PARTITA, AtenConverter, Conv, Unsupported, convert_call, tensor_type_of, wrap_dim
+from .torch_export import emit_concat, emit_layer_norm, ntuple
 from .torch_export import decomposition_table as _export_decompositions, linearize_index
 
 aten = torch.ops.aten
@@ -96,7 +96,7 @@ class FxImport:
         return [r.draw() for r in self.random]
 
 
-class _FxConverter(_Converter):
+class _FxConverter(AtenConverter):
     def __init__(self, graph: Graph) -> None:
         super().__init__(graph)
         self.random: list[RandomInput] = []
@@ -164,7 +164,7 @@ def _any_all(op: str) -> Conv:
             axes = None
         else:
             dims = [dim] if isinstance(dim, int) else list(dim)
-            axes = tuple(sorted({_axis(d, x.type.rank) for d in dims}))
+            axes = tuple(sorted({wrap_dim(d, x.type.rank) for d in dims}))
         if x.type.rank == 0:
             return x
         return cx.emit(op, x, axes=axes, keepdim=keepdim)
@@ -173,7 +173,7 @@ def _any_all(op: str) -> Conv:
 
 def _max_min_dim(op: str) -> Conv:
     def conv(cx: _FxConverter, x: Value, dim: int, keepdim: bool = False) -> tuple:
-        axes = (_axis(dim, x.type.rank),)
+        axes = (wrap_dim(dim, x.type.rank),)
         # partita's argmax/argmin take no bool tensor; torch's max/min do.
         xi = cx.emit("cast", x, dtype=i32) if x.type.dtype.is_bool else x
         return (cx.emit(op, x, axes=axes, keepdim=keepdim), cx.emit(f"arg{op}", xi, axes=axes, keepdim=keepdim))
@@ -227,7 +227,7 @@ def _scatter_value(cx: _FxConverter, x: Value, dim: int, index: Value, value: An
     ``scatter_add`` selects between value and x (exact, repeated indices included)."""
     if reduce is not None:
         raise Unsupported(f"aten.scatter.value with reduce={reduce!r}")
-    axis = _axis(dim, x.type.rank)
+    axis = wrap_dim(dim, x.type.rank)
     zeros = cx.emit("full", shape=x.type.shape, value=0.0, dtype=f32)
     ones = cx.emit("full", shape=index.type.shape, value=1.0, dtype=f32)
     hits = cx.emit("scatter_add", zeros, index, ones, axis=axis)
@@ -236,13 +236,13 @@ def _scatter_value(cx: _FxConverter, x: Value, dim: int, index: Value, value: An
 
 
 def _scatter_add(cx: _FxConverter, x: Value, dim: int, index: Value, src: Value) -> Value:
-    return cx.emit("scatter_add", x, index, src, axis=_axis(dim, x.type.rank))
+    return cx.emit("scatter_add", x, index, src, axis=wrap_dim(dim, x.type.rank))
 
 
 def _index_add(cx: _FxConverter, x: Value, dim: int, index: Value, src: Value, alpha: Any = 1) -> Value:
     if alpha != 1:
         src = cx.emit("mul", src, cx.scalar(alpha, src.type.dtype))
-    return cx.emit("index_add", x, index, src, axis=_axis(dim, x.type.rank))
+    return cx.emit("index_add", x, index, src, axis=wrap_dim(dim, x.type.rank))
 
 
 def _flash_attention(cx: _FxConverter, q: Value, k: Value, v: Value, dropout_p: float = 0.0,
@@ -269,14 +269,14 @@ def _cat(cx: _FxConverter, tensors: Sequence[Value], dim: int = 0) -> Value:
     kept = [t for t in tensors if t.type.shape != (0,)] or list(tensors[:1])
     if len(kept) == 1:
         return kept[0]
-    return _export_cat(cx, kept, dim)
+    return emit_concat(cx, kept, dim)
 
 
 def _native_layer_norm(cx: _FxConverter, x: Value, normalized_shape: Sequence[int], w: Value | None,
                        b: Value | None, eps: float) -> tuple:
     """layer_norm, and its mean and 1/std over the normalized dims (kept, as ATen returns them):
     a forward graph returns them for the backward's decomposition. Unused, dce drops them."""
-    y = _export_layer_norm(cx, x, normalized_shape, w, b, eps)[0]
+    y = emit_layer_norm(cx, x, normalized_shape, w, b, eps)[0]
     k = len(normalized_shape)
     axes = tuple(range(x.type.rank - k, x.type.rank))
     stat_dtype = cx.out_type(1).dtype
@@ -321,17 +321,17 @@ def _convolution_backward(cx: _FxConverter, dy: Value, x: Value, w: Value, bias_
         raise Unsupported("the gradient of a transposed convolution")
     nd = x.type.rank - 2
     mask = tuple(int(bool(m)) for m in output_mask)
-    dx, dw, db = cx.emit("conv2d_grad", dy, x, w, stride=_ntuple(stride, nd), padding=_ntuple(padding, nd),
-                         dilation=_ntuple(dilation, nd), groups=groups, mask=mask)
+    dx, dw, db = cx.emit("conv2d_grad", dy, x, w, stride=ntuple(stride, nd), padding=ntuple(padding, nd),
+                         dilation=ntuple(dilation, nd), groups=groups, mask=mask)
     return (dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None)
 
 
 def _max_pool_backward(cx: _FxConverter, dy: Value, x: Value, kernel: Sequence[int], stride: Sequence[int],
                        padding: Any, dilation: Any, ceil_mode: bool, indices: Value) -> Value:
     nd = x.type.rank - 2
-    return cx.emit("max_pool2d_grad", dy, x, indices, kernel=_ntuple(kernel, nd),
-                   stride=_ntuple(stride, nd) if len(stride) else None, padding=_ntuple(padding, nd),
-                   dilation=_ntuple(dilation, nd), ceil_mode=ceil_mode)
+    return cx.emit("max_pool2d_grad", dy, x, indices, kernel=ntuple(kernel, nd),
+                   stride=ntuple(stride, nd) if len(stride) else None, padding=ntuple(padding, nd),
+                   dilation=ntuple(dilation, nd), ceil_mode=ceil_mode)
 
 
 def _avg_pool_backward(cx: _FxConverter, dy: Value, x: Value, kernel: Sequence[int], stride: Sequence[int],
@@ -339,8 +339,8 @@ def _avg_pool_backward(cx: _FxConverter, dy: Value, x: Value, kernel: Sequence[i
     if divisor_override is not None:
         raise Unsupported("avg_pool backward with divisor_override")
     nd = x.type.rank - 2
-    return cx.emit("avg_pool2d_grad", dy, x, kernel=_ntuple(kernel, nd),
-                   stride=_ntuple(stride, nd) if len(stride) else None, padding=_ntuple(padding, nd),
+    return cx.emit("avg_pool2d_grad", dy, x, kernel=ntuple(kernel, nd),
+                   stride=ntuple(stride, nd) if len(stride) else None, padding=ntuple(padding, nd),
                    ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
 
@@ -417,7 +417,7 @@ def import_fx(gm: Any, *, name: str = "fx_graph") -> FxImport:
             what = "no recorded value" if val is None else f"a {type(val).__name__} ({val!r})"
             raise FrontendError(f"input '{node.name}' of the FX graph is {what}, not a tensor; partita compiles "
                                 "graphs of tensors with static shapes (compile with dynamic=False)")
-        cx.env[node] = cx.b.input(node.name, _torch_type(val, node), "input")
+        cx.env[node] = cx.b.input(node.name, tensor_type_of(val, node), "input")
     layout: list[int | None] = []
     roots: list[tuple[str, bool]] = []
     output_list = False

@@ -56,7 +56,7 @@ _ONNX_DTYPES: dict[int, dt.DType] = {
 }
 
 
-def _dtype(elem_type: Any, what: str) -> dt.DType:
+def onnx_dtype(elem_type: Any, what: str) -> dt.DType:
     """The partita dtype of an ONNX element-type code; an error naming ``what`` otherwise."""
     if isinstance(elem_type, int) and elem_type in _ONNX_DTYPES:
         return _ONNX_DTYPES[elem_type]
@@ -88,7 +88,7 @@ def _tensor_array(t: Any, what: str, base_dir: str | None) -> np.ndarray:
     tp = onnx.TensorProto
     if not isinstance(t, tp):
         raise OnnxImportError(f"{what}: expected a tensor (an attribute of type TENSOR), got {type(t).__name__}")
-    dtype = _dtype(t.data_type, what)
+    dtype = onnx_dtype(t.data_type, what)
     dims = [int(d) for d in t.dims]
     if any(d < 0 for d in dims):
         raise OnnxImportError(f"{what}: dims {dims} hold a negative size; the tensor is malformed")
@@ -327,11 +327,13 @@ def constant_operand_inputs(model: Any) -> list[str]:
 
 # --- converters ---------------------------------------------------------------------------
 
-def _unary(op: str) -> Converter:
+def unary_converter(op: str) -> Converter:
+    """The converter of a one-input node that is partita's ``op``."""
     return lambda n: [n.emit(op, n.input(0))]
 
 
-def _binary(op: str) -> Converter:
+def binary_converter(op: str) -> Converter:
+    """The converter of a two-input node that is partita's ``op``."""
     # partita's binary ops broadcast as NumPy does, which is ONNX's multidirectional rule.
     return lambda n: [n.emit(op, n.input(0), n.input(1))]
 
@@ -358,16 +360,17 @@ def _pow(n: OnnxNode) -> list[Value | None]:
 
 
 def _cast(n: OnnxNode) -> list[Value | None]:
-    return [n.emit("cast", n.input(0), dtype=_dtype(n.attr("to"), f"{n.where}: attribute 'to'"), **_cast_attrs(n))]
+    return [n.emit("cast", n.input(0), dtype=onnx_dtype(n.attr("to"), f"{n.where}: attribute 'to'"), **cast_attrs(n))]
 
 
-def _cast_attrs(n: OnnxNode) -> dict[str, Any]:
+def cast_attrs(n: OnnxNode) -> dict[str, Any]:
     """Cast's and CastLike's saturate (opset 19) and round_mode (opset 24), whose defaults
     (1, "up") are partita's."""
-    return {"saturate": bool(n.attr("saturate", 1)), "round_mode": _text(n.attr("round_mode", "up"))}
+    return {"saturate": bool(n.attr("saturate", 1)), "round_mode": attr_text(n.attr("round_mode", "up"))}
 
 
-def _text(v: Any) -> str:
+def attr_text(v: Any) -> str:
+    """A string attribute as text (ONNX stores them as bytes)."""
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -423,7 +426,7 @@ def _auto_pad(n: OnnxNode) -> str:
     return auto or "NOTSET"
 
 
-def _spatial(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def window_params(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """(strides, dilations, pads [begin..., end...]) of a 2-D or 3-D window op, auto_pad resolved."""
     nd = len(kernel)
     if nd not in (2, 3) or x.type.rank != nd + 2:
@@ -455,7 +458,7 @@ def _spatial(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[int], l
     return strides, dil, pads
 
 
-def _symmetric(n: OnnxNode, x: Value, pads: list[int], fill: float,
+def pad_symmetric(n: OnnxNode, x: Value, pads: list[int], fill: float,
                kernel: Sequence[int] | None = None) -> tuple[Value, list[int]]:
     """partita's window ops pad both sides equally (and pools at most half the window): pad x
     explicitly with ``fill`` when ONNX's pads are asymmetric or larger."""
@@ -467,7 +470,7 @@ def _symmetric(n: OnnxNode, x: Value, pads: list[int], fill: float,
     return n.emit("pad", x, pads=pairs, value=fill), [0] * nd
 
 
-def _lift_1d(convert: Converter) -> Converter:
+def lift_1d(convert: Converter) -> Converter:
     """Run a 2-D window converter on a 1-D (N, C, L) node as (N, C, 1, L), then drop the
     added dim: partita's window ops are 2-D and 3-D."""
     def lifted(n: OnnxNode) -> Sequence[Value | None]:
@@ -505,8 +508,8 @@ def _conv(n: OnnxNode) -> list[Value | None]:
     x, w = n.input(0), n.input(1)
     nd = _conv_weight_rank(n, w, "convolutions")
     kernel = list(n.attr("kernel_shape", w.type.shape[2:]))
-    strides, dil, pads = _spatial(n, x, kernel)
-    x, padding = _symmetric(n, x, pads, 0.0)
+    strides, dil, pads = window_params(n, x, kernel)
+    x, padding = pad_symmetric(n, x, pads, 0.0)
     ops = [x, w] + ([n.input(2)] if n.has_input(2) else [])
     return [n.emit(f"conv{nd}d", *ops, stride=strides, padding=padding, dilation=dil,
                    groups=int(n.attr("group", 1)))]
@@ -591,8 +594,8 @@ def _max_pool(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     kernel = list(n.attr("kernel_shape"))
     nd = len(kernel)
-    strides, dil, pads = _spatial(n, x, kernel)
-    xp, padding = _symmetric(n, x, pads, -math.inf, kernel)
+    strides, dil, pads = window_params(n, x, kernel)
+    xp, padding = pad_symmetric(n, x, pads, -math.inf, kernel)
     attrs = dict(kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=bool(n.attr("ceil_mode", 0)))
     if not n.used_output(1):
         return [n.emit(f"max_pool{nd}d", xp, **attrs)]
@@ -604,12 +607,12 @@ def _avg_pool(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     kernel = list(n.attr("kernel_shape"))
     nd = len(kernel)
-    strides, dil, pads = _spatial(n, x, kernel)
+    strides, dil, pads = window_params(n, x, kernel)
     include = bool(n.attr("count_include_pad", 0))
     ceil = bool(n.attr("ceil_mode", 0))
     explicit = (any(pads[d] != pads[nd + d] for d in range(nd))
                 or any(pads[d] > kernel[d] // 2 for d in range(nd)))
-    xp, padding = _symmetric(n, x, pads, 0.0, kernel)
+    xp, padding = pad_symmetric(n, x, pads, 0.0, kernel)
     op = f"avg_pool{nd}d"
     y = n.emit(op, xp, kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=ceil,
                count_include_pad=include or explicit)
@@ -617,7 +620,7 @@ def _avg_pool(n: OnnxNode) -> list[Value | None]:
         # The padding is now part of the input, so the pool counted it: divide by the share
         # of each window that lies on real input (the same pool over a 0/1 mask).
         ones = n.emit("full", shape=list(x.type.shape), value=1.0, dtype=x.type.dtype)
-        mask, _ = _symmetric(n, ones, pads, 0.0, kernel)
+        mask, _ = pad_symmetric(n, ones, pads, 0.0, kernel)
         share = n.emit(op, mask, kernel=kernel, stride=strides, padding=padding, dilation=dil, ceil_mode=ceil,
                        count_include_pad=True)
         y = n.emit("div", y, share)
@@ -717,7 +720,7 @@ def _concat(n: OnnxNode) -> list[Value | None]:
     return [n.emit("concat", *ins, axis=int(n.attr("axis")))]
 
 
-def _axes_operand(n: OnnxNode, i: int, attr_since: int) -> list[int] | None:
+def axes_operand(n: OnnxNode, i: int, attr_since: int) -> list[int] | None:
     """Axes given as input ``i`` (opset >= attr_since) or as the 'axes' attribute (older)."""
     if n.ctx.opset >= attr_since:
         if "axes" in n.attrs:
@@ -734,14 +737,14 @@ def _axes_operand(n: OnnxNode, i: int, attr_since: int) -> list[int] | None:
 
 
 def _unsqueeze(n: OnnxNode) -> list[Value | None]:
-    axes = _axes_operand(n, 1, 13)
+    axes = axes_operand(n, 1, 13)
     if axes is None:
         raise n.error("Unsqueeze needs axes")
     return [n.emit("unsqueeze", n.input(0), axes=axes)]
 
 
 def _squeeze(n: OnnxNode) -> list[Value | None]:
-    return [n.emit("squeeze", n.input(0), axes=_axes_operand(n, 1, 13))]
+    return [n.emit("squeeze", n.input(0), axes=axes_operand(n, 1, 13))]
 
 
 def _split(n: OnnxNode) -> list[Value | None]:
@@ -791,7 +794,7 @@ def _gather(n: OnnxNode) -> list[Value | None]:
 def _reduce(op: str, axes_input_since: int) -> Converter:
     def convert(n: OnnxNode) -> list[Value | None]:
         x = n.input(0)
-        axes = _axes_operand(n, 1, axes_input_since)
+        axes = axes_operand(n, 1, axes_input_since)
         keep = bool(n.attr("keepdims", 1))
         if not axes:
             if n.attr("noop_with_empty_axes", 0):
@@ -802,7 +805,7 @@ def _reduce(op: str, axes_input_since: int) -> Converter:
 
 
 def _layer_norm(n: OnnxNode) -> list[Value | None]:
-    stash = _dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
+    stash = onnx_dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
     if not stash.is_float:
         raise n.error(f"stash_type {stash.name} is not a float type; the statistics are computed in a float type")
     x = n.input(0)
@@ -1165,11 +1168,11 @@ def _slice(n: OnnxNode) -> list[Value | None]:
         lo, hi = picked[-1], picked[0] + 1
         if (lo, hi, -st) != (0, dim, 1):
             y = n.emit("slice", y, axis=a, start=lo, end=hi, step=-st)
-        y = _reverse(n, y, a)
+        y = reverse_axis(n, y, a)
     return [y]
 
 
-def _reverse(n: OnnxNode, x: Value, axis: int) -> Value:
+def reverse_axis(n: OnnxNode, x: Value, axis: int) -> Value:
     """x with ``axis`` reversed: an index_select of the indices d-1, ..., 0."""
     d = x.type.shape[axis]
     if d <= 1:
@@ -1302,22 +1305,22 @@ def _concat_from_sequence(n: OnnxNode) -> SeqResult:
 
 
 ONNX_TO_PARTITA: dict[str, AnyConverter] = {
-    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _div,
-    "Pow": _pow, "MatMul": _binary("matmul"),
-    "Equal": _binary("equal"), "Less": _binary("less"), "Greater": _binary("greater"),
-    "Relu": _unary("relu"), "Sigmoid": _unary("sigmoid"), "Tanh": _unary("tanh"),
-    "Erf": _unary("erf"), "Sqrt": _unary("sqrt"),
+    "Add": binary_converter("add"), "Sub": binary_converter("sub"), "Mul": binary_converter("mul"), "Div": _div,
+    "Pow": _pow, "MatMul": binary_converter("matmul"),
+    "Equal": binary_converter("equal"), "Less": binary_converter("less"), "Greater": binary_converter("greater"),
+    "Relu": unary_converter("relu"), "Sigmoid": unary_converter("sigmoid"), "Tanh": unary_converter("tanh"),
+    "Erf": unary_converter("erf"), "Sqrt": unary_converter("sqrt"),
     "Where": lambda n: [n.emit("where", n.input(0), n.input(1), n.input(2))],
     "Identity": _identity, "Cast": _cast, "Constant": _constant,
-    "Gemm": _gemm, "Conv": _lift_1d(_conv), "ConvTranspose": _lift_1d(_conv_transpose),
-    "MaxPool": _lift_1d(_max_pool), "AveragePool": _lift_1d(_avg_pool), "GlobalAveragePool": _global_avg_pool,
+    "Gemm": _gemm, "Conv": lift_1d(_conv), "ConvTranspose": lift_1d(_conv_transpose),
+    "MaxPool": lift_1d(_max_pool), "AveragePool": lift_1d(_avg_pool), "GlobalAveragePool": _global_avg_pool,
     "BatchNormalization": _batch_norm, "Softmax": _softmax, "LayerNormalization": _layer_norm,
     "Dropout": _dropout,
     "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose, "Concat": _concat,
     "Split": _split, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Gather": _gather,
     # ReduceSum takes axes as an input from opset 13, ReduceMean only from opset 18.
     "ReduceMean": _reduce("mean", 18), "ReduceSum": _reduce("sum", 13),
-    "Neg": _unary("neg"), "Exp": _unary("exp"), "Log": _unary("log"), "Abs": _unary("abs"),
+    "Neg": unary_converter("neg"), "Exp": unary_converter("exp"), "Log": unary_converter("log"), "Abs": unary_converter("abs"),
     "Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
     "LeakyRelu": _leaky_relu, "Elu": _elu, "Selu": _selu, "PRelu": _prelu, "Softplus": _softplus,
     "Softsign": _softsign, "Sign": _sign, "LogSoftmax": _log_softmax, "Clip": _clip,
@@ -1383,7 +1386,9 @@ def _listed(ops: Mapping[str, list[str]]) -> str:
     return "; ".join(f"{op} (nodes: {', '.join(names)})" for op, names in sorted(ops.items()))
 
 
-def _opset(proto: Any, where: str) -> int:
+def opset_of(proto: Any, where: str) -> int:
+    """The default-domain opset version ``proto`` imports; an error naming ``where`` if it imports none,
+    several, or one newer than the installed onnx knows."""
     versions = sorted({int(imp.version) for imp in proto.opset_import if imp.domain in ("", "ai.onnx")})
     if not versions:
         foreign = _foreign_ops(proto)
@@ -1405,7 +1410,7 @@ def _opset(proto: Any, where: str) -> int:
     return version
 
 
-def _upgrade(proto: Any, where: str, version: int) -> Any:
+def convert_to_min_opset(proto: Any, where: str, version: int) -> Any:
     """``proto`` converted to opset MIN_OPSET by ONNX's version converter, with a warning."""
     import warnings
 
@@ -1433,7 +1438,7 @@ def _tensor_type(vi: Any, what: str, overrides: Mapping[str, Sequence[int]]) -> 
                                   "the graph are unrolled at import time)")
         raise OnnxImportError(f"{what} '{vi.name}' is not a tensor (sequences, maps and optionals "
                               "are not supported)")
-    dtype = _dtype(tt.elem_type, f"{what} '{vi.name}'")
+    dtype = onnx_dtype(tt.elem_type, f"{what} '{vi.name}'")
     if vi.name in overrides:
         fixed = tuple(int(s) for s in overrides[vi.name])
         if tt.HasField("shape") and len(tt.shape.dim) != len(fixed):
@@ -1455,7 +1460,7 @@ def _tensor_type(vi: Any, what: str, overrides: Mapping[str, Sequence[int]]) -> 
     return TensorType(tuple(shape), dtype)
 
 
-def _known(vi: Any) -> tuple[tuple[int, ...] | None, int]:
+def known_shape_and_type(vi: Any) -> tuple[tuple[int, ...] | None, int]:
     """(shape if every dim is known, element type) of a value_info; 0 elem type = unknown."""
     if not vi.type.HasField("tensor_type"):
         return None, 0
@@ -1625,7 +1630,7 @@ class _Importer:
                 self.seqs[name] = v
                 continue
             if name in expected:
-                shape, elem = _known(expected[name])
+                shape, elem = known_shape_and_type(expected[name])
                 want_dt = _ONNX_DTYPES.get(elem) if elem else None
                 if (shape is not None and shape != v.type.shape) or (want_dt is not None and want_dt is not v.type.dtype):
                     want = f"{want_dt.name if want_dt else '?'}{list(shape) if shape is not None else '[?]'}"
@@ -1830,9 +1835,9 @@ def _read(model: Any) -> tuple[Any, str, str | None]:
     errors use, and the folder external data is read from."""
     proto, where, base_dir = _load(model)
     _check_text(proto, where)
-    opset = _opset(proto, where)
+    opset = opset_of(proto, where)
     if opset < MIN_OPSET:
-        proto = _upgrade(proto, where, opset)
+        proto = convert_to_min_opset(proto, where, opset)
     return proto, where, base_dir
 
 
@@ -1844,7 +1849,7 @@ def _import_proto(proto: Any, where: str, base_dir: str | None, input_shapes: Ma
     except Exception as e:
         raise OnnxImportError(f"{where}: ONNX shape inference rejects the model: {e}") from None
     static = {k: np.asarray(v) for k, v in (static_inputs or {}).items()}
-    return _Importer(inferred, where, _opset(proto, where), base_dir).run(dict(input_shapes or {}), static)
+    return _Importer(inferred, where, opset_of(proto, where), base_dir).run(dict(input_shapes or {}), static)
 
 
 class OnnxModel:
@@ -1866,7 +1871,7 @@ class OnnxModel:
         inits = {t.name for t in proto.graph.initializer}
         self.input_names = [vi.name for vi in proto.graph.input if vi.name not in inits]
         self._graphs: dict[tuple, Graph] = {}
-        if all(_known(vi)[0] is not None or vi.name in self.fixed
+        if all(known_shape_and_type(vi)[0] is not None or vi.name in self.fixed
                for vi in proto.graph.input if vi.name not in inits):
             self.graph_for({})  # every shape known: import now, so errors surface at load time
 

@@ -13,7 +13,7 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from ..ir.graph import Graph
-from .onnx import OnnxImportError, _known, constant_operand_inputs, import_onnx
+from .onnx import OnnxImportError, known_shape_and_type, constant_operand_inputs, import_onnx
 
 
 class PartitaBackendRep(BackendRep):
@@ -26,7 +26,7 @@ class PartitaBackendRep(BackendRep):
         self.static_names = constant_operand_inputs(model)
         # Inputs with a symbolic or missing shape take the shape of the array they are given.
         self.shaped_names = [vi.name for vi in model.graph.input if vi.name in self.input_names
-                             and vi.type.HasField("tensor_type") and _known(vi)[0] is None]
+                             and vi.type.HasField("tensor_type") and known_shape_and_type(vi)[0] is None]
         self.executor = executor
         self._graphs: dict[tuple, Graph] = {}
         if not self.static_names and not self.shaped_names:
@@ -74,14 +74,14 @@ def upgrade_opset(model: Any) -> Any:
     """
     import warnings
 
-    from .onnx import MIN_OPSET, OnnxOpsetUpgradeWarning, _opset, _upgrade
+    from .onnx import MIN_OPSET, OnnxOpsetUpgradeWarning, opset_of, convert_to_min_opset
 
-    version = _opset(model, "<onnx>")
+    version = opset_of(model, "<onnx>")
     if version >= MIN_OPSET:
         return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OnnxOpsetUpgradeWarning)
-        return _upgrade(model, "<onnx>", version)
+        return convert_to_min_opset(model, "<onnx>", version)
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:

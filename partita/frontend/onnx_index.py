@@ -24,7 +24,7 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
-from .onnx import CONSTANT_OPERANDS, ONNX_TO_PARTITA, Converter, OnnxNode, _axes_operand, _dtype, _reverse, _text
+from .onnx import CONSTANT_OPERANDS, ONNX_TO_PARTITA, Converter, OnnxNode, axes_operand, onnx_dtype, reverse_axis, attr_text
 
 Result = list[Value | None]
 
@@ -78,7 +78,7 @@ def _arg(op: str) -> Converter:
             return [n.emit(op, x, axes=[axis], keepdim=keep)]
         # The last extremum: the first one of the reversed axis, counted from the other end.
         d = x.type.shape[axis]
-        first = n.emit(op, _reverse(n, x, axis), axes=[axis], keepdim=keep)
+        first = n.emit(op, reverse_axis(n, x, axis), axes=[axis], keepdim=keep)
         return [n.emit("sub", n.scalar(d - 1, first), first)]
     return convert
 
@@ -88,7 +88,7 @@ def _arg(op: str) -> Converter:
 def _reduce_args(n: OnnxNode) -> tuple[Value, list[int] | None, bool]:
     """(input, normalized axes or None for noop_with_empty_axes' identity, keepdims)."""
     x = n.input(0)
-    axes = _axes_operand(n, 1, 18)
+    axes = axes_operand(n, 1, 18)
     keep = bool(n.attr("keepdims", 1))
     if not axes:
         if n.attr("noop_with_empty_axes", 0):
@@ -193,7 +193,7 @@ def _scan(op: str, identity: float) -> Converter:
             raise n.error(f"the input {x.type} is bool; cast it to a number type first")
         axis = _axis(n, _const_int(n, 1, "the axis"), x.type.rank)
         reverse, exclusive = bool(n.attr("reverse", 0)), bool(n.attr("exclusive", 0))
-        y = _reverse(n, x, axis) if reverse else x
+        y = reverse_axis(n, x, axis) if reverse else x
         y = _back(n, n.emit(op, y, axis=axis), x)
         d = x.type.shape[axis]
         if exclusive and d:
@@ -202,7 +202,7 @@ def _scan(op: str, identity: float) -> Converter:
             pads[2 * axis] = 1
             value: Any = int(identity) if not x.type.dtype.is_float else identity
             y = n.emit("slice", n.emit("pad", y, pads=pads, value=value), axis=axis, start=0, end=d)
-        return [_reverse(n, y, axis) if reverse else y]
+        return [reverse_axis(n, y, axis) if reverse else y]
     return convert
 
 
@@ -226,7 +226,7 @@ def _gather_elements(n: OnnxNode) -> Result:
 
 
 def _reduction_attr(n: OnnxNode) -> str:
-    red = _text(n.attr("reduction", "none"))
+    red = attr_text(n.attr("reduction", "none"))
     if red not in ("none", "add", "mul", "max", "min"):
         raise n.error(f"reduction '{red}' is not one of none, add, mul, max, min")
     return red
@@ -402,7 +402,7 @@ def _eye_like(n: OnnxNode) -> Result:
     if x.type.rank != 2:
         raise n.error(f"the input {x.type} must be 2-D")
     code = n.attr("dtype")
-    target = x.type.dtype if code is None else _dtype(code, f"{n.where}: attribute 'dtype'")
+    target = x.type.dtype if code is None else onnx_dtype(code, f"{n.where}: attribute 'dtype'")
     arr = np.eye(x.type.shape[0], x.type.shape[1], int(n.attr("k", 0)), dtype=target.np)
     return [_const(n, arr, keep=arr.size <= 1024)]
 
@@ -422,7 +422,7 @@ def _depth_to_space(n: OnnxNode) -> Result:
     N, C, H, W = x.type.shape
     if C % (b * b):
         raise n.error(f"the channels {C} are not divisible by blocksize^2 = {b * b}")
-    mode = _text(n.attr("mode", "DCR"))
+    mode = attr_text(n.attr("mode", "DCR"))
     c = C // (b * b)
     if mode == "DCR":
         y = n.emit("reshape", x, shape=[N, b, b, c, H, W])
@@ -441,7 +441,7 @@ def _space_to_depth(n: OnnxNode) -> Result:
     N, C, H, W = x.type.shape
     if H % b or W % b:
         raise n.error(f"the spatial size {H}x{W} is not divisible by blocksize {b}")
-    mode = _text(n.attr("mode", "DCR"))
+    mode = attr_text(n.attr("mode", "DCR"))
     if mode not in ("DCR", "CRD"):
         raise n.error(f"mode '{mode}' is not DCR or CRD")
     y = n.emit("reshape", x, shape=[N, C, H // b, b, W // b, b])

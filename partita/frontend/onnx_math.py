@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..ir import dtypes as dt
 from ..ir.graph import Value
-from .onnx import ONNX_TO_PARTITA, OnnxNode, _binary, _cast_attrs, _text, _unary
+from .onnx import ONNX_TO_PARTITA, OnnxNode, binary_converter, cast_attrs, attr_text, unary_converter
 
 
 def _float_attr(n: OnnxNode, name: str, default: float) -> float:
@@ -59,7 +59,7 @@ def _bitwise(op: str):
 
 
 def _bit_shift(n: OnnxNode) -> list[Value | None]:
-    direction = _text(n.attr("direction", ""))
+    direction = attr_text(n.attr("direction", ""))
     ops = {"LEFT": "bitwise_left_shift", "RIGHT": "bitwise_right_shift"}
     if direction not in ops:
         raise n.error(f"attribute 'direction' is {direction!r}; it must be 'LEFT' or 'RIGHT'")
@@ -99,7 +99,7 @@ def _reciprocal(n: OnnxNode) -> list[Value | None]:
 
 
 def _gelu(n: OnnxNode) -> list[Value | None]:
-    approximate = _text(n.attr("approximate", "none"))
+    approximate = attr_text(n.attr("approximate", "none"))
     if approximate not in ("none", "tanh"):
         raise n.error(f"attribute 'approximate' is {approximate!r}; it must be 'none' (the erf form) or 'tanh'")
     return [n.emit("gelu", _float_input(n), approximate=approximate)]
@@ -177,19 +177,19 @@ def _mean(n: OnnxNode) -> list[Value | None]:
 
 
 def _cast_like(n: OnnxNode) -> list[Value | None]:
-    return [n.emit("cast", n.input(0), dtype=n.input(1).type.dtype, **_cast_attrs(n))]
+    return [n.emit("cast", n.input(0), dtype=n.input(1).type.dtype, **cast_attrs(n))]
 
 
 ONNX_TO_PARTITA.update({
-    "Sin": _unary("sin"), "Cos": _unary("cos"), "Tan": _unary("tan"), "Asin": _unary("asin"),
-    "Acos": _unary("acos"), "Atan": _unary("atan"), "Sinh": _unary("sinh"), "Cosh": _unary("cosh"),
-    "Asinh": _unary("asinh"), "Acosh": _unary("acosh"), "Atanh": _unary("atanh"),
-    "Floor": _unary("floor"), "Ceil": _unary("ceil"), "Round": _unary("round"),
+    "Sin": unary_converter("sin"), "Cos": unary_converter("cos"), "Tan": unary_converter("tan"), "Asin": unary_converter("asin"),
+    "Acos": unary_converter("acos"), "Atan": unary_converter("atan"), "Sinh": unary_converter("sinh"), "Cosh": unary_converter("cosh"),
+    "Asinh": unary_converter("asinh"), "Acosh": unary_converter("acosh"), "Atanh": unary_converter("atanh"),
+    "Floor": unary_converter("floor"), "Ceil": unary_converter("ceil"), "Round": unary_converter("round"),
     "Reciprocal": _reciprocal, "Gelu": _gelu, "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
     "Mish": _mish, "Celu": _celu, "ThresholdedRelu": _thresholded_relu, "Swish": _swish, "SwiGLU": _swiglu,
     "And": _bool_binary("logical_and"), "Or": _bool_binary("logical_or"), "Xor": _bool_binary("not_equal"),
     "Not": _not, "IsNaN": lambda n: [n.emit("isnan", _float_input(n))], "IsInf": _is_inf,
-    "GreaterOrEqual": _binary("greater_equal"), "LessOrEqual": _binary("less_equal"),
+    "GreaterOrEqual": binary_converter("greater_equal"), "LessOrEqual": binary_converter("less_equal"),
     "BitwiseAnd": _bitwise("bitwise_and"), "BitwiseOr": _bitwise("bitwise_or"),
     "BitwiseXor": _bitwise("bitwise_xor"), "BitwiseNot": _bitwise("bitwise_not"), "BitShift": _bit_shift,
     "Mod": _mod, "Mean": _mean, "CastLike": _cast_like,

@@ -20,7 +20,7 @@ from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
 from ..ops.quant import QUANT_DTYPES
-from .onnx import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, _dtype, _lift_1d, _spatial, _symmetric, _text)
+from .onnx import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, onnx_dtype, lift_1d, window_params, pad_symmetric, attr_text)
 
 
 def _axis(n: OnnxNode, x: Value, axis: int, what: str = "axis") -> int:
@@ -38,7 +38,7 @@ def _require_float(n: OnnxNode, x: Value, what: str = "the input") -> None:
 def _stash(n: OnnxNode, x: Value) -> tuple[Value, dt.DType]:
     """x cast to the node's stash_type (the dtype ONNX computes the statistics in; float32
     by default), and x's own dtype to cast the normalized result back to."""
-    stash = _dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
+    stash = onnx_dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
     if not stash.is_float:
         raise n.error(f"stash_type {stash.name} is not a float type; the statistics are computed in a float type")
     return (x if x.type.dtype is stash else n.emit("cast", x, dtype=stash)), x.type.dtype
@@ -215,7 +215,7 @@ def _permute(n: OnnxNode, x: Value, term: list[str], order: list[str]) -> Value:
 
 
 def _einsum(n: OnnxNode) -> list[Value | None]:
-    eq = _text(n.attr("equation"))
+    eq = attr_text(n.attr("equation"))
     ins = [v for v in n.inputs if v is not None]
     if not ins:
         raise n.error("Einsum needs at least one input")
@@ -279,7 +279,7 @@ def _lp_pool(n: OnnxNode) -> list[Value | None]:
     p = float(n.attr("p", 2))
     if p <= 0:
         raise n.error(f"p {p} must be positive")
-    strides, dil, pads = _spatial(n, x, kernel)
+    strides, dil, pads = window_params(n, x, kernel)
     ceil = bool(n.attr("ceil_mode", 0))
     powered = n.emit("pow", n.emit("abs", x), n.scalar(p, x))
     if ceil:
@@ -292,7 +292,7 @@ def _lp_pool(n: OnnxNode) -> list[Value | None]:
             if (out - 1) * strides[d] >= x.type.shape[2 + d] + pads[d]:
                 out -= 1  # the last window must start inside the input or its begin padding
             pads[nd + d] += max((out - 1) * strides[d] + span - size, 0)
-    xp, padding = _symmetric(n, powered, pads, 0.0, kernel)
+    xp, padding = pad_symmetric(n, powered, pads, 0.0, kernel)
     avg = n.emit(f"avg_pool{nd}d", xp, kernel=kernel, stride=strides, padding=padding, dilation=dil,
                  count_include_pad=True)
     total = n.emit("mul", avg, n.scalar(float(math.prod(kernel)), x))
@@ -318,7 +318,7 @@ ONNX_TO_PARTITA.update({
     "LpNormalization": _lp_norm,
     "MeanVarianceNormalization": _mvn,
     "Einsum": _einsum,
-    "LpPool": _lift_1d(_lp_pool),
+    "LpPool": lift_1d(_lp_pool),
     "GlobalLpPool": _global_lp_pool,
 })
 
@@ -469,16 +469,16 @@ def _resize(n: OnnxNode) -> list[Value | None]:
         roi_arr = _optional_const(n, 1, "roi")
         scales = _optional_const(n, 2, "scales")
         sizes = _optional_const(n, 3, "sizes")
-    mode = _text(n.attr("mode", "nearest"))
+    mode = attr_text(n.attr("mode", "nearest"))
     if mode not in ("nearest", "linear", "cubic", "bilinear", "trilinear"):
         raise n.error(f"mode '{mode}' is not one of nearest, linear, cubic")
     if mode in ("bilinear", "trilinear"):
         mode = "linear"  # Upsample-7's names for linear
     default_coord = "asymmetric" if upsample else "half_pixel"
-    coord = _text(n.attr("coordinate_transformation_mode", default_coord))
+    coord = attr_text(n.attr("coordinate_transformation_mode", default_coord))
     if coord not in _COORD_MODES:
         raise n.error(f"coordinate_transformation_mode '{coord}' is not one of {', '.join(_COORD_MODES)}")
-    nearest = _text(n.attr("nearest_mode", "floor" if upsample else "round_prefer_floor"))
+    nearest = attr_text(n.attr("nearest_mode", "floor" if upsample else "round_prefer_floor"))
     if nearest not in _NEAREST_MODES:
         raise n.error(f"nearest_mode '{nearest}' is not one of {', '.join(_NEAREST_MODES)}")
     antialias = bool(n.attr("antialias", 0))
@@ -487,7 +487,7 @@ def _resize(n: OnnxNode) -> list[Value | None]:
     if mode != "nearest" and not x.type.dtype.is_float and x.type.dtype not in QUANT_DTYPES:
         raise n.error(f"{mode} resizing of {x.type} is not supported: the input must be a float tensor or "
                       "i8, u8, i16, u16 (cast it to float first)")
-    policy = _text(n.attr("keep_aspect_ratio_policy", "stretch"))
+    policy = attr_text(n.attr("keep_aspect_ratio_policy", "stretch"))
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise n.error(f"keep_aspect_ratio_policy '{policy}' is not one of stretch, not_larger, not_smaller")
     axes = [_axis(n, x, int(a), "axes entry") for a in n.attr("axes", list(range(r)))]
@@ -722,7 +722,7 @@ def _attention(n: OnnxNode) -> list[Value | None]:
     prec = n.attr("softmax_precision")
     x = biased
     if prec is not None:
-        pd = _dtype(int(prec), f"{n.where}: attribute 'softmax_precision'")
+        pd = onnx_dtype(int(prec), f"{n.where}: attribute 'softmax_precision'")
         if not pd.is_float:
             raise n.error(f"softmax_precision {pd.name} must be a float type")
         x = _cast_to(n, x, pd)
@@ -829,7 +829,7 @@ def _nll(n: OnnxNode, logp: Value, target: Value, weight: Value | None) -> Value
     c = logp.type.shape[1]
     if weight is not None and list(weight.type.shape) != [c]:
         raise n.error(f"weight {weight.type} must have shape [{c}] (one per class)")
-    reduction = _text(n.attr("reduction", "mean"))
+    reduction = attr_text(n.attr("reduction", "mean"))
     if reduction not in ("none", "sum", "mean"):
         raise n.error(f"reduction '{reduction}' is not one of none, sum, mean")
     ii = n.attr("ignore_index")
@@ -927,7 +927,7 @@ def _activation(n: OnnxNode, name: str, alpha: float | None, beta: float | None,
 
 def _activations(n: OnnxNode, defaults: list[str], dirs: int) -> list[list[Any]]:
     """Per direction, the node's activation functions as callables on a Value."""
-    names = [_text(a) for a in n.attr("activations", [])] or defaults * dirs
+    names = [attr_text(a) for a in n.attr("activations", [])] or defaults * dirs
     k = len(defaults)
     if len(names) != k * dirs:
         raise n.error(f"activations {names} must list {k} function(s) per direction ({k * dirs} in all)")
@@ -960,7 +960,7 @@ def _recurrent(n: OnnxNode, kind: str) -> list[Value | None]:
     _require_float(n, x, "X")
     gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
     hidden = int(n.attr("hidden_size", r.type.shape[-1] if r.type.rank == 3 else 0))
-    direction = _text(n.attr("direction", "forward"))
+    direction = attr_text(n.attr("direction", "forward"))
     if direction not in ("forward", "reverse", "bidirectional"):
         raise n.error(f"direction '{direction}' is not one of forward, reverse, bidirectional")
     dirs = 2 if direction == "bidirectional" else 1

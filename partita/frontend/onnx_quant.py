@@ -21,7 +21,7 @@ from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
 from ..ops.quant import QUANT_DTYPES, qrange
-from .onnx import ONNX_TO_PARTITA, OnnxNode, _dtype
+from .onnx import ONNX_TO_PARTITA, OnnxNode, onnx_dtype
 
 
 def _scale(n: OnnxNode, i: int) -> Value:
@@ -127,7 +127,7 @@ def _quantize_linear(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     scale = _scale(n, 1)
     out_dtype = n.attr("output_dtype", 0)
-    default = _dtype(out_dtype, f"{n.where}: attribute 'output_dtype'") if out_dtype else dt.u8
+    default = onnx_dtype(out_dtype, f"{n.where}: attribute 'output_dtype'") if out_dtype else dt.u8
     target = n.ctx.values[n.proto.input[2]].type.dtype if n.has_input(2) else default
     if target in _STORAGE:
         g = _granularity(n, x, scale)

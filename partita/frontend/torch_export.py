@@ -55,7 +55,7 @@ class Unsupported(Exception):
 _POISON = object()
 
 
-class _Converter:
+class AtenConverter:
     """State of one import: the builder, the FX node -> partita value map and the problems."""
 
     def __init__(self, graph: Graph) -> None:
@@ -94,7 +94,7 @@ class _Converter:
         val = self.node.meta["val"]
         if index is not None:
             val = val[index]
-        return _torch_type(val, self.node)
+        return tensor_type_of(val, self.node)
 
 
 def scalar_dtype(tensor: DType, scalar: Any) -> DType:
@@ -115,7 +115,8 @@ def _target_name(node: Any) -> str:
     return getattr(t, "__name__", str(t))
 
 
-def _torch_type(val: Any, node: Any) -> TensorType:
+def tensor_type_of(val: Any, node: Any) -> TensorType:
+    """The partita type of the example tensor ``val`` of FX node ``node``; an error naming the node otherwise."""
     if not isinstance(val, torch.Tensor):
         raise FrontendError(f"{node.name}: expected a tensor, found {type(val).__name__}")
     try:
@@ -172,19 +173,19 @@ Conv = Callable[..., Any]
 
 
 def _unary(op: str) -> Conv:
-    def conv(cx: _Converter, x: Value) -> Value:
+    def conv(cx: AtenConverter, x: Value) -> Value:
         return cx.emit(op, x)
     return conv
 
 
 def _binary(op: str) -> Conv:
-    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+    def conv(cx: AtenConverter, a: Any, b: Any) -> Value:
         return cx.emit(op, cx.operand(a, b), cx.operand(b, a))
     return conv
 
 
 def _add_sub(op: str) -> Conv:
-    def conv(cx: _Converter, a: Any, b: Any, alpha: Any = 1) -> Value:
+    def conv(cx: AtenConverter, a: Any, b: Any, alpha: Any = 1) -> Value:
         lhs, rhs = cx.operand(a, b), cx.operand(b, a)
         if alpha != 1:
             rhs = cx.emit("mul", rhs, cx.operand(alpha, rhs))
@@ -192,11 +193,11 @@ def _add_sub(op: str) -> Conv:
     return conv
 
 
-def _identity(cx: _Converter, x: Value, *args: Any, **kwargs: Any) -> Value:
+def _identity(cx: AtenConverter, x: Value, *args: Any, **kwargs: Any) -> Value:
     return x
 
 
-def _to_copy(cx: _Converter, x: Value, dtype: Any = None, **kwargs: Any) -> Value:
+def _to_copy(cx: AtenConverter, x: Value, dtype: Any = None, **kwargs: Any) -> Value:
     if dtype is None:
         return x
     dt = _partita_dtype(dtype)
@@ -210,7 +211,7 @@ def _partita_dtype(dtype: Any) -> DType:
         raise Unsupported(f"dtype {dtype} has no partita equivalent") from None
 
 
-def _addmm(cx: _Converter, bias: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
+def _addmm(cx: AtenConverter, bias: Value, a: Value, b: Value, beta: Any = 1, alpha: Any = 1) -> Value:
     y = cx.emit("matmul", a, b)
     if alpha != 1:
         y = cx.emit("mul", y, cx.operand(alpha, y))
@@ -221,45 +222,46 @@ def _addmm(cx: _Converter, bias: Value, a: Value, b: Value, beta: Any = 1, alpha
     return cx.emit("add", y, bias)
 
 
-def _matmul(cx: _Converter, a: Value, b: Value) -> Value:
+def _matmul(cx: AtenConverter, a: Value, b: Value) -> Value:
     return cx.emit("matmul", a, b)
 
 
-def _axis(d: int, rank: int) -> int:
+def wrap_dim(d: int, rank: int) -> int:
+    """A dim index as ATen takes them (negative counts from the end) as a non-negative one."""
     return d + rank if d < 0 else d
 
 
-def _permute(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
-    return cx.emit("transpose", x, perm=tuple(_axis(d, x.type.rank) for d in dims))
+def _permute(cx: AtenConverter, x: Value, dims: Sequence[int]) -> Value:
+    return cx.emit("transpose", x, perm=tuple(wrap_dim(d, x.type.rank) for d in dims))
 
 
-def _reshape(cx: _Converter, x: Value, shape: Sequence[int]) -> Value:
+def _reshape(cx: AtenConverter, x: Value, shape: Sequence[int]) -> Value:
     return cx.emit("reshape", x, shape=tuple(shape))
 
 
-def _expand(cx: _Converter, x: Value, sizes: Sequence[int], implicit: bool = False) -> Value:
+def _expand(cx: AtenConverter, x: Value, sizes: Sequence[int], implicit: bool = False) -> Value:
     # -1 keeps the input's size; sizes are aligned on the right, as in broadcasting.
     lead = len(sizes) - x.type.rank
     shape = tuple(x.type.shape[i - lead] if s == -1 else s for i, s in enumerate(sizes))
     return x if shape == x.type.shape else cx.emit("broadcast_to", x, shape=shape)
 
 
-def _unsqueeze(cx: _Converter, x: Value, dim: int) -> Value:
-    return cx.emit("unsqueeze", x, axes=(_axis(dim, x.type.rank + 1),))
+def _unsqueeze(cx: AtenConverter, x: Value, dim: int) -> Value:
+    return cx.emit("unsqueeze", x, axes=(wrap_dim(dim, x.type.rank + 1),))
 
 
-def _squeeze(cx: _Converter, x: Value, dims: Any = None) -> Value:
+def _squeeze(cx: AtenConverter, x: Value, dims: Any = None) -> Value:
     # torch ignores named dims whose size is not 1; partita's squeeze rejects them.
     shape = x.type.shape
     if dims is None:
         axes = tuple(i for i, s in enumerate(shape) if s == 1)
     else:
         dims = [dims] if isinstance(dims, int) else dims
-        axes = tuple(sorted({_axis(d, x.type.rank) for d in dims if shape[_axis(d, x.type.rank)] == 1}))
+        axes = tuple(sorted({wrap_dim(d, x.type.rank) for d in dims if shape[wrap_dim(d, x.type.rank)] == 1}))
     return cx.emit("squeeze", x, axes=axes) if axes else x
 
 
-def _gelu(cx: _Converter, x: Value, approximate: str = "none") -> Value:
+def _gelu(cx: AtenConverter, x: Value, approximate: str = "none") -> Value:
     return cx.emit("gelu", x, approximate=approximate)
 
 
@@ -268,23 +270,23 @@ def _pair(v: Any) -> tuple[int, int]:
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
-def _ntuple(v: Any, nd: int) -> tuple[int, ...]:
+def ntuple(v: Any, nd: int) -> tuple[int, ...]:
     """An int or a list of ints as ``nd`` ints (one value is repeated, as ATen does)."""
     v = [v] if isinstance(v, int) else list(v)
     return tuple(v) * nd if len(v) == 1 else tuple(v)
 
 
-def _convolution(cx: _Converter, x: Value, w: Value, b: Value | None, stride: Sequence[int],
+def _convolution(cx: AtenConverter, x: Value, w: Value, b: Value | None, stride: Sequence[int],
                  padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                  output_padding: Sequence[int], groups: int) -> Value:
     nd = x.type.rank - 2
     if nd not in (1, 2, 3):
         raise Unsupported(f"aten.convolution: only 1-d, 2-d and 3-d convolution (3-d to 5-d input) is "
                           f"supported, got {x.type}")
-    attrs: dict[str, Any] = dict(stride=_ntuple(stride, nd), padding=_ntuple(padding, nd),
-                                 dilation=_ntuple(dilation, nd), groups=groups)
+    attrs: dict[str, Any] = dict(stride=ntuple(stride, nd), padding=ntuple(padding, nd),
+                                 dilation=ntuple(dilation, nd), groups=groups)
     if transposed:
-        attrs["output_padding"] = _ntuple(output_padding, nd)
+        attrs["output_padding"] = ntuple(output_padding, nd)
     if nd == 1:
         # partita's convolutions are 2-d and 3-d: run a 1-d one over a unit height.
         x, w = cx.emit("unsqueeze", x, axes=(2,)), cx.emit("unsqueeze", w, axes=(2,))
@@ -297,10 +299,10 @@ def _convolution(cx: _Converter, x: Value, w: Value, b: Value | None, stride: Se
 
 
 def _max_pool_with_indices(nd: int) -> Callable[..., tuple]:
-    def conv(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+    def conv(cx: AtenConverter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
              dilation: Any = 1, ceil_mode: bool = False) -> tuple:
-        attrs = dict(kernel=_ntuple(kernel, nd), stride=_ntuple(stride, nd) if len(stride) else None,
-                     padding=_ntuple(padding, nd), dilation=_ntuple(dilation, nd), ceil_mode=ceil_mode)
+        attrs = dict(kernel=ntuple(kernel, nd), stride=ntuple(stride, nd) if len(stride) else None,
+                     padding=ntuple(padding, nd), dilation=ntuple(dilation, nd), ceil_mode=ceil_mode)
         # The values-only op when nobody reads the indices (the common case: nn.MaxPool*d).
         if any(user.target is operator.getitem and user.args[1] == 1 and user.users for user in cx.node.users):
             return cx.emit(f"max_pool{nd}d_with_indices", x, **attrs)
@@ -309,17 +311,17 @@ def _max_pool_with_indices(nd: int) -> Callable[..., tuple]:
 
 
 def _avg_pool(nd: int) -> Callable[..., Value]:
-    def conv(cx: _Converter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
+    def conv(cx: AtenConverter, x: Value, kernel: Sequence[int], stride: Sequence[int] = (), padding: Any = 0,
              ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: Any = None) -> Value:
         if divisor_override is not None:
             raise Unsupported(f"aten.avg_pool{nd}d: divisor_override is not supported")
-        return cx.emit(f"avg_pool{nd}d", x, kernel=_ntuple(kernel, nd),
-                       stride=_ntuple(stride, nd) if len(stride) else None, padding=_ntuple(padding, nd),
+        return cx.emit(f"avg_pool{nd}d", x, kernel=ntuple(kernel, nd),
+                       stride=ntuple(stride, nd) if len(stride) else None, padding=ntuple(padding, nd),
                        ceil_mode=ceil_mode, count_include_pad=count_include_pad)
     return conv
 
 
-def _adaptive_avg_pool2d(cx: _Converter, x: Value, output_size: Sequence[int]) -> Value:
+def _adaptive_avg_pool2d(cx: AtenConverter, x: Value, output_size: Sequence[int]) -> Value:
     oh, ow = _pair(output_size)
     h, w = x.type.shape[-2:]
     if (oh, ow) == (1, 1):
@@ -341,15 +343,15 @@ def _adaptive_matrix(n: int, o: int, dtype: DType) -> np.ndarray:
     return m.astype(dtype.np)
 
 
-def _const(cx: _Converter, arr: np.ndarray) -> Value:
+def _const(cx: AtenConverter, arr: np.ndarray) -> Value:
     return cx.emit("constant", value=DenseAttr(np.ascontiguousarray(arr)))
 
 
-def _ones_or_zeros(cx: _Converter, like: Value, n: int, value: float) -> Value:
+def _ones_or_zeros(cx: AtenConverter, like: Value, n: int, value: float) -> Value:
     return cx.emit("full", shape=(n,), value=value, dtype=like.type.dtype)
 
 
-def _batch_norm_no_training(cx: _Converter, x: Value, w: Value | None, b: Value | None, mean: Value, var: Value,
+def _batch_norm_no_training(cx: AtenConverter, x: Value, w: Value | None, b: Value | None, mean: Value, var: Value,
                             momentum: float, eps: float) -> tuple:
     c = x.type.shape[1]
     w = w if w is not None else _ones_or_zeros(cx, x, c, 1.0)
@@ -357,8 +359,10 @@ def _batch_norm_no_training(cx: _Converter, x: Value, w: Value | None, b: Value 
     return (cx.emit("batch_norm", x, w, b, mean, var, eps=float(eps)), None, None)
 
 
-def _layer_norm(cx: _Converter, x: Value, normalized_shape: Sequence[int], w: Value | None, b: Value | None,
-                eps: float) -> tuple:
+def emit_layer_norm(cx: AtenConverter, x: Value, normalized_shape: Sequence[int], w: Value | None, b: Value | None,
+                    eps: float) -> tuple:
+    """aten.layer_norm as partita's layer_norm over the last dims: (y, None, None), as ATen's
+    native_layer_norm returns (the mean and rstd are not computed)."""
     k = len(normalized_shape)
     if b is not None and w is None:
         w = cx.emit("full", shape=tuple(normalized_shape), value=1.0, dtype=x.type.dtype)
@@ -368,14 +372,14 @@ def _layer_norm(cx: _Converter, x: Value, normalized_shape: Sequence[int], w: Va
 
 
 def _softmax(op: str) -> Conv:
-    def conv(cx: _Converter, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    def conv(cx: AtenConverter, x: Value, dim: int, half_to_float: bool = False) -> Value:
         if half_to_float:
             x = cx.emit("cast", x, dtype=f32)
         return cx.emit(op, x, axis=dim)
     return conv
 
 
-def _embedding(cx: _Converter, table: Value, indices: Value, *args: Any) -> Value:
+def _embedding(cx: AtenConverter, table: Value, indices: Value, *args: Any) -> Value:
     return cx.emit("embedding", table, indices)
 
 
@@ -383,16 +387,16 @@ def _reduce_axes(x: Value, dims: Any) -> tuple[int, ...] | None:
     if dims is None or (not isinstance(dims, int) and len(dims) == 0):
         return None
     dims = [dims] if isinstance(dims, int) else dims
-    return tuple(_axis(d, x.type.rank) for d in dims)
+    return tuple(wrap_dim(d, x.type.rank) for d in dims)
 
 
-def _mean(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+def _mean(cx: AtenConverter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
     return cx.emit("mean", x, axes=_reduce_axes(x, dims), keepdim=keepdim)
 
 
-def _sum(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+def _sum(cx: AtenConverter, x: Value, dims: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
     elif not x.type.dtype.is_float and x.type.dtype != i64:
@@ -401,34 +405,35 @@ def _sum(cx: _Converter, x: Value, dims: Any = None, keepdim: bool = False, dtyp
     return cx.emit("sum", x, axes=_reduce_axes(x, dims), keepdim=keepdim)
 
 
-def _mean_all(cx: _Converter, x: Value, dtype: Any = None) -> Value:
+def _mean_all(cx: AtenConverter, x: Value, dtype: Any = None) -> Value:
     return _mean(cx, x, None, False, dtype)
 
 
 def _amax_amin(op: str) -> Conv:
-    def conv(cx: _Converter, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
+    def conv(cx: AtenConverter, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
         return cx.emit(op, x, axes=_reduce_axes(x, dims), keepdim=keepdim)
     return conv
 
 
 def _argmax_argmin(op: str) -> Conv:
-    def conv(cx: _Converter, x: Value, dim: int | None = None, keepdim: bool = False) -> Value:
-        return cx.emit(op, x, axes=None if dim is None else (_axis(dim, x.type.rank),), keepdim=keepdim)
+    def conv(cx: AtenConverter, x: Value, dim: int | None = None, keepdim: bool = False) -> Value:
+        return cx.emit(op, x, axes=None if dim is None else (wrap_dim(dim, x.type.rank),), keepdim=keepdim)
     return conv
 
 
-def _cat(cx: _Converter, tensors: Sequence[Value], dim: int = 0) -> Value:
-    return cx.emit("concat", *tensors, axis=_axis(dim, tensors[0].type.rank))
+def emit_concat(cx: AtenConverter, tensors: Sequence[Value], dim: int = 0) -> Value:
+    """aten.cat as partita's concat."""
+    return cx.emit("concat", *tensors, axis=wrap_dim(dim, tensors[0].type.rank))
 
 
-def _split_sizes(cx: _Converter, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
-    out = cx.emit("split", x, axis=_axis(dim, x.type.rank), sizes=tuple(sizes))
+def _split_sizes(cx: AtenConverter, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple:
+    out = cx.emit("split", x, axis=wrap_dim(dim, x.type.rank), sizes=tuple(sizes))
     return out if isinstance(out, tuple) else (out,)
 
 
-def _slice(cx: _Converter, x: Value, dim: int = 0, start: int | None = None, end: int | None = None,
+def _slice(cx: AtenConverter, x: Value, dim: int = 0, start: int | None = None, end: int | None = None,
            step: int = 1) -> Value:
-    axis = _axis(dim, x.type.rank)
+    axis = wrap_dim(dim, x.type.rank)
     size = x.type.shape[axis]
     start = 0 if start is None else start
     # torch.export writes "to the end" as the largest int64; partita clamps like Python.
@@ -438,14 +443,14 @@ def _slice(cx: _Converter, x: Value, dim: int = 0, start: int | None = None, end
     return cx.emit("slice", x, axis=axis, start=start, end=end, step=step)
 
 
-def _select(cx: _Converter, x: Value, dim: int, index: int) -> Value:
-    axis = _axis(dim, x.type.rank)
+def _select(cx: AtenConverter, x: Value, dim: int, index: int) -> Value:
+    axis = wrap_dim(dim, x.type.rank)
     index = index + x.type.shape[axis] if index < 0 else index
     y = cx.emit("slice", x, axis=axis, start=index, end=index + 1)
     return cx.emit("squeeze", y, axes=(axis,))
 
 
-def _full(cx: _Converter, size: Sequence[int], value: Any, **kwargs: Any) -> Value:
+def _full(cx: AtenConverter, size: Sequence[int], value: Any, **kwargs: Any) -> Value:
     t = cx.out_type()
     return cx.scalar(value, t.dtype) if not size else cx.emit(
         "full", shape=tuple(size), value=_fill(value, t.dtype), dtype=t.dtype)
@@ -455,16 +460,16 @@ def _fill(value: Any, dt: DType) -> Any:
     return float(value) if dt.is_float else (bool(value) if dt.is_bool else int(value))
 
 
-def _full_like(cx: _Converter, x: Value, value: Any, **kwargs: Any) -> Value:
+def _full_like(cx: AtenConverter, x: Value, value: Any, **kwargs: Any) -> Value:
     t = cx.out_type()
     return cx.emit("full", shape=t.shape, value=_fill(value, t.dtype), dtype=t.dtype)
 
 
-def _scalar_tensor(cx: _Converter, value: Any, **kwargs: Any) -> Value:
+def _scalar_tensor(cx: AtenConverter, value: Any, **kwargs: Any) -> Value:
     return cx.scalar(value, cx.out_type().dtype)
 
 
-def _arange(cx: _Converter, start: Any, end: Any, step: Any = 1, **kwargs: Any) -> Value:
+def _arange(cx: AtenConverter, start: Any, end: Any, step: Any = 1, **kwargs: Any) -> Value:
     # The decompositions turn arange(end) and arange(start, end) into this overload.
     t = cx.out_type()
     y = cx.emit("iota", shape=t.shape, dtype=t.dtype)
@@ -475,25 +480,25 @@ def _arange(cx: _Converter, start: Any, end: Any, step: Any = 1, **kwargs: Any) 
     return y
 
 
-def _where(cx: _Converter, cond: Value, x: Any, y: Any) -> Value:
+def _where(cx: AtenConverter, cond: Value, x: Any, y: Any) -> Value:
     return cx.emit("where", cond, cx.operand(x, y), cx.operand(y, x))
 
 
-def _index_select(cx: _Converter, x: Value, dim: int, index: Value) -> Value:
-    return cx.emit("index_select", x, index, axis=_axis(dim, x.type.rank))
+def _index_select(cx: AtenConverter, x: Value, dim: int, index: Value) -> Value:
+    return cx.emit("index_select", x, index, axis=wrap_dim(dim, x.type.rank))
 
 
-def _gather(cx: _Converter, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
-    return cx.emit("gather", x, index, axis=_axis(dim, x.type.rank))
+def _gather(cx: AtenConverter, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+    return cx.emit("gather", x, index, axis=wrap_dim(dim, x.type.rank))
 
 
-def _cumsum(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+def _cumsum(cx: AtenConverter, x: Value, dim: int, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
-    return cx.emit("cumsum", x, axis=_axis(dim, x.type.rank))
+    return cx.emit("cumsum", x, axis=wrap_dim(dim, x.type.rank))
 
 
-def _constant_pad_nd(cx: _Converter, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+def _constant_pad_nd(cx: AtenConverter, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
     if any(p < 0 for p in pad):
         raise Unsupported("aten.constant_pad_nd: negative padding (cropping) is not supported")
     # torch lists (before, after) pairs from the last dim backwards; partita from the first.
@@ -504,7 +509,7 @@ def _constant_pad_nd(cx: _Converter, x: Value, pad: Sequence[int], value: Any = 
     return cx.emit("pad", x, pads=tuple(pads), value=_fill(value, x.type.dtype))
 
 
-def _cumsum_cast(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+def _cumsum_cast(cx: AtenConverter, x: Value, dim: int, dtype: Any = None) -> Value:
     if dtype is None and not x.type.dtype.is_float and x.type.dtype != i64:
         # torch accumulates bool and integer tensors in i64.
         x = cx.emit("cast", x, dtype=i64)
@@ -513,7 +518,7 @@ def _cumsum_cast(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value
 
 def _bitwise(op: str) -> Conv:
     # On bools (masks, the common use) the logical op; on integers the bitwise one.
-    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+    def conv(cx: AtenConverter, a: Any, b: Any) -> Value:
         lhs, rhs = cx.operand(a, b), cx.operand(b, a)
         if lhs.type.dtype.is_bool and rhs.type.dtype.is_bool:
             return cx.emit(op, lhs, rhs)
@@ -523,7 +528,7 @@ def _bitwise(op: str) -> Conv:
 
 def _shift(op: str) -> Conv:
     # partita's shifts take one dtype: both operands in the dtype torch promotes them to.
-    def conv(cx: _Converter, a: Any, b: Any) -> Value:
+    def conv(cx: AtenConverter, a: Any, b: Any) -> Value:
         dt = cx.out_type().dtype
         lhs, rhs = cx.operand(a, b), cx.operand(b, a)
         lhs, rhs = (v if v.type.dtype == dt else cx.emit("cast", v, dtype=dt) for v in (lhs, rhs))
@@ -531,7 +536,7 @@ def _shift(op: str) -> Conv:
     return conv
 
 
-def _round(cx: _Converter, x: Value, decimals: int = 0) -> Value:
+def _round(cx: AtenConverter, x: Value, decimals: int = 0) -> Value:
     # torch rounds x * 10**d (x / 10**-d for d < 0) half to even and scales back.
     if decimals == 0:
         return cx.emit("round", x)
@@ -543,7 +548,7 @@ def _round(cx: _Converter, x: Value, decimals: int = 0) -> Value:
     return cx.emit("mul", cx.emit("round", cx.emit("div", x, scale)), scale)
 
 
-def _no_result(cx: _Converter, *args: Any, **kwargs: Any) -> None:
+def _no_result(cx: AtenConverter, *args: Any, **kwargs: Any) -> None:
     # Run-time metadata assertions: the types were checked when the graph was exported.
     return None
 
@@ -564,7 +569,7 @@ def _index_run(indices: Sequence[Value | None], op: str, form: tuple[str, str]) 
     return lead, [i for i in idx if i is not None]
 
 
-def linearize_index(cx: _Converter, idx: Sequence[Value], dims: Sequence[int]) -> Value:
+def linearize_index(cx: AtenConverter, idx: Sequence[Value], dims: Sequence[int]) -> Value:
     """Index tensors into dims ``dims`` (negative ones counted from the end, as in Python) as
     one broadcast i64 index into those dims flattened."""
     linear: Value | None = None
@@ -579,7 +584,7 @@ def linearize_index(cx: _Converter, idx: Sequence[Value], dims: Sequence[int]) -
     return linear
 
 
-def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
+def _index(cx: AtenConverter, x: Value, indices: Sequence[Value | None]) -> Value:
     """x[..., i0, i1, ...] with index tensors (advanced indexing) on one run of adjacent dims,
     after any number of full slices (None). The indexed dims are moved to the front and
     flattened, the broadcast, linearized index picks rows with ``index_select``, and the
@@ -603,7 +608,7 @@ def _index(cx: _Converter, x: Value, indices: Sequence[Value | None]) -> Value:
     return y
 
 
-def _sdpa(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: Value | None = None, dropout_p: float = 0.0,
+def _sdpa(cx: AtenConverter, q: Value, k: Value, v: Value, attn_mask: Value | None = None, dropout_p: float = 0.0,
           is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Value:
     """Attention as one fused ``attention`` node (its out; GQA's key/value heads repeated first),
     which the torch executor runs with the CPU flash kernel eager runs. A call its type rule
@@ -695,7 +700,7 @@ def _constant_value(v: Value) -> np.ndarray | None:
     return values[v]
 
 
-def _sdpa_spelled_out(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: Value | None, is_causal: bool,
+def _sdpa_spelled_out(cx: AtenConverter, q: Value, k: Value, v: Value, attn_mask: Value | None, is_causal: bool,
                       scale: float | None) -> Value:
     """softmax(q k^T * scale + mask) v in matmul/mul/where/softmax ops, with broadcasting."""
     rank = q.type.rank
@@ -717,7 +722,7 @@ def _sdpa_spelled_out(cx: _Converter, q: Value, k: Value, v: Value, attn_mask: V
     return cx.emit("matmul", p, v)
 
 
-def _repeat_kv(cx: _Converter, x: Value, heads: int) -> Value:
+def _repeat_kv(cx: AtenConverter, x: Value, heads: int) -> Value:
     """[B, Hkv, S, E] -> [B, H, S, E]: query head h reads key/value head h // (H / Hkv)."""
     *lead, hkv, sl, e = x.type.shape
     y = cx.emit("unsqueeze", x, axes=(len(lead) + 1,))
@@ -725,7 +730,7 @@ def _repeat_kv(cx: _Converter, x: Value, heads: int) -> Value:
     return cx.emit("reshape", y, shape=(*lead, heads, sl, e))
 
 
-def _clamp(cx: _Converter, x: Value, lo: Any = None, hi: Any = None) -> Value:
+def _clamp(cx: AtenConverter, x: Value, lo: Any = None, hi: Any = None) -> Value:
     # min(max(x, lo), hi), as torch.clamp orders the bounds when lo > hi.
     y = x
     if lo is not None:
@@ -735,12 +740,12 @@ def _clamp(cx: _Converter, x: Value, lo: Any = None, hi: Any = None) -> Value:
     return y
 
 
-def _leaky_relu(cx: _Converter, x: Value, slope: float = 0.01) -> Value:
+def _leaky_relu(cx: AtenConverter, x: Value, slope: float = 0.01) -> Value:
     zero = cx.scalar(0, x.type.dtype)
     return cx.emit("where", cx.emit("greater", x, zero), x, cx.emit("mul", x, cx.scalar(slope, x.type.dtype)))
 
 
-def _elu(cx: _Converter, x: Value, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Value:
+def _elu(cx: AtenConverter, x: Value, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Value:
     dt = x.type.dtype
     xs = x if input_scale == 1 else cx.emit("mul", x, cx.scalar(input_scale, dt))
     neg = cx.emit("mul", cx.emit("sub", cx.emit("exp", xs), cx.scalar(1, dt)), cx.scalar(alpha, dt))
@@ -748,7 +753,7 @@ def _elu(cx: _Converter, x: Value, alpha: float = 1.0, scale: float = 1.0, input
     return y if scale == 1 else cx.emit("mul", y, cx.scalar(scale, dt))
 
 
-def _var(cx: _Converter, x: Value, dims: Any = None, correction: Any = None, keepdim: bool = False) -> Value:
+def _var(cx: AtenConverter, x: Value, dims: Any = None, correction: Any = None, keepdim: bool = False) -> Value:
     """sum((x - mean)^2) / (N - correction); correction defaults to 1 (Bessel's)."""
     axes = _reduce_axes(x, dims)
     reduced = range(x.type.rank) if axes is None else axes
@@ -761,7 +766,7 @@ def _var(cx: _Converter, x: Value, dims: Any = None, correction: Any = None, kee
     return cx.emit("div", total, cx.scalar(max(n - c, 0), x.type.dtype))
 
 
-def _pow(cx: _Converter, a: Any, b: Any) -> Value:
+def _pow(cx: AtenConverter, a: Any, b: Any) -> Value:
     return cx.emit("pow", cx.operand(a, b), cx.operand(b, a))
 
 
@@ -780,7 +785,7 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.expand.default: _expand,
     aten.unsqueeze.default: _unsqueeze,
     aten.squeeze.dims: _squeeze,
-    aten.cat.default: _cat,
+    aten.cat.default: emit_concat,
     aten.split_with_sizes.default: _split_sizes,
     aten.slice.Tensor: _slice,
     aten.select.int: _select,
@@ -838,7 +843,7 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     # comparisons (filled in below for each of .Tensor and .Scalar)
     # normalization, softmax, embedding
     aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
-    aten.native_layer_norm.default: _layer_norm,
+    aten.native_layer_norm.default: emit_layer_norm,
     aten._softmax.default: _softmax("softmax"),
     aten._log_softmax.default: _softmax("log_softmax"),
     aten.embedding.default: _embedding,
@@ -891,16 +896,16 @@ for _name in ("remainder", "fmod"):
         ATEN_TO_PARTITA[getattr(getattr(aten, _name), _overload)] = _binary(_name)
 
 
-def _topk(cx: _Converter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
-    return tuple(cx.emit("topk", x, k=int(k), axis=_axis(dim, x.type.rank), largest=bool(largest), sorted=bool(sorted)))
+def _topk(cx: AtenConverter, x: Value, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple:
+    return tuple(cx.emit("topk", x, k=int(k), axis=wrap_dim(dim, x.type.rank), largest=bool(largest), sorted=bool(sorted)))
 
 
-def _sort(cx: _Converter, x: Value, dim: int = -1, descending: bool = False, stable: bool | None = None) -> tuple:
+def _sort(cx: AtenConverter, x: Value, dim: int = -1, descending: bool = False, stable: bool | None = None) -> tuple:
     # partita's sort is always stable, which is also a correct unstable sort.
-    return tuple(cx.emit("sort", x, axis=_axis(dim, x.type.rank), descending=bool(descending)))
+    return tuple(cx.emit("sort", x, axis=wrap_dim(dim, x.type.rank), descending=bool(descending)))
 
 
-def _sort_stable(cx: _Converter, x: Value, *, stable: bool | None = None, dim: int = -1,
+def _sort_stable(cx: AtenConverter, x: Value, *, stable: bool | None = None, dim: int = -1,
                  descending: bool = False) -> tuple:
     return _sort(cx, x, dim, descending)
 
@@ -912,7 +917,7 @@ ATEN_TO_PARTITA.update({
 })
 
 
-def _repeat(cx: _Converter, x: Value, repeats: Sequence[int]) -> Value:
+def _repeat(cx: AtenConverter, x: Value, repeats: Sequence[int]) -> Value:
     """x.repeat(r0, ..., rk): new leading dims for the extra counts, then every dim tiled,
     as one reshape to [1, s0, 1, s1, ...], a broadcast to [r0, s0, r1, s1, ...] and a reshape
     to [r0 * s0, r1 * s1, ...]."""
@@ -930,7 +935,7 @@ def _repeat(cx: _Converter, x: Value, repeats: Sequence[int]) -> Value:
     return cx.emit("reshape", y, shape=tuple(r * s for r, s in zip(reps, shape)))
 
 
-def _copy(cx: _Converter, dst: Value, src: Value, non_blocking: bool = False) -> Value:
+def _copy(cx: AtenConverter, dst: Value, src: Value, non_blocking: bool = False) -> Value:
     """aten.copy (the functional form of ``dst.copy_(src)``): src broadcast to dst's shape,
     in dst's dtype."""
     if src.type.dtype is not dst.type.dtype:
@@ -940,7 +945,7 @@ def _copy(cx: _Converter, dst: Value, src: Value, non_blocking: bool = False) ->
     return src
 
 
-def _empty(cx: _Converter, *args: Any, **kwargs: Any) -> Value:
+def _empty(cx: AtenConverter, *args: Any, **kwargs: Any) -> Value:
     """aten.empty / empty_permuted: an uninitialized tensor, which the program overwrites
     before reading; partita makes it zeros (its layout is partita's own, so the permutation
     is irrelevant)."""
@@ -948,7 +953,7 @@ def _empty(cx: _Converter, *args: Any, **kwargs: Any) -> Value:
     return cx.emit("full", shape=t.shape, value=_fill(0, t.dtype), dtype=t.dtype)
 
 
-def _as_strided(cx: _Converter, x: Value, size: Sequence[int], stride: Sequence[int],
+def _as_strided(cx: AtenConverter, x: Value, size: Sequence[int], stride: Sequence[int],
                 storage_offset: int | None = None) -> Value:
     """as_strided over the contiguous storage of ``x`` (what the exported functional program
     holds): the flat positions offset + sum(i_k * stride_k), computed at import, pick the
@@ -971,7 +976,7 @@ def _as_strided(cx: _Converter, x: Value, size: Sequence[int], stride: Sequence[
     return cx.emit("reshape", y, shape=tuple(size))
 
 
-def _histc(cx: _Converter, x: Value, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:
+def _histc(cx: AtenConverter, x: Value, bins: int = 100, min: Any = 0, max: Any = 0) -> Value:
     """torch.histc: ``bins`` equal bins over [min, max] (the data's own range when both are
     0), elements outside ignored, the maximum counted in the last bin. An element's bin is
     trunc((x - lo) / (hi - lo) * bins) as torch computes it, so "bin >= i" is exactly
@@ -1018,20 +1023,20 @@ ATEN_TO_PARTITA.update({
 })
 
 
-def _any(cx: _Converter, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+def _any(cx: AtenConverter, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
     b = x if x.type.dtype.is_bool else cx.emit("not_equal", x, cx.scalar(0, x.type.dtype))
-    axes = None if dim is None else tuple(_axis(d, x.type.rank) for d in ([dim] if isinstance(dim, int) else dim))
+    axes = None if dim is None else tuple(wrap_dim(d, x.type.rank) for d in ([dim] if isinstance(dim, int) else dim))
     count = cx.emit("sum", cx.emit("cast", b, dtype=i64), axes=axes, keepdim=bool(keepdim))
     return cx.emit("greater", count, cx.scalar(0, i64))
 
 
-def _logical_xor(cx: _Converter, a: Value, b: Value) -> Value:
+def _logical_xor(cx: AtenConverter, a: Value, b: Value) -> Value:
     def as_bool(v: Value) -> Value:
         return v if v.type.dtype.is_bool else cx.emit("not_equal", v, cx.scalar(0, v.type.dtype))
     return cx.emit("not_equal", as_bool(a), as_bool(b))
 
 
-def _positions(cx: _Converter, x: Value, pos: np.ndarray) -> Value:
+def _positions(cx: AtenConverter, x: Value, pos: np.ndarray) -> Value:
     """The elements of ``x`` (contiguous) at flat positions ``pos``, in pos's shape."""
     total = int(np.prod(x.type.shape))
     flat = cx.emit("reshape", x, shape=(total,))
@@ -1039,17 +1044,17 @@ def _positions(cx: _Converter, x: Value, pos: np.ndarray) -> Value:
     return cx.emit("reshape", y, shape=tuple(pos.shape))
 
 
-def _diagonal(cx: _Converter, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
+def _diagonal(cx: AtenConverter, x: Value, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Value:
     """torch.diagonal: the other dims in order, then the diagonal; positions computed at import."""
     r = x.type.rank
-    d1, d2 = _axis(dim1, r), _axis(dim2, r)
+    d1, d2 = wrap_dim(dim1, r), wrap_dim(dim2, r)
     pos = np.arange(int(np.prod(x.type.shape)), dtype=np.int64).reshape(x.type.shape)
     return _positions(cx, x, np.ascontiguousarray(np.diagonal(pos, offset=int(offset), axis1=d1, axis2=d2)))
 
 
-def _flip(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
+def _flip(cx: AtenConverter, x: Value, dims: Sequence[int]) -> Value:
     for d in dims:
-        axis = _axis(d, x.type.rank)
+        axis = wrap_dim(d, x.type.rank)
         n = x.type.shape[axis]
         if n > 1:
             x = cx.emit("index_select", x, _const(cx, np.arange(n - 1, -1, -1, dtype=np.int64)), axis=axis)
@@ -1057,30 +1062,30 @@ def _flip(cx: _Converter, x: Value, dims: Sequence[int]) -> Value:
 
 
 def _max_min_dim(op: str, arg: str) -> Conv:
-    def conv(cx: _Converter, x: Value, dim: int, keepdim: bool = False) -> tuple:
-        axis = _axis(dim, x.type.rank)
+    def conv(cx: AtenConverter, x: Value, dim: int, keepdim: bool = False) -> tuple:
+        axis = wrap_dim(dim, x.type.rank)
         return (cx.emit(op, x, axes=(axis,), keepdim=bool(keepdim)),
                 cx.emit(arg, x, axes=(axis,), keepdim=bool(keepdim)))
     return conv
 
 
-def _prod(cx: _Converter, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
+def _prod(cx: AtenConverter, x: Value, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
     elif not x.type.dtype.is_float:
         x = cx.emit("cast", x, dtype=i64)          # torch.prod of integers (and bools) is i64
-    axes = None if dim is None else (_axis(dim, x.type.rank),)
+    axes = None if dim is None else (wrap_dim(dim, x.type.rank),)
     return cx.emit("prod", x, axes=axes, keepdim=bool(keepdim))
 
 
 def _log_base(base: float) -> Conv:
-    def conv(cx: _Converter, x: Value) -> Value:
+    def conv(cx: AtenConverter, x: Value) -> Value:
         y = cx.emit("log", x)
         return cx.emit("div", y, cx.scalar(float(np.log(base)), y.type.dtype))
     return conv
 
 
-def _log1p(cx: _Converter, x: Value) -> Value:
+def _log1p(cx: AtenConverter, x: Value) -> Value:
     """log(1 + x) accurate for small x: log(u) * x / (u - 1) with u = 1 + x (x where u == 1)."""
     one = cx.scalar(1.0, x.type.dtype)
     u = cx.emit("add", x, one)
@@ -1092,7 +1097,7 @@ def _log1p(cx: _Converter, x: Value) -> Value:
     return cx.emit("where", same, x, cx.emit("where", inf, u, y))
 
 
-def _expm1(cx: _Converter, x: Value) -> Value:
+def _expm1(cx: AtenConverter, x: Value) -> Value:
     """exp(x) - 1 accurate for small x: (u - 1) * x / log(u) with u = exp(x) (x where u == 1,
     u - 1 where u is 0 or inf)."""
     one = cx.scalar(1.0, x.type.dtype)
@@ -1107,7 +1112,7 @@ def _expm1(cx: _Converter, x: Value) -> Value:
     return cx.emit("where", same, x, cx.emit("where", edge, um1, y))
 
 
-def _group_norm(cx: _Converter, x: Value, w: Value | None, b: Value | None, n: int, c: int, hw: int,
+def _group_norm(cx: AtenConverter, x: Value, w: Value | None, b: Value | None, n: int, c: int, hw: int,
                 group: int, eps: float) -> tuple:
     """native_group_norm: statistics over each group of C // group channels and every
     spatial position; returns (out, mean, rstd) as torch does, mean and rstd [N, group]."""
@@ -1134,7 +1139,7 @@ def _upsample_sizes(x: Value, output_size: Any, scale_factors: Any) -> tuple[lis
     return [int(np.floor(i * float(s or 1.0))) for i, s in zip(ins, scales)], scales
 
 
-def _upsample_nearest(cx: _Converter, x: Value, output_size: Any, scale_factors: Any = None) -> Value:
+def _upsample_nearest(cx: AtenConverter, x: Value, output_size: Any, scale_factors: Any = None) -> Value:
     """Nearest: source index min(floor(dst * scale), in - 1), scale = in / out (or 1 / the
     given factor), in float32 as PyTorch computes it; one index_select per spatial axis."""
     outs, factors = _upsample_sizes(x, output_size, scale_factors)
@@ -1164,7 +1169,7 @@ def _linear_matrix(n: int, o: int, align: bool, factor: float | None) -> np.ndar
     return m
 
 
-def _upsample_bilinear(cx: _Converter, x: Value, output_size: Any, align_corners: bool,
+def _upsample_bilinear(cx: AtenConverter, x: Value, output_size: Any, align_corners: bool,
                        scale_factors: Any = None) -> Value:
     """Bilinear: along each axis a product with the constant interpolation matrix."""
     (oh, ow), (fh, fw) = _upsample_sizes(x, output_size, scale_factors)
@@ -1174,7 +1179,7 @@ def _upsample_bilinear(cx: _Converter, x: Value, output_size: Any, align_corners
     return cx.emit("matmul", _const(cx, _linear_matrix(h, oh, bool(align_corners), fh).astype(dtype)), y)
 
 
-def _masked_scatter(cx: _Converter, x: Value, mask: Value, source: Value) -> Value:
+def _masked_scatter(cx: AtenConverter, x: Value, mask: Value, source: Value) -> Value:
     """x with the positions where ``mask`` holds taking ``source``'s elements in order: the
     k-th true position (in row-major order) reads source.flatten()[k]."""
     shape = x.type.shape
@@ -1189,7 +1194,7 @@ def _masked_scatter(cx: _Converter, x: Value, mask: Value, source: Value) -> Val
     return cx.emit("reshape", out, shape=shape)
 
 
-def _cdist(cx: _Converter, a: Value, b: Value, p: float = 2.0, compute_mode: Any = None) -> Value:
+def _cdist(cx: AtenConverter, a: Value, b: Value, p: float = 2.0, compute_mode: Any = None) -> Value:
     """Pairwise p-norm distances [..., P, M] x [..., R, M] -> [..., P, R] from the differences."""
     d = cx.emit("sub", cx.emit("unsqueeze", a, axes=(a.type.rank - 1,)), cx.emit("unsqueeze", b, axes=(b.type.rank - 2,)))
     ad = cx.emit("abs", d)
@@ -1208,10 +1213,10 @@ def _cdist(cx: _Converter, a: Value, b: Value, p: float = 2.0, compute_mode: Any
     return cx.emit("pow", s, cx.scalar(1.0 / p, ad.type.dtype))
 
 
-def _adaptive_avg_pool3d(cx: _Converter, x: Value, output_size: Sequence[int]) -> Value:
+def _adaptive_avg_pool3d(cx: AtenConverter, x: Value, output_size: Sequence[int]) -> Value:
     """Over the last three dims, each a product with its averaging matrix (the depth moved
     next to last for its product, then back)."""
-    od, oh, ow = _ntuple(output_size, 3)
+    od, oh, ow = ntuple(output_size, 3)
     d, h, w = x.type.shape[-3:]
     dt = x.type.dtype
     y = cx.emit("matmul", x, _const(cx, _adaptive_matrix(w, ow, dt).T))
@@ -1222,7 +1227,7 @@ def _adaptive_avg_pool3d(cx: _Converter, x: Value, output_size: Sequence[int]) -
     return cx.emit("transpose", y, perm=perm)
 
 
-def _pdist(cx: _Converter, x: Value, p: float = 2.0) -> Value:
+def _pdist(cx: AtenConverter, x: Value, p: float = 2.0) -> Value:
     """The distances between rows i < j of x [N, M], in row-major order of the pairs."""
     n = x.type.shape[0]
     full = _cdist(cx, x, x, p)
@@ -1230,7 +1235,7 @@ def _pdist(cx: _Converter, x: Value, p: float = 2.0) -> Value:
     return _positions(cx, full, (iu[0] * n + iu[1]).astype(np.int64))
 
 
-def _div_mode(cx: _Converter, a: Any, b: Any, *, rounding_mode: str | None = None) -> Value:
+def _div_mode(cx: AtenConverter, a: Any, b: Any, *, rounding_mode: str | None = None) -> Value:
     """div with rounding_mode None (true division), "trunc" or "floor", as PyTorch computes
     them. Floats: trunc(a / b); floor by Python's algorithm, which PyTorch follows
     ((a - fmod(a, b)) / b, one down when the remainder's sign differs from b's, then the
@@ -1265,7 +1270,7 @@ def _div_mode(cx: _Converter, a: Any, b: Any, *, rounding_mode: str | None = Non
     return cx.emit("where", cx.emit("equal", y, zero), true, fl)
 
 
-def _atan2(cx: _Converter, y: Value, x: Value) -> Value:
+def _atan2(cx: AtenConverter, y: Value, x: Value) -> Value:
     """atan2 from atan(y / x) with the quadrant added: +pi (y >= 0) or -pi (y < 0) where x < 0,
     +-pi/2 or 0 where x == 0."""
     dt = cx.out_type().dtype
@@ -1331,33 +1336,33 @@ def core_aten_missing() -> list[str]:
 # (aten.select_scatter needs no converter: the core table spells it where(arange == index, src, x),
 # all ops converted above.)
 
-def _scatter_src(cx: _Converter, x: Value, dim: int, index: Value, src: Value, reduce: str | None = None) -> Value:
+def _scatter_src(cx: AtenConverter, x: Value, dim: int, index: Value, src: Value, reduce: str | None = None) -> Value:
     red = {None: "none", "add": "add", "multiply": "mul"}.get(reduce)
     if red is None:
         raise Unsupported(f"aten.scatter: reduce='{reduce}' is not one of 'add', 'multiply'")
     if src.type.dtype != x.type.dtype:
         src = cx.emit("cast", src, dtype=x.type.dtype)
-    return cx.emit("scatter_elements", x, index, src, axis=_axis(dim, x.type.rank), reduction=red)
+    return cx.emit("scatter_elements", x, index, src, axis=wrap_dim(dim, x.type.rank), reduction=red)
 
 
-def _scatter_value(cx: _Converter, x: Value, dim: int, index: Value, value: Any, reduce: str | None = None) -> Value:
+def _scatter_value(cx: AtenConverter, x: Value, dim: int, index: Value, value: Any, reduce: str | None = None) -> Value:
     src = cx.emit("full", shape=index.type.shape, value=_fill(value, x.type.dtype), dtype=x.type.dtype)
     return _scatter_src(cx, x, dim, index, src, reduce)
 
 
-def _scatter_add(cx: _Converter, x: Value, dim: int, index: Value, src: Value) -> Value:
-    return cx.emit("scatter_add", x, index, src, axis=_axis(dim, x.type.rank))
+def _scatter_add(cx: AtenConverter, x: Value, dim: int, index: Value, src: Value) -> Value:
+    return cx.emit("scatter_add", x, index, src, axis=wrap_dim(dim, x.type.rank))
 
 
 _SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
 
 
-def _scatter_reduce(cx: _Converter, x: Value, dim: int, index: Value, src: Value, reduce: str,
+def _scatter_reduce(cx: AtenConverter, x: Value, dim: int, index: Value, src: Value, reduce: str,
                     include_self: bool = True) -> Value:
     """torch.scatter_reduce: partita's scatter_elements combines with x's value; without
     include_self the positions the index reaches are first reset to the reduction's identity
     (a plain scatter of it), which leaves what the reduction sees exactly the sources."""
-    axis = _axis(dim, x.type.rank)
+    axis = wrap_dim(dim, x.type.rank)
     dt = x.type.dtype
     if reduce == "mean":
         if not dt.is_float:
@@ -1389,7 +1394,7 @@ def _scatter_reduce(cx: _Converter, x: Value, dim: int, index: Value, src: Value
     return cx.emit("scatter_elements", x, index, src, axis=axis, reduction=red)
 
 
-def _index_put(cx: _Converter, x: Value, indices: Sequence[Value | None], values: Value,
+def _index_put(cx: AtenConverter, x: Value, indices: Sequence[Value | None], values: Value,
                accumulate: bool = False) -> Value:
     """x[..., i0, i1, ...] = values (or +=, with accumulate): the index tensors on one run of
     adjacent dims after any number of full slices (None), as ``_index`` reads them. The
@@ -1425,11 +1430,11 @@ def _index_put(cx: _Converter, x: Value, indices: Sequence[Value | None], values
     return y
 
 
-def _slice_scatter(cx: _Converter, x: Value, src: Value, dim: int = 0, start: int | None = None,
+def _slice_scatter(cx: AtenConverter, x: Value, src: Value, dim: int = 0, start: int | None = None,
                    end: int | None = None, step: int = 1) -> Value:
     """x with x[start:end:step] along dim replaced by src: a scatter whose index along the
     axis is start + step * position (each target once)."""
-    axis = _axis(dim, x.type.rank)
+    axis = wrap_dim(dim, x.type.rank)
     lo, hi, st = slice(start, end, step).indices(x.type.shape[axis])
     if len(range(lo, hi, st)) != src.type.shape[axis]:
         raise Unsupported(f"aten.slice_scatter: src {src.type} does not fit the slice {lo}:{hi}:{st} of {x.type}")
@@ -1443,10 +1448,10 @@ def _slice_scatter(cx: _Converter, x: Value, src: Value, dim: int = 0, start: in
     return cx.emit("scatter_elements", x, idx, src, axis=axis)
 
 
-def _cumprod(cx: _Converter, x: Value, dim: int, dtype: Any = None) -> Value:
+def _cumprod(cx: AtenConverter, x: Value, dim: int, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
-    return cx.emit("cumprod", x, axis=_axis(dim, x.type.rank))
+    return cx.emit("cumprod", x, axis=wrap_dim(dim, x.type.rank))
 
 
 ATEN_TO_PARTITA.update({
@@ -1462,7 +1467,7 @@ ATEN_TO_PARTITA.update({
 })
 
 
-def _getitem(cx: _Converter, results: Any, index: int) -> Any:
+def _getitem(cx: AtenConverter, results: Any, index: int) -> Any:
     value = results[index]
     if value is None:
         raise Unsupported(f"result {index} of {_target_name(cx.node.args[0])} is used, but partita "
@@ -1475,7 +1480,7 @@ _PYTHON_FUNCTIONS: dict[Any, Conv] = {operator.getitem: _getitem}
 
 # --- the walk ----------------------------------------------------------------------------------
 
-def _map_args(cx: _Converter, a: Any) -> Any:
+def _map_args(cx: AtenConverter, a: Any) -> Any:
     fx = torch.fx
     if isinstance(a, fx.Node):
         return cx.env[a]
@@ -1501,7 +1506,7 @@ def _check_type(node: Any, result: Any, loc: Location | None) -> None:
     for i, (v, tv) in enumerate(pairs):
         if not isinstance(v, Value) or not isinstance(tv, torch.Tensor):
             continue
-        expected = _torch_type(tv, node)
+        expected = tensor_type_of(tv, node)
         if v.type != expected:
             which = f" result {i}" if isinstance(result, tuple) else ""
             where = f"{loc}: " if loc else ""
@@ -1579,7 +1584,7 @@ def _without_kv_cache(module: Any) -> Iterator[None]:
             c.use_cache = True
 
 
-def convert_call(cx: _Converter, node: Any, converters: dict[Any, Conv] | None = None) -> None:
+def convert_call(cx: AtenConverter, node: Any, converters: dict[Any, Conv] | None = None) -> None:
     """Convert one ``call_function`` node with its entry in ``converters`` (default
     ``ATEN_TO_PARTITA``; ``operator.getitem`` always has its own), binding its result in
     ``cx.env``. An op without a converter, or a case its converter cannot express, is recorded
@@ -1667,7 +1672,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
 
     t1 = time.perf_counter()
     graph = Graph(name or type(module).__name__)
-    cx = _Converter(graph)
+    cx = AtenConverter(graph)
     roles = _input_roles(ep)
     targets = _weight_names(ep)
     tied: dict[int, Value] = {}
@@ -1678,7 +1683,7 @@ def import_torch(module: Any, example_args: Sequence[Any], example_kwargs: dict[
             if role == "python":
                 cx.env[node] = value
                 continue
-            t = _torch_type(node.meta["val"], node)
+            t = tensor_type_of(node.meta["val"], node)
             if role == "constant":
                 if getattr(value, "is_meta", False):
                     raise FrontendError(f"{type(module).__name__}: the constant tensor {node.name} is on torch's meta "

@@ -418,7 +418,7 @@ class Graph:
         if len(order) != len(nodes):
             stuck = {n for n in nodes if indeg[n] > 0}
             cycle = _find_node_cycle(stuck)
-            shown = " -> ".join(_describe(n) for n in cycle + cycle[:1])
+            shown = " -> ".join(node_summary(n) for n in cycle + cycle[:1])
             raise GraphEditError(f"the graph has a cycle ({len(stuck)} node(s) cannot be ordered): {shown}")
         prev = None
         for n in order:
@@ -667,7 +667,8 @@ def _same_attrs(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
 
 
-def _describe(node: Node) -> str:
+def node_summary(node: Node) -> str:
+    """A node in one short line for messages: its named results, op and source location."""
     res = ", ".join(f"%{r.name}" for r in node.results if r.name is not None)
     where = f" at {node.text_loc or node.loc}" if (node.text_loc or node.loc) else ""
     return f"{res + ' = ' if res else ''}{node.op}{where}"

@@ -28,18 +28,18 @@ WRAP = 100
 def value_names(graph: Graph) -> dict[Value, str]:
     """The name (without ``%``) each value of ``graph`` has in its printed text, for messages
     and reports that must match the IR a user reads."""
-    p = _Printer(graph)
+    p = GraphPrinter(graph)
     p.assign_names()
     return p.names
 
 
 def print_graph(graph: Graph) -> str:
-    return _Printer(graph).run()
+    return GraphPrinter(graph).run()
 
 
 def print_graph_lines(graph: Graph) -> tuple[list[str], dict[Node, int]]:
     """The printed lines and, for each node, the index of its line (for diagnostics)."""
-    p = _Printer(graph)
+    p = GraphPrinter(graph)
     text = p.run()
     return text.splitlines(), p.node_lines
 
@@ -172,7 +172,8 @@ def format_loc(loc: Location) -> str:
     return s + (f" recompute {json.dumps(loc.recompute)})" if loc.recompute else ")")
 
 
-class _Printer:
+class GraphPrinter:
+    """Prints one graph; ``assign_names`` alone gives each value its printed name."""
     def __init__(self, graph: Graph) -> None:
         self.g = graph
         self.names: dict[Value, str] = {}

@@ -10,7 +10,7 @@ are cached per (op, operand types, attributes): real graphs repeat the same sign
 from __future__ import annotations
 
 from .diagnostics import PartitaError, VerifyError
-from .graph import ROLES, Graph, Node, Value, _describe
+from .graph import ROLES, Graph, Node, Value, node_summary
 
 
 def verify(graph: Graph) -> Graph:
@@ -130,7 +130,7 @@ def verify(graph: Graph) -> Graph:
     for v in defined:
         if len(v.users) != user_nodes.get(v, 0):
             stale = [u for u in v.users if u.graph is not graph or v not in u.operands]
-            what = ", ".join(_describe(u) for u in stale[:3]) or "?"
+            what = ", ".join(node_summary(u) for u in stale[:3]) or "?"
             raise VerifyError(f"@{graph.name}: the use list of {nm(v)} is stale: it records "
                               f"{len(v.users)} user node(s), the graph has {user_nodes.get(v, 0)} "
                               f"(users that are not in the graph or do not use it: {what})")
@@ -198,9 +198,9 @@ class _ValueNames:
 
     def __call__(self, v: Value) -> str:
         if self.names is None:
-            from .printer import _Printer
+            from .printer import GraphPrinter
 
-            p = _Printer(self.graph)
+            p = GraphPrinter(self.graph)
             try:
                 p.assign_names()
             except Exception:  # a broken graph must still get its message

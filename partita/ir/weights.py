@@ -26,7 +26,7 @@ from .dtypes import DType, DTYPES, from_numpy
 _ST_NAMES = {"bool": "BOOL", "u8": "U8", "i8": "I8", "i16": "I16", "i32": "I32", "i64": "I64",
              "f16": "F16", "bf16": "BF16", "f32": "F32", "f64": "F64", "u16": "U16", "u32": "U32", "u64": "U64",
              "f8e4m3fn": "F8_E4M3", "f8e5m2": "F8_E5M2", "f8e8m0": "F8_E8M0"}
-_FROM_ST = {v: k for k, v in _ST_NAMES.items()}
+DTYPE_OF_SAFETENSORS_NAME = {v: k for k, v in _ST_NAMES.items()}
 _NO_ST_NAME = ("f8e4m3fnuz", "f8e5m2fnuz", "f4e2m1", "i4", "u4", "i2", "u2")
 
 
@@ -141,7 +141,7 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         if name == "__metadata__":
             continue
         try:
-            dt = DTYPES[_FROM_ST[info["dtype"]]]
+            dt = DTYPES[DTYPE_OF_SAFETENSORS_NAME[info["dtype"]]]
             shape = tuple(_nonneg_int(d) for d in info["shape"])
             start, end = (_nonneg_int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):

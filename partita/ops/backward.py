@@ -26,9 +26,10 @@ import numpy as np
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
 from ._lazy import F, torch
-from .elementwise import _compute_np, _np_erf, _np_sigmoid, _unary
-from .nn import (_attn_compute_dtype, _attn_scale, _flash_args, _flash_ok, _np_attention_scores,
-                 _torch_attention_scores, ce_padded_classes)
+from .elementwise import np_erf, np_sigmoid, _unary
+from .nn import (attention_compute_dtype, attention_scale, flash_kernel_args, flash_kernel_applies, np_attention_scores,
+                 torch_attention_scores, ce_padded_classes)
+from .numeric import compute_np
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
 
 
@@ -78,7 +79,7 @@ def _act_grad(name: str, second: str, np_fn, torch_fn, doc: str, flops: int, att
         return dy
 
     def reference(args, a):
-        return np_fn(_compute_np(args[0]), _compute_np(args[1]), a)
+        return np_fn(compute_np(args[0]), compute_np(args[1]), a)
 
     def torch_impl(args, a):
         return torch_fn(args[0], args[1], a)
@@ -89,7 +90,7 @@ def _act_grad(name: str, second: str, np_fn, torch_fn, doc: str, flops: int, att
 
 
 def _np_silu_grad(dy, x, a):
-    s = _np_sigmoid(x)
+    s = np_sigmoid(x)
     return dy * s * (1.0 + x * (1.0 - s))
 
 
@@ -102,7 +103,7 @@ def _np_gelu_grad(dy, x, a):
         t = np.tanh(inner)
         dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
         return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
-    cdf = 0.5 * (1.0 + _np_erf(x / np.asarray(math.sqrt(2.0), x.dtype)))
+    cdf = 0.5 * (1.0 + np_erf(x / np.asarray(math.sqrt(2.0), x.dtype)))
     pdf = np.exp(-0.5 * x * x) / np.asarray(math.sqrt(2.0 * math.pi), x.dtype)
     return dy * (cdf + x * pdf)
 
@@ -153,14 +154,14 @@ def _softmax_grad_infer(name: str):
 
 
 def _np_softmax_grad(args, a):
-    dy, y = _compute_np(args[0]), _compute_np(args[1])
+    dy, y = compute_np(args[0]), compute_np(args[1])
     if dy.ndim == 0:
         return dy * y * (1.0 - y)  # one class: y is 1 (or NaN), the gradient 0 (or NaN)
     return y * (dy - np.sum(dy * y, axis=a["axis"], keepdims=True))
 
 
 def _np_log_softmax_grad(args, a):
-    dy, y = _compute_np(args[0]), _compute_np(args[1])
+    dy, y = compute_np(args[0]), compute_np(args[1])
     if dy.ndim == 0:
         return dy - np.exp(y) * dy
     return dy - np.exp(y) * np.sum(dy, axis=a["axis"], keepdims=True)
@@ -195,13 +196,13 @@ def _masked_softmax_grad_infer(ts, a):
 
 
 def _np_masked_softmax_grad(args, a):
-    dy, y = _compute_np(args[0]), _compute_np(args[1])
+    dy, y = compute_np(args[0]), compute_np(args[1])
     return a["scale"] * y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
 
 
 def _torch_masked_softmax_grad(args, a):
     dy, y = args
-    ct = _attn_compute_dtype(dy)
+    ct = attention_compute_dtype(dy)
     dx = torch.ops.aten._softmax_backward_data(dy.to(ct), y.to(ct), -1, ct)
     return (dx * a["scale"]).to(dy.dtype)
 
@@ -258,13 +259,13 @@ def _outer_axes(ndim: int, axes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _np_layer_norm_grad(args, a):
-    dy, x = _compute_np(args[0]), _compute_np(args[1])
+    dy, x = compute_np(args[0]), compute_np(args[1])
     axes = normalize_axes(a["axes"], x.ndim, "layer_norm_grad")
     mean = np.mean(x, axis=axes, keepdims=True)
     d = x - mean
     rstd = 1.0 / np.sqrt(np.mean(d * d, axis=axes, keepdims=True) + np.asarray(a["eps"], x.dtype))
     xhat = d * rstd
-    g = dy * _param_view(x, axes, _compute_np(args[2])) if len(args) > 2 else dy
+    g = dy * _param_view(x, axes, compute_np(args[2])) if len(args) > 2 else dy
     dx = rstd * (g - np.mean(g, axis=axes, keepdims=True) - xhat * np.mean(g * xhat, axis=axes, keepdims=True))
     outer = _outer_axes(x.ndim, axes)
     return dx, np.sum(dy * xhat, axis=outer), np.sum(dy, axis=outer)
@@ -315,12 +316,12 @@ register(OpDef(
 
 
 def _np_rms_norm_grad(args, a):
-    dy, x = _compute_np(args[0]), _compute_np(args[1])
+    dy, x = compute_np(args[0]), compute_np(args[1])
     axes = normalize_axes(a["axes"], x.ndim, "rms_norm_grad")
     eps = np.finfo(x.dtype).eps if a["eps"] is None else a["eps"]  # x is f32 or f64 here
     rstd = 1.0 / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + np.asarray(eps, x.dtype))
     xhat = x * rstd
-    g = dy * _param_view(x, axes, _compute_np(args[2])) if len(args) > 2 else dy
+    g = dy * _param_view(x, axes, compute_np(args[2])) if len(args) > 2 else dy
     dx = rstd * (g - xhat * np.mean(g * xhat, axis=axes, keepdims=True))
     return dx, np.sum(dy * xhat, axis=_outer_axes(x.ndim, axes))
 
@@ -391,7 +392,7 @@ def _batch_norm_grad_infer(ts, a):
 
 
 def _np_batch_norm_grad(args, a):
-    dy, x, w, *stats = (_compute_np(t) for t in args)
+    dy, x, w, *stats = (compute_np(t) for t in args)
     axes = (0,) + tuple(range(2, x.ndim))
     bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
     if not a["training"]:
@@ -500,7 +501,7 @@ def _tap_slices(tap, s, d, out) -> tuple[slice, ...]:
 
 
 def _np_conv_grad(args, a):
-    dy, x, w = (_compute_np(t) for t in args)
+    dy, x, w = (compute_np(t) for t in args)
     nsp = w.ndim - 2
     s, p, d = _conv_params("conv2d_grad", a, nsp)
     g = a["groups"]
@@ -615,7 +616,7 @@ def _tap_coords(out, k, s, p, d):
 
 
 def _np_max_pool_grad(args, a):
-    dy, x = _compute_np(args[0]), _compute_np(args[1])
+    dy, x = compute_np(args[0]), compute_np(args[1])
     if len(args) > 2:
         # The forward's own argmax per window (flat within each N, C plane).
         nc = x.shape[0] * x.shape[1]
@@ -692,7 +693,7 @@ def _pool_divisor(size, out, k, s, p, d, include_pad: bool) -> np.ndarray:
 
 
 def _np_avg_pool_grad(args, a):
-    dy, x = _compute_np(args[0]), _compute_np(args[1])
+    dy, x = compute_np(args[0]), compute_np(args[1])
     k, s, p, d = _pool_params(x.shape, a)
     size, out = x.shape[2:], dy.shape[2:]
     g = dy / _pool_divisor(size, out, k, s, p, d, a["count_include_pad"]).astype(dy.dtype)
@@ -772,7 +773,7 @@ def _embedding_grad_infer(ts, a):
 
 
 def _np_embedding_grad(args, a):
-    dy, idx = _compute_np(args[0]), args[1]
+    dy, idx = compute_np(args[0]), args[1]
     v = a["num_embeddings"]
     _check_range("embedding_grad", idx, v, "a table")
     out = np.zeros((v, dy.shape[-1]), dy.dtype)
@@ -828,11 +829,11 @@ def _np_scatter_add(args, a):
     x, idx, src = args
     axis = normalize_axis(a["axis"], x.ndim, "scatter_add")
     _check_range("scatter_add", idx, x.shape[axis], f"axis {axis}")
-    out = _compute_np(x).copy()
+    out = compute_np(x).copy()
     where = list(np.indices(idx.shape, sparse=True))
     where[axis] = idx.astype(np.int64)
     crop = tuple(slice(0, n) for n in idx.shape)
-    np.add.at(out, tuple(where), _compute_np(src)[crop])
+    np.add.at(out, tuple(where), compute_np(src)[crop])
     return out
 
 
@@ -872,8 +873,8 @@ def _np_index_add(args, a):
     x, idx, src = args
     axis = normalize_axis(a["axis"], x.ndim, "index_add")
     _check_range("index_add", idx, x.shape[axis], f"axis {axis}")
-    out = _compute_np(x).copy()
-    np.add.at(out, (slice(None),) * axis + (idx.astype(np.int64),), _compute_np(src))
+    out = compute_np(x).copy()
+    np.add.at(out, (slice(None),) * axis + (idx.astype(np.int64),), compute_np(src))
     return out
 
 
@@ -958,7 +959,7 @@ def _ce_scale(dloss, ignore, reduction: str, dtype):
 
 
 def _np_cross_entropy_grad(args, a):
-    dloss, logits, target = _compute_np(args[0]), _compute_np(args[1]), args[2]
+    dloss, logits, target = compute_np(args[0]), compute_np(args[1]), args[2]
     cdim = 1 if logits.ndim >= 2 else 0
     ncls = logits.shape[cdim]
     ignore = target == a["ignore_index"]
@@ -1035,22 +1036,22 @@ def _attention_grad_infer(ts, a):
 
 def _np_attention_grad(args, a):
     dout, q, k, v, out, lse = (x.astype(np.float64) for x in args[:6])
-    s = _np_attention_scores(q, k, args[6] if len(args) > 6 else None, a)
+    s = np_attention_scores(q, k, args[6] if len(args) > 6 else None, a)
     p = np.exp(s - lse[..., None])
     dv = np.matmul(np.swapaxes(p, -1, -2), dout)
     dp = np.matmul(dout, np.swapaxes(v, -1, -2))
     ds = p * (dp - np.sum(dout * out, axis=-1, keepdims=True))
-    scale = _attn_scale(a, q.shape[-1])
+    scale = attention_scale(a, q.shape[-1])
     return np.matmul(ds, k) * scale, np.matmul(np.swapaxes(ds, -1, -2), q) * scale, dv
 
 
 def _torch_attention_grad_math(dout, q, k, v, out, lse, mask, a):
-    ct = _attn_compute_dtype(q)
+    ct = attention_compute_dtype(q)
     dout, out, v = dout.to(ct), out.to(ct), v.to(ct)
-    p = torch.exp(_torch_attention_scores(q, k, mask, a, ct) - lse.to(ct).unsqueeze(-1))
+    p = torch.exp(torch_attention_scores(q, k, mask, a, ct) - lse.to(ct).unsqueeze(-1))
     dv = torch.matmul(p.transpose(-2, -1), dout)
     ds = p * (torch.matmul(dout, v.transpose(-2, -1)) - (dout * out).sum(-1, keepdim=True))
-    scale = _attn_scale(a, q.shape[-1])
+    scale = attention_scale(a, q.shape[-1])
     dq = torch.matmul(ds, k.to(ct)) * scale
     dk = torch.matmul(ds.transpose(-2, -1), q.to(ct)) * scale
     return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
@@ -1059,9 +1060,9 @@ def _torch_attention_grad_math(dout, q, k, v, out, lse, mask, a):
 def _torch_attention_grad(args, a):
     dout, q, k, v, out, lse = args[:6]
     mask = args[6] if len(args) > 6 else None
-    if not _flash_ok(q, v):
+    if not flash_kernel_applies(q, v):
         return _torch_attention_grad_math(dout, q, k, v, out, lse, mask, a)
-    q4, k4, v4, m4, lead = _flash_args(q, k, v, mask)
+    q4, k4, v4, m4, lead = flash_kernel_args(q, k, v, mask)
     n = math.prod(lead)
     if q.dim() != 4:
         dout, out = dout.reshape(n, 1, *dout.shape[-2:]), out.reshape(n, 1, *out.shape[-2:])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import IntegerDivisionByZeroError, TypeRuleError
@@ -17,15 +16,8 @@ from ..ir.dtypes import DType, bool_, f32, from_numpy, promote
 from ..ir.types import TensorType
 from ._lazy import F, to_torch_dtype, torch
 from .cast_semantics import ROUND_MODES, cast_array, float_to_int_torch
+from .numeric import compute_np
 from .registry import AttrSpec, OpDef, broadcast_shapes, register
-
-
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def _compute_np(a: np.ndarray) -> np.ndarray:
-    """Arrays of f16/bf16 are computed in f32 (then rounded by the interpreter)."""
-    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
 
 
 def _float_of(dt: DType) -> DType:
@@ -59,7 +51,7 @@ def _binary(name: str, np_fn, torch_fn, result: str = "promote", doc: str = "", 
         a, b = args
         if result == "float" and a.dtype.kind in "biu" and b.dtype.kind in "biu":
             a, b = a.astype(np.float32), b.astype(np.float32)
-        return np_fn(_compute_np(a), _compute_np(b))
+        return np_fn(compute_np(a), compute_np(b))
 
     def torch_impl(args, attrs):
         return torch_fn(args[0], args[1])
@@ -142,7 +134,7 @@ def _unary(name: str, np_fn, torch_fn, result: str = "same", doc: str = "", attr
         x = args[0]
         if result == "float" and x.dtype.kind in "biu":
             x = x.astype(np.float32)
-        return np_fn(_compute_np(x), a)
+        return np_fn(compute_np(x), a)
 
     def torch_impl(args, a):
         x = args[0]
@@ -157,7 +149,7 @@ def _unary(name: str, np_fn, torch_fn, result: str = "same", doc: str = "", attr
 _erf_scalar = np.frompyfunc(math.erf, 1, 1)
 
 
-def _np_erf(x):
+def np_erf(x):
     """erf without SciPy (not a dependency): math.erf per element, exact to double
     precision; slow, as a reference may be."""
     return np.asarray(_erf_scalar(np.asarray(x, dtype=np.float64))).astype(x.dtype)
@@ -166,10 +158,11 @@ def _np_erf(x):
 def _np_gelu(x, a):
     if a["approximate"] == "tanh":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1.0 + _np_erf(x / np.asarray(math.sqrt(2.0), dtype=x.dtype)))
+    return 0.5 * x * (1.0 + np_erf(x / np.asarray(math.sqrt(2.0), dtype=x.dtype)))
 
 
-def _np_sigmoid(x, a=None):
+def np_sigmoid(x, a=None):
+    """The logistic function in NumPy, in x's dtype (``a``: the op's attributes, unused)."""
     # Stable in both tails.
     return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x)))).astype(x.dtype)
 
@@ -184,14 +177,14 @@ _unary("rsqrt", lambda x, a: 1.0 / np.sqrt(x), lambda x, a: torch.rsqrt(x), "flo
 _unary("sin", lambda x, a: np.sin(x), lambda x, a: torch.sin(x), "float", "sine")
 _unary("cos", lambda x, a: np.cos(x), lambda x, a: torch.cos(x), "float", "cosine")
 _unary("tanh", lambda x, a: np.tanh(x), lambda x, a: torch.tanh(x), "float", "hyperbolic tangent")
-_unary("sigmoid", _np_sigmoid, lambda x, a: torch.sigmoid(x), "float", "1 / (1 + e ** -x)")
+_unary("sigmoid", np_sigmoid, lambda x, a: torch.sigmoid(x), "float", "1 / (1 + e ** -x)")
 _unary("relu", lambda x, a: np.maximum(x, np.zeros((), x.dtype)), lambda x, a: torch.relu(x), "numeric",
        "max(x, 0)", idempotent=True)
 _unary("gelu", _np_gelu, lambda x, a: F.gelu(x, approximate=a["approximate"]), "float",
        "Gaussian error linear unit; approximate='tanh' uses the tanh formula",
        attrs=(AttrSpec("approximate", "str", "none", choices=("none", "tanh")),))
-_unary("silu", lambda x, a: x * _np_sigmoid(x), lambda x, a: F.silu(x), "float", "x * sigmoid(x)")
-_unary("erf", lambda x, a: _np_erf(x), lambda x, a: torch.erf(x), "float", "the error function")
+_unary("silu", lambda x, a: x * np_sigmoid(x), lambda x, a: F.silu(x), "float", "x * sigmoid(x)")
+_unary("erf", lambda x, a: np_erf(x), lambda x, a: torch.erf(x), "float", "the error function")
 # An involution on bool tensors; on others not(not(x)) is bool, not x's type, so no
 # rewrite can use the fact there (a rewrite must keep the type).
 _unary("logical_not", lambda x, a: np.logical_not(x), lambda x, a: torch.logical_not(x), "bool",

@@ -20,7 +20,8 @@ import numpy as np
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ._lazy import torch
 from .backward import check_scatter_operands
-from .reduce import _compute_np, _reduce_cost, _scan_infer, _scan_reference
+from .reduce import reduce_cost, scan_infer, scan_reference
+from .numeric import compute_np
 from .registry import AttrSpec, Cost, OpDef, normalize_axis, register
 
 SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -48,11 +49,11 @@ def _np_scatter_elements(args, a):
         bad = idx.min() if idx.min() < 0 else idx.max()
         raise ExecutionError(f"scatter_elements: index {int(bad)} is out of range for axis {axis} of size {size} "
                              f"(valid: 0..{size - 1})")
-    out = _compute_np(x).copy()
+    out = compute_np(x).copy()
     where = list(np.indices(idx.shape, sparse=True))
     where[axis] = idx.astype(np.int64)
     crop = tuple(slice(0, n) for n in idx.shape)
-    vals = _compute_np(src)[crop]
+    vals = compute_np(src)[crop]
     if a["reduction"] == "none":
         out[tuple(where)] = vals
     else:
@@ -91,7 +92,7 @@ def _cumprod_torch(args, a):
 
 
 register(OpDef(
-    name="cumprod", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_scan_infer("cumprod"),
-    reference=_scan_reference("cumprod", np.cumprod), torch=_cumprod_torch, cost=_reduce_cost,
+    name="cumprod", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=scan_infer("cumprod"),
+    reference=scan_reference("cumprod", np.cumprod), torch=_cumprod_torch, cost=reduce_cost,
     doc="inclusive running product along axis (torch.cumprod); bool and integers give i64",
 ))

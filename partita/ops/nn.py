@@ -13,21 +13,14 @@ from __future__ import annotations
 import functools
 import math
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.dtypes import f32, f64, i64
 from ..ir.types import TensorType
 from ._lazy import F, torch
+from .numeric import compute_np
 from .registry import AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
-
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
-
-
-def _compute_np(a: np.ndarray) -> np.ndarray:
-    """f16/bf16 arrays are computed in f32 (the interpreter rounds the result once)."""
-    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
 
 
 def _shape(s) -> str:
@@ -72,7 +65,7 @@ def _np_shifted(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def _np_softmax(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     if x.ndim == 0:
         return np.exp(x - x)  # 1, or NaN for a NaN/inf input as in PyTorch
     z = np.exp(_np_shifted(x, attrs["axis"]))
@@ -80,7 +73,7 @@ def _np_softmax(args, attrs):
 
 
 def _np_log_softmax(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     if x.ndim == 0:
         return x - x
     axis = attrs["axis"]
@@ -142,16 +135,16 @@ def _layer_norm_infer(ts, attrs):
 
 
 def _np_layer_norm(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     axes = tuple(range(x.ndim - len(attrs["axes"]), x.ndim))
     mean = np.mean(x, axis=axes, keepdims=True)
     d = x - mean
     var = np.mean(d * d, axis=axes, keepdims=True)
     y = d / np.sqrt(var + np.asarray(attrs["eps"], x.dtype))
     if len(args) > 1:
-        y = y * _compute_np(args[1])
+        y = y * compute_np(args[1])
     if len(args) > 2:
-        y = y + _compute_np(args[2])
+        y = y + compute_np(args[2])
     return y
 
 
@@ -184,14 +177,14 @@ def _rms_norm_infer(ts, attrs):
 
 
 def _np_rms_norm(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     axes = tuple(range(x.ndim - len(attrs["axes"]), x.ndim))
     eps = attrs["eps"]
     if eps is None:
         eps = np.finfo(x.dtype).eps  # x is already in the computation dtype (f32 or f64)
     y = x / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + np.asarray(eps, x.dtype))
     if len(args) > 1:
-        y = y * _compute_np(args[1])
+        y = y * compute_np(args[1])
     return y
 
 
@@ -377,7 +370,7 @@ def _conv_infer(op: str, nd: int):
 
 
 def _np_conv(args, attrs):
-    x, w = _compute_np(args[0]), _compute_np(args[1])
+    x, w = compute_np(args[0]), compute_np(args[1])
     nd = x.ndim - 2
     s, p, d, g = attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
     n, c = x.shape[:2]
@@ -388,7 +381,7 @@ def _np_conv(args, attrs):
     oi, ti = _OUT_IDX[:nd], _TAP_IDX[:nd]
     y = np.einsum(f"ngc{oi}{ti},goc{ti}->ngo{oi}", patches, wg, optimize=True).reshape((n, o) + out)
     if len(args) > 2:
-        y = y + _compute_np(args[2]).reshape((1, o) + (1,) * nd)
+        y = y + compute_np(args[2]).reshape((1, o) + (1,) * nd)
     return y
 
 
@@ -458,7 +451,7 @@ def _conv_transpose_infer(op: str, nd: int):
 
 
 def _np_conv_transpose(args, attrs):
-    x, w = _compute_np(args[0]), _compute_np(args[1])
+    x, w = compute_np(args[0]), compute_np(args[1])
     nd = x.ndim - 2
     s, p, d, op_, g = (attrs["stride"], attrs["padding"], attrs["dilation"], attrs["output_padding"],
                        attrs["groups"])
@@ -478,7 +471,7 @@ def _np_conv_transpose(args, attrs):
     out = tuple(f - 2 * pi for f, pi in zip(full, p))
     y = y.reshape((n, g * og) + full)[(slice(None),) * 2 + tuple(slice(pi, pi + oo) for pi, oo in zip(p, out))]
     if len(args) > 2:
-        y = y + _compute_np(args[2]).reshape((1, g * og) + (1,) * nd)
+        y = y + compute_np(args[2]).reshape((1, g * og) + (1,) * nd)
     return y
 
 
@@ -560,12 +553,12 @@ def _max_pool_windows(x: np.ndarray, attrs: dict):
 
 
 def _np_max_pool(args, attrs):
-    win, _ = _max_pool_windows(_compute_np(args[0]), attrs)
+    win, _ = _max_pool_windows(compute_np(args[0]), attrs)
     return np.max(win, axis=-1)
 
 
 def _np_max_pool_with_indices(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     win, (k, s, p, d, out) = _max_pool_windows(x, attrs)
     size = x.shape[2:]
     # Per dim, each (output position, tap) as an input coordinate; padding taps are invalid.
@@ -657,7 +650,7 @@ def _avg_pool_divisor(shape, k, s, p, d, out, include_pad: bool) -> np.ndarray:
 
 
 def _np_avg_pool(args, attrs):
-    x = _compute_np(args[0])
+    x = compute_np(args[0])
     nd = x.ndim - 2
     k, s, p, d, out = _pool_geometry("avg_pool", nd, x.shape, attrs)
     after = [pi + _ceil_overhang(*a) for pi, a in zip(p, zip(x.shape[2:], out, k, s, p, d))]
@@ -731,7 +724,7 @@ def _batch_norm_infer(ts, attrs):
 
 
 def _np_batch_norm(args, attrs):
-    x, w, b, rm, rv = (_compute_np(a) for a in args)
+    x, w, b, rm, rv = (compute_np(a) for a in args)
     eps, m = attrs["eps"], attrs["momentum"]
     bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
     if not attrs["training"]:
@@ -851,7 +844,7 @@ def _np_dropout(args, attrs):
     x = args[0]
     if not attrs["train"]:
         return x
-    x = _compute_np(x)
+    x = compute_np(x)
     p = attrs["p"]
     k0, k1 = _dropout_keys(attrs["seed"])
     origin = [int(o) for o in np.asarray(args[1]).reshape(-1)] if len(args) > 1 else None
@@ -915,7 +908,7 @@ def _ce_infer(ts, attrs):
 
 
 def _np_cross_entropy(args, attrs):
-    logits, target = _compute_np(args[0]), args[1]
+    logits, target = compute_np(args[0]), args[1]
     cdim = 1 if logits.ndim >= 2 else 0
     ncls = logits.shape[cdim]
     logp = np.moveaxis(_np_log_softmax([logits], {"axis": cdim}), cdim, -1)  # [..., C]
@@ -974,7 +967,8 @@ register(OpDef(
 # the kernel's backward reads (autograd saves it the same way); attention_grad in
 # backward.py takes it back.
 
-def _attention_infer(ts, attrs):
+def attention_infer(ts, attrs):
+    """The type rule of attention: out like q with v's head size, and the log-sum-exp per query."""
     q, k, v = ts[:3]
     _require_float("attention", q, "query q")
     for t, what in ((k, "the key k"), (v, "the value v")):
@@ -1012,14 +1006,15 @@ def _attention_infer(ts, attrs):
     return [TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype), TensorType(q.shape[:-1], lse_dtype)]
 
 
-def _attn_scale(attrs, e: int) -> float:
+def attention_scale(attrs, e: int) -> float:
+    """The ``scale`` attribute, or 1/sqrt(head size ``e``) when it is None."""
     s = attrs["scale"]
     return 1.0 / math.sqrt(e) if s is None else s
 
 
-def _np_attention_scores(q, k, mask, attrs) -> np.ndarray:
+def np_attention_scores(q, k, mask, attrs) -> np.ndarray:
     """scale * q k^T with the causal and mask conditions applied (-inf where a score is dropped)."""
-    s = np.matmul(q, np.swapaxes(k, -1, -2)) * _attn_scale(attrs, q.shape[-1])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * attention_scale(attrs, q.shape[-1])
     tq, tk = s.shape[-2:]
     if attrs["causal"]:
         s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
@@ -1028,10 +1023,11 @@ def _np_attention_scores(q, k, mask, attrs) -> np.ndarray:
     return s
 
 
-def _np_attention(args, attrs):
+def np_attention(args, attrs):
+    """The NumPy reference of attention: (out, lse)."""
     # f64 throughout: the interpreter rounds out and lse once to their dtypes.
     q, k, v = (a.astype(np.float64) for a in args[:3])
-    s = _np_attention_scores(q, k, args[3] if len(args) > 3 else None, attrs)
+    s = np_attention_scores(q, k, args[3] if len(args) > 3 else None, attrs)
     if s.shape[-1] == 0:
         return np.zeros(q.shape[:-1] + (v.shape[-1],)), np.zeros(q.shape[:-1])
     m = np.max(s, axis=-1, keepdims=True)
@@ -1045,7 +1041,7 @@ def _np_attention(args, attrs):
 _FLASH_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
-def _flash_ok(q, v) -> bool:
+def flash_kernel_applies(q, v) -> bool:
     """Whether PyTorch's CPU flash kernel computes this attention: one of its dtypes, the same
     head size for q and v, and no empty dim (an empty one crashes the kernel)."""
     return (str(q.dtype).removeprefix("torch.") in _FLASH_DTYPES and q.shape[-1] == v.shape[-1]
@@ -1079,7 +1075,7 @@ def _mask_4d(mask, lead: tuple, lead_n: int):
     return mask.expand(*lead, t, s).reshape(lead_n, 1, t, s)
 
 
-def _flash_args(q, k, v, mask):
+def flash_kernel_args(q, k, v, mask):
     """q, k, v and the mask in the kernel's 4-d form, and q's batch/head dims to restore."""
     lead = tuple(q.shape[:-2])
     n = math.prod(lead)
@@ -1087,8 +1083,9 @@ def _flash_args(q, k, v, mask):
     return _to_4d(q, n), _to_4d(k, n), _to_4d(v, n), m, lead
 
 
-def _torch_attention_scores(q, k, mask, attrs, ct):
-    s = torch.matmul(q.to(ct), k.to(ct).transpose(-2, -1)) * _attn_scale(attrs, q.shape[-1])
+def torch_attention_scores(q, k, mask, attrs, ct):
+    """``np_attention_scores`` in PyTorch, computed in the dtype ``ct``."""
+    s = torch.matmul(q.to(ct), k.to(ct).transpose(-2, -1)) * attention_scale(attrs, q.shape[-1])
     tq, tk = s.shape[-2:]
     if attrs["causal"]:
         keep = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril()
@@ -1098,17 +1095,18 @@ def _torch_attention_scores(q, k, mask, attrs, ct):
     return s
 
 
-def _attn_compute_dtype(q):
+def attention_compute_dtype(q):
+    """The dtype attention computes in for q's dtype: f32 for f16/bf16."""
     return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
 def _torch_attention_math(q, k, v, mask, attrs):
     """The fallback for what the kernel does not take, same results (f16/bf16 in f32)."""
-    ct = _attn_compute_dtype(q)
+    ct = attention_compute_dtype(q)
     if k.shape[-2] == 0:
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
         return out, torch.zeros(q.shape[:-1], dtype=ct, device=q.device)
-    s = _torch_attention_scores(q, k, mask, attrs, ct)
+    s = torch_attention_scores(q, k, mask, attrs, ct)
     m = s.amax(-1, keepdim=True)
     m = m.masked_fill(m == float("-inf"), 0.0)  # a row with every score dropped gives out 0, lse 0
     e = torch.exp(s - m)
@@ -1118,12 +1116,13 @@ def _torch_attention_math(q, k, v, mask, attrs):
     return out.to(q.dtype), (m + torch.log(safe)).squeeze(-1)
 
 
-def _torch_attention(args, attrs):
+def torch_attention(args, attrs):
+    """The PyTorch implementation of attention: (out, lse), by the CPU flash kernel where it applies."""
     q, k, v = args[:3]
     mask = args[3] if len(args) > 3 else None
-    if not _flash_ok(q, v):
+    if not flash_kernel_applies(q, v):
         return _torch_attention_math(q, k, v, mask, attrs)
-    q4, k4, v4, m4, lead = _flash_args(q, k, v, mask)
+    q4, k4, v4, m4, lead = flash_kernel_args(q, k, v, mask)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q4, k4, v4, 0.0, attrs["causal"], attn_mask=m4, scale=attrs["scale"])
     return out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
@@ -1140,7 +1139,7 @@ def _attention_cost(ins, outs, attrs):
 register(OpDef(
     name="attention", operands=("q", "k", "v", "mask?"),
     attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
-    infer=_attention_infer, reference=_np_attention, torch=_torch_attention, cost=_attention_cost,
+    infer=attention_infer, reference=np_attention, torch=torch_attention, cost=_attention_cost,
     doc="Scaled dot-product attention as torch.nn.functional.scaled_dot_product_attention "
         "(no dropout): softmax(q k^T * scale + mask) v for q [..., Tq, E], k [..., Tk, E], "
         "v [..., Tk, Ev] with equal batch/head dims (rank 2 or more; GQA repeats k/v heads "
@@ -1205,7 +1204,7 @@ def _torch_masked_softmax(args, attrs):
     x = args[0]
     if x.shape[-1] == 0 or x.numel() == 0:
         return x.clone()
-    ct = _attn_compute_dtype(x)
+    ct = attention_compute_dtype(x)
     s = x.to(ct) * attrs["scale"]
     if attrs["causal"]:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()

@@ -153,7 +153,8 @@ def _torch_adamw(args, attrs):
     return _torch_adamw_step(args, attrs, inplace=False)
 
 
-def _torch_adamw_inplace(args, attrs):
+def torch_adamw_inplace(args, attrs):
+    """adamw updating the parameter and its state in place (the runtime donated them)."""
     return _torch_adamw_step(args, attrs, inplace=True)
 
 
@@ -162,7 +163,7 @@ register(OpDef(
     attrs=(AttrSpec("lr", "float", 1e-3), AttrSpec("beta1", "float", 0.9), AttrSpec("beta2", "float", 0.999),
            AttrSpec("eps", "float", 1e-8), AttrSpec("weight_decay", "float", 1e-2)),
     infer=_adamw_infer, reference=_np_adamw, torch=_torch_adamw, cost=_update_cost(12),
-    torch_inplace=_torch_adamw_inplace, inplace=((0, 0), (1, 2), (2, 3)), pad_zeros="all",
+    torch_inplace=torch_adamw_inplace, inplace=((0, 0), (1, 2), (2, 3)), pad_zeros="all",
     doc="one step of torch.optim.AdamW: param *= 1 - lr * weight_decay; exp_avg = lerp(exp_avg, "
         "grad, 1 - beta1); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2; param -= "
         "lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps). step is "

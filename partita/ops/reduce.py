@@ -22,16 +22,15 @@ The NumPy references accumulate f16/bf16 in f32 and round once, as PyTorch's CPU
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import DType, i64
 from ..ir.types import TensorType
 from ._lazy import torch
+from .numeric import LOW_PRECISION, compute_np
 from .registry import AttrSpec, Cost, OpDef, normalize_axis, register
 
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 _AXES = AttrSpec("axes", "ints", None)
 _KEEPDIM = AttrSpec("keepdim", "bool", False)
@@ -68,10 +67,6 @@ def _accumulate_dtype(dt: DType) -> DType:
     return dt if dt.is_float else i64
 
 
-def _compute_np(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float32) if a.dtype in _LOW_PRECISION else a
-
-
 def _check_nonempty(op: str, t: TensorType, axes: tuple[int, ...]) -> None:
     for a in axes:
         if t.shape[a] == 0:
@@ -79,7 +74,7 @@ def _check_nonempty(op: str, t: TensorType, axes: tuple[int, ...]) -> None:
                                 "has no value (slice away the empty axis or use sum)")
 
 
-def _reduce_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+def reduce_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
     """One operation per input element."""
     return Cost(ins[0].numel, sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
 
@@ -113,13 +108,13 @@ def _reduction(name: str, dtype_rule: str, np_fn, torch_fn, doc: str, **facts) -
         return torch_fn(x, axes, attrs["keepdim"])
 
     return register(OpDef(name=name, operands=("x",), attrs=(_AXES, _KEEPDIM), infer=infer,
-                          reference=reference, torch=torch_impl, cost=_reduce_cost, doc=doc, **facts))
+                          reference=reference, torch=torch_impl, cost=reduce_cost, doc=doc, **facts))
 
 
 def _np_accumulator(dtype: np.dtype) -> type | np.dtype:
     """The NumPy dtype sums and products accumulate in: f32 for f16/bf16, i64 for bool and
     integers (as PyTorch), the dtype itself otherwise."""
-    return np.float32 if dtype in _LOW_PRECISION else (np.int64 if dtype.kind in "biu" else dtype)
+    return np.float32 if dtype in LOW_PRECISION else (np.int64 if dtype.kind in "biu" else dtype)
 
 
 def _np_sum(x, axes, keepdim):
@@ -133,18 +128,18 @@ def _np_prod(x, axes, keepdim):
 
 
 def _np_mean(x, axes, keepdim):
-    x = _compute_np(x)
+    x = compute_np(x)
     count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
     # sum / count rather than np.mean, which warns on empty input; 0 / 0 gives NaN as PyTorch.
     return np.sum(x, axis=axes, keepdims=keepdim) / np.asarray(count, dtype=x.dtype)
 
 
 def _np_max(x, axes, keepdim):
-    return np.max(_compute_np(x), axis=axes, keepdims=keepdim) if axes else x
+    return np.max(compute_np(x), axis=axes, keepdims=keepdim) if axes else x
 
 
 def _np_min(x, axes, keepdim):
-    return np.min(_compute_np(x), axis=axes, keepdims=keepdim) if axes else x
+    return np.min(compute_np(x), axis=axes, keepdims=keepdim) if axes else x
 
 
 def _torch_prod(x, axes, keepdim):
@@ -204,7 +199,7 @@ def _arg_reduction(name: str, np_fn, torch_fn) -> OpDef:
         return TensorType(reduced_shape(t.shape, (axis,), keepdim), i64)
 
     def reference(args, attrs):
-        x = _compute_np(args[0])
+        x = compute_np(args[0])
         axis = _arg_axis(name, x.ndim, attrs["axes"])
         if axis is None or x.ndim == 0:
             idx = np_fn(x.reshape(-1))
@@ -217,7 +212,7 @@ def _arg_reduction(name: str, np_fn, torch_fn) -> OpDef:
         return torch_fn(x, dim=axis, keepdim=attrs["keepdim"])
 
     return register(OpDef(name=name, operands=("x",), attrs=(_AXES, _KEEPDIM), infer=infer,
-                          reference=reference, torch=torch_impl, cost=_reduce_cost,
+                          reference=reference, torch=torch_impl, cost=reduce_cost,
                           doc=f"index (i64) of the first {name[3:]} along one axis, or in the flattened tensor"))
 
 
@@ -232,7 +227,7 @@ def _scan_axis(op: str, rank: int, axis: int) -> int:
     return normalize_axis(axis, max(rank, 1), op)
 
 
-def _scan_infer(op: str):
+def scan_infer(op: str):
     """The type rule of a running reduction (cumsum, cumprod): x's shape, bool and integers
     accumulating in i64."""
     def infer(ts, attrs):
@@ -242,7 +237,7 @@ def _scan_infer(op: str):
     return infer
 
 
-def _scan_reference(op: str, scan):
+def scan_reference(op: str, scan):
     """The NumPy reference of a running reduction: ``scan`` (np.cumsum, np.cumprod) along the
     axis, accumulating f16/bf16 in f32 and bool and integers in i64."""
     def reference(args, attrs):
@@ -254,9 +249,9 @@ def _scan_reference(op: str, scan):
 
 
 register(OpDef(
-    name="cumsum", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=_scan_infer("cumsum"),
-    reference=_scan_reference("cumsum", np.cumsum),
+    name="cumsum", operands=("x",), attrs=(AttrSpec("axis", "int"),), infer=scan_infer("cumsum"),
+    reference=scan_reference("cumsum", np.cumsum),
     torch=lambda args, a: torch.cumsum(args[0], dim=a["axis"]),
-    cost=_reduce_cost,
+    cost=reduce_cost,
     doc="inclusive running sum along axis; bool and integers give i64",
 ))

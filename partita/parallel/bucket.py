@@ -36,7 +36,7 @@ from ..ops.collective import is_point_to_point
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
-from .simulate import _describe, _ordinal, first_disagreement, pair_point_to_point
+from .simulate import describe_collective, nth, first_disagreement, pair_point_to_point
 
 MB = 1 << 20  # size_mb counts mebibytes, as DDP's bucket_cap_mb does
 
@@ -364,7 +364,7 @@ def _upstream_masks(nodes: list[Node], bit: Mapping[Node, int]) -> dict[Node, in
     on both sides of a point-to-point exchange would wait for itself)."""
     up: dict[Node, int] = {}
     out: dict[Node, int] = {}
-    chain = _effect_chain(nodes)
+    chain = effect_chain(nodes)
     for n in nodes:
         m = 0
         for v in n.operands:
@@ -394,7 +394,7 @@ def _effective_upstream(mask: int, member_mask: list[int], up_mask: list[int]) -
     return mask
 
 
-def _effect_chain(nodes: list[Node]) -> dict[Node, Node]:
+def effect_chain(nodes: list[Node]) -> dict[Node, Node]:
     """Each effectful node that is not a collective, mapped to the previous such node: their
     relative order is kept by every reordering here (an RNG stream, I/O)."""
     prev: Node | None = None
@@ -424,7 +424,7 @@ def _place_buckets(graph: Graph, nodes: list[Node], pos: dict[Node, int], bucket
             item_of[m] = base + k
     prio: list[tuple[int, int, int]] = [(i, 0, 0) for i in range(len(nodes))]
     prio += [(max(ready(m) for m in ms), 1, k) for k, ms in enumerate(buckets)]
-    chain = _effect_chain(nodes)
+    chain = effect_chain(nodes)
     preds: list[set[int]] = [set() for _ in prio]
     for n in nodes:
         me = item_of[n]
@@ -470,7 +470,7 @@ def _apply_order(graph: Graph, schedule: list[Node]) -> None:
 
 # --- order-collectives ---------------------------------------------------------------------------
 
-def _grows(n: Node) -> bool:
+def grows_when_gathered(n: Node) -> bool:
     """A collective whose result is larger than its operand (all_gather): issued long before
     it is read, it holds the larger tensor all that time (a zero3 param from the step's
     start), so it is ordered by when it is needed, and issued just in time, or ``prefetch``
@@ -480,7 +480,8 @@ def _grows(n: Node) -> bool:
             and sum(r.type.nbytes for r in n.results) > n.operands[0].type.nbytes)
 
 
-def _is_collective(n: Node) -> bool:
+def is_collective(n: Node) -> bool:
+    """Whether ``n`` is a collective (send and recv, point-to-point, are not)."""
     op = OPS.get(n.op)
     return op is not None and op.collective is not None
 
@@ -524,7 +525,7 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
     ``keep_order``: the program's order is already the one to keep (a pipeline rank's
     program, whose compute follows the schedule, and whose dp/tp peers run the very same
     program): the collectives keep their relative order and only move up, each to just after
-    the last node it needs, and every other node keeps its place (see ``_hoist_collectives``).
+    the last node it needs, and every other node keeps its place (see ``hoist_collectives``).
     Ordering by readiness would interleave microbatches: a later microbatch's forward (ready
     early, and needed by its own collectives) would run before the backward the schedule puts
     first, and the pipeline would stall on every microbatch.
@@ -548,7 +549,7 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
                           f"got {prefetch}")
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
-    chain = _effect_chain(nodes)
+    chain = effect_chain(nodes)
 
     def deps(n: Node) -> list[Node]:
         ds = [v.producer for v in n.operands if v.producer is not None]
@@ -557,17 +558,17 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         return ds
 
     if keep_order:
-        order = _sink_gathers(_hoist_collectives(nodes, pos, deps))
+        order = sink_gathers(hoist_collectives(nodes, pos, deps))
         if prefetch:
             order = _prefetch_gathers(order, prefetch)
         _apply_order(graph, order)
-        return [n for n in order if _is_collective(n)]
+        return [n for n in order if is_collective(n)]
 
     depth: dict[Node, int] = {}
     for n in nodes:
         depth[n] = 1 + max((depth[p] for p in deps(n)), default=0)
     sig = _signatures(graph, nodes)
-    colls = [n for n in nodes if _is_collective(n)]
+    colls = [n for n in nodes if is_collective(n)]
 
     # As late as possible: the longest chain to the end, counted back from the deepest node,
     # so a value's "latest" level is just before that of its earliest needed reader.
@@ -581,7 +582,7 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         # An all_gather's result is bigger than its operand, and it is not overlapped (only
         # all_reduce runs asynchronously): issued early it only holds the gathered tensor
         # longer (a zero3 param from the step's start). It is ordered by when it is needed.
-        return max(depth[n], latest[n]) if _grows(n) else depth[n]
+        return max(depth[n], latest[n]) if grows_when_gathered(n) else depth[n]
 
     def key(n: Node) -> tuple:
         # Identical digests compute identical values, so their relative order cannot change
@@ -635,14 +636,14 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         wanted.sort(key=pos.__getitem__)
         schedule.extend(wanted)
     schedule.extend(n for n in nodes if n not in placed)
-    order = _sink_gathers(schedule)
+    order = sink_gathers(schedule)
     if prefetch:
         order = _prefetch_gathers(order, prefetch)
     _apply_order(graph, order)
-    return [n for n in order if _is_collective(n)]
+    return [n for n in order if is_collective(n)]
 
 
-def _hoist_collectives(nodes: list[Node], pos: dict[Node, int],
+def hoist_collectives(nodes: list[Node], pos: dict[Node, int],
                        deps: Callable[[Node], list[Node]]) -> list[Node]:
     """``nodes`` with each collective moved up to just after the last node it needs (and
     after the collective before it: they keep their order); every other node keeps its place.
@@ -655,7 +656,7 @@ def _hoist_collectives(nodes: list[Node], pos: dict[Node, int],
     last = -1
     after: dict[int, list[Node]] = defaultdict(list)
     for n in nodes:
-        if not _is_collective(n):
+        if not is_collective(n):
             continue
         a = last
         for d in deps(n):
@@ -671,16 +672,16 @@ def _hoist_collectives(nodes: list[Node], pos: dict[Node, int],
     return out
 
 
-def _sink_gathers(schedule: list[Node]) -> list[Node]:
+def sink_gathers(schedule: list[Node]) -> list[Node]:
     """Move each all_gather down to just before the first node that reads it, or the next
     collective if that comes first (the collectives keep their order): a gathered tensor is
     then alive only while it is used."""
     order = list(schedule)
-    for c in [n for n in reversed(order) if _grows(n)]:
+    for c in [n for n in reversed(order) if grows_when_gathered(n)]:
         i = order.index(c)
         readers = {u for r in c.results for u in r.users}
         j = i + 1
-        while j < len(order) and order[j] not in readers and not _is_collective(order[j]):
+        while j < len(order) and order[j] not in readers and not is_collective(order[j]):
             j += 1
         if j > i + 1:
             order.insert(j - 1, order.pop(i))
@@ -716,7 +717,7 @@ def _prefetch_gathers(order: list[Node], ahead: int) -> list[Node]:
     order = list(order)
     gathers: list[tuple[Node, list[Node]]] = []
     for n in order:
-        if _grows(n):
+        if grows_when_gathered(n):
             chain = _input_cone(n)
             if chain is not None:
                 gathers.append((n, chain))
@@ -761,28 +762,28 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
     for r, g in enumerate(gs):
         for n in g.nodes:
             p2p = is_point_to_point(n)
-            if not (p2p or _is_collective(n)):
+            if not (p2p or is_collective(n)):
                 continue
             axis, size = n.attrs["axis"], n.attrs["group_size"]
             try:
                 real = mesh.axis_size(axis)
             except MeshError:
-                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} is a "
+                raise CollectiveOrderError(f"rank {r} (@{g.name}): {describe_collective(n)} is a "
                                            f"{'point-to-point op' if p2p else 'collective'} over axis "
                                            f"'{axis}', which {mesh} does not have (its axes: "
                                            f"{', '.join(mesh.names)})") from None
             if real != size:
-                raise CollectiveOrderError(f"rank {r} (@{g.name}): {_describe(n)} says group_size={size}, but axis "
+                raise CollectiveOrderError(f"rank {r} (@{g.name}): {describe_collective(n)} says group_size={size}, but axis "
                                            f"'{axis}' of {mesh} has {real} ranks; set group_size={real}")
-        seqs.append([n for n in g.nodes if _is_collective(n)])
+        seqs.append([n for n in g.nodes if is_collective(n)])
     for axis in mesh.names:
         found = first_disagreement([[n for n in seq if n.attrs["axis"] == axis] for seq in seqs], mesh, axis)
         if found is not None:
             group, first, m, k, na, nb = found
             raise CollectiveOrderError(
                 f"ranks {first} and {m} (group {group} of axis '{axis}') disagree at their "
-                f"{_ordinal(k + 1)} collective over '{axis}' (position {k}): rank {first} issues "
-                f"{_describe(na)}, rank {m} issues {_describe(nb)}; a real run would hang or mix up "
+                f"{nth(k + 1)} collective over '{axis}' (position {k}): rank {first} issues "
+                f"{describe_collective(na)}, rank {m} issues {describe_collective(nb)}; a real run would hang or mix up "
                 f"data there. Run order-collectives on every rank's program, or make the ranks issue "
                 f"the same collectives over '{axis}' in the same order")
     pair_point_to_point(gs, mesh, CollectiveOrderError)

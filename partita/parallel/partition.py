@@ -115,7 +115,7 @@ def partition_with_report(graph: Graph, reshards: "list[ReshardNeed] | None" = N
     report's ``reshards``), which saves recomputing them; by default they are recomputed.
     ``real_sizes``: for values padded by ``partita.parallel.pad``, the real size of each
     padded dim; the local forms check ids and targets against it."""
-    return _Partitioner(graph, reshards, real_sizes).run()
+    return Partitioner(graph, reshards, real_sizes).run()
 
 
 def partition_tracked(graph: Graph, reshards: "list[ReshardNeed] | None" = None, *,
@@ -123,7 +123,7 @@ def partition_tracked(graph: Graph, reshards: "list[ReshardNeed] | None" = None,
                       ) -> tuple[Graph, PartitionReport, dict[Node, list[Node]], dict[Value, Value]]:
     """``partition_with_report`` that also returns, per global node, the local nodes made for
     it, and the map from each global value to its local value."""
-    p = _Partitioner(graph, reshards, real_sizes)
+    p = Partitioner(graph, reshards, real_sizes)
     p.spans = {}
     local, report = p.run()
     return local, report, p.spans, dict(p.vmap)
@@ -168,7 +168,8 @@ def shard_weights(global_graph: Graph, weights: Mapping[str, Any], mesh: Mesh | 
             for r in range(m.size)]
 
 
-class _Partitioner:
+class Partitioner:
+    """Rewrites a placed global graph into its local (per-rank) graph and report; ``run`` does it."""
     def __init__(self, graph: Graph, reshards: "list[ReshardNeed] | None" = None,
                  real_sizes: "Mapping[Value, Mapping[int, int]] | None" = None) -> None:
         self.given = reshards

@@ -59,18 +59,18 @@ class PlanReport:
     def summary(self) -> str:
         """A few lines: mesh, strategy, bytes per rank, collectives by op, axis and phase."""
         lines = [f"plan: {self.strategy} on {self.mesh} ({self.mesh.size} ranks)",
-                 f"  per rank: params {_fmt(self.param_bytes)} (of {_fmt(self.global_param_bytes)}), optimizer "
-                 f"state {_fmt(self.state_bytes)}, peak activations {_fmt(self.activation_bytes)}",
-                 f"  communication per step: {_fmt(self.comm_bytes)} sent per rank in {len(self.collectives)} "
+                 f"  per rank: params {format_bytes(self.param_bytes)} (of {format_bytes(self.global_param_bytes)}), optimizer "
+                 f"state {format_bytes(self.state_bytes)}, peak activations {format_bytes(self.activation_bytes)}",
+                 f"  communication per step: {format_bytes(self.comm_bytes)} sent per rank in {len(self.collectives)} "
                  "collective(s)"]
         groups: dict[tuple[str, str, str], list[int]] = {}
         for c in self.collectives:
             groups.setdefault((c["phase"], c["op"], c["axis"]), []).append(c["bytes"])
         for (phase, op, axis), bs in sorted(groups.items()):
-            lines.append(f"    {phase:8} {op:14} over {axis:4} x{len(bs):<4} {_fmt(sum(bs))}")
+            lines.append(f"    {phase:8} {op:14} over {axis:4} x{len(bs):<4} {format_bytes(sum(bs))}")
         for b in self.buckets:
             lines.append(f"  bucket: {len(b['members'])} {b['op']}s over {b['axis']} fused into one "
-                         f"({_fmt(b['bytes'])})")
+                         f"({format_bytes(b['bytes'])})")
         if self.program_collectives:
             lines.append(f"  the per-rank program issues {self.program_collectives} collective(s)")
         if self.replicated:
@@ -98,7 +98,8 @@ class PlanReport:
         return "\n".join(lines)
 
 
-def _fmt(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """A byte count in B, KiB, MiB or GiB, as the reports print it."""
     x = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if x < 1024 or unit == "GiB":

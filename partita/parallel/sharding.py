@@ -262,7 +262,7 @@ for _n in ("max", "min", "prod", "argmax", "argmin"):
 def _fused(ts, attrs):
     # A fused kernel's body has fixed shapes, so the node cannot be split: it runs replicated.
     # Fusion belongs after parallelize (on each rank's program), where nothing is split.
-    from ..codegen.op import body_graph
+    from ..codegen.fused_body import body_graph
 
     outs = [v.type for v in body_graph(attrs["body"]).outputs]
     return DimSpec(tuple((None,) * t.rank for t in ts), tuple((None,) * t.rank for t in outs))

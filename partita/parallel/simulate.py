@@ -192,12 +192,12 @@ def _deadlock_message(waiting: dict[int, Node], partner: dict[tuple[int, Node], 
         if is_point_to_point(node):
             p, other = partner[(r, node)]
             if node.operands:
-                parts.append(f"rank {r} waits in {_describe(node)} until rank {p} reaches its matching "
-                             f"{_describe(other)}")
+                parts.append(f"rank {r} waits in {describe_collective(node)} until rank {p} reaches its matching "
+                             f"{describe_collective(other)}")
             else:
-                parts.append(f"rank {r} waits in {_describe(node)} for rank {p}'s matching {_describe(other)}")
+                parts.append(f"rank {r} waits in {describe_collective(node)} for rank {p}'s matching {describe_collective(other)}")
         else:
-            parts.append(f"rank {r} waits in {_describe(node)} (group {mesh.group_of(r, node.attrs['axis'])})")
+            parts.append(f"rank {r} waits in {describe_collective(node)} (group {mesh.group_of(r, node.attrs['axis'])})")
     if any(is_point_to_point(node) for node in waiting.values()):
         hint = ("A send completes only when its peer reaches the matching recv (run_mesh treats sends as "
                 "synchronous, as a blocking transport may be); order each rank's sends, recvs and collectives "
@@ -230,12 +230,12 @@ def pair_point_to_point(graphs: Sequence[Graph], mesh: Mesh,
             axis, peer = node.attrs["axis"], node.attrs["peer"]
             group = mesh.group_of(r, axis)
             if not 0 <= peer < len(group):  # the type rule refuses it; an unverified graph may not have
-                raise error(f"rank {r} (@{g.name}): {_describe(node)} names peer={peer}, which is not a coordinate "
+                raise error(f"rank {r} (@{g.name}): {describe_collective(node)} names peer={peer}, which is not a coordinate "
                             f"along '{axis}' of {mesh} (0..{len(group) - 1})")
             p = group[peer]
             if p == r:
                 verb = "send to" if node.operands else "receive from"
-                raise error(f"rank {r} (@{g.name}): {_describe(node)} names peer={peer}, which is rank {r}'s own "
+                raise error(f"rank {r} (@{g.name}): {describe_collective(node)} names peer={peer}, which is rank {r}'s own "
                             f"coordinate along '{axis}'; a rank cannot {verb} itself. peer is the absolute "
                             f"coordinate of the other rank along '{axis}' (0..{len(group) - 1})")
             if node.operands:
@@ -249,23 +249,23 @@ def pair_point_to_point(graphs: Sequence[Graph], mesh: Mesh,
         for k in range(max(len(out), len(into))):
             if k >= len(into):
                 raise error(
-                    f"rank {s}'s {_ordinal(k + 1)} send to rank {d} over axis '{axis}' (@{graphs[s].name}: "
-                    f"{_describe(out[k])}) has no matching recv: rank {d} (@{graphs[d].name}) receives only "
+                    f"rank {s}'s {nth(k + 1)} send to rank {d} over axis '{axis}' (@{graphs[s].name}: "
+                    f"{describe_collective(out[k])}) has no matching recv: rank {d} (@{graphs[d].name}) receives only "
                     f"{len(into)} tensor(s) from rank {s}{_elsewhere(recvs, d, s, sending=False)}; a real run "
                     f"would hang there. Add recv() {{peer={mesh.coord(s, axis)}}} of {out[k].operands[0].type} to "
                     f"rank {d}'s program, or drop the send")
             if k >= len(out):
                 raise error(
-                    f"rank {d}'s {_ordinal(k + 1)} recv from rank {s} over axis '{axis}' (@{graphs[d].name}: "
-                    f"{_describe(into[k])}) has no matching send: rank {s} (@{graphs[s].name}) sends only "
+                    f"rank {d}'s {nth(k + 1)} recv from rank {s} over axis '{axis}' (@{graphs[d].name}: "
+                    f"{describe_collective(into[k])}) has no matching send: rank {s} (@{graphs[s].name}) sends only "
                     f"{len(out)} tensor(s) to rank {d}{_elsewhere(sends, s, d, sending=True)}; a real run would hang "
                     f"there. Add send(...) {{peer={mesh.coord(d, axis)}}} to rank {s}'s program, or drop the recv")
             sent, want = out[k].operands[0].type, into[k].results[0].type
             if sent != want:
                 raise error(
-                    f"rank {s}'s {_ordinal(k + 1)} send to rank {d} over axis '{axis}' sends {sent} "
-                    f"(@{graphs[s].name}: {_describe(out[k])}), but the recv it meets on rank {d} expects {want} "
-                    f"(@{graphs[d].name}: {_describe(into[k])}); a real run would fail or mix up data there. "
+                    f"rank {s}'s {nth(k + 1)} send to rank {d} over axis '{axis}' sends {sent} "
+                    f"(@{graphs[s].name}: {describe_collective(out[k])}), but the recv it meets on rank {d} expects {want} "
+                    f"(@{graphs[d].name}: {describe_collective(into[k])}); a real run would fail or mix up data there. "
                     f"Give the recv shape={list(sent.shape)}, dtype={sent.dtype}, or send a tensor of {want}")
             partner[(s, out[k])] = (d, into[k])
             partner[(d, into[k])] = (s, out[k])
@@ -284,19 +284,19 @@ def _run_collective(nodes: list[Node], envs: list[dict[Value, np.ndarray]], memb
     except PartitaError:
         raise
     except Exception as e:
-        raise MeshRunError(f"{_describe(node0)} on ranks {members}: the group semantics failed: "
+        raise MeshRunError(f"{describe_collective(node0)} on ranks {members}: the group semantics failed: "
                            f"{type(e).__name__}: {e}") from e
     for node, env, r, res in zip(nodes, envs, members, results):
         res = res if isinstance(res, (list, tuple)) else (res,)
         if len(res) != len(node.results):
-            raise MeshRunError(f"{_describe(node)} on rank {r}: got {len(res)} result(s), expected {len(node.results)}")
+            raise MeshRunError(f"{describe_collective(node)} on rank {r}: got {len(res)} result(s), expected {len(node.results)}")
         for v, a in zip(node.results, res):
             t = v.type
             a = np.asarray(a)
             if a.dtype != t.dtype.np:
                 a = a.astype(t.dtype.np)
             if a.shape != t.shape:
-                raise MeshRunError(f"{_describe(node)} on rank {r}: the group semantics gave shape {list(a.shape)}, "
+                raise MeshRunError(f"{describe_collective(node)} on rank {r}: the group semantics gave shape {list(a.shape)}, "
                                    f"the type rule says {t}; the operands of the group's members differ in shape")
             env[v] = a
 
@@ -322,11 +322,11 @@ def _check_against_mesh(node: Node, mesh: Mesh, rank: int) -> None:
     try:
         real = mesh.axis_size(axis)
     except MeshError:
-        raise MeshRunError(f"{_describe(node)} on rank {rank} is a {what} over axis '{axis}', which the mesh "
+        raise MeshRunError(f"{describe_collective(node)} on rank {rank} is a {what} over axis '{axis}', which the mesh "
                            f"{mesh} does not have (its axes: {', '.join(mesh.names)}); use one of those axes or "
                            "run on a mesh with that axis") from None
     if real != size:
-        raise MeshRunError(f"{_describe(node)} on rank {rank} says group_size={size}, but axis '{axis}' of {mesh} has "
+        raise MeshRunError(f"{describe_collective(node)} on rank {rank} says group_size={size}, but axis '{axis}' of {mesh} has "
                            f"{real} ranks; set group_size={real} (and the local shapes with it) or run on a mesh "
                            f"whose '{axis}' axis has {size} ranks")
 
@@ -356,9 +356,9 @@ def _check_collectives_line_up(programs: list[list[Node]], mesh: Mesh) -> None:
         if found is not None:
             group, first, m, k, na, nb = found
             raise MeshRunError(
-                f"the per-rank programs disagree at their {_ordinal(k + 1)} collective over axis "
-                f"'{axis}' (group of ranks {group}): rank {first} runs {_describe(na)}, rank {m} runs "
-                f"{_describe(nb)}; a real run would hang (or mix up data) here. Every rank of a group "
+                f"the per-rank programs disagree at their {nth(k + 1)} collective over axis "
+                f"'{axis}' (group of ranks {group}): rank {first} runs {describe_collective(na)}, rank {m} runs "
+                f"{describe_collective(nb)}; a real run would hang (or mix up data) here. Every rank of a group "
                 f"must issue the same collectives over '{axis}', with the same attributes, in the "
                 "same order")
 
@@ -366,7 +366,7 @@ def _check_collectives_line_up(programs: list[list[Node]], mesh: Mesh) -> None:
 def _check_same_collective(a: Node, ra: int, b: Node, rb: int, axis: str) -> None:
     if not _same_collective(a, b):
         raise MeshRunError(f"ranks {ra} and {rb} meet in different collectives over axis '{axis}': rank {ra} runs "
-                           f"{_describe(a)}, rank {rb} runs {_describe(b)}; a real run would hang (or mix up data) "
+                           f"{describe_collective(a)}, rank {rb} runs {describe_collective(b)}; a real run would hang (or mix up data) "
                            "here")
 
 
@@ -375,7 +375,8 @@ def _same_collective(a: Node, b: Node) -> bool:
             and [v.type for v in a.operands] == [v.type for v in b.operands])
 
 
-def _describe(node: Node | None) -> str:
+def describe_collective(node: Node | None) -> str:
+    """A collective as the error messages show it: op, operand types, attributes, source location."""
     if node is None:
         return "no collective"
     # Every attribute (a mismatch may be in a default), but an empty tag says nothing.
@@ -385,6 +386,7 @@ def _describe(node: Node | None) -> str:
     return f"{node.op}({types}) {{{attrs}}}" + (f" at {loc}" if loc else "")
 
 
-def _ordinal(k: int) -> str:
+def nth(k: int) -> str:
+    """``k`` as an English ordinal: 1st, 2nd, 3rd, 4th, 11th, 21st."""
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
     return f"{k}{suffix}"

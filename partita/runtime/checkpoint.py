@@ -49,7 +49,7 @@ from ..backend.common import as_numpy
 from ..ir.diagnostics import WeightsError
 from ..ir.dtypes import DType, DTYPES, from_numpy
 from ..ir.graph import Graph, input_name
-from ..ir.weights import _FROM_ST, save_safetensors
+from ..ir.weights import DTYPE_OF_SAFETENSORS_NAME, save_safetensors
 from ..parallel.mesh import Mesh
 from ..parallel.placement import Placement
 
@@ -677,7 +677,7 @@ class _ShardFile:
         if info is None:
             raise self.corrupt(f"no tensor '{name}', which the manifest says it holds")
         try:
-            dt = DTYPES[_FROM_ST[info["dtype"]]]
+            dt = DTYPES[DTYPE_OF_SAFETENSORS_NAME[info["dtype"]]]
             shape = tuple(int(d) for d in info["shape"])
             start, end = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):

@@ -333,7 +333,7 @@ def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int |
     """What a rank that died was doing: the communication it had entered last (its count of
     entered collectives, ``entered``, includes the rendezvous and the mesh groups), with the
     pipeline action a send or recv serves; empty when unknown."""
-    from ..parallel.simulate import _ordinal
+    from ..parallel.simulate import nth
 
     if step is None or entered < 3:
         return ""
@@ -349,7 +349,7 @@ def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int |
         what = f"{node.op} {'to' if node.op == 'send' else 'from'} rank {peer} over axis '{axis}'"
     else:
         what = f"{node.op} over axis '{axis}'"
-    return f"{what}{f' ({tag})' if tag else ''}{_location(node)}, its {_ordinal(k + 1)} communication of the step"
+    return f"{what}{f' ({tag})' if tag else ''}{_location(node)}, its {nth(k + 1)} communication of the step"
 
 
 def _location(node) -> str:
@@ -604,7 +604,8 @@ def _worker_main(rank: int, jobs, conn, beats, entered) -> None:
 
 # --- the parent ----------------------------------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -710,7 +711,7 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
 
     n = mesh.size
     texts: dict[int, str] = {}
-    port = _free_port()
+    port = free_port()
     ctx = multiprocessing.get_context("spawn")
     beats = ctx.RawArray("d", n)     # each rank's last heartbeat (time.monotonic; 0: none yet)
     entered = ctx.RawArray("q", n)   # the collectives each rank has entered
@@ -908,7 +909,8 @@ def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: l
     return RunResult(mesh, steps, tuple(range(n)), outputs, final, timings, init, recv)
 
 
-def _torchrun_env() -> bool:
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (its rendezvous variables are set)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
@@ -982,19 +984,19 @@ def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank
     raises, dies, stops or loses a peer.
     """
     mine = None
-    if _torchrun_env():
+    if under_torchrun():
         n, world, mine = Mesh.of(mesh).size, int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
         if world != n:
             raise LaunchError(f"run_ranks under torchrun: WORLD_SIZE={world} but the mesh {Mesh.of(mesh)} has {n} "
                               f"ranks; launch with --nproc_per_node {n} (times the number of nodes), or use a "
                               f"mesh of {world} ranks")
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", Mesh.of(mesh).size)) if _torchrun_env() else Mesh.of(mesh).size
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", Mesh.of(mesh).size)) if under_torchrun() else Mesh.of(mesh).size
     backend = resolve_backend(backend, local_ranks)
     mesh, graph_list, weights, per_rank, steps = _normalize(graphs, mesh, weights_by_rank, inputs, steps,
                                                             executor, backend, _fault, mine)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise LaunchError(f"run_ranks: timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    if _torchrun_env():
+    if under_torchrun():
         return _join(mesh, graph_list, weights, per_rank, steps, backend, float(timeout_s), threads, _fault,
                      progress, executor)
     check_spawnable("run_ranks")

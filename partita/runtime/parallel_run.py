@@ -97,7 +97,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     checked before any process starts. Raises LaunchError / RankFailure (see ``run_ranks``).
     """
     from . import checkpoint as ckpt
-    from .launch import _torchrun_env, check_spawnable
+    from .launch import under_torchrun, check_spawnable
 
     mesh = _check_program(program)
     if check not in (True, False, "raise") or check is None:
@@ -129,10 +129,10 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
         _check_global_inputs(program, feed, "inputs" if isinstance(inputs, Mapping) else f"inputs[{i}]")
     if weights is not None:
         _check_global_weights(program, weights)
-    if not _torchrun_env():
+    if not under_torchrun():
         check_spawnable("launch")
     pipelined = hasattr(program, "rank_graphs")
-    if pipelined and checkpoint_dir is not None and _torchrun_env():
+    if pipelined and checkpoint_dir is not None and under_torchrun():
         raise LaunchError("launch: under torchrun a pipeline program does not save checkpoints yet; launch it "
                           "from one process (partita.launch spawns the ranks), or run without checkpoint_dir")
     layout = None if pipelined else ckpt.ShardLayout.of(program.graph, _padding(program))

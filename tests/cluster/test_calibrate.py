@@ -249,9 +249,9 @@ def test_a_port_taken_meanwhile_is_chosen_again(monkeypatch):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    real = launch._free_port
+    real = launch.free_port
     ports = iter([taken.getsockname()[1]])
-    monkeypatch.setattr(launch, "_free_port", lambda: next(ports, None) or real())
+    monkeypatch.setattr(launch, "free_port", lambda: next(ports, None) or real())
     lines: list[str] = []
     try:
         medians, _ = measure_gloo(2, 1, True, lines.append)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from partita.ir import PartitaError, Weights, WeightsError, parse, print_graph, verify
 from partita.ir import parser as parser_mod
-from partita.ir.printer import _Printer
+from partita.ir.printer import GraphPrinter
 
 from .test_placement_text import GLOBAL_PRINTED
 from .test_text import ALL_KINDS, BRIEF_EXAMPLE, DESIGN_MLP
@@ -102,7 +102,7 @@ def check_text(text: str) -> None:
     except Exception as e:  # noqa: BLE001
         pytest.fail(f"accepted input does not survive print -> parse: {type(e).__name__}: {e}\n"
                     f"input:\n{text!r}")
-    names = _Printer(g)
+    names = GraphPrinter(g)
     names.assign_names()
     for v, n in names.names.items():
         v.name = n

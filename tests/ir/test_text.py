@@ -440,7 +440,7 @@ def test_random_annotated_graphs_round_trip(attr_ops, data):
     assert again == printed
     # The printer renames what it must (duplicate or invalid names); with those names the
     # built graph and the parsed one are equal.
-    names = printer_mod._Printer(g)
+    names = printer_mod.GraphPrinter(g)
     names.assign_names()
     for v, n in names.names.items():
         v.name = n

@@ -167,7 +167,7 @@ def test_conflict_without_a_recorded_need_falls_back_to_replicated(monkeypatch):
     # Without propagation's decision, the conflicting operand is gathered whole; the result,
     # then replicated, is cut back to its recorded placement.
     from partita.parallel import partition as mod
-    monkeypatch.setattr(mod._Partitioner, "needs", lambda self: {})
+    monkeypatch.setattr(mod.Partitioner, "needs", lambda self: {})
     g = partita.parse("""graph @sm(%x: f32[8,16@tp]) -> (f32[8,16]) mesh(tp=2) {
       %s = softmax(%x) {axis=1} : f32[8,16]
       return %s

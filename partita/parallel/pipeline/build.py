@@ -98,7 +98,7 @@ def check_microbatches(graph: Graph, microbatches: int) -> None:
 
 def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
     """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring)."""
-    from ..partition import _Partitioner
+    from ..partition import Partitioner
     from ..propagate import propagate
 
     check_microbatches(fwd, microbatches)
@@ -111,7 +111,7 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
         v.placement = Placement.split(v.type.rank, {0: MB_AXIS}) if v.role == "input" else \
             Placement.replicated(v.type.rank)
     prop = propagate(g)
-    part = _Partitioner(g, prop.reshards)
+    part = Partitioner(g, prop.reshards)
     local, report = part.run()
     # Only a reduction of the loss (or of an output) over the microbatches may need the other
     # microbatches' rows; anything else mixes rows across microbatches, which a pipeline cannot

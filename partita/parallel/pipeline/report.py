@@ -11,7 +11,7 @@ from typing import Any
 from ...autodiff.memory import analyze
 from ...ir.graph import Graph, Value
 from ...ops.collective import is_point_to_point
-from ..report import _fmt
+from ..report import format_bytes
 from .local_unroll import ONCE_SECTIONS
 
 
@@ -76,9 +76,9 @@ class PipelinePlan:
                      f"{'act/mb':>10} {'held':>4} {'peak act':>10} {'sent/step':>10}")
         for s in self.per_stage:
             span = "+".join(_span(ls) for ls in s.chunk_layers) if s.chunk_layers else "-"
-            lines.append(f"  {s.rank:>5}  {span:<22} {_fmt(s.param_bytes):>10} {_fmt(s.grad_bytes):>10} "
-                         f"{_fmt(s.state_bytes):>10} {_fmt(s.activation_bytes_per_microbatch):>10} {s.in_flight:>4} "
-                         f"{_fmt(s.peak_activation_bytes):>10} {_fmt(s.sent_bytes):>10}")
+            lines.append(f"  {s.rank:>5}  {span:<22} {format_bytes(s.param_bytes):>10} {format_bytes(s.grad_bytes):>10} "
+                         f"{format_bytes(s.state_bytes):>10} {format_bytes(s.activation_bytes_per_microbatch):>10} {s.in_flight:>4} "
+                         f"{format_bytes(s.peak_activation_bytes):>10} {format_bytes(s.sent_bytes):>10}")
         lines.append("  (per rank of the stage; 'held': the most microbatches whose activations the schedule keeps "
                      "at once)")
         seen: set[str] = set()
