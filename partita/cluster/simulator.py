@@ -301,6 +301,21 @@ def check_fits_cluster(mesh: Mesh, cluster: Cluster, tp_axes: Iterable[str] = ("
                 f"{cluster.gpus_per_node} wide")
 
 
+def _check_simulate_options(tokens: Any, model_flops: Any, progress: Any, **flags: Any) -> None:
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise SimulationError(f"simulate: tokens must be a positive int (tokens per step) or None, got {tokens!r:.40}")
+    if model_flops is not None and (isinstance(model_flops, bool) or not isinstance(model_flops, (int, float))
+                                    or not math.isfinite(model_flops) or model_flops <= 0):
+        raise SimulationError(f"simulate: model_flops must be a positive finite number (FLOPs per step) or None, got "
+                              f"{model_flops!r:.40}")
+    for name, x in flags.items():
+        if not isinstance(x, bool):
+            raise SimulationError(f"simulate: {name} must be True or False, got {x!r:.40}")
+    if progress is not None and not callable(progress):
+        raise SimulationError(f"simulate: progress must be a function taking a line of text (e.g. print) or None, "
+                              f"got {progress!r:.40}")
+
+
 def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
              memory: bool = True, check_memory: bool = False,
@@ -315,6 +330,8 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     alike ranks once. ``trace``: keep the timeline. ``memory``: each simulated rank's memory
     report; ``check_memory``: raise when a rank's peak exceeds the device's memory.
     """
+    _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
+                            progress=progress)
     cluster = load_cluster(cluster)
     sections = getattr(program, "unrolled", True) is False
     if sections:

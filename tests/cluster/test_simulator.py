@@ -377,3 +377,18 @@ def test_a_memory_bound_op_that_fits_in_the_cache_moves_at_its_bandwidth():
     assert CostModel(fast).compute_time(node).seconds == pytest.approx(8192 / 4e9)
     small = dataclasses.replace(c, device=dataclasses.replace(c.device, cache=4e3, cache_bandwidth=4e9))
     assert CostModel(small).compute_time(node).seconds == pytest.approx(8192 / 1e9)   # 8 KB do not fit in 4 KB
+
+
+def test_simulate_checks_its_options():
+    import partita
+    from partita.cluster import SimulationError, simulate
+
+    g = partita.models.gpt(1, 8, 2, 4, 8)
+    for kw, message in [({"tokens": "x"}, "tokens must be a positive int"), ({"tokens": 0}, "tokens must be"),
+                        ({"model_flops": float("nan")}, "model_flops must be a positive finite"),
+                        ({"dedup": "no"}, "dedup must be True or False"), ({"trace": 2}, "trace must be True"),
+                        ({"check_memory": "x"}, "check_memory must be"), ({"progress": 3}, "progress must be a function")]:
+        with pytest.raises(SimulationError, match="simulate: " + message):
+            simulate(g, "selene", **kw)
+    with pytest.raises(partita.PartitaError, match="load_cluster: give a shipped cluster's name"):
+        simulate(g, 123)
