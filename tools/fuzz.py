@@ -1,13 +1,15 @@
 """The long fuzzing campaign: every target for a share of the time, then a table and JSON.
 
-    python tools/fuzz.py --minutes 5 --seed 0 [--targets pir,onnx,api,graphs,cli]
+    python tools/fuzz.py --minutes 5 --seed 0
+        [--targets pir,onnx,api,graphs,cli,cluster,simulate,compile,pipeline]
         [--out bench/results/fuzz.json] [--repro-dir bench/results/fuzz-repro]
 
 The targets and what they check are in tests/fuzz/campaign.py and docs/reliability.md. The
 minutes are split evenly over the targets; cases are deterministic in the seed, so the same
 seed and the same number of cases give the same findings. Each distinct violation's
-reproducer is written to the reproducer folder (a .pir or .onnx file where there is one,
-and a .txt with the whole record). Exit status: 0 with no violations, 1 otherwise.
+reproducer is written to the reproducer folder (a .pir, .onnx or .toml file where there is
+one, a .py script for a compile case, and a .txt with the whole record). Exit status: 0 with
+no violations, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -36,8 +38,18 @@ def save_reproducers(results: dict, folder: Path) -> int:
             stem = folder / f"{target}-{i:03d}-{re.sub(r'[^a-z-]', '', v.kind)}"
             stem.with_suffix(".txt").write_text(v.render() + "\n")
             rep = v.reproducer
+            # The cluster target's text is a cluster file; the others' a .pir graph.
+            suffix = ".toml" if target == "cluster" else ".pir"
             if "text" in rep:
-                stem.with_suffix(".pir").write_text(rep["text"], errors="surrogatepass")
+                stem.with_suffix(suffix).write_text(rep["text"], errors="surrogatepass")
+            if "text (base64)" in rep:
+                stem.with_suffix(suffix).write_bytes(base64.b64decode(rep["text (base64)"]))
+            if "program" in rep:  # compile: a script that replays the case
+                options = f", options={rep['options']!r}" if "options" in rep else ""
+                stem.with_suffix(".py").write_text(
+                    "import torch\nimport partita.codegen.dynamo\n\n" + rep["program"] +
+                    f"\ninputs = [{rep['inputs']}]\nprint(fn(*inputs))\n"
+                    f"print(torch.compile(fn, backend='partita', dynamic=False{options})(*inputs))\n")
             if "model_b64" in rep:
                 stem.with_suffix(".onnx").write_bytes(base64.b64decode(rep["model_b64"]))
             n += 1

@@ -21,6 +21,15 @@ Targets (each ``target_*`` function returns a ``Counts``):
   and both executors, and casts of extreme values through both executors and folding.
 - ``cli``: ``partita`` commands on mutated files and bad flags, in process and as
   subprocesses.
+- ``cluster``: mutated cluster TOML files (removed fields and tables, junk quantities,
+  non-UTF-8 bytes, deep arrays), bad paths, ``Cluster.with_nodes`` and ``parse_quantity``;
+  every accepted cluster must simulate a small program to a finite, positive step time.
+- ``simulate``: ``partita simulate``/``cluster``/``calibrate`` command lines in process with
+  bad model configs, meshes, pipeline flags, trace and output paths (calibrate never
+  measures: reaching its measurement with a flag it must refuse is a violation).
+- ``compile``: small integer and float programs under ``torch.compile(backend="partita")``
+  on edge values, compared with eager dtype by dtype.
+- ``pipeline``: ``partita.parallelize`` with bad and huge pipeline options.
 
 Every case is deterministic in ``(seed, target, case number)``. A violation carries a
 reproducer (text, model bytes, an argv, or a line of Python) and violations with the same
@@ -61,7 +70,7 @@ import numpy as np  # noqa: E402
 import partita  # noqa: E402
 from partita.ir import PartitaError  # noqa: E402
 
-TARGETS = ("pir", "onnx", "api", "graphs", "cli")
+TARGETS = ("pir", "onnx", "api", "graphs", "cli", "cluster", "simulate", "compile", "pipeline")
 
 # --- time limits ----------------------------------------------------------------------------
 
@@ -166,6 +175,20 @@ def _where(e: BaseException, line: bool = True) -> str:
     return f"{name}:{f.lineno}" if line else f"{name}:{f.name}"
 
 
+def _entry_where(e: BaseException) -> str:
+    """``file:function`` of the outermost frame of partita below its command line and its
+    public functions (``partita/models/gpt.py:gpt`` for a command stuck building a model):
+    where a hang entered partita's work, stable however deep it was stopped."""
+    for f in traceback.extract_tb(e.__traceback__):
+        name = f.filename.replace("\\", "/")
+        if "/partita/" not in name:
+            continue
+        name = name[name.rfind("/partita/") + 1:]
+        if not name.startswith("partita/cli/") and name != "partita/__init__.py":
+            return f"{name}:{f.name}"
+    return _where(e, False)
+
+
 _PLACE = re.compile(r"[\w./<>-]+:\d+:\d+|[%@][\w.]+")
 
 
@@ -176,15 +199,18 @@ def names_place(msg: str, places: Iterable[str] = ()) -> bool:
 
 
 def attempt(counts: Counts, fn: Callable[[], Any], reproducer: dict, places: Iterable[str] = (),
-            timeout: float = 10.0) -> tuple[str, Any]:
+            timeout: float = 10.0, hang_where: bool = False) -> tuple[str, Any]:
     """Run one case: ('ok', value), ('error', PartitaError) or ('violation', exception).
     Counts a clean error; records a violation for anything else (and for an error message
-    that is empty or does not say where)."""
+    that is empty or does not say where). A hang's signature is the call, or with
+    ``hang_where`` the function of partita it was stopped in."""
     try:
         with time_limit(timeout):
             value = fn()
-    except CaseTimeout:
-        counts.violate(reproducer.get("call", "") or "hang", "hang", f"no answer within {timeout} s", reproducer)
+    except CaseTimeout as e:
+        sig = f"CaseTimeout@{_where(e, False)}" if hang_where else (reproducer.get("call", "") or "hang")
+        counts.violate(sig, "hang", f"no answer within {timeout} s" + (f" (stopped at {_where(e)})" if hang_where
+                                                                         else ""), reproducer)
         return "violation", None
     except PartitaError as e:
         msg = str(e)
@@ -1410,10 +1436,872 @@ def _is_big(text: bytes) -> bool:
     return numel_of(g) > 100000
 
 
+# --- shared by the newer targets ------------------------------------------------------------
+
+
+def _vm_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@contextlib.contextmanager
+def memory_limit(extra_bytes: int):
+    """At most ``extra_bytes`` more address space for the duration (an in-process case that
+    tries to build 10^8 of something meets a MemoryError instead of the machine's limit)."""
+    vm = _vm_bytes()
+    if not vm:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = vm + extra_bytes
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+CASE_MEMORY_BYTES = 3 << 30
+
+
+def _silently_wrong(counts: Counts, what: str, message: str, repro: dict) -> None:
+    counts.violate(what, "silently-wrong", message, repro)
+
+
+def _tiny_gpt_step(layers: int = 2) -> Any:
+    """A training step of a 2-layer GPT (bf16, no weights): small enough to parallelize and
+    simulate in a few milliseconds."""
+    from partita.models import gpt
+
+    fwd = gpt(layers, 32, 2, 8, 64, batch=4)
+    return partita.training_step(fwd, loss="cross_entropy", optimizer="sgd")
+
+
+# --- target: cluster files ------------------------------------------------------------------
+
+CLUSTER_SHIPPED = sorted((REPO / "partita" / "cluster" / "clusters").glob("*.toml"))
+
+# A calibrated-looking extra: measured and fitted collectives, a cache, shared cores, the
+# [efficiency] table; merged into a shipped file so that every table appears in some seeds.
+CLUSTER_EXTRA = {
+    "cores_per_node": 2,
+    "device": {"cache": "32 MiB", "cache_bandwidth": "200 GB/s"},
+    "efficiency": {"gemm": 0.7, "gemm_knee": 48, "attention": 0.5, "memory": 0.6, "op_overhead": "4 us",
+                   "network": 0.7},
+    "intra_node": {"collectives": {"all_reduce": {"latency": "119 us", "bandwidth": "899 MB/s"},
+                                   "send_recv": {"latency": "40 us", "bandwidth": "2 GB/s"}},
+                   "measured": {"all_reduce": {"ranks": 4, "bytes": [4, 65536, 4194304],
+                                               "seconds": [5e-4, 6e-3, 2e-2]},
+                                "all_gather": {"ranks": 2, "bytes": [4, 1048576], "seconds": [1e-4, 3e-3]}}},
+    "inter_node": {"collectives": {"all_gather": {"latency": "30 us", "bandwidth": "10 GB/s"}}},
+}
+
+# Junk for any field: numbers at and past every edge, strings with wrong or no units,
+# NaN-ish strings, and every other TOML type.
+CLUSTER_JUNK: tuple[Any, ...] = (
+    10 ** 400, -10 ** 400, 2 ** 63, 2 ** 64, 1e308, -1e308, 5e-324, -5e-324, 0, -1, 0.0, -0.0, 0.5, 1.5, 2.5,
+    float("nan"), float("inf"), float("-inf"), "nan", "NaN GB/s", "inf B", "-inf us", "1e400 B", "1e400 GB/s",
+    "1e-400 s", "-5 us", "0 GB/s", "5 parsecs", "80 GiB", "2039 GB/s", "200 Gb/s", "312 TFLOP/s", "5 us", "5",
+    "", " ", "1" * 400 + " B", "\u00b5s", True, False, [], [1], [1, "x"], [[1, [2]]], {}, {"a": 1},
+    {"latency": "1 us"}, {"ranks": 4}, "x" * 300,
+)
+CLUSTER_PATH_JUNK = ("c\x00.toml", "", "nosuch", "nosuch.toml", ".", "missing/dir/c.toml", "/dev/null",
+                     "selene", "SELENE", "selene.toml", "/proc/self/status")
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def cluster_seeds() -> list[dict]:
+    """The shipped cluster files as data, and each merged with ``CLUSTER_EXTRA``."""
+    import tomllib
+
+    base = [tomllib.loads(p.read_text()) for p in CLUSTER_SHIPPED]
+    return base + [_merge(d, CLUSTER_EXTRA) for d in base]
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def _toml_value(v: Any) -> str:
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))
+
+
+def to_toml(data: dict) -> str:
+    """TOML text of ``data`` as the shipped files are written: top-level values first, then a
+    ``[table]`` per table and a ``[table.sub]`` per table inside it (deeper ones inline)."""
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, t in data.items():
+        if not isinstance(t, dict):
+            continue
+        lines += ["", f"[{_toml_key(k)}]"]
+        lines += [f"{_toml_key(a)} = {_toml_value(v)}" for a, v in t.items() if not isinstance(v, dict)]
+        for a, sub in t.items():
+            if isinstance(sub, dict):
+                lines += ["", f"[{_toml_key(k)}.{_toml_key(a)}]"]
+                lines += [f"{_toml_key(b)} = {_toml_value(v)}" for b, v in sub.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _paths(data: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every key path of nested dicts (tables, and the values in them)."""
+    out = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.append(prefix + (k,))
+            out += _paths(v, prefix + (k,))
+    return out
+
+
+def _get(data: dict, path: tuple) -> Any:
+    for k in path:
+        data = data[k]
+    return data
+
+
+def mutate_cluster(rng: random.Random, data: dict) -> str:
+    """One mutation of cluster ``data`` in place; returns its name."""
+    import copy
+
+    kind = rng.choice(("remove", "remove", "junk", "junk", "junk", "unknown", "measured", "collectives",
+                       "table_value", "peak_dtype", "efficiency"))
+    paths = _paths(data)
+    if kind == "remove":
+        # The required ones most often: name, [device] name, [device.peak_flops], whole tables.
+        required = [p for p in (("name",), ("device", "name"), ("device", "peak_flops"), ("device",),
+                                ("intra_node",), ("inter_node",), ("nodes",), ("gpus_per_node",),
+                                ("device", "memory")) if p in paths]
+        path = rng.choice(required) if required and rng.random() < 0.6 else rng.choice(paths)
+        del _get(data, path[:-1])[path[-1]]
+    elif kind == "junk":
+        path = rng.choice(paths)
+        _get(data, path[:-1])[path[-1]] = copy.deepcopy(rng.choice(CLUSTER_JUNK))
+    elif kind == "unknown":
+        tables = [()] + [p for p in paths if isinstance(_get(data, p), dict)]
+        t = _get(data, rng.choice(tables))
+        t[rng.choice(("nmae", "speed", "bandwidht", "x", "gpus", "peak"))] = rng.choice(("1", 1, [1], {"a": 1}))
+    elif kind in ("measured", "collectives"):
+        link = data.setdefault(rng.choice(("intra_node", "inter_node")), {})
+        if not isinstance(link, dict):
+            return kind
+        table = link.setdefault(kind, {})
+        if not isinstance(table, dict):
+            return kind
+        op = rng.choice(("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv",
+                         "allreduce", "send"))
+        if kind == "measured":
+            entry: Any = {"ranks": 4, "bytes": [4, 65536], "seconds": [5e-4, 6e-3]}
+            field_ = rng.choice(("ranks", "bytes", "seconds", "bytes[]", "seconds[]", "entry", "drop"))
+        else:
+            entry = {"latency": "100 us", "bandwidth": "1 GB/s"}
+            field_ = rng.choice(("latency", "bandwidth", "entry", "drop"))
+        j = copy.deepcopy(rng.choice(CLUSTER_JUNK))
+        if field_ == "entry":
+            entry = j
+        elif field_ == "drop":
+            entry.pop(rng.choice(sorted(entry)))
+        elif field_.endswith("[]"):
+            entry[field_[:-2]][rng.randrange(2)] = j
+        else:
+            entry[field_] = j
+        table[op] = entry
+    elif kind == "table_value":
+        key = rng.choice(("device", "intra_node", "inter_node", "efficiency"))
+        data[key] = copy.deepcopy(rng.choice(CLUSTER_JUNK))
+        if isinstance(data[key], dict):
+            data[key] = {}
+    elif kind == "peak_dtype":
+        peak = data.get("device", {}).get("peak_flops") if isinstance(data.get("device"), dict) else None
+        if isinstance(peak, dict):
+            peak[rng.choice(("bf16", "f32", "fp8", "int4", "f64", ""))] = copy.deepcopy(rng.choice(CLUSTER_JUNK))
+    else:
+        eff = data.setdefault("efficiency", {})
+        if isinstance(eff, dict):
+            eff[rng.choice(("gemm", "gemm_knee", "attention", "memory", "op_overhead", "network"))] = \
+                copy.deepcopy(rng.choice(CLUSTER_JUNK + (1e308, 1e308, 5e-324)))
+    return kind
+
+
+def cluster_file_bytes(rng: random.Random, seeds: Sequence[dict]) -> tuple[bytes, str]:
+    """A mutated cluster file and what was done to it."""
+    import copy
+
+    data = copy.deepcopy(rng.choice(seeds))
+    done = []
+    for _ in range(rng.choice((0, 1, 1, 1, 2, 2, 3))):
+        done.append(mutate_cluster(rng, data))
+    text = to_toml(data).encode("utf-8", "surrogatepass")
+    r = rng.random()
+    if r < 0.04:
+        text, done = b"", ["empty"]
+    elif r < 0.08:
+        i = rng.randrange(len(text) + 1)
+        text = text[:i] + rng.choice((b"\xff\xfe", b"\x80", b"\xc3", b"\xed\xa0\x80")) + text[i:]
+        done.append("non-utf8")
+    elif r < 0.11:
+        text = b"x = " + b"[" * 5000 + b"]" * 5000 + b"\n" + text
+        done.append("deep-array")
+    elif r < 0.14:
+        text = text[:rng.randrange(len(text) + 1)]
+        done.append("truncated")
+    elif r < 0.17:
+        lines = text.split(b"\n")
+        i = rng.randrange(len(lines))
+        lines.insert(i, lines[rng.randrange(len(lines))])
+        text = b"\n".join(lines)
+        done.append("duplicate-line")
+    return text, "+".join(done)
+
+
+# Fixed first cases (an [efficiency] table added to the first shipped file), so that a bounded
+# run always meets them: the subnormal 5e-324 is a fraction in (0, 1], and so is 1.
+CLUSTER_ANCHORS = ("gemm = 5e-324", "network = 5e-324", "attention = 5e-324", "memory = 1e-300",
+                   "gemm_knee = 1e308", "gemm = 1\nnetwork = 1\nmemory = 1\nattention = 1")
+
+
+def _cluster_programs() -> list[tuple[str, Any]]:
+    step = _tiny_gpt_step()
+    return [("parallelize(step, 'dp=2', 'dp')", partita.parallelize(step, "dp=2", "dp")),
+            ("parallelize(step, 'pp=2', 'pp', microbatches=2)",
+             partita.parallelize(step, "pp=2", "pp", microbatches=2)),
+            ("parallelize(step, 'dp=2,tp=2', 'dp+megatron', allow_replication=True)",
+             partita.parallelize(step, "dp=2,tp=2", "dp+megatron", allow_replication=True))]
+
+
+def check_simulation(counts: Counts, cluster: Any, prog: Any, repro: dict, places: Sequence[str],
+                     timeout: float) -> None:
+    """Simulate ``prog`` on an accepted ``cluster``: a finite positive step time, or a clean error."""
+    from partita.cluster import simulate
+
+    def run():
+        with memory_limit(CASE_MEMORY_BYTES):
+            cluster.summary()
+            return simulate(prog, cluster, trace=False)
+
+    status, res = attempt(counts, run, repro, places, timeout, hang_where=True)
+    if status != "ok":
+        return
+    st = res.step_time
+    if not (isinstance(st, float) and math.isfinite(st) and st > 0):
+        _silently_wrong(counts, "simulate|step_time", f"simulate gave the step time {st!r}", repro)
+        return
+    for name in ("mfu", "hfu", "tokens_per_second"):
+        x = getattr(res, name)
+        if x is not None and not math.isfinite(x):
+            _silently_wrong(counts, f"simulate|{name}", f"simulate gave {name} = {x!r}", repro)
+            return
+    counts.note("simulated")
+
+
+def target_cluster(seed: int = 0, cases: int | None = 200, seconds: float | None = None,
+                   timeout: float = 10.0) -> Counts:
+    """Mutated cluster files read by ``load_cluster`` (or ``parse_cluster``), bad paths,
+    ``Cluster.with_nodes`` and ``parse_quantity`` with junk; every accepted cluster then
+    simulates a small parallel program."""
+    from partita.cluster import load_cluster, parse_cluster, parse_quantity
+
+    counts = Counts("cluster")
+    start = time.monotonic()
+    seeds = cluster_seeds()
+    programs = _cluster_programs()
+    shipped = load_cluster(CLUSTER_SHIPPED[0])
+    with tempfile.TemporaryDirectory() as d, contextlib.chdir(d):
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:cluster:{i}")
+            counts.cases += 1
+            what = rng.random() if i >= len(CLUSTER_ANCHORS) else 1.0
+            if what < 0.07:
+                path = rng.choice(CLUSTER_PATH_JUNK)
+                repro = {"call": f"load_cluster({path!r})"}
+                status, cl = attempt(counts, lambda: load_cluster(path), repro, (path, "cluster"), timeout)
+            elif what < 0.12:
+                j = rng.choice(CLUSTER_JUNK + (2, 3.0, "2", None))
+                repro = {"call": f"load_cluster({CLUSTER_SHIPPED[0].stem!r}).with_nodes({j!r})"}
+                status, cl = attempt(counts, lambda: shipped.with_nodes(j), repro, ("node", "with_nodes"), timeout)
+                if status == "ok" and (isinstance(j, bool) or not isinstance(j, int)):
+                    counts.violate("with_nodes|non-int", "accepted-bad-value",
+                                   f"with_nodes accepted {j!r} (nodes is now {cl.nodes!r})", repro)
+                    continue
+            elif what < 0.17:
+                j = rng.choice(CLUSTER_JUNK + (None, b"5 us", 3 + 0j))
+                kind = rng.choice(("bytes", "bandwidth", "flops", "time", "count", "fraction", "nope"))
+                repro = {"call": f"parse_quantity({j!r}, {kind!r})"}
+
+                def pq():
+                    try:
+                        return parse_quantity(j, kind)
+                    except ValueError as e:  # its documented error (parse_cluster names the field)
+                        if type(e) is ValueError or isinstance(e, PartitaError):
+                            return None
+                        raise
+
+                status, cl = attempt(counts, pq, repro, ("parse_quantity",), timeout)
+                if status == "ok":
+                    counts.accepted += 1
+                continue
+            else:
+                if i < len(CLUSTER_ANCHORS):
+                    data = CLUSTER_SHIPPED[0].read_bytes() + f"\n[efficiency]\n{CLUSTER_ANCHORS[i]}\n".encode()
+                    done = "anchor"
+                else:
+                    data, done = cluster_file_bytes(rng, seeds)
+                via_text = rng.random() < 0.3
+                repro = {"mutation": done}
+                try:
+                    repro["text"] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    repro["text (base64)"] = base64.b64encode(data).decode()
+                if via_text and "text" in repro:
+                    repro["call"] = "parse_cluster(text, 'c.toml')"
+                    status, cl = attempt(counts, lambda: parse_cluster(repro["text"], "c.toml"), repro,
+                                         ("c.toml",), timeout)
+                else:
+                    Path("c.toml").write_bytes(data)
+                    repro["call"] = "load_cluster('c.toml')"
+                    status, cl = attempt(counts, lambda: load_cluster("c.toml"), repro, ("c.toml",), timeout)
+            if status != "ok":
+                continue
+            counts.accepted += 1
+            pname, prog = programs[i % len(programs)]
+            repro = dict(repro, simulate=f"simulate({pname}, cluster)")
+            names = ("c.toml", "simulate", getattr(getattr(cl, "device", None), "name", "") or "", "peak",
+                     "cluster")
+            check_simulation(counts, cl, prog, repro, names, timeout)
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+# --- target: simulate, cluster and calibrate command lines ----------------------------------
+
+SIM_GPT = ("2,32,2,8,64,4", "2,32,2,8,64,4", "2,64,5,32,128,8", "0,32,2,8,64,4", "2,0,2,8,64,4",
+           "2,32,0,8,64,4", "2,32,2,0,64,4", "2,32,2,8,0,4", "2,32,2,8,64,0", "-1,32,2,8,64,4", "2,-32,2,8,64,4",
+           "2,32,2,8,64", "2,32,2,8,64,4,1", "a,b,c,d,e,f", "", "2,32,2,8,64,99999999999999999999",
+           "2,99999999999999999999,2,8,64,4", "99999999999999999999,32,2,8,64,4", "2,32,64,8,64,4",
+           "2,32,2,8,64,1e3", "2, 32, 2, 8, 64, 4", "1,8,8,1,1,1")
+SIM_MESH = ("dp=1", "dp=2", "pp=2", "pp=4", "pp=3", "pp=2,dp=2", "dp=2,tp=2", "pp=99999999999999999999",
+            "dp=99999999999999999999", "xx=2", "dp=0", "dp=-1", "", "dp=2,dp=2", "tp=2")
+SIM_STRATEGY = ("dp", "pp", "pp+dp", "megatron", "dp+megatron", "pp+dp+megatron", "zero3", "nope", "", "pp+pp")
+SIM_TRACE = ("t.json", "", "/dev/full", ".", "sub", "missing/dir/t.json")
+SIM_PIR = {
+    "fwd.pir": b"graph @mlp(%x: f32[4,8], %w: f32[8,4] param) -> (f32[4,4]) {\n"
+               b"  %0 = matmul(%x, %w) : f32[4,4]\n  %1 = relu(%0) : f32[4,4]\n  return %1\n}\n",
+    "noout.pir": b"graph @g(%x: f32[2]) -> () {\n  return\n}\n",
+    "scalar.pir": b"graph @g(%x: f32[4,8], %w: f32[8,4] param) -> (f32[]) {\n  %0 = matmul(%x, %w) : f32[4,4]\n"
+                  b"  %1 = sum(%0) {axes=[0, 1]} : f32[]\n  return %1\n}\n",
+    "noparam.pir": b"graph @g(%x: f32[4]) -> (f32[4]) {\n  %0 = neg(%x) : f32[4]\n  return %0\n}\n",
+    "bad.pir": b"graph @g(%x: f32[4]) -> (f32[4]) {\n  %0 = neg(%q) : f32[4]\n  return %0\n}\n",
+    "latin1.pir": b"graph @g(%x: f32[4]) -> (f32[4]) {\n  %0 = neg(%x) : f32[4] # \xe9\n  return %0\n}\n",
+}
+CAL_NPROC = ("4", "2", "1", "0", "-1", "x", "1000000", "99999999999999999999", "100000")
+CAL_OUTPUT = ("ok.toml", "", ".", "missing/dir/c.toml", "/dev/full", "/proc/c.toml", "sub")
+CAL_MUST_REJECT_NPROC = 10 ** 4
+
+
+class WouldMeasure(BaseException):
+    """calibrate reached its measurement (the campaign never measures)."""
+
+
+@contextlib.contextmanager
+def _no_measuring():
+    import partita.cluster.calibrate as cal
+
+    def refuse(*args, **kwargs):
+        raise WouldMeasure()
+
+    saved = cal.measure
+    cal.measure = refuse
+    try:
+        yield
+    finally:
+        cal.measure = saved
+
+
+def run_cli_capture(argv: Sequence[str], timeout: float) -> tuple[int | None, str, str, bool]:
+    """``partita.cli.main(argv)`` in process: (exit code or None on a hang, stdout, stderr,
+    whether calibrate reached its measurement)."""
+    from partita.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    measured = False
+    try:
+        with time_limit(timeout), memory_limit(CASE_MEMORY_BYTES), contextlib.redirect_stderr(err), \
+                contextlib.redirect_stdout(out):
+            rc = main(list(argv))
+    except CaseTimeout as e:  # the function the command was stuck under, for the signature
+        return None, out.getvalue(), f"CaseTimeout@{_entry_where(e)}", False
+    except WouldMeasure:
+        rc, measured = 0, True
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+    except BaseException:  # noqa: BLE001  (an exception escaping main is itself the finding)
+        return -1, out.getvalue(), err.getvalue() + traceback.format_exc(), False
+    return rc, out.getvalue(), err.getvalue(), measured
+
+
+# Fixed first cases, so that a bounded run always meets them (argv, files, must-reject flags).
+SIMULATE_ANCHORS: tuple[tuple[list[str], tuple[str, ...], list[str]], ...] = (
+    (["simulate", "--gpt", "2,64,5,32,128,8"], (), []),
+    (["simulate", "--gpt", "2,32,2,8,64,4", "--trace", "/dev/full"], (), ["--trace"]),
+    (["simulate", "--gpt", "2,32,2,8,64,4", "--trace", ""], (), ["--trace"]),
+    (["simulate", "noout.pir"], ("noout.pir",), []),
+    (["simulate", "--gpt", "2,32,2,8,64,4", "--mesh", "dp=2"], (), []),
+    (["simulate", "--gpt", "2,32,2,8,64,4", "--mesh", "pp=2", "--strategy", "pp", "--microbatches", "10000000"],
+     (), []),
+    (["simulate", "--gpt", "2,32,2,8,64,4", "--mesh", "pp=99999999999999999999", "--strategy", "pp"], (), []),
+    (["simulate", "--gpt", "99999999999999999999,32,2,8,64,4"], (), []),
+    (["calibrate", "-o", "missing/dir/c.toml"], (), ["-o"]),
+    (["calibrate", "--nproc", "99999999999999999999", "--quick"], (), ["--nproc"]),
+    (["calibrate", "--threads", "1000000", "--quick"], (), ["--threads"]),
+    (["cluster", "c\x00.toml"], (), []),
+)
+
+
+def simulate_case(rng: random.Random, cluster_seeds_: Sequence[dict]) -> tuple[list[str], dict[str, bytes], list[str]]:
+    """An argv, the files it reads, and the flags a correct partita must refuse before any work."""
+    files: dict[str, bytes] = {}
+    must_reject: list[str] = []
+    cmd = rng.choices(("simulate", "cluster", "calibrate"), (7, 1.5, 1.5))[0]
+    if cmd == "cluster":
+        r = rng.random()
+        if r < 0.5:
+            files["c.toml"], _ = cluster_file_bytes(rng, cluster_seeds_)
+            argv = ["cluster", "c.toml"]
+        else:
+            argv = ["cluster"] + ([rng.choice(CLUSTER_PATH_JUNK)] if r < 0.9 else [])
+        return argv, files, must_reject
+    if cmd == "calibrate":
+        argv = ["calibrate"]
+        if rng.random() < 0.7:
+            n = rng.choice(CAL_NPROC)
+            argv += ["--nproc", n]
+            if n.lstrip("-").isdigit() and int(n) >= CAL_MUST_REJECT_NPROC:
+                must_reject.append("--nproc")
+        if rng.random() < 0.5:
+            n = rng.choice(CAL_NPROC)
+            argv += ["--threads", n]
+            if n.lstrip("-").isdigit() and int(n) >= CAL_MUST_REJECT_NPROC:
+                must_reject.append("--threads")
+        if rng.random() < 0.7:
+            o = rng.choice(CAL_OUTPUT)
+            argv += ["-o", o]
+            if o in ("", ".", "missing/dir/c.toml", "sub"):  # /proc and /dev/full fail only when written
+                must_reject.append("-o")
+        if rng.random() < 0.5:
+            argv.append("--quick")
+        return argv, files, must_reject
+    argv = ["simulate"]
+    r = rng.random()
+    if r < 0.7:
+        argv += ["--gpt", rng.choice(SIM_GPT)]
+    elif r < 0.95:
+        name = rng.choice(sorted(SIM_PIR))
+        files[name] = SIM_PIR[name]
+        argv.append(name)
+    else:
+        argv += ["fwd.pir", "--gpt", SIM_GPT[0]] if rng.random() < 0.5 else []
+        files["fwd.pir"] = SIM_PIR["fwd.pir"]
+    if rng.random() < 0.8:
+        argv += ["--mesh", rng.choice(SIM_MESH)]
+    if rng.random() < 0.6:
+        argv += ["--strategy", rng.choice(SIM_STRATEGY)]
+    for flag, values, p in (("--microbatches", ("2", "4", "0", "-1", "10000000", "99999999999999999999", "x"), 0.3),
+                            ("--virtual-stages", ("2", "1000000", "0"), 0.15),
+                            ("--schedule", ("gpipe", "1f1b", "interleaved", "zero-bubble", "nope", ""), 0.3),
+                            ("--trace", SIM_TRACE, 0.25),
+                            ("--nodes", ("1", "2", "0", "99999999999999999999"), 0.1),
+                            ("--dtype", ("bf16", "f32", "f16", "i4", "nope", ""), 0.15),
+                            ("--recompute", ("none", "full", "nope"), 0.1),
+                            ("--train", ("sgd", "adamw", "nope"), 0.1)):
+        if rng.random() < p:
+            argv += [flag, rng.choice(values)]
+    if "--trace" in argv and argv[argv.index("--trace") + 1] != "t.json":
+        must_reject.append("--trace")  # "", /dev/full, a folder, a missing folder: no trace can be written
+    if rng.random() < 0.2:
+        files["c.toml"], _ = cluster_file_bytes(rng, cluster_seeds_)
+        argv += ["--cluster", "c.toml"]
+    elif rng.random() < 0.1:
+        argv += ["--cluster", rng.choice(CLUSTER_PATH_JUNK)]
+    for flag in ("--every-rank", "--check-memory", "--master-weights"):
+        if rng.random() < 0.1:
+            argv.append(flag)
+    return argv, files, must_reject
+
+
+_NONFINITE = re.compile(r"(?<![\w.])(?:[-+]?inf(?:inity)?|nan)(?![\w])", re.IGNORECASE)
+
+
+def _cli_places(argv: Sequence[str]) -> list[str]:
+    """What an error message of ``argv`` may name: its file names, flags and values."""
+    out = []
+    for a in argv:
+        if a:
+            out.append(a + ": ")  # "error: .: Is a directory" names the path "."
+        if a.startswith("-") and len(a) >= 2 and a != "--":
+            out.append(a)  # "-o/--output: give a file name"
+        if len(a) >= 3 and not re.fullmatch(r"[-+0-9.,=]*", a):
+            out.append(a)
+            if a.startswith("--"):
+                out += [a[2:], a[2:].replace("-", "_")]
+    return out
+
+
+def check_cli_surface(counts: Counts, argv: Sequence[str], files: dict[str, bytes], cwd: Path,
+                      must_reject: Sequence[str], timeout: float) -> None:
+    """One command line in process: exit 0/1/2, no traceback, no hang, a placed message on
+    exit 1, finite numbers on success, and calibrate's bad flags refused before measuring."""
+    counts.cases += 1
+    for name, data in files.items():
+        (cwd / name).write_bytes(data)
+    (cwd / "sub").mkdir(exist_ok=True)
+    rc, out, err, measured = run_cli_capture(argv, timeout)
+    repro = {"argv": "partita " + shlex.join(argv)}
+    for name, data in files.items():
+        try:
+            repro[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            repro[name + " (base64)"] = base64.b64encode(data).decode()
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    if rc is None:
+        counts.violate(f"{argv[0]}|{err}", "hang", f"no exit within {timeout} s (stopped in {err})", repro)
+    elif "Traceback" in err:
+        counts.violate(f"{argv[0]}|{_traceback_sig(err)}", "traceback", f"exit {rc}, traceback: {last}", repro)
+    elif rc not in (0, 1, 2):
+        # The first line names the exception ("internal error: ValueError: gpt: ..."), digits dropped.
+        first = re.sub(r"[0-9]+", "#", err.strip().splitlines()[0] if err.strip() else "")
+        counts.violate(f"{argv[0]}|{rc}|{first[:80]}", "exit-code", f"exit {rc}: {err.strip()[:600]}", repro)
+    elif measured and must_reject:
+        for flag in sorted(set(must_reject)):  # each flag checked too late is its own defect
+            counts.violate(f"{argv[0]}|late|{flag}", "late-rejection",
+                           f"calibrate started measuring with {flag} {argv[argv.index(flag) + 1]!r}, which it must "
+                           "refuse before any work", repro)
+    elif measured:
+        counts.note("calibrate reached measure")
+        counts.accepted += 1
+    elif rc == 1 and "error" not in err:
+        counts.violate(f"{argv[0]}|silent", "empty-message", f"exit 1 without an error message: {err[:300]}", repro)
+    elif rc == 1 and not names_place(err, _cli_places(argv)):
+        counts.violate(f"{argv[0]}|unplaced|{re.sub(r'[0-9]+', '#', last)[:60]}", "unplaced-message",
+                       f"exit 1 naming no file, flag or value: {err.strip()[:300]}", repro)
+    elif rc == 0 and must_reject:
+        counts.violate(f"{argv[0]}|accepted|{','.join(sorted(set(must_reject)))}", "accepted-bad-value",
+                       f"exit 0 with {', '.join(f'{f} {argv[argv.index(f) + 1]!r}' for f in must_reject)}", repro)
+    elif rc == 0 and argv[0] == "simulate" and "--strategy" not in argv and re.search(
+            r"^parallelize for mesh\((?!(\w+=1(, )?)*\))[^\n]*\) with none:", out, re.MULTILINE):
+        # --help: "default: from the mesh axes"; none on a mesh of several devices is every
+        # rank computing the whole step.
+        counts.violate("simulate|default-strategy", "silently-wrong",
+                       f"without --strategy the step was not parallelized: {out.strip().splitlines()[:2]}", repro)
+    elif rc == 0:
+        bad = _NONFINITE.search(out)
+        if bad:
+            counts.violate(f"{argv[0]}|nonfinite", "silently-wrong", f"success printing {bad.group(0)!r}: "
+                           f"{out[max(0, bad.start() - 200):bad.end() + 100]}", repro)
+        else:
+            counts.accepted += 1
+    else:
+        counts.clean += 1
+
+
+def target_simulate(seed: int = 0, cases: int | None = 60, seconds: float | None = None,
+                    timeout: float = 10.0) -> Counts:
+    counts = Counts("simulate")
+    seeds = cluster_seeds()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as d, contextlib.chdir(d), _no_measuring():
+        cwd = Path(d)
+        for i in _case_numbers(cases, seconds, start):
+            rng = random.Random(f"{seed}:simulate:{i}")
+            if i < len(SIMULATE_ANCHORS):
+                argv, names, must_reject = SIMULATE_ANCHORS[i]
+                argv, files, must_reject = list(argv), {n: SIM_PIR[n] for n in names}, list(must_reject)
+            else:
+                argv, files, must_reject = simulate_case(rng, seeds)
+            check_cli_surface(counts, argv, files, cwd, must_reject, timeout)
+            for f in list(cwd.iterdir()):
+                if f.is_file():
+                    f.unlink()
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+# --- target: torch.compile(backend="partita") -----------------------------------------------
+
+COMPILE_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "float32", "float64", "bfloat16", "float16")
+_COMPILE_TOL = {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16"}
+# (name, arity, int ok, float ok, text with a and b)
+COMPILE_OPS = (
+    ("add", 2, True, True, "{a} + {b}"), ("sub", 2, True, True, "{a} - {b}"), ("mul", 2, True, True, "{a} * {b}"),
+    ("floordiv", 2, True, True, "{a} // {b}"),
+    ("div_trunc", 2, True, True, "torch.div({a}, {b}, rounding_mode='trunc')"),
+    ("div_floor", 2, True, True, "torch.div({a}, {b}, rounding_mode='floor')"),
+    ("truediv", 2, False, True, "{a} / {b}"), ("remainder", 2, True, True, "torch.remainder({a}, {b})"),
+    ("fmod", 2, True, True, "torch.fmod({a}, {b})"), ("abs", 1, True, True, "torch.abs({a})"),
+    ("neg", 1, True, True, "-{a}"), ("minimum", 2, True, True, "torch.minimum({a}, {b})"),
+    ("maximum", 2, True, True, "torch.maximum({a}, {b})"), ("lt", 2, True, True, "({a} < {b})"),
+    ("eq", 2, True, True, "({a} == {b})"), ("ge", 2, True, True, "({a} >= {b})"),
+    ("where", 2, True, True, "torch.where({a} > {b}, {a}, {b})"), ("sum", 1, True, True, "{a}.sum()"),
+    ("sum_dim", 1, True, True, "{a}.sum(dim=-1)"), ("mul_add", 2, True, True, "{a} * {b} + {a}"),
+)
+
+
+def _edge_values(dtype: Any) -> list[Any]:
+    import torch
+
+    if dtype.is_floating_point:
+        fi = torch.finfo(dtype)
+        return [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 7.0, float("nan"), float("inf"), float("-inf"), fi.max,
+                -fi.max, fi.tiny, fi.eps, 1e30 if dtype != torch.float16 else 6e4]
+    ii = torch.iinfo(dtype)
+    vals = [0, 1, -1, 2, -2, 3, 7, -7, ii.min, ii.max, ii.min + 1, ii.max - 1]
+    if dtype == torch.int64:
+        vals += [2 ** 53 + 1, -(2 ** 53) - 3, 2 ** 60 + 7, 2 ** 62 - 1, 9007199254740993]
+    return [v for v in vals if ii.min <= v <= ii.max]
+
+
+def compile_case(rng: random.Random, dname: str) -> tuple[str, Any, list[Any], str, list[str]]:
+    """(the function's source, the function, its inputs of dtype ``dname``, the dtype name,
+    the ops' names)."""
+    import torch
+
+    dtype = getattr(torch, dname)
+    ops = [o for o in COMPILE_OPS if (o[2] if not dtype.is_floating_point else o[3])]
+    n = rng.choice((3, 4, 6))
+    edges = _edge_values(dtype)
+
+    def tensor():
+        vals = [rng.choice(edges) if rng.random() < 0.6 else
+                (rng.uniform(-10, 10) if dtype.is_floating_point else rng.randint(-9, 9)) for _ in range(n)]
+        if not dtype.is_floating_point:
+            ii = torch.iinfo(dtype)
+            vals = [min(max(v, ii.min), ii.max) for v in vals]
+        return torch.tensor(vals, dtype=dtype).reshape(2, n // 2) if n % 2 == 0 and rng.random() < 0.5 \
+            else torch.tensor(vals, dtype=dtype)
+
+    a, b = tensor(), tensor()
+    if b.shape != a.shape:
+        b = b.reshape(a.shape) if b.numel() == a.numel() else b
+    first = rng.choice(ops)
+    expr, names = first[4].format(a="a", b="b"), [first[0]]
+    if rng.random() < 0.4 and first[0] not in ("lt", "eq", "ge", "sum", "sum_dim"):
+        # A second op on the first's result (of the same dtype).
+        second = rng.choice([o for o in ops if o[0] not in ("sum",)])
+        expr = second[4].format(a=f"({expr})", b="b")
+        names.append(second[0])
+    src = f"def fn(a, b):\n    return {expr}\n"
+    scope: dict[str, Any] = {"torch": torch}
+    exec(compile(src, "<compile-case>", "exec"), scope)  # noqa: S102  (a generated test program)
+    return src, scope["fn"], [a, b], dname, names
+
+
+# Fixed first cases, so that a bounded run always meets them: int64 floor division of values
+# above 2^53 (where a float intermediate rounds), and integer division by zero (which eager
+# refuses).
+COMPILE_ANCHORS = (
+    ("def fn(a, b):\n    return a // b\n", "int64", [2 ** 53 + 1, 2 ** 62 - 1, -(2 ** 60) - 7], [1, 3, 7], ["floordiv"]),
+    ("def fn(a, b):\n    return torch.div(a, b, rounding_mode='floor')\n", "int64",
+     [9007199254740993, -9007199254740995, 2 ** 63 - 1], [1, 1, 2], ["div_floor"]),
+    ("def fn(a, b):\n    return a // b\n", "int32", [7, -7, 0], [2, 0, 1], ["floordiv"]),
+    # The same two inside one fused kernel (two ops or more).
+    ("def fn(a, b):\n    return (a + b) // b\n", "int64", [2 ** 53 + 1, 2 ** 62 - 1, -(2 ** 60) - 7], [1, 3, 7],
+     ["add", "floordiv"]),
+    ("def fn(a, b):\n    return (a * b + a) // b\n", "uint8", [2, 2, 0], [0, 0, 0], ["mul_add", "floordiv"]),
+)
+# torch.compile options: (options, whether partita must refuse them).
+COMPILE_OPTIONS = (({"passes": "nosuchpass"}, True), ({"passes": "dce{x=1}"}, True), ({"fallback": "nope"}, True),
+                   ({"min_ops": -1}, True), ({"min_ops": "x"}, True), ({"passes": 3}, True), ({"nope": 1}, True),
+                   ({"passes": ""}, False), ({"passes": "dce"}, False), ({"min_ops": 1}, False))
+
+
+def _anchor_case(k: int) -> tuple[str, Any, list[Any], str, list[str]]:
+    import torch
+
+    src, dname, a, b, names = COMPILE_ANCHORS[k]
+    scope: dict[str, Any] = {"torch": torch}
+    exec(compile(src, "<compile-case>", "exec"), scope)  # noqa: S102  (a generated test program)
+    dtype = getattr(torch, dname)
+    return src, scope["fn"], [torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)], dname, names
+
+
+def _tensor_repr(t: Any) -> str:
+    return f"torch.tensor({t.tolist()!r}, dtype=torch.{str(t.dtype).split('.')[-1]})"
+
+
+def target_compile(seed: int = 0, cases: int | None = 60, seconds: float | None = None,
+                   timeout: float = 20.0) -> Counts:
+    """Small integer and float programs under ``torch.compile(backend="partita")``, compared
+    with eager dtype by dtype."""
+    import warnings
+
+    import torch
+    import torch._dynamo
+
+    import partita.codegen.dynamo  # noqa: F401  (registers the backend)
+
+    counts = Counts("compile")
+    start = time.monotonic()
+    for i in _case_numbers(cases, seconds, start):
+        rng = random.Random(f"{seed}:compile:{i}")
+        counts.cases += 1
+        if i < len(COMPILE_ANCHORS):
+            src, fn, inputs, dname, names = _anchor_case(i)
+        else:
+            src, fn, inputs, dname, names = compile_case(rng, COMPILE_DTYPES[i % len(COMPILE_DTYPES)])
+        family = "float" if dname.startswith(("float", "bfloat")) else "int"
+        options, must_refuse = rng.choice(COMPILE_OPTIONS) if rng.random() < 0.15 else (None, False)
+        repro = {"program": src, "inputs": ", ".join(_tensor_repr(t) for t in inputs), "dtype": dname}
+        if options is not None:
+            repro["options"] = options
+        try:
+            want: Any = fn(*[t.clone() for t in inputs])
+            eager_error = None
+        except Exception as e:  # noqa: BLE001  (the user's program raising is a fact to compare)
+            want, eager_error = None, e
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="partita", dynamic=False,
+                                 **({"options": options} if options is not None else {}))
+
+        def run():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return compiled(*[t.clone() for t in inputs])
+
+        try:
+            with time_limit(timeout):
+                got = run()
+        except CaseTimeout:
+            counts.violate(f"hang|{family}|{','.join(names)}", "hang", f"no answer within {timeout} s", repro)
+            continue
+        except Exception as e:  # noqa: BLE001
+            if eager_error is not None or must_refuse:
+                counts.clean += 1
+            else:
+                counts.violate(f"{type(e).__name__}@{_where(e, False)}|{family}", "crash",
+                               f"eager gave a value, compiled raised {type(e).__name__}: {str(e)[:400]}", repro)
+            continue
+        if must_refuse:
+            counts.violate(f"options|{','.join(sorted(options))}", "accepted-bad-value",
+                           f"torch.compile(backend='partita', options={options!r}) ran without an error", repro)
+            continue
+        if eager_error is not None:
+            counts.violate(f"value-where-eager-raised|{family}|{type(eager_error).__name__}:"
+                           f"{re.sub(r'[0-9]+', '#', str(eager_error))[:40]}",
+                           "silently-wrong", f"eager raised {type(eager_error).__name__}: {str(eager_error)[:200]}; "
+                           f"compiled returned {got!r}"[:600], repro)
+            continue
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            counts.violate(f"dtype-shape|{dname}|{','.join(names)}", "mismatch",
+                           f"compiled {got.dtype} {tuple(got.shape)} vs eager {want.dtype} {tuple(want.shape)}", repro)
+            continue
+        tol = _COMPILE_TOL.get(str(want.dtype).split(".")[-1], _COMPILE_TOL.get(dname, "f32"))
+        d = compare(got, want, tol if want.dtype.is_floating_point else "i64")
+        if d:
+            counts.violate(f"{family}|{','.join(names)}", "mismatch", f"compiled vs eager: {d}", repro)
+        else:
+            counts.accepted += 1
+    torch._dynamo.reset()
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
+# --- target: pipeline options of parallelize ------------------------------------------------
+
+# Meshes and strategies that fit the 2-layer step, then ones that do not.
+PIPELINE_PLANS = (("pp=2", "pp"), ("pp=2,dp=2", "pp+dp"), ("pp=2,tp=2", "pp+megatron"), ("pp=2,dp=2", "pp+zero3"),
+                  ("pp=2,dp=2,tp=2", "pp+dp+megatron"))
+PIPELINE_BAD_PLANS = (("pp=4", "pp"), ("pp=3", "pp"), ("pp=99999999999999999999", "pp"), ("pp=0", "pp"),
+                      ("pp=2,zz=2", "pp+dp"), ("dp=2", "dp"), ("pp=2", None), ("pp=2", "nope"), ("pp=2", "pp+pp"),
+                      ("pp=2", "dp"))
+PIPELINE_OPTIONS: dict[str, tuple[Any, ...]] = {
+    "microbatches": (1, 2, 4, 0, -1, 10 ** 8, 10 ** 20, 2.5, "2", True, None, [2]),
+    "schedule": ("1f1b", "gpipe", "interleaved", "zero-bubble", "nope", "", 3, None, "1F1B"),
+    "virtual_stages": (1, 2, 10 ** 6, 0, -1, "2", True, 2.0, 10 ** 20),
+    "unroll": (True, False, "no", "yes", 0, 1, None, [], "False"),
+    "stages": (None, [1], [1, 1], [2, 0], ["h.1"], {"a": 1}, [-1, 3], ["nope"], [10 ** 20], "h.1", [[1]], [],
+               [1, 1, 1, 1, 1], ("h.1",), [True]),
+    "recompute": ("full", "selective", "cheap", "none", True, False, "nope", 3),
+}
+
+
+def target_pipeline(seed: int = 0, cases: int | None = 100, seconds: float | None = None,
+                    timeout: float = 5.0) -> Counts:
+    """``partita.parallelize`` of a small GPT training step over pipeline meshes with bad and
+    huge pipeline options."""
+    counts = Counts("pipeline")
+    start = time.monotonic()
+    step = _tiny_gpt_step()
+    for i in _case_numbers(cases, seconds, start):
+        rng = random.Random(f"{seed}:pipeline:{i}")
+        counts.cases += 1
+        mesh, strategy = rng.choice(PIPELINE_PLANS if rng.random() < 0.8 else PIPELINE_BAD_PLANS)
+        opts = {k: rng.choice(PIPELINE_OPTIONS[k])
+                for k in rng.sample(sorted(PIPELINE_OPTIONS), rng.choice((1, 1, 2, 3)))}
+        call = f"parallelize(step, {mesh!r}, {strategy!r}" + "".join(f", {k}={v!r}" for k, v in opts.items()) + ")"
+        repro = {"call": call, "step": "training_step(gpt(2, 32, 2, 8, 64, batch=4), loss='cross_entropy', "
+                                        "optimizer='sgd')"}
+
+        def run():
+            with memory_limit(CASE_MEMORY_BYTES):
+                return partita.parallelize(step, mesh, strategy, **opts)
+
+        # A message may name the place by quoting the bad value itself (a cut point, a schedule).
+        quoted = [x for v in opts.values() for x in (v if isinstance(v, (list, tuple)) else [v])
+                  if isinstance(x, str) and x.strip()]
+        places = ["parallelize", mesh, *opts, *quoted] + ([strategy] if strategy else [])
+        status, _ = attempt(counts, run, repro, places, timeout, hang_where=True)
+        if status != "ok":
+            continue
+        u = opts.get("unroll", True)
+        if not isinstance(u, bool):
+            counts.violate("parallelize|unroll", "accepted-bad-value", f"parallelize accepted unroll={u!r}", repro)
+            continue
+        bad = [k for k in ("microbatches", "virtual_stages") if k in opts and opts[k] is not None
+               and (isinstance(opts[k], bool) or not isinstance(opts[k], int) or opts[k] < 1)]
+        if bad:
+            counts.violate(f"parallelize|{','.join(bad)}", "accepted-bad-value",
+                           f"parallelize accepted {', '.join(f'{k}={opts[k]!r}' for k in bad)}", repro)
+            continue
+        counts.accepted += 1
+    counts.seconds = time.monotonic() - start
+    return counts
+
+
 # --- the whole campaign ---------------------------------------------------------------------
 
 TARGET_FUNCS: dict[str, Callable[..., Counts]] = {
     "pir": target_pir, "onnx": target_onnx, "api": target_api, "graphs": target_graphs, "cli": target_cli,
+    "cluster": target_cluster, "simulate": target_simulate, "compile": target_compile, "pipeline": target_pipeline,
 }
 
 

@@ -1,15 +1,16 @@
 """The bounded, seeded fuzzing campaign (tests/fuzz/campaign.py): every target a fixed
-number of cases, the same cases on every run, under about a minute in all.
+number of cases, the same cases on every run, under about two minutes in all.
 
 Each test fails listing every violation with its reproducer. ``KNOWN_OPEN`` names defects
 the campaign finds that belong to code being reworked elsewhere; they are printed, not
-failed on, and matched narrowly (kind, exception and function), so a new defect of the same
-area still fails. The long campaign is ``make fuzz`` (tools/fuzz.py); docs/reliability.md
+failed on, and matched narrowly (kind, and a pattern of the exception and function, or of
+the command and its message), so a new defect of the same area still fails. The long campaign is ``make fuzz`` (tools/fuzz.py); docs/reliability.md
 has what each target generates and the counts of the last long run.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,17 +21,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import campaign  # noqa: E402
 
 SEED = 0
-CASES = {"pir": 400, "onnx": 300, "api": 250, "graphs": 60, "cli": 24}
+CASES = {"pir": 400, "onnx": 300, "api": 250, "graphs": 60, "cli": 24,
+         "cluster": 400, "simulate": 150, "compile": 50, "pipeline": 150}
 
-# (kind, a substring of the signature) -> where the defect lives. Signatures read
-# "kind|Exception@partita/file.py:function".
+# (kind, a regular expression searched in the signature) -> the defect and where it lives.
+# Signatures read "kind|Exception@partita/file.py:function" (crashes, unplaced messages),
+# "kind|command|exit|first line" (command lines), "kind|what" (the other checks). Issue 35's
+# defects in code being reworked elsewhere; remove each entry once its fix lands.
 KNOWN_OPEN: dict[tuple[str, str], str] = {
+    # Found by the long campaign (tools/fuzz.py --targets cluster), not by the bounded run:
+    # an [efficiency] fraction may be any number in (0, 1], the subnormal 5e-324 included.
+    ("crash", r"ZeroDivisionError@partita/cluster/cost\.py:"):
+        "[efficiency] gemm = 5e-324: gemm times the shape factor underflows to 0 and the cost model "
+        "divides by it (partita/cluster/cost.py, CostModel's compute time)",
+    ("silently-wrong", r"^silently-wrong\|simulate\|step_time$"):
+        "[efficiency] attention, memory or network = 5e-324 simulates to an inf step time "
+        "(partita/cluster/cost.py; gemm_knee already has a range, the fractions have none above 0)",
 }
 
 
 def _known(sig: str) -> str | None:
-    for (kind, part), why in KNOWN_OPEN.items():
-        if sig.startswith(kind + "|") and part in sig:
+    for (kind, pattern), why in KNOWN_OPEN.items():
+        if sig.startswith(kind + "|") and re.search(pattern, sig):
             return why
     return None
 
@@ -88,3 +100,31 @@ def test_a_reproducer_replays():
         campaign.check_pir_text(c, "graph @g(%x: f32[2]) -> (f32[2]) {\n  %0 = neg(%x) : f32[2]\n  return %0\n}\n")
         campaign.check_pir_text(c, "graph @g(%x: f32[2]) -> (f32[2]) {\n  %0 = neg(%q) : f32[2]\n  return %0\n}\n")
     assert (c.cases, c.accepted, c.clean, c.n_violations) == (2, 1, 1, 0)
+
+
+def test_cluster_seeds_serialize_and_load():
+    # The cluster target writes its mutated data with its own TOML writer: unmutated, every
+    # seed must read back as the same data and load as a cluster.
+    import tomllib
+
+    from partita.cluster import parse_cluster
+
+    for data in campaign.cluster_seeds():
+        text = campaign.to_toml(data)
+        assert tomllib.loads(text) == data
+        parse_cluster(text, "seed.toml")
+
+
+def test_calibrate_never_measures_in_the_campaign():
+    # The simulate target stops calibrate where it would start measuring, and counts a bad
+    # flag that got that far as a violation.
+    import partita.cluster.calibrate as cal
+
+    before = cal.measure
+    c = campaign.Counts("simulate")
+    with campaign._no_measuring(), __import__("tempfile").TemporaryDirectory() as d:
+        campaign.check_cli_surface(c, ["calibrate", "--nproc", "2", "-o", "ok.toml"], {}, Path(d), [], 10.0)
+        campaign.check_cli_surface(c, ["calibrate", "--nproc", "2", "-o", "x.toml"], {}, Path(d), ["-o"], 10.0)
+    assert cal.measure is before
+    assert c.notes.get("calibrate reached measure") == 1
+    assert [v.kind for v in c.violations.values()] == ["late-rejection"]
