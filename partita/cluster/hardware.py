@@ -292,7 +292,7 @@ RANGES: dict[Any, tuple[float, float]] = {
     "flops": (1e6, 1e19),                      # 1 MFLOP/s .. 10 EFLOP/s
     "time": (0.0, 10.0),                       # latencies: 0 .. 10 s
     "count": (1.0, float(MAX_NODES)),
-    "fraction": (0.0, 1.0),
+    "fraction": (1e-3, 1.0),                   # an efficiency below 0.1% is no machine
     ("", "gpus_per_node"): (1.0, 4096.0),
     ("", "cores_per_node"): (1.0, 65536.0),
     ("efficiency", "gemm_knee"): (1e-3, 1e6),  # a matmul dim in elements

@@ -201,3 +201,11 @@ def test_bad_files_and_arguments_are_cluster_errors(tmp_path):
         parse_quantity("1 GB", "weird")
     with pytest.raises(ValueError, match=r"got \[1\] \(list\)"):
         parse_quantity([1], "bytes")
+
+
+@pytest.mark.parametrize("field", ["gemm", "attention", "memory", "network"])
+def test_an_efficiency_too_small_for_any_machine_is_refused(field):
+    # 5e-324 was accepted as a fraction in (0, 1], then the cost model divided by zero or
+    # simulated an infinite step.
+    with pytest.raises(ClusterError, match=rf"\[efficiency\] {field} = 5e-324 is outside the range .* 0.001 to 1"):
+        parse_cluster(GOOD + f"\n[efficiency]\n{field} = 5e-324\n")

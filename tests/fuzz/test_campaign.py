@@ -29,14 +29,6 @@ CASES = {"pir": 400, "onnx": 300, "api": 250, "graphs": 60, "cli": 24,
 # "kind|command|exit|first line" (command lines), "kind|what" (the other checks). Issue 35's
 # defects in code being reworked elsewhere; remove each entry once its fix lands.
 KNOWN_OPEN: dict[tuple[str, str], str] = {
-    # Found by the long campaign (tools/fuzz.py --targets cluster), not by the bounded run:
-    # an [efficiency] fraction may be any number in (0, 1], the subnormal 5e-324 included.
-    ("crash", r"ZeroDivisionError@partita/cluster/cost\.py:"):
-        "[efficiency] gemm = 5e-324: gemm times the shape factor underflows to 0 and the cost model "
-        "divides by it (partita/cluster/cost.py, CostModel's compute time)",
-    ("silently-wrong", r"^silently-wrong\|simulate\|step_time$"):
-        "[efficiency] attention, memory or network = 5e-324 simulates to an inf step time "
-        "(partita/cluster/cost.py; gemm_knee already has a range, the fractions have none above 0)",
 }
 
 
