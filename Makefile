@@ -18,7 +18,7 @@ PYTEST_TIMEOUT ?= 300
 BENCH_ARGS ?=
 FUZZ_ARGS ?=
 
-.PHONY: setup demo test bench fuzz lock lock-upgrade clean
+.PHONY: setup demo test test-fast test-tiers bench fuzz lock lock-upgrade clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --timeout=$(PYTEST_TIMEOUT) -p no:cacheprovider -q -rs tests
+
+# The quick loop while developing: every test but the slow, multi-process and benchmark-shaped
+# ones (tests/conftest.py; the marks come from tests/tiers.json, which `make test-tiers`
+# records). `make test` runs everything, as CI does.
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 --timeout=$(PYTEST_TIMEOUT) -p no:cacheprovider -q -rs -m "not slow and not multiprocess and not bench" tests
+
+test-tiers: $(STAMP)
+	$(PY) tools/test_tiers.py
 
 bench: $(STAMP)
 	$(PY) bench/bench_ir.py $(BENCH_ARGS)
