@@ -38,18 +38,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..ir.graph import Node
+from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
 from ..ops.registry import OPS, Cost
 from .hardware import Cluster, ClusterError, Link
 
-GEMM_OPS = frozenset({"matmul", "matmul_integer", "linear_pointwise", "conv2d", "conv3d", "conv_transpose2d",
-                      "conv_transpose3d", "conv2d_pointwise", "conv2d_grad"})
-ATTENTION_OPS = frozenset({"attention", "attention_grad", "rotary_attention"})
-# Ops whose result is a view of their operand: no kernel runs.
-VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze"})
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"})
-P2P_OPS = frozenset({"send", "recv"})
-# Ops that run no kernel and move nothing: the rank's position, a constant folded in place.
-FREE_OPS = frozenset({"axis_index", "constant"})
+# The op groups priced alike (gemm, attention, views, collectives, free) live beside the op
+# records, in partita/ops/kinds.py.
 
 # partita dtype name -> the peak FLOP/s entry of a device file it runs at.
 _PEAK_OF = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16", "f8e4m3fn": "f8", "f8e5m2": "f8",

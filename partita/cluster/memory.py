@@ -28,15 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Value
+from ..ops.kinds import COLLECTIVE_OPS, UPDATE_OPS as UPDATES, VIEW_OPS as VIEWS
 from ..ops.registry import OPS
 from .hardware import Device, format_quantity
 
-VIEWS = frozenset({"reshape", "squeeze", "unsqueeze"})
-UPDATES = frozenset({"adamw_update", "sgd_update"})
 # What a gradient passes through between its reduction and the update that reads it.
 _GRAD_PATH = frozenset({"cast", "reshape", "squeeze", "unsqueeze", "slice", "split", "shard_slice", "mul", "div",
                         "transpose"})
-_COMM = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "recv"})
+# What a communication buffer holds: a collective's result, or a received activation.
+_COMM = COLLECTIVE_OPS | {"recv"}
 
 
 @dataclass

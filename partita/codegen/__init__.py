@@ -25,6 +25,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ..ir.graph import Graph
+from ..ops.kinds import STRIDED_VIEW_OPS, VIEW_OPS
 from . import op  # noqa: F401  (registers the fused op)
 from . import fusion  # noqa: F401  (registers the fuse-kernels pass)
 from . import library  # noqa: F401  (registers conv2d_pointwise, linear_pointwise and the fuse-library pass)
@@ -219,8 +220,9 @@ class CompiledProgram:
         return "\n".join(lines)
 
 
-# Movement ops whose step on a tensor in the arena is a view of it that can be made once.
-_VIEW_OPS = ("reshape", "transpose", "squeeze", "unsqueeze")
+# Movement ops whose step on a tensor in the arena is a view of it that can be made once: the
+# views and the strided views of partita/ops/kinds.py.
+_VIEW_OPS = VIEW_OPS | STRIDED_VIEW_OPS
 
 
 def _bind_arena_views(prog: Any, bound: dict, arena: Any) -> int:

@@ -33,6 +33,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import format_attr, value_names
 from ..ops.collective import is_point_to_point
+from ..ops.kinds import STRIDED_VIEW_OPS, VIEW_OPS
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .mesh import Mesh, MeshError
@@ -688,7 +689,9 @@ def sink_gathers(schedule: list[Node]) -> list[Node]:
     return order
 
 
-_VIEWS = frozenset({"reshape", "transpose", "squeeze", "unsqueeze"})
+# Views in any layout and the strided ones (partita/ops/kinds.py): a zero3 gather's operand is
+# a view of the param however it is laid out.
+_VIEWS = VIEW_OPS | STRIDED_VIEW_OPS
 
 
 def _input_cone(n: Node) -> list[Node] | None:

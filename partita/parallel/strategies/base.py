@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ...ir.diagnostics import PartitaError
 from ...ir.graph import Graph, Value
 from ...ir.printer import value_names
+from ...ops.kinds import UPDATE_OPS
 from ..mesh import Mesh
 from ..placement import Placement
 
@@ -31,8 +32,6 @@ class StrategyError(PartitaError):
     """A strategy or annotation that cannot be applied (the message says what and how to fix it)."""
 
 
-# The optimizer updates whose state the strategies shard and whose phase the plan names.
-UPDATE_OPS = ("adamw_update", "sgd_update")
 
 
 class Strategy:
