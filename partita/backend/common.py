@@ -11,6 +11,7 @@ import numpy as np
 from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.dtypes import from_numpy
 from ..ir.graph import Graph, Node, Value, input_name
+from ..ops._lazy import from_torch_dtype, torch
 
 INPUTS_ACCEPTED = ("a list or tuple of arrays in the order of the graph's inputs, a dict from input name "
                    "to array, or None")
@@ -120,8 +121,6 @@ def host_array(v: Value, a: Any) -> np.ndarray:
     dict, an array of objects, ragged lists). Its dtype and shape are ``check_array``'s."""
     tensor = _torch_tensor_type()
     if tensor is not None and isinstance(a, tensor):
-        from .torch_exec import to_numpy
-
         try:
             return to_numpy(a)
         except Exception as e:
@@ -140,16 +139,37 @@ def host_array(v: Value, a: Any) -> np.ndarray:
 
 
 def as_numpy(x: Any) -> np.ndarray:
-    """``x`` as a NumPy array: an array as it is, a torch tensor through the torch executor's
-    ``to_numpy`` (bf16 and float8 included; torch_exec is imported only then), anything else
-    through ``np.asarray``. No checks: for values partita made or was given as arrays."""
+    """``x`` as a NumPy array: an array as it is, a torch tensor through ``to_numpy`` (bf16 and
+    float8 included), anything else through ``np.asarray``. No checks: for values partita made
+    or was given as arrays."""
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "detach"):
-        from .torch_exec import to_numpy
-
         return to_numpy(x)
     return np.asarray(x)
+
+
+def to_numpy(t) -> np.ndarray:
+    """A NumPy array of a torch tensor (bf16 and float8 as ml_dtypes arrays); NumPy arrays
+    (the torch executor's storage-typed outputs) pass through."""
+    if isinstance(t, np.ndarray):
+        return t
+    try:
+        return _to_numpy(t)
+    except ValueError as e:  # a shape NumPy cannot hold, e.g. [2**63-1, 0] (torch can)
+        raise ExecutionError(f"a torch tensor of shape [{','.join(map(str, t.shape))}] ({t.dtype}) cannot be "
+                             f"given back as a NumPy array: {e}; give the value a shape NumPy can hold "
+                             "(dims whose product, zeros left out, fits in 63 bits)") from None
+
+
+def _to_numpy(t) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.detach().cpu().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:
+        return t.detach().cpu().view(torch.uint8).numpy().view(from_torch_dtype(t.dtype).np)
+    return t.detach().cpu().numpy()
 
 
 def _input_label(v: Value) -> str:

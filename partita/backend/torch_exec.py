@@ -27,7 +27,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
 from ..ops.cast_semantics import cast_array, float_to_int_torch
 from ..ops.registry import OPS, OpDef, movement_cost
-from .common import bind_inputs, check_array, host_array, node_error, numpy_dtype_name
+from .common import bind_inputs, check_array, host_array, node_error, numpy_dtype_name, to_numpy
 
 
 class TorchProgram:
@@ -345,31 +345,6 @@ def to_tensor(a: Any):
     # A read-only array (a constant's payload, a memory-mapped weight) is copied: torch
     # tensors are always writable, and sharing would let a later in-place op change it.
     return torch.from_numpy(np.require(arr, requirements=("C", "W")))
-
-
-def to_numpy(t) -> np.ndarray:
-    """A NumPy array of a torch tensor (bf16 and float8 as ml_dtypes arrays); NumPy arrays
-    (the torch executor's storage-typed outputs) pass through."""
-    if isinstance(t, np.ndarray):
-        return t
-    try:
-        return _to_numpy(t)
-    except ValueError as e:  # a shape NumPy cannot hold, e.g. [2**63-1, 0] (torch can)
-        raise ExecutionError(f"a torch tensor of shape [{','.join(map(str, t.shape))}] ({t.dtype}) cannot be "
-                             f"given back as a NumPy array: {e}; give the value a shape NumPy can hold "
-                             "(dims whose product, zeros left out, fits in 63 bits)") from None
-
-
-def _to_numpy(t) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.detach().cpu().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
-    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:
-        from ..ops._lazy import from_torch_dtype
-
-        return t.detach().cpu().view(torch.uint8).numpy().view(from_torch_dtype(t.dtype).np)
-    return t.detach().cpu().numpy()
 
 
 # --- carriers: dtypes torch holds in a wider type ---------------------------------------

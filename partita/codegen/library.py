@@ -56,7 +56,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import has_effects, sole_user
-from .epilogue import BINARY, UNARY, Unary, aten_epilogue
+from .epilogue import BINARY, UNARY, aten_epilogue
 from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 

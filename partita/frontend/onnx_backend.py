@@ -13,7 +13,7 @@ import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
 from ..ir.graph import Graph
-from .onnx import OnnxImportError, known_shape_and_type, constant_operand_inputs, import_onnx
+from .onnx import OnnxImportError, constant_operand_inputs, import_onnx, known_shape_and_type
 
 
 class PartitaBackendRep(BackendRep):

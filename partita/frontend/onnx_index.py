@@ -24,7 +24,8 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
-from .onnx import CONSTANT_OPERANDS, ONNX_TO_PARTITA, Converter, OnnxNode, axes_operand, onnx_dtype, reverse_axis, attr_text
+from .onnx_common import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, Converter, OnnxNode, attr_text, axes_operand, onnx_dtype,
+                          reverse_axis)
 
 Result = list[Value | None]
 

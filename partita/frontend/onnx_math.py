@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..ir import dtypes as dt
 from ..ir.graph import Value
-from .onnx import ONNX_TO_PARTITA, OnnxNode, binary_converter, cast_attrs, attr_text, unary_converter
+from .onnx_common import ONNX_TO_PARTITA, OnnxNode, attr_text, binary_converter, cast_attrs, unary_converter
 
 
 def _float_attr(n: OnnxNode, name: str, default: float) -> float:

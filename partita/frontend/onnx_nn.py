@@ -20,7 +20,8 @@ from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
 from ..ops.quant import QUANT_DTYPES
-from .onnx import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, onnx_dtype, lift_1d, window_params, pad_symmetric, attr_text)
+from .onnx_common import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, attr_text, lift_1d, onnx_dtype, pad_symmetric,
+                          window_params)
 
 
 def _axis(n: OnnxNode, x: Value, axis: int, what: str = "axis") -> int:

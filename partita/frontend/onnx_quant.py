@@ -21,7 +21,7 @@ from ..ir import dtypes as dt
 from ..ir.attrs import DenseAttr
 from ..ir.graph import Value
 from ..ops.quant import QUANT_DTYPES, qrange
-from .onnx import ONNX_TO_PARTITA, OnnxNode, onnx_dtype
+from .onnx_common import ONNX_TO_PARTITA, OnnxNode, onnx_dtype
 
 
 def _scale(n: OnnxNode, i: int) -> Value:

@@ -6,7 +6,7 @@ CLI can print them as they are, without a traceback.
 
 from __future__ import annotations
 
-from .types import Location
+from .location import Location
 
 
 class PartitaError(Exception):

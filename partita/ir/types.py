@@ -1,4 +1,5 @@
-"""Tensor types and source locations: small frozen records carried by the IR."""
+"""Tensor types and source locations (``Location``, from partita/ir/location.py): small frozen
+records carried by the IR."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from .dtypes import DType
+from .location import Location  # noqa: F401  (defined apart so the error classes need no type records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,26 +53,3 @@ class TensorType:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
     __repr__ = __str__
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where something came from: a file, a 1-based line and an optional 1-based column, and
-    the module path of the model that ran it (``scope``, e.g. ``"transformer.h.3.attn"``;
-    empty when unknown), which is how a pipeline cut names a layer.
-
-    ``recompute`` is empty on the model's own nodes; on a node that recomputes a forward value
-    for the backward (activation recomputation, partita/autodiff/memory.py) it names the
-    policy that made it (``"cheap"``, ``"selective"``, ``"full"``). It lives here because the
-    location is what every transformation carries from a node to what it makes of it (clone,
-    text, the parallel partition's local nodes and collectives, the pipeline's copies), so
-    later passes and cost models can tell recomputed work from the model's own."""
-
-    file: str
-    line: int
-    col: int = 0
-    scope: str = ""
-    recompute: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}" + (f":{self.col}" if self.col else "")

@@ -165,7 +165,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         return parallelize_pipeline(graph, m, s, annotations, microbatches=1 if microbatches is None else microbatches,
                                     schedule="1f1b" if schedule is None else schedule,
                                     virtual_stages=1 if virtual_stages is None else virtual_stages, stages=stages,
-                                    recompute=recompute, unroll=unroll,
+                                    recompute=recompute, unroll=unroll, parallelize_stage=parallelize,
                                     allow_replication=allow_replication, bucket_mb=bucket_mb,
                                     first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch,
                                     gather_mb=gather_mb)

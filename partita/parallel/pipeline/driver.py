@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ...ir.graph import Graph, Node, Value
 from ..mesh import Mesh
@@ -64,13 +64,12 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          annotations: Mapping[str, Any] | None = None, *, microbatches: int = 1,
                          schedule: str = "1f1b", virtual_stages: int = 1,
                          stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
-                         unroll: bool = True, **spmd: Any) -> PipelineProgram:
+                         unroll: bool = True, parallelize_stage: Callable[..., Any], **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
     on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``.
     ``unroll=False``: keep each rank's local template (``PipelineProgram.templates``) instead
-    of unrolling it, for ``partita.cluster.simulate``; nothing is checked or runnable then."""
-    from ..driver import parallelize
-
+    of unrolling it, for ``partita.cluster.simulate``; nothing is checked or runnable then.
+    ``parallelize_stage``: the SPMD ``parallelize`` each stage's program goes through."""
     t0 = time.perf_counter()
     axis = strategy.axis_of("pp")
     assert axis is not None
@@ -164,8 +163,8 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             mine = {str(x.name) for x in rp.graph.inputs}
             notes.update({k: p for k, p in user.items() if k in mine})
             try:
-                st = parallelize(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None, order=False,
-                                 _track=True, _repeat=_template_repeat(rp, M), **spmd)
+                st = parallelize_stage(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None,
+                                       order=False, _track=True, _repeat=_template_repeat(rp, M), **spmd)
             except StrategyError as e:
                 raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
             local = st.local
