@@ -28,8 +28,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.types import Location, TensorType
 from ..ops.registry import TypeRuleError, broadcast_shapes
 from .onnx_common import (CONSTANT_OPERANDS, ONNX_DTYPES, ONNX_TO_PARTITA, Converter, OnnxImportError, OnnxNode,
-                          axes_operand, binary_converter, cast_attrs, lift_1d, onnx_dtype, onnx_package, onnx_type_name,
-                          pad_symmetric, reverse_axis, tensor_array, unary_converter, window_params)
+                          auto_pad_mode, axes_operand, binary_converter, cast_attrs, lift_1d, onnx_dtype, onnx_package,
+                          onnx_type_name, pad_symmetric, reverse_axis, tensor_array, unary_converter, window_params)
 
 MIN_OPSET = 13
 
@@ -188,7 +188,7 @@ def _conv_transpose(n: OnnxNode) -> list[Value | None]:
     target = n.attr("output_shape")
     if target is not None:
         target = list(target)[-nd:]
-    auto = _auto_pad(n)
+    auto = auto_pad_mode(n)
     # As ONNX's reference computes it: output position i is position begin + i of the full
     # result extended by output_padding zeros (begin may be negative: zeros in front).
     if auto in ("SAME_UPPER", "SAME_LOWER"):

@@ -292,7 +292,8 @@ def attr_text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _auto_pad(n: OnnxNode) -> str:
+def auto_pad_mode(n: OnnxNode) -> str:
+    """The node's auto_pad attribute as text (NOTSET when absent or empty); an error for an unknown mode."""
     auto = n.attr("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto not in ("NOTSET", "", "VALID", "SAME_UPPER", "SAME_LOWER"):
@@ -309,7 +310,7 @@ def window_params(n: OnnxNode, x: Value, kernel: Sequence[int]) -> tuple[list[in
                       "partita has 1-D, 2-D and 3-D convolution and pooling")
     strides = list(n.attr("strides", [1] * nd))
     dil = list(n.attr("dilations", [1] * nd))
-    auto = _auto_pad(n)
+    auto = auto_pad_mode(n)
     if len(strides) != nd or len(dil) != nd:
         raise n.error(f"strides {strides} and dilations {dil} must have {nd} entries, one per spatial dim")
     if auto == "NOTSET":
