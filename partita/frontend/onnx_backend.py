@@ -74,7 +74,7 @@ def upgrade_opset(model: Any) -> Any:
     """
     import warnings
 
-    from .onnx import MIN_OPSET, OnnxOpsetUpgradeWarning, opset_of, convert_to_min_opset
+    from .onnx import MIN_OPSET, OnnxOpsetUpgradeWarning, convert_to_min_opset, opset_of
 
     version = opset_of(model, "<onnx>")
     if version >= MIN_OPSET:

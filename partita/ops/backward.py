@@ -26,7 +26,7 @@ import numpy as np
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
 from ._lazy import F, torch
-from .elementwise import np_erf, np_sigmoid, _unary
+from .elementwise import _unary, np_erf, np_sigmoid
 from .nn import (attention_compute_dtype, attention_scale, flash_kernel_args, flash_kernel_applies, np_attention_scores,
                  torch_attention_scores, ce_padded_classes)
 from .numeric import compute_np

@@ -97,7 +97,7 @@ def launch(program: Any, nproc: int | None = None, inputs: "Mapping[str, Any] | 
     checked before any process starts. Raises LaunchError / RankFailure (see ``run_ranks``).
     """
     from . import checkpoint as ckpt
-    from .launch import under_torchrun, check_spawnable
+    from .launch import check_spawnable, under_torchrun
 
     mesh = _check_program(program)
     if check not in (True, False, "raise") or check is None:
