@@ -460,7 +460,7 @@ def _run_rank(job: RankJob) -> dict[str, Any]:
     import torch.distributed as dist
 
     from partita.parallel import comm
-    from partita.parallel.mesh import Mesh
+    from partita.ir.mesh import Mesh
 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=job.timeout_s)
@@ -726,7 +726,7 @@ def _check(job: RankJob, ours: dict[str, _PartitaStep], theirs, theirs_state, co
     near 1.0 moved by 1e-5 is known to about 1%.) Raises EquivalenceError on the first difference."""
     import torch.distributed as dist
 
-    from partita.parallel.mesh import Mesh
+    from partita.ir.mesh import Mesh
     from partita.parallel.partition import local_piece
 
     mesh = Mesh.of(job.mesh)

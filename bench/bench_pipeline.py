@@ -300,7 +300,7 @@ def partita_step(m: Model):
 
 
 def partita_program(step, m: Model, case: Case):
-    from partita.parallel.driver import parallelize
+    from partita.parallel.spmd import parallelize
 
     t0 = time.perf_counter()
     prog = parallelize(step, f"pp={case.pp}", "pp", microbatches=m.microbatches, schedule=case.schedule,
@@ -974,7 +974,7 @@ def bench_compile(repeats: int = 3, ms: tuple[int, ...] = (4, 16, 64), profile: 
     1f1b) and the per-rank program size for each M; a cProfile of one M=16 run when over
     the target (or ``profile``)."""
     import partita
-    from partita.parallel.driver import parallelize
+    from partita.parallel.spmd import parallelize
     from partita.runtime.demo import gpt2_from_config
 
     torch.set_num_threads(1)

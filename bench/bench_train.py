@@ -163,7 +163,7 @@ def bench_grad_pass(repeats: int, layers: int = 12) -> dict[str, Any]:
         t0 = time.perf_counter()
         step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw")
         build_s.append(time.perf_counter() - t0)
-    from partita.autodiff.memory import analyze, recompute
+    from partita.autodiff.recompute import analyze, recompute
 
     before = analyze(step)
     t0 = time.perf_counter()

@@ -155,7 +155,7 @@ def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
     and/or placements by value name; returns a ``ParallelProgram`` (per-rank program, plan).
     With ``pp`` in the strategy (``mesh="pp=2,dp=2,tp=2", strategy="pp+dp+megatron",
     microbatches=8, schedule="1f1b"``) it returns a ``PipelineProgram``: one program per
-    pipeline stage. See partita/parallel/driver.py, docs/parallel.md and docs/pipeline.md."""
+    pipeline stage. See partita/parallel/spmd.py, docs/parallel.md and docs/pipeline.md."""
     import inspect
 
     from .parallel.strategies.base import StrategyError

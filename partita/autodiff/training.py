@@ -78,7 +78,7 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
     optimizer: ``"adamw"`` or ``"sgd"`` with ``optimizer_options`` (lr, weight_decay, ...), or
       None to return ``(loss, <p>.grad...)`` without an update.
     recompute: which forward values the backward computes again instead of keeping them alive
-      (``partita.autodiff.memory``; docs/autodiff.md, "Recomputation"): False or ``"none"``;
+      (``partita.autodiff.recompute``; docs/autodiff.md, "Recomputation"): False or ``"none"``;
       True or ``"cheap"`` (cheap elementwise and data-movement values); ``"selective"`` (each
       layer's attention core); ``"full"`` (each layer keeps only its input and runs its
       forward again right before its backward). The recomputed nodes carry
@@ -94,7 +94,7 @@ def training_step(forward: Graph, loss: int | str | None = None, optimizer: Lite
         if not 0 <= loss < len(forward.outputs):
             raise AutodiffError(f"training_step: loss={loss}, but @{forward.name} has {len(forward.outputs)} "
                                 f"output(s); give the index of the output that is the scalar loss")
-    from .memory import apply_recompute, recompute_policy
+    from .recompute import apply_recompute, recompute_policy
 
     policy = recompute_policy(recompute, "training_step: recompute")
     update = None

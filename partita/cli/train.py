@@ -20,7 +20,7 @@ import numpy as np
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Value, input_name
 from ..ir.weights import Weights
-from ..autodiff.memory import analyze, apply_recompute
+from ..autodiff.recompute import analyze, apply_recompute
 from ..autodiff.training import Trainer, training_step
 from .common import float_arg, int_arg, random_array, seed_arg
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .hardware import (Cluster, ClusterError, Device, Efficiency, Link, format_quantity, list_clusters, load_cluster,
                        parse_cluster, parse_quantity)
-from .memory import MemoryReport, memory_report
+from .memory_report import MemoryReport, memory_report
 from .simulator import SimResult, SimulationError, simulate
 
 __all__ = ["Cluster", "ClusterError", "Device", "Efficiency", "Link", "MemoryReport", "SimResult", "SimulationError",

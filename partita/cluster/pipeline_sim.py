@@ -36,7 +36,7 @@ from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
 from .hardware import Cluster
-from .program import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
+from .steps import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
 
 
 def _is_comm(n: Node) -> bool:

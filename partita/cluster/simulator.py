@@ -22,7 +22,7 @@ of their own signatures (checked; otherwise every rank is simulated).
 
 ``simulate(program, cluster)`` returns a ``SimResult``: the step time, tokens per second,
 FLOP/s utilization (model FLOPs without recomputation, MFU, and hardware FLOPs as computed,
-HFU, after Korthikanti et al. 2022), each simulated rank's memory (``partita.cluster.memory``),
+HFU, after Korthikanti et al. 2022), each simulated rank's memory (``partita.cluster.memory_report``),
 the communication volume per axis, and the timeline (``chrome_trace()`` writes it as JSON that
 Perfetto and chrome://tracing show).
 """
@@ -41,8 +41,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
 from .cost import COLLECTIVE_OPS, GEMM_OPS, ATTENTION_OPS, P2P_OPS, CostModel
 from .hardware import Cluster, load_cluster
-from .memory import MemoryReport, memory_report
-from .program import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
+from .memory_report import MemoryReport, memory_report
+from .steps import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
 
 class SimulationError(PartitaError):
     """A program that cannot be simulated on the cluster (the message names the rank, the
@@ -326,7 +326,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     ``tokens``: tokens per step (for tokens/s; default: the elements of the single-device
     program's integer ``input`` named ids/input_ids, if any). ``model_flops``: FLOPs of one
     step of the model without recomputation (default: the single-device program's compute
-    FLOPs less the nodes ``partita.autodiff.memory`` marks as recomputed). ``dedup``: simulate
+    FLOPs less the nodes ``partita.autodiff.recompute`` marks as recomputed). ``dedup``: simulate
     alike ranks once. ``trace``: keep the timeline. ``memory``: each simulated rank's memory
     report; ``check_memory``: raise when a rank's peak exceeds the device's memory.
     """
@@ -494,7 +494,7 @@ def _tokens(graph: Graph) -> int | None:
 
 
 def _model_flops(graph: Graph, model: CostModel) -> float:
-    from ..autodiff.memory import recomputed_nodes
+    from ..autodiff.recompute import recomputed_nodes
 
     skip = recomputed_nodes(graph)
     total = 0.0
@@ -615,7 +615,7 @@ class _Sim:
         return "the per-rank programs cannot finish: " + "; ".join(parts) + \
             (f" (and {len(active) - 6} more)" if len(active) > 6 else "") + \
             "; their collectives or sends and recvs do not line up (check the program with " \
-            "partita.parallel.simulate.check_deadlock_free)"
+            "partita.parallel.interpreter.check_deadlock_free)"
 
     def advance(self, r: int) -> bool:
         st = self.state[r]

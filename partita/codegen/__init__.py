@@ -129,7 +129,7 @@ class CompiledProgram:
         from ..ir.printer import print_graph_lines
         from ..ops._lazy import torch
         from .kernels import prepare_fused
-        from .memory import arena_views, plan_memory
+        from .arena import arena_views, plan_memory
         from .fused_body import run_body_on_aten as aten_fused
 
         prog = self.program

@@ -13,7 +13,7 @@ class Location:
     empty when unknown), which is how a pipeline cut names a layer.
 
     ``recompute`` is empty on the model's own nodes; on a node that recomputes a forward value
-    for the backward (activation recomputation, partita/autodiff/memory.py) it names the
+    for the backward (activation recomputation, partita/autodiff/recompute.py) it names the
     policy that made it (``"cheap"``, ``"selective"``, ``"full"``). It lives here because the
     location is what every transformation carries from a node to what it makes of it (clone,
     text, the parallel partition's local nodes and collectives, the pipeline's copies), so

@@ -9,7 +9,7 @@ ranks that differ only in their ``tp`` coordinate.
 A mesh is a record of the IR (``Graph.mesh``, ``mesh(...)`` in the text form): the parser,
 the printer and the graph store and compare it. The rank mapping lives here because it is
 what the axes mean; the layers above (partita/parallel, partita/runtime) compute with it.
-``partita.parallel.mesh`` re-exports these names.
+``partita.ir.mesh`` re-exports these names.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ splits and no partial axes is replicated: every rank holds the whole tensor.
 
 Placements are data of the IR (``Value.placement``, printed in the text form); whether they
 are consistent with the ops is the sharding rules' business (partita/parallel/sharding.py),
-not this module's. ``partita.parallel.placement`` re-exports these names.
+not this module's. ``partita.ir.placement`` re-exports these names.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ within this rank's group. They are not group-wide: their effect is {"p2p"} and t
 ``collective`` field is None; ``run_mesh`` pairs each send with its peer's recv.
 
 The semantics over a whole group are each record's ``collective`` function (NumPy), run by
-``partita.parallel.simulate.run_mesh``. The single-process ``reference`` only covers a group
+``partita.parallel.interpreter.run_mesh``. The single-process ``reference`` only covers a group
 of one rank. The ``torch`` implementations call ``torch.distributed`` on the group that
 this process's table holds for the axis (process_groups.py, filled in through
 ``partita.parallel.comm``). All are effectful ({"collective"}): passes
@@ -219,7 +219,7 @@ def _single_rank_reference(name: str, collective):
         if attrs["group_size"] != 1:
             raise ExecutionError(
                 f"{name} is a collective over axis {attrs['axis']} ({attrs['group_size']} ranks): run the per-rank "
-                "program with partita.parallel.simulate.run_mesh, or launch it on a process group")
+                "program with partita.parallel.interpreter.run_mesh, or launch it on a process group")
         return collective([list(args)], attrs)[0]
     return reference
 
@@ -567,7 +567,7 @@ def _p2p_reference(name: str):
     def reference(args, attrs):
         raise ExecutionError(
             f"{name} is point-to-point over axis {attrs['axis']} (peer {attrs['peer']} of {attrs['group_size']} "
-            "ranks): run the per-rank programs with partita.parallel.simulate.run_mesh (one graph per rank), or "
+            "ranks): run the per-rank programs with partita.parallel.interpreter.run_mesh (one graph per rank), or "
             "launch them with partita.runtime.run_ranks")
     return reference
 

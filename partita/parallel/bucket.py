@@ -36,8 +36,8 @@ from ..ops.collective import is_point_to_point
 from ..ops.kinds import STRIDED_VIEW_OPS, VIEW_OPS
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
-from .mesh import Mesh, MeshError
-from .simulate import describe_collective, first_disagreement, nth, pair_point_to_point
+from ..ir.mesh import Mesh, MeshError
+from .interpreter import describe_collective, first_disagreement, nth, pair_point_to_point
 
 MB = 1 << 20  # size_mb counts mebibytes, as DDP's bucket_cap_mb does
 

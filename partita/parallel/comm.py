@@ -18,7 +18,7 @@ from typing import Any
 
 from ..ops.process_groups import (CommError, clear_groups, current_groups, group, set_groups,  # noqa: F401
                                   use_groups)
-from .mesh import Mesh
+from ..ir.mesh import Mesh
 
 __all__ = ["CommError", "clear_groups", "current_groups", "group", "new_mesh_groups", "set_groups", "use_groups"]
 

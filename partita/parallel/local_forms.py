@@ -36,7 +36,7 @@ from ..ir.dtypes import DType, i64
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from ..ops.registry import OPS
-from .mesh import Mesh
+from ..ir.mesh import Mesh
 
 
 @dataclass

@@ -32,8 +32,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.printer import value_names
 from ..ir.types import Location, TensorType
 from ..passes.manager import Pass, register_pass
-from .mesh import Mesh
-from .placement import Placement
+from ..ir.mesh import Mesh
+from ..ir.placement import Placement
 from .propagate import ReshardNeed, propagate
 from .reshard import Step, apply_reshard, plan_reshard
 from .local_forms import LocalForm, embedding_grad_rows

@@ -12,10 +12,10 @@ import numpy as np
 from ..autodiff.optim import initial_state
 from ..ir.graph import Graph, input_name
 from ..ir.printer import print_graph
-from .mesh import Mesh
+from ..ir.mesh import Mesh
 from .pad import PadReport, cut_array, pad_array
 from .partition import PartitionReport, local_piece, piece_index
-from .placement import Placement
+from ..ir.placement import Placement
 from .propagate import PropagationReport
 from .report import PlanReport
 from .strategies.base import ParsedStrategy, StrategyError
@@ -107,7 +107,7 @@ class ParallelProgram:
     def simulate(self, inputs: Mapping[str, Any], weights: Mapping[str, Any] | None = None) -> list[np.ndarray]:
         """Run every rank's program in this process (NumPy reference, exact collectives) on
         the global ``inputs``; returns the assembled global outputs."""
-        from .simulate import run_mesh
+        from .interpreter import run_mesh
 
         outs = run_mesh(self.local, self.mesh, self.shard_inputs(inputs), self.shard_weights(weights))
         return self.assemble_outputs(outs)

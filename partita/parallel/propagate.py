@@ -34,8 +34,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.printer import value_names
 from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
-from .mesh import Mesh, MeshError
-from .placement import Placement, PlacementError
+from ..ir.mesh import Mesh, MeshError
+from ..ir.placement import Placement, PlacementError
 from .reshard import ReshardError, plan_bytes, plan_reshard
 from .sharding import Conflict, DimSpec, result_placements, sharding_spec
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Value
 from ..ir.printer import value_names
-from .mesh import Mesh
+from ..ir.mesh import Mesh
 from .partition import PartitionReport
 from .propagate import PropagationReport
 from .strategies.base import UPDATE_OPS
@@ -115,7 +115,7 @@ def _nbytes(v: Value) -> int:
 def build_plan(g: Graph, local: Graph, mesh: Mesh, strategy: str, prop: PropagationReport, part: PartitionReport,
                notes: list[str], timings: dict[str, float]) -> PlanReport:
     """The plan of a parallelized graph ``g`` and its per-rank program ``local``."""
-    from ..autodiff.memory import backward_start
+    from ..autodiff.recompute import backward_start
 
     names = value_names(g)
     order = {}
@@ -139,7 +139,7 @@ def build_plan(g: Graph, local: Graph, mesh: Mesh, strategy: str, prop: Propagat
                       "phase": ph, "inside": c.inside, "source": c.source})
     param_b = sum(_nbytes(v) for v in local.inputs if v.role == "param")
     state_b = sum(_nbytes(v) for v in local.inputs if v.role == "state")
-    from ..autodiff.memory import analyze
+    from ..autodiff.recompute import analyze
 
     # The peak of live bytes over the per-rank program's node order, inputs excluded.
     mem = analyze(local)

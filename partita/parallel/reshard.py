@@ -45,8 +45,8 @@ from ..ir.dtypes import DType
 from ..ir.graph import Value
 from ..ir.types import TensorType
 from ..ops.registry import OPS
-from .mesh import Mesh
-from .placement import Placement
+from ..ir.mesh import Mesh
+from ..ir.placement import Placement
 
 
 class ReshardError(PartitaError):

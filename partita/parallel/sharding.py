@@ -26,8 +26,8 @@ from ..ops.registry import OPS, OpDef, RuleTable, broadcast_shapes, normalize_ax
 from ..ops.shape import squeeze_axes, transpose_perm, unsqueeze_axes
 from . import local_forms
 from .local_forms import LocalForm
-from .mesh import Mesh
-from .placement import Placement, PlacementError
+from ..ir.mesh import Mesh
+from ..ir.placement import Placement, PlacementError
 
 Labels = tuple  # tuple[str | None, ...]
 

@@ -109,7 +109,7 @@ PASS_MODULES: dict[str, str] = {
     "grad": "partita.autodiff.grad",
     "sgd": "partita.autodiff.optim",
     "adamw": "partita.autodiff.optim",
-    "recompute": "partita.autodiff.memory",
+    "recompute": "partita.autodiff.recompute",
     # parallelism (partita/parallel/)
     "propagate": "partita.parallel.propagate",
     "partition": "partita.parallel.partition",

@@ -50,8 +50,8 @@ from ..ir.diagnostics import WeightsError
 from ..ir.dtypes import DType, DTYPES, from_numpy
 from ..ir.graph import Graph, input_name
 from ..ir.weights import DTYPE_OF_SAFETENSORS_NAME, save_safetensors
-from ..parallel.mesh import Mesh
-from ..parallel.placement import Placement
+from ..ir.mesh import Mesh
+from ..ir.placement import Placement
 
 __all__ = ["CheckpointError", "ShardLayout", "WeightSpec", "commit", "latest_step", "load", "load_full",
            "model_fingerprint", "read_manifest", "save", "stage_dir", "stage_dirs", "steps", "write_shard"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..ir.diagnostics import ExecutionError, PartitaError
 from ..ir.graph import Graph, input_name
-from ..parallel.mesh import Mesh
+from ..ir.mesh import Mesh
 
 FAULT_KINDS = ("raise", "exit", "kill", "stall", "stop", "kill-mid")
 
@@ -230,7 +230,7 @@ def _normalize(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_ran
     if executor not in ("torch", "codegen"):
         raise LaunchError(f"run_ranks: executor={executor!r} cannot run collectives across processes; use "
                           "executor=\"torch\" (ATen kernels) or \"codegen\" (generated kernels, docs/codegen.md); "
-                          "partita.parallel.simulate.run_mesh runs the NumPy reference on a simulated mesh")
+                          "partita.parallel.interpreter.run_mesh runs the NumPy reference on a simulated mesh")
     if executor == "codegen" and backend == "nccl":
         raise LaunchError("run_ranks: executor=\"codegen\" generates CPU kernels and the ranks would compute on "
                           "GPUs (nccl); use executor=\"torch\" there, or backend=\"gloo\"")
@@ -333,7 +333,7 @@ def _entered_node(graph: Graph, mesh: Mesh, rank: int, entered: int, step: int |
     """What a rank that died was doing: the communication it had entered last (its count of
     entered collectives, ``entered``, includes the rendezvous and the mesh groups), with the
     pipeline action a send or recv serves; empty when unknown."""
-    from ..parallel.simulate import nth
+    from ..parallel.interpreter import nth
 
     if step is None or entered < 3:
         return ""

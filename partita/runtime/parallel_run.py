@@ -224,7 +224,7 @@ def _save_pipeline(program: Any, checkpoint_dir: str, step: int, res: RunResult)
 def _check_program(program: Any) -> Any:
     """The program's mesh; anything but a ``ParallelProgram`` is a LaunchError."""
     from ..ir.graph import Graph
-    from ..parallel.pipeline.program import PipelineProgram
+    from ..parallel.pipeline.pipeline_program import PipelineProgram
     from ..parallel.strategy import ParallelProgram
 
     if isinstance(program, (ParallelProgram, PipelineProgram)):

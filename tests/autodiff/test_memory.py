@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import partita
-from partita.autodiff.memory import analyze, backward_start, recompute
+from partita.autodiff.recompute import analyze, backward_start, recompute
 
 # A forward pass that reads %y twice (in tanh and in the product), with its backward written
 # out by hand: the backward reads %x, %y and %h. The seed's name opens the backward section.

@@ -1,4 +1,4 @@
-"""Recomputation by layer (partita/autodiff/memory.py: recompute_layers, recomputed_nodes).
+"""Recomputation by layer (partita/autodiff/recompute.py: recompute_layers, recomputed_nodes).
 
 On a 2-layer GPT-2 (imported as the pipeline tests import it): every policy gives the same
 step outputs as none on the reference interpreter; "full" keeps fewer activation bytes and
@@ -63,7 +63,7 @@ def _flops(graph, ops=None) -> int:
 
 @pytest.mark.parametrize("policy", POLICIES[1:])
 def test_every_policy_gives_the_same_step(gpt2, steps, policy):
-    from partita.autodiff.memory import recompute_policy_of, recomputed_nodes
+    from partita.autodiff.recompute import recompute_policy_of, recomputed_nodes
 
     _, inputs = gpt2
     want = _run(steps["none"], inputs)
@@ -77,7 +77,7 @@ def test_every_policy_gives_the_same_step(gpt2, steps, policy):
 
 
 def test_full_keeps_only_layer_inputs_and_adds_about_a_forward(gpt2, steps):
-    from partita.autodiff.memory import analyze
+    from partita.autodiff.recompute import analyze
     from partita.ir.layers import node_layer
 
     fwd, _ = gpt2
@@ -98,7 +98,7 @@ def _flops_node(n) -> int:
 
 
 def test_clones_sit_in_their_layers_backward_before_its_first_reader(steps):
-    from partita.autodiff.memory import backward_start, recomputed_nodes
+    from partita.autodiff.recompute import backward_start, recomputed_nodes
     from partita.ir.layers import node_layer
 
     g = steps["full"]
@@ -126,7 +126,7 @@ def test_clones_sit_in_their_layers_backward_before_its_first_reader(steps):
 
 
 def test_marks_survive_clone_text_and_cse(steps):
-    from partita.autodiff.memory import recomputed_nodes
+    from partita.autodiff.recompute import recomputed_nodes
     from partita.ir.parser import parse
     from partita.ir.printer import print_graph
     from partita.passes.manager import PassManager
@@ -144,7 +144,7 @@ def test_marks_survive_clone_text_and_cse(steps):
 
 def test_recompute_pass_and_bad_policy(steps):
     from partita.autodiff.grad import AutodiffError
-    from partita.autodiff.memory import recompute_policy, recomputed_nodes
+    from partita.autodiff.recompute import recompute_policy, recomputed_nodes
     from partita.passes.manager import PassManager
 
     g = PassManager.parse("recompute{policy=full}").run(steps["none"].clone())

@@ -15,7 +15,7 @@ import pytest
 import partita
 from partita.cluster import Efficiency, parse_cluster
 from partita.cluster.cost import CostModel
-from partita.cluster.memory import memory_report
+from partita.cluster.memory_report import memory_report
 from partita.cluster.simulator import SimulationError, simulate
 from partita.ir.mesh import Mesh
 

@@ -222,7 +222,7 @@ def _chain(read_later=False, view=False, same=False):
 
 
 def test_in_place_where_the_operand_dies_and_refused_where_it_is_read_later_or_is_a_view():
-    from partita.codegen.memory import plan_memory
+    from partita.codegen.arena import plan_memory
 
     g, nodes, m2 = _chain()
     plan = plan_memory(g, nodes, in_place={m2: 0})

@@ -9,7 +9,7 @@ import torch
 
 import partita
 from partita.codegen import CompiledProgram
-from partita.codegen.memory import ALIGN
+from partita.codegen.arena import ALIGN
 from partita.ir import Builder, TensorType, verify
 from partita.ir.dtypes import DTYPES
 
@@ -149,7 +149,7 @@ def test_a_concat_copies_so_its_operands_keep_their_own_buffers():
     # a matmul's result concatenated with a parameter (ViT's class token): the concat makes a
     # new tensor, so the matmul's result is not an alias of the parameter and is planned; a
     # reshape (a view) still joins its operand's class
-    from partita.codegen.memory import plan_memory
+    from partita.codegen.arena import plan_memory
 
     b = Builder()
     x = b.input("x", TensorType((6, 8), F32))

@@ -26,7 +26,7 @@ from partita.parallel.bucket import (MB, BucketError, CollectiveOrderError, buck
                                      check_collective_order, order_collectives)
 from partita.parallel.partition import local_piece, partition, shard_weights
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 from partita.passes.manager import PassManager
 
 ATOL = 1e-6

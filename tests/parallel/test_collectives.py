@@ -18,8 +18,8 @@ from partita.ir.parser import parse
 from partita.ir.printer import print_graph
 from partita.ir.types import TensorType
 from partita.ops import OPS
-from partita.parallel.mesh import Mesh
-from partita.parallel.simulate import MeshRunError, run_mesh
+from partita.ir.mesh import Mesh
+from partita.parallel.interpreter import MeshRunError, run_mesh
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -151,7 +151,7 @@ def test_single_rank_reference_is_the_identity_and_larger_groups_refuse():
     g4 = parse('graph @four(%x: f32[2,3]) -> (f32[2,3]) {\n'
                '  %0 = all_reduce(%x) {axis="tp", group_size=4} : f32[2,3]\n  return %0\n}\n', "four.pir")
     with pytest.raises(ExecutionError, match=r"all_reduce is a collective over axis tp \(4 ranks\): run the "
-                                             r"per-rank program with partita.parallel.simulate.run_mesh"):
+                                             r"per-rank program with partita.parallel.interpreter.run_mesh"):
         partita.run(g4, [x])
 
 

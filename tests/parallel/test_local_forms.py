@@ -18,11 +18,11 @@ from partita.ir.builder import Builder
 from partita.ir.dtypes import f32, i64
 from partita.ir.graph import Graph
 from partita.ir.types import TensorType
-from partita.parallel.mesh import Mesh
+from partita.ir.mesh import Mesh
 from partita.parallel.partition import local_piece, partition_with_report
-from partita.parallel.placement import Placement
+from partita.ir.placement import Placement
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 
 V, E = 16, 8
 
@@ -200,7 +200,7 @@ def test_an_id_outside_the_vocabulary_is_an_error_on_every_rank(bad):
     """No rank's rows hold it, so a masked lookup would give a silent zero row; instead the
     id reaches the local lookup (and the loss's target its gather) out of range, which fails
     as the unsplit op does."""
-    from partita.parallel.simulate import MeshRunError
+    from partita.parallel.interpreter import MeshRunError
 
     step = _step(8, "mean", 0.0, -100, "sgd")
     g = step.clone()

@@ -23,7 +23,7 @@ from partita.ir.types import TensorType
 from partita.ops import OPS
 from partita.ops.collective import is_point_to_point
 from partita.parallel.bucket import CollectiveOrderError, check_collective_order, order_collectives
-from partita.parallel.simulate import MeshRunError, run_mesh
+from partita.parallel.interpreter import MeshRunError, run_mesh
 
 PP = 'axis="pp", group_size={n}'
 
@@ -480,8 +480,8 @@ def test_torch_send_recv_dtypes_on_two_gloo_ranks():
 
 
 def test_send_hands_over_any_split_and_refuses_a_pending_sum():
-    from partita.parallel.mesh import Mesh
-    from partita.parallel.placement import Placement
+    from partita.ir.mesh import Mesh
+    from partita.ir.placement import Placement
     from partita.parallel.sharding import Conflict, result_placements, sharding_spec
 
     t = TensorType((4, 8), f32)
@@ -494,7 +494,7 @@ def test_send_hands_over_any_split_and_refuses_a_pending_sum():
 
 def test_check_deadlock_free_proves_an_order_and_refuses_two_sends_that_wait_for_each_other():
     from partita.ir.parser import parse
-    from partita.parallel.simulate import MeshRunError, check_deadlock_free
+    from partita.parallel.interpreter import MeshRunError, check_deadlock_free
 
     def stage(name: str, peer: int, send_first: bool) -> str:
         send = f'  send(%x) {{axis="pp", group_size=2, peer={peer}}}'

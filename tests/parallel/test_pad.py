@@ -199,7 +199,7 @@ def test_megatron_splits_a_padded_vocabulary(mesh, strategy, tied):
 def test_an_id_in_the_padding_is_out_of_range_on_every_rank():
     """Ids 10 and 11 exist in the padded table (tp=4 pads 10 rows to 12) but not in the
     model: the lookup and the loss check against the real vocabulary, as unsplit."""
-    from partita.parallel.simulate import MeshRunError
+    from partita.parallel.interpreter import MeshRunError
 
     step = _step(10)
     feed, weights = _data(step, 10)

@@ -17,7 +17,7 @@ from partita.parallel import Mesh, Placement
 from partita.parallel.partition import (PartitionError, PartitionPass, local_piece, partition,
                                         partition_with_report, shard_weights)
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 from partita.passes.manager import PassManager
 
 MLP = """graph @mlp(%x: f32[8{x},16], %w1: f32[16,64{w1}] param, %b1: f32[64{w1}] param,

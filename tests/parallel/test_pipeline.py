@@ -161,7 +161,7 @@ def llama():
 
 
 def _pp(graph, mesh: str, strategy: str = "pp", **kw):
-    from partita.parallel.driver import parallelize
+    from partita.parallel.spmd import parallelize
 
     return parallelize(graph, mesh, strategy, **kw)
 
@@ -705,7 +705,7 @@ def test_gpt2_full_recompute_in_every_chunk_matches_one_device(gpt2, mesh, strat
     """recompute="full" reruns each layer's forward cone in its chunk's backward: the ranks'
     programs hold the marked clones (in B, before W), and simulate still gives the
     single-device step."""
-    from partita.autodiff.memory import recomputed_nodes
+    from partita.autodiff.recompute import recomputed_nodes
 
     prog = check_step(gpt2, mesh, strategy, microbatches=4, schedule=schedule, recompute="full")
     for cp in prog.pipeline.chunks:
@@ -718,7 +718,7 @@ def test_gpt2_full_recompute_in_every_chunk_matches_one_device(gpt2, mesh, strat
 
 
 def test_pipeline_takes_the_steps_recompute_policy_and_refuses_another(gpt2):
-    from partita.autodiff.memory import recompute_policy_of
+    from partita.autodiff.recompute import recompute_policy_of
     from partita.autodiff.training import training_step
 
     step = training_step(gpt2.fwd, loss="cross_entropy", optimizer="sgd", lr=0.05, momentum=0.9, recompute="full")

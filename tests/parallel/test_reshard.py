@@ -23,10 +23,10 @@ from partita.ir.graph import Graph
 from partita.ir.printer import print_graph
 from partita.ir.types import TensorType
 from partita.ops import OPS
-from partita.parallel.mesh import Mesh
-from partita.parallel.placement import Placement, PlacementError
+from partita.ir.mesh import Mesh
+from partita.ir.placement import Placement, PlacementError
 from partita.parallel.reshard import ReshardError, Step, apply_reshard, plan_bytes, plan_cost, plan_reshard
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 
 X2 = Mesh.of("x=2")
 DPTP = Mesh.of("dp=2,tp=2")

@@ -34,7 +34,7 @@ from partita.ops.registry import OPS
 from partita.parallel import Mesh, Placement
 from partita.parallel.partition import local_piece, partition_with_report, shard_weights
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 from partita.parallel.sharding import (WITHOUT_RULE, Conflict, DimSpec, average_factor, result_placements,
                                        sharding_spec)
 

@@ -384,7 +384,7 @@ def test_global_graph_is_left_alone():
 
 def test_assemble_inverts_local_piece():
     from partita.parallel.partition import local_piece
-    from partita.parallel.placement import Placement
+    from partita.ir.placement import Placement
 
     m = Mesh.of("dp=2,tp=2")
     a = np.arange(48.0).reshape(4, 12)

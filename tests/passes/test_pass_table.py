@@ -43,7 +43,7 @@ def test_every_pass_the_docs_name_is_in_the_table():
 
 def test_every_pass_is_found_after_a_bare_import():
     # A fresh interpreter: "recompute" was "unknown pass" there (it registered only once
-    # partita.autodiff.memory happened to be imported), and "bucket-gathers" was no pass.
+    # partita.autodiff.recompute happened to be imported), and "bucket-gathers" was no pass.
     code = (
         "import partita\n"
         "from partita.passes import PASS_MODULES, get_pass\n"

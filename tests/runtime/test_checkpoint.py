@@ -20,7 +20,7 @@ from partita.ir.diagnostics import PartitaError, WeightsError
 from partita.parallel import Mesh, Placement
 from partita.parallel.partition import local_piece, partition, shard_weights
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 from partita.runtime import checkpoint as ck
 from partita.runtime.checkpoint import CheckpointError, ShardLayout
 

@@ -22,10 +22,10 @@ import partita
 from partita.ir.graph import Graph
 from partita.ir.printer import print_graph
 from partita.parallel import Placement
-from partita.parallel.mesh import MeshError
+from partita.ir.mesh import MeshError
 from partita.parallel.partition import local_piece, partition_with_report, shard_weights
 from partita.parallel.propagate import propagate
-from partita.parallel.simulate import run_mesh
+from partita.parallel.interpreter import run_mesh
 from partita.runtime import CollectiveFailure, LaunchError, RankFailure, RunResult, run_ranks
 
 MLP = """graph @mlp(%x: f32[8{x},16], %w1: f32[16,32{tp}] param, %b1: f32[32{tp}] param,

@@ -27,8 +27,8 @@ from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import verify
 from ...ops.registry import OPS
-from ..mesh import Mesh
-from ..placement import Placement
+from ...ir.mesh import Mesh
+from ...ir.placement import Placement
 from ..strategies.base import UPDATE_OPS
 from .schedule import Action, PipelineError, Schedule, Transfer
 from .stage_graphs import ChunkProgram, build_chunk_program

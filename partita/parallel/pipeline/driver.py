@@ -9,12 +9,12 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from ...ir.graph import Graph, Node, Value
-from ..mesh import Mesh
-from ..placement import Placement
+from ...ir.mesh import Mesh
+from ...ir.placement import Placement
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import build_pipeline, check_microbatches, is_training
 from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
-from .program import PipelineProgram, WholeStage
+from .pipeline_program import PipelineProgram, WholeStage
 from .schedule import PipelineError, check_schedule, make_schedule
 from .stages import check_chunks, graph_layers
 
@@ -40,7 +40,7 @@ def _recompute_policy(graph: Graph, recompute: bool | str | None, training: bool
     the step's policy (read from its recomputed nodes' locations) is taken, and an explicit
     ``recompute`` that contradicts it is refused."""
     from ...autodiff.grad import AutodiffError
-    from ...autodiff.memory import recompute_policy, recompute_policy_of
+    from ...autodiff.recompute import recompute_policy, recompute_policy_of
 
     own = recompute_policy_of(graph) if training else "none"
     if recompute is None:
@@ -212,7 +212,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     if unroll:
         check_program(out)
     timings["check"] = time.perf_counter() - t2
-    from .report import build_pipeline_plan
+    from .pipeline_report import build_pipeline_plan
 
     out.plan = build_pipeline_plan(out)
     timings["total"] = time.perf_counter() - t0
@@ -422,7 +422,7 @@ def check_program(prog: PipelineProgram) -> None:
     for their recv, the communication never stops (``check_deadlock_free``); raises
     PipelineError naming the ranks and the nodes."""
     from ..bucket import CollectiveOrderError, check_collective_order
-    from ..simulate import MeshRunError, check_deadlock_free, pair_point_to_point
+    from ..interpreter import MeshRunError, check_deadlock_free, pair_point_to_point
 
     graphs = prog.rank_graphs()
     try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...autodiff.grad import AutodiffError, backward
-from ...autodiff.memory import apply_recompute, recomputed_nodes
+from ...autodiff.recompute import apply_recompute, recomputed_nodes
 from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import verify
@@ -66,7 +66,7 @@ def build_chunk_program(chunk: Chunk, last: bool, loss: Value | None, *, forward
     """The ChunkProgram of ``chunk``; ``loss`` (the forward graph's loss share, last chunk
     only) seeds its backward with 1. ``outputs``: for a forward-only pipeline, the forward
     graph's outputs the last chunk returns. ``recompute``: the activation recomputation
-    policy applied to the chunk's backward (``partita.autodiff.memory.apply_recompute``)."""
+    policy applied to the chunk's backward (``partita.autodiff.recompute.apply_recompute``)."""
     g = Graph(f"chunk{chunk.index}")
     b = Builder(g)
     vmap: dict[Value, Value] = {}

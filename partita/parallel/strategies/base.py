@@ -20,8 +20,8 @@ from ...ir.diagnostics import PartitaError
 from ...ir.graph import Graph, Value
 from ...ir.printer import value_names
 from ...ops.kinds import UPDATE_OPS
-from ..mesh import Mesh
-from ..placement import Placement
+from ...ir.mesh import Mesh
+from ...ir.placement import Placement
 
 if TYPE_CHECKING:
     from ...passes.manager import Pass

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Node, Value
-from ..placement import Placement
+from ...ir.placement import Placement
 from .base import UPDATE_OPS, AnnotationContext, Strategy, StrategyError, register
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Node, Value
-from ..placement import Placement
+from ...ir.placement import Placement
 from ..propagate import placement_from_labels
 from ..sharding import Conflict, result_placements, sharding_spec
 from .base import UPDATE_OPS, AnnotationContext, Strategy, register
@@ -103,7 +103,7 @@ class SequenceParallel(Strategy):
         # gathered (once, for every projection that reads it), rather than the projections'
         # weights; priced one consumer at a time, gathering a q, k or v weight looks cheaper
         # than the activation the three share.
-        from ...autodiff.memory import backward_start
+        from ...autodiff.recompute import backward_start
 
         tp = ctx.axis(self)
         stop = backward_start(ctx.graph)
@@ -174,7 +174,7 @@ class _Walk:
 
     def track(self, excluded: set[Value]):
         """One forward walk deciding column and row weights; see the module docstring."""
-        from ...autodiff.memory import backward_start
+        from ...autodiff.recompute import backward_start
 
         ctx, axis = self.ctx, self.axis
         stop = backward_start(ctx.graph)

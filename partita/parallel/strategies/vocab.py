@@ -5,7 +5,7 @@ rewrite; these functions choose what it pads and place the tables."""
 from __future__ import annotations
 
 from ...ir.graph import Value
-from ..placement import Placement
+from ...ir.placement import Placement
 from .base import AnnotationContext
 
 

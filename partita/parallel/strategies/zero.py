@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ...ir.graph import Node, Value
-from ..placement import Placement
+from ...ir.placement import Placement
 from .base import UPDATE_OPS, AnnotationContext, StrategyError, register
 from .dp import DataParallel
 
@@ -28,7 +28,7 @@ class Zero(DataParallel):
         self.shard(ctx, ctx.axis(self))
 
     def shard(self, ctx: AnnotationContext, axis: str) -> None:
-        from ...autodiff.memory import backward_start
+        from ...autodiff.recompute import backward_start
 
         g, mesh = ctx.graph, ctx.mesh
         n = mesh.axis_size(axis)

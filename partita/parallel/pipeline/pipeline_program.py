@@ -12,7 +12,7 @@ import numpy as np
 from ...autodiff.optim import initial_state
 from ...ir.graph import Graph, input_name
 from ...ir.printer import print_graph
-from ..mesh import Mesh
+from ...ir.mesh import Mesh
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import Pipeline
 from .schedule import PipelineError
@@ -184,7 +184,7 @@ class PipelineProgram:
         if not finals or isinstance(st, WholeStage):
             return st.assemble_outputs(group)
         from ..pad import cut_array
-        from ..placement import Placement
+        from ...ir.placement import Placement
         from ..program import assemble
 
         out = []
@@ -214,7 +214,7 @@ class PipelineProgram:
         """Run every rank's program in this process (NumPy reference, exact collectives and
         point-to-point transfers) on the global ``inputs``; returns the global outputs."""
         self._runnable("simulate")
-        from ..simulate import run_mesh
+        from ..interpreter import run_mesh
 
         outs = run_mesh(self.rank_graphs(), self.mesh, self.shard_inputs(inputs), self.shard_weights(weights))
         return self.assemble_outputs(outs)

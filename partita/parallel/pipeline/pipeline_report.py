@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...autodiff.memory import analyze
+from ...autodiff.recompute import analyze
 from ...ir.graph import Graph, Value
 from ...ops.collective import is_point_to_point
 from ..report import format_bytes

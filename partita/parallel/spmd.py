@@ -18,9 +18,9 @@ from ..ir.diagnostics import given as _given
 from ..ir.graph import Graph, Value
 from ..ir.printer import value_names
 from ..ops.registry import OPS
-from .mesh import Mesh, MeshError
+from ..ir.mesh import Mesh, MeshError
 from .partition import partition_with_report
-from .placement import Placement, PlacementError
+from ..ir.placement import Placement, PlacementError
 from .program import ParallelProgram
 from .propagate import PropagationError, PropagationReport, propagate
 from .report import build_plan

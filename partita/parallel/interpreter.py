@@ -31,7 +31,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.printer import format_attr
 from ..ops.collective import is_point_to_point
 from ..ops.registry import OPS
-from .mesh import Mesh, MeshError
+from ..ir.mesh import Mesh, MeshError
 
 
 class MeshRunError(ExecutionError):
