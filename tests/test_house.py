@@ -43,7 +43,6 @@ KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("partita.codegen.lowering", "_lower_reduction"): 224,
     ("partita.parallel.pipeline.build", "_Unroller._rank"): 211,
     ("partita.runtime.launch", "_spawn"): 205,
-    ("partita.parallel.spmd", "parallelize"): 185,
     ("partita.codegen.gemm", "gemm_ir.micro_fn"): 180,
     ("partita.codegen.norm", "norm_ir"): 168,
     ("partita.frontend.onnx_nn", "_attention"): 166,

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..autodiff.optim import initial_state
-from ..ir.graph import Graph, input_name
+from ..ir.graph import Graph, Value, input_name
 from ..ir.printer import print_graph
 from ..ir.mesh import Mesh
 from .pad import PadReport, cut_array, pad_array
@@ -19,6 +19,37 @@ from ..ir.placement import Placement
 from .propagate import PropagationReport
 from .report import PlanReport
 from .strategies.base import ParsedStrategy, StrategyError
+
+
+@dataclass(frozen=True)
+class MicrobatchRepeat:
+    """A pipeline stage's one-microbatch template runs ``times`` times a step, but for the
+    values in ``once`` (made or reduced once per step); ``accumulated``: the param gradients
+    the microbatches sum (reduced once, after the last). Propagation prices the reshards of
+    the others ``times`` times."""
+
+    times: int
+    once: frozenset[Value]
+    accumulated: frozenset[Value]
+
+
+@dataclass(frozen=True)
+class TrackedPartition:
+    """What ``parallelize_spmd(..., track=True)`` made of each part of its input graph:
+    ``spans`` and ``value_map`` as ``partition_tracked`` returns them (for the placed copy),
+    ``node_origin``/``value_origin`` from the caller's nodes and values to the copy's, and the
+    placed ``copy`` itself."""
+
+    spans: Any
+    value_map: dict[Value, Value]
+    node_origin: dict[Any, Any]
+    value_origin: dict[Value, Value]
+    copy: Graph
+
+    def local_values(self) -> dict[Value, Value]:
+        """Each value of the caller's graph that the per-rank program holds -> its local value."""
+        return {v: self.value_map[c] for v, c in self.value_origin.items() if c in self.value_map}
+
 
 
 @dataclass
@@ -38,6 +69,9 @@ class ParallelProgram:
     # come out through the methods below have the real sizes).
     source: Graph | None = None
     padding: PadReport | None = None
+    # With parallelize_spmd(..., track=True) (a pipeline stage's template): what each node and
+    # value of the source became.
+    tracked: TrackedPartition | None = None
 
     @property
     def single_device(self) -> Graph:

@@ -16,12 +16,12 @@ from typing import Any, Mapping, Sequence
 
 from ..ir.diagnostics import given as _given
 from ..ir.graph import Graph, Value
+from ..ir.mesh import Mesh, MeshError
+from ..ir.placement import Placement, PlacementError
 from ..ir.printer import value_names
 from ..ops.registry import OPS
-from ..ir.mesh import Mesh, MeshError
 from .partition import partition_with_report
-from ..ir.placement import Placement, PlacementError
-from .program import ParallelProgram
+from .program import MicrobatchRepeat, ParallelProgram, TrackedPartition
 from .propagate import PropagationError, PropagationReport, propagate
 from .report import build_plan
 from .sharding import sharding_spec
@@ -115,8 +115,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
-                recompute: bool | str | None = None, unroll: bool = True, _track: bool = False,
-                _repeat: "tuple[int, set[Value], set[Value]] | None" = None) -> Any:
+                recompute: bool | str | None = None, unroll: bool = True) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
@@ -151,7 +150,6 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     """
     import time
 
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     _check_graph(graph)
     m = _mesh(mesh)
@@ -165,7 +163,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         return parallelize_pipeline(graph, m, s, annotations, microbatches=1 if microbatches is None else microbatches,
                                     schedule="1f1b" if schedule is None else schedule,
                                     virtual_stages=1 if virtual_stages is None else virtual_stages, stages=stages,
-                                    recompute=recompute, unroll=unroll, parallelize_stage=parallelize,
+                                    recompute=recompute, unroll=unroll, parallelize_stage=parallelize_spmd,
                                     allow_replication=allow_replication, bucket_mb=bucket_mb,
                                     first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch,
                                     gather_mb=gather_mb)
@@ -179,21 +177,40 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                             f"strategy='pp+{s}' on a mesh with a pp axis) or leave {pipeline_only[0]} out"
                             + ("; a step recomputes on any mesh when built with training_step(..., recompute=...)"
                                if "recompute" in pipeline_only else ""))
+    return parallelize_spmd(graph, m, s, annotations, allow_replication=allow_replication, bucket_mb=bucket_mb,
+                            first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch, gather_mb=gather_mb,
+                            started=t0)
+
+
+def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str | None",
+                     annotations: Mapping[str, str | Placement] | None = None, *,
+                     allow_replication: bool = False, bucket_mb: float | None = 25.0,
+                     first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
+                     gather_mb: float | None = 4.0, track: bool = False, repeat: MicrobatchRepeat | None = None,
+                     started: float | None = None) -> "ParallelProgram":
+    """The SPMD rewrite behind ``parallelize`` (no pipeline): annotate with the strategies,
+    propagate, partition, run the strategies' passes, bucket and order the collectives.
+    The pipeline driver calls it on each stage's template with ``track`` (the result's
+    ``tracked`` says what each caller's node and value became) and ``repeat`` (the
+    template's microbatch count, see MicrobatchRepeat). Options as ``parallelize``'s."""
+    import time
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter() if started is None else started
+    m = mesh
+    s = strategy if isinstance(strategy, ParsedStrategy) else _strategy(strategy, m)
     g = graph.clone()
-    # With _track, what each node and value of the caller's graph became in the copy (the
+    # With track, what each node and value of the caller's graph became in the copy (the
     # strategies rewrite the copy in place: its original nodes keep their identity).
     origin = None
-    if _track:
+    if track:
         origin = dict(zip(graph.nodes, g.nodes)), dict(zip(graph.values(), g.values()))
-    # _repeat=(M, once): ``graph`` is a pipeline stage's one-microbatch template, run M times
-    # a step but for the values in ``once`` (made or reduced once per step): propagation
-    # prices the reshards of the others M times.
-    repeat, once, acc = 1, set(), set()
-    if _repeat is not None:
+    times, once, acc = 1, set(), set()
+    if repeat is not None:
         to_copy = dict(zip(graph.values(), g.values()))
-        repeat = _repeat[0]
-        once = {to_copy[v] for v in _repeat[1] if v in to_copy}
-        acc = {to_copy[v] for v in _repeat[2] if v in to_copy}
+        times = repeat.times
+        once = {to_copy[v] for v in repeat.once if v in to_copy}
+        acc = {to_copy[v] for v in repeat.accumulated if v in to_copy}
     for v in g.values():
         v.placement = None
     g.mesh = m
@@ -235,7 +252,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     timings["annotate"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     try:
-        prop = propagate(g, sinks=list(ctx.sinks), repeat=repeat, once=once, accumulated=acc)
+        prop = propagate(g, sinks=list(ctx.sinks), repeat=times, once=once, accumulated=acc)
     except PropagationError as e:
         raise StrategyError(f"strategy {s}: {e}") from e
     if ctx.late:
@@ -244,7 +261,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         for v, p in ctx.late.items():
             v.placement = p
         try:
-            prop = propagate(g, repeat=repeat, once=once, accumulated=acc)
+            prop = propagate(g, repeat=times, once=once, accumulated=acc)
         except PropagationError as e:
             raise StrategyError(f"strategy {s}: {e}") from e
     timings["propagate"] = time.perf_counter() - t1
@@ -256,12 +273,13 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
             "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
     t2 = time.perf_counter()
     tracked = None
-    if _track:
+    if track:
         from .partition import partition_tracked
 
         local, part, spans, vmap = partition_tracked(g, prop.reshards,
                                                      real_sizes=ctx.padding.values if ctx.padding is not None else None)
-        tracked = (spans, vmap, origin, g)
+        assert origin is not None
+        tracked = TrackedPartition(spans, vmap, origin[0], origin[1], g)
     else:
         local, part = partition_with_report(g, prop.reshards,
                                             real_sizes=ctx.padding.values if ctx.padding is not None else None)
@@ -290,10 +308,7 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
                         for rep in (buckets, gathers) if rep is not None for b in rep.fused]
     plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
-    prog = ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding)
-    if tracked is not None:
-        prog.tracked = tracked  # type: ignore[attr-defined]
-    return prog
+    return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding, tracked=tracked)
 
 
 def _forced_replication(g: Graph, prop: PropagationReport) -> list[str]:

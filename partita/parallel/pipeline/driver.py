@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...ir.graph import Graph, Node, Value
 from ...ir.mesh import Mesh
 from ...ir.placement import Placement
+from ..program import MicrobatchRepeat
 from ..strategies.base import ParsedStrategy, StrategyError
 from .build import build_pipeline, check_microbatches, is_training
 from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
@@ -164,12 +165,12 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
             notes.update({k: p for k, p in user.items() if k in mine})
             try:
                 st = parallelize_stage(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None,
-                                       order=False, _track=True, _repeat=_template_repeat(rp, M), **spmd)
+                                       order=False, track=True, repeat=_template_repeat(rp, M), **spmd)
             except StrategyError as e:
                 raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
             local = st.local
-            spans, part_map, (node_origin, value_origin), copy = st.tracked
-            vmap = {v: part_map[c] for v, c in value_origin.items() if c in part_map}
+            spans, node_origin, copy = st.tracked.spans, st.tracked.node_origin, st.tracked.copy
+            vmap = st.tracked.local_values()
 
         def loc(v: Value) -> Value:
             return vmap[v] if vmap is not None else v
@@ -368,8 +369,8 @@ def _defer_grad_reductions(sections: dict[Node, tuple], chunk_grads: dict[int, l
             acc_values[nm] = x
 
 
-def _template_repeat(rp: Any, M: int) -> tuple[int, set[Value], set[Value]]:
-    """(M, once, accumulated) for the propagation of pp rank ``rp``'s one-microbatch template:
+def _template_repeat(rp: Any, M: int) -> MicrobatchRepeat:
+    """The microbatch repeat (M, once, accumulated) for the propagation of pp rank ``rp``'s one-microbatch template:
     its microbatch sections run M times a step; the once-per-step sections' values and the
     param gradients the microbatches accumulate (reduced once, after the last) do not; those
     gradients are summed each microbatch, at their local size."""
@@ -377,7 +378,7 @@ def _template_repeat(rp: Any, M: int) -> tuple[int, set[Value], set[Value]]:
     acc = {v for grads in rp.chunk_grads.values() for _, v in grads}
     once.update(acc)
     once.update(rp.acc_values.values())
-    return M, once, acc
+    return MicrobatchRepeat(M, frozenset(once), frozenset(acc))
 
 
 def _boundary_annotations(rp: Any, submesh: Mesh, dp_axis: str | None, dp: int,
