@@ -794,54 +794,54 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
 
 # --- passes -------------------------------------------------------------------------------------
 
+@dataclass
+class BucketSizeOptions:
+    """The options of the bucketing passes: the most MiB one fused collective holds."""
+
+    size_mb: float = 25.0
+
+    def __post_init__(self) -> None:
+        if not self.size_mb > 0 or math.isinf(self.size_mb):
+            raise ValueError(f"size-mb must be a positive number of MiB, got {self.size_mb}")
+
+
+class BucketingPass(Pass):
+    """A pass that fuses collectives into buckets with ``fuse(graph, size_mb)``; the report
+    of the last run is ``self.report``."""
+
+    Options = BucketSizeOptions
+    fuse: Callable[[Graph, float], BucketReport]
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.report: BucketReport | None = None
+
+    def run(self, graph: Graph) -> Graph:
+        self.report = type(self).fuse(graph, self.options.size_mb)
+        return graph
+
+
 @register_pass
-class BucketGradientsPass(Pass):
+class BucketGradientsPass(BucketingPass):
     """``bucket-gradients{size-mb=25.0}``: coalesce independent all_reduce / dim-0
-    reduce_scatter nodes into fused buckets (see ``bucket_gradients``). The report of the
-    last run is ``self.report``."""
+    reduce_scatter nodes into fused buckets (see ``bucket_gradients``)."""
 
     name = "bucket-gradients"
-
-    @dataclass
-    class Options:
-        size_mb: float = 25.0
-
-        def __post_init__(self) -> None:
-            if not self.size_mb > 0 or math.isinf(self.size_mb):
-                raise ValueError(f"size-mb must be a positive number of MiB, got {self.size_mb}")
-
-    def __init__(self, options=None) -> None:
-        super().__init__(options)
-        self.report: BucketReport | None = None
-
-    def run(self, graph: Graph) -> Graph:
-        self.report = bucket_gradients(graph, self.options.size_mb)
-        return graph
+    fuse = staticmethod(bucket_gradients)
 
 
 @register_pass
-class BucketGathersPass(Pass):
+class BucketGathersPass(BucketingPass):
     """``bucket-gathers{size-mb=4.0}``: fuse zero3's param all_gathers into buckets of at most
     ``size-mb`` MiB of gathered params, in the order the program reads them (see
-    ``bucket_gathers``). The report of the last run is ``self.report``."""
+    ``bucket_gathers``)."""
 
     name = "bucket-gathers"
+    fuse = staticmethod(bucket_gathers)
 
     @dataclass
-    class Options:
+    class Options(BucketSizeOptions):
         size_mb: float = 4.0
-
-        def __post_init__(self) -> None:
-            if not self.size_mb > 0 or math.isinf(self.size_mb):
-                raise ValueError(f"size-mb must be a positive number of MiB, got {self.size_mb}")
-
-    def __init__(self, options=None) -> None:
-        super().__init__(options)
-        self.report: BucketReport | None = None
-
-    def run(self, graph: Graph) -> Graph:
-        self.report = bucket_gathers(graph, self.options.size_mb)
-        return graph
 
 
 @register_pass
@@ -870,5 +870,5 @@ class OrderCollectivesPass(Pass):
 
 
 __all__ = ["Bucket", "BucketError", "BucketGradientsPass", "BucketReport", "CollectiveOrderError",
-           "BucketGathersPass", "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gathers", "bucket_gradients",
+           "BucketGathersPass", "BucketSizeOptions", "BucketingPass", "FUSION_RULES", "MB", "OrderCollectivesPass", "bucket_gathers", "bucket_gradients",
            "check_collective_order", "order_collectives"]
