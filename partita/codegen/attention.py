@@ -666,7 +666,7 @@ class PreparedAttention:
         if nt == 1:
             self.fn(p, 0, self.pairs, 0)
         else:
-            from .gemm import split_on_team
+            from .cpu import split_on_team
 
             split_on_team(self.fn, p, self.pairs, nt)
         return out, lse

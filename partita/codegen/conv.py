@@ -37,7 +37,8 @@ import threading
 from typing import Any
 
 from ..ops._lazy import torch
-from .gemm import GemmConfig, choose, gemm_configs, pack_b, split_on_team
+from .cpu import split_on_team
+from .gemm import GemmConfig, choose, gemm_configs, pack_b
 from .jit import jit
 from .lowering import vector_width
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from ..ops._lazy import torch
 from .jit import jit
-from .cpu import kernel_pool, l2_bytes
+from .cpu import LAUNCHERS, kernel_pool, l2_bytes, launcher, launcher_ir
 from .lowering import vector_width
 from .mathlib import declarations, f32
 
@@ -746,47 +746,7 @@ class PreparedGemm:
             f.result()
 
 
-# --- threads: the split run on torch's own OpenMP team ------------------------------------------
-
-# A GEMM split between threads runs on the OpenMP team torch's parallel ops use (libgomp's
-# GOMP_parallel, the team of the calling thread): a second pool of Python-started threads beside
-# it would compete with the team's workers, which spin for a while after each of torch's
-# parallel ops (with 2 threads, 1.2 to 1.8x slower than one thread on the transformers).
-
-def _launcher_ir(name: str, fields: list[str], count: str, body: list[str], call: str) -> str:
-    """The IR of ``name(ptr data, i64 nt)``, which runs ``call`` once on each thread of a team of
-    nt: ``data`` holds the i64s ``fields`` (each loaded as ``%<field>``; ``fnv`` is the kernel's
-    address, called as ``%fn``), and thread ``%tid`` of ``%nt`` gets ``[%lo, %hi)``, its even
-    share of ``[0, %<count>)``; the ``body`` lines run before the call."""
-    lines = ["declare void @GOMP_parallel(ptr, ptr, i32, i32)",
-             "declare i32 @omp_get_thread_num()",
-             "declare i32 @omp_get_num_threads()",
-             f"define internal void @{name}_body(ptr %d) nounwind {{",
-             "entry:",
-             "  %tid32 = call i32 @omp_get_thread_num()",
-             "  %nt32 = call i32 @omp_get_num_threads()",
-             "  %tid = zext i32 %tid32 to i64",
-             "  %nt = zext i32 %nt32 to i64"]
-    for i, f in enumerate(fields):
-        lines += [f"  %{f}.p = getelementptr inbounds i64, ptr %d, i64 {i}", f"  %{f} = load i64, ptr %{f}.p, align 8"]
-    lines += [f"  %lo0 = mul i64 %{count}, %tid",
-              "  %lo = udiv i64 %lo0, %nt",
-              "  %tid1 = add i64 %tid, 1",
-              f"  %hi0 = mul i64 %{count}, %tid1",
-              "  %hi = udiv i64 %hi0, %nt",
-              "  %fn = inttoptr i64 %fnv to ptr",
-              *body,
-              f"  call void %fn({call})",
-              "  ret void",
-              "}",
-              f"define void @{name}(ptr %d, i64 %nt) nounwind {{",
-              "entry:",
-              "  %nt32 = trunc i64 %nt to i32",
-              f"  call void @GOMP_parallel(ptr @{name}_body, ptr %d, i32 %nt32, i32 0)",
-              "  ret void",
-              "}"]
-    return "\n".join(lines) + "\n"
-
+# --- threads: the GEMM's split on torch's OpenMP team (the launchers are codegen/cpu.py's) -------
 
 # The GEMM's launcher: data = the driver's arguments with the workspace's base and bytes per
 # thread, the panel count and the driver's address; thread tid takes its share of the panels and
@@ -800,93 +760,13 @@ _GEMM_BODY = ["  %hasws = icmp ne i64 %ws, 0",
 _GEMM_CALL = ("ptr %ax, i64 %lda, i64 %sak, ptr %bpx, ptr %biasx, ptr %cx, i64 %ldc, i64 %m, i64 %n, i64 %k, "
               "ptr %wsvx, i64 %lo, i64 %hi, i64 %mcx")
 
-_GOMP: bool | None = None
-# Set to False, these make the splits use the Python pool, as where libgomp is missing (tests).
-_OMP: Any = None     # the GEMM's split
-_SPLIT: Any = None   # split_on_team and split_pointers_on_team
-_LAUNCHERS: dict[str, Any] = {}   # compiled launchers by name (None: it did not compile)
-_PSPLIT: dict[str, Any] = {}      # those of split_pointers_on_team, one per pointer count
-
-
-def _gomp() -> bool:
-    """Whether libgomp is loaded in this process (torch's OpenMP runtime), its entry points
-    made known to the JIT."""
-    global _GOMP
-    if _GOMP is None:
-        _GOMP = False
-        try:
-            path = None
-            with open("/proc/self/maps") as f:
-                for line in f:
-                    if "libgomp" in line:
-                        path = line.split()[-1]
-                        break
-            if path is not None:
-                lib = ctypes.CDLL(path)
-                j = jit()
-                for sym in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads"):
-                    j.llvm.add_symbol(sym, ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value)
-                _GOMP = True
-        except Exception:  # no libgomp (another OpenMP runtime): the Python pool splits instead
-            _GOMP = False
-    return _GOMP
-
-
-def _launcher(cache: dict[str, Any], name: str, ir: Callable[[], str]) -> Any:
-    """The compiled launcher ``name(data, nthreads)`` (its IR made by ``ir`` on first use and
-    kept in ``cache``), or None without libgomp in this process or where it does not compile."""
-    if not _gomp():
-        return None
-    with _LOCK:
-        if name not in cache:
-            try:
-                cache[name] = jit().kernel(name, ir(), 0, argtypes=[ctypes.c_void_p, ctypes.c_int64]).fn
-            except Exception:
-                cache[name] = None
-        return cache[name]
+# Set to False, this makes the GEMM's split use the Python pool, as where libgomp is missing (tests).
+_OMP: Any = None
 
 
 def _omp_launcher() -> Any:
     """``pt_gemm_omp(data, nthreads)``, or None (the Python pool splits)."""
     if _OMP is False:
         return None
-    return _launcher(_LAUNCHERS, "pt_gemm_omp",
-                     lambda: _launcher_ir("pt_gemm_omp", _GEMM_FIELDS, "np", _GEMM_BODY, _GEMM_CALL))
-
-
-def split_pointers_on_team(fn: Any, addrs: list[int], outer: int, nt: int) -> bool:
-    """Run a fused kernel ``fn(*addrs, lo, hi)`` over [0, outer) in ``nt`` even shares on
-    torch's OpenMP team; False (nothing run) where libgomp is not loaded, so the caller splits
-    on its own pool."""
-    n = len(addrs)
-    name = f"pt_psplit{n}"
-
-    def ir() -> str:
-        fields = ["fnv", "outer"] + [f"v{i}" for i in range(n)]
-        body = [f"  %p{i} = inttoptr i64 %v{i} to ptr" for i in range(n)]
-        call = ", ".join([f"ptr %p{i}" for i in range(n)] + ["i64 %lo", "i64 %hi"])
-        return _launcher_ir(name, fields, "outer", body, call)
-
-    launch = None if _SPLIT is False else _launcher(_PSPLIT, name, ir)
-    if launch is None:
-        return False
-    data = (ctypes.c_int64 * (n + 2))(ctypes.cast(fn, ctypes.c_void_p).value or 0, outer, *addrs)
-    launch(ctypes.addressof(data), nt)
-    return True
-
-
-def split_on_team(fn: Any, params: Any, n: int, nt: int) -> None:
-    """Run ``fn(params, lo, hi, tid)`` over [0, n) in ``nt`` even shares: on torch's OpenMP
-    team where libgomp is loaded, else on the Python pool (ctypes releases the GIL)."""
-    launch = None if _SPLIT is False else _launcher(_LAUNCHERS, "pt_split_omp", lambda: _launcher_ir(
-        "pt_split_omp", ["fnv", "pv", "n"], "n", ["  %pp = inttoptr i64 %pv to ptr"], "ptr %pp, i64 %lo, i64 %hi, i64 %tid"))
-    if launch is not None:
-        data = (ctypes.c_int64 * 3)(ctypes.cast(fn, ctypes.c_void_p).value or 0, ctypes.addressof(params), n)
-        launch(ctypes.addressof(data), nt)
-        return
-    bounds = [n * i // nt for i in range(nt + 1)]
-    pool = kernel_pool(nt - 1)
-    futs = [pool.submit(fn, params, bounds[i], bounds[i + 1], i) for i in range(1, nt)]
-    fn(params, bounds[0], bounds[1], 0)
-    for f in futs:
-        f.result()
+    return launcher(LAUNCHERS, "pt_gemm_omp",
+                     lambda: launcher_ir("pt_gemm_omp", _GEMM_FIELDS, "np", _GEMM_BODY, _GEMM_CALL))

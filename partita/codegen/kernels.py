@@ -114,7 +114,7 @@ def _run_parallel(fn, addrs: list[int], outer: int, nt: int) -> None:
     """The outermost loop split into nt even shares: on torch's OpenMP team where libgomp is
     loaded (a pool of Python-started threads beside it competes with the team's spinning
     workers), else on the pool."""
-    from .gemm import split_pointers_on_team
+    from .cpu import split_pointers_on_team
 
     if split_pointers_on_team(fn, addrs, outer, nt):
         return

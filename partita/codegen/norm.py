@@ -470,7 +470,7 @@ class PreparedNorm:
         if nt <= 1:
             self.fn(p, 0, self.rows, 0)
         else:
-            from .gemm import split_on_team
+            from .cpu import split_on_team
 
             split_on_team(self.fn, p, self.rows, nt)
         return (y, s) if self.residual else y

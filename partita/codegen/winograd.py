@@ -38,8 +38,8 @@ from typing import Any
 
 from ..ops._lazy import torch
 from .conv import MAX_CHANNELS, MAX_PADDING, conv_dims, micro_step, tile_for
-from .cpu import l2_bytes
-from .gemm import GemmConfig, pack_b, split_on_team
+from .cpu import l2_bytes, split_on_team
+from .gemm import GemmConfig, pack_b
 from .jit import jit
 from .lowering import vector_width
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from partita.codegen import attention as A
-from partita.codegen import gemm as G
+from partita.codegen import cpu
 
 
 def _reference(q, k, v, mask, causal, scale):
@@ -115,7 +115,7 @@ def test_two_threads_agree_with_one_on_the_team_and_on_the_pool(monkeypatch):
         one = [t.clone() for t in pa(q, k, v)]
         torch.set_num_threads(2)
         two = pa(q, k, v)
-        monkeypatch.setattr(G, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
+        monkeypatch.setattr(cpu, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
         pool = pa(q, k, v)
     finally:
         torch.set_num_threads(old)

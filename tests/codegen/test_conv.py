@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from partita.codegen import conv as K
-from partita.codegen import gemm as G
+from partita.codegen import cpu
 from partita.codegen import library as lib
 
 
@@ -101,7 +101,7 @@ def test_two_threads_agree_with_one_on_the_team_and_on_the_pool(monkeypatch):
         one = pc(x, wp).clone()
         torch.set_num_threads(2)
         two = pc(x, wp).clone()
-        monkeypatch.setattr(G, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
+        monkeypatch.setattr(cpu, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
         pool = pc(x, wp)
     finally:
         torch.set_num_threads(old)

@@ -240,10 +240,10 @@ def test_clamp_chain_is_one_kernel_and_bit_exact():
 @pytest.mark.parametrize("team", [True, False])
 def test_two_threads_split_the_outer_loop(team, monkeypatch):
     # team: torch's OpenMP team (libgomp); else the Python pool, as without libgomp
-    from partita.codegen import gemm
+    from partita.codegen import cpu
 
     if not team:
-        monkeypatch.setattr(gemm, "_SPLIT", False)
+        monkeypatch.setattr(cpu, "_SPLIT", False)
     b = Builder()
     x = b.input("x", TensorType((300, 513), DTYPES["f32"]))
     y = b.input("y", TensorType((513,), DTYPES["f32"]))
@@ -259,8 +259,8 @@ def test_two_threads_split_the_outer_loop(team, monkeypatch):
     finally:
         torch.set_num_threads(old)
     assert torch.equal(one, two)
-    if team and gemm._gomp():
-        assert gemm._PSPLIT        # the split ran on a launcher of the team
+    if team and cpu.gomp_loaded():
+        assert cpu._PSPLIT        # the split ran on a launcher of the team
 
 
 def test_non_contiguous_operand_is_read_right():

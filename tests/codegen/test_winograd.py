@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from partita.codegen import gemm as G
+from partita.codegen import cpu
 from partita.codegen import library as lib
 from partita.codegen import winograd as W
 from partita.codegen.gemm import GemmConfig
@@ -130,7 +130,7 @@ def test_two_threads_agree_with_one_on_the_team_and_on_the_pool(monkeypatch):
         one = _run(2, 32, 32, 12, 12, 1, "relu", tb=8)
         torch.set_num_threads(2)
         two = _run(2, 32, 32, 12, 12, 1, "relu", tb=8)
-        monkeypatch.setattr(G, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
+        monkeypatch.setattr(cpu, "_SPLIT", False)    # as on a machine whose torch uses no libgomp
         pool = _run(2, 32, 32, 12, 12, 1, "relu", tb=8)
     finally:
         torch.set_num_threads(threads)
