@@ -12,6 +12,7 @@ are applied after the strategies and win over them.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..ir.diagnostics import given as _given
@@ -182,35 +183,100 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
                             started=t0)
 
 
+@dataclass
+class SpmdPartition:
+    """The SPMD rewrite up to the per-rank program (``partition_spmd``): the placed copy of the
+    global graph, what placed it, and the per-rank program the strategies' passes start from."""
+
+    graph: Graph                    # the copy of the caller's graph, every value placed
+    local: Graph                    # the per-rank program, before the strategies' passes
+    mesh: Mesh
+    strategy: ParsedStrategy
+    ctx: AnnotationContext
+    prop: PropagationReport
+    part: Any                       # partition's report
+    forced: list[str]               # ops replicated for want of a sharding rule
+    timings: dict[str, float]
+    started: float
+    tracked: TrackedPartition | None = None
+
+
 def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str | None",
                      annotations: Mapping[str, str | Placement] | None = None, *,
                      allow_replication: bool = False, bucket_mb: float | None = 25.0,
                      first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                      gather_mb: float | None = 4.0, track: bool = False, repeat: MicrobatchRepeat | None = None,
                      started: float | None = None) -> "ParallelProgram":
-    """The SPMD rewrite behind ``parallelize`` (no pipeline): annotate with the strategies,
-    propagate, partition, run the strategies' passes, bucket and order the collectives.
-    The pipeline driver calls it on each stage's template with ``track`` (the result's
-    ``tracked`` says what each caller's node and value became) and ``repeat`` (the
-    template's microbatch count, see MicrobatchRepeat). Options as ``parallelize``'s."""
+    """The SPMD rewrite behind ``parallelize`` (no pipeline), in four named stages:
+    ``partition_spmd`` (annotate, propagate, partition), the strategies' passes, the
+    collectives bucketed and ordered, and the plan. The pipeline driver calls it on each
+    stage's template with ``track`` (the result's ``tracked`` says what each caller's node and
+    value became) and ``repeat`` (the template's microbatch count, see MicrobatchRepeat).
+    Options as ``parallelize``'s."""
+    sp = partition_spmd(graph, mesh, strategy, annotations, allow_replication=allow_replication, track=track,
+                        repeat=repeat, started=started)
+    local = run_strategy_passes(sp)
+    buckets, gathers = bucket_and_order(local, sp.timings, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb,
+                                        order=order, prefetch=prefetch, gather_mb=gather_mb)
+    return finish_program(sp, local, graph, buckets, gathers)
+
+
+def partition_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str | None",
+                   annotations: Mapping[str, str | Placement] | None = None, *, allow_replication: bool = False,
+                   track: bool = False, repeat: MicrobatchRepeat | None = None,
+                   started: float | None = None) -> SpmdPartition:
+    """Annotate a copy of ``graph`` with the strategies and ``annotations``, propagate the
+    placements, refuse (unless ``allow_replication``) an op the strategy would replicate, and
+    partition it into the per-rank program."""
     import time
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter() if started is None else started
-    m = mesh
-    s = strategy if isinstance(strategy, ParsedStrategy) else _strategy(strategy, m)
+    s = strategy if isinstance(strategy, ParsedStrategy) else _strategy(strategy, mesh)
     g = graph.clone()
     # With track, what each node and value of the caller's graph became in the copy (the
     # strategies rewrite the copy in place: its original nodes keep their identity).
-    origin = None
-    if track:
-        origin = dict(zip(graph.nodes, g.nodes)), dict(zip(graph.values(), g.values()))
-    times, once, acc = 1, set(), set()
-    if repeat is not None:
-        to_copy = dict(zip(graph.values(), g.values()))
-        times = repeat.times
-        once = {to_copy[v] for v in repeat.once if v in to_copy}
-        acc = {to_copy[v] for v in repeat.accumulated if v in to_copy}
+    origin = (dict(zip(graph.nodes, g.nodes)), dict(zip(graph.values(), g.values()))) if track else None
+    times, once, acc = _repeat_in_copy(graph, g, repeat)
+    ctx = annotate(g, mesh, s, annotations, graph.name)
+    timings["annotate"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    prop = _propagate(g, ctx, s, times, once, acc)
+    timings["propagate"] = time.perf_counter() - t1
+    forced = _forced_replication(g, prop)
+    if forced and not allow_replication and s:
+        raise StrategyError(
+            f"strategy {s} on {mesh}: {forced[0]}; the op has no sharding rule, so every rank would gather its "
+            "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
+            "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
+    t2 = time.perf_counter()
+    real_sizes = ctx.padding.values if ctx.padding is not None else None
+    tracked = None
+    if origin is not None:
+        from .partition import partition_tracked
+
+        local, part, spans, vmap = partition_tracked(g, prop.reshards, real_sizes=real_sizes)
+        tracked = TrackedPartition(spans, vmap, origin[0], origin[1], g)
+    else:
+        local, part = partition_with_report(g, prop.reshards, real_sizes=real_sizes)
+    timings["partition"] = time.perf_counter() - t2
+    return SpmdPartition(g, local, mesh, s, ctx, prop, part, forced, timings, t0, tracked)
+
+
+def _repeat_in_copy(graph: Graph, g: Graph, repeat: MicrobatchRepeat | None) -> tuple[int, set, set]:
+    """``repeat``'s microbatch count and its once-per-step and accumulated values, as values
+    of the copy ``g`` of ``graph``."""
+    if repeat is None:
+        return 1, set(), set()
+    to_copy = dict(zip(graph.values(), g.values()))
+    return (repeat.times, {to_copy[v] for v in repeat.once if v in to_copy},
+            {to_copy[v] for v in repeat.accumulated if v in to_copy})
+
+
+def annotate(g: Graph, m: Mesh, s: ParsedStrategy, annotations: Mapping[str, str | Placement] | None,
+             name: str) -> AnnotationContext:
+    """Clear ``g``'s placements and place the values the strategies and the user's
+    ``annotations`` name (the user's win); ``name`` is the caller's graph name, for errors."""
     for v in g.values():
         v.placement = None
     g.mesh = m
@@ -220,14 +286,14 @@ def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str |
     for st in s.annotation_order():
         st.annotate(ctx)
     if annotations:
-        names = {name: v for v, name in value_names(g).items()}
-        for name, text in annotations.items():
-            key = name.lstrip("%")
+        names = {nm: v for v, nm in value_names(g).items()}
+        for key_text, text in annotations.items():
+            key = key_text.lstrip("%")
             if key not in names:
                 near = difflib.get_close_matches(key, list(names), n=3)
                 hint = f"; did you mean {', '.join('%' + x for x in near)}?" if near else \
                     "; value names are as print_graph prints them"
-                raise StrategyError(f"annotation on %{key}: @{graph.name} has no value of that name{hint}")
+                raise StrategyError(f"annotation on %{key}: @{name} has no value of that name{hint}")
             v = names[key]
             p = parse_placement(text, v.type.rank, f"annotation on %{key}")
             try:
@@ -249,8 +315,13 @@ def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str |
             ctx.late[new] = ctx.fixed[old]
     for v, p in ctx.fixed.items():
         v.placement = p
-    timings["annotate"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    return ctx
+
+
+def _propagate(g: Graph, ctx: AnnotationContext, s: ParsedStrategy, times: int, once: set,
+               acc: set) -> PropagationReport:
+    """Propagate the annotated placements over ``g``; with late placements (updated params
+    kept in their input's placement) a second run settles them."""
     try:
         prop = propagate(g, sinks=list(ctx.sinks), repeat=times, once=once, accumulated=acc)
     except PropagationError as e:
@@ -264,33 +335,30 @@ def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str |
             prop = propagate(g, repeat=times, once=once, accumulated=acc)
         except PropagationError as e:
             raise StrategyError(f"strategy {s}: {e}") from e
-    timings["propagate"] = time.perf_counter() - t1
-    forced = _forced_replication(g, prop)
-    if forced and not allow_replication and s:
-        raise StrategyError(
-            f"strategy {s} on {m}: {forced[0]}; the op has no sharding rule, so every rank would gather its "
-            "operands whole. Add a rule for it in partita/parallel/sharding.py, or pass allow_replication=True "
-            "to accept the gather" + (f" ({len(forced)} such ops)" if len(forced) > 1 else ""))
-    t2 = time.perf_counter()
-    tracked = None
-    if track:
-        from .partition import partition_tracked
+    return prop
 
-        local, part, spans, vmap = partition_tracked(g, prop.reshards,
-                                                     real_sizes=ctx.padding.values if ctx.padding is not None else None)
-        assert origin is not None
-        tracked = TrackedPartition(spans, vmap, origin[0], origin[1], g)
-    else:
-        local, part = partition_with_report(g, prop.reshards,
-                                            real_sizes=ctx.padding.values if ctx.padding is not None else None)
-    timings["partition"] = time.perf_counter() - t2
-    for st in s.annotation_order():
-        for ps in st.passes(ctx):
+
+def run_strategy_passes(sp: SpmdPartition) -> Graph:
+    """The strategies' own passes on the per-rank program, in each strategy's order, timed."""
+    import time
+
+    local = sp.local
+    for st in sp.strategy.annotation_order():
+        for ps in st.passes(sp.ctx):
             t = time.perf_counter()
             local = ps.run(local)
-            timings[ps.name] = timings.get(ps.name, 0.0) + time.perf_counter() - t
-    buckets = None
-    gathers = None
+            sp.timings[ps.name] = sp.timings.get(ps.name, 0.0) + time.perf_counter() - t
+    return local
+
+
+def bucket_and_order(local: Graph, timings: dict[str, float], *, bucket_mb: float | None,
+                     first_bucket_mb: float | None, order: bool, prefetch: int,
+                     gather_mb: float | None) -> tuple[Any, Any]:
+    """``bucket-gradients``, ``bucket-gathers`` and ``order-collectives`` on the per-rank
+    program, as the options ask; their reports (None where not run)."""
+    import time
+
+    buckets = gathers = None
     if bucket_mb is not None or order or gather_mb is not None:
         from .bucket import bucket_gathers, bucket_gradients, order_collectives
 
@@ -302,13 +370,24 @@ def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str |
         if order:
             order_collectives(local, prefetch)
         timings["bucket+order"] = time.perf_counter() - t3
-    timings["total"] = time.perf_counter() - t0
-    plan = build_plan(g, local, m, str(s), prop, part, ctx.notes + [f"replicated: {f}" for f in forced], timings)
+    return buckets, gathers
+
+
+def finish_program(sp: SpmdPartition, local: Graph, source: Graph, buckets: Any, gathers: Any) -> "ParallelProgram":
+    """The plan (with the buckets made) and the ParallelProgram of the finished per-rank
+    program ``local``; ``source`` is the caller's graph."""
+    import time
+
+    sp.timings["total"] = time.perf_counter() - sp.started
+    g, m, s = sp.graph, sp.mesh, sp.strategy
+    plan = build_plan(g, local, m, str(s), sp.prop, sp.part, sp.ctx.notes + [f"replicated: {f}" for f in sp.forced],
+                      sp.timings)
     if buckets is not None or gathers is not None:
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
                         for rep in (buckets, gathers) if rep is not None for b in rep.fused]
     plan.program_collectives = sum(1 for n in local.nodes if OPS[n.op].collective is not None)
-    return ParallelProgram(g, local, m, s, plan, prop, part, source=graph, padding=ctx.padding, tracked=tracked)
+    return ParallelProgram(g, local, m, s, plan, sp.prop, sp.part, source=source, padding=sp.ctx.padding,
+                           tracked=sp.tracked)
 
 
 def _forced_replication(g: Graph, prop: PropagationReport) -> list[str]:
