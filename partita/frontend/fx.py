@@ -35,7 +35,7 @@ from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from . import FrontendError
 from .torch_export import ATEN_TO_PARTITA, AtenConverter, Conv, Unsupported, convert_call, tensor_type_of, wrap_dim
-from .torch_export import emit_concat, emit_layer_norm, ntuple
+from .torch_export import emit_concat, emit_layer_norm, ntuple, repeat_kv
 from .torch_export import decomposition_table as _export_decompositions, linearize_index
 
 aten = torch.ops.aten
@@ -247,20 +247,50 @@ def _index_add(cx: _FxConverter, x: Value, dim: int, index: Value, src: Value, a
 
 def _flash_attention(cx: _FxConverter, q: Value, k: Value, v: Value, dropout_p: float = 0.0,
                      is_causal: bool = False, *, attn_mask: Value | None = None, scale: float | None = None) -> tuple:
+    """The CPU flash attention as ``attention`` (out and logsumexp). Grouped-query attention
+    (``enable_gqa``: fewer key/value heads than query heads) repeats each key/value head for
+    its group of query heads first, as the torch.export path does."""
     if dropout_p:
         raise Unsupported("attention with dropout_p > 0")
+    k, v = _grouped(cx, q, k), _grouped(cx, q, v)
     operands = [q, k, v] + ([attn_mask] if attn_mask is not None else [])
     out, lse = cx.emit("attention", *operands, scale=scale, causal=bool(is_causal))
     return (out, lse)
 
 
+def _grouped(cx: _FxConverter, q: Value, kv: Value) -> Value:
+    """``kv`` with its heads repeated to q's (grouped-query attention), or as it is."""
+    heads, kv_heads = q.type.shape[-3], kv.type.shape[-3]
+    if kv.type.rank < 3 or heads == kv_heads:
+        return kv
+    if kv_heads == 0 or heads % kv_heads:
+        raise Unsupported(f"attention with {heads} query heads and {kv_heads} key/value heads: grouped-query "
+                          "attention needs the query heads to be a multiple of the key/value heads")
+    return repeat_kv(cx, kv, heads)
+
+
+def _ungrouped(cx: _FxConverter, grad: Value, kv: Value) -> Value:
+    """The gradient of a repeated key/value (``_grouped``) summed back over each group of
+    query heads, to ``kv``'s shape."""
+    if grad.type.shape == kv.type.shape:
+        return grad
+    *lead, heads, sl, e = grad.type.shape
+    kv_heads = kv.type.shape[-3]
+    g = cx.emit("reshape", grad, shape=(*lead, kv_heads, heads // kv_heads, sl, e))
+    return cx.emit("sum", g, axes=(len(lead) + 1,), keepdim=False)
+
+
 def _flash_attention_backward(cx: _FxConverter, dout: Value, q: Value, k: Value, v: Value, out: Value, lse: Value,
                               dropout_p: float, is_causal: bool, *, attn_mask: Value | None = None,
                               scale: float | None = None) -> tuple:
+    """``attention_grad``: dq, dk, dv; with grouped key/value heads the gradients of the
+    repeated heads are summed back over each group."""
     if dropout_p:
         raise Unsupported("attention backward with dropout_p > 0")
-    operands = [dout, q, k, v, out, lse] + ([attn_mask] if attn_mask is not None else [])
-    return tuple(cx.emit("attention_grad", *operands, scale=scale, causal=bool(is_causal)))
+    kr, vr = _grouped(cx, q, k), _grouped(cx, q, v)
+    operands = [dout, q, kr, vr, out, lse] + ([attn_mask] if attn_mask is not None else [])
+    dq, dk, dv = cx.emit("attention_grad", *operands, scale=scale, causal=bool(is_causal))
+    return (dq, _ungrouped(cx, dk, k), _ungrouped(cx, dv, v))
 
 
 def _cat(cx: _FxConverter, tensors: Sequence[Value], dim: int = 0) -> Value:

@@ -617,7 +617,7 @@ def _sdpa(cx: AtenConverter, q: Value, k: Value, v: Value, attn_mask: Value | No
     if dropout_p:
         raise Unsupported("aten.scaled_dot_product_attention: dropout_p > 0 is not supported (use eval mode)")
     if enable_gqa and k.type.shape[-3] != q.type.shape[-3]:
-        k, v = _repeat_kv(cx, k, q.type.shape[-3]), _repeat_kv(cx, v, q.type.shape[-3])
+        k, v = repeat_kv(cx, k, q.type.shape[-3]), repeat_kv(cx, v, q.type.shape[-3])
     operands = [q, k, v] + ([attn_mask] if attn_mask is not None else [])
     attrs = {"scale": scale, "causal": bool(is_causal)}
     attention = OPS["attention"]
@@ -722,7 +722,7 @@ def _sdpa_spelled_out(cx: AtenConverter, q: Value, k: Value, v: Value, attn_mask
     return cx.emit("matmul", p, v)
 
 
-def _repeat_kv(cx: AtenConverter, x: Value, heads: int) -> Value:
+def repeat_kv(cx: AtenConverter, x: Value, heads: int) -> Value:
     """[B, Hkv, S, E] -> [B, H, S, E]: query head h reads key/value head h // (H / Hkv)."""
     *lead, hkv, sl, e = x.type.shape
     y = cx.emit("unsqueeze", x, axes=(len(lead) + 1,))

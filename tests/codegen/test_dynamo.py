@@ -209,6 +209,41 @@ def test_gpt2_gradients_equal_eager():
     assert {"attention", "attention_grad", "index_add"} <= ops
 
 
+def small_qwen2():
+    """A grouped-query decoder: 4 query heads over 2 key/value heads."""
+    cfg = transformers.Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return transformers.Qwen2ForCausalLM(cfg)
+
+
+def test_grouped_query_decoder_called_with_its_cache_equals_eager():
+    # use_cache=True, the default: the key/value heads reach the flash kernel ungrouped
+    torch.manual_seed(0)
+    model = small_qwen2().eval()
+    ids = torch.randint(0, 100, (2, 16))
+    compiled = torch.compile(model, backend="partita")
+    with torch.no_grad():
+        out = compiled(input_ids=ids)
+        ref = model(input_ids=ids)
+    assert rel(out.logits, ref.logits) <= 1e-5
+    assert_all_compiled(1)
+
+
+def test_grouped_query_decoder_gradients_equal_eager():
+    torch.manual_seed(0)
+    model = small_qwen2().train()
+    eager = copy.deepcopy(model)
+    ids = torch.randint(0, 100, (2, 16))
+    compiled = torch.compile(model, backend="partita")
+    out = compiled(input_ids=ids, labels=ids)
+    out.loss.backward()
+    ref = eager(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    assert rel(out.loss, ref.loss) <= 1e-5
+    assert_grads_equal(model, eager)
+    assert pd.stats().fallbacks == 0, pd.stats().report()
+
+
 def test_dropout_draws_the_masks_eager_draws():
     """Dropout's mask becomes a graph input drawn with torch's generator on each call: the
     same seed gives eager's mask, and a new call a new one."""
