@@ -45,7 +45,7 @@ KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("partita.runtime.launch", "_spawn"): 205,
     ("partita.codegen.gemm", "gemm_ir.micro_fn"): 180,
     ("partita.codegen.norm", "norm_ir"): 168,
-    ("partita.frontend.onnx_nn", "_attention"): 166,
+    ("partita.frontend.onnx.nn", "_attention"): 166,
     ("partita.parallel.pipeline.driver", "parallelize_pipeline"): 157,
     ("partita.codegen.lowering", "lower"): 151,
 }

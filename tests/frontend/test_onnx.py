@@ -310,7 +310,7 @@ def test_result_type_disagreeing_with_onnx_inference_is_caught(monkeypatch):
 def test_backend_interface_run_node_and_run_model():
     """run_node wraps one NodeProto in a model; run_model takes inputs by position or by
     ONNX name; both executors agree; devices other than the CPU are refused."""
-    from partita.frontend.onnx_backend import PartitaBackend, PartitaTorchBackend
+    from partita.frontend.onnx.backend import PartitaBackend, PartitaTorchBackend
 
     a, b = _rand(3, 4), _rand(4)
     node = helper.make_node("Sub", ["a", "b"], ["y"])

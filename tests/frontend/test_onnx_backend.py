@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import onnx.backend.test  # noqa: E402
 import onnx.backend.test.case.node as _node_cases  # noqa: E402
 
-from partita.frontend.onnx_backend import (  # noqa: E402
+from partita.frontend.onnx.backend import (  # noqa: E402
     OUT_OF_SCOPE, PartitaBackend, PartitaTorchBackend, claimed_node_cases, conformance, correct_to_spec)
 
 # Cases of claimed op types outside what partita claims (strings, sequences, another library's
@@ -44,7 +44,7 @@ def claimed_cases() -> dict[str, str]:
 
 CASES = claimed_cases()
 # Cases whose generated expected outputs contradict the ONNX specification (SPEC_CORRECTED in
-# partita.frontend.onnx_backend, with the reasons) are compared with the specification's values.
+# partita.frontend.onnx.backend, with the reasons) are compared with the specification's values.
 CORRECTED = correct_to_spec(_node_cases._NodeTestCases)  # noqa: SLF001
 for _pattern in KNOWN_FAILURES:
     backend_test.xfail(_pattern)

@@ -1,4 +1,4 @@
-"""ONNX's indexing, reduction and layout operators (partita/frontend/onnx_index.py): what the
+"""ONNX's indexing, reduction and layout operators (partita/frontend/onnx/index.py): what the
 node cases leave out: attribute defaults, negative indices, runtime operands that are fine
 (ReverseSequence's lengths, OneHot's values) and the errors for what partita cannot express."""
 

@@ -1,4 +1,4 @@
-"""ONNX's elementwise math, activation, logic and bitwise op types (partita/frontend/onnx_math.py):
+"""ONNX's elementwise math, activation, logic and bitwise op types (partita/frontend/onnx/math.py):
 what ONNX's node cases do not cover (attribute defaults, u16/u32 values, errors), checked
 against onnxruntime on both executors."""
 

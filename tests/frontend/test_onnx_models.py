@@ -20,7 +20,7 @@ import onnx.backend.test  # noqa: E402
 
 import re  # noqa: E402
 
-from partita.frontend.onnx_backend import (  # noqa: E402
+from partita.frontend.onnx.backend import (  # noqa: E402
     MODEL_KINDS,
     PartitaTorchBackend,
     model_conformance,
@@ -94,7 +94,7 @@ def test_backend_upgrades_old_opsets_only():
     import numpy as np
     from onnx import TensorProto, helper
 
-    from partita.frontend.onnx_backend import upgrade_opset
+    from partita.frontend.onnx.backend import upgrade_opset
 
     graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],

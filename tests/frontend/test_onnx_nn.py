@@ -1,4 +1,4 @@
-"""ONNX neural-network op types (partita/frontend/onnx_nn.py) beyond ONNX's node cases:
+"""ONNX neural-network op types (partita/frontend/onnx/nn.py) beyond ONNX's node cases:
 attributes and forms those cases leave out, checked against onnxruntime on both executors,
 and the import errors that name what partita cannot express."""
 
@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import helper, numpy_helper  # noqa: E402
 
 from partita.frontend.onnx import OnnxImportError, import_onnx  # noqa: E402
-from partita.frontend.onnx_backend import PartitaBackend, PartitaTorchBackend  # noqa: E402
+from partita.frontend.onnx.backend import PartitaBackend, PartitaTorchBackend  # noqa: E402
 
 
 def _model(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray], n_out: int = 1,

@@ -1,4 +1,4 @@
-"""Quantized ONNX models in (partita/frontend/onnx_quant.py): the QDQ files ONNX Runtime's
+"""Quantized ONNX models in (partita/frontend/onnx/quant.py): the QDQ files ONNX Runtime's
 quantize_static writes, the dynamic ones of quantize_dynamic, and the malformed ones."""
 
 from __future__ import annotations

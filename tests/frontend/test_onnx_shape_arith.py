@@ -1,5 +1,5 @@
 """Import-time constant propagation through shape arithmetic, opset upgrades, and foreign
-domains (partita/frontend/onnx.py).
+domains (partita/frontend/onnx/importer.py).
 
 What exporters write: a Reshape target computed as ``Shape -> Gather -> Concat``, an Expand
 shape from ``Where(Equal(shape, -1), ones, shape)``, Pad pads from a ``Cast``. Each is a

@@ -2,7 +2,9 @@
 (RMSNormalization, GroupNormalization, LpNormalization, MeanVarianceNormalization), Einsum,
 LpPool and GlobalLpPool, the losses (SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss),
 RotaryEmbedding and Attention, the recurrent layers (RNN, GRU, LSTM, unrolled over their
-static sequence length) and Resize/Upsample.
+static sequence length) and Resize/Upsample; and the normalizations, softmax and dropout of
+the core importer (BatchNormalization, InstanceNormalization, LayerNormalization, LRN,
+Softmax, LogSoftmax, Dropout).
 
 Each converter builds the op from exact compositions (transpose, reshape, slice, matmul,
 reductions, elementwise ops), checks its attributes, and raises naming the node and the fix
@@ -16,12 +18,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..ir import dtypes as dt
-from ..ir.attrs import DenseAttr
-from ..ir.graph import Value
-from ..ops.quant import QUANT_DTYPES
-from .onnx_common import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, OnnxNode, attr_text, lift_1d, onnx_dtype, pad_symmetric,
-                          window_params)
+from ...ir import dtypes as dt
+from ...ir.attrs import DenseAttr
+from ...ir.graph import Value
+from ...ops.quant import QUANT_DTYPES
+from .common import OnnxNode, attr_text, lift_1d, onnx_dtype, pad_symmetric, window_params
+from .registry import converter
 
 
 def _axis(n: OnnxNode, x: Value, axis: int, what: str = "axis") -> int:
@@ -51,6 +53,7 @@ def _cast_to(n: OnnxNode, v: Value, d: dt.DType) -> Value:
 
 # --- normalizations -----------------------------------------------------------------------
 
+@converter("RMSNormalization")
 def _rms_norm(n: OnnxNode) -> list[Value | None]:
     x, scale = n.input(0), n.input(1)
     _require_float(n, x)
@@ -66,6 +69,7 @@ def _rms_norm(n: OnnxNode) -> list[Value | None]:
     return [n.emit("mul", y, scale)]
 
 
+@converter("GroupNormalization")
 def _group_norm(n: OnnxNode) -> list[Value | None]:
     x, scale, bias = n.input(0), n.input(1), n.input(2)
     _require_float(n, x)
@@ -97,6 +101,7 @@ def _group_norm(n: OnnxNode) -> list[Value | None]:
     return [n.emit("reshape", y, shape=shape)]
 
 
+@converter("LpNormalization")
 def _lp_norm(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
@@ -114,6 +119,7 @@ def _lp_norm(n: OnnxNode) -> list[Value | None]:
     return [n.emit("where", n.emit("equal", norm, zero), zero, n.emit("div", x, safe))]
 
 
+@converter("MeanVarianceNormalization")
 def _mvn(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
@@ -215,6 +221,7 @@ def _permute(n: OnnxNode, x: Value, term: list[str], order: list[str]) -> Value:
     return x if perm == list(range(len(perm))) else n.emit("transpose", x, perm=perm)
 
 
+@converter("Einsum")
 def _einsum(n: OnnxNode) -> list[Value | None]:
     eq = attr_text(n.attr("equation"))
     ins = [v for v in n.inputs if v is not None]
@@ -272,6 +279,8 @@ def _widen(n: OnnxNode, x: Value, term: list[str], sizes: dict[str, int], other:
 
 # --- LpPool -------------------------------------------------------------------------------
 
+@converter("LpPool")
+@lift_1d
 def _lp_pool(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
@@ -300,6 +309,7 @@ def _lp_pool(n: OnnxNode) -> list[Value | None]:
     return [n.emit("pow", total, n.scalar(1.0 / p, x))]
 
 
+@converter("GlobalLpPool")
 def _global_lp_pool(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
@@ -311,17 +321,6 @@ def _global_lp_pool(n: OnnxNode) -> list[Value | None]:
     s = n.emit("sum", n.emit("pow", n.emit("abs", x), n.scalar(p, x)), axes=list(range(2, x.type.rank)),
                keepdim=True)
     return [n.emit("pow", s, n.scalar(1.0 / p, x))]
-
-
-ONNX_TO_PARTITA.update({
-    "RMSNormalization": _rms_norm,
-    "GroupNormalization": _group_norm,
-    "LpNormalization": _lp_norm,
-    "MeanVarianceNormalization": _mvn,
-    "Einsum": _einsum,
-    "LpPool": lift_1d(_lp_pool),
-    "GlobalLpPool": _global_lp_pool,
-})
 
 
 # --- Resize and Upsample -------------------------------------------------------------------
@@ -459,6 +458,8 @@ def _optional_const(n: OnnxNode, i: int, what: str) -> np.ndarray | None:
     return None if arr.size == 0 else arr
 
 
+@converter("Resize", constant_operands=(1, 2, 3))
+@converter("Upsample", constant_operands=(1,))
 def _resize(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     r = x.type.rank
@@ -549,14 +550,6 @@ def _resize(n: OnnxNode) -> list[Value | None]:
     return [y]
 
 
-CONSTANT_OPERANDS.update({"Resize": (1, 2, 3), "Upsample": (1,)})
-
-ONNX_TO_PARTITA.update({
-    "Resize": _resize,
-    "Upsample": _resize,
-})
-
-
 # --- Attention ----------------------------------------------------------------------------
 # ONNX Attention (opsets 23-25) as its reference computes it: q and k each scaled by
 # sqrt(scale), an additive bias (0 or -inf) built from attn_mask, is_causal (bottom-right
@@ -580,6 +573,7 @@ def _where_bias(n: OnnxNode, allowed: Value, like: Value) -> Value:
     return n.emit("where", allowed, n.scalar(0.0, like), n.scalar(-np.inf, like))
 
 
+@converter("Attention")
 def _attention(n: OnnxNode) -> list[Value | None]:
     q, k, v = n.input(0), n.input(1), n.input(2)
     for what, t in (("Q", q), ("K", k), ("V", v)):
@@ -748,11 +742,9 @@ def _attention(n: OnnxNode) -> list[Value | None]:
     return [y, present_k, present_v, _cast_to(n, qk_out, q.type.dtype)]
 
 
-ONNX_TO_PARTITA["Attention"] = _attention
-
-
 # --- RotaryEmbedding ----------------------------------------------------------------------
 
+@converter("RotaryEmbedding")
 def _rotary_embedding(n: OnnxNode) -> list[Value | None]:
     x, cos, sin = n.input(0), n.input(1), n.input(2)
     _require_float(n, x)
@@ -811,9 +803,6 @@ def _rotary_embedding(n: OnnxNode) -> list[Value | None]:
     return [n.emit("transpose", y, perm=[0, 2, 1, 3])]
 
 
-ONNX_TO_PARTITA["RotaryEmbedding"] = _rotary_embedding
-
-
 # --- losses -------------------------------------------------------------------------------
 
 def _nll(n: OnnxNode, logp: Value, target: Value, weight: Value | None) -> Value:
@@ -859,12 +848,14 @@ def _nll(n: OnnxNode, logp: Value, target: Value, weight: Value | None) -> Value
     return n.emit("div", total, n.emit("sum", w))
 
 
+@converter("NegativeLogLikelihoodLoss")
 def _nll_loss(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
     return [_nll(n, x, n.input(1), n.input(2) if n.has_input(2) else None)]
 
 
+@converter("SoftmaxCrossEntropyLoss")
 def _softmax_cross_entropy(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     _require_float(n, x)
@@ -872,12 +863,6 @@ def _softmax_cross_entropy(n: OnnxNode) -> list[Value | None]:
         raise n.error(f"scores {x.type} need (N, C, d1, ...)")
     logp = n.emit("log_softmax", x, axis=1)
     return [_nll(n, logp, n.input(1), n.input(2) if n.has_input(2) else None), logp]
-
-
-ONNX_TO_PARTITA.update({
-    "NegativeLogLikelihoodLoss": _nll_loss,
-    "SoftmaxCrossEntropyLoss": _softmax_cross_entropy,
-})
 
 
 # --- RNN, GRU, LSTM -----------------------------------------------------------------------
@@ -1095,8 +1080,178 @@ def _recurrent(n: OnnxNode, kind: str) -> list[Value | None]:
     return [y, yh, yc] if kind == "LSTM" else [y, yh]
 
 
-ONNX_TO_PARTITA.update({
-    "RNN": lambda n: _recurrent(n, "RNN"),
-    "GRU": lambda n: _recurrent(n, "GRU"),
-    "LSTM": lambda n: _recurrent(n, "LSTM"),
-})
+@converter("RNN", "GRU", "LSTM")
+def _recurrent_layer(n: OnnxNode) -> list[Value | None]:
+    """RNN, GRU and LSTM."""
+    return _recurrent(n, n.proto.op_type)
+
+
+# --- the normalizations, softmax, dropout and LRN of the core importer -----------------------
+
+@converter("BatchNormalization")
+def _batch_norm(n: OnnxNode) -> list[Value | None]:
+    ins = [n.input(i) for i in range(5)]
+    eps = float(n.attr("epsilon", 1e-5))
+    stats = [i for i in range(1, n.n_outputs()) if n.used_output(i)]
+    # training_mode arrived in opset 14; before it, asking for the statistics meant training.
+    training = bool(n.attr("training_mode", 0)) if n.ctx.opset >= 14 else bool(stats)
+    if not training:
+        if stats:
+            raise n.error(f"outputs {stats} (running statistics) exist only with training_mode=1")
+        return [n.emit("batch_norm", *ins, eps=eps)]
+    return _batch_norm_training(n, ins, eps, float(n.attr("momentum", 0.9)))
+
+
+def _batch_norm_training(n: OnnxNode, ins: list[Value], eps: float, momentum: float) -> list[Value | None]:
+    """ONNX's training form: normalize with the batch mean and biased variance, and blend
+    those into the running statistics as ``old * momentum + batch * (1 - momentum)``.
+
+    partita's batch_norm{training} follows PyTorch (momentum weighs the batch, and the
+    running variance takes the unbiased estimate), so the statistics are built here and the
+    normalization is batch_norm's inference form over them.
+    """
+    x, scale, bias, run_mean, run_var = ins
+    if n.used_output(3) or n.used_output(4):
+        # BatchNormalization-9 calls them saved mean and variance, but onnxruntime returns an
+        # inverse standard deviation as the second: no one reading is safe to import.
+        raise n.error("the saved_mean/saved_var outputs of opset < 14 BatchNormalization are not supported "
+                      "(their meaning differs between the spec and runtimes); use opset 14's training_mode")
+    if x.type.rank < 2:
+        raise n.error(f"input {x.type} needs (N, C, ...)")
+    c = x.type.shape[1]
+    axes = [0] + list(range(2, x.type.rank))
+    per_channel = [1, c] + [1] * (x.type.rank - 2)
+    mean = n.emit("mean", x, axes=axes)
+    centered = n.emit("sub", x, n.emit("reshape", mean, shape=per_channel))
+    var = n.emit("mean", n.emit("mul", centered, centered), axes=axes)
+    y = n.emit("batch_norm", x, scale, bias, mean, var, eps=eps)
+
+    def blend(old: Value, batch: Value) -> Value:
+        return n.emit("add", n.emit("mul", old, n.scalar(momentum, old)),
+                      n.emit("mul", batch, n.scalar(1.0 - momentum, batch)))
+
+    return [y, blend(run_mean, mean), blend(run_var, var)]
+
+
+@converter("Softmax")
+def _softmax(n: OnnxNode) -> list[Value | None]:
+    # Opset 13 semantics: a softmax along the single axis (default -1).
+    return [n.emit("softmax", n.input(0), axis=int(n.attr("axis", -1)))]
+
+
+@converter("LogSoftmax")
+def _log_softmax(n: OnnxNode) -> list[Value | None]:
+    return [n.emit("log_softmax", n.input(0), axis=int(n.attr("axis", -1)))]
+
+
+@converter("LayerNormalization")
+def _layer_norm(n: OnnxNode) -> list[Value | None]:
+    stash = onnx_dtype(int(n.attr("stash_type", 1)), f"{n.where}: attribute 'stash_type'")
+    if not stash.is_float:
+        raise n.error(f"stash_type {stash.name} is not a float type; the statistics are computed in a float type")
+    x = n.input(0)
+    r = x.type.rank
+    axis = int(n.attr("axis", -1))
+    if not -r <= axis < r:
+        raise n.error(f"axis {axis} is outside [-{r}, {r - 1}] for input {x.type}")
+    axis = axis + r if axis < 0 else axis
+    norm_shape = list(x.type.shape[axis:])
+    ins = [x]
+    for i in (1, 2):
+        if n.has_input(i):
+            v = n.input(i)
+            # ONNX lets scale and bias broadcast to the normalized shape; partita wants it exact.
+            if list(v.type.shape) != norm_shape:
+                v = n.emit("broadcast_to", v, shape=norm_shape)
+            ins.append(v)
+    if len(ins) == 2 and n.has_input(2):
+        raise n.error("a bias without a scale is not supported")
+    axes, eps = list(range(axis, r)), float(n.attr("epsilon", 1e-5))
+    # ONNX normalizes in stash_type (float32 by default), casts back to x's dtype, then
+    # applies the scale and bias in x's dtype.
+    xs = x if x.type.dtype is stash else n.emit("cast", x, dtype=stash)
+    if xs is x:
+        out: list[Value | None] = [n.emit("layer_norm", *ins, axes=axes, eps=eps)]
+    else:
+        y = n.emit("cast", n.emit("layer_norm", xs, axes=axes, eps=eps), dtype=x.type.dtype)
+        for v, op in zip(ins[1:], ("mul", "add")):
+            y = n.emit(op, y, v)
+        out = [y]
+    if n.used_output(1) or n.used_output(2):
+        # The saved statistics (in stash_type), kept over the normalized axes as ONNX specifies.
+        mean = n.emit("mean", xs, axes=axes, keepdim=True)
+        d = n.emit("sub", xs, mean)
+        var = n.emit("mean", n.emit("mul", d, d), axes=axes, keepdim=True)
+        out += [mean, n.emit("rsqrt", n.emit("add", var, n.scalar(eps, var)))]
+    return out
+
+
+@converter("Dropout", constant_operands=(1, 2))
+def _dropout(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    training = False
+    if n.has_input(2):
+        flag = np.asarray(n.const(2, "training_mode (partita fixes training or inference at import)"))
+        training = bool(flag.reshape(-1)[0])
+    ratio = 0.5
+    if training and n.has_input(1):
+        ratio = float(np.asarray(n.const(1, "ratio (the drop probability)")).reshape(-1)[0])
+    if not 0.0 <= ratio <= 1.0:
+        raise n.error(f"ratio {ratio} is not a drop probability in [0, 1]")
+    if not training or ratio == 0.0:
+        # Nothing is dropped: the output is the input and the mask is all true.
+        out: list[Value | None] = [x]
+        if n.used_output(1):
+            out.append(n.emit("full", shape=list(x.type.shape), value=True, dtype=dt.bool_))
+        return out
+    # The mask is a counter-based hash of the element index and the seed (see partita's
+    # dropout), not NumPy's or onnxruntime's generator: no importer can reproduce those.
+    # Without a seed attribute each node gets its own by position, so masks differ per node
+    # yet repeat from run to run.
+    seed = int(n.attr("seed", n.index))
+    out = [n.emit("dropout", x, p=ratio, train=True, seed=seed)]
+    if n.used_output(1):
+        # The same seed over ones of the same shape draws the same mask; kept elements come
+        # out as 1/(1 - ratio) > 0 (ratio 1 keeps none, and gives zeros).
+        ones = n.emit("full", shape=list(x.type.shape), value=1.0, dtype=x.type.dtype)
+        kept = n.emit("dropout", ones, p=ratio, train=True, seed=seed)
+        out.append(n.emit("greater", kept, n.scalar(0, kept)))
+    return out
+
+
+@converter("LRN")
+def _lrn(n: OnnxNode) -> list[Value | None]:
+    x = n.input(0)
+    size = int(n.attr("size"))
+    alpha, beta, bias = float(n.attr("alpha", 1e-4)), float(n.attr("beta", 0.75)), float(n.attr("bias", 1.0))
+    if x.type.rank < 3:
+        raise n.error(f"input {x.type} needs a channel axis and at least one spatial axis (N, C, D1, ...)")
+    c = x.type.shape[1]
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [0, 0] * x.type.rank
+    pads[2], pads[3] = lo, hi
+    sq = n.emit("pad", n.emit("mul", x, x), pads=pads)
+    # The channel window sum as `size` shifted slices: exact, and no op partita lacks.
+    acc = None
+    for i in range(size):
+        part = n.emit("slice", sq, axis=1, start=i, end=i + c)
+        acc = part if acc is None else n.emit("add", acc, part)
+    assert acc is not None
+    denom = n.emit("add", n.scalar(bias, x), n.emit("mul", acc, n.scalar(alpha / size, x)))
+    return [n.emit("div", x, n.emit("pow", denom, n.scalar(beta, x)))]
+
+
+@converter("InstanceNormalization")
+def _instance_norm(n: OnnxNode) -> list[Value | None]:
+    x, scale, bias = n.input(0), n.input(1), n.input(2)
+    if x.type.rank < 3:
+        raise n.error(f"input {x.type} needs (N, C, D1, ...)")
+    axes = list(range(2, x.type.rank))
+    mean = n.emit("mean", x, axes=axes, keepdim=True)
+    centered = n.emit("sub", x, mean)
+    var = n.emit("mean", n.emit("mul", centered, centered), axes=axes, keepdim=True)
+    eps = n.scalar(float(n.attr("epsilon", 1e-5)), x)
+    y = n.emit("div", centered, n.emit("sqrt", n.emit("add", var, eps)))
+    per_channel = [x.type.shape[1]] + [1] * (x.type.rank - 2)
+    y = n.emit("mul", y, n.emit("reshape", scale, shape=per_channel))
+    return [n.emit("add", y, n.emit("reshape", bias, shape=per_channel))]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import dtypes as dt
-from ..ir.attrs import DenseAttr
-from ..ir.graph import Value
-from ..ops.quant import QUANT_DTYPES, qrange
-from .onnx_common import ONNX_TO_PARTITA, OnnxNode, onnx_dtype
+from ...ir import dtypes as dt
+from ...ir.attrs import DenseAttr
+from ...ir.graph import Value
+from ...ops.quant import QUANT_DTYPES, qrange
+from .common import OnnxNode, onnx_dtype
+from .registry import converter
 
 
 def _scale(n: OnnxNode, i: int) -> Value:
@@ -123,6 +124,7 @@ def _storage_zero_point(n: OnnxNode, i: int, scale: Value, default: dt.DType) ->
     return z
 
 
+@converter("QuantizeLinear")
 def _quantize_linear(n: OnnxNode) -> list[Value | None]:
     x = n.input(0)
     scale = _scale(n, 1)
@@ -145,6 +147,7 @@ def _quantize_linear(n: OnnxNode) -> list[Value | None]:
     return [n.emit("quantize_linear", x, scale, zp, **g)]
 
 
+@converter("DequantizeLinear")
 def _dequantize_linear(n: OnnxNode) -> list[Value | None]:
     q = n.input(0)
     scale = _scale(n, 1)
@@ -161,6 +164,7 @@ def _dequantize_linear(n: OnnxNode) -> list[Value | None]:
     return [n.emit("dequantize_linear", q, _per_tensor(n, scale), _per_tensor(n, zp), **g)]
 
 
+@converter("DynamicQuantizeLinear")
 def _dynamic_quantize_linear(n: OnnxNode) -> list[Value | None]:
     """u8 quantization of x over the range of its values and 0 (ONNX DynamicQuantizeLinear):
     scale = (max(0, max x) - min(0, min x)) / 255, zero point = saturate(round(-min / scale))."""
@@ -180,6 +184,7 @@ def _dynamic_quantize_linear(n: OnnxNode) -> list[Value | None]:
     return [y, scale, zp]
 
 
+@converter("MatMulInteger")
 def _matmul_integer(n: OnnxNode) -> list[Value | None]:
     a, b = n.input(0), n.input(1)
     for name, v in (("A", a), ("B", b)):
@@ -191,11 +196,3 @@ def _matmul_integer(n: OnnxNode) -> list[Value | None]:
             return n.emit("constant", value=DenseAttr(np.zeros((), like.type.dtype.np)))
         return _per_tensor(n, n.input(i))
     return [n.emit("matmul_integer", a, b, zp(2, a), zp(3, b))]
-
-
-ONNX_TO_PARTITA.update({
-    "QuantizeLinear": _quantize_linear,
-    "DequantizeLinear": _dequantize_linear,
-    "DynamicQuantizeLinear": _dynamic_quantize_linear,
-    "MatMulInteger": _matmul_integer,
-})

@@ -1,24 +1,24 @@
-"""What the ONNX converter modules share (onnx.py, onnx_math.py, onnx_index.py, onnx_nn.py,
-onnx_quant.py): the node a converter sees, the tables they fill, the element types and
-tensor data, and the helpers several of them use. onnx.py imports the converter modules to
-register them, so what they share lives here, below all of them."""
+"""What the ONNX converter modules and the importer share: the node a converter sees, the
+element types and tensor data, and the helpers several converters use. It imports no other
+module of the package, so every one of them can import it."""
 
 from __future__ import annotations
 
 import math
 import os
 import sys
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..ir import dtypes as dt
-from ..ir.attrs import DenseAttr
-from ..ir.diagnostics import PartitaError
-from ..ir.graph import Value
-from ..ir.types import Location
-from . import FrontendError
+from ...ir import dtypes as dt
+from ...ir.attrs import DenseAttr
+from ...ir.diagnostics import PartitaError
+from ...ir.graph import Value
+from ...ir.types import Location
+from .. import FrontendError
 
 
 class OnnxImportError(FrontendError):
@@ -177,7 +177,7 @@ class OnnxNode:
     index: int
     inputs: list[Value | None]
     attrs: dict[str, Any]
-    ctx: Any  # the importer (onnx.py's _Importer): the builder, constants, sequences, base_dir
+    ctx: Any  # the importer (importer.py's _Importer): the builder, constants, sequences, base_dir
     loc: Location = field(default_factory=lambda: Location("<onnx>", 0))
 
     @property
@@ -238,7 +238,7 @@ class OnnxNode:
         return self.emit("constant", value=DenseAttr(np.array(value, dtype=like.type.dtype.np)))
 
     def tensor_attr(self, name: str) -> np.ndarray:
-        """The array of the TENSOR attribute ``name``, checked (see _tensor_array)."""
+        """The array of the TENSOR attribute ``name``, checked (see tensor_array)."""
         t = self.attrs[name]
         label = f" (tensor '{t.name}')" if getattr(t, "name", "") else ""
         return tensor_array(t, f"{self.where}: attribute '{name}'{label}", self.ctx.base_dir)
@@ -256,30 +256,6 @@ Converter = Callable[[OnnxNode], Sequence[Value | None]]
 # What ONNX_TO_PARTITA holds: a tensor Converter, or a sequence converter whose entry for a
 # sequence-typed output is a list of Values (sequences are unrolled at import time).
 AnyConverter = Callable[[OnnxNode], Sequence[Value | list[Value] | None]]
-
-# Operand positions whose values must be known at import time (they set shapes or axes).
-CONSTANT_OPERANDS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Split": (1,), "Squeeze": (1,), "Unsqueeze": (1,),
-    "ReduceSum": (1,), "ReduceMean": (1,), "Dropout": (1, 2),
-    "ConstantOfShape": (0,), "Pad": (1, 2, 3), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4),
-    "SequenceInsert": (2,), "SequenceErase": (1,), "SequenceAt": (1,), "SplitToSequence": (1,),
-}
-
-
-# The converter of each ONNX op type partita imports; onnx.py and the converter modules fill it.
-ONNX_TO_PARTITA: dict[str, AnyConverter] = {}
-
-
-def unary_converter(op: str) -> Converter:
-    """The converter of a one-input node that is partita's ``op``."""
-    return lambda n: [n.emit(op, n.input(0))]
-
-
-def binary_converter(op: str) -> Converter:
-    """The converter of a two-input node that is partita's ``op``."""
-    # partita's binary ops broadcast as NumPy does, which is ONNX's multidirectional rule.
-    return lambda n: [n.emit(op, n.input(0), n.input(1))]
-
 
 def cast_attrs(n: OnnxNode) -> dict[str, Any]:
     """Cast's and CastLike's saturate (opset 19) and round_mode (opset 24), whose defaults
@@ -348,6 +324,7 @@ def pad_symmetric(n: OnnxNode, x: Value, pads: list[int], fill: float,
 def lift_1d(convert: Converter) -> Converter:
     """Run a 2-D window converter on a 1-D (N, C, L) node as (N, C, 1, L), then drop the
     added dim: partita's window ops are 2-D and 3-D."""
+    @functools.wraps(convert)
     def lifted(n: OnnxNode) -> Sequence[Value | None]:
         if not n.has_input(0) or n.input(0).type.rank != 3:
             return convert(n)
@@ -398,9 +375,15 @@ def reverse_axis(n: OnnxNode, x: Value, axis: int) -> Value:
     return n.emit("index_select", x, n.emit("sub", n.scalar(d - 1, up), up), axis=axis)
 
 
-# --- sequences ----------------------------------------------------------------------------
-# partita's values are tensors, so a sequence whose structure is static (constant positions,
-# static split sizes) is unrolled at import time: the importer holds it as a Python list of
-# Values, and only the tensors read out of it (SequenceAt, ConcatFromSequence) reach the graph.
+def np_for_partita(arr: np.ndarray, what: str) -> np.ndarray:
+    """``arr`` itself, checked to have a partita dtype; an error naming ``what`` otherwise."""
+    try:
+        dt.from_numpy(arr.dtype)
+    except KeyError:
+        raise OnnxImportError(f"{what}: tensor of NumPy dtype {arr.dtype} has no partita dtype") from None
+    return arr
 
-# Op type -> the input positions that take a sequence.
+
+# Largest constant (in elements) the importer also keeps as a NumPy array for later
+# constant-operand reads; weight-sized fills stay only in the graph.
+SMALL_CONST = 1024

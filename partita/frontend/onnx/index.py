@@ -1,7 +1,8 @@
 """ONNX's indexing, reduction and layout operators, composed from partita's core ops.
 
-Arg- and value reductions (ArgMax, ArgMin, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
-ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, GlobalMaxPool, Hardmax), scans (CumSum,
+Arg- and value reductions (ArgMax, ArgMin, ReduceSum, ReduceMean, ReduceMax, ReduceMin,
+ReduceProd, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, GlobalMaxPool,
+Hardmax), scans (CumSum,
 CumProd), indexed reads and writes (GatherElements, GatherND, ScatterElements, ScatterND,
 Scatter, OneHot, ReverseSequence, TopK), and creation and layout (Range, Trilu, Size, EyeLike,
 DepthToSpace, SpaceToDepth).
@@ -21,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import dtypes as dt
-from ..ir.attrs import DenseAttr
-from ..ir.graph import Value
-from .onnx_common import (CONSTANT_OPERANDS, ONNX_TO_PARTITA, Converter, OnnxNode, attr_text, axes_operand, onnx_dtype,
-                          reverse_axis)
+from ...ir import dtypes as dt
+from ...ir.attrs import DenseAttr
+from ...ir.graph import Value
+from .common import Converter, OnnxNode, attr_text, axes_operand, onnx_dtype, reverse_axis
+from .registry import converter
 
 Result = list[Value | None]
 
@@ -162,6 +163,7 @@ def _reduce_value(kind: str) -> Converter:
     return convert
 
 
+@converter("GlobalMaxPool")
 def _global_max_pool(n: OnnxNode) -> Result:
     x = n.input(0)
     if x.type.rank < 3:
@@ -169,6 +171,7 @@ def _global_max_pool(n: OnnxNode) -> Result:
     return [n.emit("max", x, axes=list(range(2, x.type.rank)), keepdim=True)]
 
 
+@converter("Hardmax")
 def _hardmax(n: OnnxNode) -> Result:
     x = n.input(0)
     if x.type.rank == 0:
@@ -216,6 +219,7 @@ def _index_input(n: OnnxNode, i: int) -> Value:
     return idx
 
 
+@converter("GatherElements")
 def _gather_elements(n: OnnxNode) -> Result:
     x, idx = n.input(0), _index_input(n, 1)
     if x.type.rank == 0:
@@ -233,6 +237,7 @@ def _reduction_attr(n: OnnxNode) -> str:
     return red
 
 
+@converter("ScatterElements", "Scatter")
 def _scatter_elements(n: OnnxNode) -> Result:
     x, idx, src = n.input(0), _index_input(n, 1), n.input(2)
     if x.type.rank == 0:
@@ -255,6 +260,7 @@ def _linear_index(n: OnnxNode, idx: Value, dims: tuple[int, ...]) -> Value:
     return n.emit("sum", n.emit("mul", idx, n.emit("constant", value=DenseAttr(strides))), axes=[idx.type.rank - 1])
 
 
+@converter("GatherND")
 def _gather_nd(n: OnnxNode) -> Result:
     data, idx = n.input(0), _index_input(n, 1)
     b = int(n.attr("batch_dims", 0))
@@ -279,6 +285,7 @@ def _gather_nd(n: OnnxNode) -> Result:
     return [n.emit("reshape", picked, shape=list(idx.type.shape[:-1]) + list(rest))]
 
 
+@converter("ScatterND")
 def _scatter_nd(n: OnnxNode) -> Result:
     data, idx, upd = n.input(0), _index_input(n, 1), n.input(2)
     r, q = data.type.rank, idx.type.rank
@@ -300,6 +307,7 @@ def _scatter_nd(n: OnnxNode) -> Result:
     return [n.emit("reshape", y, shape=list(data.type.shape))]
 
 
+@converter("ReverseSequence")
 def _reverse_sequence(n: OnnxNode) -> Result:
     x, lens = n.input(0), n.input(1)
     r = x.type.rank
@@ -321,6 +329,7 @@ def _reverse_sequence(n: OnnxNode) -> Result:
     return [n.emit("gather", x, idx, axis=t_axis)]
 
 
+@converter("OneHot", constant_operands=(1,))
 def _one_hot(n: OnnxNode) -> Result:
     idx, values = n.input(0), n.input(2)
     depth_arr = np.asarray(n.const(1, "depth"))
@@ -350,6 +359,7 @@ def _one_hot(n: OnnxNode) -> Result:
     return [n.emit("where", hit, on, off)]
 
 
+@converter("TopK", constant_operands=(1,))
 def _topk(n: OnnxNode) -> Result:
     x = n.input(0)
     if x.type.rank == 0:
@@ -365,6 +375,7 @@ def _topk(n: OnnxNode) -> Result:
 
 # --- creation and layout ------------------------------------------------------------------
 
+@converter("Range", constant_operands=(0, 1, 2))
 def _range(n: OnnxNode) -> Result:
     start, limit, delta = (np.asarray(n.const(i, what)) for i, what in enumerate(("start", "limit", "delta")))
     for arr, what in ((start, "start"), (limit, "limit"), (delta, "delta")):
@@ -381,6 +392,7 @@ def _range(n: OnnxNode) -> Result:
     return [_const(n, arr.reshape(count))]
 
 
+@converter("Trilu", constant_operands=(1,))
 def _trilu(n: OnnxNode) -> Result:
     x = n.input(0)
     if x.type.rank < 2:
@@ -394,10 +406,12 @@ def _trilu(n: OnnxNode) -> Result:
     return [n.emit("where", mask, x, n.scalar(zero, x))]
 
 
+@converter("Size")
 def _size(n: OnnxNode) -> Result:
     return [_const(n, np.array(n.input(0).type.numel, np.int64))]
 
 
+@converter("EyeLike")
 def _eye_like(n: OnnxNode) -> Result:
     x = n.input(0)
     if x.type.rank != 2:
@@ -417,6 +431,7 @@ def _blocksize(n: OnnxNode, x: Value) -> int:
     return b
 
 
+@converter("DepthToSpace")
 def _depth_to_space(n: OnnxNode) -> Result:
     x = n.input(0)
     b = _blocksize(n, x)
@@ -436,6 +451,7 @@ def _depth_to_space(n: OnnxNode) -> Result:
     return [n.emit("reshape", y, shape=[N, c, H * b, W * b])]
 
 
+@converter("SpaceToDepth")
 def _space_to_depth(n: OnnxNode) -> Result:
     x = n.input(0)
     b = _blocksize(n, x)
@@ -451,22 +467,51 @@ def _space_to_depth(n: OnnxNode) -> Result:
     return [n.emit("reshape", y, shape=[N, C * b * b, H // b, W // b])]
 
 
-CONSTANT_OPERANDS.update({
-    "CumSum": (1,), "CumProd": (1,), "TopK": (1,), "Range": (0, 1, 2), "Trilu": (1,), "OneHot": (1,),
-    **{op: (1,) for op in ("ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-                           "ReduceLogSumExp", "ReduceSumSquare")},
-})
+def _reduce(op: str, axes_input_since: int) -> Converter:
+    def convert(n: OnnxNode) -> list[Value | None]:
+        x = n.input(0)
+        axes = axes_operand(n, 1, axes_input_since)
+        keep = bool(n.attr("keepdims", 1))
+        if not axes:
+            if n.attr("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.type.rank))
+        return [n.emit(op, x, axes=axes, keepdim=keep)]
+    return convert
 
-ONNX_TO_PARTITA.update({
-    "ArgMax": _arg("argmax"), "ArgMin": _arg("argmin"),
+
+# --- the reductions and scans made by a factory ---------------------------------------------
+
+_ARG_REDUCTIONS: dict[str, Converter] = {"ArgMax": _arg("argmax"), "ArgMin": _arg("argmin")}
+# ReduceSum takes axes as an input from opset 13, ReduceMean only from opset 18.
+_SUM_MEAN: dict[str, Converter] = {"ReduceMean": _reduce("mean", 18), "ReduceSum": _reduce("sum", 13)}
+_VALUE_REDUCTIONS: dict[str, Converter] = {
     "ReduceMax": _reduce_value("max"), "ReduceMin": _reduce_value("min"), "ReduceProd": _reduce_value("prod"),
     "ReduceL1": _reduce_value("l1"), "ReduceL2": _reduce_value("l2"), "ReduceLogSum": _reduce_value("log_sum"),
     "ReduceLogSumExp": _reduce_value("log_sum_exp"), "ReduceSumSquare": _reduce_value("sum_square"),
-    "GlobalMaxPool": _global_max_pool, "Hardmax": _hardmax,
-    "CumSum": _scan("cumsum", 0.0), "CumProd": _scan("cumprod", 1.0),
-    "GatherElements": _gather_elements, "GatherND": _gather_nd,
-    "ScatterElements": _scatter_elements, "Scatter": _scatter_elements, "ScatterND": _scatter_nd,
-    "ReverseSequence": _reverse_sequence, "OneHot": _one_hot, "TopK": _topk,
-    "Range": _range, "Trilu": _trilu, "Size": _size, "EyeLike": _eye_like,
-    "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
-})
+}
+_SCANS: dict[str, Converter] = {"CumSum": _scan("cumsum", 0.0), "CumProd": _scan("cumprod", 1.0)}
+
+
+@converter(*_ARG_REDUCTIONS)
+def _arg_reduction(n: OnnxNode) -> Result:
+    """ArgMax and ArgMin."""
+    return list(_ARG_REDUCTIONS[n.proto.op_type](n))
+
+
+@converter(*_SUM_MEAN, constant_operands=(1,))
+def _sum_or_mean(n: OnnxNode) -> Result:
+    """ReduceSum and ReduceMean."""
+    return list(_SUM_MEAN[n.proto.op_type](n))
+
+
+@converter(*_VALUE_REDUCTIONS, constant_operands=(1,))
+def _value_reduction(n: OnnxNode) -> Result:
+    """The other Reduce* ops."""
+    return list(_VALUE_REDUCTIONS[n.proto.op_type](n))
+
+
+@converter(*_SCANS, constant_operands=(1,))
+def _scan_op(n: OnnxNode) -> Result:
+    """CumSum and CumProd."""
+    return list(_SCANS[n.proto.op_type](n))
