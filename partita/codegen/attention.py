@@ -88,12 +88,76 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
 
     computing the batch-and-head pairs [lo, hi) with thread ``tid``'s workspace (``params``:
     the i64s of ``_P``)."""
-    L, MR, NVS, KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
-    assert ev % L == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or e % 2 == 0)
-    h = e // 2
+    assert ev % cfg.lanes == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or e % 2 == 0)
+    out = _AttentionEmitter(name, cfg, e, ev, mask, rope).emit()
+    return "\n\n".join(_attention_declarations(cfg.lanes)) + "\n\n" + "\n".join(out) + "\n"
 
-    def rot(tag: str, row: str, ei: str, pos: str, x: str) -> None:
+
+def _attention_declarations(L: int) -> list[str]:
+    """The declarations the attention kernel needs: the math library's, the vector exp and the intrinsics."""
+    vt = f"<{L} x float>"
+    return [declarations(set()), exp_neg_ir(L),
+            f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
+            f"declare {vt} @llvm.maxnum.v{L}f32({vt}, {vt})",
+            f"declare {vt} @llvm.rint.v{L}f32({vt})",
+            f"declare float @llvm.vector.reduce.fmax.v{L}f32({vt})",
+            f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})",
+            f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
+            f"declare <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr, i32, <{L} x i1>, <{L} x i8>)",
+            "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
+
+
+class _AttentionEmitter:
+    """The lines of one attention kernel's function (``attention_ir``), emitted part by part into ``out``."""
+
+    U = 4                          # steps of e per trip of the score loop
+    NINF = "0xFFF0000000000000"    # -inf
+
+    def __init__(self, name: str, cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool) -> None:
+        self.name, self.e, self.ev, self.mask, self.rope = name, e, ev, mask, rope
+        self.L, self.MR, self.NVS, self.KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
+        L = self.L
+        self.h = e // 2
+        self.has_mask = bool(mask)
+        CH = cfg.nvo * L                       # out columns per pass
+        self.chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
+        self.vt = f"<{L} x float>"
+        self.vi = f"<{L} x i32>"
+        self.vec_rope = rope and self.h % L == 0
+        self.lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(self.NVS)]
+        # the block that enters the key blocks
+        self.tile = f"qrot{self.MR - 1}.end" if rope and not self.vec_rope else "qt"
+        self.out: list[str] = []
+
+    def emit(self) -> list[str]:
+        """The whole function: per batch-and-head pair, k^T packed, then per tile of query rows the key blocks."""
+        self.prologue()
+        self.head_pointers()
+        self.pack_k()
+        self.query_tile()
+        self.rotate_q()
+        self.key_block_head()
+        for nv in range(1, self.NVS + 1):
+            self.block(nv)
+        self.join_blocks()
+        for ci, (c0, nv) in enumerate(self.chunks):
+            self.pv_chunk(ci, c0, nv)
+        self.finish_tile()
+        self.loop_ends()
+        return self.out
+
+    # --- helpers emitting a few lines -------------------------------------------------------
+
+    def splat(self, dst: str, ty: str, scalar: str) -> None:
+        """%dst = every lane of a <L x ty> vector holding the scalar value ``scalar``."""
+        a, L = self.out.append, self.L
+        vty = f"<{L} x {ty}>"
+        a(f"  {dst}.0 = insertelement {vty} poison, {ty} {scalar}, i64 0")
+        a(f"  {dst} = shufflevector {vty} {dst}.0, {vty} poison, <{L} x i32> zeroinitializer")
+
+    def rot(self, tag: str, row: str, ei: str, pos: str, x: str) -> None:
         """%{tag}.rot = x * cos[pos, ei] + rotate_half(row)[ei] * sin[pos, ei]."""
+        a, h = self.out.append, self.h
         a(f"  %{tag}.lo = icmp ult i64 {ei}, {h}")
         a(f"  %{tag}.pi0 = add i64 {ei}, {h}")
         a(f"  %{tag}.pi1 = sub i64 {ei}, {h}")
@@ -111,52 +175,18 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"  %{tag}.m1 = fmul float {x}, %{tag}.cv")
         a(f"  %{tag}.m2 = fmul float %{tag}.rh, %{tag}.sv")
         a(f"  %{tag}.rot = fadd float %{tag}.m1, %{tag}.m2")
-    has_mask = bool(mask)
-    CH = cfg.nvo * L                       # out columns per pass
-    chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
-    vt = f"<{L} x float>"
-    vi = f"<{L} x i32>"
-    U = 4
-    ninf = "0xFFF0000000000000"
-    out: list[str] = []
-    a = out.append
 
-    def splat(dst: str, ty: str, scalar: str) -> None:
-        """%dst = every lane of a <L x ty> vector holding the scalar value ``scalar``."""
-        vty = f"<{L} x {ty}>"
-        a(f"  {dst}.0 = insertelement {vty} poison, {ty} {scalar}, i64 0")
-        a(f"  {dst} = shufflevector {vty} {dst}.0, {vty} poison, <{L} x i32> zeroinitializer")
-    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
-    a("entry:")
-    a(f"  %Pb = alloca [{MR * KB} x float], align 64")
-    a(f"  %Ob = alloca [{MR * ev} x float], align 64")
-    if rope:
-        a(f"  %Qb = alloca [{MR * e} x float], align 64")
-        a(f"  %Kr = alloca [{e} x float], align 64")
-    for i, p in enumerate(_P):
-        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
-        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
-        if p in _PTRS:
-            a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
-        elif p != "scale":
-            a(f"  %{p} = add i64 %{p}.i, 0")
-    a("  %scale.t = trunc i64 %scale.i to i32")
-    a("  %scale = bitcast i32 %scale.t to float")
-    a("  %iscausal = icmp ne i64 %causal, 0")
-    a("  %wso = mul i64 %tid, %wsn")
-    a("  %KT = getelementptr inbounds float, ptr %ws, i64 %wso")
-    vec_rope = rope and h % L == 0
-
-    def vrot(tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
+    def vrot(self, tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
         """dst[0:E] = rope(row)[0:E] (times scale) with vectors: the low half x_lo c - x_hi s,
         the high half x_hi c + x_lo s, at position pos of the cos and sin tables."""
+        a, L, h, vt = self.out.append, self.L, self.h, self.vt
         for t, st in (("c", "cr"), ("s", "sr")):
             src = "cosh" if t == "c" else "sinh"
             a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
             a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
         sp = None
         if scale is not None:
-            splat(f"%{tag}.sc", "float", scale)
+            self.splat(f"%{tag}.sc", "float", scale)
             sp = f"%{tag}.sc"
         for i in range(h // L):
             for part, off in (("lo", i * L), ("hi", h + i * L)):
@@ -180,140 +210,182 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
                 a(f"  %{tag}.{part}d{i} = getelementptr inbounds float, ptr {dst}, i64 {off}")
                 a(f"  store {vt} {res}, ptr %{tag}.{part}d{i}, align 4")
 
-    lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(NVS)]
-    a("  %empty = icmp uge i64 %lo, %hi")
-    a("  br i1 %empty, label %exit, label %bh")
-    # --- one batch-and-head pair -----------------------------------------------------------
-    a("bh:")
-    a("  %idx = phi i64 [%lo, %entry], [%idx.n, %bh.end]")
-    a("  %b1 = udiv i64 %idx, %B2")
-    a("  %b2 = urem i64 %idx, %B2")
-    for t, (s1, s2) in {"q": ("qs1", "qs2"), "k": ("ks1", "ks2"), "v": ("vs1", "vs2"), "o": ("os1", "os2"),
-                        "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2"), "cos": ("cs1", "cs2"),
-                        "sin": ("ss1", "ss2")}.items():
-        a(f"  %{t}o1 = mul i64 %b1, %{s1}")
-        a(f"  %{t}o2 = mul i64 %b2, %{s2}")
-        a(f"  %{t}o = add i64 %{t}o1, %{t}o2")
-        a(f"  %{t}h = getelementptr {'i8' if t == 'mask' and mask == 'bool' else 'float'}, ptr %{t}, i64 %{t}o")
-    # pack k^T, scaled: KT[(j / KB) * E * KB + e * KB + j % KB] = scale * k[j * kr + e]
-    a("  br label %pk.t")
-    a("pk.t:")
-    a("  %pkt = phi i64 [0, %bh], [%pkt.n, %pk.t.end]")
-    a(f"  %pkb = udiv i64 %pkt, {KB}")
-    a(f"  %pkj = urem i64 %pkt, {KB}")
-    a("  %pks0 = mul i64 %pkt, %kr")
-    if vec_rope:  # the key's row rotated and scaled into Kr, packed from there
-        a("  %pksrow0 = getelementptr float, ptr %kh, i64 %pks0")
-        vrot("kr", "%pksrow0", "%pkt", "%Kr", "%scale")
-        a("  %pksrow = getelementptr float, ptr %Kr, i64 0")
-    else:
-        a("  %pksrow = getelementptr float, ptr %kh, i64 %pks0")
-    a(f"  %pkd0 = mul i64 %pkb, {e * KB}")
-    a("  %pkd1 = add i64 %pkd0, %pkj")
-    a("  %pkdst = getelementptr inbounds float, ptr %KT, i64 %pkd1")
-    a("  br label %pk.e")
-    a("pk.e:")
-    a("  %pke = phi i64 [0, %pk.t], [%pke.n, %pk.e]")
-    a("  %pksp = getelementptr float, ptr %pksrow, i64 %pke")
-    a("  %pkv0 = load float, ptr %pksp, align 4")
-    pkv = "%pkv"
-    if vec_rope:
-        pkv = "%pkv0"
-    elif rope:  # k[j, e] cos[j, e] + rotate_half(k)[j, e] sin[j, e], as the unfused ops round it
-        rot("pk", "%pksrow", "%pke", "%pkt", "%pkv0")
-        a("  %pkv = fmul float %pk.rot, %scale")
-    else:
-        a("  %pkv = fmul float %pkv0, %scale")
-    a(f"  %pkdo = mul i64 %pke, {KB}")
-    a("  %pkd = getelementptr inbounds float, ptr %pkdst, i64 %pkdo")
-    a(f"  store float {pkv}, ptr %pkd, align 4")
-    a("  %pke.n = add nuw nsw i64 %pke, 1")
-    a(f"  %pkec = icmp ult i64 %pke.n, {e}")
-    a("  br i1 %pkec, label %pk.e, label %pk.t.end")
-    a("pk.t.end:")
-    a("  %pkt.n = add i64 %pkt, 1")
-    a("  %pktc = icmp ult i64 %pkt.n, %S")
-    a("  br i1 %pktc, label %pk.t, label %qt")
-    # --- one tile of MR query rows -------------------------------------------------------------
-    a("qt:")
-    a("  %q0 = phi i64 [0, %pk.t.end], [%q1, %qt.end]")
-    a("  %qrem = sub i64 %T, %q0")
-    a(f"  %qbig = icmp ugt i64 %qrem, {MR}")
-    a(f"  %rows = select i1 %qbig, i64 {MR}, i64 %qrem")
-    a("  %q1 = add i64 %q0, %rows")
-    a("  %rowl = sub i64 %rows, 1")
-    # keys the tile sees: all, or (causal) those up to its last row
-    a("  %kc0 = icmp ult i64 %q1, %S")
-    a("  %kcau = select i1 %kc0, i64 %q1, i64 %S")
-    a("  %kend = select i1 %iscausal, i64 %kcau, i64 %S")
-    for r in range(MR):  # rows past the tile read the last row again (never stored)
-        a(f"  %rlt{r} = icmp ult i64 {r}, %rows")
-        a(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %rowl")
-        a(f"  %gi{r} = add i64 %q0, %rr{r}")
-        a(f"  %qro{r} = mul i64 %gi{r}, %qr")
-        a(f"  %qrow{r}.src = getelementptr float, ptr %qh, i64 %qro{r}")
-        if rope:
-            a(f"  %qrow{r} = getelementptr inbounds float, ptr %Qb, i64 {r * e}")
-        else:
-            a(f"  %qrow{r} = getelementptr float, ptr %qrow{r}.src, i64 0")
-        if has_mask:
-            a(f"  %mro{r} = mul i64 %gi{r}, %mr")
-            a(f"  %mrow{r} = getelementptr {'float' if mask == 'f32' else 'i8'}, ptr %maskh, i64 %mro{r}")
-        # the keys row r sees: S, or (causal) min(S, i + 1)
-        a(f"  %gi1{r} = add i64 %gi{r}, 1")
-        a(f"  %lc{r} = icmp ult i64 %gi1{r}, %S")
-        a(f"  %lcau{r} = select i1 %lc{r}, i64 %gi1{r}, i64 %S")
-        a(f"  %lim{r} = select i1 %iscausal, i64 %lcau{r}, i64 %S")
-    if vec_rope:  # the tile's q rows rotated into Qb
-        for r in range(MR):
-            vrot(f"qv{r}", f"%qrow{r}.src", f"%gi{r}", f"%qrow{r}", None)
-    elif rope:
-        for r in range(MR):
-            a(f"  br label %qrot{r}")
-            a(f"qrot{r}:")
-            a(f"  %qre{r} = phi i64 [0, %{'qt' if r == 0 else f'qrot{r - 1}.end'}], [%qre{r}.n, %qrot{r}]")
-            a(f"  %qrp{r} = getelementptr float, ptr %qrow{r}.src, i64 %qre{r}")
-            a(f"  %qrx{r} = load float, ptr %qrp{r}, align 4")
-            rot(f"qr{r}", f"%qrow{r}.src", f"%qre{r}", f"%gi{r}", f"%qrx{r}")
-            a(f"  %qrd{r} = getelementptr inbounds float, ptr %qrow{r}, i64 %qre{r}")
-            a(f"  store float %qr{r}.rot, ptr %qrd{r}, align 4")
-            a(f"  %qre{r}.n = add nuw nsw i64 %qre{r}, 1")
-            a(f"  %qrc{r} = icmp ult i64 %qre{r}.n, {e}")
-            a(f"  br i1 %qrc{r}, label %qrot{r}, label %qrot{r}.end")
-            a(f"qrot{r}.end:")
-    a(f"  call void @llvm.memset.p0.i64(ptr align 64 %Ob, i8 0, i64 {4 * MR * ev}, i1 false)")
-    a("  %nokeys = icmp eq i64 %kend, 0")
-    a("  br i1 %nokeys, label %fin, label %kb")
-    # --- one block of KB keys ------------------------------------------------------------------
-    a("kb:")
-    tile = f"qrot{MR - 1}.end" if rope and not vec_rope else "qt"   # the block that enters the key blocks
-    a(f"  %j0 = phi i64 [0, %{tile}], [%j0.n, %kb.end]")
-    for r in range(MR):
-        a(f"  %m{r} = phi float [{ninf}, %{tile}], [%mn{r}, %kb.end]")
-        a(f"  %l{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
-    a("  %krem = sub i64 %kend, %j0")
-    a(f"  %kbig = icmp ugt i64 %krem, {KB}")
-    a(f"  %kn = select i1 %kbig, i64 {KB}, i64 %krem")
-    a(f"  %ktb = mul i64 %j0, {e}")
-    a("  %KTb = getelementptr inbounds float, ptr %KT, i64 %ktb")
-    # The scores and the softmax of a block with nv vectors of keys (nv = ceil(kn / L): a causal
-    # tile's last block and a short sequence compute only the key vectors they see), one copy
-    # of the code per nv, joined before p @ v.
-    # the keys of the block each row sees, as a count from j0 (0 to KB)
-    for r in range(MR):
-        a(f"  %dl{r}.0 = sub i64 %lim{r}, %j0")
-        a(f"  %dl{r}.1 = icmp slt i64 %dl{r}.0, {KB}")
-        a(f"  %dl{r}.2 = select i1 %dl{r}.1, i64 %dl{r}.0, i64 {KB}")
-        a(f"  %dl{r}.3 = icmp sgt i64 %dl{r}.2, 0")
-        a(f"  %dl{r}.4 = select i1 %dl{r}.3, i64 %dl{r}.2, i64 0")
-        a(f"  %dl{r} = trunc i64 %dl{r}.4 to i32")
-        splat(f"%dv{r}", "i32", f"%dl{r}")
-    a(f"  %knv0 = add i64 %kn, {L - 1}")
-    a(f"  %knv = udiv i64 %knv0, {L}")
-    a(f"  switch i64 %knv, label %kbv{NVS} [" + " ".join(f"i64 {n}, label %kbv{n}" for n in range(1, NVS)) + "]")
-    eu = e // U
+    # --- the parts of the kernel, in order ---------------------------------------------------
 
-    def sstep(tag: str, nv: int, e_off: str, accs: list[list[str]]) -> list[list[str]]:
+    def prologue(self) -> None:
+        """The signature, the stack buffers, the parameters read from ``params`` and this thread's k^T workspace."""
+        a, MR, KB, e, ev = self.out.append, self.MR, self.KB, self.e, self.ev
+        a(f"define void @{self.name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+        a("entry:")
+        a(f"  %Pb = alloca [{MR * KB} x float], align 64")
+        a(f"  %Ob = alloca [{MR * ev} x float], align 64")
+        if self.rope:
+            a(f"  %Qb = alloca [{MR * e} x float], align 64")
+            a(f"  %Kr = alloca [{e} x float], align 64")
+        for i, p in enumerate(_P):
+            a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+            a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+            if p in _PTRS:
+                a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+            elif p != "scale":
+                a(f"  %{p} = add i64 %{p}.i, 0")
+        a("  %scale.t = trunc i64 %scale.i to i32")
+        a("  %scale = bitcast i32 %scale.t to float")
+        a("  %iscausal = icmp ne i64 %causal, 0")
+        a("  %wso = mul i64 %tid, %wsn")
+        a("  %KT = getelementptr inbounds float, ptr %ws, i64 %wso")
+
+    def head_pointers(self) -> None:
+        """The loop over batch-and-head pairs: each operand's pointer to the pair's head."""
+        a = self.out.append
+        a("  %empty = icmp uge i64 %lo, %hi")
+        a("  br i1 %empty, label %exit, label %bh")
+        # --- one batch-and-head pair -------------------------------------------------------
+        a("bh:")
+        a("  %idx = phi i64 [%lo, %entry], [%idx.n, %bh.end]")
+        a("  %b1 = udiv i64 %idx, %B2")
+        a("  %b2 = urem i64 %idx, %B2")
+        for t, (s1, s2) in {"q": ("qs1", "qs2"), "k": ("ks1", "ks2"), "v": ("vs1", "vs2"), "o": ("os1", "os2"),
+                            "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2"), "cos": ("cs1", "cs2"),
+                            "sin": ("ss1", "ss2")}.items():
+            a(f"  %{t}o1 = mul i64 %b1, %{s1}")
+            a(f"  %{t}o2 = mul i64 %b2, %{s2}")
+            a(f"  %{t}o = add i64 %{t}o1, %{t}o2")
+            ty = 'i8' if t == 'mask' and self.mask == 'bool' else 'float'
+            a(f"  %{t}h = getelementptr {ty}, ptr %{t}, i64 %{t}o")
+
+    def pack_k(self) -> None:
+        """k^T packed, scaled (rotated with rope): KT[(j / KB) * E * KB + e * KB + j % KB] = scale * k[j, e]."""
+        a, KB, e = self.out.append, self.KB, self.e
+        a("  br label %pk.t")
+        a("pk.t:")
+        a("  %pkt = phi i64 [0, %bh], [%pkt.n, %pk.t.end]")
+        a(f"  %pkb = udiv i64 %pkt, {KB}")
+        a(f"  %pkj = urem i64 %pkt, {KB}")
+        a("  %pks0 = mul i64 %pkt, %kr")
+        if self.vec_rope:  # the key's row rotated and scaled into Kr, packed from there
+            a("  %pksrow0 = getelementptr float, ptr %kh, i64 %pks0")
+            self.vrot("kr", "%pksrow0", "%pkt", "%Kr", "%scale")
+            a("  %pksrow = getelementptr float, ptr %Kr, i64 0")
+        else:
+            a("  %pksrow = getelementptr float, ptr %kh, i64 %pks0")
+        a(f"  %pkd0 = mul i64 %pkb, {e * KB}")
+        a("  %pkd1 = add i64 %pkd0, %pkj")
+        a("  %pkdst = getelementptr inbounds float, ptr %KT, i64 %pkd1")
+        a("  br label %pk.e")
+        a("pk.e:")
+        a("  %pke = phi i64 [0, %pk.t], [%pke.n, %pk.e]")
+        a("  %pksp = getelementptr float, ptr %pksrow, i64 %pke")
+        a("  %pkv0 = load float, ptr %pksp, align 4")
+        pkv = "%pkv"
+        if self.vec_rope:
+            pkv = "%pkv0"
+        elif self.rope:  # k[j, e] cos[j, e] + rotate_half(k)[j, e] sin[j, e], as the unfused ops round it
+            self.rot("pk", "%pksrow", "%pke", "%pkt", "%pkv0")
+            a("  %pkv = fmul float %pk.rot, %scale")
+        else:
+            a("  %pkv = fmul float %pkv0, %scale")
+        a(f"  %pkdo = mul i64 %pke, {KB}")
+        a("  %pkd = getelementptr inbounds float, ptr %pkdst, i64 %pkdo")
+        a(f"  store float {pkv}, ptr %pkd, align 4")
+        a("  %pke.n = add nuw nsw i64 %pke, 1")
+        a(f"  %pkec = icmp ult i64 %pke.n, {e}")
+        a("  br i1 %pkec, label %pk.e, label %pk.t.end")
+        a("pk.t.end:")
+        a("  %pkt.n = add i64 %pkt, 1")
+        a("  %pktc = icmp ult i64 %pkt.n, %S")
+        a("  br i1 %pktc, label %pk.t, label %qt")
+
+    def query_tile(self) -> None:
+        """The loop over tiles of MR query rows: the keys the tile sees, each row's q and mask rows and key limit."""
+        a, MR, e, mask = self.out.append, self.MR, self.e, self.mask
+        a("qt:")
+        a("  %q0 = phi i64 [0, %pk.t.end], [%q1, %qt.end]")
+        a("  %qrem = sub i64 %T, %q0")
+        a(f"  %qbig = icmp ugt i64 %qrem, {MR}")
+        a(f"  %rows = select i1 %qbig, i64 {MR}, i64 %qrem")
+        a("  %q1 = add i64 %q0, %rows")
+        a("  %rowl = sub i64 %rows, 1")
+        # keys the tile sees: all, or (causal) those up to its last row
+        a("  %kc0 = icmp ult i64 %q1, %S")
+        a("  %kcau = select i1 %kc0, i64 %q1, i64 %S")
+        a("  %kend = select i1 %iscausal, i64 %kcau, i64 %S")
+        for r in range(MR):  # rows past the tile read the last row again (never stored)
+            a(f"  %rlt{r} = icmp ult i64 {r}, %rows")
+            a(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %rowl")
+            a(f"  %gi{r} = add i64 %q0, %rr{r}")
+            a(f"  %qro{r} = mul i64 %gi{r}, %qr")
+            a(f"  %qrow{r}.src = getelementptr float, ptr %qh, i64 %qro{r}")
+            if self.rope:
+                a(f"  %qrow{r} = getelementptr inbounds float, ptr %Qb, i64 {r * e}")
+            else:
+                a(f"  %qrow{r} = getelementptr float, ptr %qrow{r}.src, i64 0")
+            if self.has_mask:
+                a(f"  %mro{r} = mul i64 %gi{r}, %mr")
+                a(f"  %mrow{r} = getelementptr {'float' if mask == 'f32' else 'i8'}, ptr %maskh, i64 %mro{r}")
+            # the keys row r sees: S, or (causal) min(S, i + 1)
+            a(f"  %gi1{r} = add i64 %gi{r}, 1")
+            a(f"  %lc{r} = icmp ult i64 %gi1{r}, %S")
+            a(f"  %lcau{r} = select i1 %lc{r}, i64 %gi1{r}, i64 %S")
+            a(f"  %lim{r} = select i1 %iscausal, i64 %lcau{r}, i64 %S")
+
+    def rotate_q(self) -> None:
+        """With rope, the tile's q rows rotated into Qb (vectors when half a head is whole vectors)."""
+        a, MR, e = self.out.append, self.MR, self.e
+        if self.vec_rope:  # the tile's q rows rotated into Qb
+            for r in range(MR):
+                self.vrot(f"qv{r}", f"%qrow{r}.src", f"%gi{r}", f"%qrow{r}", None)
+        elif self.rope:
+            for r in range(MR):
+                a(f"  br label %qrot{r}")
+                a(f"qrot{r}:")
+                a(f"  %qre{r} = phi i64 [0, %{'qt' if r == 0 else f'qrot{r - 1}.end'}], [%qre{r}.n, %qrot{r}]")
+                a(f"  %qrp{r} = getelementptr float, ptr %qrow{r}.src, i64 %qre{r}")
+                a(f"  %qrx{r} = load float, ptr %qrp{r}, align 4")
+                self.rot(f"qr{r}", f"%qrow{r}.src", f"%qre{r}", f"%gi{r}", f"%qrx{r}")
+                a(f"  %qrd{r} = getelementptr inbounds float, ptr %qrow{r}, i64 %qre{r}")
+                a(f"  store float %qr{r}.rot, ptr %qrd{r}, align 4")
+                a(f"  %qre{r}.n = add nuw nsw i64 %qre{r}, 1")
+                a(f"  %qrc{r} = icmp ult i64 %qre{r}.n, {e}")
+                a(f"  br i1 %qrc{r}, label %qrot{r}, label %qrot{r}.end")
+                a(f"qrot{r}.end:")
+
+    def key_block_head(self) -> None:
+        """The tile's out buffer cleared, then the key-block loop's head: the keys each row sees, the switch on nv."""
+        a, L, MR, KB, NVS, e, tile = self.out.append, self.L, self.MR, self.KB, self.NVS, self.e, self.tile
+        a(f"  call void @llvm.memset.p0.i64(ptr align 64 %Ob, i8 0, i64 {4 * MR * self.ev}, i1 false)")
+        a("  %nokeys = icmp eq i64 %kend, 0")
+        a("  br i1 %nokeys, label %fin, label %kb")
+        # --- one block of KB keys --------------------------------------------------------------
+        a("kb:")
+        a(f"  %j0 = phi i64 [0, %{tile}], [%j0.n, %kb.end]")
+        for r in range(MR):
+            a(f"  %m{r} = phi float [{self.NINF}, %{tile}], [%mn{r}, %kb.end]")
+            a(f"  %l{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
+        a("  %krem = sub i64 %kend, %j0")
+        a(f"  %kbig = icmp ugt i64 %krem, {KB}")
+        a(f"  %kn = select i1 %kbig, i64 {KB}, i64 %krem")
+        a(f"  %ktb = mul i64 %j0, {e}")
+        a("  %KTb = getelementptr inbounds float, ptr %KT, i64 %ktb")
+        # The scores and the softmax of a block with nv vectors of keys (nv = ceil(kn / L): a causal
+        # tile's last block and a short sequence compute only the key vectors they see), one copy
+        # of the code per nv, joined before p @ v.
+        # the keys of the block each row sees, as a count from j0 (0 to KB)
+        for r in range(MR):
+            a(f"  %dl{r}.0 = sub i64 %lim{r}, %j0")
+            a(f"  %dl{r}.1 = icmp slt i64 %dl{r}.0, {KB}")
+            a(f"  %dl{r}.2 = select i1 %dl{r}.1, i64 %dl{r}.0, i64 {KB}")
+            a(f"  %dl{r}.3 = icmp sgt i64 %dl{r}.2, 0")
+            a(f"  %dl{r}.4 = select i1 %dl{r}.3, i64 %dl{r}.2, i64 0")
+            a(f"  %dl{r} = trunc i64 %dl{r}.4 to i32")
+            self.splat(f"%dv{r}", "i32", f"%dl{r}")
+        a(f"  %knv0 = add i64 %kn, {L - 1}")
+        a(f"  %knv = udiv i64 %knv0, {L}")
+        a(f"  switch i64 %knv, label %kbv{NVS} [" + " ".join(f"i64 {n}, label %kbv{n}" for n in range(1, NVS)) + "]")
+
+    def sstep(self, tag: str, nv: int, e_off: str, accs: list[list[str]]) -> list[list[str]]:
+        """One step of e of the scores: nv vectors of k^T, MR broadcasts of q, MR x nv FMAs."""
+        a, L, vt = self.out.append, self.L, self.vt
         bs = []
         for v in range(nv):
             a(f"  %{tag}o{v} = add i64 {e_off}, {v * L}")
@@ -321,10 +393,10 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             a(f"  %{tag}b{v} = load {vt}, ptr %{tag}bp{v}, align 4")
             bs.append(f"%{tag}b{v}")
         new = []
-        for r in range(MR):
+        for r in range(self.MR):
             a(f"  %{tag}ap{r} = getelementptr float, ptr %qrow{r}, i64 %{tag}e")
             a(f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4")
-            splat(f"%{tag}as{r}", "float", f"%{tag}a{r}")
+            self.splat(f"%{tag}as{r}", "float", f"%{tag}a{r}")
             row = []
             for v in range(nv):
                 a(f"  %{tag}c{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
@@ -332,10 +404,18 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             new.append(row)
         return new
 
-    def block(nv: int) -> None:
+    def block(self, nv: int) -> None:
+        """The copy of a key block's scores and softmax for nv vectors of keys."""
+        self.out.append(f"kbv{nv}:")
+        cur = self.block_scores(nv)
+        self.block_mask_max(nv, cur)
+        self.block_softmax(nv)
+
+    def block_scores(self, nv: int) -> list[list[str]]:
+        """s = q[tile] @ k^T[block]: a loop of U steps of e, then the rest straight; the accumulators."""
+        a, MR, KB, U, e, vt = self.out.append, self.MR, self.KB, self.U, self.e, self.vt
         X = f"_v{nv}"
-        a(f"kbv{nv}:")
-        # s = q[tile] @ k^T[block]: a loop of U steps of e, then the rest straight
+        eu = e // U
         cur = [["zeroinitializer"] * nv for _ in range(MR)]
         if eu:
             a(f"  br label %se{X}")
@@ -350,7 +430,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
                 tag = f"su{u}{X}_"
                 a(f"  %{tag}e = add i64 %se0{X}, {u}")
                 a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
-                cur = sstep(tag, nv, f"%{tag}eo", cur)
+                cur = self.sstep(tag, nv, f"%{tag}eo", cur)
             a(f"  %sei{X}.n = add nuw nsw i64 %sei{X}, 1")
             a(f"  %secont{X} = icmp ult i64 %sei{X}.n, {eu}")
             a(f"  br i1 %secont{X}, label %se{X}, label %se.end{X}")
@@ -359,15 +439,20 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             tag = f"sr{u}{X}_"
             a(f"  %{tag}e = add i64 {eu * U + u}, 0")
             a(f"  %{tag}eo = mul i64 %{tag}e, {KB}")
-            cur = sstep(tag, nv, f"%{tag}eo", cur)
-        # masking and the online softmax, row by row (in registers); p stored for p @ v
-        for r in range(MR):
+            cur = self.sstep(tag, nv, f"%{tag}eo", cur)
+        return cur
+
+    def block_mask_max(self, nv: int, cur: list[list[str]]) -> None:
+        """The scores masked (keys not seen, the mask) and each row's new running max, in registers."""
+        a, L, vt, vi, mask, ninf = self.out.append, self.L, self.vt, self.vi, self.mask, self.NINF
+        X = f"_v{nv}"
+        for r in range(self.MR):
             R = f"{X}_{r}"
             mx = None
             for v in range(nv):
                 sc = cur[r][v]
                 ok = f"%ok{R}_{v}"
-                a(f"  {ok} = icmp slt {vi} {lanes_i32[v]}, %dv{r}")
+                a(f"  {ok} = icmp slt {vi} {self.lanes_i32[v]}, %dv{r}")
                 if mask == "f32":
                     a(f"  %mo{R}_{v} = add i64 %j0, {v * L}")
                     a(f"  %mp{R}_{v} = getelementptr float, ptr %mrow{r}, i64 %mo{R}_{v}")
@@ -394,7 +479,11 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             a(f"  %mdead{R} = fcmp oeq float %mn{R}, {ninf}")
             a(f"  %mu{R} = select i1 %mdead{R}, float 0.0, float %mn{R}")
             a(f"  %da{R} = fsub float %m{r}, %mu{R}")
-        # alpha = exp(m - m') of all the tile's rows in one vector exp
+
+    def block_softmax(self, nv: int) -> None:
+        """alpha = exp(m - m') for the tile's rows in one vector exp, p = exp(s - m') stored, l updated."""
+        a, L, MR, KB, vt = self.out.append, self.L, self.MR, self.KB, self.vt
+        X = f"_v{nv}"
         prev_v = "poison"
         for r in range(MR):
             a(f"  %dav{X}_{r} = insertelement {vt} {prev_v}, float %da{X}_{r}, i64 {r}")
@@ -403,7 +492,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         for r in range(MR):
             R = f"{X}_{r}"
             a(f"  %al{R} = extractelement {vt} %alv{X}, i64 {r}")
-            splat(f"%mus{R}", "float", f"%mu{R}")
+            self.splat(f"%mus{R}", "float", f"%mu{R}")
             tot = None
             for v in range(nv):
                 a(f"  %x{R}_{v} = fsub {vt} %sk{R}_{v}, %mus{R}")
@@ -422,17 +511,21 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         a(f"kbv.end{nv}:")
         a("  br label %kbj")
 
-    for nv in range(1, NVS + 1):
-        block(nv)
-    a("kbj:")
-    for r in range(MR):
-        a(f"  %mn{r} = phi float " + ", ".join(f"[%mn_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
-        a(f"  %ln{r} = phi float " + ", ".join(f"[%ln_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
-    a(f"  %alj = phi {vt} " + ", ".join(f"[%alv_v{n}, %kbv.end{n}]" for n in range(1, NVS + 1)))
-    for r in range(MR):
-        a(f"  %als{r} = shufflevector {vt} %alj, {vt} poison, <{L} x i32> <{', '.join([f'i32 {r}'] * L)}>")
-    a(f"  br label %pv0.pre")
-    for ci, (c0, nv) in enumerate(chunks):
+    def join_blocks(self) -> None:
+        """The copies per nv joined: the new max, sum and alpha of each row."""
+        a, L, MR, NVS, vt = self.out.append, self.L, self.MR, self.NVS, self.vt
+        a("kbj:")
+        for r in range(MR):
+            a(f"  %mn{r} = phi float " + ", ".join(f"[%mn_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
+            a(f"  %ln{r} = phi float " + ", ".join(f"[%ln_v{n}_{r}, %kbv.end{n}]" for n in range(1, NVS + 1)))
+        a(f"  %alj = phi {vt} " + ", ".join(f"[%alv_v{n}, %kbv.end{n}]" for n in range(1, NVS + 1)))
+        for r in range(MR):
+            a(f"  %als{r} = shufflevector {vt} %alj, {vt} poison, <{L} x i32> <{', '.join([f'i32 {r}'] * L)}>")
+        a(f"  br label %pv0.pre")
+
+    def pv_chunk(self, ci: int, c0: int, nv: int) -> None:
+        """o = o * alpha + p @ v[block] for one pass of nv vectors of out columns from c0, over the visible keys."""
+        a, L, MR, KB, ev, vt = self.out.append, self.L, self.MR, self.KB, self.ev, self.vt
         a(f"pv{ci}.pre:")
         init = []
         for r in range(MR):
@@ -459,7 +552,7 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
             a(f"  %pro{ci}_{r} = add i64 %pj{ci}, {r * KB}")
             a(f"  %prp{ci}_{r} = getelementptr inbounds float, ptr %Pb, i64 %pro{ci}_{r}")
             a(f"  %pr{ci}_{r} = load float, ptr %prp{ci}_{r}, align 4")
-            splat(f"%prs{ci}_{r}", "float", f"%pr{ci}_{r}")
+            self.splat(f"%prs{ci}_{r}", "float", f"%pr{ci}_{r}")
             for v in range(nv):
                 a(f"  %of{ci}_{r}_{v} = call {vt} @llvm.fma.v{L}f32({vt} %prs{ci}_{r}, {vt} %vv{ci}_{v}, "
                   f"{vt} %oa{ci}_{r}_{v})")
@@ -470,63 +563,61 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         for r in range(MR):
             for v in range(nv):
                 a(f"  store {vt} %of{ci}_{r}_{v}, ptr %oq{ci}_{r}_{v}, align 4")
-        nxt = f"pv{ci + 1}.pre" if ci + 1 < len(chunks) else "kb.end"
+        nxt = f"pv{ci + 1}.pre" if ci + 1 < len(self.chunks) else "kb.end"
         a(f"  br label %{nxt}")
-    a("kb.end:")
-    a(f"  %j0.n = add i64 %j0, {KB}")
-    a("  %kbc = icmp ult i64 %j0.n, %kend")
-    a("  br i1 %kbc, label %kb, label %fin")
-    # --- the tile's rows out: o / l and lse = m + log(l) (0 and 0 for a row with no key) ------
-    a("fin:")
-    for r in range(MR):
-        a(f"  %fm{r} = phi float [{ninf}, %{tile}], [%mn{r}, %kb.end]")
-        a(f"  %fl{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
-    a("  br label %fr0")
-    for r in range(MR):
-        nxt = f"%fr{r + 1}" if r + 1 < MR else "%qt.end"
-        a(f"fr{r}:")
-        a(f"  %fin{r} = icmp ult i64 {r}, %rows")
-        a(f"  br i1 %fin{r}, label %fdo{r}, label {nxt}")
-        a(f"fdo{r}:")
-        a(f"  %fz{r} = fcmp oeq float %fl{r}, 0.0")
-        a(f"  %fli{r} = fdiv float 1.0, %fl{r}")
-        a(f"  %finv{r} = select i1 %fz{r}, float 0.0, float %fli{r}")
-        splat(f"%fiv{r}", "float", f"%finv{r}")
-        a(f"  %fg{r} = add i64 %q0, {r}")
-        a(f"  %foo{r} = mul i64 %fg{r}, %or")
-        a(f"  %forow{r} = getelementptr float, ptr %oh, i64 %foo{r}")
-        for v in range(ev // L):
-            a(f"  %fs{r}_{v} = getelementptr inbounds float, ptr %Ob, i64 {r * ev + v * L}")
-            a(f"  %fx{r}_{v} = load {vt}, ptr %fs{r}_{v}, align 4")
-            a(f"  %fy{r}_{v} = fmul {vt} %fx{r}_{v}, %fiv{r}")
-            a(f"  %fd{r}_{v} = getelementptr float, ptr %forow{r}, i64 {v * L}")
-            a(f"  store {vt} %fy{r}_{v}, ptr %fd{r}_{v}, align 4")
-        a(f"  %flg{r} = call float @pt_logf(float %fl{r})")
-        a(f"  %flse{r}.0 = fadd float %fm{r}, %flg{r}")
-        a(f"  %flse{r} = select i1 %fz{r}, float 0.0, float %flse{r}.0")
-        a(f"  %flp{r} = getelementptr float, ptr %lseh, i64 %fg{r}")
-        a(f"  store float %flse{r}, ptr %flp{r}, align 4")
-        a(f"  br label {nxt}")
-    a("qt.end:")
-    a("  %qc = icmp ult i64 %q1, %T")
-    a("  br i1 %qc, label %qt, label %bh.end")
-    a("bh.end:")
-    a("  %idx.n = add i64 %idx, 1")
-    a("  %idxc = icmp ult i64 %idx.n, %hi")
-    a("  br i1 %idxc, label %bh, label %exit")
-    a("exit:")
-    a("  ret void")
-    a("}")
-    decls = [declarations(set()), exp_neg_ir(L),
-             f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
-             f"declare {vt} @llvm.maxnum.v{L}f32({vt}, {vt})",
-             f"declare {vt} @llvm.rint.v{L}f32({vt})",
-             f"declare float @llvm.vector.reduce.fmax.v{L}f32({vt})",
-             f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})",
-             f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
-             f"declare <{L} x i8> @llvm.masked.load.v{L}i8.p0(ptr, i32, <{L} x i1>, <{L} x i8>)",
-             "declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)"]
-    return "\n\n".join(decls) + "\n\n" + "\n".join(out) + "\n"
+
+    def finish_tile(self) -> None:
+        """The next key block, else the tile's rows out: o / l and lse = m + log(l) (0 and 0 for a row with no key)."""
+        a, L, MR, KB, ev, vt, ninf, tile = (self.out.append, self.L, self.MR, self.KB, self.ev, self.vt, self.NINF,
+                                            self.tile)
+        a("kb.end:")
+        a(f"  %j0.n = add i64 %j0, {KB}")
+        a("  %kbc = icmp ult i64 %j0.n, %kend")
+        a("  br i1 %kbc, label %kb, label %fin")
+        a("fin:")
+        for r in range(MR):
+            a(f"  %fm{r} = phi float [{ninf}, %{tile}], [%mn{r}, %kb.end]")
+            a(f"  %fl{r} = phi float [0.0, %{tile}], [%ln{r}, %kb.end]")
+        a("  br label %fr0")
+        for r in range(MR):
+            nxt = f"%fr{r + 1}" if r + 1 < MR else "%qt.end"
+            a(f"fr{r}:")
+            a(f"  %fin{r} = icmp ult i64 {r}, %rows")
+            a(f"  br i1 %fin{r}, label %fdo{r}, label {nxt}")
+            a(f"fdo{r}:")
+            a(f"  %fz{r} = fcmp oeq float %fl{r}, 0.0")
+            a(f"  %fli{r} = fdiv float 1.0, %fl{r}")
+            a(f"  %finv{r} = select i1 %fz{r}, float 0.0, float %fli{r}")
+            self.splat(f"%fiv{r}", "float", f"%finv{r}")
+            a(f"  %fg{r} = add i64 %q0, {r}")
+            a(f"  %foo{r} = mul i64 %fg{r}, %or")
+            a(f"  %forow{r} = getelementptr float, ptr %oh, i64 %foo{r}")
+            for v in range(ev // L):
+                a(f"  %fs{r}_{v} = getelementptr inbounds float, ptr %Ob, i64 {r * ev + v * L}")
+                a(f"  %fx{r}_{v} = load {vt}, ptr %fs{r}_{v}, align 4")
+                a(f"  %fy{r}_{v} = fmul {vt} %fx{r}_{v}, %fiv{r}")
+                a(f"  %fd{r}_{v} = getelementptr float, ptr %forow{r}, i64 {v * L}")
+                a(f"  store {vt} %fy{r}_{v}, ptr %fd{r}_{v}, align 4")
+            a(f"  %flg{r} = call float @pt_logf(float %fl{r})")
+            a(f"  %flse{r}.0 = fadd float %fm{r}, %flg{r}")
+            a(f"  %flse{r} = select i1 %fz{r}, float 0.0, float %flse{r}.0")
+            a(f"  %flp{r} = getelementptr float, ptr %lseh, i64 %fg{r}")
+            a(f"  store float %flse{r}, ptr %flp{r}, align 4")
+            a(f"  br label {nxt}")
+
+    def loop_ends(self) -> None:
+        """The latches of the query-tile and batch-and-head loops, and the return."""
+        a = self.out.append
+        a("qt.end:")
+        a("  %qc = icmp ult i64 %q1, %T")
+        a("  br i1 %qc, label %qt, label %bh.end")
+        a("bh.end:")
+        a("  %idx.n = add i64 %idx, 1")
+        a("  %idxc = icmp ult i64 %idx.n, %hi")
+        a("  br i1 %idxc, label %bh, label %exit")
+        a("exit:")
+        a("  ret void")
+        a("}")
 
 
 _LOCK = threading.Lock()

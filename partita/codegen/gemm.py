@@ -171,224 +171,291 @@ ACTIVATIONS = frozenset({"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid",
 
 def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
     """The LLVM IR of one GEMM kernel (see the module doc)."""
-    L, MR, NR, KC, U = cfg.lanes, cfg.mr, cfg.nr, cfg.kc, cfg.unroll
+    act_fn = _act_fn_ir(name, act)
+    return "\n\n".join([_gemm_declarations(cfg.lanes), declarations(set()), act_fn,
+                        "\n".join(_micro_ir(name, cfg, act, False)), "\n".join(_micro_ir(name, cfg, act, True)),
+                        "\n".join(_pack_ir(name, cfg)), "\n".join(_driver_ir(name, cfg))]) + "\n"
+
+
+def _act_fn_ir(name: str, act: str) -> str:
+    """The scalar activation ``@NAME_act(float %v)`` that the micro-kernel's epilogue calls."""
+    act_lines, _used = _act_lines(act)
+    return "\n".join([f"define internal float @{name}_act(float %v) alwaysinline nounwind {{"] + act_lines +
+                     ["  ret float %r", "}"])
+
+
+def _gemm_declarations(L: int) -> str:
+    """The declarations of the vector intrinsics the GEMM kernel calls."""
+    vt = f"<{L} x float>"
+    return "\n".join([f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
+                      "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+                      f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
+                      f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)"])
+
+
+# --- the micro-kernel: acc[r][v] over kc steps, then the tile written back -------------------
+
+def _fma_step(cfg: GemmConfig, tag: str, ap: str, bp: str, accs: list[list[str]], k_off: int,
+              direct: bool = False) -> tuple[list[str], list[list[str]]]:
+    """One k step of the micro-kernel: a row of the B panel, MR broadcasts of A, MR x NV FMAs."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
     NV = NR // L
     vt = f"<{L} x float>"
-    act_lines, used = _act_lines(act)
-    act_fn = "\n".join([f"define internal float @{name}_act(float %v) alwaysinline nounwind {{"] + act_lines +
-                       ["  ret float %r", "}"])
-
-    # --- the micro-kernel: acc[r][v] over kc steps, then the tile written back ---------------
-    def step(tag: str, ap: str, bp: str, accs: list[list[str]], k_off: int,
-             direct: bool = False) -> tuple[list[str], list[list[str]]]:
-        lines = []
-        bs = []
+    lines = []
+    bs = []
+    for v in range(NV):
+        p = f"%{tag}bp{v}"
+        lines.append(f"  {p} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
+        lines.append(f"  %{tag}b{v} = load {vt}, ptr {p}, align 4")
+        bs.append(f"%{tag}b{v}")
+    new = []
+    for r in range(MR):
+        p = f"%{tag}ap{r}"
+        if direct:  # row r of A at ap + roff_r, its k-th value k further on
+            lines.append(f"  {p}.row = getelementptr inbounds float, ptr {ap}, i64 %roff{r}")
+            lines.append(f"  {p} = getelementptr inbounds float, ptr {p}.row, i64 {k_off}")
+        else:
+            lines.append(f"  {p} = getelementptr inbounds float, ptr {ap}, i64 {k_off * MR + r}")
+        lines.append(f"  %{tag}a{r} = load float, ptr {p}, align 4")
+        lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
+        lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
+        row = []
         for v in range(NV):
-            p = f"%{tag}bp{v}"
-            lines.append(f"  {p} = getelementptr inbounds float, ptr {bp}, i64 {k_off * NR + v * L}")
-            lines.append(f"  %{tag}b{v} = load {vt}, ptr {p}, align 4")
-            bs.append(f"%{tag}b{v}")
-        new = []
-        for r in range(MR):
-            p = f"%{tag}ap{r}"
-            if direct:  # row r of A at ap + roff_r, its k-th value k further on
-                lines.append(f"  {p}.row = getelementptr inbounds float, ptr {ap}, i64 %roff{r}")
-                lines.append(f"  {p} = getelementptr inbounds float, ptr {p}.row, i64 {k_off}")
-            else:
-                lines.append(f"  {p} = getelementptr inbounds float, ptr {ap}, i64 {k_off * MR + r}")
-            lines.append(f"  %{tag}a{r} = load float, ptr {p}, align 4")
-            lines.append(f"  %{tag}ai{r} = insertelement {vt} poison, float %{tag}a{r}, i64 0")
-            lines.append(f"  %{tag}as{r} = shufflevector {vt} %{tag}ai{r}, {vt} poison, <{L} x i32> zeroinitializer")
-            row = []
-            for v in range(NV):
-                out = f"%{tag}c{r}_{v}"
-                lines.append(f"  {out} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
-                row.append(out)
-            new.append(row)
-        return lines, new
+            out = f"%{tag}c{r}_{v}"
+            lines.append(f"  {out} = call {vt} @llvm.fma.v{L}f32({vt} %{tag}as{r}, {vt} {bs[v]}, {vt} {accs[r][v]})")
+            row.append(out)
+        new.append(row)
+    return lines, new
 
-    def micro_fn(direct: bool) -> list[str]:
-        """The micro-kernel reading A from the packed panel (k-th value of row r at
-        ap[k * MR + r]) or, ``direct``, from A itself (at ap[r * lda + k])."""
-        fname = "microd" if direct else "micro"
-        AK = 1 if direct else MR
-        zero = "zeroinitializer"
-        micro = [f"define internal void @{name}_{fname}(ptr noalias %ap, ptr noalias %bp, i64 %kc, ptr noalias %c, i64 %ldc, "
-                 f"i64 %mr, i64 %nc, i1 %first, i1 %last, ptr %bias, ptr %pf, i64 %lda) alwaysinline nounwind {{",
-                 "entry:"]
-        if direct:  # rows past mr read the last valid row again (their results are never stored)
-            micro.append("  %mrl = sub i64 %mr, 1")
-            for r in range(MR):
-                micro.append(f"  %rlt{r} = icmp ult i64 {r}, %mr")
-                micro.append(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %mrl")
-                micro.append(f"  %roff{r} = mul i64 %rr{r}, %lda")
-        micro += [
-                 f"  %ku = udiv i64 %kc, {U}",
-                 f"  %kr = urem i64 %kc, {U}",
-                 "  %hasu = icmp ne i64 %ku, 0",
-                 "  br i1 %hasu, label %uloop, label %uexit",
-                 "uloop:",
-                 "  %ui = phi i64 [0, %entry], [%ui.n, %uloop]",
-                 "  %uap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
-                 "  %ubp = phi ptr [%bp, %entry], [%ubp.n, %uloop]",
-                 "  %upf = phi ptr [%pf, %entry], [%upf.n, %uloop]"]
-        accs = [[f"%uacc{r}_{v}" for v in range(NV)] for r in range(MR)]
-        body: list[str] = []
-        cur = accs
-        for u in range(U):
-            lines, cur = step(f"u{u}_", "%uap", "%ubp", cur, u, direct)
-            if cfg.prefetch:
-                body.append(f"  %upfp{u} = getelementptr inbounds float, ptr %upf, i64 {u * 16}")
-                body.append(f"  call void @llvm.prefetch.p0(ptr %upfp{u}, i32 0, i32 3, i32 1)")
-            body += lines
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %uacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
-        micro += body
-        micro += [f"  %uap.n = getelementptr inbounds float, ptr %uap, i64 {U * AK}",
-                  f"  %ubp.n = getelementptr inbounds float, ptr %ubp, i64 {U * NR}",
-                  f"  %upf.n = getelementptr inbounds float, ptr %upf, i64 {U * 16}",
-                  "  %ui.n = add i64 %ui, 1",
-                  "  %ucont = icmp ult i64 %ui.n, %ku",
-                  "  br i1 %ucont, label %uloop, label %uexit",
-                  "uexit:",
-                  "  %xap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
-                  "  %xbp = phi ptr [%bp, %entry], [%ubp.n, %uloop]"]
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %xacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
-        micro += ["  %hasr = icmp ne i64 %kr, 0",
-                  "  br i1 %hasr, label %rloop, label %done",
-                  "rloop:",
-                  "  %ri = phi i64 [0, %uexit], [%ri.n, %rloop]",
-                  "  %rap = phi ptr [%xap, %uexit], [%rap.n, %rloop]",
-                  "  %rbp = phi ptr [%xbp, %uexit], [%rbp.n, %rloop]"]
-        lines, rcur = step("r_", "%rap", "%rbp", [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0, direct)
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %racc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
-        micro += lines
-        micro += [f"  %rap.n = getelementptr inbounds float, ptr %rap, i64 {AK}",
-                  f"  %rbp.n = getelementptr inbounds float, ptr %rbp, i64 {NR}",
-                  "  %ri.n = add i64 %ri, 1",
-                  "  %rcont = icmp ult i64 %ri.n, %kr",
-                  "  br i1 %rcont, label %rloop, label %done",
-                  "done:"]
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %acc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
-        micro += [f"  %fullm = icmp eq i64 %mr, {MR}",
-                  f"  %fulln = icmp eq i64 %nc, {NR}",
-                  "  %full = and i1 %fullm, %fulln",
-                  # a whole tile of the last slice adds the bias in registers, before its
-                  # store (the epilogue's pass over the tile is then only for the activation)
-                  "  %hasb0 = icmp ne ptr %bias, null",
-                  "  %lastb = and i1 %last, %hasb0",
-                  "  %bfolded = and i1 %full, %lastb",
-                  "  br i1 %full, label %fast, label %slow",
-                  # the whole tile: straight vector stores; C is read only to add to it after the
-                  # first slice (a fresh output is never read)
-                  "fast:"]
-        for r in range(MR):
-            micro.append(f"  %fro{r} = mul i64 %ldc, {r}")
-            micro.append(f"  %frow{r} = getelementptr inbounds float, ptr %c, i64 %fro{r}")
-            for v in range(NV):
-                micro.append(f"  %fp{r}_{v} = getelementptr inbounds float, ptr %frow{r}, i64 {v * L}")
-        micro.append("  br i1 %bfolded, label %fbias, label %fgo")
-        micro.append("fbias:")
-        for v in range(NV):
-            micro.append(f"  %fbp{v} = getelementptr inbounds float, ptr %bias, i64 {v * L}")
-            micro.append(f"  %fbv{v} = load {vt}, ptr %fbp{v}, align 4")
-            for r in range(MR):
-                micro.append(f"  %fb{r}_{v} = fadd {vt} %acc{r}_{v}, %fbv{v}")
-        micro += ["  br label %fgo", "fgo:"]
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %fa{r}_{v} = phi {vt} [%acc{r}_{v}, %fast], [%fb{r}_{v}, %fbias]")
-        micro.append("  br i1 %first, label %fstore, label %fadd")
-        micro.append("fstore:")
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  store {vt} %fa{r}_{v}, ptr %fp{r}_{v}, align 4")
-        micro += ["  br label %epi", "fadd:"]
-        for r in range(MR):
-            for v in range(NV):
-                micro.append(f"  %fo{r}_{v} = load {vt}, ptr %fp{r}_{v}, align 4")
-                micro.append(f"  %fs{r}_{v} = fadd {vt} %fa{r}_{v}, %fo{r}_{v}")
-                micro.append(f"  store {vt} %fs{r}_{v}, ptr %fp{r}_{v}, align 4")
-        micro += ["  br label %epi",
-                  # an edge tile: the rows below mr, each vector stored under the mask of its
-                  # columns below nc (masked loads add the C of earlier slices)
-                  "slow:",
-                  "  %nc32 = trunc i64 %nc to i32",
-                  f"  %ncv0 = insertelement <{L} x i32> poison, i32 %nc32, i64 0",
-                  f"  %ncv = shufflevector <{L} x i32> %ncv0, <{L} x i32> poison, <{L} x i32> zeroinitializer"]
-        for v in range(NV):
-            lanes = ", ".join(f"i32 {v * L + i}" for i in range(L))
-            micro.append(f"  %smask{v} = icmp ult <{L} x i32> <{lanes}>, %ncv")
-        micro.append("  br label %srow0")
-        for r in range(MR):
-            nxt = f"%srow{r + 1}" if r + 1 < MR else "%epi"
-            micro += [f"srow{r}:",
-                      f"  %sin{r} = icmp ult i64 {r}, %mr",
-                      f"  br i1 %sin{r}, label %sdo{r}, label %epi",
-                      f"sdo{r}:",
-                      f"  %sro{r} = mul i64 %ldc, {r}",
-                      f"  %srp{r} = getelementptr inbounds float, ptr %c, i64 %sro{r}"]
-            for v in range(NV):
-                micro += [f"  %sp{r}_{v} = getelementptr inbounds float, ptr %srp{r}, i64 {v * L}",
-                          f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sp{r}_{v}, i32 4, "
-                          f"<{L} x i1> %smask{v}, {vt} zeroinitializer)",
-                          f"  %ss{r}_{v} = fadd {vt} %acc{r}_{v}, %so{r}_{v}",
-                          f"  %sv{r}_{v} = select i1 %first, {vt} %acc{r}_{v}, {vt} %ss{r}_{v}",
-                          f"  call void @llvm.masked.store.v{L}f32.p0({vt} %sv{r}_{v}, ptr %sp{r}_{v}, i32 4, "
-                          f"<{L} x i1> %smask{v})"]
-            micro.append(f"  br label {nxt}")
-        micro += [
-                  # the last slice: bias and activation over the tile, in L1
-                  "epi:",
-                  "  %notfolded = xor i1 %bfolded, true",
-                  "  %hasb = and i1 %hasb0, %notfolded",
-                  f"  %needb = and i1 %last, %hasb",
-                  f"  %needa = and i1 %last, {'true' if act != 'none' else 'false'}",
-                  "  %need = or i1 %needb, %needa",
-                  "  br i1 %need, label %erow, label %ret",
-                  "erow:",
-                  "  %ei = phi i64 [0, %epi], [%ei.n, %erow.end]",
-                  "  %ero = mul i64 %ei, %ldc",
-                  "  %ecrow = getelementptr inbounds float, ptr %c, i64 %ero",
-                  "  br i1 %hasb, label %ebcol, label %eacol",
-                  "ebcol:",
-                  "  %bj = phi i64 [0, %erow], [%bj.n, %ebcol]",
-                  "  %bcp = getelementptr inbounds float, ptr %ecrow, i64 %bj",
-                  "  %bcv = load float, ptr %bcp, align 4",
-                  "  %bbp = getelementptr inbounds float, ptr %bias, i64 %bj",
-                  "  %bbv = load float, ptr %bbp, align 4",
-                  "  %bsum = fadd float %bcv, %bbv",
-                  f"  %bout = call float @{name}_act(float %bsum)",
-                  "  store float %bout, ptr %bcp, align 4",
-                  "  %bj.n = add i64 %bj, 1",
-                  "  %bjc = icmp ult i64 %bj.n, %nc",
-                  "  br i1 %bjc, label %ebcol, label %erow.end",
-                  "eacol:",
-                  "  %aj = phi i64 [0, %erow], [%aj.n, %eacol]",
-                  "  %acp = getelementptr inbounds float, ptr %ecrow, i64 %aj",
-                  "  %acv = load float, ptr %acp, align 4",
-                  f"  %aout = call float @{name}_act(float %acv)",
-                  "  store float %aout, ptr %acp, align 4",
-                  "  %aj.n = add i64 %aj, 1",
-                  "  %ajc = icmp ult i64 %aj.n, %nc",
-                  "  br i1 %ajc, label %eacol, label %erow.end",
-                  "erow.end:",
-                  "  %ei.n = add i64 %ei, 1",
-                  "  %eic = icmp ult i64 %ei.n, %mr",
-                  "  br i1 %eic, label %erow, label %ret",
-                  "ret:",
-                  "  ret void",
-                  "}"]
-        return micro
 
-    # --- packing A: Aw[(i / MR) * kc * MR + k * MR + i % MR] = A[i, k], zero past mc ----------
+def _micro_ir(name: str, cfg: GemmConfig, act: str, direct: bool) -> list[str]:
+    """The micro-kernel reading A from the packed panel (k-th value of row r at
+    ap[k * MR + r]) or, ``direct``, from A itself (at ap[r * lda + k])."""
+    return (_micro_prologue(name, cfg, direct) + _micro_unrolled_loop(cfg, direct) + _micro_rest_loop(cfg, direct)
+            + _micro_store_whole(cfg) + _micro_store_edge(cfg) + _micro_epilogue(name, act))
+
+
+def _micro_prologue(name: str, cfg: GemmConfig, direct: bool) -> list[str]:
+    """The micro-kernel's signature and entry (the row offsets of A when it is read in place)."""
+    fname = "microd" if direct else "micro"
+    micro = [f"define internal void @{name}_{fname}(ptr noalias %ap, ptr noalias %bp, i64 %kc, ptr noalias %c, i64 %ldc, "
+             f"i64 %mr, i64 %nc, i1 %first, i1 %last, ptr %bias, ptr %pf, i64 %lda) alwaysinline nounwind {{",
+             "entry:"]
+    if direct:  # rows past mr read the last valid row again (their results are never stored)
+        micro.append("  %mrl = sub i64 %mr, 1")
+        for r in range(cfg.mr):
+            micro.append(f"  %rlt{r} = icmp ult i64 {r}, %mr")
+            micro.append(f"  %rr{r} = select i1 %rlt{r}, i64 {r}, i64 %mrl")
+            micro.append(f"  %roff{r} = mul i64 %rr{r}, %lda")
+    return micro
+
+
+def _micro_unrolled_loop(cfg: GemmConfig, direct: bool) -> list[str]:
+    """The micro-kernel's main k loop, ``unroll`` steps a trip, ending in %xacc at its exit."""
+    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
+    NV = NR // L
+    vt = f"<{L} x float>"
+    AK = 1 if direct else MR
+    zero = "zeroinitializer"
+    micro = [f"  %ku = udiv i64 %kc, {U}",
+             f"  %kr = urem i64 %kc, {U}",
+             "  %hasu = icmp ne i64 %ku, 0",
+             "  br i1 %hasu, label %uloop, label %uexit",
+             "uloop:",
+             "  %ui = phi i64 [0, %entry], [%ui.n, %uloop]",
+             "  %uap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
+             "  %ubp = phi ptr [%bp, %entry], [%ubp.n, %uloop]",
+             "  %upf = phi ptr [%pf, %entry], [%upf.n, %uloop]"]
+    accs = [[f"%uacc{r}_{v}" for v in range(NV)] for r in range(MR)]
+    body: list[str] = []
+    cur = accs
+    for u in range(U):
+        lines, cur = _fma_step(cfg, f"u{u}_", "%uap", "%ubp", cur, u, direct)
+        if cfg.prefetch:
+            body.append(f"  %upfp{u} = getelementptr inbounds float, ptr %upf, i64 {u * 16}")
+            body.append(f"  call void @llvm.prefetch.p0(ptr %upfp{u}, i32 0, i32 3, i32 1)")
+        body += lines
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %uacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
+    micro += body
+    micro += [f"  %uap.n = getelementptr inbounds float, ptr %uap, i64 {U * AK}",
+              f"  %ubp.n = getelementptr inbounds float, ptr %ubp, i64 {U * NR}",
+              f"  %upf.n = getelementptr inbounds float, ptr %upf, i64 {U * 16}",
+              "  %ui.n = add i64 %ui, 1",
+              "  %ucont = icmp ult i64 %ui.n, %ku",
+              "  br i1 %ucont, label %uloop, label %uexit",
+              "uexit:",
+              "  %xap = phi ptr [%ap, %entry], [%uap.n, %uloop]",
+              "  %xbp = phi ptr [%bp, %entry], [%ubp.n, %uloop]"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %xacc{r}_{v} = phi {vt} [{zero}, %entry], [{cur[r][v]}, %uloop]")
+    return micro
+
+
+def _micro_rest_loop(cfg: GemmConfig, direct: bool) -> list[str]:
+    """The micro-kernel's k steps left after the unrolled loop, one a trip, ending in %acc."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    AK = 1 if direct else MR
+    micro = ["  %hasr = icmp ne i64 %kr, 0",
+             "  br i1 %hasr, label %rloop, label %done",
+             "rloop:",
+             "  %ri = phi i64 [0, %uexit], [%ri.n, %rloop]",
+             "  %rap = phi ptr [%xap, %uexit], [%rap.n, %rloop]",
+             "  %rbp = phi ptr [%xbp, %uexit], [%rbp.n, %rloop]"]
+    lines, rcur = _fma_step(cfg, "r_", "%rap", "%rbp", [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0,
+                            direct)
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %racc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
+    micro += lines
+    micro += [f"  %rap.n = getelementptr inbounds float, ptr %rap, i64 {AK}",
+              f"  %rbp.n = getelementptr inbounds float, ptr %rbp, i64 {NR}",
+              "  %ri.n = add i64 %ri, 1",
+              "  %rcont = icmp ult i64 %ri.n, %kr",
+              "  br i1 %rcont, label %rloop, label %done",
+              "done:"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %acc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
+    return micro
+
+
+def _micro_store_whole(cfg: GemmConfig) -> list[str]:
+    """The choice of store and a whole tile's: the bias added in registers, vector stores."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    micro = [f"  %fullm = icmp eq i64 %mr, {MR}",
+             f"  %fulln = icmp eq i64 %nc, {NR}",
+             "  %full = and i1 %fullm, %fulln",
+             # a whole tile of the last slice adds the bias in registers, before its
+             # store (the epilogue's pass over the tile is then only for the activation)
+             "  %hasb0 = icmp ne ptr %bias, null",
+             "  %lastb = and i1 %last, %hasb0",
+             "  %bfolded = and i1 %full, %lastb",
+             "  br i1 %full, label %fast, label %slow",
+             # the whole tile: straight vector stores; C is read only to add to it after the
+             # first slice (a fresh output is never read)
+             "fast:"]
+    for r in range(MR):
+        micro.append(f"  %fro{r} = mul i64 %ldc, {r}")
+        micro.append(f"  %frow{r} = getelementptr inbounds float, ptr %c, i64 %fro{r}")
+        for v in range(NV):
+            micro.append(f"  %fp{r}_{v} = getelementptr inbounds float, ptr %frow{r}, i64 {v * L}")
+    micro.append("  br i1 %bfolded, label %fbias, label %fgo")
+    micro.append("fbias:")
+    for v in range(NV):
+        micro.append(f"  %fbp{v} = getelementptr inbounds float, ptr %bias, i64 {v * L}")
+        micro.append(f"  %fbv{v} = load {vt}, ptr %fbp{v}, align 4")
+        for r in range(MR):
+            micro.append(f"  %fb{r}_{v} = fadd {vt} %acc{r}_{v}, %fbv{v}")
+    micro += ["  br label %fgo", "fgo:"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %fa{r}_{v} = phi {vt} [%acc{r}_{v}, %fast], [%fb{r}_{v}, %fbias]")
+    micro.append("  br i1 %first, label %fstore, label %fadd")
+    micro.append("fstore:")
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  store {vt} %fa{r}_{v}, ptr %fp{r}_{v}, align 4")
+    micro += ["  br label %epi", "fadd:"]
+    for r in range(MR):
+        for v in range(NV):
+            micro.append(f"  %fo{r}_{v} = load {vt}, ptr %fp{r}_{v}, align 4")
+            micro.append(f"  %fs{r}_{v} = fadd {vt} %fa{r}_{v}, %fo{r}_{v}")
+            micro.append(f"  store {vt} %fs{r}_{v}, ptr %fp{r}_{v}, align 4")
+    micro += ["  br label %epi"]
+    return micro
+
+
+def _micro_store_edge(cfg: GemmConfig) -> list[str]:
+    """An edge tile's store: the rows below mr, each vector under the mask of its columns below nc."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    # masked loads add the C of earlier slices
+    micro = ["slow:",
+             "  %nc32 = trunc i64 %nc to i32",
+             f"  %ncv0 = insertelement <{L} x i32> poison, i32 %nc32, i64 0",
+             f"  %ncv = shufflevector <{L} x i32> %ncv0, <{L} x i32> poison, <{L} x i32> zeroinitializer"]
+    for v in range(NV):
+        lanes = ", ".join(f"i32 {v * L + i}" for i in range(L))
+        micro.append(f"  %smask{v} = icmp ult <{L} x i32> <{lanes}>, %ncv")
+    micro.append("  br label %srow0")
+    for r in range(MR):
+        nxt = f"%srow{r + 1}" if r + 1 < MR else "%epi"
+        micro += [f"srow{r}:",
+                  f"  %sin{r} = icmp ult i64 {r}, %mr",
+                  f"  br i1 %sin{r}, label %sdo{r}, label %epi",
+                  f"sdo{r}:",
+                  f"  %sro{r} = mul i64 %ldc, {r}",
+                  f"  %srp{r} = getelementptr inbounds float, ptr %c, i64 %sro{r}"]
+        for v in range(NV):
+            micro += [f"  %sp{r}_{v} = getelementptr inbounds float, ptr %srp{r}, i64 {v * L}",
+                      f"  %so{r}_{v} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr %sp{r}_{v}, i32 4, "
+                      f"<{L} x i1> %smask{v}, {vt} zeroinitializer)",
+                      f"  %ss{r}_{v} = fadd {vt} %acc{r}_{v}, %so{r}_{v}",
+                      f"  %sv{r}_{v} = select i1 %first, {vt} %acc{r}_{v}, {vt} %ss{r}_{v}",
+                      f"  call void @llvm.masked.store.v{L}f32.p0({vt} %sv{r}_{v}, ptr %sp{r}_{v}, i32 4, "
+                      f"<{L} x i1> %smask{v})"]
+        micro.append(f"  br label {nxt}")
+    return micro
+
+
+def _micro_epilogue(name: str, act: str) -> list[str]:
+    """The last slice's epilogue: the bias (unless folded) and the activation over the tile, in L1."""
+    return [
+        "epi:",
+        "  %notfolded = xor i1 %bfolded, true",
+        "  %hasb = and i1 %hasb0, %notfolded",
+        f"  %needb = and i1 %last, %hasb",
+        f"  %needa = and i1 %last, {'true' if act != 'none' else 'false'}",
+        "  %need = or i1 %needb, %needa",
+        "  br i1 %need, label %erow, label %ret",
+        "erow:",
+        "  %ei = phi i64 [0, %epi], [%ei.n, %erow.end]",
+        "  %ero = mul i64 %ei, %ldc",
+        "  %ecrow = getelementptr inbounds float, ptr %c, i64 %ero",
+        "  br i1 %hasb, label %ebcol, label %eacol",
+        "ebcol:",
+        "  %bj = phi i64 [0, %erow], [%bj.n, %ebcol]",
+        "  %bcp = getelementptr inbounds float, ptr %ecrow, i64 %bj",
+        "  %bcv = load float, ptr %bcp, align 4",
+        "  %bbp = getelementptr inbounds float, ptr %bias, i64 %bj",
+        "  %bbv = load float, ptr %bbp, align 4",
+        "  %bsum = fadd float %bcv, %bbv",
+        f"  %bout = call float @{name}_act(float %bsum)",
+        "  store float %bout, ptr %bcp, align 4",
+        "  %bj.n = add i64 %bj, 1",
+        "  %bjc = icmp ult i64 %bj.n, %nc",
+        "  br i1 %bjc, label %ebcol, label %erow.end",
+        "eacol:",
+        "  %aj = phi i64 [0, %erow], [%aj.n, %eacol]",
+        "  %acp = getelementptr inbounds float, ptr %ecrow, i64 %aj",
+        "  %acv = load float, ptr %acp, align 4",
+        f"  %aout = call float @{name}_act(float %acv)",
+        "  store float %aout, ptr %acp, align 4",
+        "  %aj.n = add i64 %aj, 1",
+        "  %ajc = icmp ult i64 %aj.n, %nc",
+        "  br i1 %ajc, label %eacol, label %erow.end",
+        "erow.end:",
+        "  %ei.n = add i64 %ei, 1",
+        "  %eic = icmp ult i64 %ei.n, %mr",
+        "  br i1 %eic, label %erow, label %ret",
+        "ret:",
+        "  ret void",
+        "}"]
+
+
+# --- packing A: Aw[(i / MR) * kc * MR + k * MR + i % MR] = A[i, k], zero past mc --------------
+
+def _pack_ir(name: str, cfg: GemmConfig) -> list[str]:
+    """The function ``@NAME_pack`` that packs a block of A into row panels of MR rows."""
+    MR = cfg.mr
     pack = [f"define internal void @{name}_pack(ptr noalias %a, i64 %lda, i64 %sk, i64 %mc, i64 %kc, ptr noalias %w) "
             "alwaysinline nounwind {",
             "entry:",
@@ -402,9 +469,21 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
             "  %pw = getelementptr inbounds float, ptr %w, i64 %pwo",
             f"  %full = add i64 %row0, {MR}",
             "  %isfull = icmp ule i64 %full, %mc",
-            "  br i1 %isfull, label %fk, label %pk",
-            # a full panel: MR rows, read along k
-            "fk:"]
+            "  br i1 %isfull, label %fk, label %pk"]
+    pack += _pack_whole_panel(MR) + _pack_partial_panel(MR)
+    pack += ["panel.end:",
+             "  %pi.n = add i64 %pi, 1",
+             "  %pic = icmp ult i64 %pi.n, %np",
+             "  br i1 %pic, label %panel, label %exit",
+             "exit:",
+             "  ret void",
+             "}"]
+    return pack
+
+
+def _pack_whole_panel(MR: int) -> list[str]:
+    """Packing a whole panel: MR rows, read along k."""
+    pack = ["fk:"]
     for r in range(MR):
         pack.append(f"  %fr{r} = add i64 %row0, {r}")
         pack.append(f"  %fro{r} = mul i64 %fr{r}, %lda")
@@ -422,165 +501,182 @@ def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:
         pack.append(f"  store float %sv{r}, ptr %dp{r}, align 4")
     pack += ["  %k.n = add i64 %k, 1",
              "  %kcont = icmp ult i64 %k.n, %kc",
-             "  br i1 %kcont, label %fkl, label %panel.end",
-             # the last, partial panel: rows past mc are zero
-             "pk:",
-             "  br label %pkl",
-             "pkl:",
-             "  %q = phi i64 [0, %pk], [%q.n, %pkr.end]",
-             f"  %qo = mul i64 %q, {MR}",
-             "  br label %pkr",
-             "pkr:",
-             "  %r = phi i64 [0, %pkl], [%r.n, %pkr.next]",
-             "  %row = add i64 %row0, %r",
-             "  %in = icmp ult i64 %row, %mc",
-             "  %qd = add i64 %qo, %r",
-             "  %qdp = getelementptr inbounds float, ptr %pw, i64 %qd",
-             "  br i1 %in, label %pkload, label %pkzero",
-             "pkload:",
-             "  %qso = mul i64 %row, %lda",
-             "  %qks = mul i64 %q, %sk",
-             "  %qso2 = add i64 %qso, %qks",
-             "  %qsp = getelementptr inbounds float, ptr %a, i64 %qso2",
-             "  %qv = load float, ptr %qsp, align 4",
-             "  store float %qv, ptr %qdp, align 4",
-             "  br label %pkr.next",
-             "pkzero:",
-             "  store float 0.0, ptr %qdp, align 4",
-             "  br label %pkr.next",
-             "pkr.next:",
-             "  %r.n = add i64 %r, 1",
-             f"  %rc = icmp ult i64 %r.n, {MR}",
-             "  br i1 %rc, label %pkr, label %pkr.end",
-             "pkr.end:",
-             "  %q.n = add i64 %q, 1",
-             "  %qc = icmp ult i64 %q.n, %kc",
-             "  br i1 %qc, label %pkl, label %panel.end",
-             "panel.end:",
-             "  %pi.n = add i64 %pi, 1",
-             "  %pic = icmp ult i64 %pi.n, %np",
-             "  br i1 %pic, label %panel, label %exit",
-             "exit:",
-             "  ret void",
-             "}"]
+             "  br i1 %kcont, label %fkl, label %panel.end"]
+    return pack
 
-    # --- the driver ----------------------------------------------------------------------------
-    drv = [f"define void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %sak, ptr noalias nocapture readonly %Bp, "
-           "ptr noalias nocapture readonly %bias, ptr noalias nocapture %C, i64 %ldc, i64 %M, i64 %N, i64 %K, "
-           "ptr noalias nocapture %W, i64 %plo, i64 %phi, i64 %mcx) nounwind {",
-           "entry:",
-           "  %empty0 = icmp eq i64 %M, 0",
-           "  %empty1 = icmp eq i64 %K, 0",
-           "  %empty2 = icmp uge i64 %plo, %phi",
-           "  %e01 = or i1 %empty0, %empty1",
-           "  %empty = or i1 %e01, %empty2",
-           # no workspace: A is read where it is (its k stride must be 1), not packed
-           "  %direct = icmp eq ptr %W, null",
-           # rows per block: M split evenly into blocks of at most MC, rounded up to MR
-           "  %mcx1 = sub i64 %mcx, 1",
-           "  %nb0 = add i64 %M, %mcx1",
-           "  %nb = udiv i64 %nb0, %mcx",
-           "  %mper0 = add i64 %M, %nb",
-           "  %mper1 = sub i64 %mper0, 1",
-           "  %mper = udiv i64 %mper1, %nb",
-           f"  %mcb0 = add i64 %mper, {MR - 1}",
-           f"  %mcb1 = udiv i64 %mcb0, {MR}",
-           f"  %mcb = mul i64 %mcb1, {MR}",
-           "  br i1 %empty, label %exit, label %pc.loop",
-           "pc.loop:",
-           "  %pc = phi i64 [0, %entry], [%pc.n, %pc.end]",
-           "  %krem = sub i64 %K, %pc",
-           f"  %kbig = icmp ugt i64 %krem, {KC}",
-           f"  %kc = select i1 %kbig, i64 {KC}, i64 %krem",
-           "  %first = icmp eq i64 %pc, 0",
-           "  %pc.n = add i64 %pc, %kc",
-           "  %last = icmp eq i64 %pc.n, %K",
-           "  br label %ic.loop",
-           "ic.loop:",
-           "  %ic = phi i64 [0, %pc.loop], [%ic.n, %ic.end]",
-           "  %mrem = sub i64 %M, %ic",
-           "  %mbig = icmp ugt i64 %mrem, %mcb",
-           "  %mc = select i1 %mbig, i64 %mcb, i64 %mrem",
-           "  %aoff0 = mul i64 %ic, %lda",
-           "  %aoff1 = mul i64 %pc, %sak",
-           "  %aoff = add i64 %aoff0, %aoff1",
-           "  %ablk = getelementptr inbounds float, ptr %A, i64 %aoff",
-           "  br i1 %direct, label %ic.packed, label %ic.pack",
-           "ic.pack:",
-           f"  call void @{name}_pack(ptr %ablk, i64 %lda, i64 %sak, i64 %mc, i64 %kc, ptr %W)",
-           "  br label %ic.packed",
-           "ic.packed:",
-           "  br label %p.loop",
-           "p.loop:",
-           "  %p = phi i64 [%plo, %ic.packed], [%p.n, %p.end]",
-           f"  %col0 = mul i64 %p, {NR}",
-           "  %bpo0 = mul i64 %col0, %K",
-           f"  %bpo1 = mul i64 %pc, {NR}",
-           "  %bpo = add i64 %bpo0, %bpo1",
-           "  %bpan = getelementptr inbounds float, ptr %Bp, i64 %bpo",
-           f"  %bnexto = mul i64 %K, {NR}",
-           "  %bnext = getelementptr float, ptr %bpan, i64 %bnexto",
-           "  %ncrem = sub i64 %N, %col0",
-           f"  %ncbig = icmp ugt i64 %ncrem, {NR}",
-           f"  %nc = select i1 %ncbig, i64 {NR}, i64 %ncrem",
-           "  %hasb = icmp ne ptr %bias, null",
-           "  %bcol = getelementptr inbounds float, ptr %bias, i64 %col0",
-           "  %bptr = select i1 %hasb, ptr %bcol, ptr null",
-           "  br label %ir.loop",
-           "ir.loop:",
-           "  %ir = phi i64 [0, %p.loop], [%ir.n, %ir.next]",
-           "  %mr.rem = sub i64 %mc, %ir",
-           f"  %mr.big = icmp ugt i64 %mr.rem, {MR}",
-           f"  %mr = select i1 %mr.big, i64 {MR}, i64 %mr.rem",
-           # the next panel is prefetched while this one is used: a micro-kernel call prefetches
-           # kc consecutive cache lines, so the first NR / 16 row tiles take a share each
-           # (an AVX-512 panel row is NR / 16 lines); later tiles touch this panel again
-           f"  %irt = udiv i64 %ir, {MR}",
-           f"  %irpf = icmp ult i64 %irt, {max(1, NR // 16)}",
-           "  %pfo = mul i64 %irt, %kc",
-           "  %pfo16 = shl i64 %pfo, 4",
-           "  %pfn = getelementptr float, ptr %bnext, i64 %pfo16",
-           "  %pfp = select i1 %irpf, ptr %pfn, ptr %bpan",
-           "  %cr = add i64 %ic, %ir",
-           "  %co0 = mul i64 %cr, %ldc",
-           "  %co = add i64 %co0, %col0",
-           "  %ctile = getelementptr inbounds float, ptr %C, i64 %co",
-           "  br i1 %direct, label %ir.direct, label %ir.packed",
-           "ir.packed:",
-           "  %awo = mul i64 %ir, %kc",
-           "  %apan = getelementptr inbounds float, ptr %W, i64 %awo",
-           f"  call void @{name}_micro(ptr %apan, ptr %bpan, i64 %kc, ptr %ctile, i64 %ldc, i64 %mr, i64 %nc, "
-           "i1 %first, i1 %last, ptr %bptr, ptr %pfp, i64 %lda)",
-           "  br label %ir.next",
-           "ir.direct:",
-           "  %adro = mul i64 %ir, %lda",
-           "  %adir = getelementptr inbounds float, ptr %ablk, i64 %adro",
-           f"  call void @{name}_microd(ptr %adir, ptr %bpan, i64 %kc, ptr %ctile, i64 %ldc, i64 %mr, i64 %nc, "
-           "i1 %first, i1 %last, ptr %bptr, ptr %pfp, i64 %lda)",
-           "  br label %ir.next",
-           "ir.next:",
-           f"  %ir.n = add i64 %ir, {MR}",
-           "  %irc = icmp ult i64 %ir.n, %mc",
-           "  br i1 %irc, label %ir.loop, label %p.end",
-           "p.end:",
-           "  %p.n = add i64 %p, 1",
-           "  %pcnt = icmp ult i64 %p.n, %phi",
-           "  br i1 %pcnt, label %p.loop, label %ic.end",
-           "ic.end:",
-           "  %ic.n = add i64 %ic, %mc",
-           "  %icc = icmp ult i64 %ic.n, %M",
-           "  br i1 %icc, label %ic.loop, label %pc.end",
-           "pc.end:",
-           "  %pcc = icmp ult i64 %pc.n, %K",
-           "  br i1 %pcc, label %pc.loop, label %exit",
-           "exit:",
-           "  ret void",
-           "}"]
-    decl = "\n".join([f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
-                      "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
-                      f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
-                      f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)"])
-    return "\n\n".join([decl, declarations(set()), act_fn, "\n".join(micro_fn(False)), "\n".join(micro_fn(True)), "\n".join(pack), "\n".join(drv)]) + "\n"
+
+def _pack_partial_panel(MR: int) -> list[str]:
+    """Packing the last, partial panel: rows past mc are zero."""
+    return ["pk:",
+            "  br label %pkl",
+            "pkl:",
+            "  %q = phi i64 [0, %pk], [%q.n, %pkr.end]",
+            f"  %qo = mul i64 %q, {MR}",
+            "  br label %pkr",
+            "pkr:",
+            "  %r = phi i64 [0, %pkl], [%r.n, %pkr.next]",
+            "  %row = add i64 %row0, %r",
+            "  %in = icmp ult i64 %row, %mc",
+            "  %qd = add i64 %qo, %r",
+            "  %qdp = getelementptr inbounds float, ptr %pw, i64 %qd",
+            "  br i1 %in, label %pkload, label %pkzero",
+            "pkload:",
+            "  %qso = mul i64 %row, %lda",
+            "  %qks = mul i64 %q, %sk",
+            "  %qso2 = add i64 %qso, %qks",
+            "  %qsp = getelementptr inbounds float, ptr %a, i64 %qso2",
+            "  %qv = load float, ptr %qsp, align 4",
+            "  store float %qv, ptr %qdp, align 4",
+            "  br label %pkr.next",
+            "pkzero:",
+            "  store float 0.0, ptr %qdp, align 4",
+            "  br label %pkr.next",
+            "pkr.next:",
+            "  %r.n = add i64 %r, 1",
+            f"  %rc = icmp ult i64 %r.n, {MR}",
+            "  br i1 %rc, label %pkr, label %pkr.end",
+            "pkr.end:",
+            "  %q.n = add i64 %q, 1",
+            "  %qc = icmp ult i64 %q.n, %kc",
+            "  br i1 %qc, label %pkl, label %panel.end"]
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+def _driver_ir(name: str, cfg: GemmConfig) -> list[str]:
+    """The exported driver ``@NAME``: the loops over KC-slices, row blocks, panels and row tiles."""
+    return (_driver_prologue(name, cfg) + _driver_block_loops(name, cfg) + _driver_tile_loop(name, cfg)
+            + _driver_loop_ends())
+
+
+def _driver_prologue(name: str, cfg: GemmConfig) -> list[str]:
+    """The driver's signature and entry: the empty cases and the rows per block of A."""
+    MR = cfg.mr
+    return [f"define void @{name}(ptr noalias nocapture readonly %A, i64 %lda, i64 %sak, ptr noalias nocapture readonly %Bp, "
+            "ptr noalias nocapture readonly %bias, ptr noalias nocapture %C, i64 %ldc, i64 %M, i64 %N, i64 %K, "
+            "ptr noalias nocapture %W, i64 %plo, i64 %phi, i64 %mcx) nounwind {",
+            "entry:",
+            "  %empty0 = icmp eq i64 %M, 0",
+            "  %empty1 = icmp eq i64 %K, 0",
+            "  %empty2 = icmp uge i64 %plo, %phi",
+            "  %e01 = or i1 %empty0, %empty1",
+            "  %empty = or i1 %e01, %empty2",
+            # no workspace: A is read where it is (its k stride must be 1), not packed
+            "  %direct = icmp eq ptr %W, null",
+            # rows per block: M split evenly into blocks of at most MC, rounded up to MR
+            "  %mcx1 = sub i64 %mcx, 1",
+            "  %nb0 = add i64 %M, %mcx1",
+            "  %nb = udiv i64 %nb0, %mcx",
+            "  %mper0 = add i64 %M, %nb",
+            "  %mper1 = sub i64 %mper0, 1",
+            "  %mper = udiv i64 %mper1, %nb",
+            f"  %mcb0 = add i64 %mper, {MR - 1}",
+            f"  %mcb1 = udiv i64 %mcb0, {MR}",
+            f"  %mcb = mul i64 %mcb1, {MR}",
+            "  br i1 %empty, label %exit, label %pc.loop"]
+
+
+def _driver_block_loops(name: str, cfg: GemmConfig) -> list[str]:
+    """The driver's loop heads over KC-slices, blocks of A (packed unless read in place) and B panels."""
+    KC, NR = cfg.kc, cfg.nr
+    return ["pc.loop:",
+            "  %pc = phi i64 [0, %entry], [%pc.n, %pc.end]",
+            "  %krem = sub i64 %K, %pc",
+            f"  %kbig = icmp ugt i64 %krem, {KC}",
+            f"  %kc = select i1 %kbig, i64 {KC}, i64 %krem",
+            "  %first = icmp eq i64 %pc, 0",
+            "  %pc.n = add i64 %pc, %kc",
+            "  %last = icmp eq i64 %pc.n, %K",
+            "  br label %ic.loop",
+            "ic.loop:",
+            "  %ic = phi i64 [0, %pc.loop], [%ic.n, %ic.end]",
+            "  %mrem = sub i64 %M, %ic",
+            "  %mbig = icmp ugt i64 %mrem, %mcb",
+            "  %mc = select i1 %mbig, i64 %mcb, i64 %mrem",
+            "  %aoff0 = mul i64 %ic, %lda",
+            "  %aoff1 = mul i64 %pc, %sak",
+            "  %aoff = add i64 %aoff0, %aoff1",
+            "  %ablk = getelementptr inbounds float, ptr %A, i64 %aoff",
+            "  br i1 %direct, label %ic.packed, label %ic.pack",
+            "ic.pack:",
+            f"  call void @{name}_pack(ptr %ablk, i64 %lda, i64 %sak, i64 %mc, i64 %kc, ptr %W)",
+            "  br label %ic.packed",
+            "ic.packed:",
+            "  br label %p.loop",
+            "p.loop:",
+            "  %p = phi i64 [%plo, %ic.packed], [%p.n, %p.end]",
+            f"  %col0 = mul i64 %p, {NR}",
+            "  %bpo0 = mul i64 %col0, %K",
+            f"  %bpo1 = mul i64 %pc, {NR}",
+            "  %bpo = add i64 %bpo0, %bpo1",
+            "  %bpan = getelementptr inbounds float, ptr %Bp, i64 %bpo",
+            f"  %bnexto = mul i64 %K, {NR}",
+            "  %bnext = getelementptr float, ptr %bpan, i64 %bnexto",
+            "  %ncrem = sub i64 %N, %col0",
+            f"  %ncbig = icmp ugt i64 %ncrem, {NR}",
+            f"  %nc = select i1 %ncbig, i64 {NR}, i64 %ncrem",
+            "  %hasb = icmp ne ptr %bias, null",
+            "  %bcol = getelementptr inbounds float, ptr %bias, i64 %col0",
+            "  %bptr = select i1 %hasb, ptr %bcol, ptr null",
+            "  br label %ir.loop"]
+
+
+def _driver_tile_loop(name: str, cfg: GemmConfig) -> list[str]:
+    """The driver's loop over the row tiles of a block: the prefetch pointer and the micro-kernel call."""
+    MR, NR = cfg.mr, cfg.nr
+    return ["ir.loop:",
+            "  %ir = phi i64 [0, %p.loop], [%ir.n, %ir.next]",
+            "  %mr.rem = sub i64 %mc, %ir",
+            f"  %mr.big = icmp ugt i64 %mr.rem, {MR}",
+            f"  %mr = select i1 %mr.big, i64 {MR}, i64 %mr.rem",
+            # the next panel is prefetched while this one is used: a micro-kernel call prefetches
+            # kc consecutive cache lines, so the first NR / 16 row tiles take a share each
+            # (an AVX-512 panel row is NR / 16 lines); later tiles touch this panel again
+            f"  %irt = udiv i64 %ir, {MR}",
+            f"  %irpf = icmp ult i64 %irt, {max(1, NR // 16)}",
+            "  %pfo = mul i64 %irt, %kc",
+            "  %pfo16 = shl i64 %pfo, 4",
+            "  %pfn = getelementptr float, ptr %bnext, i64 %pfo16",
+            "  %pfp = select i1 %irpf, ptr %pfn, ptr %bpan",
+            "  %cr = add i64 %ic, %ir",
+            "  %co0 = mul i64 %cr, %ldc",
+            "  %co = add i64 %co0, %col0",
+            "  %ctile = getelementptr inbounds float, ptr %C, i64 %co",
+            "  br i1 %direct, label %ir.direct, label %ir.packed",
+            "ir.packed:",
+            "  %awo = mul i64 %ir, %kc",
+            "  %apan = getelementptr inbounds float, ptr %W, i64 %awo",
+            f"  call void @{name}_micro(ptr %apan, ptr %bpan, i64 %kc, ptr %ctile, i64 %ldc, i64 %mr, i64 %nc, "
+            "i1 %first, i1 %last, ptr %bptr, ptr %pfp, i64 %lda)",
+            "  br label %ir.next",
+            "ir.direct:",
+            "  %adro = mul i64 %ir, %lda",
+            "  %adir = getelementptr inbounds float, ptr %ablk, i64 %adro",
+            f"  call void @{name}_microd(ptr %adir, ptr %bpan, i64 %kc, ptr %ctile, i64 %ldc, i64 %mr, i64 %nc, "
+            "i1 %first, i1 %last, ptr %bptr, ptr %pfp, i64 %lda)",
+            "  br label %ir.next",
+            "ir.next:",
+            f"  %ir.n = add i64 %ir, {MR}",
+            "  %irc = icmp ult i64 %ir.n, %mc",
+            "  br i1 %irc, label %ir.loop, label %p.end"]
+
+
+def _driver_loop_ends() -> list[str]:
+    """The driver's loop latches, innermost first, and its return."""
+    return ["p.end:",
+            "  %p.n = add i64 %p, 1",
+            "  %pcnt = icmp ult i64 %p.n, %phi",
+            "  br i1 %pcnt, label %p.loop, label %ic.end",
+            "ic.end:",
+            "  %ic.n = add i64 %ic, %mc",
+            "  %icc = icmp ult i64 %ic.n, %M",
+            "  br i1 %icc, label %ic.loop, label %pc.end",
+            "pc.end:",
+            "  %pcc = icmp ult i64 %pc.n, %K",
+            "  br i1 %pcc, label %pc.loop, label %exit",
+            "exit:",
+            "  ret void",
+            "}"]
 
 
 # --- running it ------------------------------------------------------------------------------
