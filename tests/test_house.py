@@ -35,9 +35,7 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
 
 # (module, function's qualified name) -> its length when listed: it may shrink, never grow.
 KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
-    ("partita.codegen.conv", "conv_ir"): 352,
     ("partita.cluster.pipeline_sim", "SectionProgramBuilder.build"): 332,
-    ("partita.codegen.winograd", "winograd_ir"): 285,
     ("partita.codegen.lowering", "_lower_reduction"): 224,
     ("partita.parallel.pipeline.build", "_Unroller._rank"): 211,
     ("partita.runtime.launch", "_spawn"): 205,

@@ -100,14 +100,9 @@ def micro_step(cfg: GemmConfig, tag: str, k: str, bp: str, rows: str, accs: list
     return lines, new
 
 
-def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
-    """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
-    ``act`` (none or relu) after the residual add where the call gives one (``other`` not
-    null), the dimensions ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
-    if act not in ACTS:
-        raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
-    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
-    NV = NR // L
+def _prologue(name: str, cfg: GemmConfig, dims: dict[str, int]) -> list[str]:
+    """The declarations, the signature and the entry block: parameters, constants, panel strides."""
+    L, NR = cfg.lanes, cfg.nr
     vt = f"<{L} x float>"
     out: list[str] = [f"@{name}_zero = internal constant [{MAX_CHANNELS} x float] zeroinitializer",
                       f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
@@ -142,8 +137,16 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("  %rstep0 = mul i64 %sw, %c")
     a("  %empty = icmp uge i64 %lo, %hi")
     a("  br i1 %empty, label %exit, label %panel")
+    return out
 
-    # --- a panel of NR output channels: its column mask and bias vectors -----------------------
+
+def _panel(cfg: GemmConfig) -> list[str]:
+    """A panel of NR output channels: its column masks and bias vectors."""
+    L, NR = cfg.lanes, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
     a("panel:")
     a("  %p = phi i64 [0, %entry], [%p.n, %panel.end]")
     a(f"  %col0 = mul i64 %p, {NR}")
@@ -171,9 +174,15 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     for v in range(NV):
         a(f"  %bv{v} = phi {vt} [zeroinitializer, %panel], [%bl{v}, %loadb]")
     a("  br label %tile")
+    return out
 
-    # --- a tile of MR pixels: interior (every tap of every row inside the image, the rows one
-    # run of an image row, so row r is row 0 moved by r * sw * C) or not (each row's own place)
+
+def _tile_place(cfg: GemmConfig, dims: dict[str, int]) -> list[str]:
+    """A tile's head: its column segment, first pixel, row count, whether it lies inside the
+    image (every tap of every row, the rows one run of an image row) and its input offset."""
+    MR = cfg.mr
+    out: list[str] = []
+    a = out.append
     a("tile:")
     a("  %t = phi i64 [%lo, %tile0], [%t.n, %tile.end]")
     # the column segment the tile is in (see ``segments``): its first tile, first column, width
@@ -228,8 +237,17 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("  %b0.c = mul i64 %b0.b, %w_")
     a("  %b0.d = add i64 %b0.c, %tix")
     a("  %base00 = mul i64 %b0.d, %c")
-    # prefetch what tile t + PF_TILES reads first from memory (the last kernel row's input run,
-    # counted on within the image row) and the result rows it writes
+    return out
+
+
+def _prefetch(cfg: GemmConfig) -> list[str]:
+    """The prefetch of what tile t + PF_TILES reads first from memory (the last kernel row's
+    input run, counted on within the image row) and of the result rows it writes; then the
+    channel loop's counts and the branch to the rows' places."""
+    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
+    NV = NR // L
+    out: list[str] = []
+    a = out.append
     a(f"  %pfd = mul i64 %rstep0, {PF_TILES * MR}")
     a("  %pfa.a = sub i64 %kh, 1")
     a("  %pfa.b = mul i64 %pfa.a, %w_")
@@ -269,6 +287,15 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("  %hasr = icmp ne i64 %kr, 0")
     a("  %tstride = select i1 %inner, i64 %rowstride, i64 %tapstride")
     a("  br i1 %inner, label %tap.pre, label %rows")
+    return out
+
+
+def _row_places(cfg: GemmConfig) -> list[str]:
+    """The places of a tile not inside the image: each row's image, output row and column,
+    result row and input offset; then the phis that join them with the inside tile's."""
+    MR = cfg.mr
+    out: list[str] = []
+    a = out.append
     a("rows:")
     # row r's image, output row and column, counted on from row 0's; rows past mr repeat the
     # last row (their results are never stored)
@@ -310,8 +337,17 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
             a(f"  %{q}{r}.p = phi i64 [0, %pfy], [%{q}{r}, %rows]")
         a(f"  %ym{r} = phi i64 [%mf{r}, %pfy], [%mq{r}, %rows]")
     a("  br label %tap")
+    return out
 
-    # --- one tap (ky, kx): the rows' pointers, then C steps of the micro-kernel -----------------
+
+def _tap_rows(name: str, cfg: GemmConfig) -> list[str]:
+    """One tap (ky, kx): its accumulators and the MR rows' pointers, at fixed distances inside
+    the image, else each row's own (the zero row in the padding; a tap all in it skipped)."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
     a("tap:")
     a("  %ky = phi i64 [0, %tap.pre], [%ky.n, %tap.end]")
     a("  %kx = phi i64 [0, %tap.pre], [%kx.n, %tap.end]")
@@ -352,10 +388,17 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     for r in range(MR):
         a(f"  %rp{r} = phi ptr [%frp{r}, %tfast], [%srp{r}, %tslow]")
     a("  br i1 %hasu, label %uloop, label %uexit")
+    return out
 
-    def step(tag: str, k: str, bp: str, accs: list[list[str]], k_off: int) -> tuple[list[str], list[list[str]]]:
-        return micro_step(cfg, tag, k, bp, "%rp", accs, k_off)
 
+def _channel_loops(cfg: GemmConfig) -> list[str]:
+    """The micro-kernel over a tap's channels: the loop unrolled U times, the remainder loop,
+    and the tap's end (the accumulators joined, the next tap)."""
+    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
+    NV = NR // L
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
     # the unrolled loop over C
     a("uloop:")
     a("  %uk = phi i64 [0, %tk], [%uk.n, %uloop]")
@@ -364,7 +407,7 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     cur = [[f"%uacc{r}_{v}" for v in range(NV)] for r in range(MR)]
     body: list[str] = []
     for u in range(U):
-        lines, cur = step(f"u{u}_", "%uk", "%ubp", cur, u)
+        lines, cur = micro_step(cfg, f"u{u}_", "%uk", "%ubp", "%rp", cur, u)
         body += lines
     for r in range(MR):
         for v in range(NV):
@@ -386,7 +429,8 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("rloop:")
     a("  %rk = phi i64 [%xk, %uexit], [%rk.n, %rloop]")
     a("  %rbp = phi ptr [%xbp, %uexit], [%rbp.n, %rloop]")
-    lines, rcur = step("r_", "%rk", "%rbp", [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0)
+    lines, rcur = micro_step(cfg, "r_", "%rk", "%rbp", "%rp",
+                             [[f"%racc{r}_{v}" for v in range(NV)] for r in range(MR)], 0)
     for r in range(MR):
         for v in range(NV):
             a(f"  %racc{r}_{v} = phi {vt} [%xacc{r}_{v}, %uexit], [{rcur[r][v]}, %rloop]")
@@ -408,8 +452,17 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("  %ky.n = select i1 %kxw, i64 %ky.1, i64 %ky")
     a("  %tdone = icmp eq i64 %ky.n, %kh")
     a("  br i1 %tdone, label %store0, label %tap")
+    return out
 
-    # --- the tile written once: bias, other, activation, masked to the panel's columns -----------
+
+def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
+    """The tile written once (bias, other, activation, masked to the panel's columns), then
+    the tile, panel and kernel ends."""
+    L, MR, NR = cfg.lanes, cfg.mr, cfg.nr
+    NV = NR // L
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
     a("store0:")
     a("  br i1 %haso, label %store0.o, label %store0.n")
     for sfx, with_other in ((".o", True), (".n", False)):
@@ -451,6 +504,17 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     a("exit:")
     a("  ret void")
     a("}")
+    return out
+
+
+def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
+    """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
+    ``act`` (none or relu) after the residual add where the call gives one (``other`` not
+    null), the dimensions ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
+    if act not in ACTS:
+        raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
+    out = (_prologue(name, cfg, dims) + _panel(cfg) + _tile_place(cfg, dims) + _prefetch(cfg) + _row_places(cfg)
+           + _tap_rows(name, cfg) + _channel_loops(cfg) + _store_tile(cfg, act))
     return "\n".join(out) + "\n"
 
 

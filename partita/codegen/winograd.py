@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from ..ops._lazy import torch
@@ -116,30 +117,52 @@ def _tile_coords(sfx: str, tw: int, th: int) -> list[str]:
             f"  %ty{sfx} = urem i64 %q{sfx}, {th}", f"  %im{sfx} = udiv i64 %q{sfx}, {th}"]
 
 
-def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: int) -> str:
-    """The LLVM IR of one Winograd kernel (see the module doc): register tile ``cfg``,
-    activation ``act`` (none or relu) after the residual add where the call gives one
-    (``other`` not null), the dimensions ``dims`` (conv.conv_dims's), ``tb`` tiles a block."""
-    if act not in ("none", "relu"):
-        raise ValueError(f"partita.codegen.winograd: no activation {act!r} (known: none, relu)")
-    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
-    NV = NR // L
-    n, h, w, c, ho, wo, co, ph, pw = (dims[k] for k in ("n", "h", "w_", "c", "ho", "wo", "co", "ph", "pw"))
-    if c % L or c % U or tb % MR:
-        raise ValueError(f"partita.codegen.winograd: C={c}, TB={tb} do not fit lanes {L}, unroll {U}, MR {MR}")
-    th, tw, ntiles = _tiles(dims)
-    np_ = -(-co // NR)
-    cop = np_ * NR
-    ncv = c // L            # input channel vectors
-    nov = -(-co // L)       # output channel vectors
-    vfl = 16 * tb * c       # floats of V in the scratch
-    per_thread = scratch_floats(cfg, c, co, tb)
-    vt = f"<{L} x float>"
-    out: list[str] = [f"@{name}_zero = internal constant [{MAX_CHANNELS} x float] zeroinitializer",
+@dataclass(frozen=True)
+class _Plan:
+    """One kernel's constants: its name, tile, activation, block size and dimensions, and what
+    follows from them."""
+    name: str
+    cfg: GemmConfig
+    act: str
+    tb: int
+    h: int
+    w: int
+    c: int
+    ho: int
+    wo: int
+    co: int
+    ph: int
+    pw: int
+    th: int
+    tw: int
+    ntiles: int
+
+    @property
+    def vt(self) -> str:
+        """The vector type."""
+        return f"<{self.cfg.lanes} x float>"
+
+    @property
+    def np_(self) -> int:
+        """Panels of NR output channels."""
+        return -(-self.co // self.cfg.nr)
+
+    @property
+    def cop(self) -> int:
+        """The output channels padded to whole panels."""
+        return self.np_ * self.cfg.nr
+
+
+def _entry(p: _Plan) -> list[str]:
+    """The declarations, the signature and the entry block: parameters and the thread's scratch."""
+    L, vt = p.cfg.lanes, p.vt
+    vfl = 16 * p.tb * p.c       # floats of V in the scratch
+    per_thread = scratch_floats(p.cfg, p.c, p.co, p.tb)
+    out: list[str] = [f"@{p.name}_zero = internal constant [{MAX_CHANNELS} x float] zeroinitializer",
                       f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})",
                       f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)",
                       f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
-                      f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{",
+                      f"define void @{p.name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{",
                       "entry:"]
     a = out.append
     for i, f in enumerate(PARAMS):
@@ -153,29 +176,39 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a(f"  %ms = getelementptr inbounds float, ptr %vs, i64 {vfl}")
     a("  %empty = icmp uge i64 %lo, %hi")
     a("  br i1 %empty, label %exit, label %block")
+    return out
 
-    # --- a block of TB tiles ---------------------------------------------------------------
-    a("block:")
-    a("  %b = phi i64 [%lo, %entry], [%b.n, %p3.done]")
-    a(f"  %g0 = mul i64 %b, {tb}")
-    a(f"  %left = sub i64 {ntiles}, %g0")
-    a(f"  %full = icmp ugt i64 %left, {tb}")
-    a(f"  %count = select i1 %full, i64 {tb}, i64 %left")
-    a(f"  %rt.a = add i64 %count, {MR - 1}")
-    a(f"  %nrt = udiv i64 %rt.a, {MR}")
-    a(f"  %rows = mul i64 %nrt, {MR}")
-    a("  br label %p1.tile")
 
-    # phase 1: the input transform of the tiles [0, rows) (those past count read only zeros)
+def _block_head(p: _Plan) -> list[str]:
+    """A block of TB tiles: its first tile, its tile count and its rows (whole register tiles)."""
+    tb, MR = p.tb, p.cfg.mr
+    return ["block:",
+            "  %b = phi i64 [%lo, %entry], [%b.n, %p3.done]",
+            f"  %g0 = mul i64 %b, {tb}",
+            f"  %left = sub i64 {p.ntiles}, %g0",
+            f"  %full = icmp ugt i64 %left, {tb}",
+            f"  %count = select i1 %full, i64 {tb}, i64 %left",
+            f"  %rt.a = add i64 %count, {MR - 1}",
+            f"  %nrt = udiv i64 %rt.a, {MR}",
+            f"  %rows = mul i64 %nrt, {MR}",
+            "  br label %p1.tile"]
+
+
+def _input_transform(p: _Plan) -> list[str]:
+    """Phase 1: the input transform ``B^T d B`` of the tiles [0, rows) into V (those past
+    count read only zeros), L channels at a time."""
+    L, vt, c, h, w, tb = p.cfg.lanes, p.vt, p.c, p.h, p.w, p.tb
+    out: list[str] = []
+    a = out.append
     a("p1.tile:")
     a("  %t1 = phi i64 [0, %block], [%t1.n, %p1.tend]")
     a("  %g1 = add i64 %g0, %t1")
-    a(f"  %live1 = icmp ult i64 %g1, {ntiles}")
-    out += _tile_coords("1", tw, th)
+    a(f"  %live1 = icmp ult i64 %g1, {p.ntiles}")
+    out += _tile_coords("1", p.tw, p.th)
     a("  %iyb.s = shl i64 %ty1, 1")
-    a(f"  %iyb = sub i64 %iyb.s, {ph}")
+    a(f"  %iyb = sub i64 %iyb.s, {p.ph}")
     a("  %ixb.s = shl i64 %tx1, 1")
-    a(f"  %ixb = sub i64 %ixb.s, {pw}")
+    a(f"  %ixb = sub i64 %ixb.s, {p.pw}")
     a(f"  %ib.a = mul i64 %im1, {h}")
     for i in range(4):
         a(f"  %iy{i} = add i64 %iyb, {i}")
@@ -192,7 +225,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
             a(f"  %o{i}{j}.a = add i64 %ir{i}, %ix{j}")
             a(f"  %o{i}{j} = mul i64 %o{i}{j}.a, {c}")
             a(f"  %q{i}{j} = getelementptr float, ptr %xp, i64 %o{i}{j}")
-            a(f"  %d{i}{j}p = select i1 %v{i}{j}, ptr %q{i}{j}, ptr @{name}_zero")
+            a(f"  %d{i}{j}p = select i1 %v{i}{j}, ptr %q{i}{j}, ptr @{p.name}_zero")
     a(f"  %vrow = mul i64 %t1, {c}")
     a("  %vt0 = getelementptr inbounds float, ptr %vs, i64 %vrow")
     a("  br label %p1.cv")
@@ -219,14 +252,22 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
             a(f"  %eq{i}{j} = getelementptr inbounds float, ptr %ep{i}{j}, i64 %cvo")
             a(f"  store {vt} %e{i}{j}, ptr %eq{i}{j}, align 4")
     a("  %cv.n = add i64 %cv, 1")
-    a(f"  %cv.c = icmp ult i64 %cv.n, {ncv}")
+    a(f"  %cv.c = icmp ult i64 %cv.n, {c // L}")
     a("  br i1 %cv.c, label %p1.cv, label %p1.tend")
     a("p1.tend:")
     a("  %t1.n = add i64 %t1, 1")
     a("  %t1.c = icmp ult i64 %t1.n, %rows")
     a("  br i1 %t1.c, label %p1.tile, label %p2.xi")
+    return out
 
-    # phase 2: 16 GEMMs, [rows, C] x [C, Co] each, in register tiles of MR x NR
+
+def _gemms(p: _Plan) -> list[str]:
+    """Phase 2: 16 GEMMs, [rows, C] x [C, Co] each, in register tiles of MR x NR, into M."""
+    cfg, vt, c, tb, cop, np_ = p.cfg, p.vt, p.c, p.tb, p.cop, p.np_
+    L, MR, NR, U = cfg.lanes, cfg.mr, cfg.nr, cfg.unroll
+    NV = NR // L
+    out: list[str] = []
+    a = out.append
     a("p2.xi:")
     a("  %xi = phi i64 [0, %p1.tend], [%xi.n, %p2.xend]")
     a(f"  %vxo = mul i64 %xi, {tb * c}")
@@ -286,22 +327,29 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a("  %xi.n = add i64 %xi, 1")
     a("  %xi.c = icmp ult i64 %xi.n, 16")
     a("  br i1 %xi.c, label %p2.xi, label %p3.tile")
+    return out
 
-    # phase 3: the output transform of the tiles [0, count), the epilogue, the stores
+
+def _output_transform(p: _Plan) -> list[str]:
+    """Phase 3's head: a tile's result rows, the output-channel mask, the 16 M vectors
+    through ``A^T m A`` with the bias added (``%z{i}{j}``)."""
+    L, vt, co, cop, tb = p.cfg.lanes, p.vt, p.co, p.cop, p.tb
+    out: list[str] = []
+    a = out.append
     a("p3.tile:")
     a("  %t3 = phi i64 [0, %p2.xend], [%t3.n, %p3.tend]")
     a("  %g3 = add i64 %g0, %t3")
-    out += _tile_coords("3", tw, th)
+    out += _tile_coords("3", p.tw, p.th)
     a("  %oy0 = shl i64 %ty3, 1")
     a("  %ox0 = shl i64 %tx3, 1")
     a("  %oy1 = add i64 %oy0, 1")
     a("  %ox1 = add i64 %ox0, 1")
-    a(f"  %wy1 = icmp ult i64 %oy1, {ho}")
-    a(f"  %wx1 = icmp ult i64 %ox1, {wo}")
-    a(f"  %yb.a = mul i64 %im3, {ho}")
+    a(f"  %wy1 = icmp ult i64 %oy1, {p.ho}")
+    a(f"  %wx1 = icmp ult i64 %ox1, {p.wo}")
+    a(f"  %yb.a = mul i64 %im3, {p.ho}")
     for i in range(2):
         a(f"  %yr{i}.a = add i64 %yb.a, %oy{i}")
-        a(f"  %yr{i} = mul i64 %yr{i}.a, {wo}")
+        a(f"  %yr{i} = mul i64 %yr{i}.a, {p.wo}")
         for j in range(2):
             a(f"  %yo{i}{j}.a = add i64 %yr{i}, %ox{j}")
             a(f"  %yo{i}{j} = mul i64 %yo{i}{j}.a, {co}")
@@ -311,8 +359,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a("p3.cv:")
     a("  %ov = phi i64 [0, %p3.tile], [%ov.n, %p3.cvend]")
     a(f"  %ovo = mul i64 %ov, {L}")
-    masked = co % L != 0
-    if masked:
+    if co % L != 0:
         a(f"  %ncr = sub i64 {co}, %ovo")
         a("  %nc32 = trunc i64 %ncr to i32")
         a(f"  %ncv0 = insertelement <{L} x i32> poison, i32 %nc32, i64 0")
@@ -349,7 +396,15 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
         a(f"  %z{i}1.a = fsub {vt} {s[i][1]}, {s[i][2]}")
         a(f"  %z{i}1.b = fsub {vt} %z{i}1.a, {s[i][3]}")
         a(f"  %z{i}1 = fadd {vt} %z{i}1.b, %bv")
-    # the four results in turn: (0, 0) always inside the image, the others where they are
+    return out
+
+
+def _store_results(p: _Plan) -> list[str]:
+    """Phase 3's end: the four results of a tile in turn ((0, 0) always inside the image, the
+    others where they are), each with the residual and the activation; then the loops' ends."""
+    L, vt, masked = p.cfg.lanes, p.vt, p.co % p.cfg.lanes != 0
+    out: list[str] = []
+    a = out.append
     conds = {(0, 0): None, (0, 1): "%wx1", (1, 0): "%wy1", (1, 1): "%wxy"}
     a("  %wxy = and i1 %wx1, %wy1")
     a("  br label %p3.o00")
@@ -375,7 +430,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
         a(f"p3.act{i}{j}:")
         a(f"  %ya{i}{j} = phi {vt} [{val}, %p3.w{i}{j}], [%oa{i}{j}, %p3.ro{i}{j}]")
         val = f"%ya{i}{j}"
-        if act == "relu":  # NaN stays NaN, as torch's relu
+        if p.act == "relu":  # NaN stays NaN, as torch's relu
             a(f"  %yn{i}{j} = fcmp olt {vt} {val}, zeroinitializer")
             a(f"  %yv{i}{j} = select <{L} x i1> %yn{i}{j}, {vt} zeroinitializer, {vt} {val}")
             val = f"%yv{i}{j}"
@@ -387,7 +442,7 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
         a(f"  br label %{nxt}")
     a("p3.cvend:")
     a("  %ov.n = add i64 %ov, 1")
-    a(f"  %ov.c = icmp ult i64 %ov.n, {nov}")
+    a(f"  %ov.c = icmp ult i64 %ov.n, {-(-p.co // L)}")
     a("  br i1 %ov.c, label %p3.cv, label %p3.tend")
     a("p3.tend:")
     a("  %t3.n = add i64 %t3, 1")
@@ -400,6 +455,23 @@ def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: 
     a("exit:")
     a("  ret void")
     a("}")
+    return out
+
+
+def winograd_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int], tb: int) -> str:
+    """The LLVM IR of one Winograd kernel (see the module doc): register tile ``cfg``,
+    activation ``act`` (none or relu) after the residual add where the call gives one
+    (``other`` not null), the dimensions ``dims`` (conv.conv_dims's), ``tb`` tiles a block."""
+    if act not in ("none", "relu"):
+        raise ValueError(f"partita.codegen.winograd: no activation {act!r} (known: none, relu)")
+    L, MR, U = cfg.lanes, cfg.mr, cfg.unroll
+    n, h, w, c, ho, wo, co, ph, pw = (dims[k] for k in ("n", "h", "w_", "c", "ho", "wo", "co", "ph", "pw"))
+    if c % L or c % U or tb % MR:
+        raise ValueError(f"partita.codegen.winograd: C={c}, TB={tb} do not fit lanes {L}, unroll {U}, MR {MR}")
+    th, tw, ntiles = _tiles(dims)
+    p = _Plan(name, cfg, act, tb, h, w, c, ho, wo, co, ph, pw, th, tw, ntiles)
+    out = (_entry(p) + _block_head(p) + _input_transform(p) + _gemms(p) + _output_transform(p)
+           + _store_results(p))
     return "\n".join(out) + "\n"
 
 
