@@ -36,13 +36,10 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
 # (module, function's qualified name) -> its length when listed: it may shrink, never grow.
 KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("partita.cluster.pipeline_sim", "SectionProgramBuilder.build"): 332,
-    ("partita.codegen.lowering", "_lower_reduction"): 224,
     ("partita.parallel.pipeline.build", "_Unroller._rank"): 211,
     ("partita.runtime.launch", "_spawn"): 205,
-    ("partita.codegen.norm", "norm_ir"): 168,
     ("partita.frontend.onnx.nn", "_attention"): 166,
     ("partita.parallel.pipeline.driver", "parallelize_pipeline"): 157,
-    ("partita.codegen.lowering", "lower"): 151,
 }
 
 

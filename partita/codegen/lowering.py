@@ -467,26 +467,75 @@ def _to_refined(shape: tuple[int, ...], strides: list[int], refined: list[int]) 
     return out[::-1]
 
 
-def lower(body: Graph, name: str) -> Lowered:
-    """LLVM IR for ``body`` as kernel ``name``; raises LoweringError when it cannot.
-
-    Every computed value and every output has the outputs' element count N; they are walked by
-    one flat index (reshapes are free). Inputs with fewer elements are read through broadcast
-    strides in the shape of the op that reads them; scalar fills are immediates."""
-    outs = list(body.outputs)
-    if not outs:
-        raise LoweringError("a kernel body without outputs")
-    if any(nd.op in REDUCTIONS for nd in body.nodes):
-        return _lower_reduction(body, name)
-    space = tuple(outs[0].type.shape)
-    n = _numel(space)
-    ins = list(body.inputs)
+def _check_dtypes(ins: list[Value], outs: list[Value]) -> None:
+    """Refuse a kernel whose inputs or outputs have a dtype kernels do not take."""
     for v in (*ins, *outs):
         if v.type.dtype.name not in KERNEL_DTYPES:
             raise LoweringError(f"%{v.name or '?'} is {v.type.dtype} (kernels take {', '.join(KERNEL_DTYPES)})")
-    for o in outs:
-        if _numel(o.type.shape) != n:
-            raise LoweringError(f"kernel outputs of different sizes ({list(space)} and {list(o.type.shape)})")
+
+
+def _splat_value(node: Node) -> tuple[str, DType]:
+    """The immediate that a ``full`` (or splat constant) node's result is."""
+    r = node.results[0]
+    sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
+    return _const(sv, r.type.dtype), r.type.dtype
+
+
+def _lower_op(e: _Emitter, node: Node, args: list[tuple[str, DType]]) -> tuple[str, DType]:
+    """``node`` computed on ``args``: its result's register and dtype."""
+    r = node.results[0]
+    splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
+    return _lower_node(e, node.op, node.attrs, args, r.type.dtype, splat_rhs), r.type.dtype
+
+
+def _load(e: _Emitter, arg: int, dt: DType, off: str) -> str:
+    """Element ``off`` of kernel argument ``%a{arg}`` loaded (a bool's byte as an i1)."""
+    ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{arg}, i64 {off}")
+    ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
+    if dt.is_bool:
+        ld = e.op(f"icmp ne i8 {ld}, 0")
+    return ld
+
+
+def _load_once(e: _Emitter, loaded: dict[int, tuple[str, DType]], slot: int, arg: int, dt: DType,
+               off: str) -> tuple[str, DType]:
+    """The view ``slot`` loaded at ``off``, the first time it is asked for; later, that load."""
+    if slot not in loaded:
+        loaded[slot] = (_load(e, arg, dt, off), dt)
+    return loaded[slot]
+
+
+def _store(e: _Emitter, val: str, dt: DType, want: DType, arg: int, off: str) -> None:
+    """``val`` (of ``dt``) converted to ``want`` and stored at element ``off`` of ``%a{arg}``."""
+    val = _convert(e, val, dt, want)
+    if want.is_bool:
+        val = e.op(f"zext i1 {val} to i8")
+    ptr = e.op(f"getelementptr inbounds {_MEM[want.name]}, ptr %a{arg}, i64 {off}")
+    e.lines.append(f"  store {_MEM[want.name]} {val}, ptr {ptr}")
+
+
+def _kernel_ir(name: str, comment: str, n_ins: int, n_outs: int, lines: list[str], e: _Emitter) -> str:
+    """The module of one kernel: the comment, the declarations its body uses, the function of
+    ``lines`` and the loop metadata."""
+    params = ", ".join([f"ptr noalias nocapture readonly %a{i}" for i in range(n_ins)] +
+                       [f"ptr noalias nocapture %a{n_ins + i}" for i in range(n_outs)] + ["i64 %lo", "i64 %hi"])
+    fn = f"define void @{name}({params}) nounwind {{\n" + "\n".join(lines) + "\n}"
+    extra = ["declare i32 @llvm.fptosi.sat.i32.f32(float)", "declare i64 @llvm.fptosi.sat.i64.f32(float)",
+             "declare i32 @llvm.fptosi.sat.i32.f64(double)", "declare i64 @llvm.fptosi.sat.i64.f64(double)",
+             "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
+    decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
+    meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {vector_width()}}}'
+    if e.scalar_calls:  # asking for vector lanes LLVM cannot give only makes it print a remark
+        fn = fn.replace(", !llvm.loop !0", "")
+    return "\n\n".join([comment, decls, fn, meta]) + "\n"
+
+
+def _flat_views(body: Graph, ins: list[Value], outs: list[Value], n: int) \
+        -> tuple[set[Value], list[tuple[int, tuple[int, ...]]], dict[tuple[int, tuple[int, ...]], int],
+                 list[tuple[int, ...]]]:
+    """The inputs of the kernel's full size, the views its ops read inputs through ((input
+    index, the shape it is read in), in order of first use), each view's slot, and every shape
+    the iteration space is walked in."""
     full = {v for v in ins if _numel(v.type.shape) == n}
     views: list[tuple[int, tuple[int, ...]]] = []  # (input index, the shape it is read in)
     view_of: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -511,19 +560,13 @@ def lower(body: Graph, name: str) -> Lowered:
                                             f"{list(shp)}")
                     view_of[key] = len(views)
                     views.append(key)
-    refined = _refine(shapes) if n else [0]
-    strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for i, shp in views]
-    strides += [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), refined)
-                for o in outs]
-    loops, per = merge_dims(tuple(refined), strides)
+    return full, views, view_of, shapes
+
+
+def _flat_loop_heads(loops: list[int], per: list[list[int]], n_ops: int) -> tuple[list[str], list[str]]:
+    """The heads of the loop nest over ``loops`` (the outermost from ``%lo``), and each
+    operand's offset expression in the innermost loop."""
     k = len(loops)
-    n_ops = len(views) + len(outs)
-    e = _Emitter()
-    head: list[str] = []
-    # loop nest
-    head.append("entry:")
-    head.append("  %empty = icmp sge i64 %lo, %hi")
-    head.append("  br i1 %empty, label %exit, label %L0")
     offs = ["0"] * n_ops  # offset expression of each operand at the enclosing level
     blocks: list[str] = []
     for j in range(k):
@@ -551,21 +594,20 @@ def lower(body: Graph, name: str) -> Lowered:
         offs = new_offs
         if j < k - 1:
             blocks.append(f"  br label %L{j + 1}")
-    # innermost body: loads, the body's nodes, stores
+    return blocks, offs
+
+
+def _flat_body(e: _Emitter, body: Graph, ins: list[Value], outs: list[Value], full: set[Value],
+               view_of: dict[tuple[int, tuple[int, ...]], int], offs: list[str]) -> None:
+    """The innermost loop's body into ``e``: the inputs' loads, the body's nodes, the stores."""
     env: dict[Value, tuple[str, DType]] = {}
     loaded: dict[int, tuple[str, DType]] = {}
+    index = {v: i for i, v in enumerate(ins)}
 
     def load(v: Value, consumer_shape: tuple[int, ...]) -> tuple[str, DType]:
         shp = tuple(v.type.shape) if v in full else consumer_shape
         slot = view_of[(index[v], shp)]
-        if slot not in loaded:
-            dt = v.type.dtype
-            ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {offs[slot]}")
-            ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
-            if dt.is_bool:
-                ld = e.op(f"icmp ne i8 {ld}, 0")
-            loaded[slot] = (ld, dt)
-        return loaded[slot]
+        return _load_once(e, loaded, slot, index[v], v.type.dtype, offs[slot])
 
     for node in body.nodes:
         r = node.results[0]
@@ -575,29 +617,26 @@ def lower(body: Graph, name: str) -> Lowered:
         if why is not None:
             raise LoweringError(why)
         if node.op in _SPLATS:
-            sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
-            env[r] = (_const(sv, r.type.dtype), r.type.dtype)
+            env[r] = _splat_value(node)
             continue
         args = [env[v] if v in env else load(v, tuple(r.type.shape)) for v in node.operands]
-        splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
-        env[r] = (_lower_node(e, node.op, node.attrs, args, r.type.dtype, splat_rhs), r.type.dtype)
+        env[r] = _lower_op(e, node, args)
+    n_views = len(view_of)
     for i, o in enumerate(outs):
         val, dt = env[o] if o in env else load(o, tuple(o.type.shape))
-        want = o.type.dtype
-        val = _convert(e, val, dt, want)
-        if want.is_bool:
-            val = e.op(f"zext i1 {val} to i8")
-        ptr = e.op(f"getelementptr inbounds {_MEM[want.name]}, ptr %a{len(ins) + i}, i64 {offs[len(views) + i]}")
-        e.lines.append(f"  store {_MEM[want.name]} {val}, ptr {ptr}")
-    blocks += e.lines
-    # latches, innermost first
-    inner = k - 1
+        _store(e, val, dt, o.type.dtype, len(ins) + i, offs[n_views + i])
+
+
+def _flat_latches(loops: list[int]) -> list[str]:
+    """The loop nest's latches, innermost first, and the exit."""
+    blocks: list[str] = []
+    inner = len(loops) - 1
     end = "%hi" if inner == 0 else str(loops[inner])
     blocks.append(f"  %i{inner}n = add nsw i64 %i{inner}, 1")
     blocks.append(f"  %d{inner} = icmp eq i64 %i{inner}n, {end}")
     nxt = "exit" if inner == 0 else f"X{inner - 1}"
     blocks.append(f"  br i1 %d{inner}, label %{nxt}, label %L{inner}, !llvm.loop !0")
-    for j in range(k - 2, -1, -1):
+    for j in range(inner - 1, -1, -1):
         end = "%hi" if j == 0 else str(loops[j])
         blocks.append(f"X{j}:")
         blocks.append(f"  %i{j}n = add nsw i64 %i{j}, 1")
@@ -605,18 +644,42 @@ def lower(body: Graph, name: str) -> Lowered:
         blocks.append(f"  br i1 %d{j}, label %{'exit' if j == 0 else 'X' + str(j - 1)}, label %L{j}")
     blocks.append("exit:")
     blocks.append("  ret void")
-    params = ", ".join([f"ptr noalias nocapture readonly %a{i}" for i in range(len(ins))] +
-                       [f"ptr noalias nocapture %a{len(ins) + i}" for i in range(len(outs))] + ["i64 %lo", "i64 %hi"])
-    fn = f"define void @{name}({params}) nounwind {{\n" + "\n".join(head + blocks) + "\n}"
-    extra = ["declare i32 @llvm.fptosi.sat.i32.f32(float)", "declare i64 @llvm.fptosi.sat.i64.f32(float)",
-             "declare i32 @llvm.fptosi.sat.i32.f64(double)", "declare i64 @llvm.fptosi.sat.i64.f64(double)",
-             "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
-    decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
-    meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {vector_width()}}}'
-    if e.scalar_calls:  # asking for vector lanes LLVM cannot give only makes it print a remark
-        fn = fn.replace(", !llvm.loop !0", "")
-    ir = "\n\n".join([f"; partita kernel {name}: {len(ins)} input(s), {len(outs)} output(s), "
-                      f"space {list(space)}, loops {loops}", decls, fn, meta]) + "\n"
+    return blocks
+
+
+def lower(body: Graph, name: str) -> Lowered:
+    """LLVM IR for ``body`` as kernel ``name``; raises LoweringError when it cannot.
+
+    Every computed value and every output has the outputs' element count N; they are walked by
+    one flat index (reshapes are free). Inputs with fewer elements are read through broadcast
+    strides in the shape of the op that reads them; scalar fills are immediates."""
+    outs = list(body.outputs)
+    if not outs:
+        raise LoweringError("a kernel body without outputs")
+    if any(nd.op in REDUCTIONS for nd in body.nodes):
+        return _lower_reduction(body, name)
+    space = tuple(outs[0].type.shape)
+    n = _numel(space)
+    ins = list(body.inputs)
+    _check_dtypes(ins, outs)
+    for o in outs:
+        if _numel(o.type.shape) != n:
+            raise LoweringError(f"kernel outputs of different sizes ({list(space)} and {list(o.type.shape)})")
+    full, views, view_of, shapes = _flat_views(body, ins, outs, n)
+    refined = _refine(shapes) if n else [0]
+    strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for i, shp in views]
+    strides += [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), refined)
+                for o in outs]
+    loops, per = merge_dims(tuple(refined), strides)
+    e = _Emitter()
+    head = ["entry:", "  %empty = icmp sge i64 %lo, %hi", "  br i1 %empty, label %exit, label %L0"]
+    blocks, offs = _flat_loop_heads(loops, per, len(views) + len(outs))
+    _flat_body(e, body, ins, outs, full, view_of, offs)
+    blocks += e.lines
+    blocks += _flat_latches(loops)
+    comment = (f"; partita kernel {name}: {len(ins)} input(s), {len(outs)} output(s), "
+               f"space {list(space)}, loops {loops}")
+    ir = _kernel_ir(name, comment, len(ins), len(outs), head + blocks, e)
     return Lowered(name, ir, len(ins), len(outs), space, tuple(loops), e.math)
 
 
@@ -702,12 +765,39 @@ def _nest(tag: str, dims: list[int], per: list[list[int]], base: list[str], lo: 
     return lines, offs
 
 
-def _lower_reduction(body: Graph, name: str) -> Lowered:
-    outs = list(body.outputs)
-    ins = list(body.inputs)
-    for v in (*ins, *outs):
-        if v.type.dtype.name not in KERNEL_DTYPES:
-            raise LoweringError(f"%{v.name or '?'} is {v.type.dtype} (kernels take {', '.join(KERNEL_DTYPES)})")
+_ViewSlots = dict[tuple[int, tuple[int, ...]], int]   # (input index, shape it is read in) -> slot
+
+
+@dataclass
+class _RowKernel:
+    """A row-reduction kernel's body and what the lowering found in it: its reductions, the
+    C elements of a row, which values are per row, the views inputs are read through and each
+    reduction's accumulator."""
+    body: Graph
+    ins: list[Value]
+    outs: list[Value]
+    reds: list[Node]
+    c: int
+    n_full: int
+    n_rows: int
+    row: set[Value]
+    full_views: _ViewSlots
+    row_views: _ViewSlots
+
+    @property
+    def index(self) -> dict[Value, int]:
+        """Each input's argument index."""
+        return {v: i for i, v in enumerate(self.ins)}
+
+    @property
+    def acc_of(self) -> dict[Node, str]:
+        """Each reduction's accumulator (an alloca)."""
+        return {r: f"%acc{k}" for k, r in enumerate(self.reds)}
+
+
+def _reductions(body: Graph) -> tuple[list[Node], int, int]:
+    """The body's reductions, C (the elements each reduces per row) and the full size; refuses
+    reductions that are not over the same trailing axes or not of floats."""
     reds = [n for n in body.nodes if n.op in REDUCTIONS]
     src = reds[0].operands[0]
     n_full = src.type.numel
@@ -719,10 +809,15 @@ def _lower_reduction(body: Graph, name: str) -> Lowered:
             raise LoweringError("reductions over different rows in one kernel")
         if not r.results[0].type.dtype.is_float:
             raise LoweringError(f"{r.op} on {r.results[0].type.dtype} (reductions take f32 and f64)")
-    n_rows = n_full // c
-    # which values are per element (full) and which per row
+    return reds, c, n_full
+
+
+def _row_values(body: Graph, outs: list[Value], src_shape: tuple[int, ...], n_full: int, n_rows: int) \
+        -> tuple[set[Value], list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Which values are per row (the reductions and what is computed from them), and the
+    shapes of the full-size and of the row values."""
     row: set[Value] = set()
-    full_shapes: list[tuple[int, ...]] = [tuple(src.type.shape)]
+    full_shapes: list[tuple[int, ...]] = [src_shape]
     row_shapes: list[tuple[int, ...]] = [tuple(o.type.shape) for o in outs]
     for node in body.nodes:
         res = node.results[0]
@@ -747,8 +842,14 @@ def _lower_reduction(body: Graph, name: str) -> Lowered:
     for o in outs:
         if o.type.numel != n_rows or (o not in row and o.producer is not None and o.producer.op not in _SPLATS):
             raise LoweringError("a reduction kernel's outputs are per row")
-    # dims: the full index cut at every full shape's boundaries, at C, and at every row shape's
-    # boundaries (times C); outer dims cover the rows, inner dims the row's C elements
+    return row, full_shapes, row_shapes
+
+
+def _row_dims(c: int, n_full: int, full_shapes: list[tuple[int, ...]], row_shapes: list[tuple[int, ...]]) \
+        -> tuple[list[int], list[int], list[int]]:
+    """The dims (outer to inner), the outer ones (over the rows) and the inner ones (over a
+    row's C elements): the full index cut at every full shape's boundaries, at C, and at every
+    row shape's boundaries (times C)."""
     cuts = {1, c}
     for sh in full_shapes:
         p = 1
@@ -767,12 +868,16 @@ def _lower_reduction(body: Graph, name: str) -> Lowered:
         refined, n_inner = refined + [1], 1
     if len(refined) == n_inner:  # one row
         refined = [1] + refined
-    outer_dims = refined[:len(refined) - n_inner]
-    inner_dims = refined[len(refined) - n_inner:]
+    return refined, refined[:len(refined) - n_inner], refined[len(refined) - n_inner:]
+
+
+def _row_views(body: Graph, ins: list[Value], row: set[Value], n_full: int, n_rows: int) \
+        -> tuple[_ViewSlots, _ViewSlots]:
+    """The views inputs are read through per element and per row, each with its slot; refuses
+    an input that does not broadcast to the shape it is read in."""
     index = {v: i for i, v in enumerate(ins)}
-    # loads: (input, shape it is read in, full or row)
-    full_views: dict[tuple[int, tuple[int, ...]], int] = {}
-    row_views: dict[tuple[int, tuple[int, ...]], int] = {}
+    full_views: _ViewSlots = {}
+    row_views: _ViewSlots = {}
     for node in body.nodes:
         res = node.results[0]
         if node.op in _SPLATS:
@@ -792,10 +897,18 @@ def _lower_reduction(body: Graph, name: str) -> Lowered:
         if v.type.numel not in (_numel(shp),) and (len(v.type.shape) > len(shp) or any(
                 d not in (1, s) for d, s in zip(v.type.shape[::-1], shp[::-1]))):
             raise LoweringError(f"input %{v.name} of shape {list(v.type.shape)} does not broadcast to {list(shp)}")
-    full_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for (i, shp) in full_views]
-    row_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), outer_dims) for (i, shp) in row_views]
+    return full_views, row_views
+
+
+def _row_loops(k: _RowKernel, refined: list[int], outer_dims: list[int], inner_dims: list[int]) \
+        -> tuple[list[int], list[list[int]], list[int], list[list[int]]]:
+    """The merged loops over the rows and over a row's elements, each with its operands'
+    strides (the outer: full views, row views, outputs; the inner: full views)."""
+    ins = k.ins
+    full_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for (i, shp) in k.full_views]
+    row_strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), outer_dims) for (i, shp) in k.row_views]
     out_strides = [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), outer_dims)
-                   for o in outs]
+                   for o in k.outs]
     n_outer = len(outer_dims)
     outer_per = [s[:n_outer] for s in full_strides] + row_strides + out_strides
     inner_per = [s[n_outer:] for s in full_strides]
@@ -803,126 +916,122 @@ def _lower_reduction(body: Graph, name: str) -> Lowered:
     i_loops, i_per = merge_dims(tuple(inner_dims), inner_per) if inner_per else (merge_dims(tuple(inner_dims), [[0] * len(inner_dims)])[0], [])
     if not o_per:
         o_per = [[0] * len(o_loops)]
+    return o_loops, o_per, i_loops, i_per
+
+
+def _accumulate(e: _Emitter, k: _RowKernel, ioffs: list[str]) -> list[str]:
+    """One element of a row: the full-size values computed and every accumulator updated."""
+    e.lines = []
+    env: dict[Value, tuple[str, DType]] = {}
+    loaded: dict[int, tuple[str, DType]] = {}
+    index, acc_of = k.index, k.acc_of
+
+    def load(v: Value, shp: tuple[int, ...]) -> tuple[str, DType]:
+        key = (index[v], tuple(v.type.shape) if v.type.numel == k.n_full else shp)
+        slot = k.full_views[key]
+        return _load_once(e, loaded, slot, index[v], v.type.dtype, ioffs[slot])
+
+    for node in k.body.nodes:
+        res = node.results[0]
+        if res in k.row and node.op not in REDUCTIONS:
+            continue
+        if node.op in _SPLATS:
+            env[res] = _splat_value(node)
+            continue
+        if node.op in REDUCTIONS:
+            v = node.operands[0]
+            val, dt = env[v] if v in env else load(v, tuple(v.type.shape))
+            t = _ty(dt)
+            acc = acc_of[node]
+            cur = e.op(f"load {t}, ptr {acc}")
+            if node.op in ("sum", "mean"):
+                nxt = e.op(f"fadd reassoc {t} {cur}, {val}")
+            else:  # NaN-propagating, as torch.max; LLVM vectorizes it as a reduction
+                fn = "maximum" if node.op == "max" else "minimum"
+                nxt = e.op(f"call {t} @llvm.{fn}.{_suffix(dt)}({t} {cur}, {t} {val})")
+            e.lines.append(f"  store {t} {nxt}, ptr {acc}")
+            continue
+        args = [env[v] if v in env else load(v, tuple(res.type.shape)) for v in node.operands]
+        env[res] = _lower_op(e, node, args)
+    return list(e.lines)
+
+
+def _finish_row(e: _Emitter, k: _RowKernel, offs: list[str]) -> list[str]:
+    """A row's end: the statistics finished, the row epilogue computed, the outputs stored."""
+    e.lines = []
+    env: dict[Value, tuple[str, DType]] = {}
+    index, acc_of = k.index, k.acc_of
+    nf, nr = len(k.full_views), len(k.row_views)
+    for node in k.body.nodes:
+        res = node.results[0]
+        if node.op in _SPLATS:
+            env[res] = _splat_value(node)
+            continue
+        if res not in k.row:
+            continue
+        if node.op in REDUCTIONS:
+            dt = res.type.dtype
+            t = _ty(dt)
+            v = e.op(f"load {t}, ptr {acc_of[node]}")
+            if node.op == "mean":
+                v = e.op(f"fdiv {t} {v}, {_const(float(k.c), dt)}")
+            env[res] = (v, dt)
+            continue
+        args = []
+        for v in node.operands:
+            if v in env:
+                args.append(env[v])
+                continue
+            key = (index[v], tuple(v.type.shape) if v.type.numel == k.n_rows else tuple(res.type.shape))
+            slot = nf + k.row_views[key]
+            args.append((_load(e, index[v], v.type.dtype, offs[slot]), v.type.dtype))
+        env[res] = _lower_op(e, node, args)
+    for i, o in enumerate(k.outs):
+        val, dt = env[o]
+        _store(e, val, dt, o.type.dtype, len(k.ins) + i, offs[nf + nr + i])
+    return list(e.lines)
+
+
+def _row(e: _Emitter, k: _RowKernel, i_loops: list[int], i_per: list[list[int]], offs: list[str]) -> list[str]:
+    """One row: the accumulators set to their starts, the loop over its elements, its end."""
+    lines: list[str] = []
+    for j, r in enumerate(k.reds):
+        dt = r.results[0].type.dtype
+        init = {"sum": "0.0", "mean": "0.0", "max": "0xFFF0000000000000", "min": "0x7FF0000000000000"}[r.op]
+        lines.append(f"  store {_ty(dt)} {init}, ptr %acc{j}")
+    inner_base = offs[:len(k.full_views)]
+    nest, _ = _nest("I", i_loops, i_per or [[0] * len(i_loops)], inner_base or ["0"], None, None,
+                    lambda ioffs: _accumulate(e, k, ioffs))
+    lines.append("  br label %Ipre")
+    lines += nest
+    return lines + _finish_row(e, k, offs)
+
+
+def _lower_reduction(body: Graph, name: str) -> Lowered:
+    """LLVM IR for a body with reductions as a row-reduction kernel (see above)."""
+    outs = list(body.outputs)
+    ins = list(body.inputs)
+    _check_dtypes(ins, outs)
+    reds, c, n_full = _reductions(body)
+    n_rows = n_full // c
+    row, full_shapes, row_shapes = _row_values(body, outs, tuple(reds[0].operands[0].type.shape), n_full, n_rows)
+    refined, outer_dims, inner_dims = _row_dims(c, n_full, full_shapes, row_shapes)
+    full_views, row_views = _row_views(body, ins, row, n_full, n_rows)
+    k = _RowKernel(body, ins, outs, reds, c, n_full, n_rows, row, full_views, row_views)
+    o_loops, o_per, i_loops, i_per = _row_loops(k, refined, outer_dims, inner_dims)
     e = _Emitter()
-    acc_of: dict[Node, str] = {}
     lines = ["entry:"]
-    for k, r in enumerate(reds):
-        t = _ty(r.results[0].type.dtype)
-        acc_of[r] = f"%acc{k}"
-        lines.append(f"  %acc{k} = alloca {t}")
+    for j, r in enumerate(reds):
+        lines.append(f"  %acc{j} = alloca {_ty(r.results[0].type.dtype)}")
     lines.append("  %empty = icmp sge i64 %lo, %hi")
     lines.append("  br i1 %empty, label %exit, label %Opre")
-    nf, nr = len(full_views), len(row_views)
-
-    def row_body(offs: list[str]) -> list[str]:
-        out_lines: list[str] = []
-        for k, r in enumerate(reds):
-            dt = r.results[0].type.dtype
-            init = {"sum": "0.0", "mean": "0.0", "max": "0xFFF0000000000000", "min": "0x7FF0000000000000"}[r.op]
-            out_lines.append(f"  store {_ty(dt)} {init}, ptr %acc{k}")
-        inner_base = offs[:nf]
-
-        def elem_body(ioffs: list[str]) -> list[str]:
-            e.lines = []
-            env: dict[Value, tuple[str, DType]] = {}
-            loaded: dict[int, tuple[str, DType]] = {}
-
-            def load(v: Value, shp: tuple[int, ...]) -> tuple[str, DType]:
-                key = (index[v], tuple(v.type.shape) if v.type.numel == n_full else shp)
-                slot = full_views[key]
-                if slot not in loaded:
-                    dt = v.type.dtype
-                    ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {ioffs[slot]}")
-                    ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
-                    if dt.is_bool:
-                        ld = e.op(f"icmp ne i8 {ld}, 0")
-                    loaded[slot] = (ld, dt)
-                return loaded[slot]
-
-            for node in body.nodes:
-                res = node.results[0]
-                if res in row and node.op not in REDUCTIONS:
-                    continue
-                if node.op in _SPLATS:
-                    sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
-                    env[res] = (_const(sv, res.type.dtype), res.type.dtype)
-                    continue
-                if node.op in REDUCTIONS:
-                    v = node.operands[0]
-                    val, dt = env[v] if v in env else load(v, tuple(v.type.shape))
-                    t = _ty(dt)
-                    acc = acc_of[node]
-                    cur = e.op(f"load {t}, ptr {acc}")
-                    if node.op in ("sum", "mean"):
-                        nxt = e.op(f"fadd reassoc {t} {cur}, {val}")
-                    else:  # NaN-propagating, as torch.max; LLVM vectorizes it as a reduction
-                        fn = "maximum" if node.op == "max" else "minimum"
-                        nxt = e.op(f"call {t} @llvm.{fn}.{_suffix(dt)}({t} {cur}, {t} {val})")
-                    e.lines.append(f"  store {t} {nxt}, ptr {acc}")
-                    continue
-                args = [env[v] if v in env else load(v, tuple(res.type.shape)) for v in node.operands]
-                splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
-                env[res] = (_lower_node(e, node.op, node.attrs, args, res.type.dtype, splat_rhs), res.type.dtype)
-            return list(e.lines)
-
-        nest, _ = _nest("I", i_loops, i_per or [[0] * len(i_loops)], inner_base or ["0"], None, None, elem_body)
-        out_lines.append("  br label %Ipre")
-        out_lines += nest
-        # finish the statistics, the row epilogue, the stores
-        e.lines = []
-        env: dict[Value, tuple[str, DType]] = {}
-        for node in body.nodes:
-            res = node.results[0]
-            if node.op in _SPLATS:
-                sv = node.attrs["value"] if node.op == "full" else node.attrs["value"].splat_value()
-                env[res] = (_const(sv, res.type.dtype), res.type.dtype)
-                continue
-            if res not in row:
-                continue
-            if node.op in REDUCTIONS:
-                dt = res.type.dtype
-                t = _ty(dt)
-                v = e.op(f"load {t}, ptr {acc_of[node]}")
-                if node.op == "mean":
-                    v = e.op(f"fdiv {t} {v}, {_const(float(c), dt)}")
-                env[res] = (v, dt)
-                continue
-
-            def rload(v: Value, shp: tuple[int, ...]) -> tuple[str, DType]:
-                key = (index[v], tuple(v.type.shape) if v.type.numel == n_rows else shp)
-                slot = nf + row_views[key]
-                dt = v.type.dtype
-                ptr = e.op(f"getelementptr inbounds {_MEM[dt.name]}, ptr %a{index[v]}, i64 {offs[slot]}")
-                ld = e.op(f"load {_MEM[dt.name]}, ptr {ptr}")
-                return (e.op(f"icmp ne i8 {ld}, 0") if dt.is_bool else ld), dt
-
-            args = [env[v] if v in env else rload(v, tuple(res.type.shape)) for v in node.operands]
-            splat_rhs = _splat_of(node.operands[1]) if node.op == "pow" else None
-            env[res] = (_lower_node(e, node.op, node.attrs, args, res.type.dtype, splat_rhs), res.type.dtype)
-        for i, o in enumerate(outs):
-            val, dt = env[o]
-            val = _convert(e, val, dt, o.type.dtype)
-            if o.type.dtype.is_bool:
-                val = e.op(f"zext i1 {val} to i8")
-            ptr = e.op(f"getelementptr inbounds {_MEM[o.type.dtype.name]}, ptr %a{len(ins) + i}, i64 {offs[nf + nr + i]}")
-            e.lines.append(f"  store {_MEM[o.type.dtype.name]} {val}, ptr {ptr}")
-        return out_lines + list(e.lines)
-
-    nest, _ = _nest("O", o_loops, o_per, ["0"] * len(o_per), "%lo", "%hi", row_body)
+    nest, _ = _nest("O", o_loops, o_per, ["0"] * len(o_per), "%lo", "%hi",
+                    lambda offs: _row(e, k, i_loops, i_per, offs))
     lines += nest
     lines.append("  br label %exit")
     lines.append("exit:")
     lines.append("  ret void")
-    params = ", ".join([f"ptr noalias nocapture readonly %a{i}" for i in range(len(ins))] +
-                       [f"ptr noalias nocapture %a{len(ins) + i}" for i in range(len(outs))] + ["i64 %lo", "i64 %hi"])
-    fn = f"define void @{name}({params}) nounwind {{\n" + "\n".join(lines) + "\n}"
-    extra = ["declare i32 @llvm.fptosi.sat.i32.f32(float)", "declare i64 @llvm.fptosi.sat.i64.f32(float)",
-             "declare i32 @llvm.fptosi.sat.i32.f64(double)", "declare i64 @llvm.fptosi.sat.i64.f64(double)",
-             "declare double @llvm.sin.f64(double)", "declare double @llvm.cos.f64(double)"]
-    decls = _used_declarations("\n".join([declarations(e.math)] + extra), fn)
-    meta = f'!0 = distinct !{{!0, !1}}\n!1 = !{{!"llvm.loop.vectorize.width", i32 {vector_width()}}}'
-    if e.scalar_calls:
-        fn = fn.replace(", !llvm.loop !0", "")
-    ir = "\n\n".join([f"; partita kernel {name}: row reduction, {len(ins)} input(s), {len(outs)} output(s), "
-                      f"{n_rows} rows of {c}, loops {o_loops} x {i_loops}", decls, fn, meta]) + "\n"
+    comment = (f"; partita kernel {name}: row reduction, {len(ins)} input(s), {len(outs)} output(s), "
+               f"{n_rows} rows of {c}, loops {o_loops} x {i_loops}")
+    ir = _kernel_ir(name, comment, len(ins), len(outs), lines, e)
     return Lowered(name, ir, len(ins), len(outs), tuple(outs[0].type.shape), tuple(o_loops), e.math)

@@ -30,7 +30,7 @@ import ctypes
 import math
 import struct
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -208,51 +208,53 @@ def _f32_hex(x: float) -> str:
     return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f))[0]
 
 
-def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bool, bias: bool,
-            lanes: int | None = None) -> str:
-    """The LLVM IR of one normalization kernel over rows of ``c`` f32 elements:
+class _NormEmitter:
+    """The IR of one normalization kernel, written line by line into ``out``: the row's passes
+    as loops over its full vectors and straight-line tails."""
 
-        void NAME(ptr params, i64 lo, i64 hi, i64 tid)
+    def __init__(self, kind: str, c: int, residual: bool, weight: bool, bias: bool, lanes: int) -> None:
+        self.kind, self.c, self.residual, self.weight, self.bias = kind, c, residual, weight, bias
+        self.L = lanes
+        self.nv, self.tail = divmod(c, lanes)
+        self.vt = f"<{lanes} x float>"
+        self.out: list[str] = []
+        self.src = "%sr" if residual else "%xr"     # the row that is normalized
+        # U vectors an iteration, each with its own accumulators: the adds of one accumulator
+        # depend on each other, so several in flight hide their latency
+        self.U = next(u for u in (4, 2, 1) if self.nv % u == 0) if self.nv else 1
 
-    for rows [lo, hi); ``params`` holds the i64 addresses of x, residual, weight, bias, the sum
-    and y (0 for those the variant has not). ``residual``: s = x + residual is stored and is the
-    row normalized; else x itself. ``kind`` "layer": (s - mean) / sqrt(var + eps) with var the
-    mean of (s - mean)^2; "rms": s / sqrt(mean(s^2) + eps). Then * weight and + bias."""
-    assert kind in KINDS and c > 0 and not (kind == "rms" and bias)
-    L = lanes or vector_width()
-    nv, tail = divmod(c, L)
-    vt = f"<{L} x float>"
-    out: list[str] = []
-    a = out.append
-    zero = "zeroinitializer"
-    a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
-    a("declare float @llvm.sqrt.f32(float)")
-    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
-    a("entry:")
-    for i, p in enumerate(_P):
-        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
-        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
-        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
-    a("  %empty = icmp sge i64 %lo, %hi")
-    a("  br i1 %empty, label %exit, label %row")
-    a("row:")
-    a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %rowend ]")
-    a(f"  %base = mul i64 %i, {c}")
-    for p in ("x", "r", "s", "y"):
-        if p == "r" and not residual or p == "s" and not residual:
-            continue
-        a(f"  %{p}r = getelementptr inbounds float, ptr %{p}, i64 %base")
-    src = "%sr" if residual else "%xr"     # the row that is normalized
+    def a(self, line: str) -> None:
+        """Append one line."""
+        self.out.append(line)
 
-    # U vectors an iteration, each with its own accumulators: the adds of one accumulator
-    # depend on each other, so several in flight hide their latency
-    U = next(u for u in (4, 2, 1) if nv % u == 0) if nv else 1
+    def head(self, name: str) -> None:
+        """The declarations, the signature, the parameters and the row loop's head."""
+        a, L, vt = self.a, self.L, self.vt
+        a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
+        a("declare float @llvm.sqrt.f32(float)")
+        a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+        a("entry:")
+        for i, p in enumerate(_P):
+            a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+            a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+            a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+        a("  %empty = icmp sge i64 %lo, %hi")
+        a("  br i1 %empty, label %exit, label %row")
+        a("row:")
+        a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %rowend ]")
+        a(f"  %base = mul i64 %i, {self.c}")
+        for p in ("x", "r", "s", "y"):
+            if p == "r" and not self.residual or p == "s" and not self.residual:
+                continue
+            a(f"  %{p}r = getelementptr inbounds float, ptr %{p}, i64 %base")
 
-    def loop(tag: str, body, accs: list[str]) -> list[str]:
+    def loop(self, tag: str, body: Callable, accs: list[str]) -> list[str]:
         """A loop over the row's full vectors, U at a time, with U vector accumulators for each
         of ``accs`` (start 0); the body gets the element offset and the accumulators' current
         values and returns their next values. Returns each accumulator's total over its U
         copies (zero vectors without a vector part)."""
+        a, out, L, vt, U, nv = self.a, self.out, self.L, self.vt, self.U, self.nv
+        zero = "zeroinitializer"
         if nv == 0:
             return [zero] * len(accs)
         pre = f"{tag}.pre"
@@ -286,96 +288,126 @@ def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bo
             totals.append(t)
         return totals
 
-    def scalars(tag: str, body, accs: list[str]) -> list[str]:
+    def scalars(self, tag: str, body: Callable, accs: list[str]) -> list[str]:
         """The tail's elements, one at a time, straight-line, with scalar accumulators."""
         vals = ["0.0"] * len(accs)
-        for t in range(tail):
-            off = str(nv * L + t)
+        for t in range(self.tail):
+            off = str(self.nv * self.L + t)
             vals = body(off, vals, "float", f"{tag}t{t}")
         return vals
 
-    def ptr(base: str, off: str, tag: str, what: str) -> str:
-        a(f"  %{tag}.{what}p = getelementptr inbounds float, ptr {base}, i64 {off}")
+    def ptr(self, base: str, off: str, tag: str, what: str) -> str:
+        """The address of element ``off`` of the row at ``base``."""
+        self.a(f"  %{tag}.{what}p = getelementptr inbounds float, ptr {base}, i64 {off}")
         return f"%{tag}.{what}p"
 
-    # pass 1: s = x (+ r), stored; sum of s (layer) or of s^2 (rms)
-    def p1(off, accs, ty, tag):
+    def sum_step(self, off: str, accs: list[str], ty: str, tag: str) -> list[str]:
+        """Pass 1's step: s = x (+ r), stored; the sum of s (layer) or of s^2 (rms)."""
+        a, ptr = self.a, self.ptr
         a(f"  %{tag}.xv = load {ty}, ptr {ptr('%xr', off, tag, 'x')}, align 4")
         v = f"%{tag}.xv"
-        if residual:
+        if self.residual:
             a(f"  %{tag}.rv = load {ty}, ptr {ptr('%rr', off, tag, 'r')}, align 4")
             a(f"  %{tag}.sv = fadd {ty} {v}, %{tag}.rv")
             v = f"%{tag}.sv"
             a(f"  store {ty} {v}, ptr {ptr('%sr', off, tag, 's')}, align 4")
-        if kind == "rms":
+        if self.kind == "rms":
             a(f"  %{tag}.sq = fmul {ty} {v}, {v}")
             v = f"%{tag}.sq"
         a(f"  %{tag}.acc = fadd {ty} {accs[0]}, {v}")
         return [f"%{tag}.acc"]
 
-    def reduce(tag: str, vec: str, sc: str) -> str:
-        a(f"  %{tag} = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {sc}, {vt} {vec})")
-        return f"%{tag}"
+    def deviation_step(self, off: str, accs: list[str], ty: str, tag: str) -> list[str]:
+        """Pass 2's step (layer): the sum of (s - mean)^2."""
+        a = self.a
+        m = "%meanv" if ty == self.vt else "%m1"
+        a(f"  %{tag}.v = load {ty}, ptr {self.ptr(self.src, off, tag, 'v')}, align 4")
+        a(f"  %{tag}.d = fsub {ty} %{tag}.v, {m}")
+        a(f"  %{tag}.dd = fmul {ty} %{tag}.d, %{tag}.d")
+        a(f"  %{tag}.acc = fadd {ty} {accs[0]}, %{tag}.dd")
+        return [f"%{tag}.acc"]
 
-    def total(tag: str, body) -> str:
-        """The row's sum of what ``body`` accumulates: its vector part, its tail, reduced."""
-        return reduce(f"{tag}.sum", loop(tag, body, ["acc"])[0], scalars(tag, body, ["acc"])[0])
-
-    def splat(dst: str, scalar: str) -> None:
-        a(f"  {dst}.0 = insertelement <1 x float> poison, float {scalar}, i64 0")
-        a(f"  {dst} = shufflevector <1 x float> {dst}.0, <1 x float> poison, <{L} x i32> zeroinitializer")
-
-    inv_c = _f32_hex(1.0 / c)
-    a(f"  %m1 = fmul float {total('p1', p1)}, {inv_c}")
-    if kind == "layer":
-        splat("%meanv", "%m1")
-
-        def p2(off, accs, ty, tag):
-            m = "%meanv" if ty == vt else "%m1"
-            a(f"  %{tag}.v = load {ty}, ptr {ptr(src, off, tag, 'v')}, align 4")
-            a(f"  %{tag}.d = fsub {ty} %{tag}.v, {m}")
-            a(f"  %{tag}.dd = fmul {ty} %{tag}.d, %{tag}.d")
-            a(f"  %{tag}.acc = fadd {ty} {accs[0]}, %{tag}.dd")
-            return [f"%{tag}.acc"]
-        a(f"  %var = fmul float {total('p2', p2)}, {inv_c}")
-    else:
-        a("  %var = fadd float %m1, 0.0")
-    a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
-    a("  %sd = call float @llvm.sqrt.f32(float %ve)")
-    a("  %rstd = fdiv float 1.0, %sd")
-    splat("%rstdv", "%rstd")
-
-    # pass 3: y = (s - mean) * rstd * w + b
-    def p3(off, accs, ty, tag):
-        vec = ty == vt
-        a(f"  %{tag}.v = load {ty}, ptr {ptr(src, off, tag, 'v')}, align 4")
+    def scale_step(self, off: str, accs: list[str], ty: str, tag: str) -> list[str]:
+        """Pass 3's step: y = (s - mean) * rstd * w + b, stored."""
+        a, ptr = self.a, self.ptr
+        vec = ty == self.vt
+        a(f"  %{tag}.v = load {ty}, ptr {ptr(self.src, off, tag, 'v')}, align 4")
         v = f"%{tag}.v"
-        if kind == "layer":
+        if self.kind == "layer":
             a(f"  %{tag}.d = fsub {ty} {v}, {'%meanv' if vec else '%m1'}")
             v = f"%{tag}.d"
         a(f"  %{tag}.n = fmul {ty} {v}, {'%rstdv' if vec else '%rstd'}")
         v = f"%{tag}.n"
-        if weight:
+        if self.weight:
             a(f"  %{tag}.wv = load {ty}, ptr {ptr('%w', off, tag, 'w')}, align 4")
             a(f"  %{tag}.nw = fmul {ty} {v}, %{tag}.wv")
             v = f"%{tag}.nw"
-        if bias:
+        if self.bias:
             a(f"  %{tag}.bv = load {ty}, ptr {ptr('%b', off, tag, 'b')}, align 4")
             a(f"  %{tag}.nb = fadd {ty} {v}, %{tag}.bv")
             v = f"%{tag}.nb"
         a(f"  store {ty} {v}, ptr {ptr('%yr', off, tag, 'y')}, align 4")
         return []
-    loop("p3", p3, [])
-    scalars("p3", p3, [])
-    a("  br label %rowend")
-    a("rowend:")
-    a("  %i.next = add i64 %i, 1")
-    a("  %more = icmp slt i64 %i.next, %hi")
-    a("  br i1 %more, label %row, label %exit")
-    a("exit:")
-    a("  ret void")
-    a("}")
-    return "\n".join(out) + "\n"
+
+    def total(self, tag: str, body: Callable) -> str:
+        """The row's sum of what ``body`` accumulates: its vector part, its tail, reduced."""
+        vec = self.loop(tag, body, ["acc"])[0]
+        sc = self.scalars(tag, body, ["acc"])[0]
+        self.a(f"  %{tag}.sum = call reassoc float @llvm.vector.reduce.fadd.v{self.L}f32(float {sc}, {self.vt} {vec})")
+        return f"%{tag}.sum"
+
+    def splat(self, dst: str, scalar: str) -> None:
+        """``dst``: the vector of ``scalar`` in every lane."""
+        self.a(f"  {dst}.0 = insertelement <1 x float> poison, float {scalar}, i64 0")
+        self.a(f"  {dst} = shufflevector <1 x float> {dst}.0, <1 x float> poison, <{self.L} x i32> zeroinitializer")
+
+    def statistics(self, eps: float) -> None:
+        """Passes 1 and 2: the mean (``%m1``, ``%meanv``) and the reciprocal of the standard
+        deviation (``%rstd``, ``%rstdv``)."""
+        a = self.a
+        inv_c = _f32_hex(1.0 / self.c)
+        a(f"  %m1 = fmul float {self.total('p1', self.sum_step)}, {inv_c}")
+        if self.kind == "layer":
+            self.splat("%meanv", "%m1")
+            a(f"  %var = fmul float {self.total('p2', self.deviation_step)}, {inv_c}")
+        else:
+            a("  %var = fadd float %m1, 0.0")
+        a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
+        a("  %sd = call float @llvm.sqrt.f32(float %ve)")
+        a("  %rstd = fdiv float 1.0, %sd")
+        self.splat("%rstdv", "%rstd")
+
+    def scale_and_end(self) -> None:
+        """Pass 3 over the row, then the row loop's latch and the kernel's end."""
+        a = self.a
+        self.loop("p3", self.scale_step, [])
+        self.scalars("p3", self.scale_step, [])
+        a("  br label %rowend")
+        a("rowend:")
+        a("  %i.next = add i64 %i, 1")
+        a("  %more = icmp slt i64 %i.next, %hi")
+        a("  br i1 %more, label %row, label %exit")
+        a("exit:")
+        a("  ret void")
+        a("}")
+
+
+def norm_ir(name: str, kind: str, c: int, eps: float, residual: bool, weight: bool, bias: bool,
+            lanes: int | None = None) -> str:
+    """The LLVM IR of one normalization kernel over rows of ``c`` f32 elements:
+
+        void NAME(ptr params, i64 lo, i64 hi, i64 tid)
+
+    for rows [lo, hi); ``params`` holds the i64 addresses of x, residual, weight, bias, the sum
+    and y (0 for those the variant has not). ``residual``: s = x + residual is stored and is the
+    row normalized; else x itself. ``kind`` "layer": (s - mean) / sqrt(var + eps) with var the
+    mean of (s - mean)^2; "rms": s / sqrt(mean(s^2) + eps). Then * weight and + bias."""
+    assert kind in KINDS and c > 0 and not (kind == "rms" and bias)
+    e = _NormEmitter(kind, c, residual, weight, bias, lanes or vector_width())
+    e.head(name)
+    e.statistics(eps)
+    e.scale_and_end()
+    return "\n".join(e.out) + "\n"
 
 
 _COMPILED: dict = {}
