@@ -38,7 +38,6 @@ KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("partita.cluster.pipeline_sim", "SectionProgramBuilder.build"): 332,
     ("partita.parallel.pipeline.build", "_Unroller._rank"): 211,
     ("partita.runtime.launch", "_spawn"): 205,
-    ("partita.frontend.onnx.nn", "_attention"): 166,
     ("partita.parallel.pipeline.driver", "parallelize_pipeline"): 157,
 }
 

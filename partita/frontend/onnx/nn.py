@@ -573,8 +573,8 @@ def _where_bias(n: OnnxNode, allowed: Value, like: Value) -> Value:
     return n.emit("where", allowed, n.scalar(0.0, like), n.scalar(-np.inf, like))
 
 
-@converter("Attention")
-def _attention(n: OnnxNode) -> list[Value | None]:
+def _attention_qkv(n: OnnxNode) -> tuple[Value, Value, Value, bool]:
+    """Q, K and V as (batch, heads, seq, head_size), checked, and whether they were given 3-D."""
     q, k, v = n.input(0), n.input(1), n.input(2)
     for what, t in (("Q", q), ("K", k), ("V", v)):
         _require_float(n, t, what)
@@ -589,8 +589,11 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         q, k, v = _heads(n, q, int(qh), "Q"), _heads(n, k, int(kvh), "K"), _heads(n, v, int(kvh), "V")
     elif (qh is not None and int(qh) != q.type.shape[1]) or (kvh is not None and int(kvh) != k.type.shape[1]):
         raise n.error(f"q_num_heads {qh} / kv_num_heads {kvh} differ from the head dims of Q {q.type} and K {k.type}")
-    batch, hq, tq, e = q.type.shape
-    mask = n.input(3) if n.has_input(3) else None
+    return q, k, v, three_d
+
+
+def _attention_cache(n: OnnxNode, batch: int) -> tuple[Value | None, Value | None, Value | None]:
+    """(past_key, past_value, nonpad_kv_seqlen), each None when absent, checked together."""
     past_k = n.input(4) if n.has_input(4) else None
     past_v = n.input(5) if n.has_input(5) else None
     nonpad = n.input(6) if n.has_input(6) else None
@@ -600,6 +603,11 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         raise n.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
     if nonpad is not None and (nonpad.type.dtype.is_float or nonpad.type.shape != (batch,)):
         raise n.error(f"nonpad_kv_seqlen {nonpad.type} must be an integer tensor of shape [{batch}]")
+    return past_k, past_v, nonpad
+
+
+def _attention_options(n: OnnxNode) -> tuple[bool, int, int, int]:
+    """(is_causal, left_window_size, right_window_size, qk_matmul_output_mode), checked."""
     causal = bool(n.attr("is_causal", 0))
     left, right = int(n.attr("left_window_size", -1)), int(n.attr("right_window_size", -1))
     if left < -1 or right < -1:
@@ -607,17 +615,15 @@ def _attention(n: OnnxNode) -> list[Value | None]:
     mode = int(n.attr("qk_matmul_output_mode", 0))
     if mode not in (0, 1, 2, 3):
         raise n.error(f"qk_matmul_output_mode {mode} is not 0, 1, 2 or 3")
-    softcap = n.attr("softcap")
-    scale = n.attr("scale")
-    s = float(np.sqrt(1 / np.sqrt(e) if scale is None else float(scale)))
-    if past_k is not None and past_v is not None:
-        k = n.emit("concat", past_k, k, axis=2)
-        v = n.emit("concat", past_v, v, axis=2)
-    present_k, present_v = k, v
-    tk = k.type.shape[2]
-    # The bias: which keys each query may attend (a bool condition: the bool attn_mask, is_causal,
-    # the window, the key padding), plus a float attn_mask when there is one.
-    offset = past_k.type.shape[2] if past_k is not None else 0
+    return causal, left, right, mode
+
+
+def _attention_bias(n: OnnxNode, q: Value, tk: int, offset: int, mask: Value | None, nonpad: Value | None,
+                    causal: bool, left: int, right: int) -> tuple[Value, Value | None, Value | None]:
+    """The additive bias (0 or -inf) of each query-key pair, with the bool condition of which keys
+    each query may attend (the bool attn_mask, is_causal, the window, the key padding; None: all
+    of them) and the float attn_mask (None without one), which the bias includes."""
+    batch, _, tq, _ = q.type.shape
     per_batch = None
     if nonpad is not None:
         seqlen = _cast_to(n, nonpad, dt.i64)
@@ -682,35 +688,38 @@ def _attention(n: OnnxNode) -> list[Value | None]:
         bias = n.emit("add", bias, float_mask)
     if allowed is not None:
         bias = n.emit("add", bias, _where_bias(n, allowed, q))
-    # Grouped-query attention: each K/V head serves hq / hk consecutive query heads.
-    hk = k.type.shape[1]
-    if hk != hq:
-        if hq % hk or v.type.shape[1] != hk:
-            raise n.error(f"Q's {hq} heads are not a multiple of K's {hk} (and V's {v.type.shape[1]})")
-        rep = hq // hk
+    return bias, allowed, float_mask
 
-        def repeat(t: Value) -> Value:
-            b, h, tt, d = t.type.shape
-            t = n.emit("broadcast_to", n.emit("unsqueeze", t, axes=[2]), shape=[b, h, rep, tt, d])
-            return n.emit("reshape", t, shape=[b, h * rep, tt, d])
-        k, v = repeat(k), repeat(v)
-    sq = n.scalar(s, q)
-    capped = softcap is not None and float(softcap) > 0
-    plain = not (n.used_output(3) or capped or n.attr("softmax_precision") is not None or float_mask is not None)
-    if plain and q.type.dtype in (dt.f32, dt.f64):
-        # The plain form is partita's fused attention op (PyTorch's SDPA on the torch executor):
-        # a bool mask keeps its true scores, and a row it drops entirely gives 0, as ONNX's.
-        # (f16/bf16 stay composed: SDPA's reduced-precision CPU kernel rounds differently from
-        # ONNX's reference, which computes in the input's dtype step by step.)
-        y = n.emit("attention", n.emit("mul", q, sq), n.emit("mul", k, sq), v,
-                   *([allowed] if allowed is not None else []), scale=1.0)[0]
-        if three_d:
-            b, h, t, d = y.type.shape
-            y = n.emit("reshape", n.emit("transpose", y, perm=[0, 2, 1, 3]), shape=[b, t, h * d])
-        return [y, present_k, present_v, None]
+
+def _repeat_kv_heads(n: OnnxNode, k: Value, v: Value, hq: int) -> tuple[Value, Value]:
+    """Grouped-query attention: each K/V head serves hq / hk consecutive query heads."""
+    hk = k.type.shape[1]
+    if hk == hq:
+        return k, v
+    if hq % hk or v.type.shape[1] != hk:
+        raise n.error(f"Q's {hq} heads are not a multiple of K's {hk} (and V's {v.type.shape[1]})")
+    rep = hq // hk
+
+    def repeat(t: Value) -> Value:
+        b, h, tt, d = t.type.shape
+        t = n.emit("broadcast_to", n.emit("unsqueeze", t, axes=[2]), shape=[b, h, rep, tt, d])
+        return n.emit("reshape", t, shape=[b, h * rep, tt, d])
+    return repeat(k), repeat(v)
+
+
+def _merge_heads(n: OnnxNode, y: Value) -> Value:
+    """(batch, heads, seq, head_size) back to the 3-D (batch, seq, hidden) layout."""
+    b, h, t, d = y.type.shape
+    return n.emit("reshape", n.emit("transpose", y, perm=[0, 2, 1, 3]), shape=[b, t, h * d])
+
+
+def _composed_attention(n: OnnxNode, q: Value, k: Value, v: Value, bias: Value, sq: Value,
+                        softcap: float | None, mode: int) -> tuple[Value, Value]:
+    """Attention composed step by step as ONNX's reference computes it (softcap, softmax
+    precision, fully masked rows): (the output, the qk_matmul_output of ``mode``)."""
     scores = n.emit("matmul", n.emit("mul", q, sq), n.emit("transpose", n.emit("mul", k, sq), perm=[0, 1, 3, 2]))
-    if capped:
-        c = n.scalar(float(softcap), scores)
+    if softcap is not None:
+        c = n.scalar(softcap, scores)
         scores = n.emit("mul", n.emit("tanh", n.emit("div", scores, c)), c)
     biased = n.emit("add", scores, bias)
     qk_out = biased if mode == 2 else scores
@@ -735,11 +744,41 @@ def _attention(n: OnnxNode) -> list[Value | None]:
     if mode == 3:
         qk_out = p
     p = _cast_to(n, p, q.type.dtype)
-    y = n.emit("matmul", p, v)
-    if three_d:
-        b, h, t, d = y.type.shape
-        y = n.emit("reshape", n.emit("transpose", y, perm=[0, 2, 1, 3]), shape=[b, t, h * d])
-    return [y, present_k, present_v, _cast_to(n, qk_out, q.type.dtype)]
+    return n.emit("matmul", p, v), qk_out
+
+
+@converter("Attention")
+def _attention(n: OnnxNode) -> list[Value | None]:
+    """ONNX Attention: the bias from the masks and options, then partita's fused attention op
+    where it computes the same, the composed form otherwise."""
+    q, k, v, three_d = _attention_qkv(n)
+    batch, hq, tq, e = q.type.shape
+    mask = n.input(3) if n.has_input(3) else None
+    past_k, past_v, nonpad = _attention_cache(n, batch)
+    causal, left, right, mode = _attention_options(n)
+    softcap = n.attr("softcap")
+    scale = n.attr("scale")
+    s = float(np.sqrt(1 / np.sqrt(e) if scale is None else float(scale)))
+    if past_k is not None and past_v is not None:
+        k = n.emit("concat", past_k, k, axis=2)
+        v = n.emit("concat", past_v, v, axis=2)
+    present_k, present_v = k, v
+    offset = past_k.type.shape[2] if past_k is not None else 0
+    bias, allowed, float_mask = _attention_bias(n, q, k.type.shape[2], offset, mask, nonpad, causal, left, right)
+    k, v = _repeat_kv_heads(n, k, v, hq)
+    sq = n.scalar(s, q)
+    capped = softcap is not None and float(softcap) > 0
+    plain = not (n.used_output(3) or capped or n.attr("softmax_precision") is not None or float_mask is not None)
+    if plain and q.type.dtype in (dt.f32, dt.f64):
+        # The plain form is partita's fused attention op (PyTorch's SDPA on the torch executor):
+        # a bool mask keeps its true scores, and a row it drops entirely gives 0, as ONNX's.
+        # (f16/bf16 stay composed: SDPA's reduced-precision CPU kernel rounds differently from
+        # ONNX's reference, which computes in the input's dtype step by step.)
+        y = n.emit("attention", n.emit("mul", q, sq), n.emit("mul", k, sq), v,
+                   *([allowed] if allowed is not None else []), scale=1.0)[0]
+        return [_merge_heads(n, y) if three_d else y, present_k, present_v, None]
+    y, qk_out = _composed_attention(n, q, k, v, bias, sq, float(softcap) if capped else None, mode)
+    return [_merge_heads(n, y) if three_d else y, present_k, present_v, _cast_to(n, qk_out, q.type.dtype)]
 
 
 # --- RotaryEmbedding ----------------------------------------------------------------------
