@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
@@ -36,22 +36,75 @@ from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
 from .hardware import Cluster
-from .steps import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
+from .steps import ASYNC_OPS, Comm, Hoisted, Issue, Piece, Program, SectionRun, Step, Wait, attr_key, is_hoisted
 
 
 def _is_comm(n: Node) -> bool:
     return n.op in P2P_OPS or (n.op in COLLECTIVE_OPS and n.attrs.get("group_size", 1) > 1)
 
 
+# --- a fragment's entries: ``j`` is the index of a comm in its fragment's ``comms`` -----------
+
+@dataclass(frozen=True, slots=True)
+class OpRun:
+    """Compute node ``node``, ``seconds`` long."""
+
+    seconds: float
+    node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class IssueHere:
+    """Comm ``j`` issued here."""
+
+    j: int
+
+
+@dataclass(frozen=True, slots=True)
+class IssueHoisted:
+    """Comm ``j`` issued at its hoist point, before the section (see ``_section_order``)."""
+
+    j: int
+
+
+@dataclass(frozen=True, slots=True)
+class IssueDeferred:
+    """All_gather ``j`` sunk past the section's end; ``anchor``: the node it is hoisted to just
+    after when the next collective does not let it sink (None: the last hoist point)."""
+
+    j: int
+    anchor: Node | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitLocal:
+    """The compute stream waits for comm ``j`` of this section copy."""
+
+    j: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitOther:
+    """The compute stream waits for ``value`` of another section copy, if still in flight."""
+
+    value: Value
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveMark:
+    """An operand-free collective (axis_index): a place in the collective order only."""
+
+
+Entry: TypeAlias = OpRun | IssueHere | IssueHoisted | IssueDeferred | WaitLocal | WaitOther | CollectiveMark
+
+
 @dataclass
 class _Fragment:
-    """One section of a template as entries, in the unrolled program's order:
-    ("run", seconds, node), ("comm", j) issued here, ("hoist", j) issued at its hoist point,
-    ("wait", j) for local comm j, ("xwait", value) for a value of another section copy that
-    may still be in flight. ``leaves``: (value, j) of results still in flight at its end."""
+    """One section of a template as entries (``Entry``), in the unrolled program's order.
+    ``leaves``: (value, j) of results still in flight at its end."""
 
     key: tuple
-    entries: list[tuple]
+    entries: list[Entry]
     comms: list[Node]
     leaves: list[tuple[Value, int]]
     flops: float
@@ -132,7 +185,7 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
     so = _section_order(nodes)
     order, outside = so.nodes, so.outside
     inside = set(nodes)
-    entries: list[tuple] = []
+    entries: list[Entry] = []
     comms: list[Node] = []
     pending: dict[Value, int] = {}
     seen: set[Value] = set()
@@ -141,26 +194,26 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
     for n in order:
         for v in dict.fromkeys(n.operands):
             if v in pending:
-                entries.append(("wait", pending.pop(v)))
+                entries.append(WaitLocal(pending.pop(v)))
             elif v.producer is not None and v.producer not in inside and v not in seen \
                     and v.producer.op in ASYNC_OPS and _is_comm(v.producer):
                 seen.add(v)
-                entries.append(("xwait", v))
+                entries.append(WaitOther(v))
         if _is_comm(n):
             j = len(comms)
             comms.append(n)
             if n in so.deferred:
-                entries.append(("defer", j, so.deferred[n]))
+                entries.append(IssueDeferred(j, so.deferred[n]))
             else:
-                entries.append(("hoist" if n in outside else "comm", j))
+                entries.append(IssueHoisted(j) if n in outside else IssueHere(j))
             if n.op in ASYNC_OPS:
                 if n.results:
                     pending[n.results[0]] = j
             else:
-                entries.append(("wait", j))
+                entries.append(WaitLocal(j))
             continue
         if OPS[n.op].collective is not None:
-            entries.append(("pseudo",))   # an operand-free collective (axis_index): a place only
+            entries.append(CollectiveMark())
         if is_hoisted(n, outputs):
             continue
         k2 = (n.op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
@@ -170,7 +223,7 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
             priced = cache[k2] = model.compute_time(n)
         flops += priced.flops
         kinds[priced.kind] += priced.seconds
-        entries.append(("run", priced.seconds, n))
+        entries.append(OpRun(priced.seconds, n))
     return _Fragment(key, entries, comms, list(pending.items()), flops, dict(kinds), so.lead_outside,
                      so.has_collective)
 
@@ -192,18 +245,19 @@ class _Piece:
 
 @dataclass
 class _Variant:
-    """A fragment cut for one set of collapsible axes: a list of _Piece and boundary entries."""
+    """A fragment cut for one set of collapsible axes: stretches to price as pieces (lists of
+    entries) and the entries between them."""
 
-    segs: list[Any]
+    segs: list[list[Entry] | Entry]
     bad: set[str]
 
 
 def cut_fragment(frag: _Fragment, axes: frozenset[str]) -> _Variant:
     """Cut ``frag`` into pieces over the collapsible ``axes``; ``bad``: the axes that cannot
     be collapsed (a comm on them left in flight across a boundary or past the end, hoisted)."""
-    segs: list[Any] = []
+    segs: list[list[Entry] | Entry] = []
     bad: set[str] = set()
-    cur: list[tuple] = []
+    cur: list[Entry] = []
     open_: set[int] = set()
 
     def axis(j: int) -> str:
@@ -219,18 +273,17 @@ def cut_fragment(frag: _Fragment, axes: frozenset[str]) -> _Variant:
         cur = []
 
     for e in frag.entries:
-        kind = e[0]
-        if kind in ("run", "pseudo"):
+        if isinstance(e, (OpRun, CollectiveMark)):
             cur.append(e)
-        elif kind in ("comm", "wait") and axis(e[1]) in axes and frag.comms[e[1]].op not in P2P_OPS:
+        elif isinstance(e, (IssueHere, WaitLocal)) and axis(e.j) in axes and frag.comms[e.j].op not in P2P_OPS:
             cur.append(e)
-            if kind == "comm":
-                open_.add(e[1])
+            if isinstance(e, IssueHere):
+                open_.add(e.j)
             else:
-                open_.discard(e[1])
+                open_.discard(e.j)
         else:
-            if kind in ("hoist", "defer") and axis(e[1]) in axes:
-                bad.add(axis(e[1]))
+            if isinstance(e, (IssueHoisted, IssueDeferred)) and axis(e.j) in axes:
+                bad.add(axis(e.j))
             close()
             segs.append(e)
     close()
@@ -240,7 +293,7 @@ def cut_fragment(frag: _Fragment, axes: frozenset[str]) -> _Variant:
     return _Variant(segs, bad)
 
 
-def price_piece(entries: list[tuple], comms: list[Node], comm_time: Any, exports: set[Value]) -> _Piece:
+def price_piece(entries: list[Entry], comms: list[Node], comm_time: Any, exports: set[Value]) -> _Piece:
     """Play ``entries`` (runs and comms over axes where the rank meets only itself) from
     clock 0 with free streams."""
     clock = busy = waiting = 0.0
@@ -252,33 +305,34 @@ def price_piece(entries: list[tuple], comms: list[Node], comm_time: Any, exports
     last_issue = None
     first = None
     for e in entries:
-        kind = e[0]
-        if kind == "pseudo":
-            if first is None:
-                first = clock
-            continue
-        if kind == "run":
-            clock += e[1]
-            busy += e[1]
-            for v in e[2].results:
-                if v in exports:
-                    at[v] = clock
-        elif kind == "comm":
-            n = comms[e[1]]
-            a = n.attrs["axis"]
-            dur, nbytes = comm_time(n)
-            start = max(clock, free[a])
-            done[e[1]] = free[a] = start + dur
-            cb[a] += dur
-            cbytes[a] += nbytes
-            last_issue = clock
-            if first is None:
-                first = clock
-        else:  # wait
-            t = done[e[1]]
-            if t > clock:
-                waiting += t - clock
-                clock = t
+        match e:
+            case CollectiveMark():
+                if first is None:
+                    first = clock
+            case OpRun(seconds, node):
+                clock += seconds
+                busy += seconds
+                for v in node.results:
+                    if v in exports:
+                        at[v] = clock
+            case IssueHere(j):
+                n = comms[j]
+                a = n.attrs["axis"]
+                dur, nbytes = comm_time(n)
+                start = max(clock, free[a])
+                done[j] = free[a] = start + dur
+                cb[a] += dur
+                cbytes[a] += nbytes
+                last_issue = clock
+                if first is None:
+                    first = clock
+            case WaitLocal(j):
+                t = done[j]
+                if t > clock:
+                    waiting += t - clock
+                    clock = t
+            case _:
+                raise AssertionError(f"not an entry of a piece: {e}")
     return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue, first)
 
 
@@ -286,9 +340,9 @@ def price_piece(entries: list[tuple], comms: list[Node], comm_time: Any, exports
 class _Build:
     """The step list of one simulated rank under construction."""
 
-    steps: list[tuple] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     comms: list[Any] = field(default_factory=list)
-    hoist: dict[int, list[tuple[float, int]]] = field(default_factory=lambda: defaultdict(list))
+    hoist: dict[int, list[Hoisted]] = field(default_factory=lambda: defaultdict(list))
     ordinals: dict[tuple, int] = field(default_factory=lambda: defaultdict(int))
     pending: dict[tuple, int] = field(default_factory=dict)
     points: dict[tuple, tuple[int, float]] = field(default_factory=dict)
@@ -345,10 +399,10 @@ class SectionProgramBuilder:
             got = set()
             for f in self.fragments(t).values():
                 for e in f.entries:
-                    if e[0] == "hoist":
-                        got.update(f.comms[e[1]].operands)
-                    elif e[0] == "defer" and e[2] is not None and e[2].results:
-                        got.add(e[2].results[0])
+                    if isinstance(e, IssueHoisted):
+                        got.update(f.comms[e.j].operands)
+                    elif isinstance(e, IssueDeferred) and e.anchor is not None and e.anchor.results:
+                        got.add(e.anchor.results[0])
             for gs in t.chunk_grads.values():
                 got.update(v for _, v in gs)
             if t.loss_share is not None:
@@ -418,7 +472,7 @@ class SectionProgramBuilder:
             return len(B.comms) - 1
 
         def run(dur: float, label: str) -> None:
-            B.steps.append(("run", dur, -1, label))
+            B.steps.append(SectionRun(dur, label))
 
         deferred: list[int] = []
 
@@ -430,9 +484,9 @@ class SectionProgramBuilder:
             n = len(deferred) if upto is None else deferred.index(upto) + 1
             for k in deferred[:n]:
                 if at is None:
-                    B.steps.append(("comm", k))
+                    B.steps.append(Issue(k))
                 else:
-                    B.hoist[at[0]].append((at[1], k))
+                    B.hoist[at[0]].append(Hoisted(at[1], k))
             del deferred[:n]
 
         def copy(key: tuple, m: int | None, lead_next: bool | None = None) -> None:
@@ -451,60 +505,60 @@ class SectionProgramBuilder:
                     i = len(B.steps)
                     if deferred and piece.first_coll is not None:
                         flush(at=(i, piece.first_coll))
-                    B.steps.append(("piece", piece.duration, piece.busy, piece.waiting, piece.comm_busy,
-                                    piece.comm_bytes, label))
+                    B.steps.append(Piece(piece.duration, piece.busy, piece.waiting, piece.comm_busy,
+                                         piece.comm_bytes, label))
                     for v, off in piece.at.items():
                         B.points[(v, m)] = (i, off)
                     if piece.last_issue is not None:
                         B.last_point = (i, piece.last_issue)
                     continue
-                kind = s[0]
-                if deferred and kind in ("comm", "hoist", "defer"):
+                if deferred and isinstance(s, (IssueHere, IssueHoisted, IssueDeferred)):
                     flush()
-                if kind == "defer":
-                    n = frag.comms[s[1]]
-                    k = gmap[s[1]] = new_comm(n)
-                    an = s[2]
+                if isinstance(s, IssueDeferred):
+                    n = frag.comms[s.j]
+                    k = gmap[s.j] = new_comm(n)
+                    an = s.anchor
                     pt = B.points.get((an.results[0], m)) if an is not None and an.results else None
                     if pt is None:
                         pt = B.last_point
                     if lead_next:
                         # The next collective is hoisted to just after this one's anchor: it
                         # does not sink.
-                        B.hoist[pt[0]].append((pt[1], k))
+                        B.hoist[pt[0]].append(Hoisted(pt[1], k))
                     else:
                         deferred.append(k)
                     B.last_point = pt
-                elif kind == "comm":
-                    n = frag.comms[s[1]]
-                    k = gmap[s[1]] = new_comm(n)
-                    B.steps.append(("comm", k))
+                elif isinstance(s, IssueHere):
+                    n = frag.comms[s.j]
+                    k = gmap[s.j] = new_comm(n)
+                    B.steps.append(Issue(k))
                     B.last_point = (len(B.steps) - 1, 0.0)
                     for v in n.results:
                         if v in exports:
                             B.points[(v, m)] = B.last_point
-                elif kind == "hoist":
-                    n = frag.comms[s[1]]
-                    k = gmap[s[1]] = new_comm(n)
+                elif isinstance(s, IssueHoisted):
+                    n = frag.comms[s.j]
+                    k = gmap[s.j] = new_comm(n)
                     pt = B.last_point
                     for v in n.operands:
                         q = point_of(v, m)
                         if q is not None and q > pt:
                             pt = q
-                    B.hoist[pt[0]].append((pt[1], k))
+                    B.hoist[pt[0]].append(Hoisted(pt[1], k))
                     B.last_point = pt
                     for v in n.results:
                         if v in exports:
                             B.points[(v, m)] = pt
-                elif kind == "wait":
-                    B.steps.append(("wait", gmap[s[1]]))
-                else:  # xwait
-                    ck = copy_of(s[1], m)
+                elif isinstance(s, WaitLocal):
+                    B.steps.append(Wait(gmap[s.j]))
+                else:
+                    assert isinstance(s, WaitOther), s
+                    ck = copy_of(s.value, m)
                     k2 = B.pending.pop(ck, None) if ck is not None else None
                     if k2 is not None:
                         if k2 in deferred:
                             flush(k2)
-                        B.steps.append(("wait", k2))
+                        B.steps.append(Wait(k2))
             for v, j in frag.leaves:
                 B.pending[(v, m)] = gmap[j]
             B.flops += frag.flops
@@ -537,7 +591,7 @@ class SectionProgramBuilder:
                     k = B.pending.pop(waitkey)
                     if k in deferred:
                         flush(k)
-                    B.steps.append(("wait", k))
+                    B.steps.append(Wait(k))
                 if ty is None:
                     done(None)
                     continue
@@ -695,8 +749,8 @@ class SectionProgramBuilder:
             else:
                 sums()
         flush()
-        B.steps.extend(("wait", k) for k in B.pending.values())
-        B.steps.extend(("wait", k) for k, c in enumerate(B.comms) if c.sending)
+        B.steps.extend(Wait(k) for k in B.pending.values())
+        B.steps.extend(Wait(k) for k, c in enumerate(B.comms) if c.sending)
         prog = Program(t.local, B.steps, B.comms, list(t.local.nodes), [], B.flops, dict(B.kinds))
         prog.hoist = {k: v for k, v in B.hoist.items()}
         return prog

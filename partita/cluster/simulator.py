@@ -42,7 +42,7 @@ from ..ir.mesh import Mesh
 from .cost import COLLECTIVE_OPS, GEMM_OPS, ATTENTION_OPS, P2P_OPS, CostModel
 from .hardware import Cluster, load_cluster
 from .memory_report import MemoryReport, memory_report
-from .steps import ASYNC_OPS, Comm, Program, attr_key, is_hoisted
+from .steps import ASYNC_OPS, Comm, Issue, Piece, Program, Run, SectionRun, Step, Wait, attr_key, is_hoisted
 
 class SimulationError(PartitaError):
     """A program that cannot be simulated on the cluster (the message names the rank, the
@@ -54,7 +54,7 @@ class SimulationError(PartitaError):
 def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Program:
     """Cut ``graph`` into the steps the simulator plays, pricing every compute op once."""
     outputs = set(graph.outputs)
-    steps: list[tuple] = []
+    steps: list[Step] = []
     comms: list[Comm] = []
     nodes = list(graph.nodes)
     durations = [0.0] * len(nodes)
@@ -69,14 +69,14 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Progra
     def flush(end: int) -> None:
         nonlocal run_start, run_time
         if run_start >= 0:
-            steps.append(("run", run_time, run_start, end))
+            steps.append(Run(run_time, run_start, end))
         run_start, run_time = -1, 0.0
 
     for i, n in enumerate(nodes):
         waits = [pending.pop(v) for v in dict.fromkeys(n.operands) if v in pending]
         if waits:
             flush(i)
-            steps.extend(("wait", c) for c in waits)
+            steps.extend(Wait(c) for c in waits)
         op = n.op
         if op in P2P_OPS or (op in COLLECTIVE_OPS and n.attrs.get("group_size", 1) > 1):
             flush(i)
@@ -86,13 +86,13 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Progra
             c = Comm(n, axis, ordinals[key], op in ASYNC_OPS, peer, op == "send")
             ordinals[key] += 1
             comms.append(c)
-            steps.append(("comm", len(comms) - 1))
+            steps.append(Issue(len(comms) - 1))
             if c.is_async and n.results:
                 pending[n.results[0]] = len(comms) - 1
             elif c.is_async and not n.results:
                 pass   # a send: waited for at the end
             else:
-                steps.append(("wait", len(comms) - 1))
+                steps.append(Wait(len(comms) - 1))
             continue
         if is_hoisted(n, outputs):
             continue
@@ -110,8 +110,8 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Progra
     flush(len(nodes))
     # Results still in flight at the end (outputs of asynchronous collectives), and every
     # send, are waited for before the step ends.
-    steps.extend(("wait", c) for c in pending.values())
-    steps.extend(("wait", k) for k, c in enumerate(comms) if c.sending)
+    steps.extend(Wait(c) for c in pending.values())
+    steps.extend(Wait(k) for k, c in enumerate(comms) if c.sending)
     return Program(graph, steps, comms, nodes, durations, flops, dict(kinds))
 
 
@@ -608,8 +608,9 @@ class _Sim:
         parts = []
         for r in active[:6]:
             st = self.state[r]
-            kind, k = self.progs[r].steps[st.pos][:2]
-            c = self.progs[r].comms[k]
+            s = self.progs[r].steps[st.pos]
+            assert isinstance(s, Wait), "a rank stops only where it waits"
+            c = self.progs[r].comms[s.comm]
             parts.append(f"rank {r} waits at %{c.node.results[0].name if c.node.results else ''} = {c.node.op} over "
                          f"{c.axis} (its {c.ordinal + 1}. on that axis)")
         return "the per-rank programs cannot finish: " + "; ".join(parts) + \
@@ -627,53 +628,53 @@ class _Sim:
             if hoist:
                 h = hoist.get(st.pos)
                 if h:
-                    for off, k in h:
-                        if k not in st.issued:
-                            st.issued[k] = st.clock + off
-            s = steps[st.pos]
-            kind = s[0]
-            if kind == "run":
-                _, dur, a, b = s
-                if self.scale is not None and dur > 0:
-                    dur *= self.scale[r]
-                    self.spans[r].append((st.clock, st.clock + dur))
-                if self.trace and dur > 0:
-                    if a < 0:   # a section-level run: one span, named by its section
-                        self.events.append(Event(r, "compute", str(b), st.clock, st.clock + dur, {"section": b}))
-                    else:
-                        self._trace_run(r, prog, a, b, st.clock)
-                st.clock += dur
-                st.busy += dur
-            elif kind == "piece":
-                _, dur, busy, waiting, cbusy, cbytes, label = s
-                if self.scale is not None and busy > 0:
-                    extra = busy * (self.scale[r] - 1)
-                    self.spans[r].append((st.clock, st.clock + dur + extra))
-                    dur += extra
-                    busy += extra
-                if self.trace and dur > 0:
-                    self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
-                st.clock += dur
-                st.busy += busy
-                st.waiting += waiting
-                for a, x in cbusy:
-                    st.comm_busy[a] += x
-                for a, x in cbytes:
-                    st.comm_bytes[a] += x
-            elif kind == "comm":
-                k = s[1]
-                if k not in st.issued:
-                    st.issued[k] = st.clock
-            else:  # wait
-                k = s[1]
-                t = st.done.get(k)
-                if t is None:
-                    t = self.resolve(r, k)
+                    for hs in h:
+                        if hs.comm not in st.issued:
+                            st.issued[hs.comm] = st.clock + hs.offset
+            match steps[st.pos]:
+                case Run(dur, first, last):
+                    if self.scale is not None and dur > 0:
+                        dur *= self.scale[r]
+                        self.spans[r].append((st.clock, st.clock + dur))
+                    if self.trace and dur > 0:
+                        self._trace_run(r, prog, first, last, st.clock)
+                    st.clock += dur
+                    st.busy += dur
+                case SectionRun(dur, label):
+                    if self.scale is not None and dur > 0:
+                        dur *= self.scale[r]
+                        self.spans[r].append((st.clock, st.clock + dur))
+                    if self.trace and dur > 0:   # one span, named by its section
+                        self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
+                    st.clock += dur
+                    st.busy += dur
+                case Piece(dur, busy, waiting, cbusy, cbytes, label):
+                    if self.scale is not None and busy > 0:
+                        extra = busy * (self.scale[r] - 1)
+                        self.spans[r].append((st.clock, st.clock + dur + extra))
+                        dur += extra
+                        busy += extra
+                    if self.trace and dur > 0:
+                        self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
+                    st.clock += dur
+                    st.busy += busy
+                    st.waiting += waiting
+                    for a, x in cbusy:
+                        st.comm_busy[a] += x
+                    for a, x in cbytes:
+                        st.comm_bytes[a] += x
+                case Issue(k):
+                    if k not in st.issued:
+                        st.issued[k] = st.clock
+                case Wait(k):
+                    t = st.done.get(k)
                     if t is None:
-                        return moved
-                if t > st.clock:
-                    st.waiting += t - st.clock
-                    st.clock = t
+                        t = self.resolve(r, k)
+                        if t is None:
+                            return moved
+                    if t > st.clock:
+                        st.waiting += t - st.clock
+                        st.clock = t
             st.pos += 1
             moved = True
         st.finished = True

@@ -5,7 +5,7 @@ communications (``Program``, ``Comm``), and the facts its builders share, the fl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS
@@ -26,22 +26,82 @@ class Comm:
     sending: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A run of compute ops: ``seconds`` on the compute stream, the program's nodes ``first``
+    to ``last`` (exclusive; the trace names each)."""
+
+    seconds: float
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class SectionRun:
+    """A run of compute ops of a section-level program (pipeline_sim.py): ``seconds`` on the
+    compute stream, one span named ``label`` in the trace."""
+
+    seconds: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """Communication ``comm`` (an index into ``Program.comms``) is issued here."""
+
+    comm: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The compute stream waits here for communication ``comm`` to complete."""
+
+    comm: int
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A precomputed stretch of a section-level program (pipeline_sim.py): ``duration`` on the
+    compute stream, of which ``busy`` computing and ``waiting`` waiting for its own
+    communication; ``comm_busy`` and ``comm_bytes``: (axis, seconds or bytes) of that
+    communication's streams; ``label`` names its span in the trace."""
+
+    duration: float
+    busy: float
+    waiting: float
+    comm_busy: tuple[tuple[str, float], ...]
+    comm_bytes: tuple[tuple[str, float], ...]
+    label: str
+
+
+# One step of a program.
+Step: TypeAlias = Run | SectionRun | Issue | Wait | Piece
+
+
+@dataclass(frozen=True, slots=True)
+class Hoisted:
+    """Communication ``comm`` issued ``offset`` seconds after the start clock of the step it
+    is listed under (``Program.hoist``)."""
+
+    offset: float
+    comm: int
+
+
 @dataclass
 class Program:
-    """A per-rank program cut into steps: ("run", seconds, first node index, last) for a run of
-    compute ops, ("comm", Comm index) where a communication is issued, ("wait", Comm index)
-    where the compute stream waits for one."""
+    """A per-rank program cut into ``steps`` (``Step``: compute runs, issues of and waits for
+    its ``comms``, precomputed pieces)."""
 
     graph: Graph
-    steps: list[tuple]
+    steps: list[Step]
     comms: list[Comm]
     nodes: list[Node]
     durations: list[float]       # per node (0 for communication and hoisted nodes)
     flops: float                  # compute FLOPs of one run of the program
     kinds: dict[str, float]       # seconds of compute by kind (gemm, attention, memory, ...)
-    # Section-level programs (pipeline_sim.py): step index -> (offset, comm index) issued at
-    # that step's start clock plus offset (a collective hoisted into an earlier step).
-    hoist: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    # Section-level programs (pipeline_sim.py): step index -> the communications issued at an
+    # offset from that step's start clock (a collective hoisted into an earlier step).
+    hoist: dict[int, list[Hoisted]] = field(default_factory=dict)
 
 
 def is_hoisted(node: Node, outputs: set[Value]) -> bool:
