@@ -32,6 +32,7 @@ from typing import Any, TypeAlias
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
+from ..parallel.collective_order import grows_when_gathered, is_collective, kept_order
 from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
@@ -62,7 +63,7 @@ class IssueHere:
 
 @dataclass(frozen=True, slots=True)
 class IssueHoisted:
-    """Comm ``j`` issued at its hoist point, before the section (see ``_section_order``)."""
+    """Comm ``j`` issued at its hoist point, before the section (see ``section_order``)."""
 
     j: int
 
@@ -114,8 +115,8 @@ class _Fragment:
 
 
 @dataclass
-class _Order:
-    """A section's nodes in the unrolled program's order (see ``_section_order``)."""
+class SectionOrder:
+    """A section's nodes in the unrolled program's order (see ``section_order``)."""
 
     nodes: list[Node]
     outside: set[Node]            # issued at the hoist point (before the section)
@@ -124,65 +125,38 @@ class _Order:
     has_collective: bool
 
 
-def _section_order(nodes: list[Node]) -> _Order:
+def section_order(nodes: list[Node]) -> SectionOrder:
     """``nodes`` (one section, template order) in the order ``order_collectives(keep_order=
-    True)`` gives their copies in the unrolled program: each collective (``is_collective``:
-    point-to-point transfers are not) hoisted to just after the last node it needs and the
+    True)`` gives their copies in the unrolled program: ``kept_order`` of the section, the
+    function that pass calls on the whole program (each collective, ``is_collective``:
+    point-to-point transfers are not, hoisted to just after the last node it needs and the
     collective before it, then each all_gather sunk to just before its first reader or the
-    next collective. What crosses the section's bounds is returned apart: the collectives
+    next collective). What crosses the section's bounds is returned apart: the collectives
     that need nothing of the section (they go up to the collective before them, in an
     earlier section; an all_gather among them that another such one follows stays there),
     and the all_gathers that sink past the section's end (into a later section, unless the
     next collective is anchored before its section: then they stay at their anchor)."""
-    from ..parallel.bucket import effect_chain, grows_when_gathered, hoist_collectives, is_collective, sink_gathers
-
-    inside = set(nodes)
-    pos = {n: i for i, n in enumerate(nodes)}
-    chain = effect_chain(nodes)
-
-    def deps(n: Node) -> list[Node]:
-        ds = [v.producer for v in n.operands if v.producer is not None and v.producer in inside]
-        if n in chain:
-            ds.append(chain[n])
-        return ds
-
-    anchor: dict[Node, int] = {}
-    anchor_node: dict[Node, Node | None] = {}
-    last = -1
-    last_node: Node | None = None
-    lead: list[Node] = []
-    colls: list[Node] = []
-    for n in nodes:
-        if not is_collective(n):
-            continue
-        colls.append(n)
-        a, an = last, last_node
-        for d in deps(n):
-            x = anchor[d] if d in anchor else pos[d]
-            if x > a:
-                a, an = x, (anchor_node[d] if d in anchor else d)
-        anchor[n] = last = a
-        anchor_node[n] = last_node = an
-        if a < 0:
-            lead.append(n)
+    kept = kept_order(nodes)
+    colls = [n for n in nodes if is_collective(n)]
+    lead = [n for n in colls if kept.anchors[n] < 0]
     outside: set[Node] = set()
     for i, n in enumerate(lead):
         if not _is_comm(n) or OPS[n.op].torch_async is None:
             continue
         if not grows_when_gathered(n) or i + 1 < len(lead):
             outside.add(n)
-    order = sink_gathers(hoist_collectives(nodes, pos, deps))
+    order = kept.nodes
     deferred: dict[Node, Node | None] = {}
     for i, n in enumerate(order):
         if grows_when_gathered(n) and _is_comm(n) and n not in outside:
             readers = {u for r in n.results for u in r.users}
             if not any(x in readers or is_collective(x) for x in order[i + 1:]):
-                deferred[n] = anchor_node.get(n)
-    return _Order(order, outside, deferred, bool(colls) and anchor[colls[0]] < 0, bool(colls))
+                deferred[n] = kept.anchor_node(nodes, n)
+    return SectionOrder(order, outside, deferred, bool(colls) and kept.anchors[colls[0]] < 0, bool(colls))
 
 
 def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict, outputs: set[Value]) -> _Fragment:
-    so = _section_order(nodes)
+    so = section_order(nodes)
     order, outside = so.nodes, so.outside
     inside = set(nodes)
     entries: list[Entry] = []

@@ -10,7 +10,9 @@ import pytest
 
 import partita
 from partita.cluster import parse_cluster
+from partita.cluster.pipeline_sim import section_order
 from partita.cluster.simulator import SimulationError, simulate
+from partita.parallel.collective_order import order_collectives
 from partita.parallel.pipeline.schedule import PipelineError
 
 # 4 nodes of 2 devices: every dp group and pipeline neighbour below crosses the network.
@@ -83,6 +85,17 @@ def test_sections_simulate_what_the_unrolled_program_simulates(step, mesh, strat
         every = simulate(tmpl, cluster, dedup=False)
         assert every.step_time == pytest.approx(b.step_time, rel=1e-9)
         assert every.hardware_flops == pytest.approx(b.hardware_flops, rel=1e-12)
+
+
+def test_a_section_is_ordered_as_the_order_collectives_pass_orders_a_program(step):
+    # The sections and the pass share one collective order (collective_order.kept_order): a
+    # whole rank program taken as one section comes out in the order order_collectives(
+    # keep_order=True) leaves it in (here zero3's prefetched gathers sink to their readers).
+    local = partita.parallelize(step, mesh="dp=2", strategy="zero3").local.clone()
+    nodes = list(local.nodes)
+    got = section_order(nodes)
+    order_collectives(local, prefetch=0, keep_order=True)
+    assert got.nodes == list(local.nodes) and got.nodes != nodes
 
 
 @pytest.mark.parametrize("strategy,rel", [("pp+zero1", 1e-2), ("pp+zero2", 1e-2), ("pp+zero3", 0.1)])
