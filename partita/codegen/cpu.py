@@ -11,6 +11,9 @@ from typing import Any, Callable
 
 from .jit import jit
 
+__all__ = ["kernel_pool", "l2_bytes", "gomp_loaded", "launcher", "launcher_ir", "LAUNCHERS", "split_on_team",
+           "split_pointers_on_team"]
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 _L2: int | None = None

@@ -49,8 +49,7 @@ from .cpu import LAUNCHERS, kernel_pool, l2_bytes, launcher, launcher_ir
 from .lowering import vector_width
 from .mathlib import declarations, f32
 
-__all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PreparedGemm", "read_a_in_place", "PARALLEL_MIN_MACS",
-           "split_on_team", "split_pointers_on_team"]
+__all__ = ["GemmConfig", "gemm_config", "gemm_configs", "choose", "gemm_ir", "ACTIVATIONS", "config", "kernel", "pack_b", "gemm", "PreparedGemm", "read_a_in_place", "PARALLEL_MIN_MACS"]
 
 
 @dataclass(frozen=True)

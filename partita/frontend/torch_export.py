@@ -18,6 +18,7 @@ set, and walks the FX graph once:
 from __future__ import annotations
 
 import contextlib
+import math
 
 import operator
 import os
@@ -413,6 +414,32 @@ def _amax_amin(op: str) -> Conv:
     def conv(cx: AtenConverter, x: Value, dims: Any = (), keepdim: bool = False) -> Value:
         return cx.emit(op, x, axes=_reduce_axes(x, dims), keepdim=keepdim)
     return conv
+
+
+def _vector_norm(cx: AtenConverter, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Value:
+    """torch.linalg.vector_norm: sum(|x|^ord)^(1/ord) over ``dim`` (all dims when None), with
+    ord 2 as sqrt(sum(x*x)), 1 as sum(|x|), inf / -inf as max / min |x|, 0 as the count of
+    nonzeros."""
+    if dtype is not None:
+        x = _to_copy(cx, x, dtype)
+    if not x.type.dtype.is_float:
+        raise Unsupported(f"aten.linalg_vector_norm of a {x.type.dtype} tensor (torch takes float or complex only)")
+    axes = _reduce_axes(x, dim)
+    p = float(ord)
+    if p == 2:
+        return cx.emit("sqrt", cx.emit("sum", cx.emit("mul", x, x), axes=axes, keepdim=keepdim))
+    a = cx.emit("abs", x)
+    if p == 1:
+        return cx.emit("sum", a, axes=axes, keepdim=keepdim)
+    if math.isinf(p):
+        return cx.emit("max" if p > 0 else "min", a, axes=axes, keepdim=keepdim)
+    if p == 0:
+        nz = cx.emit("cast", cx.emit("not_equal", x, cx.scalar(0.0, x.type.dtype)), dtype=x.type.dtype)
+        return cx.emit("sum", nz, axes=axes, keepdim=keepdim)
+    dt = x.type.dtype
+    total = cx.emit("sum", cx.emit("pow", a, cx.scalar(p, dt)), axes=axes, keepdim=keepdim)
+    return cx.emit("pow", total, cx.scalar(1.0 / p, dt))
 
 
 def _argmax_argmin(op: str) -> Conv:
@@ -859,6 +886,7 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     aten.mean.default: _mean_all,
     aten.sum.dim_IntList: _sum,
     aten.amax.default: _amax_amin("max"),
+    aten.linalg_vector_norm.default: _vector_norm,
     aten.amin.default: _amax_amin("min"),
     aten.argmax.default: _argmax_argmin("argmax"),
     aten.argmin.default: _argmax_argmin("argmin"),

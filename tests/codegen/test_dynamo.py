@@ -244,6 +244,25 @@ def test_grouped_query_decoder_gradients_equal_eager():
     assert pd.stats().fallbacks == 0, pd.stats().report()
 
 
+def test_convnext_v2_global_response_norm_compiles_and_equals_eager():
+    # linalg_vector_norm (its global response norm) once left the whole graph on ATen
+    torch.manual_seed(0)
+    cfg = transformers.ConvNextV2Config(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, image_size=32)
+    model = transformers.ConvNextV2Model(cfg)
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32)
+    compiled = torch.compile(model, backend="partita")
+    out, ref = compiled(x), eager(x)
+    assert rel(out.last_hidden_state, ref.last_hidden_state) <= 1e-5
+    assert rel(out.pooler_output, ref.pooler_output) <= 1e-5
+    # a loss whose gradient is not mostly cancelled (the layer norms' outputs square-sum to a constant)
+    r, s = torch.randn_like(ref.last_hidden_state), torch.randn_like(ref.pooler_output)
+    ((out.last_hidden_state * r).sum() + (out.pooler_output * s).sum()).backward()
+    ((ref.last_hidden_state * r).sum() + (ref.pooler_output * s).sum()).backward()
+    assert_grads_equal(model, eager, tol=1e-4)
+    assert pd.stats().fallbacks == 0, pd.stats().report()
+
+
 def test_dropout_draws_the_masks_eager_draws():
     """Dropout's mask becomes a graph input drawn with torch's generator on each call: the
     same seed gives eager's mask, and a new call a new one."""

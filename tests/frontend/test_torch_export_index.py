@@ -139,3 +139,21 @@ class MaskPut(nn.Module):
 def test_index_put_with_a_mask_is_refused_with_the_reason():
     with pytest.raises(FrontendError, match="boolean-mask indexing"):
         partita.import_torch(MaskPut(), (torch.randn(3, 4),))
+
+
+class VectorNorm(nn.Module):
+    def __init__(self, ord: float, dim, keepdim: bool) -> None:
+        super().__init__()
+        self.ord, self.dim, self.keepdim = ord, dim, keepdim
+
+    def forward(self, x):
+        return torch.linalg.vector_norm(x, ord=self.ord, dim=self.dim, keepdim=self.keepdim)
+
+
+@pytest.mark.parametrize("ord", [2, 1, float("inf"), float("-inf"), 0, 3.0, 0.5])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), ((1, 2), True), (-1, False)])
+def test_linalg_vector_norm(ord, dim, keepdim):
+    # ConvNeXt v2's global response norm: the 2-norm over the spatial dims, kept
+    x = torch.randn(2, 4, 5, 3)
+    x[0, 0, 0] = 0.0
+    _matches_eager(VectorNorm(ord, dim, keepdim), (x,))
