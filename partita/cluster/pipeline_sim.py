@@ -27,7 +27,7 @@ schedule order, exactly as ``prepare`` would cut the unrolled program:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from ..ir.graph import Graph, Node, Value
@@ -310,19 +310,51 @@ def price_piece(entries: list[Entry], comms: list[Node], comm_time: Any, exports
     return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue, first)
 
 
-@dataclass
-class _Build:
-    """The step list of one simulated rank under construction."""
+# --- a rank's plan: the unroll's order of section copies and sums ---------------------------------
 
-    steps: list[Step] = field(default_factory=list)
-    comms: list[Any] = field(default_factory=list)
-    hoist: dict[int, list[Hoisted]] = field(default_factory=lambda: defaultdict(list))
-    ordinals: dict[tuple, int] = field(default_factory=lambda: defaultdict(int))
-    pending: dict[tuple, int] = field(default_factory=dict)
-    points: dict[tuple, tuple[int, float]] = field(default_factory=dict)
-    last_point: tuple[int, float] = (0, 0.0)
-    flops: float = 0.0
-    kinds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+@dataclass(frozen=True, slots=True)
+class CopySection:
+    """Play a copy of section ``key`` for microbatch ``m`` (None: a once-per-step section)."""
+
+    key: tuple
+    m: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LossReady:
+    """Note where microbatch ``m``'s loss share is ready."""
+
+    m: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulate:
+    """Add chunk ``chunk``'s gradients of microbatch ``m`` to their sums."""
+
+    chunk: int
+    m: int
+
+
+@dataclass(frozen=True, slots=True)
+class SumUp:
+    """Settle where each gradient sum is ready, and sum the loss shares."""
+
+
+PlanItem: TypeAlias = CopySection | LossReady | Accumulate | SumUp
+
+
+@dataclass(frozen=True)
+class ChunkAdds:
+    """The gradient sums of one chunk: its (name, gradient) pairs, each add's end offset in one
+    run of them all, that run's seconds, FLOPs and seconds by kind, and the gradients a
+    communication makes."""
+
+    grads: list[tuple[str, Value]]
+    offsets: list[float]
+    seconds: float
+    flops: float
+    kinds: dict[str, float]
+    comm_grads: list[Value]
 
 
 class SectionProgramBuilder:
@@ -396,338 +428,401 @@ class SectionProgramBuilder:
             got = self.comm_cache[key] = (ot.seconds, float(self.model.record_cost(n).bytes_written))
         return got
 
-    def build(self, t: Any, rank: int, alone: frozenset[str]) -> Any:
+    def price_add(self, ty: Any) -> Any:
+        """The priced add of two values of type ``ty`` (a gradient or loss sum)."""
+        key = ("pp-add", ty.shape, ty.dtype.name)
+        got = self.cache.get(key)
+        if got is None:
+            from ..ir.builder import Builder
+
+            g = Graph("priced")
+            x, y = g.add_input("x", ty, "input"), g.add_input("y", ty, "input")
+            node = Builder(g).add(x, y).producer
+            assert node is not None
+            got = self.cache[key] = self.model.compute_time(node)
+        return got
+
+    def build(self, t: Any, rank: int, alone: frozenset[str]) -> Program:
         """The program of global rank ``rank`` (pp rank ``t.rank``); ``alone``: the mesh axes
         on which this rank meets only ranks it stands for."""
-        cut, axes = self.variant(t, alone)
-        links = tuple((a, self.cluster.link(self.mesh.group_of(rank, a))) for a in sorted(axes))
+        return RankProgramBuild(self, t, rank, alone).program()
+
+
+class RankProgramBuild:
+    """The program of one simulated rank under construction (``SectionProgramBuilder.build``):
+    its steps and comms so far, and where in them the values later copies read are ready, a
+    *point* (step index, offset into that step)."""
+
+    def __init__(self, owner: SectionProgramBuilder, t: Any, rank: int, alone: frozenset[str]) -> None:
+        self.owner, self.t, self.rank = owner, t, rank
+        self.cut, axes = owner.variant(t, alone)
+        links = tuple((a, owner.cluster.link(owner.mesh.group_of(rank, a))) for a in sorted(axes))
         pkey = (id(t), axes, links)
-        pieces = self.pieces.get(pkey)
+        pieces = owner.pieces.get(pkey)
         if pieces is None:
-            pieces = self.pieces[pkey] = {}
-        frags = self.fragments(t)
-        exports = self.exports(t)
-        B = _Build()
-        sched = t.sched
-        M = sched.microbatches
-        sec_of = t.sections
-        last_copy: dict[tuple, int] = {}
-        once_point: dict[Value, tuple[int, float]] = {}
-        acc_point: dict[str, tuple[int, float]] = {}
-        loss_points: list[tuple[int, float]] = []
+            pieces = owner.pieces[pkey] = {}
+        self.pieces: dict[tuple, list[_Piece | None]] = pieces
+        self.frags = owner.fragments(t)
+        self.exports = owner.exports(t)
+        self.sched = t.sched
+        self.steps: list[Step] = []
+        self.comms: list[Comm] = []
+        self.hoist: dict[int, list[Hoisted]] = defaultdict(list)
+        self.ordinals: dict[tuple, int] = defaultdict(int)
+        self.pending: dict[tuple, int] = {}              # copy key of a value -> its comm, in flight
+        self.points: dict[tuple, tuple[int, float]] = {}  # copy key of a value -> where it is ready
+        self.last_point: tuple[int, float] = (0, 0.0)     # where the last collective was issued
+        self.deferred: list[int] = []                     # all_gathers sinking into what follows
+        self.flops = 0.0
+        self.kinds: dict[str, float] = defaultdict(float)
+        self.last_copy: dict[tuple, int] = {}             # section -> microbatch of its last copy
+        self.once_point: dict[Value, tuple[int, float]] = {}
+        self.acc_point: dict[str, tuple[int, float]] = {}  # param -> where its latest sum is ready
+        self.loss_points: list[tuple[int, float]] = []
+        self.acc_set: set[str] = set()                    # params with a sum already
+        self.chunk_info: dict[int, ChunkAdds] = {}
+        self.last_acc: dict[int, tuple[int | None, int]] = {}
 
-        def copy_of(v: Value, m: int | None) -> tuple | None:
-            """The key of the copy of template value ``v`` read by a section copy ``m``."""
-            p = v.producer
-            if p is None:
-                return None
-            ps = sec_of[p]
-            if ps[0] in ONCE_SECTIONS:
-                return (v, None)
-            if m is not None:
-                return (v, m)
-            c = last_copy.get(ps)
-            return (v, c) if c is not None else None
+    def program(self) -> Program:
+        """Play the rank's plan (``plan``) and return its program."""
+        if self.sched.microbatches > 1:
+            self.slice_microbatches()
+        plan = self.plan()
+        for item, lead_next in zip(plan, self.leads(plan)):
+            match item:
+                case CopySection(key, m):
+                    self.copy(key, m, lead_next)
+                case Accumulate(c, m):
+                    self.accumulate(c, m)
+                case LossReady(m):
+                    q = self.points.get((self.t.loss_share, m))
+                    self.loss_points.append(q if q is not None else (len(self.steps), 0.0))
+                case SumUp():
+                    self.sums()
+        self.flush()
+        self.steps.extend(Wait(k) for k in self.pending.values())
+        self.steps.extend(Wait(k) for k, c in enumerate(self.comms) if c.sending)
+        t = self.t
+        prog = Program(t.local, self.steps, self.comms, list(t.local.nodes), [], self.flops, dict(self.kinds))
+        prog.hoist = {k: v for k, v in self.hoist.items()}
+        return prog
 
-        def point_of(v: Value, m: int | None) -> tuple[int, float] | None:
-            if m is None and v in once_point:
-                return once_point[v]
-            k = copy_of(v, m)
-            return B.points.get(k) if k is not None else None
-
-        def new_comm(n: Node) -> int:
-            op = n.op
-            axis = n.attrs["axis"]
-            peer = n.attrs.get("peer") if op in P2P_OPS else None
-            okey = (axis, op, peer) if op in P2P_OPS else (axis,)
-            c = Comm(n, axis, B.ordinals[okey], op in ASYNC_OPS, peer, op == "send")
-            B.ordinals[okey] += 1
-            B.comms.append(c)
-            return len(B.comms) - 1
-
-        def run(dur: float, label: str) -> None:
-            B.steps.append(SectionRun(dur, label))
-
-        deferred: list[int] = []
-
-        def flush(upto: int | None = None, at: tuple[int, float] | None = None) -> None:
-            """Issue the deferred all_gathers (all, or up to comm ``upto``): at point ``at``, or
-            here (the next collective or the first reader of one has come)."""
-            if not deferred:
-                return
-            n = len(deferred) if upto is None else deferred.index(upto) + 1
-            for k in deferred[:n]:
-                if at is None:
-                    B.steps.append(Issue(k))
-                else:
-                    B.hoist[at[0]].append(Hoisted(at[1], k))
-            del deferred[:n]
-
-        def copy(key: tuple, m: int | None, lead_next: bool | None = None) -> None:
-            frag = frags.get(key)
-            if frag is None:
-                return
-            var = cut[key]
-            pc = pieces.get(key)
-            if pc is None:
-                pc = pieces[key] = [price_piece(s, frag.comms, lambda n: self.comm_time(rank, n), exports)
-                                    if isinstance(s, list) else None for s in var.segs]
-            label = _label(key, m, sched)
-            gmap: dict[int, int] = {}
-            for s, piece in zip(var.segs, pc):
-                if piece is not None:
-                    i = len(B.steps)
-                    if deferred and piece.first_coll is not None:
-                        flush(at=(i, piece.first_coll))
-                    B.steps.append(Piece(piece.duration, piece.busy, piece.waiting, piece.comm_busy,
-                                         piece.comm_bytes, label))
-                    for v, off in piece.at.items():
-                        B.points[(v, m)] = (i, off)
-                    if piece.last_issue is not None:
-                        B.last_point = (i, piece.last_issue)
-                    continue
-                if deferred and isinstance(s, (IssueHere, IssueHoisted, IssueDeferred)):
-                    flush()
-                if isinstance(s, IssueDeferred):
-                    n = frag.comms[s.j]
-                    k = gmap[s.j] = new_comm(n)
-                    an = s.anchor
-                    pt = B.points.get((an.results[0], m)) if an is not None and an.results else None
-                    if pt is None:
-                        pt = B.last_point
-                    if lead_next:
-                        # The next collective is hoisted to just after this one's anchor: it
-                        # does not sink.
-                        B.hoist[pt[0]].append(Hoisted(pt[1], k))
-                    else:
-                        deferred.append(k)
-                    B.last_point = pt
-                elif isinstance(s, IssueHere):
-                    n = frag.comms[s.j]
-                    k = gmap[s.j] = new_comm(n)
-                    B.steps.append(Issue(k))
-                    B.last_point = (len(B.steps) - 1, 0.0)
-                    for v in n.results:
-                        if v in exports:
-                            B.points[(v, m)] = B.last_point
-                elif isinstance(s, IssueHoisted):
-                    n = frag.comms[s.j]
-                    k = gmap[s.j] = new_comm(n)
-                    pt = B.last_point
-                    for v in n.operands:
-                        q = point_of(v, m)
-                        if q is not None and q > pt:
-                            pt = q
-                    B.hoist[pt[0]].append(Hoisted(pt[1], k))
-                    B.last_point = pt
-                    for v in n.results:
-                        if v in exports:
-                            B.points[(v, m)] = pt
-                elif isinstance(s, WaitLocal):
-                    B.steps.append(Wait(gmap[s.j]))
-                else:
-                    assert isinstance(s, WaitOther), s
-                    ck = copy_of(s.value, m)
-                    k2 = B.pending.pop(ck, None) if ck is not None else None
-                    if k2 is not None:
-                        if k2 in deferred:
-                            flush(k2)
-                        B.steps.append(Wait(k2))
-            for v, j in frag.leaves:
-                B.pending[(v, m)] = gmap[j]
-            B.flops += frag.flops
-            for kk, x in frag.kinds.items():
-                B.kinds[kk] += x
-            if m is not None:
-                last_copy[key] = m
-
-        def price_add(ty: Any) -> Any:
-            key = ("pp-add", ty.shape, ty.dtype.name)
-            got = self.cache.get(key)
-            if got is None:
-                from ..ir.builder import Builder
-
-                g = Graph("priced")
-                x, y = g.add_input("x", ty, "input"), g.add_input("y", ty, "input")
-                node = Builder(g).add(x, y).producer
-                assert node is not None
-                got = self.cache[key] = self.model.compute_time(node)
-            return got
-
-        def adds(pairs: list[tuple[Any, tuple | None, Any]], label: str) -> None:
-            """Price adds in a run: (type, copy key waited for first or None, callback(point))."""
-            acc = 0.0
-            for ty, waitkey, done in pairs:
-                if waitkey is not None and waitkey in B.pending:
-                    if acc > 0:
-                        run(acc, label)
-                        acc = 0.0
-                    k = B.pending.pop(waitkey)
-                    if k in deferred:
-                        flush(k)
-                    B.steps.append(Wait(k))
-                if ty is None:
-                    done(None)
-                    continue
-                p = price_add(ty)
-                acc += p.seconds
-                B.flops += p.flops
-                B.kinds[p.kind] += p.seconds
-                done((len(B.steps), acc))
-            if acc > 0:
-                run(acc, label)
-
-        # The prologue: each batch input sliced into its microbatches.
-        if M > 1:
-            total = 0.0
-            for v in t.local.inputs:
-                if str(v.name) in t.batch:
-                    d = t.batch[str(v.name)]
-                    shape = list(v.type.shape)
-                    full = v.type.with_shape(tuple(shape[:d] + [shape[d] * M] + shape[d + 1:]))
-                    p = _price_slice(self, full, d, shape[d])
-                    total += p.seconds * M
-                    B.flops += p.flops * M
-                    B.kinds[p.kind] += p.seconds * M
-            if total > 0:
-                run(total, "microbatch slices")
-        acc_set: set[str] = set()
-        # Per chunk: its gradients, their adds' total time and each one's end offset in it.
-        chunk_info: dict[int, tuple] = {}
-        last_acc: dict[int, tuple[int | None, int]] = {}
-
-        def info(c: int) -> tuple:
-            got = chunk_info.get(c)
-            if got is None:
-                gs = t.chunk_grads.get(c, [])
-                offs, tot, fl = [], 0.0, 0.0
-                kinds: dict[str, float] = defaultdict(float)
-                for _, gv in gs:
-                    p = price_add(gv.type)
-                    tot += p.seconds
-                    fl += p.flops
-                    kinds[p.kind] += p.seconds
-                    offs.append(tot)
-                comm_grads = [gv for _, gv in gs if gv.producer is not None and _is_comm(gv.producer)]
-                got = chunk_info[c] = (gs, offs, tot, fl, dict(kinds), comm_grads)
-            return got
-
-        def accumulate(c: int, m: int) -> None:
-            gs, offs, tot, fl, kinds, comm_grads = info(c)
-            fast = c in last_acc and not any((gv, m) in B.pending for gv in comm_grads)
-            if fast:
-                # Every gradient of the chunk has a sum already: one add each, one run.
-                if tot > 0:
-                    last_acc[c] = (len(B.steps), m)
-                    run(tot, f"gradient sums of chunk {c}, microbatch {m}")
-                    B.flops += fl
-                    for kk, x in kinds.items():
-                        B.kinds[kk] += x
-                return
-            pairs: list[tuple[Any, tuple | None, Any]] = []
-            for nm, gv in gs:
-                ck = copy_of(gv, m)
-
-                def done(pt: Any, nm: str = nm, ck: Any = ck) -> None:
-                    if pt is None:
-                        q = B.points.get(ck) if ck is not None else None
-                        if q is not None:
-                            acc_point[nm] = q
-                    else:
-                        acc_point[nm] = pt
-                first = nm not in acc_set
-                acc_set.add(nm)
-                pairs.append((None if first else gv.type, ck, done))
-            adds(pairs, f"gradient sums of chunk {c}, microbatch {m}")
-            last_acc[c] = (None, m)
-
-        def settle_acc() -> None:
-            """The point of each param's latest sum, from the chunks' latest adds."""
-            for c, (i, m) in last_acc.items():
-                if i is None:
-                    continue
-                gs, offs = info(c)[:2]
-                for (nm, _), off in zip(gs, offs):
-                    pt = (i, off)
-                    if nm not in acc_point or acc_point[nm] < pt:
-                        acc_point[nm] = pt
-
-        def sums() -> None:
-            settle_acc()
-            for nm, v in t.acc_values.items():
-                if nm in acc_point:
-                    once_point[v] = acc_point[nm]
-            if t.loss_share is not None and loss_points:
-                pairs: list[tuple[Any, tuple | None, Any]] = []
-                for i in range(1, len(loss_points)):
-                    def done(pt: Any) -> None:
-                        once_point[t.loss_share] = pt
-                    pairs.append((t.loss_share.type, None, done))
-                if not pairs:
-                    once_point[t.loss_share] = loss_points[0]
-                adds(pairs, "loss sum")
-                loss_points[:] = [once_point[t.loss_share]]
-
+    # --- the plan -------------------------------------------------------------------------
+    def plan(self) -> list[PlanItem]:
+        """The unroll's order (local_unroll._Unroll._run) of the rank's section copies, gradient
+        sums and loss shares."""
         from ..parallel.pipeline.schedule import Action
 
-        # The unroll's order (local_unroll._Unroll._run), as a plan first: whether the next
-        # section with a collective starts with one anchored before it decides where an
-        # all_gather at a section's end goes.
-        plan: list[tuple] = []
+        t, sched = self.t, self.sched
+        plan: list[PlanItem] = []
         tied_done = False
         for it in t.items:
             if isinstance(it, Action):
                 c, m = it.chunk, it.mb
                 if it.kind == "F":
-                    plan.append(("copy", ("F", c), m))
+                    plan.append(CopySection(("F", c), m))
                     if t.loss_share is not None and c == sched.chunks - 1:
-                        plan.append(("loss", m))
+                        plan.append(LossReady(m))
                 elif it.kind == "B":
-                    plan.append(("copy", ("B", c), m))
+                    plan.append(CopySection(("B", c), m))
                     if not sched.split:
-                        plan.append(("copy", ("W", c), m))
-                        plan.append(("acc", c, m))
+                        plan.append(CopySection(("W", c), m))
+                        plan.append(Accumulate(c, m))
                 else:
-                    plan.append(("copy", ("W", c), m))
-                    plan.append(("acc", c, m))
+                    plan.append(CopySection(("W", c), m))
+                    plan.append(Accumulate(c, m))
                 continue
             if it.what == "tied":
                 if not tied_done:
-                    plan.append(("sums",))
-                    plan.append(("copy", ("tied",), None))
+                    plan.append(SumUp())
+                    plan.append(CopySection(("tied",), None))
                     tied_done = True
                 continue
             if it.src == it.dst:
                 continue
             side = "send" if it.src == t.rank else "recv"
-            plan.append(("copy", (side, it.what, it.after.chunk), it.after.mb))
-        plan.append(("sums",))
-        plan.extend(("copy", key, None) for key in (("loss",), ("final",), ("opt",), ("tail",)))
+            plan.append(CopySection((side, it.what, it.after.chunk), it.after.mb))
+        plan.append(SumUp())
+        plan.extend(CopySection(key, None) for key in (("loss",), ("final",), ("opt",), ("tail",)))
+        return plan
+
+    def leads(self, plan: list[PlanItem]) -> list[bool | None]:
+        """For each item of ``plan``: whether the next section with a collective starts with one
+        anchored before it (None: no such section follows), which decides where an all_gather
+        at a section's end goes."""
         lead_next: list[bool | None] = [None] * len(plan)
         nxt: bool | None = None
         for i in range(len(plan) - 1, -1, -1):
             lead_next[i] = nxt
-            op = plan[i]
-            if op[0] == "copy":
-                f = frags.get(op[1])
+            item = plan[i]
+            if isinstance(item, CopySection):
+                f = self.frags.get(item.key)
                 if f is not None and f.has_collective:
                     nxt = f.lead_outside
-        for op, ln in zip(plan, lead_next):
-            if op[0] == "copy":
-                copy(op[1], op[2], ln)
-            elif op[0] == "acc":
-                accumulate(op[1], op[2])
-            elif op[0] == "loss":
-                q = B.points.get((t.loss_share, op[1]))
-                loss_points.append(q if q is not None else (len(B.steps), 0.0))
+        return lead_next
+
+    # --- where values are ---------------------------------------------------------------
+    def copy_of(self, v: Value, m: int | None) -> tuple | None:
+        """The key of the copy of template value ``v`` read by a section copy ``m``."""
+        p = v.producer
+        if p is None:
+            return None
+        ps = self.t.sections[p]
+        if ps[0] in ONCE_SECTIONS:
+            return (v, None)
+        if m is not None:
+            return (v, m)
+        c = self.last_copy.get(ps)
+        return (v, c) if c is not None else None
+
+    def point_of(self, v: Value, m: int | None) -> tuple[int, float] | None:
+        """Where the copy of ``v`` that section copy ``m`` reads is ready, if known."""
+        if m is None and v in self.once_point:
+            return self.once_point[v]
+        k = self.copy_of(v, m)
+        return self.points.get(k) if k is not None else None
+
+    # --- steps ----------------------------------------------------------------------------
+    def new_comm(self, n: Node) -> int:
+        """A new comm of the program for node ``n``, numbered on its axis (or peer)."""
+        op = n.op
+        axis = n.attrs["axis"]
+        peer = n.attrs.get("peer") if op in P2P_OPS else None
+        okey = (axis, op, peer) if op in P2P_OPS else (axis,)
+        c = Comm(n, axis, self.ordinals[okey], op in ASYNC_OPS, peer, op == "send")
+        self.ordinals[okey] += 1
+        self.comms.append(c)
+        return len(self.comms) - 1
+
+    def run(self, dur: float, label: str) -> None:
+        """A section-level run of ``dur`` seconds."""
+        self.steps.append(SectionRun(dur, label))
+
+    def wait(self, k: int) -> None:
+        """Wait for comm ``k``, issuing the deferred all_gathers up to it first."""
+        if k in self.deferred:
+            self.flush(k)
+        self.steps.append(Wait(k))
+
+    def flush(self, upto: int | None = None, at: tuple[int, float] | None = None) -> None:
+        """Issue the deferred all_gathers (all, or up to comm ``upto``): at point ``at``, or
+        here (the next collective or the first reader of one has come)."""
+        deferred = self.deferred
+        if not deferred:
+            return
+        n = len(deferred) if upto is None else deferred.index(upto) + 1
+        for k in deferred[:n]:
+            if at is None:
+                self.steps.append(Issue(k))
             else:
-                sums()
-        flush()
-        B.steps.extend(Wait(k) for k in B.pending.values())
-        B.steps.extend(Wait(k) for k, c in enumerate(B.comms) if c.sending)
-        prog = Program(t.local, B.steps, B.comms, list(t.local.nodes), [], B.flops, dict(B.kinds))
-        prog.hoist = {k: v for k, v in B.hoist.items()}
-        return prog
+                self.hoist[at[0]].append(Hoisted(at[1], k))
+        del deferred[:n]
+
+    # --- section copies -------------------------------------------------------------------
+    def copy(self, key: tuple, m: int | None, lead_next: bool | None = None) -> None:
+        """Append the copy of section ``key`` for microbatch ``m``: its pieces as priced once,
+        the entries between them one by one."""
+        frag = self.frags.get(key)
+        if frag is None:
+            return
+        var = self.cut[key]
+        pc = self.pieces.get(key)
+        if pc is None:
+            pc = self.pieces[key] = [price_piece(s, frag.comms, lambda n: self.owner.comm_time(self.rank, n),
+                                                 self.exports)
+                                     if isinstance(s, list) else None for s in var.segs]
+        label = _label(key, m, self.sched)
+        gmap: dict[int, int] = {}
+        for s, piece in zip(var.segs, pc):
+            if piece is not None:
+                self.place_piece(piece, m, label)
+            else:
+                assert not isinstance(s, list)
+                self.place_entry(s, frag, m, gmap, lead_next)
+        for v, j in frag.leaves:
+            self.pending[(v, m)] = gmap[j]
+        self.flops += frag.flops
+        for kk, x in frag.kinds.items():
+            self.kinds[kk] += x
+        if m is not None:
+            self.last_copy[key] = m
+
+    def place_piece(self, piece: _Piece, m: int | None, label: str) -> None:
+        """Append a priced piece, and note where the values it exports are ready."""
+        i = len(self.steps)
+        if self.deferred and piece.first_coll is not None:
+            self.flush(at=(i, piece.first_coll))
+        self.steps.append(Piece(piece.duration, piece.busy, piece.waiting, piece.comm_busy, piece.comm_bytes,
+                                label))
+        for v, off in piece.at.items():
+            self.points[(v, m)] = (i, off)
+        if piece.last_issue is not None:
+            self.last_point = (i, piece.last_issue)
+
+    def place_entry(self, s: Entry, frag: _Fragment, m: int | None, gmap: dict[int, int],
+                    lead_next: bool | None) -> None:
+        """Append one entry of a section copy between its pieces; ``gmap``: the copy's comms'
+        indices in the program."""
+        if self.deferred and isinstance(s, (IssueHere, IssueHoisted, IssueDeferred)):
+            self.flush()
+        match s:
+            case IssueDeferred(j, an):
+                k = gmap[j] = self.new_comm(frag.comms[j])
+                pt = self.points.get((an.results[0], m)) if an is not None and an.results else None
+                if pt is None:
+                    pt = self.last_point
+                if lead_next:
+                    # The next collective is hoisted to just after this one's anchor: it
+                    # does not sink.
+                    self.hoist[pt[0]].append(Hoisted(pt[1], k))
+                else:
+                    self.deferred.append(k)
+                self.last_point = pt
+            case IssueHere(j):
+                n = frag.comms[j]
+                k = gmap[j] = self.new_comm(n)
+                self.steps.append(Issue(k))
+                self.last_point = (len(self.steps) - 1, 0.0)
+                for v in n.results:
+                    if v in self.exports:
+                        self.points[(v, m)] = self.last_point
+            case IssueHoisted(j):
+                n = frag.comms[j]
+                k = gmap[j] = self.new_comm(n)
+                pt = self.last_point
+                for v in n.operands:
+                    q = self.point_of(v, m)
+                    if q is not None and q > pt:
+                        pt = q
+                self.hoist[pt[0]].append(Hoisted(pt[1], k))
+                self.last_point = pt
+                for v in n.results:
+                    if v in self.exports:
+                        self.points[(v, m)] = pt
+            case WaitLocal(j):
+                self.steps.append(Wait(gmap[j]))
+            case WaitOther(value):
+                ck = self.copy_of(value, m)
+                k2 = self.pending.pop(ck, None) if ck is not None else None
+                if k2 is not None:
+                    self.wait(k2)
+            case _:
+                raise AssertionError(f"not an entry between pieces: {s}")
+
+    # --- sums -----------------------------------------------------------------------------
+    def slice_microbatches(self) -> None:
+        """The prologue: each batch input sliced into its microbatches."""
+        t, M = self.t, self.sched.microbatches
+        total = 0.0
+        for v in t.local.inputs:
+            if str(v.name) in t.batch:
+                d = t.batch[str(v.name)]
+                shape = list(v.type.shape)
+                full = v.type.with_shape(tuple(shape[:d] + [shape[d] * M] + shape[d + 1:]))
+                p = _price_slice(self.owner, full, d, shape[d])
+                total += p.seconds * M
+                self.flops += p.flops * M
+                self.kinds[p.kind] += p.seconds * M
+        if total > 0:
+            self.run(total, "microbatch slices")
+
+    def adds(self, pairs: list[tuple[Any, tuple | None, Any]], label: str) -> None:
+        """Price adds in a run: (type, copy key waited for first or None, callback(point))."""
+        acc = 0.0
+        for ty, waitkey, done in pairs:
+            if waitkey is not None and waitkey in self.pending:
+                if acc > 0:
+                    self.run(acc, label)
+                    acc = 0.0
+                self.wait(self.pending.pop(waitkey))
+            if ty is None:
+                done(None)
+                continue
+            p = self.owner.price_add(ty)
+            acc += p.seconds
+            self.flops += p.flops
+            self.kinds[p.kind] += p.seconds
+            done((len(self.steps), acc))
+        if acc > 0:
+            self.run(acc, label)
+
+    def chunk_adds(self, c: int) -> ChunkAdds:
+        """Chunk ``c``'s gradient sums, priced once."""
+        got = self.chunk_info.get(c)
+        if got is None:
+            gs = self.t.chunk_grads.get(c, [])
+            offs, tot, fl = [], 0.0, 0.0
+            kinds: dict[str, float] = defaultdict(float)
+            for _, gv in gs:
+                p = self.owner.price_add(gv.type)
+                tot += p.seconds
+                fl += p.flops
+                kinds[p.kind] += p.seconds
+                offs.append(tot)
+            comm_grads = [gv for _, gv in gs if gv.producer is not None and _is_comm(gv.producer)]
+            got = self.chunk_info[c] = ChunkAdds(gs, offs, tot, fl, dict(kinds), comm_grads)
+        return got
+
+    def accumulate(self, c: int, m: int) -> None:
+        """Add chunk ``c``'s gradients of microbatch ``m`` to their sums (the first one of each
+        param is its sum)."""
+        ca = self.chunk_adds(c)
+        fast = c in self.last_acc and not any((gv, m) in self.pending for gv in ca.comm_grads)
+        if fast:
+            # Every gradient of the chunk has a sum already: one add each, one run.
+            if ca.seconds > 0:
+                self.last_acc[c] = (len(self.steps), m)
+                self.run(ca.seconds, f"gradient sums of chunk {c}, microbatch {m}")
+                self.flops += ca.flops
+                for kk, x in ca.kinds.items():
+                    self.kinds[kk] += x
+            return
+        pairs: list[tuple[Any, tuple | None, Any]] = []
+        for nm, gv in ca.grads:
+            ck = self.copy_of(gv, m)
+
+            def done(pt: Any, nm: str = nm, ck: Any = ck) -> None:
+                if pt is None:
+                    q = self.points.get(ck) if ck is not None else None
+                    if q is not None:
+                        self.acc_point[nm] = q
+                else:
+                    self.acc_point[nm] = pt
+            first = nm not in self.acc_set
+            self.acc_set.add(nm)
+            pairs.append((None if first else gv.type, ck, done))
+        self.adds(pairs, f"gradient sums of chunk {c}, microbatch {m}")
+        self.last_acc[c] = (None, m)
+
+    def settle_acc(self) -> None:
+        """The point of each param's latest sum, from the chunks' latest adds."""
+        for c, (i, m) in self.last_acc.items():
+            if i is None:
+                continue
+            ca = self.chunk_adds(c)
+            for (nm, _), off in zip(ca.grads, ca.offsets):
+                pt = (i, off)
+                if nm not in self.acc_point or self.acc_point[nm] < pt:
+                    self.acc_point[nm] = pt
+
+    def sums(self) -> None:
+        """Where each gradient sum the once-per-step sections read is ready; the loss shares
+        summed."""
+        t = self.t
+        self.settle_acc()
+        for nm, v in t.acc_values.items():
+            if nm in self.acc_point:
+                self.once_point[v] = self.acc_point[nm]
+        if t.loss_share is not None and self.loss_points:
+            pairs: list[tuple[Any, tuple | None, Any]] = []
+            for i in range(1, len(self.loss_points)):
+                def done(pt: Any) -> None:
+                    self.once_point[t.loss_share] = pt
+                pairs.append((t.loss_share.type, None, done))
+            if not pairs:
+                self.once_point[t.loss_share] = self.loss_points[0]
+            self.adds(pairs, "loss sum")
+            self.loss_points[:] = [self.once_point[t.loss_share]]
 
 
 def _price_slice(b: SectionProgramBuilder, full: Any, d: int, n: int) -> Any:
@@ -751,4 +846,4 @@ def _label(key: tuple, m: int | None, sched: Any) -> str:
     return key[0]
 
 
-__all__ = ["SectionProgramBuilder"]
+__all__ = ["RankProgramBuild", "SectionOrder", "SectionProgramBuilder", "section_order"]
