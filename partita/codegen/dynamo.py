@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..ir.diagnostics import PartitaError, PassError
 from . import CompiledProgram
 
-__all__ = ["partita_backend", "compile_fx_graph", "stats", "reset_stats", "Stats", "GraphRecord", "PIPELINE",
+__all__ = ["partita_backend", "compile_fx_graph", "stats", "reset_stats", "Stats", "GraphRecord", "Choice", "PIPELINE",
            "PartitaFallbackWarning", "BackendOptionError"]
 
 # The optimization pipeline run before fusion: the default of ``partita opt``
@@ -56,7 +56,8 @@ class GraphRecord:
     kinds); ``aten_ops`` counts its call nodes; ``kernels`` the fused nodes of the compiled
     graph. ``fallback`` is the reason the graph runs on ATen, None when partita compiled it;
     ``unsupported`` names the ops without a conversion in that case. ``program`` is the
-    ``CompiledProgram`` (None after a fallback)."""
+    ``CompiledProgram`` (None after a fallback). ``choice`` is what runs the compiled graph
+    (``Choice``: partita's program, or its FX code on ATen where that measured faster)."""
 
     kind: str
     name: str
@@ -66,6 +67,33 @@ class GraphRecord:
     fallback: str | None = None
     unsupported: tuple[str, ...] = ()
     program: CompiledProgram | None = field(default=None, repr=False, compare=False)
+    choice: "Choice | None" = field(default=None, compare=False)
+
+
+@dataclass
+class Choice:
+    """Which of a compiled graph's two candidates runs it: ``"partita"`` (its program) or
+    ``"aten"`` (the graph's own FX code, as eager runs it). With ``choose="measure"`` the first
+    calls alternate between the two (each call runs one of them, on the caller's inputs) and
+    the faster by median wall time is kept; ``picked`` is None while they are measured."""
+
+    mode: str                                   # "measure", "partita" or "aten"
+    picked: str | None = None
+    partita_ms: list[float] = field(default_factory=list)
+    aten_ms: list[float] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.mode != "measure":
+            return f"runs {self.mode} (choose={self.mode!r})"
+        if self.picked is None:
+            return f"measuring ({len(self.partita_ms)} + {len(self.aten_ms)} calls timed)"
+        return (f"runs {self.picked}: partita {_median(self.partita_ms):.3g} ms, ATen {_median(self.aten_ms):.3g} ms "
+                f"a call (medians of {len(self.partita_ms)} and {len(self.aten_ms)} calls)")
+
+
+def _median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    return ys[len(ys) // 2] if ys else float("nan")
 
 
 @dataclass(frozen=True)
@@ -94,6 +122,8 @@ class Stats:
                  f"{self.kernels} fused kernel node(s)"]
         for g in self.graphs:
             how = "on ATen: " + g.fallback.splitlines()[0] if g.fallback else f"{g.kernels} fused node(s)"
+            if g.choice is not None:
+                how += f"; {g.choice.text()}"
             lines.append(f"  {g.name} ({g.kind}, {g.aten_ops} ATen ops, {g.seconds:.2f} s): {how}")
         return "\n".join(lines)
 
@@ -125,6 +155,10 @@ class BackendOptionError(PartitaError, ValueError):
 
 
 _WHO = "torch.compile(backend='partita')"
+CHOICES = ("measure", "partita", "aten")
+# The measured choice: calls of each candidate before timing starts, then timed calls of each.
+WARMUP_CALLS = 1
+TIMED_CALLS = 5
 
 
 @dataclass(frozen=True)
@@ -132,14 +166,16 @@ class _Options:
     passes: str = PIPELINE
     fallback: str = "warn"      # "warn": run the graph on ATen; "error": raise
     min_ops: int = 2
+    choose: str = "measure"     # "measure": keep the faster of partita and ATen; "partita"; "aten"
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> "_Options":
         options = dict(options or {})
-        unknown = set(options) - {"passes", "fallback", "min_ops"}
+        unknown = set(options) - {"passes", "fallback", "min_ops", "choose"}
         if unknown:
             raise BackendOptionError(f"{_WHO}: unknown option(s) {', '.join(sorted(map(str, unknown)))}; the options "
-                                     "are passes (a pipeline), fallback ('warn' or 'error') and min_ops")
+                                     "are passes (a pipeline), fallback ('warn' or 'error'), min_ops and choose "
+                                     "('measure', 'partita' or 'aten')")
         return cls(**options).checked()
 
     def checked(self) -> "_Options":
@@ -159,6 +195,10 @@ class _Options:
                                          f"{detail}") from None
         if self.fallback not in ("warn", "error"):
             raise BackendOptionError(f"{_WHO}: option 'fallback' must be 'warn' or 'error', got {self.fallback!r}")
+        if self.choose not in CHOICES:
+            raise BackendOptionError(f"{_WHO}: option 'choose' must be one of {', '.join(map(repr, CHOICES))} "
+                                     f"(measure: keep whichever of partita's program and ATen runs the graph "
+                                     f"faster), got {self.choose!r}")
         if isinstance(self.min_ops, bool) or not isinstance(self.min_ops, int) or self.min_ops < 1:
             raise BackendOptionError(f"{_WHO}: option 'min_ops' must be an integer >= 1 (the fewest ops "
                                      f"fuse-kernels makes a kernel of), got {self.min_ops!r}")
@@ -193,7 +233,8 @@ _COUNTER = [0]
 
 
 def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inference",
-                     passes: str = PIPELINE, fallback: str = "warn", _options: _Options | None = None) -> Any:
+                     passes: str = PIPELINE, fallback: str = "warn", choose: str = "measure",
+                     _options: _Options | None = None) -> Any:
     """Compile one ATen-level FX graph (AOTAutograd's boxed convention: the result takes a list
     of the flat inputs and returns what the FX graph returns). A graph partita cannot take
     runs as ``gm.forward`` instead, with a warning (``fallback="warn"``) or raises
@@ -203,7 +244,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
 
     from ..frontend.fx import UnsupportedGraph, import_fx
 
-    opts = _options or _Options(passes=passes, fallback=fallback).checked()
+    opts = _options or _Options(passes=passes, fallback=fallback, choose=choose).checked()
     with _LOCK:
         _COUNTER[0] += 1
         name = f"dynamo_{kind}_{_COUNTER[0]}"
@@ -225,8 +266,13 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
         _record(GraphRecord(kind, name, aten_ops, 0, time.perf_counter() - t0, reason, ops))
         _warn_once(kind, name, e, ops)
         return make_boxed_func(gm.forward)
-    _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program))
-    return _Runner(program, imported)
+    choice = Choice(opts.choose)
+    _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program,
+                        choice=choice))
+    runner = _Runner(program, imported)
+    if opts.choose == "partita":
+        return runner
+    return _Chooser(runner, make_boxed_func(gm.forward), choice)
 
 
 def _check_inputs(example_inputs: Sequence[Any]) -> None:
@@ -300,6 +346,47 @@ class _Runner:
             _unalias(inputs, outs, self.fresh)
         result = [None if i is None else outs[i] for i in self.layout]
         return result if self.as_list else tuple(result)
+
+
+class _Chooser:
+    """A compiled graph's two candidates, partita's ``_Runner`` and the FX code on ATen, in the
+    boxed convention; runs the one ``choice`` picks. While it measures (``choose="measure"``),
+    calls alternate between them, partita first: ``WARMUP_CALLS`` untimed calls of each, then
+    ``TIMED_CALLS`` timed calls of each; then the faster median is kept for good. Both compute
+    the graph's function, so the caller sees the same results whichever runs."""
+
+    def __init__(self, runner: _Runner, aten: Callable[[list], Any], choice: Choice) -> None:
+        self._boxed_call = True
+        self.runner, self.aten, self.choice = runner, aten, choice
+        self.calls = 0
+        if choice.mode == "aten":
+            choice.picked = "aten"
+
+    def __call__(self, args: list) -> Any:
+        picked = self.choice.picked
+        if picked == "aten":
+            return self._on_aten(args)
+        if picked == "partita":
+            return self.runner(args)
+        k, self.calls = self.calls, self.calls + 1
+        use_partita = k % 2 == 0
+        t0 = time.perf_counter()
+        out = self.runner(args) if use_partita else self._on_aten(args)
+        ms = (time.perf_counter() - t0) * 1e3
+        if k >= 2 * WARMUP_CALLS:
+            (self.choice.partita_ms if use_partita else self.choice.aten_ms).append(ms)
+        if len(self.choice.aten_ms) >= TIMED_CALLS:
+            faster_aten = _median(self.choice.aten_ms) < _median(self.choice.partita_ms)
+            self.choice.picked = "aten" if faster_aten else "partita"
+        return out
+
+    def _on_aten(self, args: list) -> Any:
+        """The FX code on ATen; where it raises (a zero integer divisor, an index out of range),
+        partita's program runs instead, for its error that names the op and the source line."""
+        try:
+            return self.aten(args)
+        except Exception:
+            return self.runner(args)
 
 
 def _unalias(inputs: list, outs: list, fresh: list[tuple[int, str]]) -> None:

@@ -416,3 +416,67 @@ def test_import_partita_leaves_dynamo_alone_and_the_entry_point_finds_the_backen
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+
+# --- the measured choice between partita's program and ATen ----------------------------------------
+
+def _calls_until_chosen() -> int:
+    return 2 * (pd.WARMUP_CALLS + pd.TIMED_CALLS)
+
+
+@pytest.mark.parametrize("slow", ["partita", "aten"])
+def test_measure_keeps_the_faster_candidate_and_results_stay_eager_s(slow, monkeypatch):
+    # Make one candidate slower by far: the choice must go to the other, and every call's
+    # result, whichever candidate ran it, equals eager's.
+    import time as _time
+
+    if slow == "partita":
+        run = pd._Runner.__call__
+        monkeypatch.setattr(pd._Runner, "__call__", lambda self, args: (_time.sleep(0.02), run(self, args))[1])
+    else:
+        on_aten = pd._Chooser._on_aten
+        monkeypatch.setattr(pd._Chooser, "_on_aten", lambda self, args: (_time.sleep(0.02), on_aten(self, args))[1])
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(16, 24)
+    compiled = torch.compile(model, backend="partita")
+    with torch.no_grad():
+        ref = model(x)
+        for _ in range(_calls_until_chosen() + 2):
+            assert rel(compiled(x), ref) <= 1e-5
+    (rec,) = pd.stats().graphs
+    assert rec.choice.picked == ("aten" if slow == "partita" else "partita")
+    assert len(rec.choice.partita_ms) == len(rec.choice.aten_ms) == pd.TIMED_CALLS
+    assert f"runs {rec.choice.picked}" in pd.stats().report()
+
+
+def test_choose_fixed_and_invalid():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    x = torch.randn(16, 24)
+    for mode in ("partita", "aten"):
+        torch._dynamo.reset()
+        pd.reset_stats()
+        compiled = torch.compile(model, backend="partita", options={"choose": mode})
+        with torch.no_grad():
+            for _ in range(3):
+                assert rel(compiled(x), model(x)) <= 1e-5
+        (rec,) = pd.stats().graphs
+        assert rec.choice.mode == mode and rec.choice.partita_ms == [] and rec.choice.aten_ms == []
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option 'choose' must be one of"):
+        torch.compile(model, backend="partita", options={"choose": "fastest"})(x)
+
+
+def test_a_graph_called_once_runs_partita(monkeypatch):
+    # The first call of a measured graph is partita's: a model called once is checked on partita.
+    ran = []
+    run = pd._Runner.__call__
+    monkeypatch.setattr(pd._Runner, "__call__", lambda self, args: (ran.append(1), run(self, args))[1])
+    model = MLP().eval()
+    compiled = torch.compile(model, backend="partita")
+    with torch.no_grad():
+        compiled(torch.randn(16, 24))
+    (rec,) = pd.stats().graphs
+    assert ran == [1]
+    assert rec.choice.picked is None and rec.choice.partita_ms == []      # the warm-up call is not timed
