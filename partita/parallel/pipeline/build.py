@@ -229,216 +229,15 @@ class _Unroller:
 
     # --- one rank -------------------------------------------------------------------------
     def _rank(self, r: int, items: list[Action | Transfer]) -> RankProgram:
-        s = self.s
-        S, M = s.stages, s.microbatches
-        g = Graph(f"{self.step.name}.pp{r}")
-        g.weights = type(self.step.weights)()
-        b = Builder(g)
-        sections: dict[Node, tuple] = {}
-        chunk_grads: dict[int, list[tuple[str, Value]]] = {}
-        last_mark: list[Node | None] = [None]
-
-        def mark(key: tuple) -> None:
-            """Every node appended since the last mark belongs to section ``key``."""
-            n = last_mark[0].next if last_mark[0] is not None else g.first
-            while n is not None:
-                sections[n] = key
-                n = n.next
-            last_mark[0] = g.last
-
-        # The template stands for every microbatch: its transfers' names and tags say "MB",
-        # which the unroll replaces by each microbatch's number.
-        mb = "MB"
-        mine = s.chunks_of(r)
-        # Inputs: the batch inputs its chunks read (one microbatch's type), then its params.
-        batch_names: list[str] = []
-        param_names: list[str] = []
-        for c in mine:
-            for nm in self.chunks[c].batch:
-                if nm not in batch_names:
-                    batch_names.append(nm)
-            for nm in self.chunks[c].params:
-                if nm not in param_names:
-                    param_names.append(nm)
-        if not batch_names:
-            # A middle stage that reads no batch input (all it needs arrives from the stage
-            # before) still takes the first one, unread: the data-parallel strategies find the
-            # batch by it, and split it as they split the values this rank receives.
-            batch0 = next((str(v.name) for v in self.step.inputs if v.role == "input"), None)
-            if batch0 is not None:
-                batch_names.append(batch0)
-        src_inputs = {str(v.name): v for v in self.step.inputs}
-        ins: dict[str, Value] = {}
-        mb_types = {nm: v.type for cp in self.chunks for nm, v in cp.batch.items()}
-        for nm in [v for v in (str(x.name) for x in self.step.inputs) if v in batch_names or v in param_names]:
-            v = src_inputs[nm]
-            t = v.type
-            if v.role == "input":
-                t = mb_types.get(nm) or t.with_shape((t.shape[0] // M,) + tuple(t.shape[1:]))
-            ins[nm] = g.add_input(nm, t, v.role or "input")
-            if nm in self.step.weights:
-                g.weights[nm] = self.step.weights[nm]
-
-        env: dict[tuple[int, int], dict[Value, Value]] = {}
-        recv_act: dict[tuple[int, int], list[Value]] = {}
-        recv_ct: dict[tuple[int, int], list[Value | None]] = {}
-        acc: dict[str, Value] = {}
-        loss_parts: list[Value] = []
-        final_parts: list[list[Value]] = []
-        boundary: list[tuple[Value, int | None]] = []
-        tied_vals: list[Value] = []
-        tied_got: dict[str, Value] = {}
-        acc_before_tied: dict[str, Value] | None = None
-
+        """Pp rank ``r``'s template program: its inputs, then ``items`` in order, then its outputs."""
+        w = _RankWriter(self, r)
+        w.add_inputs()
         for it in items:
             if isinstance(it, Action):
-                cp = self.chunks[it.chunk]
-                key = (it.chunk, it.mb)
-                if it.kind == "F":
-                    e: dict[Value, Value] = {}
-                    for i, v in enumerate(cp.recv):
-                        e[v] = recv_act[key][i]
-                    for nm, v in cp.batch.items():
-                        e[v] = ins[nm]
-                    for nm, v in cp.params.items():
-                        e[v] = ins[nm]
-                    mark(("pre",))
-                    self._copy(b, cp.F, e)
-                    mark(("F", it.chunk))
-                    env[key] = e
-                    if cp.loss is not None:
-                        loss_parts.append(e[cp.loss])
-                    if cp.final:
-                        final_parts.append([e[v] for v in cp.final])
-                else:
-                    e = env[key]
-                    if it.kind == "B":
-                        if cp.cotangents:
-                            cts = recv_ct.get(key)
-                            for i, ct in enumerate(cp.cotangents):
-                                if ct is not None:
-                                    assert cts is not None, f"no gradient received for chunk {it.chunk}"
-                                    e[ct] = cts[i]  # type: ignore[assignment]
-                        self._copy(b, cp.B, e)
-                        mark(("B", it.chunk))
-                        if not s.split:
-                            self._copy(b, cp.W, e)
-                            mark(("W", it.chunk))
-                            self._accumulate(b, cp, e, acc, chunk_grads)
-                            mark(("acc",))
-                    else:
-                        self._copy(b, cp.W, e)
-                        mark(("W", it.chunk))
-                        self._accumulate(b, cp, e, acc, chunk_grads)
-                        mark(("acc",))
-                continue
-            tr = it
-            if tr.src == tr.dst:  # both chunks on this rank: a hand-over, no transfer
-                assert tr.after is not None
-                c, m = tr.after.chunk, tr.after.mb
-                if tr.what == "act":
-                    recv_act[(c + 1, m)] = [env[(c, m)][v] for v in self.chunks[c].send]
-                else:
-                    recv_ct[(c - 1, m)] = [env[(c, m)][gv] if gv is not None else None
-                                           for gv in self.chunks[c].recv_grads]
-                continue
-            if tr.what == "act":
-                assert tr.after is not None and tr.before is not None
-                c, m = tr.after.chunk, tr.after.mb
-                cp = self.chunks[c]
-                if tr.src == r:
-                    for i, v in enumerate(cp.send):
-                        val = env[(c, m)][v]
-                        b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
-                               tag=_tag("act", c, mb, i, S, s.virtual))
-                        boundary.append((val, self._bdim(self.cut.chunks[c].send[i])))
-                    mark(("send", "act", c))
-                else:
-                    nxt = self.chunks[c + 1]
-                    got = []
-                    for i, v in enumerate(nxt.recv):
-                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(v.type.shape),
-                                    dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mb}.{i}",
-                                    tag=_tag("act", c, mb, i, S, s.virtual))
-                        boundary.append((rv, self._bdim(self.cut.chunks[c + 1].recv[i])))
-                        got.append(rv)
-                    recv_act[(c + 1, m)] = got
-                    mark(("recv", "act", c))
-            elif tr.what == "grad":
-                assert tr.after is not None and tr.before is not None
-                c, m = tr.after.chunk, tr.after.mb
-                cp = self.chunks[c]
-                if tr.src == r:
-                    for i, gv in enumerate(cp.recv_grads):
-                        if gv is None:
-                            continue
-                        val = env[(c, m)][gv]
-                        b.send(val, axis=self.axis, group_size=S, peer=tr.dst,
-                               tag=_tag("grad", c, mb, i, S, s.virtual))
-                        boundary.append((val, self._bdim(self.cut.chunks[c].recv[i])))
-                    mark(("send", "grad", c))
-                else:
-                    prev = self.chunks[c - 1]
-                    got_ct: list[Value | None] = []
-                    for i, ct in enumerate(prev.cotangents):
-                        if ct is None:
-                            got_ct.append(None)
-                            continue
-                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(ct.type.shape),
-                                    dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mb}.{i}",
-                                    tag=_tag("grad", c, mb, i, S, s.virtual))
-                        boundary.append((rv, self._bdim(self.cut.chunks[c - 1].send[i])))
-                        got_ct.append(rv)
-                    recv_ct[(c - 1, m)] = got_ct
-                    mark(("recv", "grad", c))
-            else:  # the tied weights' gradients
-                acc_before_tied = dict(acc)
-                for nm in self.tied:
-                    if tr.src == r:
-                        if acc[nm].name is None or str(acc[nm].name).isdigit():
-                            acc[nm].name = f"pp.tied.out.{nm}"
-                        b.send(acc[nm], axis=self.axis, group_size=S, peer=tr.dst, tag=f"gradient of the shared %{nm}")
-                        tied_vals.append(acc[nm])
-                    else:
-                        p = src_inputs[nm]
-                        rv = b.recv(axis=self.axis, group_size=S, peer=tr.src, shape=list(p.type.shape),
-                                    dtype=p.type.dtype, name=f"pp.tied.{nm}", tag=f"gradient of the shared %{nm}")
-                        tied_vals.append(rv)
-                        tied_got[nm] = rv
-        acc_values = dict(acc) if acc_before_tied is None else acc_before_tied
-        if self.tied and self.training:
-            first = s.rank_of(0)
-            for nm in (x for x in self.tied if r in self.owners[x]):
-                # Both ranks add the two halves in the same order: the first stage's first, so
-                # that both hold bit-identical sums and updated copies.
-                mine_g, other = acc[nm], tied_got[nm]
-                acc[nm] = b.add(mine_g, other) if r == first else b.add(other, mine_g)
-        mark(("tied",))
-        outs: list[Value] = []
-        src_index: list[int | None] = []
-        aliases: list[Value | None] = []
-        if loss_parts:
-            (total,) = loss_parts  # one microbatch: its share (the unroll sums them)
-            total.name = str(self.step.outputs[0].name or "loss") if self.training else total.name
-            outs.append(total)
-            src_index.append(0)
-            aliases.append(None)
-        mark(("loss",))
-        finals: list[tuple[Value, int | None]] = []
-        if final_parts:
-            for k, x in enumerate(final_parts[0]):
-                outs.append(x)
-                finals.append((x, self.mbg.batch_dim.get(self.mbg.outputs[k])))
-                src_index.append(k)
-                aliases.append(None)
-        mark(("final",))
-        if self.training:
-            self._optimizer(g, b, r, ins, acc, outs, src_index, aliases)
-        mark(("opt",))
-        g.set_outputs(outs, aliases)
-        verify(g)
-        return RankProgram(r, g, src_index, boundary, tied_vals, sections, chunk_grads, acc_values,
-                           loss_parts[0] if loss_parts else None, finals)
+                w.action(it)
+            else:
+                w.transfer(it)
+        return w.finish()
 
     def _bdim(self, v: Value) -> int | None:
         return self.mbg.batch_dim.get(v)
@@ -533,6 +332,255 @@ class _Unroller:
                 outs.append(gv)
                 src_index.append(i)
                 aliases.append(None)
+
+
+class _RankWriter:
+    """Writes one pp rank's template program (``_Unroller._rank``), step by step; the
+    template stands for every microbatch: its transfers' names and tags say "MB", which the
+    unroll replaces by each microbatch's number."""
+
+    def __init__(self, un: _Unroller, r: int) -> None:
+        self.un = un
+        self.r = r
+        self.s = un.s
+        self.g = g = Graph(f"{un.step.name}.pp{r}")
+        g.weights = type(un.step.weights)()
+        self.b = Builder(g)
+        self.mb = "MB"
+        self.sections: dict[Node, tuple] = {}
+        self.chunk_grads: dict[int, list[tuple[str, Value]]] = {}
+        self.last_mark: Node | None = None
+        self.src_inputs = {str(v.name): v for v in un.step.inputs}
+        self.ins: dict[str, Value] = {}
+        self.env: dict[tuple[int, int], dict[Value, Value]] = {}
+        self.recv_act: dict[tuple[int, int], list[Value]] = {}
+        self.recv_ct: dict[tuple[int, int], list[Value | None]] = {}
+        self.acc: dict[str, Value] = {}
+        self.loss_parts: list[Value] = []
+        self.final_parts: list[list[Value]] = []
+        self.boundary: list[tuple[Value, int | None]] = []
+        self.tied_vals: list[Value] = []
+        self.tied_got: dict[str, Value] = {}
+        self.acc_before_tied: dict[str, Value] | None = None
+
+    def mark(self, key: tuple) -> None:
+        """Every node appended since the last mark belongs to section ``key``."""
+        n = self.last_mark.next if self.last_mark is not None else self.g.first
+        while n is not None:
+            self.sections[n] = key
+            n = n.next
+        self.last_mark = self.g.last
+
+    def add_inputs(self) -> None:
+        """The graph inputs: the batch inputs the rank's chunks read (one microbatch's type), then its params."""
+        un, M = self.un, self.s.microbatches
+        batch_names: list[str] = []
+        param_names: list[str] = []
+        for c in self.s.chunks_of(self.r):
+            for nm in un.chunks[c].batch:
+                if nm not in batch_names:
+                    batch_names.append(nm)
+            for nm in un.chunks[c].params:
+                if nm not in param_names:
+                    param_names.append(nm)
+        if not batch_names:
+            # A middle stage that reads no batch input (all it needs arrives from the stage
+            # before) still takes the first one, unread: the data-parallel strategies find the
+            # batch by it, and split it as they split the values this rank receives.
+            batch0 = next((str(v.name) for v in un.step.inputs if v.role == "input"), None)
+            if batch0 is not None:
+                batch_names.append(batch0)
+        mb_types = {nm: v.type for cp in un.chunks for nm, v in cp.batch.items()}
+        for nm in [v for v in (str(x.name) for x in un.step.inputs) if v in batch_names or v in param_names]:
+            v = self.src_inputs[nm]
+            t = v.type
+            if v.role == "input":
+                t = mb_types.get(nm) or t.with_shape((t.shape[0] // M,) + tuple(t.shape[1:]))
+            self.ins[nm] = self.g.add_input(nm, t, v.role or "input")
+            if nm in un.step.weights:
+                self.g.weights[nm] = un.step.weights[nm]
+
+    def action(self, it: Action) -> None:
+        """Copy one schedule action (a chunk's F, B or W) into the program."""
+        un, b = self.un, self.b
+        cp = un.chunks[it.chunk]
+        key = (it.chunk, it.mb)
+        if it.kind == "F":
+            self.forward(it, cp)
+            return
+        e = self.env[key]
+        if it.kind == "B":
+            if cp.cotangents:
+                cts = self.recv_ct.get(key)
+                for i, ct in enumerate(cp.cotangents):
+                    if ct is not None:
+                        assert cts is not None, f"no gradient received for chunk {it.chunk}"
+                        e[ct] = cts[i]  # type: ignore[assignment]
+            un._copy(b, cp.B, e)
+            self.mark(("B", it.chunk))
+            if not self.s.split:
+                self.weight_part(it, cp, e)
+        else:
+            self.weight_part(it, cp, e)
+
+    def forward(self, it: Action, cp: ChunkProgram) -> None:
+        """Copy a chunk's forward, on what it received, the batch inputs and its params."""
+        e: dict[Value, Value] = {}
+        for i, v in enumerate(cp.recv):
+            e[v] = self.recv_act[(it.chunk, it.mb)][i]
+        for nm, v in cp.batch.items():
+            e[v] = self.ins[nm]
+        for nm, v in cp.params.items():
+            e[v] = self.ins[nm]
+        self.mark(("pre",))
+        self.un._copy(self.b, cp.F, e)
+        self.mark(("F", it.chunk))
+        self.env[(it.chunk, it.mb)] = e
+        if cp.loss is not None:
+            self.loss_parts.append(e[cp.loss])
+        if cp.final:
+            self.final_parts.append([e[v] for v in cp.final])
+
+    def weight_part(self, it: Action, cp: ChunkProgram, e: dict[Value, Value]) -> None:
+        """Copy a chunk's W and add its param gradients to the sums."""
+        self.un._copy(self.b, cp.W, e)
+        self.mark(("W", it.chunk))
+        self.un._accumulate(self.b, cp, e, self.acc, self.chunk_grads)
+        self.mark(("acc",))
+
+    def transfer(self, tr: Transfer) -> None:
+        """A transfer: a hand-over between two chunks of this rank, or a send or recv."""
+        if tr.src == tr.dst:  # both chunks on this rank: a hand-over, no transfer
+            assert tr.after is not None
+            c, m = tr.after.chunk, tr.after.mb
+            chunk = self.un.chunks[c]
+            if tr.what == "act":
+                self.recv_act[(c + 1, m)] = [self.env[(c, m)][v] for v in chunk.send]
+            else:
+                self.recv_ct[(c - 1, m)] = [self.env[(c, m)][gv] if gv is not None else None
+                                            for gv in chunk.recv_grads]
+        elif tr.what == "act":
+            self.transfer_activations(tr)
+        elif tr.what == "grad":
+            self.transfer_gradients(tr)
+        else:
+            self.transfer_tied(tr)
+
+    def transfer_activations(self, tr: Transfer) -> None:
+        """Send a chunk's activations to the next stage, or receive them from the stage before."""
+        un, b, s, mb = self.un, self.b, self.s, self.mb
+        S = s.stages
+        assert tr.after is not None and tr.before is not None
+        c, m = tr.after.chunk, tr.after.mb
+        cp = un.chunks[c]
+        if tr.src == self.r:
+            for i, v in enumerate(cp.send):
+                val = self.env[(c, m)][v]
+                b.send(val, axis=un.axis, group_size=S, peer=tr.dst, tag=_tag("act", c, mb, i, S, s.virtual))
+                self.boundary.append((val, un._bdim(un.cut.chunks[c].send[i])))
+            self.mark(("send", "act", c))
+            return
+        nxt = un.chunks[c + 1]
+        got = []
+        for i, v in enumerate(nxt.recv):
+            rv = b.recv(axis=un.axis, group_size=S, peer=tr.src, shape=list(v.type.shape),
+                        dtype=v.type.dtype, name=f"pp.act.c{c + 1}.m{mb}.{i}",
+                        tag=_tag("act", c, mb, i, S, s.virtual))
+            self.boundary.append((rv, un._bdim(un.cut.chunks[c + 1].recv[i])))
+            got.append(rv)
+        self.recv_act[(c + 1, m)] = got
+        self.mark(("recv", "act", c))
+
+    def transfer_gradients(self, tr: Transfer) -> None:
+        """Send a chunk's input gradients to the stage before, or receive them from the next stage."""
+        un, b, s, mb = self.un, self.b, self.s, self.mb
+        S = s.stages
+        assert tr.after is not None and tr.before is not None
+        c, m = tr.after.chunk, tr.after.mb
+        cp = un.chunks[c]
+        if tr.src == self.r:
+            for i, gv in enumerate(cp.recv_grads):
+                if gv is None:
+                    continue
+                val = self.env[(c, m)][gv]
+                b.send(val, axis=un.axis, group_size=S, peer=tr.dst, tag=_tag("grad", c, mb, i, S, s.virtual))
+                self.boundary.append((val, un._bdim(un.cut.chunks[c].recv[i])))
+            self.mark(("send", "grad", c))
+            return
+        prev = un.chunks[c - 1]
+        got_ct: list[Value | None] = []
+        for i, ct in enumerate(prev.cotangents):
+            if ct is None:
+                got_ct.append(None)
+                continue
+            rv = b.recv(axis=un.axis, group_size=S, peer=tr.src, shape=list(ct.type.shape),
+                        dtype=ct.type.dtype, name=f"pp.grad.c{c - 1}.m{mb}.{i}",
+                        tag=_tag("grad", c, mb, i, S, s.virtual))
+            self.boundary.append((rv, un._bdim(un.cut.chunks[c - 1].send[i])))
+            got_ct.append(rv)
+        self.recv_ct[(c - 1, m)] = got_ct
+        self.mark(("recv", "grad", c))
+
+    def transfer_tied(self, tr: Transfer) -> None:
+        """Send this rank's gradient sums of the shared weights, or receive the other rank's."""
+        un, b, acc = self.un, self.b, self.acc
+        S = self.s.stages
+        self.acc_before_tied = dict(acc)
+        for nm in un.tied:
+            if tr.src == self.r:
+                if acc[nm].name is None or str(acc[nm].name).isdigit():
+                    acc[nm].name = f"pp.tied.out.{nm}"
+                b.send(acc[nm], axis=un.axis, group_size=S, peer=tr.dst, tag=f"gradient of the shared %{nm}")
+                self.tied_vals.append(acc[nm])
+            else:
+                p = self.src_inputs[nm]
+                rv = b.recv(axis=un.axis, group_size=S, peer=tr.src, shape=list(p.type.shape),
+                            dtype=p.type.dtype, name=f"pp.tied.{nm}", tag=f"gradient of the shared %{nm}")
+                self.tied_vals.append(rv)
+                self.tied_got[nm] = rv
+
+    def sum_tied(self) -> None:
+        """Add the two ranks' halves of each shared weight's gradient."""
+        un, acc = self.un, self.acc
+        if un.tied and un.training:
+            first = self.s.rank_of(0)
+            for nm in (x for x in un.tied if self.r in un.owners[x]):
+                # Both ranks add the two halves in the same order: the first stage's first, so
+                # that both hold bit-identical sums and updated copies.
+                mine_g, other = acc[nm], self.tied_got[nm]
+                acc[nm] = self.b.add(mine_g, other) if self.r == first else self.b.add(other, mine_g)
+        self.mark(("tied",))
+
+    def finish(self) -> RankProgram:
+        """The outputs (the loss share, the final values, the optimizer's), verified, as a RankProgram."""
+        un, g = self.un, self.g
+        acc_values = dict(self.acc) if self.acc_before_tied is None else self.acc_before_tied
+        self.sum_tied()
+        outs: list[Value] = []
+        src_index: list[int | None] = []
+        aliases: list[Value | None] = []
+        if self.loss_parts:
+            (total,) = self.loss_parts  # one microbatch: its share (the unroll sums them)
+            total.name = str(un.step.outputs[0].name or "loss") if un.training else total.name
+            outs.append(total)
+            src_index.append(0)
+            aliases.append(None)
+        self.mark(("loss",))
+        finals: list[tuple[Value, int | None]] = []
+        if self.final_parts:
+            for k, x in enumerate(self.final_parts[0]):
+                outs.append(x)
+                finals.append((x, un.mbg.batch_dim.get(un.mbg.outputs[k])))
+                src_index.append(k)
+                aliases.append(None)
+        self.mark(("final",))
+        if un.training:
+            un._optimizer(g, self.b, self.r, self.ins, self.acc, outs, src_index, aliases)
+        self.mark(("opt",))
+        g.set_outputs(outs, aliases)
+        verify(g)
+        return RankProgram(self.r, g, src_index, self.boundary, self.tied_vals, self.sections, self.chunk_grads,
+                           acc_values, self.loss_parts[0] if self.loss_parts else None, finals)
 
 
 def template_schedule(s: Schedule) -> Schedule:
