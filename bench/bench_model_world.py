@@ -357,6 +357,17 @@ def _onnx_path(arch: Arch, model: Any, dynamo: bool, tmp: Path) -> Row:
     return row
 
 
+# Public names for the other benchmarks that reuse these paths (bench/bench_zoo.py).
+torch_path = _torch_path
+onnx_path = _onnx_path
+first_output = _first
+rel_error = _err
+why = _why
+exporter_why = _exporter_why
+quiet_fds = _quiet_fds
+ByName = _ByName
+
+
 @dataclass
 class QRow:
     arch: str
