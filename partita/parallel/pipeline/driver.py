@@ -16,7 +16,7 @@ from ..strategies.base import ParsedStrategy, StrategyError
 from .build import build_pipeline, check_microbatches, is_training
 from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
 from .pipeline_program import PipelineProgram, WholeStage
-from .schedule import PipelineError, check_schedule, make_schedule
+from .schedule import PipelineError, Schedule, check_schedule, make_schedule
 from .stages import check_chunks, graph_layers
 
 
@@ -67,18 +67,55 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
                          unroll: bool = True, parallelize_stage: Callable[..., Any], **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
-    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``.
-    ``unroll=False``: keep each rank's local template (``PipelineProgram.templates``) instead
-    of unrolling it, for ``partita.cluster.simulate``; nothing is checked or runnable then.
-    ``parallelize_stage``: the SPMD ``parallelize`` each stage's program goes through."""
+    on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``, which
+    checks ``unroll``. ``unroll=False``: keep each rank's local template
+    (``PipelineProgram.templates``) instead of unrolling it, for ``partita.cluster.simulate``;
+    nothing is checked or runnable then. ``parallelize_stage``: the SPMD ``parallelize`` each
+    stage's program goes through."""
     t0 = time.perf_counter()
     axis = strategy.axis_of("pp")
     assert axis is not None
     S = mesh.axis_size(axis)
+    M, v, user = _check_arguments(graph, S, microbatches, virtual_stages, stages, schedule, annotations)
+    rest, submesh = _rest_of_strategy(strategy, mesh, axis, S)
+    training = is_training(graph)
+    if not unroll and not training:
+        raise PipelineError("parallelize: unroll=False simulates a training pipeline; a forward-only (inference) "
+                            "pipeline is small enough to unroll: leave unroll out")
+    policy = _recompute_policy(graph, recompute, training)
+    sched = make_schedule(schedule, S, M, v, forward_only=not training)
+    sched.validate()
+    dp_axis = rest.dp_axis
+    dp = submesh.axis_size(dp_axis) if (submesh is not None and dp_axis is not None) else 1
+    timings: dict[str, float] = {}
+    _check_dp_rows(graph, M, dp)
+    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages, recompute=policy)
+    timings["pipeline"] = time.perf_counter() - t0
+    items = sched.program_order(tied=bool(pipe.tied) and training)
+    t1 = time.perf_counter()
+    made = _StagePrograms(mesh, submesh, rest, dp, user, sched, items, M, unroll, parallelize_stage, spmd)
+    for rp in pipe.ranks:
+        made.add(rp)
+    timings["stages"] = time.perf_counter() - t1 - made.unroll_s
+    timings["unroll"] = made.unroll_s
+    out = PipelineProgram(graph, mesh, axis, strategy, pipe, made.progs, submesh, timings=timings,
+                          unrolled=unroll, templates=made.templates if not unroll else None, batch_ranks=dp)
+    t2 = time.perf_counter()
+    if unroll:
+        check_program(out)
+    timings["check"] = time.perf_counter() - t2
+    from .pipeline_report import build_pipeline_plan
+
+    out.plan = build_pipeline_plan(out)
+    timings["total"] = time.perf_counter() - t0
+    return out
+
+
+def _check_arguments(graph: Graph, S: int, microbatches: Any, virtual_stages: Any, stages: Any, schedule: str,
+                     annotations: Mapping[str, Any] | None) -> tuple[int, int, dict[str, Any]]:
+    """The cheap checks of the arguments; returns (microbatches, virtual stages, the user's annotations by name)."""
     M = _positive("microbatches", microbatches, "the batch is split into that many microbatches (e.g. 2 * the pp size)")
     v = _positive("virtual_stages", virtual_stages, "use 1, or 2 or more with schedule='interleaved'")
-    if not isinstance(unroll, bool):
-        raise PipelineError(f"parallelize: unroll must be True or False, got {type(unroll).__name__} {unroll!r:.40}")
     _check_stages(stages)
     # The cheap checks before any work that a user's number sizes (the schedule has S * M * v
     # actions): the microbatches divide the batch, the layers are enough for S * v chunks.
@@ -94,6 +131,11 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                 f"parallelize: with pp, annotations may place the graph's inputs (params, state, the batch), which "
                 f"each stage takes as they are; %{inner[0]} is not one (each stage's program computes its own copy "
                 "of an intermediate value). Annotate an input, or parallelize without pp")
+    return M, v, user
+
+
+def _rest_of_strategy(strategy: ParsedStrategy, mesh: Mesh, axis: str, S: int) -> tuple[ParsedStrategy, Mesh | None]:
+    """The strategy's words besides ``pp`` and the mesh without the pp axis (None: no other axis)."""
     rest_words = [s.name for s in strategy.strategies if s.name != "pp"]
     others = [(a, n) for a, n in zip(mesh.names, mesh.shape) if a != axis]
     submesh = Mesh.of(others) if others else None
@@ -106,118 +148,118 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     if submesh is not None and not rest_words:
         raise PipelineError(f"strategy {strategy} on {mesh}: the mesh axes {', '.join(a for a, _ in others)} have no "
                             f"strategy; add one (e.g. 'pp+dp') or use the mesh '{axis}={S}'")
-    training = is_training(graph)
-    if not unroll and not training:
-        raise PipelineError("parallelize: unroll=False simulates a training pipeline; a forward-only (inference) "
-                            "pipeline is small enough to unroll: leave unroll out")
-    policy = _recompute_policy(graph, recompute, training)
-    sched = make_schedule(schedule, S, M, v, forward_only=not training)
-    sched.validate()
-    dp_axis = rest.dp_axis
-    dp = submesh.axis_size(dp_axis) if (submesh is not None and dp_axis is not None) else 1
-    timings: dict[str, float] = {}
+    return rest, submesh
+
+
+def _check_dp_rows(graph: Graph, M: int, dp: int) -> None:
+    """A PipelineError unless the ``dp`` data-parallel ranks divide a microbatch's rows."""
     for x in graph.inputs:
         if x.role == "input" and x.type.rank and x.type.shape[0] % M == 0 and (x.type.shape[0] // M) % dp:
             rows = x.type.shape[0] // M
             raise PipelineError(f"pipeline: a microbatch of %{x.name} has {rows} rows ({x.type.shape[0]} / {M} "
                                 f"microbatches), which the {dp} data-parallel ranks do not divide; use a batch of a "
                                 f"multiple of {M * dp} rows or fewer microbatches")
-    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages, recompute=policy)
-    timings["pipeline"] = time.perf_counter() - t0
-    bucket_mb = spmd.pop("bucket_mb", 25.0)
-    first_mb = spmd.pop("first_bucket_mb", 1.0)
-    order = spmd.pop("order", True)
-    prefetch = spmd.pop("prefetch", 1)
-    gather_mb = spmd.pop("gather_mb", 4.0)
-    items = sched.program_order(tied=bool(pipe.tied) and training)
-    progs: list[Any] = []
-    templates: list[LocalTemplate] = []
-    t1 = time.perf_counter()
-    unroll_s = 0.0
-    alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
-    key: tuple = ()
-    for rp in pipe.ranks:
-        # Each stage's template (one microbatch) is parallelized, then unrolled per schedule
-        # action on the per-rank program (local_unroll.py): compile time does not grow with M.
-        if not unroll and submesh is not None:
+
+
+class _StagePrograms:
+    """Each pp rank's stage program, made in rank order: its template (one microbatch)
+    parallelized over the rest of the mesh, then unrolled per schedule action on the per-rank
+    program (local_unroll.py), so that compile time does not grow with M; with
+    ``unroll=False`` the local templates are kept instead."""
+
+    def __init__(self, mesh: Mesh, submesh: Mesh | None, rest: ParsedStrategy, dp: int, user: dict[str, Any],
+                 sched: Schedule, items: list[Any], M: int, unroll: bool, parallelize_stage: Callable[..., Any],
+                 spmd: dict[str, Any]) -> None:
+        self.mesh, self.submesh, self.rest, self.dp, self.user = mesh, submesh, rest, dp, user
+        self.sched, self.items, self.M, self.unroll = sched, items, M, unroll
+        self.parallelize_stage = parallelize_stage
+        self.bucket_mb = spmd.pop("bucket_mb", 25.0)
+        self.first_mb = spmd.pop("first_bucket_mb", 1.0)
+        self.order = spmd.pop("order", True)
+        self.prefetch = spmd.pop("prefetch", 1)
+        self.gather_mb = spmd.pop("gather_mb", 4.0)
+        self.spmd = spmd
+        self.progs: list[Any] = []
+        self.templates: list[LocalTemplate] = []
+        self.unroll_s = 0.0
+        self.alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
+
+    def notes(self, rp: Any) -> dict[str, Any]:
+        """The placements rank ``rp``'s stage is parallelized with: its boundary's, then the user's of its inputs."""
+        rest = self.rest
+        assert self.submesh is not None
+        notes: dict[str, Any] = _boundary_annotations(rp, self.submesh, rest.dp_axis, self.dp,
+                                                      rest.tp_axis if rest.sequence_parallel else None)
+        mine = {str(x.name) for x in rp.graph.inputs}
+        notes.update({k: p for k, p in self.user.items() if k in mine})
+        return notes
+
+    def add(self, rp: Any) -> None:
+        """Make pp rank ``rp.rank``'s stage program (or, with ``unroll=False``, its template)."""
+        key: tuple = ()
+        if not self.unroll and self.submesh is not None:
             # Stages alike but for names (the middle stages of a GPT: other layers of one
             # shape) are parallelized once; the others take a copy of its local template.
-            notes0 = _boundary_annotations(rp, submesh, dp_axis, dp, rest.tp_axis if rest.sequence_parallel else None)
-            mine0 = {str(x.name) for x in rp.graph.inputs}
-            notes0.update({k: p for k, p in user.items() if k in mine0})
-            key = _template_key(rp, S, notes0)
-            if key in alike:
+            key = _template_key(rp, self.sched.stages, self.notes(rp))
+            if key in self.alike:
                 t = time.perf_counter()
-                q, st_q, tq = alike[key]
-                st_p, tmpl = _reuse_template(st_q, tq, q, rp.rank, S, items[rp.rank])
-                templates.append(tmpl)
-                progs.append(st_p)
-                unroll_s += time.perf_counter() - t
-                continue
-        if submesh is None:
-            st: Any = WholeStage(rp.graph)
-            local, spans = rp.graph, None
-            vmap: dict[Value, Value] | None = None
-        else:
-            notes: dict[str, Any] = _boundary_annotations(rp, submesh, dp_axis, dp,
-                                                          rest.tp_axis if rest.sequence_parallel else None)
-            mine = {str(x.name) for x in rp.graph.inputs}
-            notes.update({k: p for k, p in user.items() if k in mine})
-            try:
-                st = parallelize_stage(rp.graph, submesh, str(rest), notes, bucket_mb=None, gather_mb=None,
-                                       order=False, track=True, repeat=_template_repeat(rp, M), **spmd)
-            except StrategyError as e:
-                raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
-            local = st.local
-            spans, node_origin, copy = st.tracked.spans, st.tracked.node_origin, st.tracked.copy
-            vmap = st.tracked.local_values()
+                q, st_q, tq = self.alike[key]
+                st_p, tmpl = _reuse_template(st_q, tq, q, rp.rank, self.sched.stages, self.items[rp.rank])
+                self.templates.append(tmpl)
+                self.progs.append(st_p)
+                self.unroll_s += time.perf_counter() - t
+                return
+        st, local, tracked = self.parallelize(rp)
+        vmap: dict[Value, Value] | None = tracked.local_values() if tracked is not None else None
+        t = time.perf_counter()
+        spans = tracked.spans if tracked is not None else None
+        sections = local_sections(local, rp.sections, spans,
+                                  (tracked.copy, tracked.node_origin) if spans is not None else None)
 
         def loc(v: Value) -> Value:
             return vmap[v] if vmap is not None else v
 
-        t = time.perf_counter()
-        sections = local_sections(local, rp.sections, spans,
-                                  (copy, node_origin) if spans is not None else None)
         batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
         chunk_grads = {c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()}
         acc_values = {nm: loc(v) for nm, v in rp.acc_values.items()}
         loss_share = loc(rp.loss_share) if rp.loss_share is not None else None
         finals = [(loc(v), d) for v, d in rp.finals]
-        if submesh is not None:
+        if self.submesh is not None:
             _defer_grad_reductions(sections, chunk_grads, acc_values)
-        if not unroll:
-            if submesh is not None and bucket_mb is not None:
-                _bucket_template(local, sections, bucket_mb, first_mb)
-            templates.append(LocalTemplate(rp.rank, local, sections, sched, items[rp.rank], batch, chunk_grads,
-                                           acc_values, loss_share, finals))
-            if submesh is not None:
-                alike.setdefault(key, (rp.rank, st, templates[-1]))
-            unroll_s += time.perf_counter() - t
-            progs.append(st)
-            continue
+        if not self.unroll:
+            if self.submesh is not None and self.bucket_mb is not None:
+                _bucket_template(local, sections, self.bucket_mb, self.first_mb)
+            self.templates.append(LocalTemplate(rp.rank, local, sections, self.sched, self.items[rp.rank], batch,
+                                                chunk_grads, acc_values, loss_share, finals))
+            if self.submesh is not None:
+                self.alike.setdefault(key, (rp.rank, st, self.templates[-1]))
+            self.unroll_s += time.perf_counter() - t
+            self.progs.append(st)
+            return
         once: set[Any] = set()
-        unrolled = unroll_local(local, sections, sched, rp.rank, items[rp.rank], batch=batch,
+        unrolled = unroll_local(local, sections, self.sched, rp.rank, self.items[rp.rank], batch=batch,
                                 chunk_grads=chunk_grads, acc_values=acc_values, loss_share=loss_share,
-                                finals=finals, mesh=mesh, once_nodes=once)
-        unroll_s += time.perf_counter() - t
-        if submesh is not None:
-            _finish_collectives(unrolled, bucket_mb, first_mb, order, prefetch, gather_mb, once)
-        unrolled.mesh = mesh
+                                finals=finals, mesh=self.mesh, once_nodes=once)
+        self.unroll_s += time.perf_counter() - t
+        if self.submesh is not None:
+            _finish_collectives(unrolled, self.bucket_mb, self.first_mb, self.order, self.prefetch, self.gather_mb,
+                                once)
+        unrolled.mesh = self.mesh
         st.local = unrolled
-        progs.append(st)
-    timings["stages"] = time.perf_counter() - t1 - unroll_s
-    timings["unroll"] = unroll_s
-    out = PipelineProgram(graph, mesh, axis, strategy, pipe, progs, submesh, timings=timings,
-                          unrolled=unroll, templates=templates if not unroll else None, batch_ranks=dp)
-    t2 = time.perf_counter()
-    if unroll:
-        check_program(out)
-    timings["check"] = time.perf_counter() - t2
-    from .pipeline_report import build_pipeline_plan
+        self.progs.append(st)
 
-    out.plan = build_pipeline_plan(out)
-    timings["total"] = time.perf_counter() - t0
-    return out
+    def parallelize(self, rp: Any) -> tuple[Any, Graph, Any]:
+        """Rank ``rp``'s template through the rest of the strategy: (stage, local graph, its
+        tracking); without another mesh axis the template is the stage as it is (tracking None)."""
+        if self.submesh is None:
+            return WholeStage(rp.graph), rp.graph, None
+        try:
+            st = self.parallelize_stage(rp.graph, self.submesh, str(self.rest), self.notes(rp), bucket_mb=None,
+                                        gather_mb=None, order=False, track=True,
+                                        repeat=_template_repeat(rp, self.M), **self.spmd)
+        except StrategyError as e:
+            raise PipelineError(f"pp rank {rp.rank} (stage program @{rp.graph.name}): {e}") from None
+        return st, st.local, st.tracked
 
 
 def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool, prefetch: int,
