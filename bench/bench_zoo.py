@@ -20,7 +20,7 @@ the first line of the error, never the end of the run) and under a time limit
 - ``train``: ``partita.training_step(import_torch(model, labels=...), loss=0, optimizer="sgd")``
   (the model's own loss, output 0 with ``labels=``; SGD with momentum) run once by
   ``partita.autodiff.Trainer`` against torch's step from the same weights (``torch.optim.SGD``):
-  the loss and every updated param, relative error ||a - b|| / ||b|| at most ``TOL``;
+  the loss and every updated param, relative error ||a - b|| / max(||b||, 1e-3) at most ``TOL``;
 - ``dp``, ``zero3``, ``megatron+sp``, ``dp+megatron``, ``pp`` (1f1b, 2 stages, 2
   microbatches), ``pp+dp``, ``ep`` (MoE only): ``partita.parallelize`` of that step, every
   rank run by ``run_mesh`` (``ParallelProgram.simulate``), against the single-device step
@@ -29,8 +29,9 @@ the first line of the error, never the end of the run) and under a time limit
 - ``time`` (left out by ``--no-time``): partita's backend against eager, Inductor
   (``torch.compile`` default) and ONNX Runtime (a TorchScript export, opset 17) at each of
   ``--threads`` (default 1), medians of per-round ratios over ``--rounds`` interleaved rounds
-  (bench/bench_codegen.py's ``time_rounds``); and the cold compile seconds of partita's backend
-  and of Inductor (the first call after ``torch._dynamo.reset()``, Inductor on an empty cache).
+  (bench/bench_codegen.py's ``time_rounds``); the import path (``import_torch``, ``optimize``,
+  ``CompiledProgram``) against eager; and the cold compile seconds of partita's backend and of
+  Inductor (the first call after ``torch._dynamo.reset()``, Inductor on an empty cache).
 
 ``--md PATH`` writes the table with the command that made it, pass counts per column, the
 distribution of each timing column (geomean, median, the worst five) and every failure.
@@ -144,12 +145,18 @@ def quiet() -> Iterator[None]:
         yield
 
 
+# The smallest norm a relative error divides by: an exactly-zero gradient (attention's key
+# bias: softmax ignores a shift) is f32 rounding noise of about 1e-9 whose relative error
+# means nothing; every param and loss is far above it.
+NORM_FLOOR = 1e-3
+
+
 def rel_norm(a: Any, b: Any) -> float:
-    """||a - b|| / ||b|| (shapes must agree)."""
+    """||a - b|| / max(||b||, NORM_FLOOR) (shapes must agree)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
         raise AssertionError(f"shape {list(a.shape)} against the reference's {list(b.shape)}")
-    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-30))
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), NORM_FLOOR))
 
 
 class Case:
@@ -201,23 +208,39 @@ class Case:
             self.memo["step"] = partita.training_step(fwd, loss=0, optimizer="sgd", lr=LR, momentum=MOMENTUM)
         return self.memo["step"]
 
-    def feed(self) -> dict[str, np.ndarray]:
-        """The step's ``input``-role inputs by name."""
-        step, given = self.step(), self.train_feed()
+    def logits_step(self) -> Any:
+        """The training step of the import without labels, with partita's own
+        ``cross_entropy`` of the logits against the labels (input ``target``)."""
+        if "logits_step" not in self.memo:
+            import partita
+
+            opts = {"moe_groups": MOE_GROUPS} if self.zm.moe else {}
+            with quiet():
+                fwd = partita.import_torch(self.model, (), self.kwargs, **opts)
+            self.memo["logits_step"] = partita.training_step(fwd, loss="cross_entropy", optimizer="sgd", lr=LR,
+                                                             momentum=MOMENTUM)
+        return self.memo["logits_step"]
+
+    def feed(self, step: Any = None) -> dict[str, np.ndarray]:
+        """The ``input``-role inputs of ``step`` (default: the own-loss step) by name."""
+        step = self.step() if step is None else step
+        given = self.train_feed()
+        given["target"] = given["labels"]
         names = [str(v.name) for v in step.inputs if v.role == "input"]
         missing = [n for n in names if n not in given]
         if missing:
             raise KeyError(f"the step's input(s) {', '.join(missing)} are not the model's arguments")
         return {n: given[n] for n in names}
 
-    def single_device(self) -> list[np.ndarray]:
-        """The step's outputs on one device (NumPy reference, as ``run_mesh`` computes)."""
-        if "single" not in self.memo:
+    def single_device(self, step: Any = None) -> list[np.ndarray]:
+        """A step's outputs on one device (NumPy reference, as ``run_mesh`` computes)."""
+        step = self.step() if step is None else step
+        key = ("single", id(step))
+        if key not in self.memo:
             import partita
 
-            step = self.step()
-            self.memo["single"] = [np.asarray(o) for o in partita.run(step, self.feed(), step.weights)]
-        return self.memo["single"]
+            self.memo[key] = [np.asarray(o) for o in partita.run(step, self.feed(step), step.weights)]
+        return self.memo[key]
 
 
 # --- the columns ------------------------------------------------------------------------------------
@@ -302,19 +325,15 @@ def not_applicable(case: Case, column: str) -> str | None:
     return None
 
 
-def col_strategy(case: Case, column: str) -> Cell:
-    """The step parallelized, every rank run by run_mesh, against the single-device step."""
+def strategy_cell(case: Case, column: str, step: Any) -> Cell:
+    """``step`` parallelized for ``column``, every rank run by run_mesh, against one device."""
     import partita
 
-    why = not_applicable(case, column)
-    if why:
-        return Cell(None, "n/a: " + why)
     mesh, strategy, opts = STRATEGIES[column]
-    step = case.step()
-    want = case.single_device()
+    want = case.single_device(step)
     with quiet():
         prog = partita.parallelize(step, mesh, strategy, **opts)
-    got = prog.simulate(case.feed(), step.weights)
+    got = prog.simulate(case.feed(step), step.weights)
     worst, where = 0.0, ""
     for v, g, w in zip(step.outputs, got, want):
         e = rel_norm(g, w)
@@ -324,6 +343,27 @@ def col_strategy(case: Case, column: str) -> Cell:
     if not cell.ok:
         cell.text += f" (%{where})"
     return cell
+
+
+def col_strategy(case: Case, column: str) -> Cell:
+    """The own-loss step under a strategy against the single-device step. When a pipeline
+    refuses the model's own loss (a mean over the whole batch), the cell fails and also says
+    what the same strategy gives on the logits with partita's cross_entropy."""
+    why = not_applicable(case, column)
+    if why:
+        return Cell(None, "n/a: " + why)
+    try:
+        return strategy_cell(case, column, case.step())
+    except Exception as e:  # noqa: BLE001: a pipeline's refusal of the loss is told apart below
+        if not column.startswith("pp") or "mixes the rows of different microbatches" not in str(e):
+            raise
+        first = mw.why(e)
+    try:
+        other = strategy_cell(case, column, case.logits_step())
+        also = other.text
+    except Exception as e2:  # noqa: BLE001
+        also = mw.why(e2)
+    return Cell(False, f"{first} [with cross_entropy on the logits: {also}]")
 
 
 # --- timing -----------------------------------------------------------------------------------------
@@ -364,6 +404,26 @@ def ort_session(case: Case, threads: int) -> Callable[[], Any]:
     return lambda: sess.run(None, feed)
 
 
+IMPORT_PIPELINE = "canonicalize,fold-batch-norm,fuse-library,fuse-kernels,cse,dce"
+
+
+def import_candidate(case: Case) -> Callable[[], Any]:
+    """The import path: ``import_torch``, the pipeline of bench_library's models, a
+    ``CompiledProgram`` called with torch tensors (params made once), checked against eager."""
+    import partita
+    from partita.codegen import CompiledProgram
+
+    with quiet():
+        g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), IMPORT_PIPELINE)
+    prog = CompiledProgram(g)
+    weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+    args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
+    err = mw.rel_error(np.asarray(prog(args, weights)[0]), case.eager().double().numpy())
+    if err > TOL:
+        raise AssertionError(f"the import path's error {err:.1e} > {TOL:.0e}")
+    return lambda: prog(args, weights)
+
+
 def compiled_candidates(case: Case) -> tuple[dict[str, Callable[[], Any]], dict[str, float]]:
     """Eager, partita's backend and Inductor as calls, and the cold compile seconds of the two."""
     torch._dynamo.reset()
@@ -383,6 +443,10 @@ def col_time(case: Case, threads: list[int], rounds: int) -> Cell:
 
     cands, cold = compiled_candidates(case)
     case.memo["timing"] = out = {"cold_s": cold, "threads": {}}
+    try:
+        cands["import"] = import_candidate(case)
+    except Exception as e:  # noqa: BLE001: no import-path figure for this model, the others stand
+        out["import_failure"] = mw.why(e)
     texts = []
     for n in threads:
         torch.set_num_threads(n)
@@ -403,6 +467,8 @@ def col_time(case: Case, threads: list[int], rounds: int) -> Cell:
         finally:
             torch.set_num_threads(1)
         ratios = {k: statistics.median(a / b for a, b in zip(times["partita"], times[k])) for k in TIMING if k in times}
+        if "import" in times:
+            ratios["import/eager"] = statistics.median(a / b for a, b in zip(times["import"], times["eager"]))
         out["threads"][str(n)] = {"ratios": ratios, "ms": {k: statistics.median(v) * 1e3 for k, v in times.items()}}
         texts.append(f"{n}t: " + " ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     return Cell(True, "; ".join(texts) + f"; cold {cold['partita']:.1f}s vs {cold['inductor']:.1f}s")
@@ -515,17 +581,19 @@ def timing_tables(rows: list[Row]) -> str:
     timed = [r for r in rows if r.timing.get("threads")]
     if not timed:
         return ""
-    out = ["| model | threads | partita / eager | / Inductor | / ORT | cold partita s | cold Inductor s |",
-           "|---|---:|---:|---:|---:|---:|---:|"]
+    out = ["| model | threads | partita / eager | / Inductor | / ORT | import path / eager | cold partita s | "
+           "cold Inductor s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     dist: dict[str, list[tuple[float, str]]] = {}
     for r in timed:
         cold = r.timing["cold_s"]
         for n, t in r.timing["threads"].items():
             ratios = t["ratios"]
-            out.append(f"| {r.model} | {n} | " + " | ".join(f"{ratios[k]:.2f}" if k in ratios else "" for k in TIMING)
+            out.append(f"| {r.model} | {n} | " + " | ".join(f"{ratios[k]:.2f}" if k in ratios else ""
+                                                         for k in (*TIMING, "import/eager"))
                        + f" | {cold['partita']:.1f} | {cold['inductor']:.1f} |")
             for k, v in ratios.items():
-                dist.setdefault(f"partita / {k}, {n} thread(s)", []).append((v, r.model))
+                label = "import path / eager" if k == "import/eager" else f"partita / {k}"
+                dist.setdefault(f"{label}, {n} thread(s)", []).append((v, r.model))
         dist.setdefault("cold compile partita / Inductor", []).append((cold["partita"] / cold["inductor"], r.model))
     out += ["", "Ratios are partita's time over the other's: below 1 partita is faster. Distribution per column "
             "(the worst five are the largest ratios):", "",
