@@ -25,6 +25,7 @@ import. ``import partita`` does not import this module (dynamo is slow to import
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ir.diagnostics import PartitaError, PassError
+from ..ir.graph import Graph, input_name
 from . import CompiledProgram
 
 __all__ = ["partita_backend", "compile_fx_graph", "stats", "reset_stats", "Stats", "GraphRecord", "Choice", "PIPELINE",
@@ -79,10 +81,18 @@ class Choice:
 
     mode: str                                   # "measure", "partita" or "aten"
     picked: str | None = None
+    frozen: int = 0                             # inputs frozen as constants (params, buffers)
+    frozen_note: str = ""
     partita_ms: list[float] = field(default_factory=list)
     aten_ms: list[float] = field(default_factory=list)
 
     def text(self) -> str:
+        frozen = f"{self.frozen} params frozen; " if self.frozen else ""
+        if self.frozen_note:
+            frozen = self.frozen_note + "; "
+        return frozen + self._pick()
+
+    def _pick(self) -> str:
         if self.mode != "measure":
             return f"runs {self.mode} (choose={self.mode!r})"
         if self.picked is None:
@@ -167,15 +177,16 @@ class _Options:
     fallback: str = "warn"      # "warn": run the graph on ATen; "error": raise
     min_ops: int = 2
     choose: str = "measure"     # "measure": keep the faster of partita and ATen; "partita"; "aten"
+    freeze: bool = True         # inference graphs: the params' values are constants (checked every call)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | None) -> "_Options":
         options = dict(options or {})
-        unknown = set(options) - {"passes", "fallback", "min_ops", "choose"}
+        unknown = set(options) - {"passes", "fallback", "min_ops", "choose", "freeze"}
         if unknown:
             raise BackendOptionError(f"{_WHO}: unknown option(s) {', '.join(sorted(map(str, unknown)))}; the options "
-                                     "are passes (a pipeline), fallback ('warn' or 'error'), min_ops and choose "
-                                     "('measure', 'partita' or 'aten')")
+                                     "are passes (a pipeline), fallback ('warn' or 'error'), min_ops, choose "
+                                     "('measure', 'partita' or 'aten') and freeze (True or False)")
         return cls(**options).checked()
 
     def checked(self) -> "_Options":
@@ -195,6 +206,9 @@ class _Options:
                                          f"{detail}") from None
         if self.fallback not in ("warn", "error"):
             raise BackendOptionError(f"{_WHO}: option 'fallback' must be 'warn' or 'error', got {self.fallback!r}")
+        if not isinstance(self.freeze, bool):
+            raise BackendOptionError(f"{_WHO}: option 'freeze' must be True or False (inference graphs take the "
+                                     f"params' values as constants), got {self.freeze!r}")
         if self.choose not in CHOICES:
             raise BackendOptionError(f"{_WHO}: option 'choose' must be one of {', '.join(map(repr, CHOICES))} "
                                      f"(measure: keep whichever of partita's program and ATen runs the graph "
@@ -242,7 +256,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from ..frontend.fx import UnsupportedGraph, import_fx
+    from ..frontend.fx import import_fx
 
     opts = _options or _Options(passes=passes, fallback=fallback, choose=choose).checked()
     with _LOCK:
@@ -257,22 +271,59 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
         with unset_fake_temporarily():
             imported = import_fx(gm, name=name)
             graph = _optimize(imported.graph, opts.passes)
-            program = CompiledProgram(graph, min_ops=opts.min_ops)
+            frozen = _frozen_inputs(kind, imported, opts) if opts.freeze else []
+            program = None if frozen else CompiledProgram(graph, min_ops=opts.min_ops)
     except Exception as e:
-        if opts.fallback == "error":
-            raise
-        reason = str(e) or type(e).__name__
-        ops = e.ops if isinstance(e, UnsupportedGraph) else ()
-        _record(GraphRecord(kind, name, aten_ops, 0, time.perf_counter() - t0, reason, ops))
-        _warn_once(kind, name, e, ops)
-        return make_boxed_func(gm.forward)
+        return _fall_back(gm, e, opts, kind, name, aten_ops, t0)
     choice = Choice(opts.choose)
-    _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program,
-                        choice=choice))
-    runner = _Runner(program, imported)
+    if frozen:
+        # The program is built on the first call, with the params' values as constants.
+        rec = GraphRecord(kind, name, aten_ops, 0, time.perf_counter() - t0, choice=choice)
+        _record(rec)
+        runner: Any = _FrozenRunner(graph, imported, frozen, opts, rec, gm)
+    else:
+        assert program is not None
+        _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program,
+                            choice=choice))
+        runner = _Runner(program, imported)
     if opts.choose == "partita":
         return runner
     return _Chooser(runner, make_boxed_func(gm.forward), choice)
+
+
+def _fall_back(gm: Any, e: Exception, opts: _Options, kind: str, name: str, aten_ops: int, t0: float) -> Any:
+    """The graph's own FX code on ATen, for a graph partita cannot take (recorded, warned
+    once); or ``e`` raised, with ``fallback="error"``."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from ..frontend.fx import UnsupportedGraph
+
+    if opts.fallback == "error":
+        raise e
+    reason = str(e) or type(e).__name__
+    ops = e.ops if isinstance(e, UnsupportedGraph) else ()
+    _record(GraphRecord(kind, name, aten_ops, 0, time.perf_counter() - t0, reason, ops))
+    _warn_once(kind, name, e, ops)
+    return make_boxed_func(gm.forward)
+
+
+def _frozen_inputs(kind: str, imported: Any, opts: _Options) -> list[int]:
+    """The inputs of an inference graph that are the model's params and buffers (AOTAutograd's
+    static inputs), to be frozen as constants; none for training graphs, or where an output
+    is one of them or a view of one (the caller must get the model's own tensor back)."""
+    if kind != "inference":
+        return []
+    import torch
+
+    ctx = torch._guards.TracingContext.try_get()
+    static = sorted(getattr(getattr(ctx, "fw_metadata", None), "static_input_indices", None) or [])
+    if not static:
+        return []
+    names = [input_name(v) for v in imported.graph.inputs]
+    viewed = {root for root, of_input in imported.roots if of_input}
+    if any(names[i] in viewed for i in static if i < len(names)):
+        return []
+    return [i for i in static if i < len(names)]
 
 
 def _check_inputs(example_inputs: Sequence[Any]) -> None:
@@ -346,6 +397,73 @@ class _Runner:
             _unalias(inputs, outs, self.fresh)
         result = [None if i is None else outs[i] for i in self.layout]
         return result if self.as_list else tuple(result)
+
+
+class _FrozenRunner:
+    """An inference graph whose params and buffers (``frozen``: their input positions) are
+    constants, as torch's freezing makes them: batch norms fold into their convolutions and
+    weights are packed once. The program is built on the first call, from the tensors that
+    call passes. Every call checks that each frozen input is still the same memory at the same
+    version (``Tensor._version`` counts in-place writes: an optimizer step, ``load_state_dict``);
+    if one changed, the graph runs for good on a program built without freezing."""
+
+    def __init__(self, graph: Graph, imported: Any, frozen: list[int], opts: _Options, record: GraphRecord,
+                 gm: Any) -> None:
+        self._boxed_call = True
+        self.graph, self.imported, self.frozen, self.opts, self.record, self.gm = graph, imported, frozen, opts, \
+            record, gm
+        self.keys: list[tuple[int, int]] | None = None     # (data_ptr, _version) of each frozen input
+        self.run: Any = None                                 # the frozen program's _Runner
+        self.unfrozen: Any = None
+
+    def __call__(self, args: list) -> Any:
+        if self.keys is None:
+            self._freeze(args)
+        elif self.run is not None and not self._unchanged(args):
+            self.run = None
+            if self.record.choice is not None:
+                self.record.choice.frozen_note = "frozen params changed: runs the program built without freezing"
+        if self.run is not None:
+            kept = [a for i, a in enumerate(args) if i not in self._frozen_set]
+            args.clear()
+            return self.run(kept)
+        if self.unfrozen is None:
+            self.unfrozen = _Runner(CompiledProgram(self.graph, min_ops=self.opts.min_ops), self.imported)
+        return self.unfrozen(args)
+
+    def _unchanged(self, args: list) -> bool:
+        assert self.keys is not None
+        return all(args[i].data_ptr() == p and args[i]._version == v for i, (p, v) in zip(self.frozen, self.keys))
+
+    def _freeze(self, args: list) -> None:
+        from ..backend.torch_exec import to_numpy
+
+        t0 = time.perf_counter()
+        self._frozen_set = set(self.frozen)
+        self.keys = [(args[i].data_ptr(), args[i]._version) for i in self.frozen]
+        g = self.graph.clone()
+        for i in self.frozen:
+            v = g.inputs[i]
+            v.role = "param"
+            g.weights[input_name(v)] = to_numpy(args[i].detach())
+        try:
+            program = CompiledProgram(g, min_ops=self.opts.min_ops)
+        except Exception as e:  # a failure of a pass or of code generation: run as built without freezing
+            if self.opts.fallback == "error":
+                raise
+            warnings.warn(f"partita backend: the inference graph {self.record.name} runs without frozen params: "
+                          f"{type(e).__name__}: {e}", PartitaFallbackWarning, stacklevel=2)
+            return
+        self.run = _Runner(program, self.imported)
+        if self.record.choice is not None:
+            self.record.choice.frozen = len(self.frozen)
+        rec = dataclasses.replace(self.record, kernels=len(program.kernels),
+                                  seconds=self.record.seconds + time.perf_counter() - t0, program=program)
+        with _LOCK:
+            for k, r in enumerate(_RECORDS):
+                if r is self.record:
+                    _RECORDS[k] = rec
+        self.record = rec
 
 
 class _Chooser:

@@ -29,7 +29,7 @@ from ..ops.registry import OPS
 from .manager import Pass, register_pass
 from .rewrite import Match, Op, RewriteDriver, RewriteEvent, Rule, Splat, Var, emit_splat, rule
 
-X, Y, C = Var("x"), Var("y"), Var("c")
+X, Y, C, B = Var("x"), Var("y"), Var("c"), Var("b")
 _FIX_ALL = ("broadcast", "cast")
 
 
@@ -215,6 +215,23 @@ def _rows_of_a_table(node: Node) -> bool:
             and idx.dtype.name in ("i32", "i64"))
 
 
+def _pad_into_conv(m: Match) -> Value | None:
+    """conv(pad(x)) as one convolution with a larger ``padding``, where the pad adds zeros on
+    the spatial dims only, as many before as after each (what a convolution's own padding
+    does). Exporters and "same" padding code (TensorFlow-style models) write such pads out;
+    left alone, each is a copy of the whole activation."""
+    pad, conv = m["pad"], m.root
+    if pad.attrs["value"] != 0:
+        return None
+    pads = list(pad.attrs["pads"])
+    pairs = [(pads[2 * i], pads[2 * i + 1]) for i in range(len(pads) // 2)]
+    if pairs[0] != (0, 0) or pairs[1] != (0, 0) or any(b != e for b, e in pairs[2:]):
+        return None
+    padding = [p + b for p, (b, _) in zip(conv.attrs["padding"], pairs[2:])]
+    attrs = dict(conv.attrs, padding=padding)
+    return m.emit(conv.op, m["x"], *conv.operands[1:], **attrs)
+
+
 # --- the rule table ------------------------------------------------------------------------
 
 # Rules for facts that involve more than one op, or ops without a fact on their record.
@@ -257,6 +274,14 @@ RULES: list[Rule] = [
          requires=("broadcast_to",)),
     rule("slice-whole", Op("slice", X, where=_same_type_as_operand), X, doc="a slice that keeps every element (steps are >= 1, so the same shape means all of them)"),
     rule("concat-one", Op("concat", X), X, doc="concat of a single input"),
+    rule("pad-nothing", Op("pad", X, where=_same_type_as_operand), X, doc="a pad that adds nothing"),
+] + [
+    rule(f"pad-into-conv[{conv}{'+bias' if bias else ''}]",
+         Op(conv, Op("pad", X, bind="pad"), Y, *((B,) if bias else ())), _pad_into_conv,
+         requires=(conv,),
+         doc="zeros padded symmetrically around the spatial dims before a convolution are its own padding")
+    for conv in ("conv1d", "conv2d", "conv3d") for bias in (False, True)
+] + [
     rule("matmul-transposes", Op("matmul", Op("transpose", X, where=_swaps_last_two),
                                  Op("transpose", Y, where=_swaps_last_two)),
          _matmul_of_transposes, requires=("matmul", "transpose"),

@@ -41,15 +41,22 @@ def assert_grads_equal(compiled: nn.Module, eager: nn.Module, tol: float = 1e-5)
             assert rel(p.grad, q.grad) <= tol, f"{name}: relative difference {rel(p.grad, q.grad):.3g}"
 
 
+LIBRARY_OPS = {"conv2d_pointwise", "linear_pointwise"}     # oneDNN with fused epilogues (library.py)
+
+
 def assert_all_compiled(min_graphs: int) -> pd.Stats:
-    """Every graph was compiled by partita (none fell back) and has fused kernels."""
+    """Every graph was compiled by partita (none fell back) and runs its fused kernels or its
+    library kernels with fused epilogues (an inference graph's frozen weights fold into those)."""
     s = pd.stats()
     assert s.fallbacks == 0, s.report()
     assert s.compiled >= min_graphs, s.report()
-    assert s.kernels > 0, s.report()
+    fused_or_library = 0
     for g in s.graphs:
         assert g.program is not None
-        assert any(n.op == "fused" for n in g.program.graph.nodes) == (g.kernels > 0)
+        ops = [n.op for n in g.program.graph.nodes]
+        assert ("fused" in ops) == (g.kernels > 0)
+        fused_or_library += g.kernels + sum(op in LIBRARY_OPS for op in ops)
+    assert fused_or_library > 0, s.report()
     return s
 
 
@@ -86,8 +93,11 @@ def test_mlp_gelu_outputs_and_gradients_equal_eager():
     assert_grads_equal(model, eager)
     s = assert_all_compiled(3)
     assert [g.kind for g in s.graphs] == ["inference", "forward", "backward"]
-    # The gelu chains of forward and backward are generated kernels.
-    assert all(g.kernels > 0 for g in s.graphs), s.report()
+    # The gelu chains of forward and backward are generated kernels; in the inference graph the
+    # frozen weights put them into the linear layers' epilogues.
+    assert all(g.kernels > 0 for g in s.graphs[1:]), s.report()
+    assert [n.attrs["unary"] for n in s.graphs[0].program.graph.nodes if n.op == "linear_pointwise"] == \
+        ["gelu", "gelu", "none"], s.report()
 
     # A second step reuses the compiled graphs.
     model.zero_grad()
@@ -480,3 +490,50 @@ def test_a_graph_called_once_runs_partita(monkeypatch):
     (rec,) = pd.stats().graphs
     assert ran == [1]
     assert rec.choice.picked is None and rec.choice.partita_ms == []      # the warm-up call is not timed
+
+
+# --- freezing: an inference graph's params as constants --------------------------------------------
+
+def test_inference_freezes_params_so_batch_norms_fold():
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, backend="partita", options={"choose": "partita"})
+    with torch.no_grad():
+        assert rel(compiled(x), model(x)) <= 1e-5
+    (rec,) = pd.stats().graphs
+    ops = [n.op for n in rec.program.graph.nodes]
+    assert "batch_norm" not in ops and ops.count("conv2d_pointwise") == 2, rec.program.graph
+    assert rec.choice.frozen > 0 and "params frozen" in pd.stats().report()
+
+
+def test_a_param_changed_in_place_is_seen():
+    # The frozen values are checked every call (memory and version): an in-place update of a
+    # weight (an optimizer step, load_state_dict) runs the graph without freezing from then on.
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, backend="partita", options={"choose": "partita"})
+    with torch.no_grad():
+        compiled(x)
+        model.conv1.weight.mul_(2.0)
+        model.bn2.running_var.add_(1.0)
+        assert rel(compiled(x), model(x)) <= 1e-5
+        model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})
+        assert rel(compiled(x), model(x)) <= 1e-5
+    (rec,) = pd.stats().graphs
+    assert "frozen params changed" in rec.choice.text()
+
+
+def test_freeze_off_keeps_params_as_inputs_and_bad_value_raises():
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, backend="partita", options={"freeze": False, "choose": "partita"})
+    with torch.no_grad():
+        assert rel(compiled(x), model(x)) <= 1e-5
+    (rec,) = pd.stats().graphs
+    assert rec.choice.frozen == 0 and "batch_norm" in [n.op for n in rec.program.graph.nodes]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="option 'freeze' must be True or False"):
+        torch.compile(model, backend="partita", options={"freeze": "yes"})(x)
