@@ -35,7 +35,6 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
 
 # (module, function's qualified name) -> its length when listed: it may shrink, never grow.
 KNOWN_LONG_FUNCTIONS: dict[tuple[str, str], int] = {
-    ("partita.runtime.launch", "_spawn"): 205,
 }
 
 

@@ -704,209 +704,255 @@ def _read_results(conn, rank: int, events: "queue.Queue") -> None:
 
 def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: list[list[dict]], steps: int,
            backend: str, timeout_s: float, threads: int | None, fault, progress, executor: str = "torch") -> RunResult:
-    import multiprocessing
-    import threading
+    """Run the ranks on spawned processes and watch them (``_Supervisor``); raises RankFailure on a failure."""
+    sup = _Supervisor(mesh, graph_list, steps, timeout_s, progress)
+    try:
+        sup.start(weights, per_rank, backend, threads, fault, executor)
+        sup.watch()
+    finally:
+        sup.stop()
+    if sup.failures:
+        sup.raise_failure()
+    return sup.result()
 
-    from ..ir.printer import print_graph
 
-    n = mesh.size
-    texts: dict[int, str] = {}
-    port = free_port()
-    ctx = multiprocessing.get_context("spawn")
-    beats = ctx.RawArray("d", n)     # each rank's last heartbeat (time.monotonic; 0: none yet)
-    entered = ctx.RawArray("q", n)   # the collectives each rank has entered
-    events: queue.Queue = queue.Queue()
-    procs: list[Any] = []
-    readers: list[threading.Thread] = []
-    result_conns: list[Any] = []
-    start_limit = max(START_TIMEOUT_S, timeout_s)
+class _Supervisor:
+    """The parent's side of a spawned run: the rank processes, what their pipes said, their
+    heartbeats and counts of collectives entered, and the failures seen so far."""
 
-    done: dict[int, tuple] = {}
-    last_step: dict[int, int | None] = {r: None for r in range(n)}
-    # (priority, rank, step, kind, message, where)
-    failures: list[tuple[int, int, int | None, str, str, dict | None]] = []
-    tracebacks: dict[int, str] = {}
-    ended: set[int] = set()         # ranks whose pipe reached its end
-    exited_at: dict[int, float] = {}
-    started: set[int] = set()
-    ready: set[int] = set()
-    first_failure_at: float | None = None
+    def __init__(self, mesh: Mesh, graph_list: list[Graph], steps: int, timeout_s: float, progress) -> None:
+        import multiprocessing
 
-    def current(r: int) -> int | None:
+        self.mesh, self.graph_list, self.steps, self.timeout_s, self.progress = \
+            mesh, graph_list, steps, timeout_s, progress
+        self.n = n = mesh.size
+        self.texts: dict[int, str] = {}
+        self.port = free_port()
+        self.ctx = ctx = multiprocessing.get_context("spawn")
+        self.beats = ctx.RawArray("d", n)     # each rank's last heartbeat (time.monotonic; 0: none yet)
+        self.entered = ctx.RawArray("q", n)   # the collectives each rank has entered
+        self.events: queue.Queue = queue.Queue()
+        self.procs: list[Any] = []
+        self.readers: list[Any] = []
+        self.result_conns: list[Any] = []
+        self.start_limit = max(START_TIMEOUT_S, timeout_s)
+        self.done: dict[int, tuple] = {}
+        self.last_step: dict[int, int | None] = {r: None for r in range(n)}
+        # (priority, rank, step, kind, message, where)
+        self.failures: list[tuple[int, int, int | None, str, str, dict | None]] = []
+        self.tracebacks: dict[int, str] = {}
+        self.ended: set[int] = set()         # ranks whose pipe reached its end
+        self.exited_at: dict[int, float] = {}
+        self.started: set[int] = set()
+        self.ready: set[int] = set()
+        self.first_failure_at: float | None = None
+        self.spawned_at = 0.0
+
+    # --- the ranks' state ----------------------------------------------------------------------
+    def current(self, r: int) -> int | None:
         """The step rank r is in (None: setup; ``steps``: past its last step)."""
-        if r not in ready:
+        if r not in self.ready:
             return None
-        last = last_step[r]
+        last = self.last_step[r]
         return 0 if last is None else last + 1
 
-    def failed(r: int) -> bool:
-        return any(f[1] == r for f in failures)
+    def failed(self, r: int) -> bool:
+        """Whether rank r has a failure."""
+        return any(f[1] == r for f in self.failures)
 
-    def handle(r: int, msg: tuple | None) -> None:
+    def handle(self, r: int, msg: tuple | None) -> None:
+        """Take in one message of rank r (None: its pipe ended)."""
         if msg is None:
-            ended.add(r)
+            self.ended.add(r)
             return
         tag = msg[0]
         if tag == "started":
-            started.add(r)
+            self.started.add(r)
         elif tag == "ready":
-            ready.add(r)
+            self.ready.add(r)
         elif tag == "step":
-            last_step[r] = msg[2]
-            if progress is not None:
-                progress(r, msg[2], msg[3])
+            self.last_step[r] = msg[2]
+            if self.progress is not None:
+                self.progress(r, msg[2], msg[3])
         elif tag == "done":
-            done[r] = msg
+            self.done[r] = msg
         elif tag == "error":
-            _, _, step, kind, message, tracebacks[r], where = msg
-            failures.append((_PRIORITY[kind], r, step, kind, message, where))
+            _, _, step, kind, message, self.tracebacks[r], where = msg
+            self.failures.append((_PRIORITY[kind], r, step, kind, message, where))
 
-    def stuck(r: int, message: str) -> None:
-        failures.append((_PRIORITY["stuck"], r, current(r), "stuck", message, None))
+    def stuck(self, r: int, message: str) -> None:
+        """Record rank r as stuck."""
+        self.failures.append((_PRIORITY["stuck"], r, self.current(r), "stuck", message, None))
 
-    def silent_for(r: int, now: float) -> float:
-        return now - beats[r] if beats[r] > 0 else 0.0
+    def silent_for(self, r: int, now: float) -> float:
+        """The seconds since rank r's last heartbeat (0: none yet)."""
+        return now - self.beats[r] if self.beats[r] > 0 else 0.0
 
-    def frozen_text(r: int, now: float) -> str:
-        state = _proc_state(procs[r].pid)
-        return (f"the process is alive but has not run for {silent_for(r, now):.1f} s (no heartbeat"
+    def frozen_text(self, r: int, now: float) -> str:
+        """Why rank r, alive but without a heartbeat, is stuck."""
+        state = _proc_state(self.procs[r].pid)
+        return (f"the process is alive but has not run for {self.silent_for(r, now):.1f} s (no heartbeat"
                 f"{'; ' + state if state else ''}): it was stopped (SIGSTOP) or is frozen")
 
-    def blame(now: float) -> None:
+    def blame(self, now: float) -> None:
         """For each lost peer, the ranks of its group that stopped (no heartbeat) or never
         reached the collective (fewer collectives entered: comparable when every rank runs
         the same program) are stuck."""
-        spmd = len(set(texts.values())) == 1
-        for f in list(failures):
+        spmd = len(set(self.texts.values())) == 1
+        entered = self.entered
+        for f in list(self.failures):
             if f[3] != "collective" or not f[5] or f[5].get("group") is None:
                 continue
             where = f[5]
             for p in where["group"]:
-                if p == f[1] or p in done or failed(p) or procs[p].exitcode is not None:
+                if p == f[1] or p in self.done or self.failed(p) or self.procs[p].exitcode is not None:
                     continue
-                if silent_for(p, now) > STALE_S:
-                    stuck(p, f"{frozen_text(p, now)}; rank {f[1]} lost it as a peer")
+                if self.silent_for(p, now) > STALE_S:
+                    self.stuck(p, f"{self.frozen_text(p, now)}; rank {f[1]} lost it as a peer")
                 elif spmd and where.get("ordinal") is not None and entered[p] < where["ordinal"]:
-                    stuck(p, f"it is running but did not reach {where['what']}, which rank {f[1]} waited "
-                             f"timeout_s={timeout_s:g} s for (counting the rendezvous and the mesh groups, "
-                             f"rank {p} has entered {entered[p]} collectives; that one is rank {f[1]}'s "
-                             f"collective {where['ordinal']})")
+                    self.stuck(p, f"it is running but did not reach {where['what']}, which rank {f[1]} waited "
+                                  f"timeout_s={self.timeout_s:g} s for (counting the rendezvous and the mesh groups, "
+                                  f"rank {p} has entered {entered[p]} collectives; that one is rank {f[1]}'s "
+                                  f"collective {where['ordinal']})")
 
-    try:
-        for r, g in enumerate(graph_list):
-            text = texts.get(id(g))
+    # --- the run -------------------------------------------------------------------------------
+    def start(self, weights: list[dict], per_rank: list[list[dict]], backend: str, threads: int | None, fault,
+              executor: str) -> None:
+        """Spawn a process per rank, with a thread that sends its job and one that reads its results."""
+        import threading
+
+        from ..ir.printer import print_graph
+
+        ctx, n = self.ctx, self.n
+        for r, g in enumerate(self.graph_list):
+            text = self.texts.get(id(g))
             if text is None:
-                text = texts[id(g)] = print_graph(g)
-            job = _Job(r, n, str(mesh), text, g.name, weights[r], per_rank[r], steps, backend, timeout_s,
-                       threads, fault, f"tcp://127.0.0.1:{port}", executor)
+                text = self.texts[id(g)] = print_graph(g)
+            job = _Job(r, n, str(self.mesh), text, g.name, weights[r], per_rank[r], self.steps, backend,
+                       self.timeout_s, threads, fault, f"tcp://127.0.0.1:{self.port}", executor)
             job_recv, job_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             # The process object spawn writes to the child is small (the job goes on its own
             # pipe), so starting cannot block on a child that dies before reading it.
-            p = ctx.Process(target=_worker_main, args=(r, job_recv, res_send, beats, entered), daemon=True,
-                            name=f"partita-rank-{r}")
+            p = ctx.Process(target=_worker_main, args=(r, job_recv, res_send, self.beats, self.entered),
+                            daemon=True, name=f"partita-rank-{r}")
             p.start()
-            procs.append(p)
+            self.procs.append(p)
             # The parent keeps only its ends, so a dead rank reads as EOF and a write to it fails.
             job_recv.close()
             res_send.close()
             threading.Thread(target=_send_job, args=(job_send, job), daemon=True,
                              name=f"partita-send-{r}").start()
-            reader = threading.Thread(target=_read_results, args=(res_recv, r, events), daemon=True,
+            reader = threading.Thread(target=_read_results, args=(res_recv, r, self.events), daemon=True,
                                       name=f"partita-read-{r}")
             reader.start()
-            readers.append(reader)
-            result_conns.append(res_recv)
-        spawned_at = time.monotonic()
+            self.readers.append(reader)
+            self.result_conns.append(res_recv)
+        self.spawned_at = time.monotonic()
 
+    def watch(self) -> None:
+        """Read the ranks' messages and check their processes until every rank is done or failed
+        (after a failure: until its cause has had GRACE_S to show up), then blame the stuck ranks."""
         while True:
-            pending = [r for r in range(n) if r not in done and not failed(r)]
+            pending = [r for r in range(self.n) if r not in self.done and not self.failed(r)]
             if not pending:
                 break
-            if failures:
+            if self.failures:
                 # A peer's lost connection often arrives before the death or error that
                 # caused it: give the cause a moment to show up.
-                if _first(failures)[3] == "error" or (first_failure_at is not None
-                                                     and time.monotonic() - first_failure_at > GRACE_S):
+                if _first(self.failures)[3] == "error" or (self.first_failure_at is not None
+                                                          and time.monotonic() - self.first_failure_at > GRACE_S):
                     break
             batch: list[tuple[int, Any]] = []
             try:
-                batch.append(events.get(timeout=0.1))
+                batch.append(self.events.get(timeout=0.1))
                 while True:
-                    batch.append(events.get_nowait())
+                    batch.append(self.events.get_nowait())
             except queue.Empty:
                 pass
             for r, msg in batch:
-                handle(r, msg)
+                self.handle(r, msg)
             now = time.monotonic()
-            for r in range(n):
-                if r in done or failed(r):
+            self.check_processes(now)
+            if self.failures and self.first_failure_at is None:
+                self.first_failure_at = now
+        if self.failures:
+            self.blame(time.monotonic())
+
+    def check_processes(self, now: float) -> None:
+        """Record the ranks that died, never started or stopped beating."""
+        for r in range(self.n):
+            if r in self.done or self.failed(r):
+                continue
+            code = self.procs[r].exitcode
+            if code is not None:
+                # A rank that raised sends its error before it exits: read its pipe to the
+                # end before calling it dead.
+                if r not in self.ended and now - self.exited_at.setdefault(r, now) < 5.0:
                     continue
-                code = procs[r].exitcode
-                if code is not None:
-                    # A rank that raised sends its error before it exits: read its pipe to the
-                    # end before calling it dead.
-                    if r not in ended and now - exited_at.setdefault(r, now) < 5.0:
-                        continue
-                    text = f"the process {_exit_text(code)}"
-                    last = _entered_node(graph_list[r], mesh, r, int(entered[r]), current(r))
-                    if last:
-                        text += f" in {last}"
-                    if r not in started:
-                        text += (" before it received its job: a spawned rank first re-imports the main module, "
-                                 "and a script must call launch/run_ranks under `if __name__ == \"__main__\":` "
-                                 "(the rank's own traceback is on standard error)")
-                    failures.append((_PRIORITY["died"], r, current(r), "died", text, None))
-                elif r not in started:
-                    if now - spawned_at > start_limit:
-                        stuck(r, f"the process did not start: it had not received its job {start_limit:g} s after "
-                                 f"it was spawned ({_proc_state(procs[r].pid) or 'alive'})")
-                elif silent_for(r, now) > max(timeout_s, STALE_S):
-                    stuck(r, frozen_text(r, now))
-            if failures and first_failure_at is None:
-                first_failure_at = now
-        if failures:
-            blame(time.monotonic())
-    finally:
+                text = f"the process {_exit_text(code)}"
+                last = _entered_node(self.graph_list[r], self.mesh, r, int(self.entered[r]), self.current(r))
+                if last:
+                    text += f" in {last}"
+                if r not in self.started:
+                    text += (" before it received its job: a spawned rank first re-imports the main module, "
+                             "and a script must call launch/run_ranks under `if __name__ == \"__main__\":` "
+                             "(the rank's own traceback is on standard error)")
+                self.failures.append((_PRIORITY["died"], r, self.current(r), "died", text, None))
+            elif r not in self.started:
+                if now - self.spawned_at > self.start_limit:
+                    self.stuck(r, f"the process did not start: it had not received its job {self.start_limit:g} s "
+                                  f"after it was spawned ({_proc_state(self.procs[r].pid) or 'alive'})")
+            elif self.silent_for(r, now) > max(self.timeout_s, STALE_S):
+                self.stuck(r, self.frozen_text(r, now))
+
+    def stop(self) -> None:
+        """Kill the ranks still running and join their processes and reader threads."""
         # Killed, not asked: a stopped process does not act on SIGTERM until continued.
-        for p in procs:
+        for p in self.procs:
             if p.exitcode is None:
                 p.kill()
-        for p in procs:
+        for p in self.procs:
             p.join(timeout=5)
-        for t in readers:
+        for t in self.readers:
             t.join(timeout=2)
-        for c in result_conns:
+        for c in self.result_conns:
             c.close()
 
-    if failures:
-        _, rank, step, kind, message, _ = _first(failures)
+    def raise_failure(self) -> None:
+        """Raise RankFailure for the first failure, with what became of the other ranks."""
+        steps = self.steps
+        _, rank, step, kind, message, _ = _first(self.failures)
         others = {}
-        for r in range(n):
-            if r == rank or r in done:
+        for r in range(self.n):
+            if r == rank or r in self.done:
                 continue
-            mine = [f for f in failures if f[1] == r]
+            mine = [f for f in self.failures if f[1] == r]
             if mine:
                 f = min(mine, key=lambda f: f[0])
                 others[r] = f"{_HEAD[f[3]]} {_step_text(f[2], steps)}: {f[4]}"
             else:
-                others[r] = f"stopped by run_ranks {_step_text(current(r), steps)}"
+                others[r] = f"stopped by run_ranks {_step_text(self.current(r), steps)}"
+        mesh = self.mesh
         coords = ", ".join(f"{a}={c}" for a, c in zip(mesh.names, mesh.coords(rank)))
         text = f"rank {rank} ({coords} on {mesh}) {_HEAD[kind]} {_step_text(step, steps)}: {message}"
         if others:
             text += "\nother ranks:\n" + "\n".join(f"  rank {r}: {t}" for r, t in sorted(others.items()))
-        raise RankFailure(text, rank, step, kind, others, tracebacks.get(rank))
+        raise RankFailure(text, rank, step, kind, others, self.tracebacks.get(rank))
 
-    outputs: list[list[Any]] = [[None] * n for _ in range(steps)]
-    final: list[Any] = [None] * n
-    timings: list[Any] = [None] * n
-    init: list[Any] = [None] * n
-    recv: list[Any] = [None] * n
-    for r, (_, _, outs, w, t, setup, waits) in done.items():
-        for s in range(steps):
-            outputs[s][r] = outs[s]
-        final[r], timings[r], init[r], recv[r] = w, t, setup, waits
-    return RunResult(mesh, steps, tuple(range(n)), outputs, final, timings, init, recv)
+    def result(self) -> RunResult:
+        """The RunResult of a run in which every rank finished."""
+        n, steps = self.n, self.steps
+        outputs: list[list[Any]] = [[None] * n for _ in range(steps)]
+        final: list[Any] = [None] * n
+        timings: list[Any] = [None] * n
+        init: list[Any] = [None] * n
+        recv: list[Any] = [None] * n
+        for r, (_, _, outs, w, t, setup, waits) in self.done.items():
+            for s in range(steps):
+                outputs[s][r] = outs[s]
+            final[r], timings[r], init[r], recv[r] = w, t, setup, waits
+        return RunResult(self.mesh, steps, tuple(range(n)), outputs, final, timings, init, recv)
 
 
 def under_torchrun() -> bool:
