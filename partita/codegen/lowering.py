@@ -972,19 +972,19 @@ def _finish_row(e: _Emitter, k: _RowKernel, offs: list[str]) -> list[str]:
         if node.op in REDUCTIONS:
             dt = res.type.dtype
             t = _ty(dt)
-            v = e.op(f"load {t}, ptr {acc_of[node]}")
+            acc = e.op(f"load {t}, ptr {acc_of[node]}")
             if node.op == "mean":
-                v = e.op(f"fdiv {t} {v}, {_const(float(k.c), dt)}")
-            env[res] = (v, dt)
+                acc = e.op(f"fdiv {t} {acc}, {_const(float(k.c), dt)}")
+            env[res] = (acc, dt)
             continue
         args = []
-        for v in node.operands:
-            if v in env:
-                args.append(env[v])
+        for x in node.operands:
+            if x in env:
+                args.append(env[x])
                 continue
-            key = (index[v], tuple(v.type.shape) if v.type.numel == k.n_rows else tuple(res.type.shape))
+            key = (index[x], tuple(x.type.shape) if x.type.numel == k.n_rows else tuple(res.type.shape))
             slot = nf + k.row_views[key]
-            args.append((_load(e, index[v], v.type.dtype, offs[slot]), v.type.dtype))
+            args.append((_load(e, index[x], x.type.dtype, offs[slot]), x.type.dtype))
         env[res] = _lower_op(e, node, args)
     for i, o in enumerate(k.outs):
         val, dt = env[o]
