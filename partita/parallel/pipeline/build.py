@@ -97,34 +97,39 @@ def check_microbatches(graph: Graph, microbatches: int) -> None:
 
 
 def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
-    """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring)."""
-    from ..partition import Partitioner
-    from ..propagate import propagate
+    """``fwd`` re-typed for one of ``microbatches`` microbatches (see the module docstring).
 
+    Two kinds of value that look as if they mixed microbatches are taken as they are meant:
+
+    - a value computed whole, without the batch rows of any input (a causal mask built from
+      shapes, a table broadcast to the batch), that a microbatch's rows read: each microbatch
+      takes its own rows of it (``index_select`` at the microbatch's index, which the unroll
+      knows);
+    - a value computed from the batch inputs alone (no param) that reduces over the whole
+      batch, such as the count of labels that are not ignored that a Hugging Face loss divides
+      by: each microbatch computes it from the whole batch (``<input>.whole``, the step's
+      input itself; the unroll reads the batch input there), so every microbatch's loss share
+      is its own sum over that one global count and the shares sum to the step's loss.
+    """
     check_microbatches(fwd, microbatches)
     g = fwd.clone()
-    mesh = Mesh.of({MB_AXIS: microbatches})
-    g.mesh = mesh
-    for v in g.values():
-        v.placement = None
-    for v in g.inputs:
-        v.placement = Placement.split(v.type.rank, {0: MB_AXIS}) if v.role == "input" else \
-            Placement.replicated(v.type.rank)
-    prop = propagate(g)
-    part = Partitioner(g, prop.reshards)
-    local, report = part.run()
-    # Only a reduction of the loss (or of an output) over the microbatches may need the other
-    # microbatches' rows; anything else mixes rows across microbatches, which a pipeline cannot
-    # do one microbatch at a time.
-    outs = set(local.outputs)
-    stray = [c for c in report.collectives if not c.consumer.startswith("output")]
+    whole: set[Value] = set()
+    local, report, part = _partition_microbatches(g, microbatches, whole)
+    stray = _stray_collectives(report)
+    if stray:
+        mixed = _batch_only_values(g, part, stray)
+        if mixed is not None:
+            whole = _read_whole_batch(g, mixed)
+            local, report, part = _partition_microbatches(g, microbatches, whole)
+            stray = _stray_collectives(report)
     if stray:
         c = stray[0]
         raise PipelineError(
             f"pipeline: {c.consumer}{' at ' + c.source if c.source else ''} mixes the rows of different microbatches "
             f"(it needs %{c.value} {c.have} as {c.want}); with microbatches={microbatches} its result would change "
-            "(batch statistics, a reduction over the batch inside the model). Use microbatches=1, or a model "
-            "whose rows are independent until the loss")
+            "(batch statistics, a reduction over the batch inside the model that reads a param). Use "
+            "microbatches=1, or a model whose rows are independent until the loss")
+    _slices_at_the_microbatch(local)
     outputs = []
     for v in local.outputs:
         prod = v.producer
@@ -150,6 +155,108 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
     full = {str(v.name): v.type for v in fwd.inputs if v.role == "input"}
     loss = local.outputs[0] if training else None
     return MicrobatchGraph(local, batch_dim, loss, list(local.outputs), full)
+
+
+WHOLE_SUFFIX = ".whole"
+
+
+def _partition_microbatches(g: Graph, microbatches: int, whole: set[Value]) -> tuple[Graph, Any, Any]:
+    """``g`` partitioned over a virtual ``mb`` axis: its batch inputs split in dim 0, the
+    ``whole`` ones (whole-batch copies) and the params replicated. (local, report, partitioner)."""
+    from ..partition import Partitioner
+    from ..propagate import propagate
+
+    mesh = Mesh.of({MB_AXIS: microbatches})
+    g.mesh = mesh
+    for v in g.values():
+        v.placement = None
+    for v in g.inputs:
+        v.placement = Placement.split(v.type.rank, {0: MB_AXIS}) if v.role == "input" and v not in whole else \
+            Placement.replicated(v.type.rank)
+    prop = propagate(g)
+    part = Partitioner(g, prop.reshards)
+    local, report = part.run()
+    return local, report, part
+
+
+def _stray_collectives(report: Any) -> list:
+    """The collectives over the microbatches that are neither for an output (the loss's sum
+    over the microbatches) nor a microbatch taking its rows of a whole value (``shard_slice``)."""
+    return [c for c in report.collectives if not c.consumer.startswith("output")
+            and not (c.op == "shard_slice" and c.axis == MB_AXIS)]
+
+
+def _batch_only_values(g: Graph, part: Any, stray: list) -> list[Value] | None:
+    """The values of ``g`` the ``stray`` collectives move, if every one of them is computed
+    from batch inputs and constants alone (no param or state, no random op); else None."""
+    by_name = {part.name(v): v for v in g.values()}
+    values = []
+    for c in stray:
+        v = by_name.get(c.value)
+        if v is None:
+            return None
+        if v.is_input:
+            return None
+        for n in value_cone([v]):
+            if OPS[n.op].effects_of(n.attrs):
+                return None
+            if any(x.is_input and x.role != "input" for x in n.operands):
+                return None
+        if v not in values:
+            values.append(v)
+    return values
+
+
+def _read_whole_batch(g: Graph, values: list[Value]) -> set[Value]:
+    """Recompute ``values`` (batch-only, see ``_batch_only_values``) from whole-batch copies of
+    the batch inputs they read: new inputs ``<name>.whole`` of the same type, which the
+    partition keeps whole (replicated over the microbatches) and the unroll maps to the step's
+    batch input itself. Returns the new inputs."""
+    cone = value_cone(values)
+    order = [n for n in g.nodes if n in cone]
+    copies: dict[Value, Value] = {}
+    whole: set[Value] = set()
+    for n in order:
+        for x in n.operands:
+            if x.is_input and x not in copies:
+                w = g.add_input(str(x.name) + WHOLE_SUFFIX, x.type, "input")
+                copies[x] = w
+                whole.add(w)
+    b = Builder(g)
+    b.set_insertion_before(order[0] if order else g.nodes[0])
+    for n in order:
+        node = b.emit_node(n.op, [copies.get(x, x) for x in n.operands], dict(n.attrs))
+        for r, c in zip(n.results, node.results):
+            copies[r] = c
+    for v in values:
+        g.replace_all_uses(v, copies[v])
+    from ...passes.manager import PassManager
+
+    PassManager.parse("dce", verify_each=False).run(g)
+    verify(g)
+    return whole
+
+
+def _slices_at_the_microbatch(local: Graph) -> None:
+    """Each ``shard_slice`` over the microbatches (a microbatch taking its rows of a whole
+    value) as ``index_select`` of rows ``[m*n, (m+1)*n)``, m the microbatch's index
+    (``axis_index`` over ``mb``, which the unroll replaces by each copy's m)."""
+    from ...ir.dtypes import i64
+
+    for node in [n for n in local.nodes if n.op == "shard_slice" and n.attrs.get("axis") == MB_AXIS]:
+        x, d = node.operands[0], int(node.attrs["dim"])
+        out = node.results[0]
+        n = out.type.shape[d]
+        b = Builder(local, loc=node.loc)
+        b.set_insertion_before(node)
+        m = b.emit_node("axis_index", [], {"axis": MB_AXIS, "group_size": int(node.attrs["group_size"])}).results[0]
+        start = b.emit_node("mul", [m, b.emit_node("full", [], {"shape": (), "value": n, "dtype": i64}).results[0]],
+                            {}).results[0]
+        rows = b.emit_node("add", [b.emit_node("iota", [], {"shape": (n,), "axis": 0, "dtype": i64}).results[0],
+                                   start], {}).results[0]
+        picked = b.emit_node("index_select", [x, rows], {"axis": d}).results[0]
+        local.replace_all_uses(out, picked)
+        local.erase(node)
 
 
 def _divisors(n: int) -> str:
@@ -391,7 +498,13 @@ class _RankWriter:
             if batch0 is not None:
                 batch_names.append(batch0)
         mb_types = {nm: v.type for cp in un.chunks for nm, v in cp.batch.items()}
-        for nm in [v for v in (str(x.name) for x in un.step.inputs) if v in batch_names or v in param_names]:
+        # The whole-batch copies of batch inputs (microbatch_graph) come after the step's inputs.
+        names = [str(x.name) for x in un.step.inputs] + [
+            str(x.name) for x in un.mbg.graph.inputs if str(x.name).endswith(WHOLE_SUFFIX)]
+        for nm in [v for v in names if v in batch_names or v in param_names]:
+            if nm not in self.src_inputs:
+                self.ins[nm] = self.g.add_input(nm, mb_types[nm], "input")
+                continue
             v = self.src_inputs[nm]
             t = v.type
             if v.role == "input":

@@ -13,7 +13,7 @@ from ...ir.mesh import Mesh
 from ...ir.placement import Placement
 from ..program import MicrobatchRepeat
 from ..strategies.base import ParsedStrategy, StrategyError
-from .build import build_pipeline, check_microbatches, is_training
+from .build import WHOLE_SUFFIX, build_pipeline, check_microbatches, is_training
 from .local_unroll import ONCE_SECTIONS, LocalTemplate, local_sections, unroll_local
 from .pipeline_program import PipelineProgram, WholeStage
 from .schedule import PipelineError, Schedule, check_schedule, make_schedule
@@ -219,7 +219,8 @@ class _StagePrograms:
         def loc(v: Value) -> Value:
             return vmap[v] if vmap is not None else v
 
-        batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input"}
+        # The whole-batch copies (build.py, microbatch_graph) are read whole, not sliced per microbatch.
+        batch = {str(v.name): 0 for v in rp.graph.inputs if v.role == "input" and not str(v.name).endswith(WHOLE_SUFFIX)}
         chunk_grads = {c: [(nm, loc(v)) for nm, v in gs] for c, gs in rp.chunk_grads.items()}
         acc_values = {nm: loc(v) for nm, v in rp.acc_values.items()}
         loss_share = loc(rp.loss_share) if rp.loss_share is not None else None

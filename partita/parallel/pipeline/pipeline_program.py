@@ -14,7 +14,7 @@ from ...ir.graph import Graph, input_name
 from ...ir.printer import print_graph
 from ...ir.mesh import Mesh
 from ..strategies.base import ParsedStrategy, StrategyError
-from .build import Pipeline
+from .build import WHOLE_SUFFIX, Pipeline
 from .schedule import PipelineError
 
 
@@ -143,6 +143,13 @@ class PipelineProgram:
             if v.role == "input" and input_name(v) not in inputs:
                 raise StrategyError(f"no value for the input %{input_name(v)} {v.type}")
         inputs = {k: self._mb_major(k, v) for k, v in inputs.items()}
+        # A value every microbatch computes from the whole batch (build.py, microbatch_graph)
+        # reads the whole-batch copy of a batch input: the same array.
+        for st in self.stages:
+            for v in st.graph.inputs:
+                name = input_name(v)
+                if name.endswith(WHOLE_SUFFIX) and name[:-len(WHOLE_SUFFIX)] in inputs:
+                    inputs[name] = inputs[name[:-len(WHOLE_SUFFIX)]]
         return self._spread([st.shard_inputs({k: v for k, v in inputs.items() if _has(st.graph, k)})
                              for st in self.stages])
 
