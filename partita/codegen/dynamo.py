@@ -356,8 +356,8 @@ def _warn_once(kind: str, name: str, error: Exception, ops: tuple[str, ...]) -> 
 
     if isinstance(error, UnsupportedGraph):
         key = "ops:" + "\n".join(sorted({f"{op} {loc}" for op, loc, _ in error.problems}))
-        uses = [f"  {loc or '<unknown location>'}: {op}" + ("" if why == "no converter" else f": {why}")
-                for op, loc, why in error.problems]
+        uses = [f"  {loc or '<unknown location>'}: {op}" + (f" in module {loc.scope}" if loc and loc.scope else "")
+                + ("" if why == "no converter" else f": {why}") for op, loc, why in error.problems]
         what = (f"{len(error.problems)} use(s) of {len(ops)} op(s) partita cannot convert ({', '.join(ops)}):\n"
                 + "\n".join(uses) + "\n(a converter for such an op goes in partita/frontend/fx.py, FX_CONVERTERS)")
     else:

@@ -147,7 +147,20 @@ def module_scope(node: Any) -> str:
         return ""
     last = list(stack.values())[-1]
     path = last[0] if isinstance(last, tuple) and last and isinstance(last[0], str) else ""
-    return path
+    return _plain_module_path(path)
+
+
+def _plain_module_path(path: str) -> str:
+    """A module path as the model names it (``"block.0.attn"``): torch.compile's module stack
+    spells it from dynamo's source (``L['self'].block.0``, ``L['self'].layers[0]``,
+    ``getattr(L['self'].h, '0')``, ``L['self']._modules['h']``), torch.export's plainly."""
+    if "L[" not in path and "[" not in path and "getattr(" not in path:
+        return path
+    p = re.sub(r"getattr\((.*?), '([^']*)'\)", r"\1.\2", path)
+    p = re.sub(r"\._modules\['([^']*)'\]", r".\1", p)
+    p = re.sub(r"^L\['[^']*'\]\.?", "", p)
+    p = re.sub(r"\[['\"]?([^'\"\]]*)['\"]?\]", r".\1", p)
+    return p.strip(".")
 
 
 def source_location(node: Any) -> Location | None:

@@ -377,6 +377,24 @@ def test_unconvertible_op_falls_back_to_aten_with_one_warning():
     assert "on ATen" in s.report()
 
 
+class Wrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Identity(), Cumulative()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x))
+
+
+def test_fallback_warning_names_the_module_path():
+    compiled = torch.compile(Wrapped(), backend="partita")
+    with pytest.warns(pd.PartitaFallbackWarning) as record:
+        compiled(torch.randn(4, 8))
+    (message,) = [str(w.message) for w in record if issubclass(w.category, pd.PartitaFallbackWarning)]
+    assert "aten.lgamma.default in module blocks.1" in message, message
+    assert "runs on ATen (its own FX code) instead" in message
+
+
 def test_fallback_error_option_and_unknown_options():
     compiled = torch.compile(Cumulative(), backend="partita", options={"fallback": "error"})
     with pytest.raises(Exception, match="aten.lgamma.default"):
