@@ -33,7 +33,8 @@ from . import inference  # noqa: F401  (registers the fold-batch-norm pass)
 from . import layout  # noqa: F401  (registers the assign-layout pass)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
-from .kernels import fallbacks, kernel_name
+from .aten_fallback import fallbacks
+from .kernels import kernel_name
 
 __all__ = ["CompiledProgram", "FuseKernels", "plan_groups", "body_of", "CodegenError", "cache_dir", "jit",
            "fallbacks", "kernel_name", "emit_kernels"]
@@ -130,7 +131,7 @@ class CompiledProgram:
         from ..ops._lazy import torch
         from .kernels import prepare_fused
         from .arena import arena_views, plan_memory
-        from .fused_body import run_body_on_aten as aten_fused
+        from .aten_fallback import run_body_on_aten as aten_fused
 
         prog = self.program
         nodes = [st[7] for st in prog.steps]

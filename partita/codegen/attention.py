@@ -806,11 +806,13 @@ def attention_kernel(node: Any, inplace: bool = False, outs: list | None = None)
     step: the flash kernel, or torch's math for what it does not take) where ``_prepared``
     refuses it. ``outs``: buffers of the memory plan for the result and the log-sum-exp,
     written at every call (the step's ``written`` attribute holds the tensors it writes)."""
+    from .aten_fallback import op_on_aten
+
     del inplace
     pa = _prepared(node, rope=False)
     if pa is None:
         return None
-    fallback = _fallback("attention")
+    fallback = op_on_aten("attention")
     out, lse = _written_into(pa, outs)
 
     def step(args: list, attrs: dict) -> Any:
@@ -827,11 +829,13 @@ def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None 
     """The step running a ``rotary_attention`` node (codegen/rotary.py) on the generated kernel
     with the rotation inside, or None (the op's own step: the rotation in torch ops, then the
     attention op's step) where ``_prepared`` refuses it; ``outs`` as ``attention_kernel``'s."""
+    from .aten_fallback import op_on_aten
+
     del inplace
     pa = _prepared(node, rope=True)
     if pa is None:
         return None
-    fallback = _fallback("rotary_attention")
+    fallback = op_on_aten("rotary_attention")
     out, lse = _written_into(pa, outs)
 
     def step(args: list, attrs: dict) -> Any:
@@ -842,9 +846,3 @@ def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None 
 
     setattr(step, "written", (out, lse))  # noqa: B010 (a function attribute)
     return step
-
-
-def _fallback(op: str) -> Any:
-    from ..ops.registry import OPS
-
-    return OPS[op].torch

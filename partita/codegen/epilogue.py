@@ -1,11 +1,11 @@
 """The epilogues a library kernel can fuse after its main op (an activation, an add), and
-their ATen form for the fallbacks."""
+where the two library ops keep their operands (the epilogue's ``other`` among them). Their
+ATen forms are in aten_fallback.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from ..ops.registry import OPS
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,20 @@ BINARY: dict[str, Binary | None] = {
 }
 
 
-def aten_epilogue(y, binary: str, other, unary: str):
-    """The epilogue ``binary`` (with ``other``) then ``unary`` applied to ``y`` by the ops' ATen forms."""
-    b = BINARY[binary]
-    if b is not None:
-        y = OPS[b.op].torch([y, other], {})
-    u = UNARY[unary]
-    if u is not None:
-        y = OPS[u.op].torch([y], dict(u.attrs))
-    return y
+# --- the operands of the two ops -----------------------------------------------------------
+
+# conv2d_pointwise's attributes that are conv2d's.
+CONV_ATTRS = ("stride", "padding", "dilation", "groups")
+
+
+def conv_parts(args: list, attrs: dict) -> tuple[Any, Any, Any, Any]:
+    """(x, weight, bias or None, other or None) of a conv2d_pointwise node's operands."""
+    has_other = attrs["binary"] != "none"
+    other = args[-1] if has_other else None
+    rest = args[:-1] if has_other else args
+    return rest[0], rest[1], (rest[2] if len(rest) > 2 else None), other
+
+
+def linear_parts(args: list, attrs: dict) -> tuple[Any, Any, Any]:
+    """(x, weight, bias or None) of a linear_pointwise node's operands."""
+    return args[0], args[1], (args[2] if len(args) > 2 else None)

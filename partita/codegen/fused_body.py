@@ -1,5 +1,5 @@
-"""The body of a ``fused`` node (partita/codegen/op.py): its graph, parsed once per text, and
-its run op by op on ATen, the fallback where no kernel was generated."""
+"""The body of a ``fused`` node (partita/codegen/op.py): its graph, parsed once per text. Its
+run op by op on ATen, the fallback where no kernel was generated, is in aten_fallback.py."""
 
 from __future__ import annotations
 
@@ -12,16 +12,3 @@ def body_graph(text: str):
     from ..ir.parser import parse
 
     return parse(text, "<fused body>")
-
-
-@functools.lru_cache(maxsize=1024)
-def _aten_program(text: str):
-    from ..backend.torch_exec import TorchProgram
-
-    return TorchProgram(body_graph(text))
-
-
-def run_body_on_aten(args, attrs):
-    """The body op by op on ATen: what runs when no kernel was prepared."""
-    out = _aten_program(attrs["body"])(list(args))
-    return out[0] if len(out) == 1 else out

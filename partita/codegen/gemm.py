@@ -757,7 +757,7 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
     if m == 0 or n == 0:
         return c
     if k == 0:  # no products: the bias and the activation, as the library's ATen epilogue runs them
-        from .epilogue import aten_epilogue
+        from .aten_fallback import aten_epilogue
 
         c.zero_()
         if bias is not None:

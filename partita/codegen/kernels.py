@@ -8,39 +8,24 @@ than one torch thread and enough elements, the outermost loop is split between t
 releases the GIL while a kernel runs).
 
 When the body cannot be lowered or the compiler fails, the step runs the body op by op on ATen
-and the reason is recorded (``fallbacks()``) and reported once as a warning.
+and the reason is recorded (``fallbacks()``, codegen/aten_fallback.py) and reported once as a
+warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..ops._lazy import to_torch_dtype, torch
 from .cpu import kernel_pool
 
-__all__ = ["prepare_fused", "fallbacks", "Fallback", "kernel_name", "PARALLEL_MIN_ELEMENTS"]
+__all__ = ["prepare_fused", "kernel_name", "PARALLEL_MIN_ELEMENTS"]
 
 # Below this many elements a kernel runs on one thread whatever torch's thread count: handing
 # a slice to a pool thread costs some 20 microseconds.
 PARALLEL_MIN_ELEMENTS = 1 << 16
-
-
-@dataclass(frozen=True)
-class Fallback:
-    kernel: str
-    where: str
-    reason: str
-
-
-_FALLBACKS: list[Fallback] = []
-
-
-def fallbacks() -> list[Fallback]:
-    """The fused nodes of this process that run on ATen instead of a generated kernel, and why."""
-    return list(_FALLBACKS)
 
 
 def kernel_name(body_text: str) -> str:
@@ -55,7 +40,8 @@ def _where(node) -> str:
 def prepare_fused(node, outs: list | None = None) -> Callable:
     """The step function of a ``fused`` node. ``outs``: for each result, a tensor to write it
     into (from the memory plan), or None to allocate it on each call."""
-    from .fused_body import body_graph, run_body_on_aten
+    from .aten_fallback import record_fallback, run_body_on_aten
+    from .fused_body import body_graph
     from .jit import CodegenError, jit
     from .lowering import LoweringError, lower
 
@@ -66,8 +52,7 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
         low = lower(body, name)
         k = jit().kernel(name, low.ir, low.n_inputs + low.n_outputs)
     except (LoweringError, CodegenError) as e:
-        fb = Fallback(name, _where(node), str(e))
-        _FALLBACKS.append(fb)
+        fb = record_fallback(name, _where(node), str(e))
         warnings.warn(f"partita: fused kernel {name}{fb.where} runs op by op on ATen: {e}", RuntimeWarning,
                       stacklevel=2)
         return run_body_on_aten

@@ -22,7 +22,7 @@ What runs is chosen by one rule table, ``KERNELS``: ``(op, (binary, unary)) -> K
 pair the library cannot run in the graph's order (oneDNN's binary overload applies its
 binary post-op first and then takes only ``relu``) has no entry; the pass leaves that
 activation as its own node, and a node built by hand with such a pair runs on ATen op by op
-(``aten_step``). Nothing else branches on the epilogue.
+(``aten_step``, codegen/aten_fallback.py). Nothing else branches on the epilogue.
 
 Weights. A weight is a graph input (role ``param``) whose tensor the caller passes at every
 call, the same tensor object each time in inference. The step that ``torch_prepare`` builds
@@ -56,19 +56,17 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import has_effects, sole_user
-from .epilogue import BINARY, UNARY, aten_epilogue
+from .aten_fallback import aten_conv, aten_linear, aten_step
+from .epilogue import BINARY, CONV_ATTRS, UNARY, conv_parts, linear_parts
 from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
-           "aten_step", "PREPACK", "packed_weight_stats"]
+           "PREPACK", "packed_weight_stats"]
 
 # Whether prepared steps keep packed weights (the benchmark turns it off to measure what
 # packing buys; read when a program is prepared).
 PREPACK = True
-
-
-_CONV_ATTRS = ("stride", "padding", "dilation", "groups")
 
 
 def unary_kind(op: str, attrs: dict) -> str | None:
@@ -84,20 +82,6 @@ def binary_kind(op: str) -> str | None:
         if b is not None and b.op == op:
             return kind
     return None
-
-
-# --- the operands of the two ops -----------------------------------------------------------
-
-def _conv_parts(args: list, attrs: dict) -> tuple[Any, Any, Any, Any]:
-    """(x, weight, bias or None, other or None) of a conv2d_pointwise node's operands."""
-    has_other = attrs["binary"] != "none"
-    other = args[-1] if has_other else None
-    rest = args[:-1] if has_other else args
-    return rest[0], rest[1], (rest[2] if len(rest) > 2 else None), other
-
-
-def _linear_parts(args: list, attrs: dict) -> tuple[Any, Any, Any]:
-    return args[0], args[1], (args[2] if len(args) > 2 else None)
 
 
 def _require_float(op: str, ts: list[tuple[TensorType | None, str]]) -> None:
@@ -121,10 +105,10 @@ def _conv_infer(ts: list[TensorType], attrs: dict) -> TensorType:
     if binary != "none" and n < 3:
         raise TypeRuleError(f"conv2d_pointwise: binary=\"{binary}\" needs the operand 'other' after x and weight "
                             "(and the optional bias)")
-    x, w, b, other = _conv_parts(list(ts), attrs)
+    x, w, b, other = conv_parts(list(ts), attrs)
     _require_float("conv2d_pointwise", [(x, "the input"), (w, "the weight"), (b, "the bias"), (other, "other")])
     base = [x, w] + ([b] if b is not None else [])
-    y = OPS["conv2d"].infer(base, {k: attrs[k] for k in _CONV_ATTRS})
+    y = OPS["conv2d"].infer(base, {k: attrs[k] for k in CONV_ATTRS})
     if isinstance(y, list):  # conv2d has one result
         y = y[0]
     if other is not None and other != y:
@@ -147,7 +131,7 @@ def _linear_shapes(x: TensorType, w: TensorType, layout: str) -> tuple[int, int]
 
 
 def _linear_infer(ts: list[TensorType], attrs: dict) -> TensorType:
-    x, w, b = _linear_parts(list(ts), attrs)
+    x, w, b = linear_parts(list(ts), attrs)
     _require_float("linear_pointwise", [(x, "the input"), (w, "the weight"), (b, "the bias")])
     _, n = _linear_shapes(x, w, attrs["weight_layout"])
     if b is not None and b.shape != (n,):
@@ -174,50 +158,19 @@ def _epilogue_ref(y: np.ndarray, binary: str, other: Any, unary: str) -> np.ndar
 
 
 def _conv_reference(args, attrs):
-    x, w, b, other = _conv_parts(list(args), attrs)
-    y = _ref("conv2d", [x, w] + ([b] if b is not None else []), {k: attrs[k] for k in _CONV_ATTRS}, x.dtype)
+    x, w, b, other = conv_parts(list(args), attrs)
+    y = _ref("conv2d", [x, w] + ([b] if b is not None else []), {k: attrs[k] for k in CONV_ATTRS}, x.dtype)
     return _epilogue_ref(y, attrs["binary"], other, attrs["unary"])
 
 
 def _linear_reference(args, attrs):
-    x, w, b = _linear_parts(list(args), attrs)
+    x, w, b = linear_parts(list(args), attrs)
     if attrs["weight_layout"] == "nk":
         w = _ref("transpose", [w], {"perm": (1, 0)}, w.dtype)
     y = _ref("matmul", [x, w], {}, x.dtype)
     if b is not None:
         y = _ref("add", [y, b], {}, y.dtype)
     return _epilogue_ref(y, "none", None, attrs["unary"])
-
-
-# --- ATen: the replaced ops' torch implementations, one after another -----------------------
-
-def _aten_conv(args, attrs):
-    x, w, b, other = _conv_parts(list(args), attrs)
-    y = OPS["conv2d"].torch([x, w] + ([b] if b is not None else []), {k: attrs[k] for k in _CONV_ATTRS})
-    return aten_epilogue(y, attrs["binary"], other, attrs["unary"])
-
-
-def _aten_linear(args, attrs):
-    x, w, b = _linear_parts(list(args), attrs)
-    if attrs["weight_layout"] == "nk":
-        w = w.t()
-    if b is not None and x.dim() == 2:
-        y = torch.addmm(b, x, w)
-    else:
-        y = OPS["matmul"].torch([x, w], {})
-        if b is not None:
-            y = OPS["add"].torch([y, b], {})
-    return aten_epilogue(y, "none", None, attrs["unary"])
-
-
-ATEN = {"conv2d_pointwise": _aten_conv, "linear_pointwise": _aten_linear}
-
-
-def aten_step(op: str) -> Callable:
-    """The op run as the ops it replaces, on ATen: for a device other than the CPU, a build of
-    torch without oneDNN, a dtype other than f32, an empty tensor, a node below its kernel's
-    ``min_flops``, or an epilogue pair the library has no kernel for."""
-    return ATEN[op]
 
 
 # --- packed weights ---------------------------------------------------------------------------
@@ -669,8 +622,8 @@ def _library_runs(op: str, args: list, attrs: dict) -> bool:
 def _torch_conv(args, attrs):
     """Without a prepared step (no packed weight): the library kernel on the weight as given."""
     if not _library_runs("conv2d_pointwise", args, attrs):
-        return _aten_conv(args, attrs)
-    x, w, b, other = _conv_parts(list(args), attrs)
+        return aten_conv(args, attrs)
+    x, w, b, other = conv_parts(list(args), attrs)
     u = UNARY[attrs["unary"]]
     pad, stride, dil, g = list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]), attrs["groups"]
     if other is None:
@@ -685,8 +638,8 @@ def _torch_conv(args, attrs):
 
 def _torch_linear(args, attrs):
     if not _library_runs("linear_pointwise", args, attrs):
-        return _aten_linear(args, attrs)
-    x, w, b = _linear_parts(list(args), attrs)
+        return aten_linear(args, attrs)
+    x, w, b = linear_parts(list(args), attrs)
     u = UNARY[attrs["unary"]]
     if attrs["weight_layout"] == "kn":
         w = w.t()
@@ -868,7 +821,7 @@ def _fuse_conv(graph: Graph, node: Node) -> Node | None:
                 y = u.results[0]
     unary, y = _take_unary("conv2d_pointwise", binary, y, chain)
     operands = [x, w] + ([bias] if bias is not None else []) + ([other] if other is not None else [])
-    attrs = {k: node.attrs[k] for k in _CONV_ATTRS}
+    attrs = {k: node.attrs[k] for k in CONV_ATTRS}
     attrs.update(binary=binary, unary=unary)
     return _replace_chain(graph, chain, "conv2d_pointwise", operands, attrs, before)
 

@@ -39,6 +39,7 @@ from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
+from .aten_fallback import op_on_aten
 from .lowering import vector_width
 
 __all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_of", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
@@ -547,7 +548,7 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
         warnings.warn(f"partita: the generated {node.op} did not compile ({e}); ATen runs it",
                       RuntimeWarning, stacklevel=2)
         return None
-    fallback = OPS[node.op].torch
+    fallback = op_on_aten(node.op)
     y_out, s_out = (list(outs) + [None, None])[:2] if outs else (None, None)
     w_at = 2 if residual else 1
 

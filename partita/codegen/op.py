@@ -25,7 +25,8 @@ from __future__ import annotations
 from ..ir.diagnostics import TypeRuleError
 from ..ir.types import TensorType
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
-from .fused_body import body_graph, run_body_on_aten
+from .aten_fallback import run_body_on_aten
+from .fused_body import body_graph
 
 
 def _infer(ts: list[TensorType], attrs: dict):

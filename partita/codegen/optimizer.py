@@ -106,7 +106,9 @@ def prepare_adamw(node: Any, inplace: bool) -> Callable | None:
     except CodegenError:
         return None
     fn = k.fn
-    from ..ops.optim import torch_adamw_inplace as fallback
+    from .aten_fallback import op_on_aten
+
+    fallback = op_on_aten("adamw_update", inplace=True)
 
     lr, b1, b2 = attrs["lr"], attrs["beta1"], attrs["beta2"]
     empty_like = torch.empty_like
