@@ -223,7 +223,8 @@ def _read_whole_batch(g: Graph, values: list[Value]) -> set[Value]:
                 copies[x] = w
                 whole.add(w)
     b = Builder(g)
-    b.set_insertion_before(order[0] if order else g.nodes[0])
+    if order:
+        b.set_insertion_before(order[0])
     for n in order:
         node = b.emit_node(n.op, [copies.get(x, x) for x in n.operands], dict(n.attrs))
         for r, c in zip(n.results, node.results):
