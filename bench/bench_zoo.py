@@ -20,7 +20,8 @@ the first line of the error, never the end of the run) and under a time limit
 - ``train``: ``partita.training_step(import_torch(model, labels=...), loss=0, optimizer="sgd")``
   (the model's own loss, output 0 with ``labels=``; SGD with momentum) run once by
   ``partita.autodiff.Trainer`` against torch's step from the same weights (``torch.optim.SGD``):
-  the loss and every updated param, relative error ||a - b|| / max(||b||, 1e-3) at most ``TOL``;
+  the loss and every updated param, relative error ||a - b|| / max(||b||, 1e-3 sqrt(size)) at
+  most ``TOL``;
 - ``dp``, ``zero3``, ``megatron+sp``, ``dp+megatron``, ``pp`` (1f1b, 2 stages, 2
   microbatches), ``pp+dp``, ``ep`` (MoE only): ``partita.parallelize`` of that step, every
   rank run by ``run_mesh`` (``ParallelProgram.simulate``), against the single-device step
@@ -145,18 +146,18 @@ def quiet() -> Iterator[None]:
         yield
 
 
-# The smallest norm a relative error divides by: an exactly-zero gradient (attention's key
-# bias: softmax ignores a shift) is f32 rounding noise of about 1e-9 whose relative error
-# means nothing; every param and loss is far above it.
-NORM_FLOOR = 1e-3
+# The smallest root-mean-square a relative error divides by: an exactly-zero gradient
+# (attention's key bias: softmax ignores a shift; it is the momentum of the first step) is
+# f32 rounding noise whose relative error means nothing; every param and loss is far above it.
+RMS_FLOOR = 1e-3
 
 
 def rel_norm(a: Any, b: Any) -> float:
-    """||a - b|| / max(||b||, NORM_FLOOR) (shapes must agree)."""
+    """||a - b|| / max(||b||, RMS_FLOOR * sqrt(size)) (shapes must agree)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
         raise AssertionError(f"shape {list(a.shape)} against the reference's {list(b.shape)}")
-    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), NORM_FLOOR))
+    return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), RMS_FLOOR * math.sqrt(max(b.size, 1))))
 
 
 class Case:
@@ -334,8 +335,13 @@ def strategy_cell(case: Case, column: str, step: Any) -> Cell:
     with quiet():
         prog = partita.parallelize(step, mesh, strategy, **opts)
     got = prog.simulate(case.feed(step), step.weights)
+    if len(got) != len(want):
+        raise AssertionError(f"{len(got)} outputs, the single-device step has {len(want)}")
     worst, where = 0.0, ""
     for v, g, w in zip(step.outputs, got, want):
+        if np.shape(g) != np.shape(w):
+            raise AssertionError(f"%{v.name} has shape {list(np.shape(g))}, the single-device step's "
+                                 f"{list(np.shape(w))}")
         e = rel_norm(g, w)
         if e > worst:
             worst, where = e, str(v.name)
@@ -541,11 +547,14 @@ def run(models: list[ZooModel], columns: list[str], threads: list[int], rounds: 
 # --- the tables -------------------------------------------------------------------------------------
 
 
-def md_cell(cell: Cell | None, width: int = 60) -> str:
-    """A cell for a Markdown table: short, pipes escaped."""
+def md_cell(cell: Cell | None, width: int = 44) -> str:
+    """A cell for a Markdown table: short (the reason of an n/a up to its first colon; the
+    whole text of a failure is in the list below the table), pipes escaped."""
     if cell is None:
         return ""
     text = cell.text.replace("|", "\\|").replace("\n", " ")
+    if cell.ok is None and text.startswith("n/a: "):
+        text = "n/a: " + text[5:].split(":")[0]
     if cell.ok is False:
         text = "**fail** " + text
     return text if len(text) <= width else text[:width - 1] + "…"
@@ -605,6 +614,38 @@ def timing_tables(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def cause(text: str) -> str:
+    """A failure's text without what differs between models (value names, source lines,
+    numbers, parameter names), so that failures with one cause group together."""
+    import re
+
+    text = text.split(" [with cross_entropy")[0]
+    text = re.sub(r"cannot import \w+", "cannot import <model>", text)
+    text = re.sub(r"cannot convert \w+", "cannot convert <graph>", text)
+    text = re.sub(r"\([^()]*\.[^()]*\)$", "(<tensor>)", text)
+    text = re.sub(r"%[\w.]+", "%_", text)
+    text = re.sub(r"\S+\.onnx\b", "<file>", text)
+    text = re.sub(r"(/\S+/)?\b[\w]+\.py:\d+", "<source>", text)
+    text = re.sub(r"(?<!\w)\d+(\.\d+)?(e[-+]?\d+)?(?!\w)", "N", text)
+    return text[:200]
+
+
+def causes(rows: list[Row], columns: list[str]) -> str:
+    """The failures grouped by cause: how many cells, which columns and models."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for r in rows:
+        for c in columns:
+            cell = r.cells.get(c)
+            if cell is not None and cell.ok is False:
+                groups.setdefault(cause(cell.text), []).append((r.model, c))
+    out = ["| cause (first line, names and numbers elided) | cells | columns | models |", "|---|---:|---|---|"]
+    for k, cells in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        cols = ", ".join(dict.fromkeys(c for _, c in cells))
+        models = ", ".join(dict.fromkeys(m for m, _ in cells))
+        out.append(f"| {k.replace('|', '/')} | {len(cells)} | {cols} | {models} |")
+    return "\n".join(out)
+
+
 def failures(rows: list[Row], columns: list[str]) -> tuple[list[str], list[str]]:
     """Partita's failures (model, column, first line), and the exporters' (no file)."""
     ours, theirs = [], []
@@ -646,8 +687,10 @@ def markdown(rows: list[Row], columns: list[str], command: str) -> str:
     ours, theirs = failures(rows, columns)
     parts = [INTRO.format(n=len(rows), tol=TOL).rstrip(), "", "## Correctness", "",
              f"Made by `{command}` (torch {torch.__version__}, transformers {transformers.__version__}, one "
-             f"thread). n/a: the strategy does not apply; no file: the exporter wrote none (not counted; listed "
-             f"below).", "", correctness_table(rows, columns), "", "## Timing", ""]
+             f"thread). n/a: the strategy does not apply (a CNN: megatron splits attention heads and MLP columns, "
+             f"a CNN has neither; no experts: ep splits a mixture's experts); no file: the exporter wrote none "
+             f"(not counted; listed below). A failed cell shows the start of its error; the whole first line is "
+             f"under \"What the zoo finds\".", "", correctness_table(rows, columns), "", "## Timing", ""]
     timing = timing_tables(rows)
     if timing:
         parts += [f"Made by `{command}`.", "", timing]
@@ -658,11 +701,35 @@ def markdown(rows: list[Row], columns: list[str], command: str) -> str:
                   "`.venv/bin/python bench/bench_zoo.py --quick --models resnet,vit,llama --columns time`."]
     parts += ["", "## What the zoo finds", "",
               f"{len(ours)} failure(s) of partita, each the model, the column and the first line of its error: "
-              "the bugs to fix next." if ours else "No failure of partita.", ""]
+              "the bugs to fix next. Grouped by cause first, then every cell." if ours else "No failure of partita.",
+              ""]
+    if ours:
+        parts += [causes(rows, columns), ""]
     parts += ours
     if theirs:
         parts += ["", "The exporters' own failures (no ONNX file to import; not partita's):", ""] + theirs
     return "\n".join(parts) + "\n"
+
+
+def head_commit() -> str:
+    """The working tree's commit (short), or "?"."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def rows_from_json(path: str) -> tuple[list[Row], str]:
+    """The rows and the command of a ``--json`` file."""
+    data = json.loads(Path(path).read_text())
+    rows = []
+    for r in data["rows"]:
+        cells = {k: Cell(**v) for k, v in r.pop("cells").items()}
+        rows.append(Row(**r, cells=cells))
+    return rows, data["command"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -679,6 +746,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds a model's columns may take")
     ap.add_argument("--json", help="write the cells as JSON")
     ap.add_argument("--md", help="write the Markdown report (docs/zoo.md)")
+    ap.add_argument("--from-json", help="run nothing: write the report of an earlier --json file")
     return ap.parse_args(argv)
 
 
@@ -709,17 +777,23 @@ def choose(ns: argparse.Namespace) -> tuple[list[ZooModel], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     models, columns = choose(ns)
-    torch.set_num_threads(1)
-    threads = [int(t) for t in ns.threads.split(",")]
-    rounds = 3 if ns.quick else ns.rounds
-    rows = run(models, columns, threads, rounds, ns.timeout, ns.model_timeout)
-    command = "bench/bench_zoo.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if ns.from_json:
+        rows, command = rows_from_json(ns.from_json)
+        columns = [c for c in columns if any(c in r.cells for r in rows)]
+    else:
+        torch.set_num_threads(1)
+        threads = [int(t) for t in ns.threads.split(",")]
+        rounds = 3 if ns.quick else ns.rounds
+        rows = run(models, columns, threads, rounds, ns.timeout, ns.model_timeout)
+        command = "bench/bench_zoo.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        command += f"` at {time.strftime('%Y-%m-%d')}, on commit `{head_commit()}"
     print(correctness_table(rows, columns))
     timing = timing_tables(rows)
     if timing:
         print()
         print(timing)
     if ns.json:
+        Path(ns.json).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.json).write_text(json.dumps({"command": command, "torch": torch.__version__,
                                              "rows": [asdict(r) for r in rows]}, indent=1))
     if ns.md:
