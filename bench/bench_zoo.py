@@ -547,12 +547,19 @@ def run(models: list[ZooModel], columns: list[str], threads: list[int], rounds: 
 # --- the tables -------------------------------------------------------------------------------------
 
 
+def short_paths(text: str) -> str:
+    """Source paths cut to the file's name and line (``modeling_t5.py:356``)."""
+    import re
+
+    return re.sub(r"/\S+/(\w+\.py:\d+)", r"\1", text)
+
+
 def md_cell(cell: Cell | None, width: int = 44) -> str:
     """A cell for a Markdown table: short (the reason of an n/a up to its first colon; the
     whole text of a failure is in the list below the table), pipes escaped."""
     if cell is None:
         return ""
-    text = cell.text.replace("|", "\\|").replace("\n", " ")
+    text = short_paths(cell.text).replace("|", "\\|").replace("\n", " ")
     if cell.ok is None and text.startswith("n/a: "):
         text = "n/a: " + text[5:].split(":")[0]
     if cell.ok is False:
@@ -655,9 +662,9 @@ def failures(rows: list[Row], columns: list[str]) -> tuple[list[str], list[str]]
             if cell is None:
                 continue
             if cell.ok is False:
-                ours.append(f"- {r.model}, {c}: {cell.text}")
+                ours.append(f"- {r.model}, {c}: {short_paths(cell.text)}")
             elif cell.text.startswith("no file"):
-                theirs.append(f"- {r.model}, {c}: {cell.text}")
+                theirs.append(f"- {r.model}, {c}: {short_paths(cell.text)}")
     return ours, theirs
 
 
@@ -784,9 +791,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         threads = [int(t) for t in ns.threads.split(",")]
         rounds = 3 if ns.quick else ns.rounds
-        rows = run(models, columns, threads, rounds, ns.timeout, ns.model_timeout)
         command = "bench/bench_zoo.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        command += f"` at {time.strftime('%Y-%m-%d')}, on commit `{head_commit()}"
+        command += f"` at {time.strftime('%Y-%m-%d')}, on commit `{head_commit()}"   # the tree it starts on
+        rows = run(models, columns, threads, rounds, ns.timeout, ns.model_timeout)
     print(correctness_table(rows, columns))
     timing = timing_tables(rows)
     if timing:
