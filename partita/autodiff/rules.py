@@ -455,18 +455,20 @@ def _rms_norm(ctx, node, d, needs):
 def _attention(ctx, node, d, needs):
     g, glse = d
     q, k, v, *mask = node.operands
-    if mask and needs[3]:
+    if mask and needs[3] and mask[0].type.dtype.is_bool:
         name = f"%{mask[0].name} " if mask[0].name is not None else ""
-        raise AutodiffError(f"the attention mask {name}({mask[0].type}) depends on the differentiated inputs, but "
-                            f"attention does not differentiate its mask; compute the mask from non-param "
-                            f"inputs, or add it to the scores in a graph that spells attention out")
+        raise AutodiffError(f"the attention mask {name}({mask[0].type}) is bool and depends on the differentiated "
+                            f"inputs; a bool mask has no gradient: compute it from non-param inputs")
     out, lse = node.results
     B = ctx.b
     if g is None:
         g = ctx.zeros_like(out)
+    # A learned additive bias (BEiT's and Swin's relative position bias, T5's position bias)
+    # gets the scores' gradient, summed over the dims it broadcasts along.
+    dmask = [_attention_mask_grad(B, node, g, glse)] if mask and needs[3] else [None] * len(mask)
     if glse is None:
         dq, dk, dv = B.attention_grad(g, q, k, v, out, lse, *mask, **node.attrs)
-        return [dq, dk, dv] + [None] * len(mask)
+        return [dq, dk, dv] + dmask
     # dlse_i / ds_ij = p_ij, which adds glse_i to dp_ij = dout_i . v_j: one more value column
     # of ones with glse as its dout column gives that, and a zero out column leaves
     # rowsum(dout * out) as it was. The extra column of dv is dropped.
@@ -477,7 +479,44 @@ def _attention(ctx, node, d, needs):
     g1 = B.concat(g, B.cast(B.unsqueeze(glse, axes=(lse.type.rank,)), dtype=dt), axis=-1)
     dq, dk, dv1 = B.attention_grad(g1, q, k, v1, out1, lse, *mask, **node.attrs)
     dv = B.slice(dv1, axis=-1, start=0, end=v.type.shape[-1])
-    return [dq, dk, dv] + [None] * len(mask)
+    return [dq, dk, dv] + dmask
+
+
+def _attention_mask_grad(B, node, g, glse):
+    """d loss / d mask of ``attention`` for an additive float mask: the gradient of the scores
+    ``s = q k^T * scale + mask`` (masked causally), ``ds = p * (dp - rowsum(dout * out)) +
+    p * dlse`` with ``p = exp(s - lse)`` and ``dp = dout v^T`` (the flash-attention backward's
+    algebra, here spelled in ops because the fused kernel does not return it), summed over the
+    dims the mask broadcasts along."""
+    q, k, v, mask = node.operands
+    out, lse = node.results
+    dt = q.type.dtype
+    rank = q.type.rank
+    tq, tk = q.type.shape[-2], k.type.shape[-2]
+    scale = node.attrs.get("scale")
+    scale = 1.0 / math.sqrt(q.type.shape[-1]) if scale is None else float(scale)
+    perm = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    s = B.mul(B.matmul(q, B.transpose(k, perm=perm)), B.full(shape=(), value=scale, dtype=dt))
+    s = B.add(s, B.cast(mask, dtype=dt) if mask.type.dtype != dt else mask)
+    if node.attrs.get("causal"):
+        keep = B.greater_equal(B.iota(shape=(tq, tk), axis=0), B.iota(shape=(tq, tk), axis=1))
+        s = B.where(keep, s, B.full(shape=(), value=float("-inf"), dtype=dt))
+    lse_d = B.cast(lse, dtype=dt) if lse.type.dtype != dt else lse
+    p = B.exp(B.sub(s, B.unsqueeze(lse_d, axes=(rank - 1,))))
+    dp = B.matmul(g, B.transpose(v, perm=perm))
+    rows = B.sum(B.mul(g, out), axes=(rank - 1,), keepdim=True)
+    ds = B.mul(p, B.sub(dp, rows))
+    if glse is not None:
+        gl = B.cast(glse, dtype=dt) if glse.type.dtype != dt else glse
+        ds = B.add(ds, B.mul(p, B.unsqueeze(gl, axes=(rank - 1,))))
+    ms = mask.type.shape
+    lead = rank - len(ms)
+    full = ds.type.shape
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(ms) if n == 1 and full[lead + i] != 1)
+    dm = B.sum(ds, axes=axes, keepdim=True) if axes else ds
+    if dm.type.shape != ms:
+        dm = B.reshape(dm, shape=ms)
+    return B.cast(dm, dtype=mask.type.dtype) if mask.type.dtype != dt else dm
 
 
 @rule("masked_softmax")

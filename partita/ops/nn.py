@@ -1120,7 +1120,9 @@ def torch_attention(args, attrs):
     """The PyTorch implementation of attention: (out, lse), by the CPU flash kernel where it applies."""
     q, k, v = args[:3]
     mask = args[3] if len(args) > 3 else None
-    if not flash_kernel_applies(q, v):
+    # The flash kernel has no gradient for its mask: a mask that needs one (a learned bias,
+    # under torch autograd) takes the math form.
+    if not flash_kernel_applies(q, v) or (mask is not None and mask.requires_grad):
         return _torch_attention_math(q, k, v, mask, attrs)
     q4, k4, v4, m4, lead = flash_kernel_args(q, k, v, mask)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(

@@ -117,7 +117,14 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
                   ([("f", (3, 5, 4)), ("f", (3, 6, 4)), ("f", (3, 6, 3))], {"causal": True}),
                   ([("f", (2, 5, 4)), ("f", (2, 6, 4)), ("f", (2, 6, 4)), ("bool", (5, 6))], {}),
                   ([("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)),
-                    ("const", np.linspace(-2.0, 1.0, 12).reshape(2, 1, 1, 6))], {})],
+                    ("const", np.linspace(-2.0, 1.0, 12).reshape(2, 1, 1, 6))], {}),
+                  # a learned additive bias (relative position bias): broadcast over the batch,
+                  # over the heads, and a rank-2 one under the causal mask
+                  ([("f", (2, 3, 5, 4)), ("f", (2, 3, 6, 4)), ("f", (2, 3, 6, 4)), ("f", (3, 5, 6))], {}),
+                  ([("f", (2, 2, 5, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 2, 6, 4)), ("f", (2, 1, 5, 6))],
+                   {"scale": 0.3}),
+                  ([("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (5, 5))],
+                   {"causal": True, "scale": 0.4})],
     "masked_softmax": [([("f", (2, 3, 5, 5))], {"causal": True, "scale": 0.4}),
                        ([("f", (3, 5, 6))], {"causal": True}),
                        ([("f", (2, 5, 6)), ("bool", (5, 6))], {"scale": 2.0}),
@@ -293,13 +300,26 @@ def test_attention_lse_gradient(causal, ev):
             np.testing.assert_allclose(a, w, rtol=1e-9, atol=1e-10)
 
 
-def test_attention_mask_from_params_is_an_error():
-    g = Graph("mask")
+def test_attention_bias_and_lse_gradients_together():
+    """A learned bias with a loss that reads lse too: the bias gets p * dlse besides."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 5, 4)) for _ in range(3))
+    bias = rng.standard_normal((5, 5))
+    cot_o, cot_l = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5))
+    g = Graph("bias_lse")
     b = Builder(g)
-    t = TensorType((2, 5, 4), DTYPES["f32"])
-    q, k, v = (b.input(n, t, "param") for n in "qkv")
-    bias = b.input("bias", TensorType((5, 5), DTYPES["f32"]), "param")
-    out, _ = b.attention(q, k, v, bias)
-    b.ret(b.sum(out))
-    with pytest.raises(partita.ir.diagnostics.PartitaError, match="attention mask %bias .* does not differentiate"):
-        grad(g)
+    vals = [b.input(n, TensorType(a.shape, DTYPES["f64"]), "param") for n, a in (("q", q), ("k", k), ("v", v), ("bias", bias))]
+    co, cl = b.input("co", TensorType(cot_o.shape, DTYPES["f64"])), b.input("cl", TensorType(cot_l.shape, DTYPES["f64"]))
+    out, lse = b.attention(*vals, causal=True)
+    b.ret(b.add(b.sum(b.mul(out, co)), b.sum(b.mul(lse, cl))))
+    grad(g)
+    verify(g)
+    feed = {"q": q, "k": k, "v": v, "bias": bias, "co": cot_o, "cl": cot_l}
+    tq, tk, tv, tb = (torch.tensor(a, requires_grad=True) for a in (q, k, v, bias))
+    s = tq @ tk.transpose(-1, -2) / 2.0 + tb
+    s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    loss = ((torch.softmax(s, -1) @ tv) * torch.tensor(cot_o)).sum() + (torch.logsumexp(s, -1) * torch.tensor(cot_l)).sum()
+    want = [x.numpy() for x in torch.autograd.grad(loss, (tq, tk, tv, tb))]
+    for got in (partita.run(g, feed)[1:], [t.numpy() for t in TorchProgram(g)(feed)[1:]]):
+        for w, a in zip(want, got):
+            np.testing.assert_allclose(a, w, rtol=1e-9, atol=1e-10)
