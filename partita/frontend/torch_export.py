@@ -373,6 +373,27 @@ def _batch_norm_no_training(cx: AtenConverter, x: Value, w: Value | None, b: Val
     return (cx.emit("batch_norm", x, w, b, mean, var, eps=float(eps)), None, None)
 
 
+def _batch_norm_no_stats(cx: AtenConverter, x: Value, w: Value | None, b: Value | None, training: bool,
+                         momentum: float, eps: float) -> tuple:
+    """Batch norm without running statistics (``track_running_stats=False``, or BiT's weight
+    standardization, which normalizes a weight per output channel): always by the statistics
+    of ``x`` over every dim but 1. (y, mean, 1/std), the two per channel, as ATen returns them."""
+    c = x.type.shape[1]
+    dt = x.type.dtype
+    axes = (0,) + tuple(range(2, x.type.rank))
+    mean = cx.emit("mean", x, axes=axes, keepdim=True)
+    d = cx.emit("sub", x, mean)
+    var = cx.emit("mean", cx.emit("mul", d, d), axes=axes, keepdim=True)
+    rstd = cx.emit("rsqrt", cx.emit("add", var, cx.scalar(float(eps), dt)))
+    y = cx.emit("mul", d, rstd)
+    per_channel = (1, c) + (1,) * (x.type.rank - 2)
+    if w is not None:
+        y = cx.emit("mul", y, cx.emit("reshape", w, shape=per_channel))
+    if b is not None:
+        y = cx.emit("add", y, cx.emit("reshape", b, shape=per_channel))
+    return (y, cx.emit("reshape", mean, shape=(c,)), cx.emit("reshape", rstd, shape=(c,)))
+
+
 def emit_layer_norm(cx: AtenConverter, x: Value, normalized_shape: Sequence[int], w: Value | None, b: Value | None,
                     eps: float) -> tuple:
     """aten.layer_norm as partita's layer_norm over the last dims: (y, None, None), as ATen's
@@ -535,7 +556,12 @@ def _gather(cx: AtenConverter, x: Value, dim: int, index: Value, sparse_grad: bo
 def _cumsum(cx: AtenConverter, x: Value, dim: int, dtype: Any = None) -> Value:
     if dtype is not None:
         x = _to_copy(cx, x, dtype)
-    return cx.emit("cumsum", x, axis=wrap_dim(dim, x.type.rank))
+    y = cx.emit("cumsum", x, axis=wrap_dim(dim, x.type.rank))
+    if y.type.dtype != x.type.dtype and dtype is not None:
+        # partita's cumsum sums integers in i64; torch keeps the dtype asked for (the i64 sum
+        # cast back wraps as a sum in that dtype does)
+        y = cx.emit("cast", y, dtype=x.type.dtype)
+    return y
 
 
 def _constant_pad_nd(cx: AtenConverter, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
@@ -883,6 +909,7 @@ ATEN_TO_PARTITA: dict[Any, Conv] = {
     # comparisons (filled in below for each of .Tensor and .Scalar)
     # normalization, softmax, embedding
     aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
+    aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
     aten.native_layer_norm.default: emit_layer_norm,
     aten._softmax.default: _softmax("softmax"),
     aten._log_softmax.default: _softmax("log_softmax"),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import partita
 from partita.frontend import FrontendError
@@ -157,3 +158,29 @@ def test_linalg_vector_norm(ord, dim, keepdim):
     x = torch.randn(2, 4, 5, 3)
     x[0, 0, 0] = 0.0
     _matches_eager(VectorNorm(ord, dim, keepdim), (x,))
+
+
+class CumsumAs(nn.Module):
+    def forward(self, x, i):
+        # MoE routing: tokens per expert as floats, their running offsets asked for in int32
+        return torch.cumsum(x, dim=0, dtype=torch.int32), torch.cumsum(i, dim=1, dtype=torch.int16), torch.cumsum(i, 0)
+
+
+def test_cumsum_keeps_the_dtype_asked_for():
+    _matches_eager(CumsumAs(), (torch.tensor([3.0, 0.0, 2.0, 5.0]), torch.randint(-5, 5, (3, 4), dtype=torch.int32)))
+
+
+class NoStats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3, track_running_stats=False)
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x):
+        # BiT's weight standardization: a batch norm of the weight, without running statistics
+        w = F.batch_norm(self.w.reshape(1, 4, -1), None, None, training=True, momentum=0.0, eps=1e-6)
+        return F.conv2d(self.bn(x), w.reshape_as(self.w))
+
+
+def test_batch_norm_without_running_statistics():
+    _matches_eager(NoStats().eval(), (torch.randn(2, 3, 6, 6),))
