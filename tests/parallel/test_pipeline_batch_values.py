@@ -156,3 +156,31 @@ def test_batch_statistics_of_activations_are_still_refused():
     step = training_step(fwd, optimizer="sgd", lr=0.1)
     with pytest.raises(PipelineError, match="mixes the rows of different microbatches"):
         partita.parallelize(step, mesh="pp=2", strategy="pp", microbatches=4)
+
+
+@pytest.mark.parametrize("mesh,strategy", [("pp=2", "pp"), ("pp=2,dp=2", "pp+dp")])
+def test_a_param_no_stage_reads_is_still_updated(mesh, strategy):
+    # DINOv2's mask token is unused without masked positions; AdamW's weight decay still moves
+    # it, so some stage must run its update (with a zero gradient).
+    from partita.autodiff.training import training_step
+    from partita.backend.numpy_ref import run as run_np
+    from partita.frontend.torch_export import import_torch
+
+    class Unused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = torch.nn.Parameter(torch.randn(1, 8))
+            self.h = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, x):
+            for layer in self.h:
+                x = torch.tanh(layer(x))
+            return x.square().mean()
+
+    torch.manual_seed(0)
+    step = training_step(import_torch(Unused(), (torch.randn(4, 8),)), optimizer="adamw", lr=0.1)
+    inputs = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    want = run_np(step, {**{k: np.asarray(a) for k, a in step.weights.items()}, **inputs})
+    got = partita.parallelize(step, mesh=mesh, strategy=strategy, microbatches=2).simulate(inputs)
+    for o, w, v in zip(got, want, step.outputs):
+        assert np.shape(o) == np.shape(w) and _rel(o, w) <= TOL, v.name

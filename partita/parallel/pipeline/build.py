@@ -319,6 +319,14 @@ class _Unroller:
             for name in cp.params:
                 if r not in self.owners.setdefault(name, []):
                     self.owners[name].append(r)
+        # A trained param that no chunk reads (DINOv2's mask token, unused without masked
+        # positions) still has its update (AdamW's weight decay moves it): the last stage runs
+        # it, with a zero gradient.
+        updated = {str(n.operands[0].name).removesuffix(".master") for n in step.nodes if n.op in UPDATE_OPS}
+        last = schedule.rank_of(len(chunks) - 1)
+        for v in step.inputs:
+            if v.role == "param" and str(v.name) in updated and str(v.name) not in self.owners:
+                self.owners[str(v.name)] = [last]
         # Only a trainable param read on two ranks is shared (its gradients are summed); a
         # buffer (role "state") that several stages read is an input of each.
         roles = {str(v.name): v.role for v in step.inputs}
@@ -403,7 +411,7 @@ class _Unroller:
                 if n in upd and i == 1:
                     pn = param_of(n)
                     assert pn is not None
-                    a = acc[pn]
+                    a = acc[pn] if pn in acc else b.full(shape=list(v.type.shape), value=0.0, dtype=v.type.dtype)
                     # A template reads the summed gradient through its own node, so that a
                     # placement the strategies give the update's gradient (ZeRO's split) is
                     # made once per step, not once per microbatch.
