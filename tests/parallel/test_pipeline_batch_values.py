@@ -1,8 +1,12 @@
-"""Pipelines on values that look as if they mixed microbatches but do not (build.py,
-``microbatch_graph``): a loss normalised by the count of labels that are not ignored over the
-whole batch (Hugging Face's ``labels=`` loss, ``F.cross_entropy(ignore_index=...)``), and a
-causal mask built whole from shapes (Gemma2). Each step equals one device; a value that does
-mix microbatches (batch statistics of activations) is still refused."""
+"""Pipelines on what the model zoo found (bench/bench_zoo.py), each against one device.
+
+- Values that look as if they mixed microbatches but do not (build.py, ``microbatch_graph``):
+  a loss normalised by the count of labels that are not ignored over the whole batch (Hugging
+  Face's ``labels=`` loss, ``F.cross_entropy(ignore_index=...)``), and a causal mask built
+  whole from shapes (Gemma2). A value that does mix microbatches (batch statistics of
+  activations) is still refused.
+- A trained param that no stage reads (DINOv2's mask token), and two params that share one
+  gradient value (Phi's parallel attention and MLP biases)."""
 
 from __future__ import annotations
 
@@ -184,3 +188,31 @@ def test_a_param_no_stage_reads_is_still_updated(mesh, strategy):
     got = partita.parallelize(step, mesh=mesh, strategy=strategy, microbatches=2).simulate(inputs)
     for o, w, v in zip(got, want, step.outputs):
         assert np.shape(o) == np.shape(w) and _rel(o, w) <= TOL, v.name
+
+
+def test_two_params_with_one_shared_gradient_value_under_pp_and_dp():
+    # Phi's and GPT-NeoX's parallel attention and MLP add their output biases to one sum: the
+    # two biases' gradients are equal, and cse makes them one value whose dp all_reduce the
+    # pipeline defers to once per step for both params.
+    from partita.autodiff.training import training_step
+    from partita.backend.numpy_ref import run as run_np
+    from partita.frontend.torch_export import import_torch
+
+    class Parallel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = torch.nn.ModuleList(torch.nn.ModuleDict({"a": torch.nn.Linear(8, 8), "m": torch.nn.Linear(8, 8)})
+                                         for _ in range(2))
+
+        def forward(self, x):
+            for block in self.h:
+                x = x + block["a"](torch.tanh(x)) + block["m"](torch.sin(x))
+            return x.square().mean()
+
+    torch.manual_seed(0)
+    step = training_step(import_torch(Parallel(), (torch.randn(8, 8),)), optimizer="sgd", lr=0.1)
+    inputs = {"x": np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)}
+    want = run_np(step, {**{k: np.asarray(a) for k, a in step.weights.items()}, **inputs})
+    got = partita.parallelize(step, mesh="pp=2,dp=2", strategy="pp+dp", microbatches=2).simulate(inputs)
+    for o, w, v in zip(got, want, step.outputs):
+        assert _rel(o, w) <= TOL, v.name

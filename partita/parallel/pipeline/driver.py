@@ -388,8 +388,16 @@ def _defer_grad_reductions(sections: dict[Node, tuple], chunk_grads: dict[int, l
     chain of collectives joins the once-per-step section of the gradient's first reader,
     just before it, and the microbatches accumulate the chain's operand."""
     linear = ("all_reduce", "reduce_scatter", "all_gather")
+    # Two params may share one gradient value (cse merges the equal gradients of two biases
+    # added to the same sum, as Phi's parallel attention and MLP output biases are): once its
+    # chain is deferred, every param that reads it accumulates the chain's operand.
+    deferred: dict[Value, Value] = {}
     for grads in chunk_grads.values():
         for i, (nm, gv) in enumerate(grads):
+            if gv in deferred and acc_values.get(nm) is gv:
+                grads[i] = (nm, deferred[gv])
+                acc_values[nm] = deferred[gv]
+                continue
             if acc_values.get(nm) is not gv or not gv.users or gv.graph is None or gv in gv.graph.outputs:
                 continue
             if any(sections.get(u, ("opt",))[0] not in ONCE_SECTIONS for u in gv.users):
@@ -410,6 +418,7 @@ def _defer_grad_reductions(sections: dict[Node, tuple], chunk_grads: dict[int, l
                 gv.graph.move_before(first, n)
             grads[i] = (nm, x)
             acc_values[nm] = x
+            deferred[gv] = x
 
 
 def _template_repeat(rp: Any, M: int) -> MicrobatchRepeat:
