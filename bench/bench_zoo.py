@@ -443,6 +443,9 @@ def compiled_candidates(case: Case) -> tuple[dict[str, Callable[[], Any]], dict[
     return {"partita": lambda: part(*args), "eager": lambda: eager_m(*args), "inductor": lambda: ind(*args)}, cold
 
 
+WARM_CALLS = 18
+
+
 def col_time(case: Case, threads: list[int], rounds: int) -> Cell:
     """partita's backend against eager, Inductor and ORT per thread count, and cold compiles."""
     from bench_codegen import time_rounds
@@ -463,8 +466,10 @@ def col_time(case: Case, threads: list[int], rounds: int) -> Cell:
             except Exception as e:  # noqa: BLE001: no ORT figure for this model, the others stand
                 out.setdefault("ort_failure", mw.why(e))
             with torch.inference_mode():
+                # enough warm-up calls for the backend's measured choice between its program
+                # and ATen (partita.codegen.dynamo: 2 x (WARMUP_CALLS + TIMED_CALLS) calls)
                 for f in cs.values():
-                    for _ in range(3):
+                    for _ in range(WARM_CALLS):
                         f()
                 t0 = time.perf_counter()
                 cs["eager"]()

@@ -202,9 +202,15 @@ class CompiledProgram:
             # call, so packed library weights stay packed and nothing is converted again.
             # (A donating program updates its weights in place: it converts them each call.)
             if self._weights is None:
+                import torch
+
                 from ..backend.torch_exec import to_tensor
 
-                self._weights = {k: to_tensor(v) for k, v in self.graph.weights.items()}
+                # Ordinary tensors even when the first call comes under torch.inference_mode
+                # (a frozen torch.compile graph): an inference tensor has no version counter,
+                # so its packed copy could never be trusted and every call would run unpacked.
+                with torch.inference_mode(False):
+                    self._weights = {k: to_tensor(v) for k, v in self.graph.weights.items()}
             weights = self._weights
         return self.program(inputs, weights)
 

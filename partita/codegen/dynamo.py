@@ -167,7 +167,7 @@ class BackendOptionError(PartitaError, ValueError):
 _WHO = "torch.compile(backend='partita')"
 CHOICES = ("measure", "partita", "aten")
 # The measured choice: calls of each candidate before timing starts, then timed calls of each.
-WARMUP_CALLS = 1
+WARMUP_CALLS = 3
 TIMED_CALLS = 5
 
 

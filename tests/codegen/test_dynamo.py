@@ -555,3 +555,24 @@ def test_freeze_off_keeps_params_as_inputs_and_bad_value_raises():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="option 'freeze' must be True or False"):
         torch.compile(model, backend="partita", options={"freeze": "yes"})(x)
+
+
+def test_frozen_weights_are_packed_under_inference_mode():
+    # The frozen program's weights are made on the first call; under torch.inference_mode they
+    # must still be ordinary tensors (an inference tensor has no version counter, so its packed
+    # copy could never be trusted and every call would run the unpacked kernel).
+    from partita.codegen.library import packed_weight_stats
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(2, 3, 16, 16)
+    compiled = torch.compile(model, backend="partita", options={"choose": "partita"})
+    before = packed_weight_stats()
+    with torch.inference_mode():
+        for _ in range(3):
+            y = compiled(x)
+        assert rel(y, model(x)) <= 1e-5
+    (rec,) = pd.stats().graphs
+    assert not any(t.is_inference() for t in rec.program._weights.values())
+    after = packed_weight_stats()
+    assert after["packed"] > before["packed"], (before, after)
