@@ -439,6 +439,9 @@ class _FrozenRunner:
         from ..backend.torch_exec import to_numpy
 
         t0 = time.perf_counter()
+        # An inference tensor (a buffer the model made under torch.inference_mode) has no
+        # version counter to check: it stays an input.
+        self.frozen = [i for i in self.frozen if not args[i].is_inference()]
         self._frozen_set = set(self.frozen)
         self.keys = [(args[i].data_ptr(), args[i]._version) for i in self.frozen]
         g = self.graph.clone()

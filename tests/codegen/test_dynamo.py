@@ -576,3 +576,28 @@ def test_frozen_weights_are_packed_under_inference_mode():
     assert not any(t.is_inference() for t in rec.program._weights.values())
     after = packed_weight_stats()
     assert after["packed"] > before["packed"], (before, after)
+
+
+def test_an_inference_tensor_buffer_stays_an_input():
+    # A buffer made under torch.inference_mode has no version counter to check: it is not frozen.
+    torch.manual_seed(0)
+    model = MLP().eval()
+    with torch.inference_mode():
+        model.register_buffer("shift", torch.randn(10))
+
+    class Shifted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(x) + self.m.shift
+
+    wrapped = Shifted()
+    compiled = torch.compile(wrapped, backend="partita", options={"choose": "partita"})
+    x = torch.randn(16, 24)
+    with torch.inference_mode():
+        for _ in range(2):
+            assert rel(compiled(x), wrapped(x)) <= 1e-5
+    (rec,) = pd.stats().graphs
+    assert rec.choice.frozen > 0
