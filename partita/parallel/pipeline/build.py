@@ -127,8 +127,9 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
         raise PipelineError(
             f"pipeline: {c.consumer}{' at ' + c.source if c.source else ''} mixes the rows of different microbatches "
             f"(it needs %{c.value} {c.have} as {c.want}); with microbatches={microbatches} its result would change "
-            "(batch statistics, a reduction over the batch inside the model that reads a param). Use "
-            "microbatches=1, or a model whose rows are independent until the loss")
+            "(batch statistics of an activation, an index or a reshape that moves rows across the batch, a "
+            "reduction over the batch that reads a param). Use microbatches=1, or a model whose rows are "
+            "independent until the loss")
     _slices_at_the_microbatch(local)
     outputs = []
     for v in local.outputs:
