@@ -258,7 +258,7 @@ def test_passes_use_a_huge_splat_without_building_it():
 
 
 def test_parallel_signature_of_a_splat_does_not_build_it():
-    from partita.parallel.bucket import _attr_text
+    from partita.parallel.collective_order import _attr_text
 
     lazy = DenseAttr.splat(3.0, (4, 4), f32)
     assert _attr_text(lazy) == _attr_text(DenseAttr(np.full((4, 4), 3.0, np.float32)))
