@@ -20,6 +20,8 @@ read by threads, and the processes are killed, not merely asked to stop.
 
 from __future__ import annotations
 
+import atexit
+
 import os
 import queue
 import signal
@@ -460,6 +462,17 @@ def _world_collective(job: _Job, tracker: _Tracker, what: str, fn: Callable[[], 
             list(range(job.world)), what) from e
 
 
+def _destroy_group() -> None:
+    """Destroy the default process group if it is still there (an ``atexit`` hook)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; nothing to report to
+            pass
+
+
 def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], tracker: _Tracker) -> tuple:
     """Join the process group, build the mesh groups, compile and run the steps of one rank;
     returns (outputs per step, final weights, seconds per step, setup seconds)."""
@@ -480,6 +493,10 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             _world_collective(job, tracker, "the rendezvous (init_process_group, env://)",
                               lambda: dist.init_process_group(job.backend, init_method="env://", timeout=timeout),
                               only_timeouts=True)
+            # The group this rank made (under torchrun) is taken down while Python still runs:
+            # left to the interpreter's teardown, gloo's threads can end the process with
+            # std::terminate ("terminate called without an active exception", exit code -6).
+            atexit.register(_destroy_group)
         else:
             _world_collective(job, tracker, f"the rendezvous (init_process_group on {job.init})",
                               lambda: dist.init_process_group(job.backend, init_method=job.init, rank=job.rank,
