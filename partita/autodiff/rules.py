@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from ..ir.graph import Node, Value
+from ..ops.nn import attention_scale
 from ..ops.registry import OPS, OpDef, RuleTable
 from ..ops.shape import transpose_perm
 from .grad import NOT_DIFFERENTIABLE, AutodiffError, VjpContext
@@ -493,8 +494,7 @@ def _attention_mask_grad(B, node, g, glse):
     dt = q.type.dtype
     rank = q.type.rank
     tq, tk = q.type.shape[-2], k.type.shape[-2]
-    scale = node.attrs.get("scale")
-    scale = 1.0 / math.sqrt(q.type.shape[-1]) if scale is None else float(scale)
+    scale = float(attention_scale(node.attrs, q.type.shape[-1]))
     perm = tuple(range(rank - 2)) + (rank - 1, rank - 2)
     s = B.mul(B.matmul(q, B.transpose(k, perm=perm)), B.full(shape=(), value=scale, dtype=dt))
     s = B.add(s, B.cast(mask, dtype=dt) if mask.type.dtype != dt else mask)

@@ -185,21 +185,18 @@ def test_bert_with_attention_mask_equals_eager():
     assert_all_compiled(1)
 
 
-def test_gpt2_logits_equal_eager():
-    torch.manual_seed(0)
-    model = small_gpt2().eval()
+def _logits(model: nn.Module) -> tuple:
+    """The compiled and the eager output of ``model`` in eval mode on random ids, no grad."""
     ids = torch.randint(0, 100, (2, 16))
-    compiled = torch.compile(model, backend="partita")
+    compiled = torch.compile(model.eval(), backend="partita")
     with torch.no_grad():
-        out = compiled(input_ids=ids)
-        ref = model(input_ids=ids)
-    assert rel(out.logits, ref.logits) <= 1e-5
-    assert_all_compiled(1)
+        return compiled(input_ids=ids), model(input_ids=ids)
 
 
-def test_gpt2_gradients_equal_eager():
-    torch.manual_seed(0)
-    model = small_gpt2().train()
+def _loss_backward(model: nn.Module) -> tuple:
+    """The compiled model (train mode) and an eager copy each run forward with ``labels=`` and
+    backward: (compiled output, eager output, the eager copy)."""
+    model.train()
     eager = copy.deepcopy(model)
     ids = torch.randint(0, 100, (2, 16))
     compiled = torch.compile(model, backend="partita")
@@ -207,6 +204,20 @@ def test_gpt2_gradients_equal_eager():
     out.loss.backward()
     ref = eager(input_ids=ids, labels=ids)
     ref.loss.backward()
+    return out, ref, eager
+
+
+def test_gpt2_logits_equal_eager():
+    torch.manual_seed(0)
+    out, ref = _logits(small_gpt2())
+    assert rel(out.logits, ref.logits) <= 1e-5
+    assert_all_compiled(1)
+
+
+def test_gpt2_gradients_equal_eager():
+    torch.manual_seed(0)
+    model = small_gpt2()
+    out, ref, eager = _loss_backward(model)
     assert rel(out.loss, ref.loss) <= 1e-5
     assert rel(out.logits, ref.logits) <= 1e-5
     assert_grads_equal(model, eager)
@@ -229,26 +240,15 @@ def small_qwen2():
 def test_grouped_query_decoder_called_with_its_cache_equals_eager():
     # use_cache=True, the default: the key/value heads reach the flash kernel ungrouped
     torch.manual_seed(0)
-    model = small_qwen2().eval()
-    ids = torch.randint(0, 100, (2, 16))
-    compiled = torch.compile(model, backend="partita")
-    with torch.no_grad():
-        out = compiled(input_ids=ids)
-        ref = model(input_ids=ids)
+    out, ref = _logits(small_qwen2())
     assert rel(out.logits, ref.logits) <= 1e-5
     assert_all_compiled(1)
 
 
 def test_grouped_query_decoder_gradients_equal_eager():
     torch.manual_seed(0)
-    model = small_qwen2().train()
-    eager = copy.deepcopy(model)
-    ids = torch.randint(0, 100, (2, 16))
-    compiled = torch.compile(model, backend="partita")
-    out = compiled(input_ids=ids, labels=ids)
-    out.loss.backward()
-    ref = eager(input_ids=ids, labels=ids)
-    ref.loss.backward()
+    model = small_qwen2()
+    out, ref, eager = _loss_backward(model)
     assert rel(out.loss, ref.loss) <= 1e-5
     assert_grads_equal(model, eager)
     assert pd.stats().fallbacks == 0, pd.stats().report()

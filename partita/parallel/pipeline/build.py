@@ -226,10 +226,7 @@ def _read_whole_batch(g: Graph, values: list[Value]) -> set[Value]:
     b = Builder(g)
     if order:
         b.set_insertion_before(order[0])
-    for n in order:
-        node = b.emit_node(n.op, [copies.get(x, x) for x in n.operands], dict(n.attrs))
-        for r, c in zip(n.results, node.results):
-            copies[r] = c
+    _Unroller._copy(b, order, copies)
     for v in values:
         g.replace_all_uses(v, copies[v])
     from ...passes.manager import PassManager
