@@ -39,14 +39,16 @@ CLAIMED = {
     "Squeeze", "Sub", "Sum", "SwiGLU", "Swish", "Tan", "Tanh", "ThresholdedRelu", "Tile", "TopK",
     "Transpose", "Trilu", "Unsqueeze", "Upsample", "Where", "Xor"
 }
+# The op types added since then.
+ADDED = {"Col2Im"}
 
 FAMILIES = {"conv", "index", "layout", "math", "nn", "quant", "sequence"}
 
 
 def test_the_registry_holds_the_claimed_op_types():
-    """The package claims exactly the op types it claimed as one module."""
+    """The package claims exactly the op types it claimed as one module, and those added since."""
     assert len(CLAIMED) == 158
-    assert set(ONNX_TO_PARTITA) == CLAIMED
+    assert set(ONNX_TO_PARTITA) == CLAIMED | ADDED
 
 
 def test_every_converter_was_registered_by_a_family_module_decorator():

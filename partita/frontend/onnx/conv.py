@@ -1,5 +1,6 @@
 """ONNX's convolution and pooling operators: Conv, ConvTranspose (1-D, 2-D and 3-D),
-MaxPool (with its Indices output), AveragePool and GlobalAveragePool.
+MaxPool (with its Indices output), AveragePool, GlobalAveragePool and Col2Im (an index_add into
+the padded image).
 
 partita's window ops are 2-D and 3-D and pad both sides equally: a 1-D node runs as 2-D with a
 unit height (``lift_1d``), and asymmetric or large pads become an explicit pad first
@@ -161,3 +162,51 @@ def _global_avg_pool(n: OnnxNode) -> list[Value | None]:
     if x.type.rank < 3:
         raise n.error(f"input {x.type} needs rank >= 3 (N, C, spatial...)")
     return [n.emit("mean", x, axes=list(range(2, x.type.rank)), keepdim=True)]
+
+
+def _col2im_geometry(n: OnnxNode, image: list[int], block: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """(strides, dilations, pads) of a Col2Im node, checked against its image and block shapes."""
+    nd = len(image)
+    strides = [int(v) for v in n.attr("strides", [1] * nd)]
+    dil = [int(v) for v in n.attr("dilations", [1] * nd)]
+    pads = [int(v) for v in n.attr("pads", [0] * (2 * nd))]
+    if len(block) != nd or len(strides) != nd or len(dil) != nd or len(pads) != 2 * nd:
+        raise n.error(f"image_shape {image}, block_shape {block}, strides {strides}, dilations {dil} and pads "
+                      f"{pads} disagree on the number of spatial dims ({nd}; pads has 2 per dim)")
+    if min(strides + dil + block + image) < 1 or min(pads) < 0:
+        raise n.error(f"image_shape {image}, block_shape {block}, strides {strides} and dilations {dil} must be "
+                      f"positive, pads {pads} non-negative")
+    return strides, dil, pads
+
+
+@converter("Col2Im", constant_operands=(1, 2))
+def _col2im(n: OnnxNode) -> list[Value | None]:
+    """Col2Im (opset 18), the inverse of im2col (torch's ``F.fold``): column (c, k, l) of the
+    input [N, C * prod(block), L] is added to image position l's block origin plus offset k.
+    One ``index_add`` into the padded image, flattened, with a constant table of those
+    positions (overlapping blocks add up), then the padding is cropped."""
+    x = n.input(0)
+    image = [int(v) for v in n.const(1, "image_shape").reshape(-1)]
+    block = [int(v) for v in n.const(2, "block_shape").reshape(-1)]
+    strides, dil, pads = _col2im_geometry(n, image, block)
+    nd = len(image)
+    padded = [i + pads[d] + pads[nd + d] for d, i in enumerate(image)]
+    counts = [(p - (dil[d] * (block[d] - 1) + 1)) // strides[d] + 1 for d, p in enumerate(padded)]
+    k = math.prod(block)
+    if x.type.rank != 3 or x.type.shape[1] % k or x.type.shape[2] != math.prod(counts) or min(counts) < 1:
+        raise n.error(f"input {x.type} must be [N, C * {k}, {math.prod(counts)}] for block_shape {block} over "
+                      f"image_shape {image} (blocks per dim {counts})")
+    batch, c = x.type.shape[0], x.type.shape[1] // k
+    # Each (kernel offset, block) pair's position in the padded image, row-major.
+    offset = np.indices(block).reshape(nd, k, 1) * np.array(dil).reshape(nd, 1, 1)
+    origin = np.indices(counts).reshape(nd, 1, -1) * np.array(strides).reshape(nd, 1, 1)
+    table = np.ravel_multi_index(tuple(offset + origin), padded).reshape(-1).astype(np.int64)
+    cols = n.emit("reshape", x, shape=[batch, c, k * x.type.shape[2]])
+    zeros = n.emit("full", shape=[batch, c, math.prod(padded)], value=0.0 if x.type.dtype.is_float else 0,
+                   dtype=x.type.dtype)
+    y = n.emit("index_add", zeros, n.emit("constant", value=DenseAttr(table)), cols, axis=2)
+    y = n.emit("reshape", y, shape=[batch, c] + padded)
+    for d in range(nd):
+        if pads[d] or pads[nd + d]:
+            y = n.emit("slice", y, axis=2 + d, start=pads[d], end=pads[d] + image[d])
+    return [y]
