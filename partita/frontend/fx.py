@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..ir.dtypes import bool_, f32, i32
+from ..ir.dtypes import bool_, f32, i32, i64
 from ..ir.graph import Graph, Value
 from ..ir.types import Location, TensorType
 from . import FrontendError
@@ -40,7 +40,8 @@ from .torch_export import decomposition_table as _export_decompositions, lineari
 
 aten = torch.ops.aten
 
-__all__ = ["import_fx", "FxImport", "RandomInput", "UnsupportedGraph", "FX_CONVERTERS", "decomposition_table"]
+__all__ = ["import_fx", "FxImport", "RandomInput", "UnsupportedGraph", "FX_CONVERTERS", "converters_for",
+           "decomposition_table"]
 
 
 class UnsupportedGraph(FrontendError):
@@ -202,11 +203,16 @@ def _linear_index(cx: _FxConverter, x: Value, indices: Sequence[Value | None], o
 
 def _index_put(cx: _FxConverter, x: Value, indices: Sequence[Value | None], values: Value,
                accumulate: bool = False) -> Value:
-    """x[i0, i1, ...] += values (accumulate=True: the gradient of indexing and of embedding),
-    as ``index_add`` over x flattened across the indexed dims."""
-    if not accumulate:
-        raise Unsupported("aten.index_put.default: an indexed assignment (accumulate=False) is not supported; "
-                          "only accumulation")
+    """x[..., i0, i1, ...] = values, or += with accumulate (the gradient of indexing and of
+    embedding, and of ``F.fold``'s im2col). A boolean mask takes ``_index_put_mask``; integer
+    indices on the leading dims with accumulate take ``index_add`` over x flattened across the
+    indexed dims; any other form (an assignment, or full slices before the indices) the
+    torch.export converter, one scatter_elements over the indexed dims."""
+    present = [i for i in indices if i is not None]
+    if any(i.type.dtype.is_bool for i in present):
+        return _index_put_mask(cx, x, indices, values, accumulate)
+    if not accumulate or not indices or any(i is None for i in indices):
+        return ATEN_TO_PARTITA[aten.index_put.default](cx, x, indices, values, accumulate)
     linear, k = _linear_index(cx, x, indices, "aten.index_put.default")
     rest = x.type.shape[k:]
     batch = linear.type.shape
@@ -220,6 +226,127 @@ def _index_put(cx: _FxConverter, x: Value, indices: Sequence[Value | None], valu
     flat_idx = cx.emit("reshape", linear, shape=(n,)) if len(batch) != 1 else linear
     y = cx.emit("index_add", flat_x, flat_idx, flat_src, axis=0)
     return cx.emit("reshape", y, shape=x.type.shape) if k != 1 else y
+
+
+def _index_put_mask(cx: _FxConverter, x: Value, indices: Sequence[Value | None], values: Value,
+                    accumulate: bool) -> Value:
+    """x[..., mask] = values (or +=) with one boolean mask over adjacent dims of x: where the
+    mask holds, the value (or x plus it), else x. The values must be the same for every
+    selected position (broadcast along the selection); one value per selected position has a
+    count only known at run time, which a static graph cannot take."""
+    lead = 0
+    while lead < len(indices) and indices[lead] is None:
+        lead += 1
+    mask = indices[lead]
+    if mask is None or not mask.type.dtype.is_bool or any(i is not None for i in indices[lead + 1:]):
+        raise Unsupported("aten.index_put.default: a boolean mask mixed with other index tensors is not supported")
+    m, rank = mask.type.rank, x.type.rank
+    shape = x.type.shape
+    if tuple(mask.type.shape) != tuple(shape[lead:lead + m]):
+        raise Unsupported(f"aten.index_put.default: mask {mask.type} does not match dims {lead}.."
+                          f"{lead + m - 1} of {x.type}")
+    # Values broadcast to [lead dims, count, rest dims]: the count dim must be absent or 1.
+    vshape = tuple(values.type.shape)
+    after = rank - lead - m
+    if len(vshape) > after:
+        count_at = len(vshape) - after - 1
+        if vshape[count_at] != 1:
+            raise Unsupported(f"aten.index_put.default: values {values.type} give each position the mask "
+                              "selects its own value; their number depends on the data (only values shared "
+                              "by all selected positions are supported)")
+        lead_v, rest_v = vshape[:count_at], vshape[count_at + 1:]
+        values = cx.emit("reshape", values, shape=lead_v + (1,) * m + rest_v)
+    if values.type.dtype != x.type.dtype:
+        values = cx.emit("cast", values, dtype=x.type.dtype)
+    keep = cx.emit("reshape", mask, shape=(1,) * lead + tuple(mask.type.shape) + (1,) * after)
+    if accumulate:
+        values = cx.emit("add", x, values)
+    if values.type.shape != shape:
+        values = cx.emit("broadcast_to", values, shape=shape)
+    return cx.emit("where", keep, values, x)
+
+
+def _group_mask(cx: _FxConverter, offs: Value, rows: int) -> Value:
+    """[E, S, 1] bool: row s belongs to group e, offs[e-1] <= s < offs[e] (offs[-1] read as 0):
+    the groups of a grouped matmul, whose ``offs`` are the cumulative row counts."""
+    e = offs.type.shape[0]
+    ends = offs if offs.type.dtype == i64 else cx.emit("cast", offs, dtype=i64)
+    zero = cx.emit("full", shape=(1,), value=0, dtype=i64)
+    starts = cx.emit("concat", zero, cx.emit("slice", ends, axis=0, start=0, end=e - 1), axis=0) if e > 1 else zero
+    row = cx.emit("iota", shape=(1, rows, 1), axis=1, dtype=i64)
+    after_start = cx.emit("less_equal", cx.emit("reshape", starts, shape=(e, 1, 1)), row)
+    before_end = cx.emit("less", row, cx.emit("reshape", ends, shape=(e, 1, 1)))
+    return cx.emit("logical_and", after_start, before_end)
+
+
+def _pick_group(cx: _FxConverter, mask: Value, per_group: Value) -> Value:
+    """Each row of ``per_group`` ([E, S, N]: every group's result for every row) from its own
+    group: exact, the other groups' entries are dropped by ``where``, not multiplied by 0."""
+    zero = cx.scalar(0.0, per_group.type.dtype)
+    return cx.emit("sum", cx.emit("where", mask, per_group, zero), axes=(0,), keepdim=False)
+
+
+def _check_grouped(x: Value, w: Value, offs: Value, op: str) -> None:
+    if x.type.rank != 2 or w.type.rank != 3 or offs.type.rank != 1 or offs.type.shape[0] != w.type.shape[0]:
+        raise Unsupported(f"{op}: takes input [S, D], weight [E, D, O] and offs [E]; got {x.type}, {w.type}, "
+                          f"{offs.type}")
+    if not x.type.dtype.is_float or x.type.dtype != w.type.dtype:
+        raise Unsupported(f"{op}: input {x.type} and weight {w.type} must share one float dtype")
+
+
+def _grouped_mm(cx: _FxConverter, x: Value, w: Value, offs: Value | None = None, bias: Value | None = None,
+                out_dtype: Any = None) -> Value:
+    """A grouped matmul: rows offs[e-1]:offs[e] of x ([S, D]) times w[e] ([E, D, O]); rows after
+    the last group are 0 (transformers' ``grouped_mm_fallback``, and ``aten._grouped_mm`` of a
+    2-D input and 3-D weight). Without a loop: every group's product for every row, one
+    batched matmul [E, S, O], from which each row keeps its own group's (``_pick_group``)."""
+    if offs is None or bias is not None or (out_dtype is not None and out_dtype != cx.node.meta["val"].dtype):
+        raise Unsupported("a grouped matmul without offs, with a bias or with another out_dtype")
+    _check_grouped(x, w, offs, "grouped matmul")
+    mask = _group_mask(cx, offs, x.type.shape[0])
+    return _pick_group(cx, mask, cx.emit("matmul", x, w))
+
+
+def _grouped_mm_backward(cx: _FxConverter, x: Value, w: Value, offs: Value, dy: Value) -> tuple:
+    """The gradients of ``_grouped_mm`` (transformers' ``grouped_mm_fallback_backward``):
+    dx[s] = dy[s] w[e]^T for row s of group e, dw[e] = x[group e]^T dy[group e]."""
+    _check_grouped(x, w, offs, "grouped matmul backward")
+    mask = _group_mask(cx, offs, x.type.shape[0])
+    dx = _pick_group(cx, mask, cx.emit("matmul", dy, cx.emit("transpose", w, perm=(0, 2, 1))))
+    zero = cx.scalar(0.0, x.type.dtype)
+    rows = cx.emit("where", mask, cx.emit("broadcast_to", x, shape=(w.type.shape[0],) + x.type.shape), zero)
+    dw = cx.emit("matmul", cx.emit("transpose", rows, perm=(0, 2, 1)), dy)
+    return (dx, dw)
+
+
+# Converters of custom ops, by qualified name: the op exists only once its library registered it.
+_CUSTOM_OPS: dict[str, Conv] = {
+    "transformers::grouped_mm_fallback": _grouped_mm,
+    "transformers::grouped_mm_fallback_backward": _grouped_mm_backward,
+}
+
+
+def converters_for(nodes: Sequence[Any]) -> dict[Any, Conv]:
+    """``FX_CONVERTERS`` plus the converters of the custom ops (``_CUSTOM_OPS``) the nodes call."""
+    extra: dict[Any, Conv] = {}
+    for node in nodes:
+        name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
+        if name in _CUSTOM_OPS:
+            extra[node.target] = _CUSTOM_OPS[name]
+    return {**FX_CONVERTERS, **extra} if extra else FX_CONVERTERS
+
+
+def _constant_pad_nd(cx: _FxConverter, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+    """torch's constant pad, whose negative entries crop (``F.fold`` with padding crops its
+    padded image so): the cropped ends become slices, the rest the torch.export converter."""
+    if all(p >= 0 for p in pad):
+        return ATEN_TO_PARTITA[aten.constant_pad_nd.default](cx, x, pad, value)
+    for i in range(len(pad) // 2):
+        d = x.type.rank - 1 - i
+        lo, hi = -min(pad[2 * i], 0), -min(pad[2 * i + 1], 0)
+        if lo or hi:
+            x = cx.emit("slice", x, axis=d, start=lo, end=x.type.shape[d] - hi)
+    return ATEN_TO_PARTITA[aten.constant_pad_nd.default](cx, x, [max(p, 0) for p in pad], value)
 
 
 def _scatter_value(cx: _FxConverter, x: Value, dim: int, index: Value, value: Any, reduce: Any = None) -> Value:
@@ -406,6 +533,8 @@ _FX_ONLY: dict[Any, Conv] = {
     aten.scatter.value: _scatter_value,
     aten.scatter_add.default: _scatter_add,
     aten.index_add.default: _index_add,
+    aten._grouped_mm.default: _grouped_mm,
+    aten.constant_pad_nd.default: _constant_pad_nd,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_backward,
     aten.cat.default: _cat,
@@ -448,6 +577,7 @@ def import_fx(gm: Any, *, name: str = "fx_graph") -> FxImport:
             raise FrontendError(f"input '{node.name}' of the FX graph is {what}, not a tensor; partita compiles "
                                 "graphs of tensors with static shapes (compile with dynamic=False)")
         cx.env[node] = cx.b.input(node.name, tensor_type_of(val, node), "input")
+    table = converters_for(nodes)
     layout: list[int | None] = []
     roots: list[tuple[str, bool]] = []
     output_list = False
@@ -456,7 +586,7 @@ def import_fx(gm: Any, *, name: str = "fx_graph") -> FxImport:
         if node.op == "placeholder":
             continue
         if node.op == "call_function":
-            convert_call(cx, node, FX_CONVERTERS)
+            convert_call(cx, node, table)
         elif node.op == "get_attr":
             value = _attr(gm, node.target)
             if not isinstance(value, torch.Tensor):
