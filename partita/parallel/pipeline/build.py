@@ -30,6 +30,7 @@ from ...ops.registry import OPS
 from ...ir.mesh import Mesh
 from ...ir.placement import Placement
 from ..strategies.base import UPDATE_OPS
+from .microbatch_rewrites import index_reason, rewrite_for_microbatches, suspects
 from .schedule import Action, PipelineError, Schedule, Transfer
 from .stage_graphs import ChunkProgram, build_chunk_program
 from .stages import StageCut, partition_stages, value_cone
@@ -110,12 +111,23 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
       by: each microbatch computes it from the whole batch (``<input>.whole``, the step's
       input itself; the unroll reads the batch input there), so every microbatch's loss share
       is its own sum over that one global count and the shares sum to the step's loss.
+
+    Before either, the reshapes and constant-index gathers that keep each microbatch's rows
+    to themselves but that the sharding rules cannot split are rewritten into equivalent ops
+    that they can (``microbatch_rewrites``); a gather that still mixes microbatches is refused
+    with the reason (an index known only at run time, or a constant one that reads rows of
+    other microbatches).
     """
     check_microbatches(fwd, microbatches)
     g = fwd.clone()
     whole: set[Value] = set()
     local, report, part = _partition_microbatches(g, microbatches, whole)
     stray = _stray_collectives(report)
+    for _ in range(REWRITE_ROUNDS):
+        if not stray or not rewrite_for_microbatches(g, microbatches, _consumers(g, part, stray)):
+            break
+        local, report, part = _partition_microbatches(g, microbatches, whole)
+        stray = _stray_collectives(report)
     if stray:
         mixed = _batch_only_values(g, part, stray)
         if mixed is not None:
@@ -124,9 +136,11 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
             stray = _stray_collectives(report)
     if stray:
         c = stray[0]
+        why = _gather_reason(g, part, c, microbatches)
         raise PipelineError(
             f"pipeline: {c.consumer}{' at ' + c.source if c.source else ''} mixes the rows of different microbatches "
-            f"(it needs %{c.value} {c.have} as {c.want}); with microbatches={microbatches} its result would change "
+            f"(it needs %{c.value} {c.have} as {c.want}{'; ' + why if why else ''}); with "
+            f"microbatches={microbatches} its result would change "
             "(batch statistics of an activation, an index or a reshape that moves rows across the batch, a "
             "reduction over the batch that reads a param). Use microbatches=1, or a model whose rows are "
             "independent until the loss")
@@ -159,6 +173,26 @@ def microbatch_graph(fwd: Graph, microbatches: int, training: bool) -> Microbatc
 
 
 WHOLE_SUFFIX = ".whole"
+# The rounds of exact rewrites (microbatch_rewrites) before the microbatch analysis gives up:
+# each may uncover the next regrouping reshape of a chain.
+REWRITE_ROUNDS = 8
+
+
+def _gather_reason(g: Graph, part: Any, c: Any, microbatches: int) -> str | None:
+    """Why the gather that the stray collective ``c`` feeds, or that made the value it moves,
+    mixes microbatches (microbatch_rewrites.index_reason); None when no gather is involved."""
+    for node in _consumers(g, part, [c]):
+        for n in [node] + suspects(x for x in node.operands if part.name(x) == c.value):
+            why = index_reason(n, microbatches, part.name)
+            if why is not None:
+                return f"{part.describe(n)}: {why}" if n is not node else why
+    return None
+
+
+def _consumers(g: Graph, part: Any, stray: list) -> list[Node]:
+    """The nodes of ``g`` that the ``stray`` collectives feed (by the partition's description)."""
+    wanted = {c.consumer for c in stray}
+    return [n for n in g.nodes if part.describe(n) in wanted]
 
 
 def _partition_microbatches(g: Graph, microbatches: int, whole: set[Value]) -> tuple[Graph, Any, Any]:
