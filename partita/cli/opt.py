@@ -25,12 +25,45 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="print the IR to stderr after pass NAME (repeatable, or comma-separated)")
     o.add_argument("--no-verify", action="store_true",
                    help="skip the verifier on the input and between passes (faster, less safe)")
-    o.add_argument("--emit", choices=("ir", "kernels", "kernels-optimized", "memory-plan"), default="ir",
+    o.add_argument("--emit", choices=("ir", "kernels", "kernels-optimized", "memory-plan", "choices"), default="ir",
                    help="what to print: the optimized IR (default), or the generated kernels of it (each "
                         "fused group's body and its LLVM IR; kernels-optimized: after LLVM's optimizations), "
                         "or the static memory plan of the compiled program (buffers, arena offsets, "
-                        "lifetimes, peak). A pipeline without fuse-kernels is fused first.")
+                        "lifetimes, peak), or the measured kernel choices (choices: the program is run three times on "
+                        "random inputs, and random params where the file has no weights, on this machine; each "
+                        "convolution's candidate kernels are timed and the fastest kept). A pipeline without "
+                        "fuse-kernels is fused first.")
     o.set_defaults(handler=cmd_opt)
+
+
+def emit_choices(graph: Any) -> str:
+    """The compiled program's measured kernel choices as text: ``graph`` (random params where it
+    has no weights) is compiled and run three times on random inputs, which is when its
+    convolutions measure their kernels (codegen/choose.py)."""
+    import numpy as np
+
+    from ..codegen import CompiledProgram
+    from ..codegen.choose import enabled
+    from ..ir.graph import input_name
+    from .common import random_array, random_inputs
+
+    if not enabled():
+        return "; kernel choices are not measured (PARTITA_KERNEL_CHOICE=off): the rules pick every kernel\n"
+    g = graph.clone()
+    rng = np.random.default_rng(0)
+    for v in g.inputs:
+        name = input_name(v)
+        if v.role == "param" and name not in g.weights and v.type.dtype.is_float:
+            g.weights[name] = np.asarray(random_array(v, lambda: (0.1 * rng.standard_normal(v.type.shape))
+                                                      .astype(v.type.dtype.np)))
+    prog = CompiledProgram(g, fuse=not any(n.op == "fused" for n in g.nodes))
+    inputs = random_inputs(g, 0)
+    for _ in range(3):
+        prog(inputs)
+    made = prog.kernel_choices()
+    convs = sum(1 for n in prog.graph.nodes if n.op == "conv2d_pointwise")
+    head = f"; {convs} library convolution(s), {len(made)} measured kernel choice(s)\n"
+    return head + "".join(f"; {line}\n" for line in (c.text() for c in made))
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -53,7 +86,9 @@ def cmd_opt(args: argparse.Namespace) -> int:
     if args.emit != "ir":
         from ..codegen import CompiledProgram, emit_kernels
 
-        if args.emit == "memory-plan":
+        if args.emit == "choices":
+            text = emit_choices(result)
+        elif args.emit == "memory-plan":
             plan = CompiledProgram(result, fuse=not any(n.op == "fused" for n in result.nodes)).memory_plan
             text = plan.text() if plan is not None else "; no memory plan\n"
         else:

@@ -16,7 +16,8 @@
 - ``gemm``, ``attention``, ``rotary``, ``conv``: the generated GEMM, attention and direct
   convolution that run linear layers, attention and convolutions;
 - ``norm``: generated layer norm and RMS norm, with the residual add before them (``add_norm``);
-- ``memory``: the static memory plan.
+- ``memory``: the static memory plan;
+- ``choose``: the measured choice between the kernels that can run a node (convolutions).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from . import layout  # noqa: F401  (registers the assign-layout pass)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
 from .aten_fallback import fallbacks
+from .choose import report as choose_report
 from .kernels import kernel_name
 
 __all__ = ["CompiledProgram", "FuseKernels", "plan_groups", "body_of", "CodegenError", "cache_dir", "jit",
@@ -224,7 +226,18 @@ class CompiledProgram:
             lines.append(f"{len(self.optimizer_kernels)} AdamW update(s) as generated kernels")
         for f in fb:
             lines.append(f"  on ATen: {f.kernel}{f.where}: {f.reason}")
+        made = self.kernel_choices()
+        if made:
+            lines.append(choose_report(made))
         return "\n".join(lines)
+
+    def kernel_choices(self) -> list:
+        """The measured kernel choices of this program's nodes (``choose.py``): made at the
+        first call whose weights are packed, so empty before that."""
+        from .choose import choices
+
+        nodes = [n for n in self.graph.nodes if n.op == "conv2d_pointwise"]
+        return [c for c in choices() if any(c.of(n) for n in nodes)]
 
 
 # Movement ops whose step on a tensor in the arena is a view of it that can be made once: the

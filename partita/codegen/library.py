@@ -50,6 +50,7 @@ import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
+from ..backend.common import describe_node
 from ..ir.graph import Graph, Node, Value
 from ..ir.types import TensorType
 from ..ops._lazy import torch
@@ -301,40 +302,105 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
                 return convb(x, other, w, bias, pad, stride, dil, groups, battr, None, uattr, [], ualg)
 
         gen = _generated_conv(node, binary, unary) if PREPACK else None
-        if gen is not None:
-            gcache = PackedWeight(gen.pack)
-            winograd = conv_kernel_name(gen) == "winograd"
+        st = _ConvState(gen, cache, node)
+
+        def deliver(y: Any, into: Any) -> Any:
+            if into is not None:  # the memory plan's buffer holds the result at every call
+                into.copy_(y)
+                return into
+            return y.contiguous() if to_caller else y
+
+        def run_generated(x, packed, bias, other, into):
+            _STATS["generated_conv_calls"] += 1
+            _STATS["winograd_calls"] += st.winograd
+            y = st.gen(x, packed, bias, other, into)
+            return y.contiguous() if to_caller else y
+
+        def run_onednn(x, packed, bias, other, into):
+            if not x.is_contiguous(memory_format=channels_last):
+                x = x.contiguous(memory_format=channels_last)
+            return deliver(call(x, packed, bias, other), into)
+
+        def run_aten(args, attrs, into):
+            return deliver(fallback(args, attrs), into)
 
         def step(args: list, attrs: dict) -> Any:
             x = args[0]
             if not x.is_cpu:
                 return fallback(args, attrs)
+            picked = st.picked
+            if picked == "aten":
+                return run_aten(args, attrs, out)
             w = args[1]
             bias = args[2] if has_bias else None
             other = args[-1] if has_other else None
-            if gen is not None:
-                packed = gcache.get(w)
-                if packed is not None:
-                    _STATS["generated_conv_calls"] += 1
-                    _STATS["winograd_calls"] += winograd
-                    y = gen(x, packed, bias, other, out)
-                    return y.contiguous() if to_caller else y
-            packed = cache.get(w) if cache is not None else None
-            if packed is None:
+            gp = st.gcache.get(w) if st.gcache is not None else None
+            if gp is not None and picked is not None:
+                return run_generated(x, gp, bias, other, out)
+            op = st.cache.get(w) if st.cache is not None else None
+            if picked is None and (gp is not None or st.gcache is None) and op is not None:
+                # the steady state (every weight packed): time the kernels once, keep the fastest
+                cands = {} if gp is None else {"generated": lambda: run_generated(x, gp, bias, other, None)}
+                cands["onednn"] = lambda: run_onednn(x, op, bias, other, None)
+                cands["aten"] = lambda: run_aten(args, attrs, None)
+                picked = st.measure(x, cands)
+                if picked == "aten":
+                    return run_aten(args, attrs, out)
+                if picked == "onednn":
+                    return run_onednn(x, op, bias, other, out)
+            if gp is not None:
+                return run_generated(x, gp, bias, other, out)
+            if op is None:
                 _STATS["unpacked_calls"] += 1
-                y = call(x, w, bias, other)
-            else:
-                if not x.is_contiguous(memory_format=channels_last):
-                    x = x.contiguous(memory_format=channels_last)
-                y = call(x, packed, bias, other)
-            if out is not None:  # the memory plan's buffer holds the result at every call
-                out.copy_(y)
-                return out
-            return y.contiguous() if to_caller else y
+                return deliver(call(x, w, bias, other), out)
+            return run_onednn(x, op, bias, other, out)
 
         return step
 
     return Kernel(name, prepare)
+
+
+class _ConvState:
+    """One convolution node's kernels (the generated one, ``gen``, and oneDNN's, each with its
+    packed weight) and which runs it: ``picked`` is None until measured (``choose.py``, in the
+    steady state: every weight packed), "rules" when not measured (the generated kernel where
+    it has a packed weight, else oneDNN's), else the measured "generated", "onednn" or "aten"
+    (the ops the node replaces, as eager runs them). The losers' packed weights are dropped."""
+
+    __slots__ = ("gen", "gcache", "cache", "winograd", "picked", "key", "where", "node")
+
+    def __init__(self, gen: Any, cache: "PackedWeight | None", node: Any) -> None:
+        from . import choose
+
+        self.gen = gen
+        self.gcache = PackedWeight(gen.pack) if gen is not None else None
+        self.cache = cache
+        self.winograd = gen is not None and conv_kernel_name(gen) == "winograd"
+        self.node = weakref.ref(node)
+        self.picked: str | None = None if cache is not None and choose.enabled() else "rules"
+        a = node.attrs
+        self.key = (f"conv2d_pointwise x={list(node.operands[0].type.shape)} w={list(node.operands[1].type.shape)} "
+                    f"stride={list(a['stride'])} padding={list(a['padding'])} dilation={list(a['dilation'])} "
+                    f"groups={a['groups']} binary={a['binary']} unary={a['unary']} operands={len(node.operands)}")
+        self.where = (f"{describe_node(node)} (x {'x'.join(map(str, node.operands[0].type.shape))}, "
+                      f"w {'x'.join(map(str, node.operands[1].type.shape))}, groups {a['groups']})")
+
+    def measure(self, x: Any, candidates: dict[str, Callable[[], Any]]) -> str:
+        """Time ``candidates`` on this call's arguments (or take the cached choice) and keep
+        the fastest for good."""
+        from . import choose
+
+        layout = ("channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                  else "contiguous" if x.is_contiguous() else "strided")
+        default = "generated" if "generated" in candidates else "onednn"
+        picked = choose.choose(f"{self.key} layout={layout}", candidates, where=self.where, default=default,
+                               node=self.node())
+        self.picked = picked
+        if picked != "generated":
+            self.gen = self.gcache = None
+        if picked == "aten":
+            self.cache = None
+        return picked
 
 
 # "generated" (the default) or "onednn": which kernel runs a convolution the generated kernels
