@@ -175,3 +175,21 @@ def test_a_mixture_of_experts_decoder_compiles_whole():
         got = compiled(model)(input_ids=ids, use_cache=False).logits
     assert rel(got, want) <= 1e-5
     assert pd.stats().fallbacks == 0 and pd.stats().compiled >= 1
+
+
+def test_aten_grouped_mm_converts():
+    """torch's own grouped matmul (2-D input, 3-D weight, offsets) is the same product; its rows
+    after the last group are undefined in torch and 0 in partita."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from partita.backend.numpy_ref import run
+    from partita.frontend.fx import decomposition_table, import_fx
+
+    torch.manual_seed(4)
+    x, w = torch.randn(11, 8), torch.randn(E, 8, 4)           # strides of 16 bytes, as torch's kernel needs
+    offs = torch.tensor([3, 3, 5, 9], dtype=torch.int32)
+    want = torch._grouped_mm(x, w, offs=offs)
+    gm = make_fx(lambda x, w, o: torch._grouped_mm(x, w, offs=o), decomposition_table=decomposition_table())(x, w, offs)
+    got = torch.from_numpy(run(import_fx(gm).graph, [x.numpy(), w.numpy(), offs.numpy()])[0])
+    assert rel(got[:9], want[:9]) <= 1e-5
+    assert not got[9:].any()
