@@ -354,10 +354,11 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
 
 def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
     """The generated convolution kernel of each ``conv2d_pointwise`` node one takes (f32,
-    static shapes, groups and dilation 1, bias / add / relu epilogues): Winograd's
-    (codegen/winograd.py) where it takes the node, else the direct one (codegen/conv.py)."""
+    static shapes, dilation 1, bias / add / relu epilogues): Winograd's (codegen/winograd.py)
+    where it takes the node, else the direct one (codegen/conv.py), both groups 1; the
+    depthwise one (codegen/depthwise.py) for groups = channels."""
     from ..ir.dtypes import f32
-    from . import library, winograd
+    from . import depthwise, library, winograd
     from .conv import kernel_source, supported
 
     out: list[str] = []
@@ -376,6 +377,10 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
         elif not supported(*conv_args):
             name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
             where_ = "codegen/conv.py, every dimension a constant"
+        elif not depthwise.supported(*conv_args):
+            name, ir = depthwise.kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"],
+                                               a["binary"] == "add")
+            where_ = "codegen/depthwise.py, every dimension a constant"
         else:
             continue
         _emit_once(out, seen, lines[where[n]].split(" = ")[0].strip(), name, f"convolution kernel {name}",

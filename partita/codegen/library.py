@@ -427,18 +427,31 @@ def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, other)
 
 
+def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+    from .depthwise import PreparedDepthwise, supported
+
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+        return None
+    return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other)
+
+
 # The generated convolution kernels, in order of preference: each returns its prepared kernel
 # for a node it takes, or None. Winograd first: on the 3 x 3 convolutions of the CNN benchmark
 # it took 0.50 to 0.67 of the direct kernel's time (8 x {32, 64, 128} channels at {64, 32, 16}
-# pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part conv).
-CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct))
+# pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part conv). The first two
+# take groups=1 only, the depthwise kernel (codegen/depthwise.py) groups = channels only.
+CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct),
+                                                            ("depthwise", _depthwise))
 
 
 def conv_kernel_name(gen: Any) -> str:
     """Which of ``CONV_KERNELS`` a prepared convolution is."""
+    from .depthwise import PreparedDepthwise
     from .winograd import PreparedWinograd
 
-    return "winograd" if isinstance(gen, PreparedWinograd) else "direct"
+    if isinstance(gen, PreparedWinograd):
+        return "winograd"
+    return "depthwise" if isinstance(gen, PreparedDepthwise) else "direct"
 
 
 def _generated_conv(node: Any, binary: str, unary: str) -> Any:

@@ -1,0 +1,421 @@
+"""A generated f32 depthwise convolution on channels-last (NHWC) tensors (groups = input
+channels = output channels, as in MobileNets, EfficientNet and ConvNeXt's 7 x 7), with bias,
+a residual add and ReLU applied as each result is written.
+
+    y[n, oy, ox, c] = act(bias[c] + sum_{ky, kx} x[n, oy*sh - ph + ky, ox*sw - pw + kx, c]
+                                                 * w[c, 0, ky, kx]  (+ other[n, oy, ox, c]))
+
+Each channel is its own convolution, so there is no reduction over channels to tile: the
+kernel runs along the channels in vectors of ``lanes`` floats (the last one masked where C is
+not a multiple) and keeps the sums of a block of output pixels in registers through every tap.
+
+- The work is one output row ``(n, oy)`` at a time (``N * Ho`` rows, split between threads by
+  ``split_on_team``). A row's kernel rows inside the image, ``[ky_lo, ky_hi)``, are worked out
+  once, so a row in the top or bottom padding simply runs fewer kernel rows.
+- A row's output columns fall into border columns (their leftmost or rightmost taps in the
+  padding: each gets its own code with its own, constant, kernel columns) and the interior,
+  taken in blocks of ``PX`` pixels (``pixel_block``), then one block of the remainder.
+- For a block of P pixels and one kernel row, the ``(P - 1) * sw + KW`` input vectors the
+  block reads are loaded once and the KW weight vectors once; the P x KW multiply-adds reuse
+  them (a sliding window in registers).
+- The weight is packed once per node (``pack_weight``: ``[KH * KW, Cp]``, Cp the channels
+  rounded up to whole vectors, the padding zero), so each tap's channel vector is one load.
+- Every dimension is a constant of the kernel (``PreparedDepthwise`` compiles one per node
+  shape, kept in the disk cache), so the offsets are immediates and there is no division by a
+  variable.
+
+The kernel is ``NAME(ptr params, i64 lo, i64 hi, i64 tid)`` over the output rows ``[lo, hi)``,
+the parameters an i64 block (``PARAMS``: x, packed weight, bias, other, y). A residual
+``other`` may share the result's buffer (each element of it is read just before the same
+element of the result is written). Dilation 1, a weight of one channel per group
+(``supported``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from ..ops._lazy import torch
+from .cpu import split_on_team
+from .jit import jit
+from .lowering import vector_width
+
+__all__ = ["PARAMS", "ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
+           "kernel_name", "kernel_source", "pack_weight", "PreparedDepthwise", "supported", "MAX_BORDER",
+           "MAX_KERNEL"]
+
+PARAMS = ["x", "w", "bias", "other", "y"]
+ACTS = ("none", "relu")
+# A row with more border columns than this (a kernel wider than the image) runs on the library:
+# each border column is code of its own.
+MAX_BORDER = 16
+# The largest kernel side: a block's sliding window (inputs, weights, sums) stays in registers.
+MAX_KERNEL = 11
+
+
+def pixel_block(lanes: int, kw: int, sw: int) -> int:
+    """How many output pixels an interior block keeps in registers: as many as let the block's
+    sums, its ``(P - 1) * sw + KW`` inputs of a kernel row and the KW weights fit the vector
+    registers (32 with AVX-512, 16 with AVX2), at least 1, at most 8."""
+    regs = 32 if lanes >= 16 else 16
+    best = 1
+    for p in range(1, 9):
+        if p + (p - 1) * sw + 2 * kw <= regs:
+            best = p
+    return best
+
+
+def depthwise_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list) -> dict[str, int]:
+    """The kernel's dimensions of a depthwise convolution of ``x_shape`` by ``w_shape``."""
+    n, c, h, w = x_shape
+    _, _, kh, kw = w_shape
+    sh, sw = stride
+    ph, pw = padding
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    return dict(n=n, c=c, h=h, w=w, ho=ho, wo=wo, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw)
+
+
+def _kx_range(d: dict[str, int], ox: int) -> tuple[int, int]:
+    """The kernel columns of output column ``ox`` that fall inside the image."""
+    ix0 = ox * d["sw"] - d["pw"]
+    return max(0, -ix0), min(d["kw"], d["w"] - ix0)
+
+
+def column_blocks(d: dict[str, int], px: int) -> list[tuple[int, int, int]]:
+    """A row's output columns as blocks ``(first column, pixels, repeats)``: each border column
+    alone, the interior in ``repeats`` blocks of ``px`` pixels and one block of the remainder."""
+    wo, kw = d["wo"], d["kw"]
+    full = [ox for ox in range(wo) if _kx_range(d, ox) == (0, kw)]
+    if not full:
+        return [(ox, 1, 1) for ox in range(wo)]
+    xl, xr = full[0], full[-1] + 1          # the interior: every tap inside the image
+    out = [(ox, 1, 1) for ox in range(xl)]
+    nblk, rem = divmod(xr - xl, px)
+    if nblk:
+        out.append((xl, px, nblk))
+    if rem:
+        out.append((xl + nblk * px, rem, 1))
+    return out + [(ox, 1, 1) for ox in range(xr, wo)]
+
+
+class _Emitter:
+    """The IR lines of one kernel, with its constants."""
+
+    def __init__(self, d: dict[str, int], lanes: int, act: str, other: bool) -> None:
+        self.d, self.L, self.act, self.other = d, lanes, act, other
+        self.vt = f"<{lanes} x float>"
+        self.cp = -(-d["c"] // lanes) * lanes       # the packed weight's row: whole vectors
+        self.nf, self.tail = divmod(d["c"], lanes)  # full channel vectors, channels in the last
+        self.lines: list[str] = []
+
+    def a(self, line: str) -> None:
+        self.lines.append(line)
+
+    def load(self, dst: str, ptr: str, masked: bool) -> None:
+        """``dst`` = the channel vector at ``ptr`` (the tail's lanes past C read as zero)."""
+        L, vt = self.L, self.vt
+        if masked:
+            self.a(f"  {dst} = call {vt} @llvm.masked.load.v{L}f32.p0(ptr {ptr}, i32 4, <{L} x i1> %tmask, "
+                   f"{vt} zeroinitializer)")
+        else:
+            self.a(f"  {dst} = load {vt}, ptr {ptr}, align 4")
+
+    def store(self, val: str, ptr: str, masked: bool) -> None:
+        """The channel vector ``val`` written at ``ptr`` (only the tail's lanes below C)."""
+        L, vt = self.L, self.vt
+        if masked:
+            self.a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr {ptr}, i32 4, <{L} x i1> %tmask)")
+        else:
+            self.a(f"  store {vt} {val}, ptr {ptr}, align 4")
+
+
+def _prologue(e: _Emitter, name: str) -> None:
+    """The declarations, the signature, the parameters and the head of a row: its image, its
+    kernel rows inside the image and its offsets."""
+    d, L, vt, a = e.d, e.L, e.vt, e.a
+    a(f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})")
+    a(f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)")
+    a(f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})")
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    for i, f in enumerate(PARAMS):
+        a(f"  %{f}.a = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{f}.i = load i64, ptr %{f}.a, align 8")
+        a(f"  %{f}p = inttoptr i64 %{f}.i to ptr")
+    bits = ", ".join(f"i1 {'true' if i < e.tail else 'false'}" for i in range(L))
+    a(f"  %tmask = add <{L} x i1> <{bits}>, zeroinitializer")
+    a("  %empty = icmp uge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %row")
+    a("row:")
+    a("  %r = phi i64 [%lo, %entry], [%r.n, %row.end]")
+    a(f"  %img = udiv i64 %r, {d['ho']}")
+    a(f"  %oy = urem i64 %r, {d['ho']}")
+    a(f"  %iy0.s = mul i64 %oy, {d['sh']}")
+    a(f"  %iy0 = sub i64 %iy0.s, {d['ph']}")
+    a("  %kylo.0 = sub i64 0, %iy0")
+    a("  %kylo.c = icmp sgt i64 %kylo.0, 0")
+    a("  %kylo = select i1 %kylo.c, i64 %kylo.0, i64 0")
+    a(f"  %kyhi.0 = sub i64 {d['h']}, %iy0")
+    a(f"  %kyhi.c = icmp slt i64 %kyhi.0, {d['kh']}")
+    a(f"  %kyhi = select i1 %kyhi.c, i64 %kyhi.0, i64 {d['kh']}")
+    a("  %hasrows = icmp slt i64 %kylo, %kyhi")
+    a(f"  %xrow.a = mul i64 %img, {d['h']}")
+    a("  %xrow.b = add i64 %xrow.a, %iy0")
+    a(f"  %xrow0 = mul i64 %xrow.b, {d['w']}")      # the image row of kernel row 0 (may be < 0)
+    a(f"  %yrow = mul i64 %r, {d['wo']}")
+
+
+def _block(e: _Emitter, bp: str, cv: str, ox0: str, ranges: list[tuple[int, int]], masked: bool,
+           after: str) -> None:
+    """One channel vector (``cv``) of P = len(ranges) output pixels from column ``ox0``: the
+    kernel rows of the row in a loop, each pixel's kernel columns ``ranges[p]`` unrolled on a
+    sliding window of inputs, then bias, residual and activation, and the P results written."""
+    d, L, vt, a = e.d, e.L, e.vt, e.a
+    c, kw, sw, cp = d["c"], d["kw"], d["sw"], e.cp
+    P = len(ranges)
+    a(f"{bp}.pre:")
+    a(f"  %{bp}.ix0.s = mul i64 {ox0}, {sw}")
+    a(f"  %{bp}.ix0 = sub i64 %{bp}.ix0.s, {d['pw']}")
+    a(f"  %{bp}.coff = mul i64 {cv}, {L}")
+    a(f"  %{bp}.ixc.a = mul i64 %{bp}.ix0, {c}")
+    a(f"  %{bp}.ixc = add i64 %{bp}.ixc.a, %{bp}.coff")
+    a(f"  br i1 %hasrows, label %{bp}.ky, label %{bp}.done")
+    cols = sorted({p * sw + kx for p, (lo, hi) in enumerate(ranges) for kx in range(lo, hi)})
+    taps = sorted({kx for lo, hi in ranges for kx in range(lo, hi)})
+    # each pixel's last sum of a kernel row (its phi's own value where it has no tap)
+    last = [f"%{bp}.f{p}_{hi - 1}" if hi > lo else f"%{bp}.a{p}" for p, (lo, hi) in enumerate(ranges)]
+    a(f"{bp}.ky:")
+    a(f"  %{bp}.k = phi i64 [%kylo, %{bp}.pre], [%{bp}.k.n, %{bp}.ky]")
+    for p in range(P):
+        a(f"  %{bp}.a{p} = phi {vt} [zeroinitializer, %{bp}.pre], [{last[p]}, %{bp}.ky]")
+    a(f"  %{bp}.kr.a = mul i64 %{bp}.k, {d['w']}")
+    a(f"  %{bp}.kr = add i64 %{bp}.kr.a, %xrow0")
+    a(f"  %{bp}.xo.a = mul i64 %{bp}.kr, {c}")
+    a(f"  %{bp}.xo = add i64 %{bp}.xo.a, %{bp}.ixc")
+    a(f"  %{bp}.xp = getelementptr float, ptr %xp, i64 %{bp}.xo")
+    a(f"  %{bp}.wo.a = mul i64 %{bp}.k, {kw * cp}")
+    a(f"  %{bp}.wo = add i64 %{bp}.wo.a, %{bp}.coff")
+    a(f"  %{bp}.wp = getelementptr float, ptr %wp, i64 %{bp}.wo")
+    for j in cols:
+        a(f"  %{bp}.xq{j} = getelementptr float, ptr %{bp}.xp, i64 {j * c}")
+        e.load(f"%{bp}.x{j}", f"%{bp}.xq{j}", masked)
+    for kx in taps:
+        a(f"  %{bp}.wq{kx} = getelementptr float, ptr %{bp}.wp, i64 {kx * cp}")
+        a(f"  %{bp}.w{kx} = load {vt}, ptr %{bp}.wq{kx}, align 4")
+    for p, (lo, hi) in enumerate(ranges):
+        acc = f"%{bp}.a{p}"
+        for kx in range(lo, hi):
+            nxt = f"%{bp}.f{p}_{kx}"
+            a(f"  {nxt} = call {vt} @llvm.fma.v{L}f32({vt} %{bp}.x{p * sw + kx}, {vt} %{bp}.w{kx}, {vt} {acc})")
+            acc = nxt
+    a(f"  %{bp}.k.n = add i64 %{bp}.k, 1")
+    a(f"  %{bp}.kc = icmp slt i64 %{bp}.k.n, %kyhi")
+    a(f"  br i1 %{bp}.kc, label %{bp}.ky, label %{bp}.done")
+    a(f"{bp}.done:")
+    for p in range(P):
+        a(f"  %{bp}.s{p} = phi {vt} [zeroinitializer, %{bp}.pre], [{last[p]}, %{bp}.ky]")
+    a(f"  %{bp}.bq = getelementptr float, ptr %biasp, i64 %{bp}.coff")
+    e.load(f"%{bp}.b", f"%{bp}.bq", masked)
+    a(f"  %{bp}.yo.a = add i64 %yrow, {ox0}")
+    a(f"  %{bp}.yo.b = mul i64 %{bp}.yo.a, {c}")
+    a(f"  %{bp}.yo = add i64 %{bp}.yo.b, %{bp}.coff")
+    for p in range(P):
+        a(f"  %{bp}.yo.{p} = add i64 %{bp}.yo, {p * c}")
+    _epilogue(e, bp, P, masked)
+    a(f"  br label %{after}")
+
+
+def _epilogue(e: _Emitter, bp: str, P: int, masked: bool) -> None:
+    """The P sums plus the bias, the residual (read just before the result is written at the
+    same place) and the activation, written."""
+    L, vt, a = e.L, e.vt, e.a
+    for p in range(P):
+        a(f"  %{bp}.q{p} = getelementptr float, ptr %yp, i64 %{bp}.yo.{p}")
+        val = f"%{bp}.v{p}"
+        a(f"  {val} = fadd {vt} %{bp}.s{p}, %{bp}.b")
+        if e.other:
+            a(f"  %{bp}.oq{p} = getelementptr float, ptr %otherp, i64 %{bp}.yo.{p}")
+            e.load(f"%{bp}.o{p}", f"%{bp}.oq{p}", masked)
+            a(f"  %{bp}.vo{p} = fadd {vt} {val}, %{bp}.o{p}")
+            val = f"%{bp}.vo{p}"
+        if e.act == "relu":  # NaN stays NaN, as torch's relu
+            a(f"  %{bp}.neg{p} = fcmp olt {vt} {val}, zeroinitializer")
+            a(f"  %{bp}.vr{p} = select <{L} x i1> %{bp}.neg{p}, {vt} zeroinitializer, {vt} {val}")
+            val = f"%{bp}.vr{p}"
+        e.store(val, f"%{bp}.q{p}", masked)
+
+
+def _channels(e: _Emitter, sp: str, ox0: str, ranges: list[tuple[int, int]], after: str) -> None:
+    """A block of pixels over every channel: the full vectors in a loop, then the masked last."""
+    a = e.a
+    a(f"{sp}.c:")
+    if e.nf:
+        a(f"  br label %{sp}.cv")
+        a(f"{sp}.cv:")
+        a(f"  %{sp}.cvi = phi i64 [0, %{sp}.c], [%{sp}.cvi.n, %{sp}.cvend]")
+        a(f"  br label %{sp}.f.pre")
+        _block(e, f"{sp}.f", f"%{sp}.cvi", ox0, ranges, False, f"{sp}.cvend")
+        a(f"{sp}.cvend:")
+        a(f"  %{sp}.cvi.n = add i64 %{sp}.cvi, 1")
+        a(f"  %{sp}.cvc = icmp ult i64 %{sp}.cvi.n, {e.nf}")
+        a(f"  br i1 %{sp}.cvc, label %{sp}.cv, label %{sp + '.t.pre' if e.tail else after}")
+    else:
+        a(f"  br label %{sp}.t.pre")
+    if e.tail:
+        _block(e, f"{sp}.t", str(e.nf), ox0, ranges, True, after)
+
+
+def _columns(e: _Emitter) -> None:
+    """A row's column blocks (``column_blocks``), one after another, then the next row."""
+    d, a = e.d, e.a
+    blocks = column_blocks(d, pixel_block(e.L, d["kw"], d["sw"]))
+    a("  br label %s0")
+    for i, (ox, P, reps) in enumerate(blocks):
+        sp, after = f"s{i}", (f"s{i + 1}" if i + 1 < len(blocks) else "row.end")
+        ranges = [_kx_range(d, ox + p) for p in range(P)] if reps == 1 else [(0, d["kw"])] * P
+        a(f"{sp}:")
+        if reps == 1:
+            a(f"  br label %{sp}.c")
+            _channels(e, sp, str(ox), ranges, after)
+            continue
+        a(f"  br label %{sp}.bl")
+        a(f"{sp}.bl:")
+        a(f"  %{sp}.b = phi i64 [0, %{sp}], [%{sp}.b.n, %{sp}.blend]")
+        a(f"  %{sp}.ox.a = mul i64 %{sp}.b, {P}")
+        a(f"  %{sp}.ox = add i64 %{sp}.ox.a, {ox}")
+        a(f"  br label %{sp}.c")
+        _channels(e, sp, f"%{sp}.ox", ranges, f"{sp}.blend")
+        a(f"{sp}.blend:")
+        a(f"  %{sp}.b.n = add i64 %{sp}.b, 1")
+        a(f"  %{sp}.bc = icmp ult i64 %{sp}.b.n, {reps}")
+        a(f"  br i1 %{sp}.bc, label %{sp}.bl, label %{after}")
+    a("row.end:")
+    a("  %r.n = add i64 %r, 1")
+    a("  %rc = icmp ult i64 %r.n, %hi")
+    a("  br i1 %rc, label %row, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+
+
+def depthwise_ir(name: str, lanes: int, act: str, other: bool, dims: dict[str, int]) -> str:
+    """The LLVM IR of one depthwise kernel (see the module doc): ``lanes`` floats a vector,
+    activation ``act`` (none or relu) after the residual add where ``other``, the dimensions
+    ``dims`` (``depthwise_dims``), each a constant of the kernel."""
+    if act not in ACTS:
+        raise ValueError(f"partita.codegen.depthwise: no activation {act!r} (known: {', '.join(ACTS)})")
+    e = _Emitter(dims, lanes, act, other)
+    _prologue(e, name)
+    _columns(e)
+    return "\n".join(e.lines) + "\n"
+
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, Any] = {}
+
+
+def kernel_name(lanes: int, act: str, other: bool, dims: dict[str, int]) -> str:
+    """The kernel's symbol: every constant it is made for."""
+    return (f"pt_dwconv_l{lanes}_{act}{'_add' if other else ''}"
+            + "".join(f"_{k}{v}" for k, v in sorted(dims.items())))
+
+
+def kernel(lanes: int, act: str, other: bool, dims: dict[str, int]) -> Any:
+    """The compiled kernel (a ctypes function) for these constants, made once a process (and
+    kept in the disk cache)."""
+    key = (lanes, act, other, tuple(sorted(dims.items())))
+    with _LOCK:
+        fn = _KERNELS.get(key)
+        if fn is None:
+            name = kernel_name(lanes, act, other, dims)
+            fn = jit().kernel(name, depthwise_ir(name, lanes, act, other, dims), 0,
+                              argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]).fn
+            _KERNELS[key] = fn
+        return fn
+
+
+def kernel_source(x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str,
+                  other: bool = False) -> tuple[str, str]:
+    """The name and LLVM IR of the kernel ``PreparedDepthwise`` compiles for these (``partita
+    opt --emit=kernels`` prints it)."""
+    dims = depthwise_dims(x_shape, w_shape, stride, padding)
+    name = kernel_name(vector_width(), act, other, dims)
+    return name, depthwise_ir(name, vector_width(), act, other, dims)
+
+
+def pack_weight(w: Any, lanes: int) -> Any:
+    """``w`` [C, 1, KH, KW] as the kernel's [KH * KW, Cp] (Cp: C rounded up to ``lanes``, the
+    padding zero)."""
+    c, _, kh, kw = w.shape
+    cp = -(-c // lanes) * lanes
+    out = torch.zeros(kh * kw, cp, dtype=torch.float32)
+    out[:, :c] = w.detach().reshape(c, kh * kw).t().to(torch.float32)
+    return out
+
+
+def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int) -> str:
+    """Why the generated depthwise convolution does not take these, or "" where it does."""
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        return "not a 2-d convolution"
+    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
+        return f"stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)} (the kernel takes two each)"
+    c = x_shape[1]
+    if not (groups == c == w_shape[0] and w_shape[1] == 1):
+        return f"groups={groups} with {c} input and {w_shape[0]} output channels (the kernel takes a depthwise one)"
+    if any(d != 1 for d in dilation):
+        return f"dilation={list(dilation)} (the kernel takes dilation 1)"
+    kh, kw = w_shape[2:]
+    if not (1 <= kh <= MAX_KERNEL and 1 <= kw <= MAX_KERNEL):
+        return f"a {kh} x {kw} kernel (at most {MAX_KERNEL} a side)"
+    if any(s < 1 for s in stride) or padding[0] not in range(kh) or padding[1] not in range(kw):
+        return f"stride {list(stride)}, padding {list(padding)} (stride 1 or more, padding below the kernel's side)"
+    dims = depthwise_dims(tuple(x_shape), tuple(w_shape), list(stride), list(padding))
+    if min(dims["n"], c, dims["ho"], dims["wo"]) < 1:
+        return "an empty result"
+    border = sum(1 for ox in range(dims["wo"]) if _kx_range(dims, ox) != (0, kw))
+    if border > MAX_BORDER:
+        return f"{border} border columns (at most {MAX_BORDER})"
+    return ""
+
+
+class PreparedDepthwise:
+    """One node's depthwise convolution, fixed when the executor prepares it, with
+    ``conv.PreparedConv``'s interface: ``pack(w)`` makes the packed weight once;
+    ``__call__(x, packed, bias, other, out)`` takes NCHW-shaped tensors in channels-last memory
+    (others are converted) and returns the channels-last result, in ``out`` where given. One
+    call at a time (the parameter block is reused)."""
+
+    def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
+                 other: bool = False) -> None:
+        dims = depthwise_dims(x_shape, w_shape, stride, padding)
+        self.lanes = vector_width()
+        self.shape = (dims["n"], dims["c"], dims["ho"], dims["wo"])
+        self.rows = dims["n"] * dims["ho"]
+        self.fn = kernel(self.lanes, act, other, dims)
+        self.params = (ctypes.c_int64 * len(PARAMS))()
+        self.zero_bias = torch.zeros(dims["c"], dtype=torch.float32)
+        self.other = other
+
+    def pack(self, w: Any) -> Any:
+        return pack_weight(w, self.lanes)
+
+    def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
+        cl = torch.channels_last
+        if not x.is_contiguous(memory_format=cl):
+            x = x.contiguous(memory_format=cl)
+        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl) if out is None else out
+        p = self.params
+        bias = self.zero_bias if bias is None else bias.contiguous()
+        p[0], p[1], p[2], p[3], p[4] = x.data_ptr(), packed.data_ptr(), bias.data_ptr(), 0, y.data_ptr()
+        if self.other:
+            if not other.is_contiguous(memory_format=cl):
+                other = other.contiguous(memory_format=cl)
+            p[3] = other.data_ptr()
+        nt = min(torch.get_num_threads(), self.rows)
+        if nt > 1:
+            split_on_team(self.fn, p, self.rows, nt)
+        else:
+            self.fn(ctypes.addressof(p), 0, self.rows, 0)
+        return y
