@@ -23,7 +23,7 @@ import numpy as np
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ops.collective import Pending
 from ..ir.dtypes import DType, promote_all
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node, Value, input_name
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
 from ..ops.cast_semantics import cast_array, float_to_int_torch
 from ..ops.registry import OPS, OpDef, movement_cost
@@ -116,6 +116,7 @@ class TorchProgram:
         self.output_converters = [(slot[v], v.type.dtype if v.type.dtype.name in CARRIER_NAMES else None)
                                   for v in graph.outputs]
         self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
+        self._bind_plan = _bind_plan(graph, self._input_dtypes, self._on_device)
 
     @property
     def steps(self) -> list:
@@ -141,6 +142,24 @@ class TorchProgram:
         env: list = [None] * self.num_slots
         for s, t in self.hoisted:
             env[s] = t
+        if not _bind_ready(self._bind_plan, env, inputs, weights):
+            self._bind_converting(env, inputs, weights)
+        inflight: list = []  # result-less asynchronous ops (sends) still in flight
+        run = self._run
+        if run is None:
+            run = self._run = _generate(self)
+        if not self._on_device and torch.is_inference_mode_enabled():
+            # Already under inference mode (a torch.compile graph called for inference): entering
+            # it again would change nothing, and costs a context manager a call.
+            self._execute(run, env, inflight)
+        else:
+            with torch.inference_mode(), self._device_context():
+                self._execute(run, env, inflight)
+        return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
+
+    def _bind_converting(self, env: list, inputs: Any, weights: Mapping[str, Any] | None) -> None:
+        """Bind every input into ``env``, checking each value and converting what is not yet a
+        tensor of the input's dtype and shape (on the program's device)."""
         tensor = torch.Tensor
         device = self.device if self._on_device else None
         for v, a in bind_inputs(self.graph, inputs, weights):
@@ -162,27 +181,77 @@ class TorchProgram:
                 check_array(v, arr.shape, numpy_dtype_name(arr))
                 t = to_tensor(arr)
             env[v.index] = t if device is None else t.to(device)
-        inflight: list = []  # result-less asynchronous ops (sends) still in flight
-        run = self._run
-        if run is None:
-            run = self._run = _generate(self)
-        with torch.inference_mode(), self._device_context():
-            try:
-                run(env, inflight)
-            except Exception as e:
-                node = _failed_node(self, e)
-                if node is None:
-                    raise
-                err = node_error(node, e, "torch implementation")
-                if err is e:
-                    raise
-                raise err from e
-            for i in self.pending_outputs:
-                if type(env[i]) is Pending:
-                    env[i] = env[i].result()
-            for p in inflight:
-                p.result()
-        return [env[i] if dt is None else from_carrier(env[i], dt) for i, dt in self.output_converters]
+
+    def _execute(self, run: Any, env: list, inflight: list) -> None:
+        """Run the generated function over ``env``; an error names the node whose step raised."""
+        try:
+            run(env, inflight)
+        except Exception as e:
+            node = _failed_node(self, e)
+            if node is None:
+                raise
+            err = node_error(node, e, "torch implementation")
+            if err is e:
+                raise
+            raise err from e
+        for i in self.pending_outputs:
+            if type(env[i]) is Pending:
+                env[i] = env[i].result()
+        for p in inflight:
+            p.result()
+
+
+_MISSING = object()
+
+
+def _bind_plan(graph: Graph, dtypes: list, on_device: bool) -> tuple[list, list] | None:
+    """What ``_bind_ready`` checks: ``(slot, dtype, shape)`` of each ``input``-role value in
+    order, and ``(slot, dtype, shape, name)`` of each other input (a param or state, looked up
+    by name in the weights); None where no call can take that path (a carried dtype, a
+    symbolic dimension, a device, two inputs of one name)."""
+    names = [input_name(v) for v in graph.inputs]
+    if on_device or len(set(names)) != len(names) or any(d is None for d in dtypes):
+        return None
+    data, params = [], []
+    for v, name, want in zip(graph.inputs, names, dtypes):
+        shape = tuple(v.type.shape)
+        if not all(type(d) is int for d in shape):
+            return None
+        if v.role == "input":
+            data.append((v.index, want, shape))
+        else:
+            params.append((v.index, want, shape, name))
+    return data, params
+
+
+def _bind_ready(plan: tuple[list, list] | None, env: list, inputs: Any, weights: Any) -> bool:
+    """Bind the inputs into ``env`` where every value is already a torch tensor of its input's
+    dtype and shape, given as a list or tuple (the ``input``-role values in order) and a dict
+    of weights (none for a graph without params): the values of every call of a compiled
+    graph. False where any is not (the caller then binds them all through ``bind_inputs``,
+    which checks, converts and explains)."""
+    if plan is None or (type(inputs) is not list and type(inputs) is not tuple):
+        return False
+    data, params = plan
+    if len(inputs) != len(data):
+        return False
+    if weights is None:
+        if params:
+            return False
+        weights = {}
+    elif type(weights) is not dict:
+        return False
+    tensor = torch.Tensor
+    for (s, want, shape), a in zip(data, inputs):
+        if not isinstance(a, tensor) or a.dtype is not want or a.shape != shape:
+            return False
+        env[s] = a
+    for s, want, shape, name in params:
+        a = weights.get(name, _MISSING)
+        if not isinstance(a, tensor) or a.dtype is not want or a.shape != shape:
+            return False
+        env[s] = a
+    return True
 
 
 class _Steps(list):
