@@ -70,7 +70,7 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            g = PassManager.parse("fold-batch-norm,fuse-library").run(g)
+            g = PassManager.parse("fold-params,fold-batch-norm,fuse-library").run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
         if fuse:
@@ -120,6 +120,10 @@ class CompiledProgram:
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None
+        # params the program's own passes made (fold-params, fold-batch-norm): a caller passing
+        # weights= by the graph's names gets these added from the program's graph
+        self._derived_names = [k for k in g.weights if k not in graph.weights]
+        self._derived: Any = None
         self.memory_plan: Any = None   # a memory.MemoryPlan once planned
         self._arena: Any = None
         self.arena_view_steps = 0      # view steps made once, of values in the arena
@@ -203,18 +207,26 @@ class CompiledProgram:
             # The graph's own weights, as torch tensors made once: the same tensors every
             # call, so packed library weights stay packed and nothing is converted again.
             # (A donating program updates its weights in place: it converts them each call.)
-            if self._weights is None:
-                import torch
-
-                from ..backend.torch_exec import to_tensor
-
-                # Ordinary tensors even when the first call comes under torch.inference_mode
-                # (a frozen torch.compile graph): an inference tensor has no version counter,
-                # so its packed copy could never be trusted and every call would run unpacked.
-                with torch.inference_mode(False):
-                    self._weights = {k: to_tensor(v) for k, v in self.graph.weights.items()}
-            weights = self._weights
+            weights = self._own_weights()
+        elif weights is not None and self._derived_names:
+            if self._derived is None:
+                self._derived = {k: v for k, v in self._own_weights().items() if k in self._derived_names}
+            weights = {**self._derived, **weights}
         return self.program(inputs, weights)
+
+    def _own_weights(self) -> dict:
+        """The program graph's weights as torch tensors, made once (see ``__call__``):
+        ordinary tensors even when the first call comes under torch.inference_mode (a frozen
+        torch.compile graph), since an inference tensor has no version counter, so its packed
+        copy could never be trusted and every call would run unpacked."""
+        if self._weights is None:
+            import torch
+
+            from ..backend.torch_exec import to_tensor
+
+            with torch.inference_mode(False):
+                self._weights = {k: to_tensor(v) for k, v in self.graph.weights.items()}
+        return self._weights
 
     def report(self) -> str:
         names = {kernel_name(n.attrs["body"]) for n in self.kernels}

@@ -1,4 +1,16 @@
-"""Graph rewrites for inference: ``fold-batch-norm``.
+"""Graph rewrites for inference: ``fold-params`` and ``fold-batch-norm``.
+
+``fold-params``: a node with no effects whose operands are all known (params and state whose
+values ``graph.weights`` holds, constants, or results folded before it), at least one of them a
+param or state, is computed once, by its op's torch implementation (what the program would
+compute at every call), and its results become new ``param`` inputs named
+``<first param's name>.folded`` with their values in ``graph.weights``. It is what torch's
+freezing does to an inference graph's param-only subgraphs: a weight standardized at every
+call (BiT's convolutions), a weight transposed or reshaped before its matmul, a bias scaled by
+a constant. A node is left when its results are graph outputs, or when they hold more elements
+than its largest operand and more than ``MAX_GROWTH`` (folding a bias broadcast to an
+activation's shape would store the activation-sized copy). Like ``fold-batch-norm``, it
+assumes the params are the values ``graph.weights`` holds: a compiled inference program's.
 
 ``fold-batch-norm``: a ``batch_norm`` in inference mode (``training=false``: it normalizes with
 its running statistics) whose input is a ``conv2d`` or ``conv3d`` read by nothing else becomes
@@ -30,7 +42,11 @@ from ..ir.graph import Graph, Node, Value, input_name
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import constant_array, erase_if_dead
 
-__all__ = ["FoldBatchNorm", "known_value"]
+__all__ = ["FoldBatchNorm", "FoldParams", "known_value", "MAX_GROWTH"]
+
+# A folded node whose results hold more elements than its largest operand is kept only up to
+# this many elements (a small table, not an activation-sized broadcast).
+MAX_GROWTH = 4096
 
 _CONVS = ("conv2d", "conv3d")
 
@@ -74,6 +90,73 @@ def _drop_if_unused(graph: Graph, v: Value) -> None:
             del graph.weights[name]
     elif v.producer is not None and v.producer.graph is graph:
         erase_if_dead(graph, v.producer)
+
+
+@register_pass
+class FoldParams(Pass):
+    """Nodes computed from params (and constants) alone are computed once; their results
+    become params (see the module doc)."""
+
+    name = "fold-params"
+
+    def run(self, graph: Graph) -> Graph:
+        from ..ops.registry import OPS
+        from ..passes.rewrite import has_effects
+
+        folded: dict[Value, np.ndarray] = {}
+        outputs = set(graph.outputs)
+        for node in list(graph.nodes):
+            if node.graph is not graph or not node.operands or has_effects(node) or node.op not in OPS:
+                continue
+            if any(r in outputs for r in node.results):
+                continue
+            if not any(v in folded or (v.is_input and v.role in ("param", "state")) for v in node.operands):
+                continue
+            args = [folded.get(v) if v in folded else known_value(graph, v) for v in node.operands]
+            if any(a is None for a in args):
+                continue
+            biggest = max(a.size for a in args)
+            if sum(r.type.numel for r in node.results) > max(biggest, MAX_GROWTH):
+                continue
+            results = _compute(node, args)
+            if results is None:
+                continue
+            base = next(input_name(v) for v in node.operands if v.is_input) if any(
+                v.is_input for v in node.operands) else "param"
+            for r, a in zip(node.results, results):
+                nv = graph.add_input(_unique_input_name(graph, f"{base}.folded"), r.type, "param")
+                graph.weights[input_name(nv)] = a
+                folded[nv] = a
+                graph.replace_all_uses(r, nv)
+            operands = list(node.operands)
+            graph.erase(node)
+            for v in dict.fromkeys(operands):
+                _drop_if_unused(graph, v)
+        return graph
+
+
+def _compute(node: Node, args: list[np.ndarray]) -> list[np.ndarray] | None:
+    """``node``'s results on ``args`` by its op's torch implementation, as NumPy arrays of the
+    results' types; None when it raises or gives another shape or dtype (left for run time)."""
+    from ..backend.common import to_numpy
+    from ..backend.torch_exec import to_tensor
+    from ..ops._lazy import torch
+    from ..ops.registry import OPS
+
+    try:
+        with torch.inference_mode():
+            res = OPS[node.op].torch([to_tensor(np.ascontiguousarray(a)) for a in args], dict(node.attrs))
+    except Exception:
+        return None
+    if not isinstance(res, (list, tuple)):
+        res = (res,)
+    out = []
+    for r, t in zip(node.results, res):
+        a = np.ascontiguousarray(to_numpy(t))
+        if a.shape != r.type.shape or a.dtype != r.type.dtype.np:
+            return None
+        out.append(a)
+    return out if len(out) == len(node.results) else None
 
 
 @register_pass

@@ -118,6 +118,7 @@ PASS_MODULES: dict[str, str] = {
     "order-collectives": "partita.parallel.bucket",
     # code generation (partita/codegen/)
     "fold-batch-norm": "partita.codegen.inference",
+    "fold-params": "partita.codegen.inference",
     "assign-layout": "partita.codegen.layout",
     "fuse-kernels": "partita.codegen.fusion",
     "fuse-library": "partita.codegen.library",
