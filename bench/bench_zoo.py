@@ -415,13 +415,14 @@ IMPORT_PIPELINE = "canonicalize,fold-batch-norm,fuse-library,fuse-kernels,cse,dc
 
 def import_candidate(case: Case) -> Callable[[], Any]:
     """The import path: ``import_torch``, the pipeline of bench_library's models, a
-    ``CompiledProgram`` called with torch tensors (params made once), checked against eager."""
+    ``CompiledProgram`` with ``freeze=True`` called with torch tensors (params made once),
+    checked against eager."""
     import partita
     from partita.codegen import CompiledProgram
 
     with quiet():
         g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), IMPORT_PIPELINE)
-    prog = CompiledProgram(g)
+    prog = CompiledProgram(g, freeze=True)   # inference with fixed weights: params as constants
     weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
     args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
     err = mw.rel_error(np.asarray(prog(args, weights)[0]), case.eager().double().numpy())

@@ -53,13 +53,19 @@ class CompiledProgram:
     it, compiling each kernel or loading it from the cache. ``compile_seconds`` is partita's own time for all of
     that. Calls take and return what ``TorchProgram`` does.
 
+    ``freeze`` (default off): the params are constants, ``graph.weights`` holding their values at
+    every call (torch's freezing; the torch.compile backend's frozen inference graphs): with
+    ``library``, ``fold-params`` computes what depends on params alone once. Without it, new
+    weight tensors passed at a call are used as they come.
+
     ``plan_memory`` (default on): the values that kernels and matmuls write live in one arena
     laid out once (``memory.py``; ``memory_plan.text()`` prints it), so a call allocates only
     what ATen allocates itself. The arena belongs to the program: one call at a time (a program
     is not reentrant across threads); outputs are never in it."""
 
     def __init__(self, graph: Graph, donate: bool = False, overlap: bool = False, fuse: bool = True,
-                 min_ops: int = 2, plan_memory: bool = True, library: bool | None = None) -> None:
+                 min_ops: int = 2, plan_memory: bool = True, library: bool | None = None,
+                 freeze: bool = False) -> None:
         from ..backend.torch_exec import TorchProgram
         from ..passes.dce import DeadCodeElimination
 
@@ -70,7 +76,7 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            g = PassManager.parse("fold-params,fold-batch-norm,fuse-library").run(g)
+            g = PassManager.parse(("fold-params," if freeze else "") + "fold-batch-norm,fuse-library").run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
         if fuse:
@@ -368,7 +374,7 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
     """The generated convolution kernel of each ``conv2d_pointwise`` node one takes (f32,
     static shapes, dilation 1, bias / add / relu epilogues): Winograd's (codegen/winograd.py)
     where it takes the node, else the direct one (codegen/conv.py), both groups 1; the
-    depthwise one (codegen/depthwise.py) for groups = channels."""
+    depthwise one (codegen/depthwise.py) for groups = channels, silu and sigmoid too."""
     from ..ir.dtypes import f32
     from . import depthwise, library, winograd
     from .conv import kernel_source, supported
@@ -376,17 +382,18 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
     out: list[str] = []
     seen: set[str] = set()
     for n in g.nodes:
-        if n.op != "conv2d_pointwise" or n.attrs["binary"] not in ("none", "add") or n.attrs["unary"] not in ("none", "relu"):
+        if n.op != "conv2d_pointwise" or n.attrs["binary"] not in ("none", "add") or n.attrs["unary"] not in depthwise.ACTS:
             continue
         xs, ws = tuple(n.operands[0].type.shape), tuple(n.operands[1].type.shape)
         a = n.attrs
         if any(v.type.dtype is not f32 for v in n.operands) or any(not isinstance(d, int) for d in (*xs, *ws)):
             continue
         conv_args = (xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"])
-        if library.WINOGRAD and not winograd.supported(*conv_args):
+        relu_only = a["unary"] in ("none", "relu")     # silu and sigmoid: the depthwise kernel's alone
+        if relu_only and library.WINOGRAD and not winograd.supported(*conv_args):
             name, ir = winograd.kernel_source(xs, ws, list(a["padding"]), a["unary"])
             where_ = "codegen/winograd.py, F(2x2, 3x3), every dimension a constant"
-        elif not supported(*conv_args):
+        elif relu_only and not supported(*conv_args):
             name, ir = kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"])
             where_ = "codegen/conv.py, every dimension a constant"
         elif not depthwise.supported(*conv_args):

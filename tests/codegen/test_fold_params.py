@@ -59,9 +59,9 @@ def test_param_only_subgraphs_become_params_with_the_same_results():
     np.testing.assert_allclose(after, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_a_compiled_program_folds_and_takes_weights_by_the_graph_names():
+def test_a_frozen_compiled_program_folds_and_takes_weights_by_the_graph_names():
     g, x, want = _model_graph()
-    prog = CompiledProgram(g)
+    prog = CompiledProgram(g, freeze=True)
     assert not any(n.op in ("sqrt", "div") for n in prog.graph.nodes)
     weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
     for _ in range(3):
@@ -85,3 +85,14 @@ graph @m(%x: f32[64,256], %b: f32[256] param, %w: f32[4,4] param) -> (f32[64,256
     ops = [n.op for n in out.nodes]
     assert "broadcast_to" in ops                      # 16,384 elements from 256: not stored
     assert "mul" in ops                               # a graph output: left for the program
+
+
+def test_without_freeze_new_weights_are_used_as_they_come():
+    g, x, _ = _model_graph()
+    prog = CompiledProgram(g)
+    assert not any(k.endswith(".folded") for k in prog.graph.weights)   # nothing folded
+    weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+    prog([x], weights)
+    w2 = dict(weights, w=weights["w"] * 2.0 + 1.0)          # another weight: another result
+    want = numpy_ref.run(g, [x.numpy()], {k: v.numpy() for k, v in w2.items()})[0]
+    torch.testing.assert_close(prog([x], w2)[0], torch.from_numpy(want), rtol=1e-4, atol=1e-5)
