@@ -1,6 +1,7 @@
 """A generated f32 depthwise convolution on channels-last (NHWC) tensors (groups = input
 channels = output channels, as in MobileNets, EfficientNet and ConvNeXt's 7 x 7), with bias,
-a residual add and ReLU applied as each result is written.
+a residual add and an activation (``ACTS``: ReLU, SiLU, sigmoid) applied as each result is
+written.
 
     y[n, oy, ox, c] = act(bias[c] + sum_{ky, kx} x[n, oy*sh - ph + ky, ox*sw - pw + kx, c]
                                                  * w[c, 0, ky, kx]  (+ other[n, oy, ox, c]))
@@ -41,13 +42,16 @@ from ..ops._lazy import torch
 from .cpu import split_on_team
 from .jit import jit
 from .lowering import vector_width
+from .mathlib import exp_neg_ir, f32
 
 __all__ = ["PARAMS", "ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
            "kernel_name", "kernel_source", "pack_weight", "PreparedDepthwise", "supported", "MAX_BORDER",
            "MAX_KERNEL"]
 
 PARAMS = ["x", "w", "bias", "other", "y"]
-ACTS = ("none", "relu")
+# The activations the kernel applies; silu and sigmoid on the inlined vector exp of
+# ``mathlib.exp_neg_ir`` (of -|v|, so never above 1), one division a vector.
+ACTS = ("none", "relu", "silu", "sigmoid")
 # A row with more border columns than this (a kernel wider than the image) runs on the library:
 # each border column is code of its own.
 MAX_BORDER = 16
@@ -138,6 +142,11 @@ def _prologue(e: _Emitter, name: str) -> None:
     a(f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})")
     a(f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)")
     a(f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})")
+    if e.act in ("silu", "sigmoid"):
+        a(f"declare {vt} @llvm.maxnum.v{L}f32({vt}, {vt})")
+        a(f"declare {vt} @llvm.rint.v{L}f32({vt})")
+        a(f"declare {vt} @llvm.fabs.v{L}f32({vt})")
+        a(exp_neg_ir(L))
     a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
     a("entry:")
     for i, f in enumerate(PARAMS):
@@ -244,7 +253,27 @@ def _epilogue(e: _Emitter, bp: str, P: int, masked: bool) -> None:
             a(f"  %{bp}.neg{p} = fcmp olt {vt} {val}, zeroinitializer")
             a(f"  %{bp}.vr{p} = select <{L} x i1> %{bp}.neg{p}, {vt} zeroinitializer, {vt} {val}")
             val = f"%{bp}.vr{p}"
+        elif e.act in ("silu", "sigmoid"):
+            val = _sigmoid(e, f"{bp}.g{p}", val, e.act == "silu")
         e.store(val, f"%{bp}.q{p}", masked)
+
+
+def _sigmoid(e: _Emitter, tag: str, v: str, times_v: bool) -> str:
+    """sigmoid(v) (times v: silu) as 1 / (1 + z) for v >= 0, z / (1 + z) below, z = exp(-|v|):
+    the exp's argument never positive, nothing overflows; NaN stays NaN."""
+    L, vt, a = e.L, e.vt, e.a
+    one = f"splat (float {f32(1.0)})"
+    a(f"  %{tag}.abs = call {vt} @llvm.fabs.v{L}f32({vt} {v})")
+    a(f"  %{tag}.na = fneg {vt} %{tag}.abs")
+    a(f"  %{tag}.z = call {vt} @pt_vexpf_neg{L}({vt} %{tag}.na)")
+    a(f"  %{tag}.d = fadd {vt} %{tag}.z, {one}")
+    a(f"  %{tag}.pos = fcmp oge {vt} {v}, zeroinitializer")
+    a(f"  %{tag}.num = select <{L} x i1> %{tag}.pos, {vt} {one}, {vt} %{tag}.z")
+    a(f"  %{tag}.s = fdiv {vt} %{tag}.num, %{tag}.d")
+    if not times_v:
+        return f"%{tag}.s"
+    a(f"  %{tag}.r = fmul {vt} {v}, %{tag}.s")
+    return f"%{tag}.r"
 
 
 def _channels(e: _Emitter, sp: str, ox0: str, ranges: list[tuple[int, int]], after: str) -> None:
@@ -302,7 +331,7 @@ def _columns(e: _Emitter) -> None:
 
 def depthwise_ir(name: str, lanes: int, act: str, other: bool, dims: dict[str, int]) -> str:
     """The LLVM IR of one depthwise kernel (see the module doc): ``lanes`` floats a vector,
-    activation ``act`` (none or relu) after the residual add where ``other``, the dimensions
+    activation ``act`` (one of ``ACTS``) after the residual add where ``other``, the dimensions
     ``dims`` (``depthwise_dims``), each a constant of the kernel."""
     if act not in ACTS:
         raise ValueError(f"partita.codegen.depthwise: no activation {act!r} (known: {', '.join(ACTS)})")

@@ -457,9 +457,11 @@ def conv_kernel_name(gen: Any) -> str:
 def _generated_conv(node: Any, binary: str, unary: str) -> Any:
     """The generated convolution (the first of ``CONV_KERNELS`` that takes ``node``) prepared
     for it, or None where none does: another kernel asked for (``CONV``), an epilogue other
-    than bias, add and relu, operands not f32 or not static, or no generated code on this
-    machine."""
-    if CONV != "generated" or binary not in ("none", "add") or unary not in ("none", "relu"):
+    than bias, add and relu (and silu or sigmoid, which the depthwise kernel alone applies),
+    operands not f32 or not static, or no generated code on this machine."""
+    from .depthwise import ACTS as DEPTHWISE_ACTS
+
+    if CONV != "generated" or binary not in ("none", "add") or unary not in DEPTHWISE_ACTS:
         return None
     ops = node.operands
     if any(v.type.dtype is not f32 for v in ops) or node.results[0].type.dtype is not f32:
@@ -468,6 +470,8 @@ def _generated_conv(node: Any, binary: str, unary: str) -> Any:
     if any(not isinstance(d, int) for d in (*xs, *ws)) or not _generated_gemm():
         return None
     for name, make in CONV_KERNELS:
+        if unary not in (DEPTHWISE_ACTS if name == "depthwise" else ("none", "relu")):
+            continue
         try:
             gen = make(xs, ws, node.attrs, unary, binary == "add")
         except Exception as e:  # CodegenError: the next kernel, at last the library's, runs it

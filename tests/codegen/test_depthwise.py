@@ -21,15 +21,16 @@ from partita.codegen import library as lib
 
 pytestmark = pytest.mark.skipif(not lib._generated_gemm(), reason="no generated code on this machine")
 
-# (bias, residual, relu) variants, taken in turn across the grid
-EPILOGUES = list(itertools.product((True, False), (False, True), (False, True)))
+# (bias, residual, activation) variants, taken in turn across the grid
+EPILOGUES = list(itertools.product((True, False), (False, True), D.ACTS))
+ACT = {"none": lambda t: t, "relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 def _cl(t):
     return t.contiguous(memory_format=torch.channels_last)
 
 
-def _check(n, c, h, w, k, s, p, bias=True, other=False, relu=False, channels_last=True, seed=0, into=None):
+def _check(n, c, h, w, k, s, p, bias=True, other=False, act="none", channels_last=True, seed=0, into=None):
     """Run the kernel once and compare it with torch; returns the max relative error."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=g)
@@ -42,9 +43,8 @@ def _check(n, c, h, w, k, s, p, bias=True, other=False, relu=False, channels_las
     o = _cl(torch.randn(ref.shape, generator=g)) if other else None
     if other:
         ref = ref + o.double()
-    if relu:
-        ref = ref.relu()
-    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], "relu" if relu else "none", other)
+    ref = ACT[act](ref)
+    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], act, other)
     out = o if into == "other" else (_cl(torch.empty(ref.shape)) if into == "out" else None)
     y = pd(x, pd.pack(wt), b, o, out)
     assert y.shape == ref.shape and y.is_contiguous(memory_format=torch.channels_last)
@@ -59,23 +59,23 @@ def _check(n, c, h, w, k, s, p, bias=True, other=False, relu=False, channels_las
 def test_the_kernel_matches_torch_on_a_grid_of_shapes(c, k, s):
     i = c + 3 * k + s
     for j, p in enumerate((0, k // 2)):
-        bias, other, relu = EPILOGUES[(i + j) % len(EPILOGUES)]
+        bias, other, act = EPILOGUES[(i + j) % len(EPILOGUES)]
         n = (1, 3)[(i + j) % 2]
         h, w = (k + 4 + 2 * (i % 3) + 1, k + 2 + 2 * (j % 2) + 1)   # odd sizes, not square
-        err = _check(n, c, h, w, k, s, p, bias, other, relu, channels_last=bool((i + j) % 3), seed=i + j)
-        assert err <= 1e-5, (n, c, h, w, k, s, p, bias, other, relu, err)
+        err = _check(n, c, h, w, k, s, p, bias, other, act, channels_last=bool((i + j) % 3), seed=i + j)
+        assert err <= 1e-5, (n, c, h, w, k, s, p, bias, other, act, err)
 
 
-@pytest.mark.parametrize("bias,other,relu", EPILOGUES)
-def test_every_epilogue_matches_torch(bias, other, relu):
+@pytest.mark.parametrize("bias,other,act", EPILOGUES)
+def test_every_epilogue_matches_torch(bias, other, act):
     for cl in (True, False):
-        assert _check(3, 37, 13, 11, 3, 1, 1, bias, other, relu, channels_last=cl) <= 1e-5
-        assert _check(1, 24, 9, 15, 5, 2, 2, bias, other, relu, channels_last=cl) <= 1e-5
+        assert _check(3, 37, 13, 11, 3, 1, 1, bias, other, act, channels_last=cl) <= 1e-5
+        assert _check(1, 24, 9, 15, 5, 2, 2, bias, other, act, channels_last=cl) <= 1e-5
 
 
 def test_results_go_into_the_buffer_given_and_over_the_residual_in_place():
-    assert _check(2, 37, 11, 9, 3, 1, 1, other=True, relu=True, into="out") <= 1e-5
-    assert _check(2, 37, 11, 9, 3, 1, 1, other=True, relu=True, into="other") <= 1e-5
+    assert _check(2, 37, 11, 9, 3, 1, 1, other=True, act="relu", into="out") <= 1e-5
+    assert _check(2, 37, 11, 9, 3, 1, 1, other=True, act="silu", into="other") <= 1e-5
     assert _check(1, 64, 7, 7, 7, 1, 3, other=True, into="other") <= 1e-5
 
 
@@ -84,25 +84,29 @@ def test_edge_shapes_match_torch():
     # channel, rectangular images, 1 x 1
     for n, c, h, w, k, s, p in ((1, 16, 3, 3, 3, 1, 0), (2, 8, 5, 5, 7, 1, 3), (1, 1, 9, 7, 3, 2, 1),
                                 (2, 17, 1, 13, 3, 1, 1), (1, 33, 6, 4, 1, 1, 0), (3, 5, 8, 8, 5, 2, 0)):
-        assert _check(n, c, h, w, k, s, p, relu=True) <= 1e-5, (n, c, h, w, k, s, p)
+        assert _check(n, c, h, w, k, s, p, act="relu") <= 1e-5, (n, c, h, w, k, s, p)
 
 
 def test_two_threads_give_the_same_result():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert _check(3, 24, 17, 17, 3, 2, 1, other=True, relu=True) <= 1e-5
+        assert _check(3, 24, 17, 17, 3, 2, 1, other=True, act="relu") <= 1e-5
     finally:
         torch.set_num_threads(threads)
 
 
-def test_nan_stays_nan_through_relu():
-    x = _cl(torch.randn(1, 16, 5, 5))
+@pytest.mark.parametrize("act", D.ACTS)
+def test_nan_stays_nan_and_large_values_stay_finite(act):
+    x = _cl(torch.randn(1, 16, 5, 5) * 100)       # sums far into exp's over- and underflow
     x[0, 3, 2, 2] = float("nan")
     wt = torch.randn(16, 1, 3, 3)
-    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [1, 1], [1, 1], "relu")
+    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [1, 1], [1, 1], act)
     y = pd(x, pd.pack(wt))
     assert torch.isnan(y[0, 3, 1:4, 1:4]).all() and not torch.isnan(y[0, 2]).any()
+    ref = ACT[act](F.conv2d(x.double(), wt.double(), padding=1, groups=16))
+    ok = ~torch.isnan(ref)
+    torch.testing.assert_close(y.double()[ok], ref[ok], rtol=1e-5, atol=1e-4)
 
 
 def test_supported_says_why_not():
@@ -126,8 +130,9 @@ def test_column_blocks_cover_each_column_once():
 
 
 class _Dw(nn.Module):
-    """A MobileNet-like block: pointwise, depthwise 3 x 3 with relu, depthwise 5 x 5 stride 2,
-    and a depthwise 7 x 7 whose result the block's input is added to (ConvNeXt's)."""
+    """A MobileNet-like block: pointwise, depthwise 3 x 3 with relu, a depthwise 7 x 7 whose
+    result the block's input is added to (ConvNeXt's), depthwise 5 x 5 stride 2 with SiLU
+    (EfficientNet's)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,7 +145,7 @@ class _Dw(nn.Module):
         h = torch.relu(self.pw(x))
         h = torch.relu(self.dw3(h))
         h = self.dw7(h) + h
-        return self.dw5(h)
+        return F.silu(self.dw5(h))
 
 
 def _program():
@@ -158,7 +163,8 @@ def test_a_compiled_program_runs_its_depthwise_convolutions_on_the_kernel(monkey
     prog, x, want = _program()
     dws = [n for n in prog.graph.nodes if n.op == "conv2d_pointwise" and n.attrs["groups"] > 1]
     assert len(dws) == 3 and all(lib.writes_into(n) for n in dws)
-    assert any(n.attrs["binary"] == "add" for n in dws) and any(n.attrs["unary"] == "relu" for n in dws)
+    assert any(n.attrs["binary"] == "add" for n in dws)
+    assert {"relu", "silu"} <= {n.attrs["unary"] for n in dws}
     gens = [lib._generated_conv(n, n.attrs["binary"], n.attrs["unary"]) for n in dws]
     assert all(lib.conv_kernel_name(g) == "depthwise" for g in gens)
     before = lib.packed_weight_stats()["generated_conv_calls"]
