@@ -127,6 +127,66 @@ class Event:
     start: float
     end: float
     args: dict = field(default_factory=dict)
+    scope: str = ""                 # the module scope of its node (``Location.scope``), for layer spans
+
+
+def event_scope(node: Node) -> str:
+    """The module scope of ``node`` as a trace groups it, ``(recompute)`` marked."""
+    loc = node.loc
+    if loc is None:
+        return ""
+    return loc.scope + (" (recompute)" if loc.recompute and loc.scope else "")
+
+
+def layer_of(scope: str) -> str:
+    """The layer a module scope belongs to: up to its first numbered part
+    (``transformer.h.3.attn`` -> ``transformer.h.3``), else its first two parts."""
+    base, mark, _rest = scope.partition(" (")
+    parts = base.split(".")
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[:i + 1]) + (" (recompute)" if mark else "")
+    return ".".join(parts[:2]) + (" (recompute)" if mark else "")
+
+
+def format_bytes(x: float) -> str:
+    """A byte count in binary units, three significant digits: 1536 -> '1.50 KiB'."""
+    if abs(x) < 999.5:
+        return f"{x:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        x /= 1024
+        if abs(x) < 999.5 or unit == "EiB":
+            return f"{x:.3g} {unit}" if abs(x) >= 100 else f"{x:#.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_ms(seconds: float) -> str:
+    """A duration in milliseconds with two decimals, as every time of the summary is printed."""
+    return f"{seconds * 1e3:.2f}"
+
+
+def layer_spans(events: list[Event]) -> list[Event]:
+    """``events`` with each run of consecutive spans of one rank's stream in the same layer
+    (``layer_of`` their scope) merged into one span named by the layer (``args``: ops, busy ms);
+    a pipeline section's span stays as it is."""
+    out: list[Event] = []
+    last: dict[tuple[int, str], Event] = {}
+    for e in events:
+        key = (e.rank, e.stream)
+        if "section" in e.args:
+            last[key] = Event(e.rank, e.stream, e.name, e.start, e.end, dict(e.args))
+            out.append(last[key])
+            continue
+        layer = layer_of(e.scope) if e.scope else "(no layer)"
+        m = last.get(key)
+        if m is not None and "section" not in m.args and m.name == layer:
+            m.start, m.end = min(m.start, e.start), max(m.end, e.end)
+            m.args["ops"] += 1
+            m.args["busy_ms"] += (e.end - e.start) * 1e3
+            continue
+        last[key] = Event(e.rank, e.stream, layer, e.start, e.end, {"ops": 1, "busy_ms": (e.end - e.start) * 1e3})
+        out.append(last[key])
+    return out
 
 
 @dataclass
@@ -192,10 +252,12 @@ class SimResult:
         return max((r.memory.peak for r in self.ranks if r.memory is not None), default=0.0)
 
     def text(self) -> str:
+        """The summary: step, throughput, utilization, each simulated rank, communication and the
+        largest rank's memory; every byte figure in binary units (``format_bytes``), every time in ms."""
         from .hardware import format_quantity as fq
 
         lines = [f"simulated step on {self.cluster.name} ({self.devices} of {self.cluster.devices} devices, "
-                 f"mesh {self.mesh}): {self.step_time * 1e3:.2f} ms"]
+                 f"mesh {self.mesh}): {format_ms(self.step_time)} ms"]
         if self.tokens is not None:
             lines.append(f"  {self.tokens_per_second:,.0f} tokens/s ({self.tokens:,} tokens per step)")
         if self.mfu is not None:
@@ -205,34 +267,35 @@ class SimResult:
             lines.append(f"  HFU {self.hfu:.1%}")
         lines.append(f"  ranks simulated: {len(self.ranks)} of {self.devices}" +
                      (" (alike ranks once)" if self.dedup else ""))
-        lines.append(f"  {'rank':>6} {'alike':>6} {'end ms':>9} {'compute':>8} {'waits':>8}  comm per axis"
-                     f"{'':16} peak memory")
+        lines.append(f"  {'rank':>6} {'alike':>6} {'end ms':>9} {'compute':>8} {'waits':>8}  comm ms per axis"
+                     f"{'':13} peak memory")
         for r in self.ranks[:16]:
-            comm = ", ".join(f"{a} {t * 1e3:.2f}" for a, t in sorted(r.comm.items())) or "-"
-            mem = fq(r.memory.peak, "B") if r.memory is not None else "-"
-            lines.append(f"  {r.rank:>6} {r.count:>6} {r.end * 1e3:>9.2f} {r.compute * 1e3:>8.2f} "
-                         f"{r.waiting * 1e3:>8.2f}  {comm:<28} {mem}")
+            comm = ", ".join(f"{a} {format_ms(t)}" for a, t in sorted(r.comm.items())) or "-"
+            mem = format_bytes(r.memory.peak) if r.memory is not None else "-"
+            lines.append(f"  {r.rank:>6} {r.count:>6} {format_ms(r.end):>9} {format_ms(r.compute):>8} "
+                         f"{format_ms(r.waiting):>8}  {comm:<28} {mem}")
         if len(self.ranks) > 16:
             lines.append(f"  ... {len(self.ranks) - 16} more")
         if self.comm_bytes:
             lines.append("  communication per step: " + ", ".join(
-                f"{a} {fq(b, 'B')}" for a, b in sorted(self.comm_bytes.items())))
+                f"{a} {format_bytes(b)}" for a, b in sorted(self.comm_bytes.items())))
         with_mem = [(r.memory.peak, r) for r in self.ranks if r.memory is not None]
         worst = max(with_mem, key=lambda x: x[0])[1] if with_mem else None
         if worst is not None and worst.memory is not None:
             lines.append(f"  memory of rank {worst.rank} (the largest):")
-            lines.extend("    " + s for s in worst.memory.text(self.cluster.device.memory).splitlines())
+            lines.extend("    " + s for s in memory_lines(worst.memory, self.cluster.device.memory))
         return "\n".join(lines)
 
-    def chrome_trace(self, path: str | os.PathLike | None = None) -> dict:
+    def chrome_trace(self, path: str | os.PathLike | None = None, *, detail: bool = True) -> dict:
         """The timeline as Chrome trace JSON (one process per simulated rank, one thread per
-        stream); written to ``path`` when given."""
+        stream); written to ``path`` when given. ``detail=False``: one span per layer run
+        (``layer_spans``) instead of one per op."""
         tids: dict[tuple[int, str], int] = {}
         events: list[dict] = []
         for r in self.ranks:
             events.append({"ph": "M", "name": "process_name", "pid": r.rank,
                            "args": {"name": f"rank {r.rank}" + (f" (x{r.count})" if r.count > 1 else "")}})
-        for e in self.events:
+        for e in (self.events if detail else layer_spans(self.events)):
             key = (e.rank, e.stream)
             if key not in tids:
                 tids[key] = len([k for k in tids if k[0] == e.rank])
@@ -247,6 +310,18 @@ class SimResult:
             with open(path, "w") as f:
                 json.dump(doc, f)
         return doc
+
+
+def memory_lines(m: MemoryReport, capacity: float | None = None) -> list[str]:
+    """``MemoryReport.text``'s lines with every byte figure in binary units (``format_bytes``)."""
+    fb = format_bytes
+    lines = [f"params {fb(m.params)}, gradients {fb(m.grads)}, optimizer state {fb(m.optimizer)} "
+             f"(model states {fb(m.model_states)}); batch {fb(m.batch)}",
+             f"peak {fb(m.peak)} at {m.peak_node or 'the start'}: " +
+             ", ".join(f"{k} {fb(v)}" for k, v in m.at_peak.items() if v)]
+    if capacity is not None:
+        lines[-1] += f" ({m.peak / capacity:.0%} of {fb(capacity)})"
+    return lines
 
 
 # --- the simulation ----------------------------------------------------------------------------
@@ -688,7 +763,8 @@ class _Sim:
                 node = prog.nodes[i]
                 name = node.op
                 self.events.append(Event(r, "compute", name, t, t + d,
-                                         {"result": node.results[0].name if node.results else ""}))
+                                         {"result": node.results[0].name if node.results else ""},
+                                         event_scope(node)))
                 t += d
 
     def resolve(self, r: int, k: int) -> float | None:
@@ -758,7 +834,7 @@ class _Sim:
                 if self.trace:
                     self.events.append(Event(m, f"comm:{c.axis}", c.node.op, start, end,
                                              {"bytes": self._sent_bytes(mc.node, len(group)),
-                                              "group": len(group)}))
+                                              "group": len(group)}, event_scope(mc.node)))
         return end
 
     def _sent_bytes(self, node: Node, n: int) -> float:
@@ -806,8 +882,11 @@ class _Sim:
             self.state[src].comm_busy[c.axis] += ot.seconds
             self.state[src].comm_bytes[c.axis] += ot.bytes
             if self.trace:
-                self.events.append(Event(src, f"comm:{c.axis}", "send", start, end, {"bytes": ot.bytes, "to": dst}))
-                self.events.append(Event(dst, f"comm:{c.axis}", "recv", start, end, {"bytes": ot.bytes, "from": src}))
+                scope = event_scope(c.node)
+                self.events.append(Event(src, f"comm:{c.axis}", "send", start, end, {"bytes": ot.bytes, "to": dst},
+                                         scope))
+                self.events.append(Event(dst, f"comm:{c.axis}", "recv", start, end, {"bytes": ot.bytes, "from": src},
+                                         scope))
         self.state[src].done[ks] = end
         self.state[dst].done[kr] = end
         return end
