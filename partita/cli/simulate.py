@@ -26,10 +26,19 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("simulate", parents=[common], help="simulate one parallel step on a cluster on paper",
                        description="Parallelize a model and simulate one step of its per-rank programs on a cluster "
                                    "described by a cluster file: step time, tokens/s, MFU/HFU, memory per rank.")
-    s.add_argument("file", metavar="FILE.pir", nargs="?", help="the model (or give --gpt)")
+    s.add_argument("file", metavar="FILE.pir", nargs="?", help="the model (or give --gpt, --model or --hf-config)")
     s.add_argument("--gpt", metavar="L,H,A,S,V,B",
                    help="a GPT from its config, no weights: layers, hidden, heads, sequence, vocab, batch")
-    s.add_argument("--dtype", default="bf16", help="with --gpt: the model dtype (default bf16)")
+    s.add_argument("--model", metavar="NAME", help="a named config, no weights (e.g. llama3-8b, gpt3-175b; "
+                                                    "--list-models lists them)")
+    s.add_argument("--list-models", action="store_true", help="list the named models and exit")
+    s.add_argument("--hf-config", metavar="CONFIG.json",
+                   help="a transformers decoder config (model_type " + ", ".join(HF_TYPES) + "), no weights")
+    s.add_argument("--seq", type=int, help="with --model or --hf-config: the sequence length (default the model's)")
+    s.add_argument("--batch", type=int, help="with --model or --hf-config: the global batch in sequences "
+                                             "(default the model's)")
+    s.add_argument("--dtype", default="bf16", help="with --gpt, --model or --hf-config: the model dtype "
+                                                   "(default bf16)")
     s.add_argument("--cluster", default="selene", help="a shipped cluster (see 'partita cluster') or a .toml file "
                                                        "(default selene)")
     s.add_argument("--nodes", type=int_arg(1), help="use this many nodes of the cluster's kind")
@@ -52,10 +61,14 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="a pipeline: unroll every microbatch into per-rank programs, for each rank's memory and a "
                         "per-op trace (its time grows with the microbatches; by default a pipeline is simulated "
                         "section by section, each stage's one-microbatch template priced once)")
-    s.add_argument("--trace", metavar="OUT.json", help="write the timeline as a Chrome trace (Perfetto)")
+    s.add_argument("--trace", metavar="OUT.json", help="write the timeline as a Chrome trace (Perfetto): one span "
+                                                       "per layer run on each rank's stream")
+    s.add_argument("--trace-detail", action="store_true", help="with --trace: one span per op")
     s.set_defaults(handler=cmd_simulate)
 
 
+# The transformers model types --hf-config builds (partita.models.named.HF_DECODERS).
+HF_TYPES = ("llama", "mistral", "qwen2", "gpt2")
 _GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "batch")
 # A GPT whose weights alone pass this many parameters is not one anybody trains (1T is 10^12).
 MAX_GPT_PARAMS = 10 ** 15
@@ -87,16 +100,105 @@ def _gpt(text: str, dtype: str) -> Any:
         raise SimulateError(f"--gpt '{text}': {e}") from None
 
 
+def list_models() -> str:
+    """The table ``--list-models`` prints: each named model's parameters and defaults."""
+    from ..models import NAMED_MODELS
+
+    lines = [f"{'name':<18} {'params':>8} {'layers':>6} {'hidden':>6} {'heads':>9} {'seq':>5} {'batch':>5}  source"]
+    for m in NAMED_MODELS.values():
+        heads = f"{m.heads}" + (f"/{m.kv_heads}" if m.kv_heads else "")
+        lines.append(f"{m.name:<18} {m.params() / 1e9:>7.1f}B {m.layers:>6} {m.hidden:>6} {heads:>9} {m.seq:>5} "
+                     f"{m.batch:>5}  {m.source}")
+    lines.append("(heads: attention/key-value; seq and batch are the defaults, --seq and --batch override them)")
+    return "\n".join(lines)
+
+
+def _check_model_flags(args: argparse.Namespace) -> None:
+    """Exactly one model source, and --seq/--batch only where they apply and at least 1."""
+    given = [f for f, v in (("FILE.pir", args.file), ("--gpt", args.gpt), ("--model", args.model),
+                            ("--hf-config", args.hf_config)) if v is not None]
+    if not given:
+        raise SimulateError("simulate: give a model, either FILE.pir or --gpt LAYERS,HIDDEN,HEADS,SEQ,VOCAB,BATCH, "
+                            "or --model NAME (--list-models lists them) or --hf-config CONFIG.json")
+    if len(given) > 1:
+        raise SimulateError(f"simulate: {' and '.join(given)} each give the model; give one of them")
+    for flag in ("seq", "batch"):
+        n = getattr(args, flag)
+        if n is None:
+            continue
+        if args.model is None and args.hf_config is None:
+            raise SimulateError(f"--{flag} applies to --model and --hf-config; "
+                                f"{'--gpt gives its own' if args.gpt else 'a .pir file has its shapes'}")
+        if n < 1:
+            raise SimulateError(f"--{flag} {n}: the {'sequence length' if flag == 'seq' else 'batch'} must be at "
+                                "least 1")
+
+
+def _hf_config(path: str) -> Any:
+    """The NamedModel of ``--hf-config path``, with its notes printed."""
+    import json
+
+    from ..models import ModelError, hf_config_model
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except FileNotFoundError:
+        raise SimulateError(f"--hf-config {path}: no such file (give a transformers config.json)") from None
+    except IsADirectoryError:
+        raise SimulateError(f"--hf-config {path}: a folder, not a config file (give its config.json)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SimulateError(f"--hf-config {path}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    except json.JSONDecodeError as e:
+        raise SimulateError(f"--hf-config {path}: not JSON ({e.msg} at line {e.lineno}); give a transformers "
+                            "config.json") from None
+    stem = path.replace("\\", "/").rstrip("/").split("/")[-1].removesuffix(".json")
+    try:
+        m, notes = hf_config_model(cfg, name=stem)
+    except ModelError as e:
+        raise SimulateError(f"--hf-config {path}: {e}") from None
+    for n in notes:
+        print(f"note: {path}: {n}")
+    return m
+
+
+def _named(args: argparse.Namespace) -> Any:
+    """The weightless forward graph of ``--model`` or ``--hf-config``, sized by --seq/--batch."""
+    from ..models import ModelError, named_model
+
+    if args.model is not None:
+        try:
+            m = named_model(args.model)
+        except ModelError as e:
+            raise SimulateError(f"--model: {e} (--list-models shows their sizes)") from None
+        what = f"--model {m.name}"
+    else:
+        m = _hf_config(args.hf_config)
+        what = f"--hf-config {args.hf_config}"
+    seq = m.seq if args.seq is None else args.seq
+    batch = m.batch if args.batch is None else args.batch
+    params = m.params(seq)
+    if params > MAX_GPT_PARAMS or batch * seq > 10 ** 12:
+        raise SimulateError(f"{what}: about {params:.3g} parameters and {batch * seq:.3g} tokens a step, beyond any "
+                            f"model partita simulates (at most {MAX_GPT_PARAMS:.0e} parameters, 1e12 tokens); lower "
+                            "--seq or --batch")
+    try:
+        fwd = m.build(seq=seq, batch=batch, dtype=args.dtype)
+    except ModelError as e:
+        raise SimulateError(f"{what}: {e}") from None
+    print(f"model {m.name}: {params / 1e9:.3g}B parameters, seq {seq}, batch {batch}")
+    return fwd
+
+
 def _model(args: argparse.Namespace, strategy: str) -> Any:
     from .. import training_step
     from ..parallel.pipeline.build import is_training
 
-    if (args.file is None) == (args.gpt is None):
-        raise SimulateError("simulate: give a model, either FILE.pir or --gpt LAYERS,HIDDEN,HEADS,SEQ,VOCAB,BATCH")
+    _check_model_flags(args)
     if args.gpt is not None:
-        from ..models import gpt
-
         fwd = _gpt(args.gpt, args.dtype)
+    elif args.model is not None or args.hf_config is not None:
+        fwd = _named(args)
     else:
         from ..ir.parser import parse_file
         from ..ir.verifier import verify
@@ -127,7 +229,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ..parallel.strategies import default_strategy, parse_strategy
     from ..parallel.strategy import parallelize
 
-    # Everything checked before any work: the cluster, the mesh on it, the strategy, the paths.
+    if args.list_models:
+        print(list_models())
+        return 0
+    # Everything checked before any work: the model flags, the cluster, the mesh on it, the
+    # strategy, the paths.
+    _check_model_flags(args)
+    if args.trace_detail and args.trace is None:
+        raise SimulateError("--trace-detail is a --trace option: add --trace OUT.json")
     cluster = load_cluster(args.cluster)
     if args.nodes is not None:
         cluster = cluster.with_nodes(args.nodes)
@@ -163,7 +272,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("(memory per rank: not computed for a pipeline simulated section by section; --unroll computes it)")
     if args.trace:
         try:
-            res.chrome_trace(args.trace)
+            res.chrome_trace(args.trace, detail=args.trace_detail)
         except OSError as e:
             raise SimulateError(f"--trace {args.trace}: cannot write the timeline: {e.strerror or e}") from None
         print(f"\nwrote the timeline to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")

@@ -12,5 +12,7 @@ from ._build import ModelError
 from .gpt import gpt
 from .hf import is_weightless, load_hf_state_dict
 from .llama import llama
+from .named import NAMED_MODELS, NamedModel, hf_config_model, named_model
 
-__all__ = ["ModelError", "gpt", "llama", "load_hf_state_dict", "is_weightless"]
+__all__ = ["ModelError", "gpt", "llama", "load_hf_state_dict", "is_weightless", "NAMED_MODELS", "NamedModel",
+           "named_model", "hf_config_model"]
