@@ -372,9 +372,10 @@ def emit_kernels(graph: Graph, optimized: bool = False) -> str:
 
 def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool) -> list[str]:
     """The generated convolution kernel of each ``conv2d_pointwise`` node one takes (f32,
-    static shapes, dilation 1, bias / add / relu epilogues): Winograd's (codegen/winograd.py)
-    where it takes the node, else the direct one (codegen/conv.py), both groups 1; the
-    depthwise one (codegen/depthwise.py) for groups = channels, silu and sigmoid too."""
+    static shapes, bias / add / relu epilogues): Winograd's (codegen/winograd.py) where it
+    takes the node, else the direct one (codegen/conv.py), both groups and dilation 1; the
+    depthwise one (codegen/depthwise.py) for groups = channels, any dilation, silu and sigmoid
+    too."""
     from ..ir.dtypes import f32
     from . import depthwise, library, winograd
     from .conv import kernel_source, supported
@@ -398,7 +399,7 @@ def _emit_convolutions(g: Graph, lines: list[str], where: dict, optimized: bool)
             where_ = "codegen/conv.py, every dimension a constant"
         elif not depthwise.supported(*conv_args):
             name, ir = depthwise.kernel_source(xs, ws, list(a["stride"]), list(a["padding"]), a["unary"],
-                                               a["binary"] == "add")
+                                               a["binary"] == "add", list(a["dilation"]))
             where_ = "codegen/depthwise.py, every dimension a constant"
         else:
             continue

@@ -3,7 +3,7 @@ channels = output channels, as in MobileNets, EfficientNet and ConvNeXt's 7 x 7)
 a residual add and an activation (``ACTS``: ReLU, SiLU, sigmoid) applied as each result is
 written.
 
-    y[n, oy, ox, c] = act(bias[c] + sum_{ky, kx} x[n, oy*sh - ph + ky, ox*sw - pw + kx, c]
+    y[n, oy, ox, c] = act(bias[c] + sum_{ky, kx} x[n, oy*sh - ph + ky*dh, ox*sw - pw + kx*dw, c]
                                                  * w[c, 0, ky, kx]  (+ other[n, oy, ox, c]))
 
 Each channel is its own convolution, so there is no reduction over channels to tile: the
@@ -28,8 +28,8 @@ not a multiple) and keeps the sums of a block of output pixels in registers thro
 The kernel is ``NAME(ptr params, i64 lo, i64 hi, i64 tid)`` over the output rows ``[lo, hi)``,
 the parameters an i64 block (``PARAMS``: x, packed weight, bias, other, y). A residual
 ``other`` may share the result's buffer (each element of it is read just before the same
-element of the result is written). Dilation 1, a weight of one channel per group
-(``supported``).
+element of the result is written). Any dilation (a dilated kernel row reads every ``dw``-th
+input column); a weight of one channel per group (``supported``).
 """
 
 from __future__ import annotations
@@ -59,32 +59,35 @@ MAX_BORDER = 16
 MAX_KERNEL = 11
 
 
-def pixel_block(lanes: int, kw: int, sw: int) -> int:
+def pixel_block(lanes: int, kw: int, sw: int, dw: int = 1) -> int:
     """How many output pixels an interior block keeps in registers: as many as let the block's
-    sums, its ``(P - 1) * sw + KW`` inputs of a kernel row and the KW weights fit the vector
-    registers (32 with AVX-512, 16 with AVX2), at least 1, at most 8."""
+    P sums, the inputs it reads of a kernel row (``(P - 1) * sw + KW`` without dilation) and
+    the KW weights fit the vector registers (32 with AVX-512, 16 with AVX2), at least 1, at
+    most 8."""
     regs = 32 if lanes >= 16 else 16
     best = 1
     for p in range(1, 9):
-        if p + (p - 1) * sw + 2 * kw <= regs:
+        if p + len({q * sw + kx * dw for q in range(p) for kx in range(kw)}) + kw <= regs:
             best = p
     return best
 
 
-def depthwise_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list) -> dict[str, int]:
+def depthwise_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list,
+                   dilation: list | tuple = (1, 1)) -> dict[str, int]:
     """The kernel's dimensions of a depthwise convolution of ``x_shape`` by ``w_shape``."""
     n, c, h, w = x_shape
     _, _, kh, kw = w_shape
     sh, sw = stride
     ph, pw = padding
-    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-    return dict(n=n, c=c, h=h, w=w, ho=ho, wo=wo, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw)
+    dh, dw = dilation
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return dict(n=n, c=c, h=h, w=w, ho=ho, wo=wo, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw)
 
 
 def _kx_range(d: dict[str, int], ox: int) -> tuple[int, int]:
     """The kernel columns of output column ``ox`` that fall inside the image."""
-    ix0 = ox * d["sw"] - d["pw"]
-    return max(0, -ix0), min(d["kw"], d["w"] - ix0)
+    ix0, dw = ox * d["sw"] - d["pw"], d["dw"]
+    return max(0, -(ix0 // dw)), min(d["kw"], -((ix0 - d["w"]) // dw))
 
 
 def column_blocks(d: dict[str, int], px: int) -> list[tuple[int, int, int]]:
@@ -163,10 +166,16 @@ def _prologue(e: _Emitter, name: str) -> None:
     a(f"  %oy = urem i64 %r, {d['ho']}")
     a(f"  %iy0.s = mul i64 %oy, {d['sh']}")
     a(f"  %iy0 = sub i64 %iy0.s, {d['ph']}")
-    a("  %kylo.0 = sub i64 0, %iy0")
+    # the kernel rows inside the image: ky from ceil(-iy0 / dh) (0 at least) to
+    # ceil((H - iy0) / dh) (KH at most)
+    dh = d["dh"]
+    a("  %kylo.a = sub i64 0, %iy0")
+    a(f"  %kylo.b = add i64 %kylo.a, {dh - 1}")
+    a(f"  %kylo.0 = sdiv i64 %kylo.b, {dh}")
     a("  %kylo.c = icmp sgt i64 %kylo.0, 0")
     a("  %kylo = select i1 %kylo.c, i64 %kylo.0, i64 0")
-    a(f"  %kyhi.0 = sub i64 {d['h']}, %iy0")
+    a(f"  %kyhi.a = sub i64 {d['h'] + dh - 1}, %iy0")
+    a(f"  %kyhi.0 = sdiv i64 %kyhi.a, {dh}")
     a(f"  %kyhi.c = icmp slt i64 %kyhi.0, {d['kh']}")
     a(f"  %kyhi = select i1 %kyhi.c, i64 %kyhi.0, i64 {d['kh']}")
     a("  %hasrows = icmp slt i64 %kylo, %kyhi")
@@ -191,7 +200,8 @@ def _block(e: _Emitter, bp: str, cv: str, ox0: str, ranges: list[tuple[int, int]
     a(f"  %{bp}.ixc.a = mul i64 %{bp}.ix0, {c}")
     a(f"  %{bp}.ixc = add i64 %{bp}.ixc.a, %{bp}.coff")
     a(f"  br i1 %hasrows, label %{bp}.ky, label %{bp}.done")
-    cols = sorted({p * sw + kx for p, (lo, hi) in enumerate(ranges) for kx in range(lo, hi)})
+    dw = d["dw"]
+    cols = sorted({p * sw + kx * dw for p, (lo, hi) in enumerate(ranges) for kx in range(lo, hi)})
     taps = sorted({kx for lo, hi in ranges for kx in range(lo, hi)})
     # each pixel's last sum of a kernel row (its phi's own value where it has no tap)
     last = [f"%{bp}.f{p}_{hi - 1}" if hi > lo else f"%{bp}.a{p}" for p, (lo, hi) in enumerate(ranges)]
@@ -199,7 +209,7 @@ def _block(e: _Emitter, bp: str, cv: str, ox0: str, ranges: list[tuple[int, int]
     a(f"  %{bp}.k = phi i64 [%kylo, %{bp}.pre], [%{bp}.k.n, %{bp}.ky]")
     for p in range(P):
         a(f"  %{bp}.a{p} = phi {vt} [zeroinitializer, %{bp}.pre], [{last[p]}, %{bp}.ky]")
-    a(f"  %{bp}.kr.a = mul i64 %{bp}.k, {d['w']}")
+    a(f"  %{bp}.kr.a = mul i64 %{bp}.k, {d['dh'] * d['w']}")
     a(f"  %{bp}.kr = add i64 %{bp}.kr.a, %xrow0")
     a(f"  %{bp}.xo.a = mul i64 %{bp}.kr, {c}")
     a(f"  %{bp}.xo = add i64 %{bp}.xo.a, %{bp}.ixc")
@@ -217,7 +227,7 @@ def _block(e: _Emitter, bp: str, cv: str, ox0: str, ranges: list[tuple[int, int]
         acc = f"%{bp}.a{p}"
         for kx in range(lo, hi):
             nxt = f"%{bp}.f{p}_{kx}"
-            a(f"  {nxt} = call {vt} @llvm.fma.v{L}f32({vt} %{bp}.x{p * sw + kx}, {vt} %{bp}.w{kx}, {vt} {acc})")
+            a(f"  {nxt} = call {vt} @llvm.fma.v{L}f32({vt} %{bp}.x{p * sw + kx * dw}, {vt} %{bp}.w{kx}, {vt} {acc})")
             acc = nxt
     a(f"  %{bp}.k.n = add i64 %{bp}.k, 1")
     a(f"  %{bp}.kc = icmp slt i64 %{bp}.k.n, %kyhi")
@@ -299,7 +309,7 @@ def _channels(e: _Emitter, sp: str, ox0: str, ranges: list[tuple[int, int]], aft
 def _columns(e: _Emitter) -> None:
     """A row's column blocks (``column_blocks``), one after another, then the next row."""
     d, a = e.d, e.a
-    blocks = column_blocks(d, pixel_block(e.L, d["kw"], d["sw"]))
+    blocks = column_blocks(d, pixel_block(e.L, d["kw"], d["sw"], d["dw"]))
     a("  br label %s0")
     for i, (ox, P, reps) in enumerate(blocks):
         sp, after = f"s{i}", (f"s{i + 1}" if i + 1 < len(blocks) else "row.end")
@@ -366,10 +376,10 @@ def kernel(lanes: int, act: str, other: bool, dims: dict[str, int]) -> Any:
 
 
 def kernel_source(x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str,
-                  other: bool = False) -> tuple[str, str]:
+                  other: bool = False, dilation: list | tuple = (1, 1)) -> tuple[str, str]:
     """The name and LLVM IR of the kernel ``PreparedDepthwise`` compiles for these (``partita
     opt --emit=kernels`` prints it)."""
-    dims = depthwise_dims(x_shape, w_shape, stride, padding)
+    dims = depthwise_dims(x_shape, w_shape, stride, padding, dilation)
     name = kernel_name(vector_width(), act, other, dims)
     return name, depthwise_ir(name, vector_width(), act, other, dims)
 
@@ -393,14 +403,14 @@ def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilat
     c = x_shape[1]
     if not (groups == c == w_shape[0] and w_shape[1] == 1):
         return f"groups={groups} with {c} input and {w_shape[0]} output channels (the kernel takes a depthwise one)"
-    if any(d != 1 for d in dilation):
-        return f"dilation={list(dilation)} (the kernel takes dilation 1)"
     kh, kw = w_shape[2:]
     if not (1 <= kh <= MAX_KERNEL and 1 <= kw <= MAX_KERNEL):
         return f"a {kh} x {kw} kernel (at most {MAX_KERNEL} a side)"
-    if any(s < 1 for s in stride) or padding[0] not in range(kh) or padding[1] not in range(kw):
-        return f"stride {list(stride)}, padding {list(padding)} (stride 1 or more, padding below the kernel's side)"
-    dims = depthwise_dims(tuple(x_shape), tuple(w_shape), list(stride), list(padding))
+    if any(s < 1 for s in stride) or any(d < 1 for d in dilation):
+        return f"stride {list(stride)}, dilation {list(dilation)} (the kernel takes 1 or more)"
+    if not (0 <= padding[0] <= dilation[0] * (kh - 1) and 0 <= padding[1] <= dilation[1] * (kw - 1)):
+        return f"padding {list(padding)} (the kernel takes up to its dilated side less one)"
+    dims = depthwise_dims(tuple(x_shape), tuple(w_shape), list(stride), list(padding), list(dilation))
     if min(dims["n"], c, dims["ho"], dims["wo"]) < 1:
         return "an empty result"
     border = sum(1 for ox in range(dims["wo"]) if _kx_range(dims, ox) != (0, kw))
@@ -417,8 +427,8 @@ class PreparedDepthwise:
     call at a time (the parameter block is reused)."""
 
     def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
-                 other: bool = False) -> None:
-        dims = depthwise_dims(x_shape, w_shape, stride, padding)
+                 other: bool = False, dilation: list | tuple = (1, 1)) -> None:
+        dims = depthwise_dims(x_shape, w_shape, stride, padding, dilation)
         self.lanes = vector_width()
         self.shape = (dims["n"], dims["c"], dims["ho"], dims["wo"])
         self.rows = dims["n"] * dims["ho"]

@@ -432,7 +432,7 @@ def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
 
     if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
         return None
-    return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other)
+    return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other, list(a["dilation"]))
 
 
 # The generated convolution kernels, in order of preference: each returns its prepared kernel

@@ -1,9 +1,10 @@
 """partita's generated depthwise convolution (codegen/depthwise.py): against torch's conv2d with
 groups = channels and the epilogue, over channel counts that fill whole vectors and leave a
-remainder, 3 x 3 to 7 x 7 kernels, strides 1 and 2, with and without padding, odd image sizes,
-channels-last and contiguous inputs, bias, residual (also written over in place) and relu, two
-threads; the reasons it refuses a convolution; and a compiled program running its depthwise
-convolution on the kernel, which ``--emit kernels`` prints."""
+remainder, 3 x 3 to 7 x 7 kernels, strides 1 and 2, with and without padding, dilation, odd
+image sizes, channels-last and contiguous inputs, bias, residual (also written over in place)
+and relu, silu or sigmoid, NaN and large values, two threads; the reasons it refuses a
+convolution; and a compiled program running its depthwise convolutions on the kernel, which
+``--emit kernels`` prints."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _cl(t):
     return t.contiguous(memory_format=torch.channels_last)
 
 
-def _check(n, c, h, w, k, s, p, bias=True, other=False, act="none", channels_last=True, seed=0, into=None):
+def _check(n, c, h, w, k, s, p, bias=True, other=False, act="none", channels_last=True, seed=0, into=None, d=1):
     """Run the kernel once and compare it with torch; returns the max relative error."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=g)
@@ -38,13 +39,14 @@ def _check(n, c, h, w, k, s, p, bias=True, other=False, act="none", channels_las
         x = _cl(x)
     wt = torch.randn(c, 1, k, k, generator=g)
     b = torch.randn(c, generator=g) if bias else None
-    assert D.supported(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], [1, 1], c) == ""
-    ref = F.conv2d(x.double(), wt.double(), None if b is None else b.double(), stride=s, padding=p, groups=c)
+    assert D.supported(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], [d, d], c) == ""
+    ref = F.conv2d(x.double(), wt.double(), None if b is None else b.double(), stride=s, padding=p, dilation=d,
+                   groups=c)
     o = _cl(torch.randn(ref.shape, generator=g)) if other else None
     if other:
         ref = ref + o.double()
     ref = ACT[act](ref)
-    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], act, other)
+    pd = D.PreparedDepthwise(tuple(x.shape), tuple(wt.shape), [s, s], [p, p], act, other, [d, d])
     out = o if into == "other" else (_cl(torch.empty(ref.shape)) if into == "out" else None)
     y = pd(x, pd.pack(wt), b, o, out)
     assert y.shape == ref.shape and y.is_contiguous(memory_format=torch.channels_last)
@@ -87,6 +89,14 @@ def test_edge_shapes_match_torch():
         assert _check(n, c, h, w, k, s, p, act="relu") <= 1e-5, (n, c, h, w, k, s, p)
 
 
+def test_dilated_kernels_match_torch():
+    # dilation 2 and 4 (a dilated MobileNet's), the padding as wide as the dilated kernel's
+    # half or none, the image smaller than the dilated kernel (only some taps ever inside)
+    for n, c, h, w, k, s, p, d in ((2, 24, 9, 11, 3, 1, 2, 2), (1, 37, 13, 13, 3, 2, 2, 2), (2, 16, 4, 4, 3, 1, 4, 4),
+                                   (1, 48, 12, 10, 5, 1, 4, 2), (1, 8, 15, 15, 3, 1, 0, 3), (3, 17, 7, 9, 7, 1, 6, 2)):
+        assert _check(n, c, h, w, k, s, p, act="relu", other=bool(s == 1), d=d) <= 1e-5, (n, c, h, w, k, s, p, d)
+
+
 def test_two_threads_give_the_same_result():
     threads = torch.get_num_threads()
     try:
@@ -114,7 +124,8 @@ def test_supported_says_why_not():
     assert D.supported(*ok) == ""
     assert "depthwise" in D.supported((2, 16, 8, 8), (16, 4, 3, 3), [1, 1], [1, 1], [1, 1], 4)
     assert "depthwise" in D.supported((2, 16, 8, 8), (32, 1, 3, 3), [1, 1], [1, 1], [1, 1], 16)
-    assert "dilation" in D.supported((2, 16, 8, 8), (16, 1, 3, 3), [1, 1], [2, 2], [2, 2], 16)
+    assert D.supported((2, 16, 8, 8), (16, 1, 3, 3), [1, 1], [2, 2], [2, 2], 16) == ""
+    assert "dilation" in D.supported((2, 16, 8, 8), (16, 1, 3, 3), [1, 1], [1, 1], [0, 1], 16)
     assert "kernel" in D.supported((2, 16, 30, 30), (16, 1, 13, 13), [1, 1], [6, 6], [1, 1], 16)
     assert "padding" in D.supported((2, 16, 8, 8), (16, 1, 3, 3), [1, 1], [3, 3], [1, 1], 16)
     assert "empty" in D.supported((2, 16, 2, 2), (16, 1, 3, 3), [1, 1], [0, 0], [1, 1], 16)
@@ -122,22 +133,22 @@ def test_supported_says_why_not():
 
 
 def test_column_blocks_cover_each_column_once():
-    for w, k, s, p in ((32, 3, 1, 1), (31, 7, 2, 3), (5, 7, 1, 3), (9, 5, 2, 0)):
-        d = D.depthwise_dims((1, 16, 8, w), (16, 1, k, k), [1, s], [0, p])
+    for w, k, s, p, dl in ((32, 3, 1, 1, 1), (31, 7, 2, 3, 1), (5, 7, 1, 3, 1), (9, 5, 2, 0, 1), (16, 3, 1, 4, 4)):
+        d = D.depthwise_dims((1, 16, 8, w), (16, 1, k, k), [1, s], [0, p], [1, dl])
         for px in (1, 3, 8):
             cols = [ox + b * P + q for ox, P, reps in D.column_blocks(d, px) for b in range(reps) for q in range(P)]
             assert cols == list(range(d["wo"]))
 
 
 class _Dw(nn.Module):
-    """A MobileNet-like block: pointwise, depthwise 3 x 3 with relu, a depthwise 7 x 7 whose
-    result the block's input is added to (ConvNeXt's), depthwise 5 x 5 stride 2 with SiLU
-    (EfficientNet's)."""
+    """A MobileNet-like block: pointwise, depthwise 3 x 3 dilated 2 with relu, a depthwise
+    7 x 7 whose result the block's input is added to (ConvNeXt's), depthwise 5 x 5 stride 2
+    with SiLU (EfficientNet's)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pw = nn.Conv2d(3, 24, 1)
-        self.dw3 = nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.dw3 = nn.Conv2d(24, 24, 3, padding=2, dilation=2, groups=24)
         self.dw7 = nn.Conv2d(24, 24, 7, padding=3, groups=24)
         self.dw5 = nn.Conv2d(24, 24, 5, stride=2, padding=2, groups=24)
 
