@@ -15,7 +15,7 @@ from partita.cli import main
 from partita.cli.simulate import HF_TYPES
 from partita.cluster.simulator import format_bytes, layer_of
 from partita.models import NAMED_MODELS, named_model
-from partita.models.named import HF_DECODERS
+from partita.models.named import HF_DECODERS, MEGATRON_TABLE1_MODELS
 
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -153,3 +153,21 @@ def test_named_model_lookup_lists_the_names():
     assert named_model(" Llama3-70B ").layers == 80
     with pytest.raises(Exception, match="the named models are gpt3-175b"):
         named_model("gpt4")
+
+
+def test_the_megatron_models_are_the_benchmarks_rows():
+    """The shared table and bench/bench_simulate.py's Table 1 agree on every row's shape."""
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        import bench_simulate
+    finally:
+        sys.path.remove(str(bench))
+    rows = [(name, a, h, l, B) for name, a, h, l, _tp, _pp, _n, B, *_rest in bench_simulate.MEGATRON_T1]
+    assert rows == [tuple(r) for r in MEGATRON_TABLE1_MODELS]
+    for name, a, h, l, B in rows:
+        m = NAMED_MODELS[f"megatron-{name.lower()}"]
+        assert (m.heads, m.hidden, m.layers, m.batch, m.seq, m.vocab) == (a, h, l, B, bench_simulate.SEQ,
+                                                                           bench_simulate.VOCAB)
