@@ -1,11 +1,14 @@
 """``partita simulate``: one step of a parallel program on a cluster on paper.
 
 The model is a ``.pir`` file (``FILE.pir``; a forward graph is made a training step with
-``--train``) or a GPT built from its config without weights (``--gpt
-LAYERS,HIDDEN,HEADS,SEQ,VOCAB,BATCH``). It is parallelized with ``--mesh`` and ``--strategy``
+``--train``), a GPT built from its config without weights (``--gpt
+LAYERS,HIDDEN,HEADS,SEQ,VOCAB,BATCH``), a named config (``--model llama3-8b``;
+``--list-models``) or a transformers decoder config (``--hf-config config.json``), the last two
+sized by ``--seq`` and ``--batch``. It is parallelized with ``--mesh`` and ``--strategy``
 (and the pipeline flags), then simulated on ``--cluster`` (a shipped name or a ``.toml``
 file): the step time, tokens/s, MFU and HFU, each simulated rank's time and memory, the
-communication per axis; ``--trace`` writes the timeline as a Chrome trace (Perfetto).
+communication per axis; ``--trace`` writes the timeline as a Chrome trace (Perfetto), one span
+per layer run (``--trace-detail``: per op).
 """
 
 from __future__ import annotations
