@@ -735,14 +735,23 @@ def head_commit() -> str:
         return "?"
 
 
-def rows_from_json(path: str) -> tuple[list[Row], str]:
-    """The rows and the command of a ``--json`` file."""
-    data = json.loads(Path(path).read_text())
-    rows = []
-    for r in data["rows"]:
-        cells = {k: Cell(**v) for k, v in r.pop("cells").items()}
-        rows.append(Row(**r, cells=cells))
-    return rows, data["command"]
+def rows_from_json(paths: str) -> tuple[list[Row], str]:
+    """The rows and the command of ``--json`` files (comma-separated): a model's cells from
+    every file, a later file's cell replacing an earlier one's of the same column; the
+    commands joined, each with the commit its file records."""
+    by_model: dict[str, Row] = {}
+    commands = []
+    for path in paths.split(","):
+        data = json.loads(Path(path).read_text())
+        commands.append(data["command"])
+        for r in data["rows"]:
+            cells = {k: Cell(**v) for k, v in r.pop("cells").items()}
+            if r["model"] in by_model:
+                by_model[r["model"]].cells.update(cells)
+                by_model[r["model"]].timing.update(r.get("timing") or {})
+            else:
+                by_model[r["model"]] = Row(**r, cells=cells)
+    return list(by_model.values()), "` and `".join(commands)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -759,7 +768,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds a model's columns may take")
     ap.add_argument("--json", help="write the cells as JSON")
     ap.add_argument("--md", help="write the Markdown report (docs/zoo.md)")
-    ap.add_argument("--from-json", help="run nothing: write the report of an earlier --json file")
+    ap.add_argument("--from-json", help="run nothing: write the report of earlier --json files (comma-separated, "
+                                        "their cells merged by model)")
     return ap.parse_args(argv)
 
 
