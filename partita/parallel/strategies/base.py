@@ -46,6 +46,9 @@ class Strategy:
       the error gives.
     - ``order``: strategies annotate in increasing ``order`` (megatron's weight splits come
       before the data-parallel presets, which shard the optimizer state on top of them).
+    - ``word_axes``: words (the name or an alias) that promise a layout, each with the mesh
+      axes it needs by name (zero3's ``hsdp``: ``dp`` and ``fsdp``), and ``axes_why``, what
+      they are for; a mesh without one of them is refused when that word is used.
 
     An instance is shared by every ``parallelize`` call: keep per-call state on the context.
     """
@@ -57,6 +60,8 @@ class Strategy:
     requires: tuple[str, ...] = ()
     requires_why: str = ""
     order: int = 50
+    word_axes: dict[str, tuple[str, ...]] = {}
+    axes_why: str = ""
 
     def annotate(self, ctx: "AnnotationContext") -> None:
         """Place values of ``ctx.graph`` (``ctx.place`` before propagation, ``ctx.late`` after
@@ -212,7 +217,10 @@ def parse_strategy(text: str | None, mesh: Mesh) -> ParsedStrategy:
     a one-axis mesh); data-parallel presets use ``dp``, megatron ``tp``."""
     if text is None or text.strip() in ("", "none"):
         return ParsedStrategy()
-    found = [lookup(p.strip()) for p in text.replace(",", "+").split("+") if p.strip()]
+    words = [p.strip() for p in text.replace(",", "+").split("+") if p.strip()]
+    found = [lookup(w) for w in words]
+    for w, s in zip(words, found):
+        _check_word_axes(text, w, s, mesh)
     groups: dict[str, list[Strategy]] = {}
     for s in found:
         if s.exclusive is not None:
@@ -243,6 +251,18 @@ def parse_strategy(text: str | None, mesh: Mesh) -> ParsedStrategy:
                 raise StrategyError(f"strategy '{text}' puts {a.name} and {b.name} on the same mesh axis '{ax}'; "
                                     f"use a 2-D mesh such as '{a.axis}=2,{b.axis}=2'")
     return ParsedStrategy(tuple(chosen), tuple(axes))
+
+
+def _check_word_axes(text: str, word: str, s: Strategy, mesh: Mesh) -> None:
+    """Raise a StrategyError naming the missing axis when ``word`` asks for mesh axes by name
+    (``s.word_axes``) that ``mesh`` lacks."""
+    need = s.word_axes.get(word, ())
+    missing = [a for a in need if a not in mesh.names]
+    if missing:
+        why = f" ({s.axes_why})" if s.axes_why else ""
+        example = ",".join(f"{a}={mesh.axis_size(a) if a in mesh.names else 2}" for a in need)
+        raise StrategyError(f"strategy '{text}': {word} needs the mesh axes {' and '.join(repr(a) for a in need)}"
+                            f"{why}; the mesh {mesh} has no axis '{missing[0]}': add it, e.g. mesh='{example}'")
 
 
 class AnnotationContext:

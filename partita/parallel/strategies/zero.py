@@ -5,7 +5,13 @@ of the param and the new params are all-gathered. ``zero1`` annotates the gradie
 each rank receives only its part's sum). ``zero3`` also keeps each param split between steps:
 the forward reads a gathered copy and the backward gathers again (two all_gathers per param
 per step, as FSDP does), each right before its first reader, so a gathered param is alive
-only while it is used."""
+only while it is used.
+
+``zero3`` on a mesh with both a ``dp`` and an ``fsdp`` axis is hybrid sharding (HSDP, FSDP2's
+``HYBRID_SHARD``; the word ``hsdp`` asks for it and refuses a mesh without both axes): the
+batch is split over ``dp`` x ``fsdp``, the params, gradients and optimizer state over ``fsdp``
+only and replicated over ``dp``; each gradient is reduce-scattered over ``fsdp`` and its
+shard all-reduced over ``dp``, each param all-gathered over ``fsdp`` only."""
 
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ import math
 from ...ir.graph import Node, Value
 from ...ir.placement import Placement
 from .base import UPDATE_OPS, AnnotationContext, StrategyError, register
+
+SHARD_AXIS = "fsdp"  # the mesh axis zero3 shards over inside a group when the mesh has it beside 'dp' 
 from .dp import DataParallel
 
 
@@ -91,8 +99,51 @@ class Zero2(Zero):
 @register
 class Zero3(Zero):
     name = "zero3"
-    aliases: tuple[str, ...] = ("fsdp",)
+    aliases: tuple[str, ...] = ("fsdp", "hsdp")
     stage = 3
+    word_axes = {"hsdp": ("dp", SHARD_AXIS)}
+    axes_why = "'dp' replicates across groups, 'fsdp' shards inside a group"
+
+    def annotate(self, ctx: AnnotationContext) -> None:
+        outer = ctx.axis(self)
+        inner = hybrid_shard_axis(ctx, outer)
+        if inner is None:
+            super().annotate(ctx)
+            return
+        split_batch(ctx, self.name, (outer, inner))
+        self.shard(ctx, inner)
+
+
+def hybrid_shard_axis(ctx: AnnotationContext, outer: str) -> str | None:
+    """The axis zero3 shards over inside a group (HSDP): ``fsdp`` when the mesh has it beside
+    zero3's own axis and no other strategy of the combination works on it; else None."""
+    if outer == SHARD_AXIS or SHARD_AXIS not in ctx.mesh.names:
+        return None
+    if SHARD_AXIS in ctx.strategy.axes:
+        return None
+    return SHARD_AXIS
+
+
+def split_batch(ctx: AnnotationContext, who: str, axes: tuple[str, ...]) -> None:
+    """Split every ``input``-role graph input on dim 0 over ``axes`` (major to minor)."""
+    g, mesh = ctx.graph, ctx.mesh
+    batch = [v for v in g.inputs if v.role == "input"]
+    if not batch:
+        raise StrategyError(f"strategy {who}: @{g.name} has no 'input'-role graph input to split over the batch; "
+                            "data parallelism needs the batch as an input")
+    sizes = [mesh.axis_size(a) for a in axes]
+    n = math.prod(sizes)
+    for v in batch:
+        if v.type.rank == 0:
+            continue
+        rows = v.type.shape[0]
+        if rows % n:
+            named = " x ".join(f"'{a}'" for a in axes)
+            raise StrategyError(
+                f"strategy {who}: %{ctx.name(v)} has {rows} rows in dim 0 ({v.type}), which the mesh axes {named} "
+                f"({' x '.join(map(str, sizes))} = {n} ranks) do not divide; use a batch that is a multiple of {n}, "
+                f"or smaller '{axes[-1]}' or '{axes[0]}' axes")
+        ctx.place(v, Placement.split(v.type.rank, {0: axes}))
 
 
 def gather_point(ctx: AnnotationContext, p: Value, update: Node, whole: Placement, stop: Node | None) -> None:
