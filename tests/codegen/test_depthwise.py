@@ -2,9 +2,9 @@
 groups = channels and the epilogue, over channel counts that fill whole vectors and leave a
 remainder, 3 x 3 to 7 x 7 kernels, strides 1 and 2, with and without padding, dilation, odd
 image sizes, channels-last and contiguous inputs, bias, residual (also written over in place)
-and relu, silu or sigmoid, NaN and large values, two threads; the reasons it refuses a
-convolution; and a compiled program running its depthwise convolutions on the kernel, which
-``--emit kernels`` prints."""
+and relu, silu or sigmoid, NaN and large values, 8 and 16 lanes, two threads; the reasons it
+refuses a convolution; and a compiled program running its depthwise convolutions on the
+kernel, which ``--emit kernels`` prints."""
 
 from __future__ import annotations
 
@@ -95,6 +95,12 @@ def test_dilated_kernels_match_torch():
     for n, c, h, w, k, s, p, d in ((2, 24, 9, 11, 3, 1, 2, 2), (1, 37, 13, 13, 3, 2, 2, 2), (2, 16, 4, 4, 3, 1, 4, 4),
                                    (1, 48, 12, 10, 5, 1, 4, 2), (1, 8, 15, 15, 3, 1, 0, 3), (3, 17, 7, 9, 7, 1, 6, 2)):
         assert _check(n, c, h, w, k, s, p, act="relu", other=bool(s == 1), d=d) <= 1e-5, (n, c, h, w, k, s, p, d)
+
+
+def test_eight_lanes_as_on_avx2(monkeypatch):
+    monkeypatch.setattr(D, "vector_width", lambda: 8)
+    for c, k, s, act in ((37, 3, 1, "relu"), (8, 5, 2, "silu"), (20, 7, 1, "sigmoid")):
+        assert _check(2, c, 11, 9, k, s, k // 2, other=True, act=act) <= 1e-5, (c, k, s, act)
 
 
 def test_two_threads_give_the_same_result():
