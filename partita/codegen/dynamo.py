@@ -75,7 +75,8 @@ class GraphRecord:
 @dataclass
 class Choice:
     """Which of a compiled graph's two candidates runs it: ``"partita"`` (its program) or
-    ``"aten"`` (the graph's own FX code, as eager runs it). With ``choose="measure"`` the first
+    ``"aten"`` (the graph's own FX code, as eager runs it: for an inference graph dynamo's own
+    graph, for a training graph AOTAutograd's). With ``choose="measure"`` the first
     calls alternate between the two (each call runs one of them, on the caller's inputs) and
     the faster by its fastest timed call is kept; ``picked`` is None while they are measured."""
 
@@ -233,15 +234,49 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
     from ..frontend.fx import decomposition_table
 
     options = _Options.parse(kwargs.get("options"))
+    made: list[tuple[str, Any]] = []     # (kind, what compile_fx_graph returned) of each graph
 
     def compiler(kind: str) -> Callable[..., Any]:
         def compile_graph(fx_gm: Any, inputs: Sequence[Any]) -> Callable[..., Any]:
-            return compile_fx_graph(fx_gm, inputs, kind=kind, _options=options)
+            fn = compile_fx_graph(fx_gm, inputs, kind=kind, _options=options)
+            made.append((kind, fn))
+            return fn
         return compile_graph
 
     aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                        inference_compiler=compiler("inference"), decompositions=decomposition_table())
-    return aot(gm, example_inputs)
+    compiled = aot(gm, example_inputs)
+    if len(made) != 1 or made[0][0] != "inference":
+        return compiled
+    return _inference_entry(compiled, gm, made[0][1])
+
+
+def _inference_entry(compiled: Callable[..., Any], gm: Any, made: Any) -> Callable[..., Any]:
+    """What dynamo calls for a graph AOTAutograd compiled as one inference graph. Its ATen
+    candidate is dynamo's own graph, the model's torch calls as eager makes them (the graph
+    AOTAutograd made is partita's decompositions of them, behind AOTAutograd's runtime
+    wrapper, and ran up to a third slower than eager on MobileNet v3). So the choice between
+    partita and ATen is made here: partita is ``compiled`` (AOTAutograd's runtime wrapper around
+    partita's program), ATen is ``gm.forward``; a graph partita could not compile runs
+    ``gm.forward`` alone."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    if not isinstance(made, _Chooser):
+        return compiled if isinstance(made, (_Runner, _FrozenRunner)) else gm.forward
+    # The choice moves out of AOTAutograd's call: the inner chooser now always runs partita.
+    choice, made.choice = made.choice, Choice("partita", picked="partita")
+    return _Unboxed(_Chooser(make_boxed_func(compiled), make_boxed_func(gm.forward), choice))
+
+
+class _Unboxed:
+    """A boxed callable (one list of inputs) called with the inputs as arguments, as dynamo
+    calls what its backend returns."""
+
+    def __init__(self, boxed: Callable[[list], Any]) -> None:
+        self.boxed = boxed
+
+    def __call__(self, *args: Any) -> Any:
+        return self.boxed(list(args))
 
 
 _COUNTER = [0]
