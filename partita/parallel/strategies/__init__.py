@@ -18,6 +18,7 @@ implement ``annotate(ctx)`` (and ``passes(ctx)`` where it rewrites the per-rank 
 from .base import (UPDATE_OPS, AnnotationContext, ParsedStrategy, Strategy, StrategyError, default_strategy,
                    lookup, parse_strategy, register, registered, unregister)
 from . import pp, dp, zero, megatron, ep  # noqa: F401,E402  (register the built-in strategies, in this order)
+from . import cp  # noqa: F401,E402  (context parallelism, after them)
 
 __all__ = ["AnnotationContext", "ParsedStrategy", "Strategy", "StrategyError", "UPDATE_OPS", "default_strategy",
            "lookup", "parse_strategy", "register", "registered", "unregister"]

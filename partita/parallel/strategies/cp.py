@@ -1,0 +1,447 @@
+"""``cp``: context parallelism, the sequence of the activations split over the ``cp`` axis.
+
+Each of the ``cp`` ranks holds ``S / cp`` tokens of every sequence: everything token-local
+(embeddings, projections, norms, the MLP, the loss per token) runs on the rank's tokens only,
+and attention, which needs every key and value, all-gathers ``k`` and ``v`` over ``cp``
+before it (their gradients are reduce-scattered back in the backward), as Llama 3 trains
+its long-context stage.
+
+The causal load is balanced as Llama 3 does: the sequence is cut into ``2 * cp`` chunks and
+rank ``i`` holds chunks ``i`` and ``2*cp-1-i`` (one early, one late), so every rank scores
+the same number of (query, key) pairs. The batch inputs (ids, targets) come to each rank
+whole along the sequence and are permuted there once, at the start (an ``index_select`` of
+the rank's positions); position tables computed from an ``iota`` of the sequence length take
+the rank's positions instead. Attention then runs on the gathered (permuted) keys with an
+explicit mask ``key position <= query position`` built from the original positions, which
+is exactly the causal attention of one device.
+
+The rewrite is a pass on the per-rank program (``context-parallel``), after the other
+strategies' partition, so it composes with ``dp``/``zero*`` (batch split on dim 0) and
+``megatron`` (heads and weights split over ``tp``): their per-rank program is an ordinary
+graph whose sequence dim it shrinks. Values that sum over tokens (weight gradients, the
+loss) are all-reduced over ``cp`` where they are made; the mean loss and its gradient are
+scaled by ``1/cp``. Ring attention (K/V passed around the ring) is not built: ``cp-ring``
+says so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ...ir.builder import Builder
+from ...ir.dtypes import i64
+from ...ir.graph import Graph, Node, Value
+from ...ops.registry import OPS
+from .base import AnnotationContext, Strategy, StrategyError, register
+
+if TYPE_CHECKING:
+    from ...passes.manager import Pass
+
+# Ops whose results keep the seq dim of their first operand where the result has that dim
+# with the same size (norms, activations and their backward ops, dropout, softmax...).
+_ROW_OPS = frozenset({"layer_norm", "rms_norm", "gelu", "silu", "relu", "softmax", "log_softmax", "dropout",
+                      "gelu_grad", "silu_grad", "relu_grad", "softmax_grad", "log_softmax_grad", "cast", "slice",
+                      "split", "concat", "all_reduce", "layer_norm_grad", "rms_norm_grad", "tanh", "neg", "exp",
+                      "where", "max", "min"})
+# Ops whose results that lack the seq dim sum over the tokens (a partial sum over cp).
+_TOKEN_SUMS = frozenset({"layer_norm_grad", "rms_norm_grad", "embedding_grad", "sum"})
+
+
+def balanced_positions(seq: int, cp: int) -> np.ndarray:
+    """The original positions each cp rank holds, ``[cp, seq // cp]``: chunks ``i`` and
+    ``2*cp-1-i`` of ``2*cp`` equal chunks, in that order."""
+    c = seq // (2 * cp)
+    rows = [np.concatenate([np.arange(i * c, (i + 1) * c), np.arange((2 * cp - 1 - i) * c, (2 * cp - i) * c)])
+            for i in range(cp)]
+    return np.stack(rows).astype(np.int64)
+
+
+class ContextParallel(Strategy):
+    """The sequence split over ``cp``, K/V all-gathered for attention, causal load balanced."""
+
+    name = "cp"
+    aliases: tuple[str, ...] = ("context-parallel",)
+    axis = "cp"
+    exclusive = "context-parallel"
+    order = 60
+    ring = False
+
+    def annotate(self, ctx: AnnotationContext) -> None:
+        """Check the sequence and the attention; nothing is placed (the pass does the split)."""
+        if self.ring:
+            raise StrategyError("strategy cp-ring: ring attention (K/V passed around the cp ring with send/recv, "
+                                "partial results combined by their log-sum-exp) is not built yet; use 'cp', which "
+                                "all-gathers K and V over the cp axis")
+        axis = ctx.axis(self)
+        cp = ctx.mesh.axis_size(axis)
+        g = ctx.graph
+        batch = [v for v in g.inputs if v.role == "input" and v.type.rank >= 2]
+        if not batch:
+            raise StrategyError(f"strategy cp: @{g.name} has no 'input'-role graph input with a sequence dim "
+                                "(dim 1 of [batch, seq, ...]); context parallelism splits the sequence of the "
+                                "batch inputs (token ids, targets)")
+        seq = batch[0].type.shape[1]
+        for v in batch:
+            if v.type.shape[1] != seq:
+                raise StrategyError(f"strategy cp: the batch inputs disagree on the sequence length (dim 1): "
+                                    f"%{ctx.name(batch[0])} {batch[0].type} and %{ctx.name(v)} {v.type}")
+        if seq % (2 * cp):
+            raise StrategyError(f"strategy cp: the sequence length {seq} (dim 1 of %{ctx.name(batch[0])} "
+                                f"{batch[0].type}) is not a multiple of 2 x cp = {2 * cp} (the balanced split gives "
+                                f"each of the {cp} cp ranks two chunks); use a sequence that is a multiple of "
+                                f"{2 * cp} or a smaller '{axis}' axis")
+        if not any(n.op == "attention" for n in g.nodes):
+            raise StrategyError(f"strategy cp: @{g.name} has no fused 'attention' op; context parallelism gathers "
+                                "the keys and values of attention (build the model with attention='fused')")
+        if "sp" in ctx.strategy:
+            raise StrategyError("strategy cp: cp with sp (sequence parallelism over tp) is not supported; "
+                                "use cp with megatron alone")
+        ctx.shared["cp"] = {"axis": axis, "size": cp, "seq": seq}
+        ctx.notes.append(f"cp: the sequence ({seq} tokens) split over '{axis}' ({cp} ranks, {seq // cp} tokens "
+                         f"each, chunks i and {2 * cp - 1}-i of {2 * cp}); attention all-gathers k and v over '{axis}'")
+
+    def passes(self, ctx: AnnotationContext) -> "Sequence[Pass]":
+        """The rewrite of the per-rank program to the rank's tokens."""
+        from ...passes.manager import Pass
+
+        info = ctx.shared["cp"]
+
+        class ContextParallelPass(Pass):
+            name = "context-parallel"
+
+            def run(self, graph: Graph) -> Graph:
+                """Shrink the sequence of ``graph`` to this rank's tokens."""
+                SeqRewrite(graph, info["axis"], info["size"], info["seq"], ctx.notes).run()
+                return graph
+
+        return (ContextParallelPass(),)
+
+
+class RingContextParallel(ContextParallel):
+    """Ring attention over cp: not built (annotate says so)."""
+
+    name = "cp-ring"
+    aliases: tuple[str, ...] = ()
+    ring = True
+
+
+class SeqRewrite:
+    """The per-rank program shrunk to one cp rank's tokens, rewritten in place."""
+
+    def __init__(self, graph: Graph, axis: str, cp: int, seq: int, notes: list[str]) -> None:
+        self.g, self.axis, self.cp, self.seq, self.notes = graph, axis, cp, seq, notes
+        self.b = Builder(graph)
+        self.env: dict[Value, Value] = {}
+        self.dim: dict[Value, tuple[int, int]] = {}  # new value -> (seq dim, inner stride)
+        self.kv: dict[Value, Value] = {}  # a local k or v -> its gathered copy
+        self.why: dict[str, int] = {}
+        self.pos: Value | None = None
+        self.kpos: Value | None = None
+        self.mask: Value | None = None
+
+    # --- helpers -------------------------------------------------------------------------
+    def emit(self, op: str, *operands: Value, **attrs: Any) -> Value:
+        return self.b.emit(op, *operands, **attrs)
+
+    def coll(self, kind: str, x: Value, why: str, **attrs: Any) -> Value:
+        """A collective over cp, counted under its reason for the plan's notes."""
+        key = f"{kind} over {self.axis}: {why}"
+        self.why[key] = self.why.get(key, 0) + 1
+        return self.b.emit(kind, x, axis=self.axis, group_size=self.cp, **attrs)
+
+    def positions(self) -> Value:
+        """This rank's original positions, i64 ``[S/cp]`` (made once, at the program's start)."""
+        if self.pos is None:
+            table = balanced_positions(self.seq, self.cp)
+            from ...ir.attrs import DenseAttr
+
+            t = self.emit("constant", value=DenseAttr(table))
+            r = self.emit("reshape", self.emit("axis_index", axis=self.axis, group_size=self.cp), shape=(1,))
+            self.pos = self.emit("reshape", self.emit("index_select", t, r, axis=0), shape=(self.seq // self.cp,))
+            self.kpos = self.emit("constant", value=DenseAttr(table.reshape(-1)))
+        return self.pos
+
+    def causal_mask(self) -> Value:
+        """``[S/cp, S]`` bool: key position <= query position, keys in the gathered order."""
+        if self.mask is None:
+            q = self.emit("reshape", self.positions(), shape=(self.seq // self.cp, 1))
+            assert self.kpos is not None
+            k = self.emit("reshape", self.kpos, shape=(1, self.seq))
+            self.mask = self.emit("less_equal", k, q)
+        return self.mask
+
+    # --- the walk ------------------------------------------------------------------------
+    def run(self) -> None:
+        """Rewrite every node; the old ones are erased at the end."""
+        g = self.g
+        old = list(g.nodes)
+        first = old[0] if old else None
+        if first is not None:
+            self.b.set_insertion_before(first)
+        for v in g.inputs:
+            if v.role == "input" and v.type.rank >= 2 and v.type.shape[1] == self.seq:
+                nv = self.emit("index_select", v, self.positions(), axis=1)
+                self.env[v], self.dim[nv] = nv, (1, 1)
+        for node in old:
+            self.b.set_insertion_before(node)
+            self.node(node)
+        outs = [self.env.get(v, v) for v in g.outputs]
+        g.set_outputs(outs, g.output_aliases)
+        for node in reversed(old):
+            g.erase(node)
+        for why, n in self.why.items():
+            self.notes.append(f"cp collective x{n}: {why}")
+
+    def get(self, v: Value) -> Value:
+        return self.env.get(v, v)
+
+    def node(self, node: Node) -> None:
+        """Emit this rank's version of ``node`` and map its results."""
+        ins = [self.get(v) for v in node.operands]
+        seqd = [self.dim.get(v) for v in ins]
+        op, attrs = node.op, dict(node.attrs)
+        if op == "iota" and tuple(attrs["shape"]) == (self.seq,):
+            p = self.positions()
+            nv = p if attrs["dtype"] == i64 else self.emit("cast", p, dtype=attrs["dtype"])
+            self.bind(node, [nv], [(0, 1)])
+            return
+        if all(d is None for d in seqd) and op not in ("attention", "attention_grad"):
+            self.bind(node, self.emit_like(node, ins, attrs), [None] * len(node.results))
+            return
+        handler = getattr(self, "op_" + op, None)
+        if handler is not None:
+            handler(node, ins, seqd, attrs)
+        elif OPS[op].elementwise or op in ("where",):
+            self.op_broadcast(node, ins, seqd, attrs)
+        elif op in _ROW_OPS or op in _TOKEN_SUMS:
+            self.op_rows(node, ins, seqd, attrs)
+        else:
+            raise StrategyError(f"strategy cp: the op {op} of the per-rank program reads a value split along the "
+                                f"sequence ({', '.join(str(v.type) for v in ins)}) and cp has no rule for it")
+
+    def emit_like(self, node: Node, ins: list[Value], attrs: dict) -> list[Value]:
+        n = self.b.emit_node(node.op, ins, attrs, loc=node.loc)
+        for a, b in zip(n.results, node.results):
+            a.name = b.name
+        return list(n.results)
+
+    def bind(self, node: Node, new: list[Value], dims: list[tuple[int, int] | None]) -> None:
+        for old, nv, d in zip(node.results, new, dims):
+            self.env[old] = nv
+            if d is not None:
+                self.dim[nv] = d
+
+    def reduced(self, v: Value, what: str) -> Value:
+        """A partial sum over cp all-reduced (float values; others are left alone)."""
+        if not v.type.dtype.is_float:
+            return v
+        return self.coll("all_reduce", v, f"{what} sums over the tokens of every cp rank", op="sum")
+
+    def scale(self, v: Value) -> Value:
+        return self.emit("mul", v, self.emit("full", shape=(), value=1.0 / self.cp, dtype=v.type.dtype))
+
+    # --- rules ---------------------------------------------------------------------------
+    def local_shape(self, shape: Sequence[int], d: int) -> tuple[int, ...]:
+        s = list(shape)
+        if s[d] % self.cp:
+            raise StrategyError(f"strategy cp: dim {d} of {tuple(shape)} holds the sequence but cp={self.cp} does "
+                                "not divide it")
+        s[d] //= self.cp
+        return tuple(s)
+
+    def op_broadcast(self, node: Node, ins, seqd, attrs) -> None:
+        r = node.results[0].type.rank
+        out = None
+        for v, d, o in zip(ins, seqd, node.operands):
+            if d is not None:
+                nd = (r - v.type.rank + d[0], d[1])
+                if out is not None and out != nd:
+                    raise StrategyError(f"strategy cp: {node.op} combines operands split along different dims")
+                out = nd
+        assert out is not None
+        for v, d, o in zip(ins, seqd, node.operands):
+            k = out[0] - (r - o.type.rank)
+            if d is None and 0 <= k < o.type.rank and o.type.shape[k] != 1:
+                raise StrategyError(f"strategy cp: {node.op} reads {o.type}, which is whole along the sequence "
+                                    f"dim {k}, with a value split along it; cp cannot split it")
+        self.bind(node, self.emit_like(node, ins, attrs), [out] * len(node.results))
+
+    def op_rows(self, node: Node, ins, seqd, attrs) -> None:
+        d = next(x for x in seqd if x is not None)
+        src = next(v for v, x in zip(node.operands, seqd) if x is not None)
+        for key in ("axis", "axes"):
+            a = attrs.get(key)
+            if a is None:
+                continue
+            axes = [a] if isinstance(a, int) else [x for x in a if isinstance(x, int)] if isinstance(a, (list, tuple)) \
+                else []
+            if any(x % src.type.rank == d[0] for x in axes) and node.op not in ("sum",):
+                raise StrategyError(f"strategy cp: {node.op} works along the sequence dim of {src.type}")
+        if node.op == "sum":
+            axes = [x % src.type.rank for x in (attrs["axes"] or range(src.type.rank))]
+            if d[0] in axes:
+                nv = self.emit_like(node, ins, attrs)[0]
+                self.bind(node, [self.reduced(nv, "sum")], [None])
+                return
+            keep = attrs.get("keepdim")
+            nd = d[0] if keep else d[0] - sum(1 for x in axes if x < d[0])
+            self.bind(node, self.emit_like(node, ins, attrs), [(nd, d[1])])
+            return
+        if node.op == "slice_grad":
+            pass
+        new = self.emit_like(node, ins, attrs)
+        dims: list[tuple[int, int] | None] = []
+        outs: list[Value] = []
+        for o, nv in zip(node.results, new):
+            if o.type.rank > d[0] and o.type.shape[d[0]] == src.type.shape[d[0]]:
+                dims.append(d)
+                outs.append(nv)
+            elif node.op in _TOKEN_SUMS:
+                dims.append(None)
+                outs.append(self.reduced(nv, f"{node.op}'s gradient of a weight"))
+            else:
+                raise StrategyError(f"strategy cp: {node.op} drops the sequence dim of {src.type}")
+        self.bind(node, outs, dims)
+
+    def op_embedding_grad(self, node: Node, ins, seqd, attrs) -> None:
+        nv = self.emit_like(node, ins, attrs)[0]
+        self.bind(node, [self.reduced(nv, "embedding_grad")], [None])
+
+    def op_gather(self, node: Node, ins, seqd, attrs) -> None:
+        d = seqd[1] or seqd[0]
+        assert d is not None
+        if d[0] == attrs["axis"] % node.operands[0].type.rank:
+            raise StrategyError(f"strategy cp: gather along the sequence dim of {node.operands[0].type}")
+        self.bind(node, self.emit_like(node, ins, attrs), [d])
+
+    def op_embedding(self, node: Node, ins, seqd, attrs) -> None:
+        d = seqd[1]
+        assert d is not None and seqd[0] is None
+        self.bind(node, self.emit_like(node, ins, attrs), [d])
+
+    def op_reshape(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        old_in, old_out = node.operands[0].type.shape, node.results[0].type.shape
+        stride = inner * math.prod(old_in[d + 1:])
+        for k in range(len(old_out)):
+            below = math.prod(old_out[k + 1:])
+            if below <= stride and stride % below == 0 and stride * self.seq <= below * old_out[k] \
+                    and (old_out[k] * below) % (stride * self.seq) == 0:
+                attrs["shape"] = self.local_shape(old_out, k)
+                self.bind(node, self.emit_like(node, ins, attrs), [(k, stride // below)])
+                return
+        raise StrategyError(f"strategy cp: reshape {old_in} -> {old_out} splits the sequence dim {d}")
+
+    def op_broadcast_to(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        r = len(attrs["shape"])
+        nd = r - ins[0].type.rank + d
+        attrs["shape"] = self.local_shape(node.results[0].type.shape, nd)
+        self.bind(node, self.emit_like(node, ins, attrs), [(nd, inner)])
+
+    def op_slice_grad(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        attrs["shape"] = self.local_shape(attrs["shape"], d)
+        self.bind(node, self.emit_like(node, ins, attrs), [(d, inner)])
+
+    def op_transpose(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        perm = list(attrs["perm"])
+        self.bind(node, self.emit_like(node, ins, attrs), [(perm.index(d), inner)])
+
+    def op_unsqueeze(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        r = node.results[0].type.rank
+        axes = sorted(a % r for a in attrs["axes"])
+        nd = d
+        for a in axes:
+            if a <= nd:
+                nd += 1
+        self.bind(node, self.emit_like(node, ins, attrs), [(nd, inner)])
+
+    def op_squeeze(self, node: Node, ins, seqd, attrs) -> None:
+        (d, inner), = seqd
+        shp = node.operands[0].type.shape
+        axes = attrs.get("axes") or [i for i, s in enumerate(shp) if s == 1]
+        nd = d - sum(1 for a in axes if a % len(shp) < d)
+        self.bind(node, self.emit_like(node, ins, attrs), [(nd, inner)])
+
+    def op_matmul(self, node: Node, ins, seqd, attrs) -> None:
+        a, b = node.operands
+        ra, rb, r = a.type.rank, b.type.rank, node.results[0].type.rank
+        da, db = seqd
+        if (da is not None and da[0] == ra - 1) or (db is not None and db[0] == rb - 2):
+            if da is None or db is None or da[0] != ra - 1 or db[0] != rb - 2:
+                raise StrategyError("strategy cp: a matmul contracts a split sequence dim with a whole one")
+            nv = self.emit_like(node, ins, attrs)[0]
+            self.bind(node, [self.reduced(nv, "a matmul over the tokens (a weight gradient)")], [None])
+            return
+        out = None
+        if da is not None:
+            out = (r - 2, da[1]) if da[0] == ra - 2 else (r - ra + da[0], da[1])
+        if db is not None:
+            out = (r - 1, db[1]) if db[0] == rb - 1 else (r - rb + db[0], db[1])
+        self.bind(node, self.emit_like(node, ins, attrs), [out])
+
+    def op_cross_entropy(self, node: Node, ins, seqd, attrs) -> None:
+        if attrs["reduction"] == "none":
+            self.bind(node, self.emit_like(node, ins, attrs), [seqd[1]])
+            return
+        nv = self.emit_like(node, ins, attrs)[0]
+        nv = self.reduced(nv, "the loss")
+        self.bind(node, [self.scale(nv) if attrs["reduction"] == "mean" else nv], [None])
+
+    def op_cross_entropy_grad(self, node: Node, ins, seqd, attrs) -> None:
+        d = seqd[1] if seqd[1] is not None else seqd[2]
+        nv = self.emit_like(node, ins, attrs)[0]
+        self.bind(node, [self.scale(nv) if attrs["reduction"] == "mean" else nv], [d])
+
+    def gathered(self, old: Value, new: Value, what: str) -> Value:
+        """The copy of ``new`` (k or v) all-gathered over cp along the sequence, made once."""
+        if old not in self.kv:
+            self.kv[old] = self.coll("all_gather", new, f"attention reads every {what} of the sequence",
+                                     dim=new.type.rank - 2)
+        return self.kv[old]
+
+    def check_attention(self, node: Node, seqd, first: int) -> None:
+        for i in range(first, first + 3):
+            d = seqd[i]
+            if d is None or d[0] != node.operands[i].type.rank - 2:
+                raise StrategyError(f"strategy cp: {node.op}'s operand {i} {node.operands[i].type} is not split "
+                                    "along its sequence dim (-2)")
+        if len(node.operands) > (3 if node.op == "attention" else 6):
+            raise StrategyError(f"strategy cp: {node.op} with a mask operand is not supported; cp builds the causal "
+                                "mask itself")
+
+    def op_attention(self, node: Node, ins, seqd, attrs) -> None:
+        self.check_attention(node, seqd, 0)
+        q, k, v = ins
+        kf = self.gathered(node.operands[1], k, "key")
+        vf = self.gathered(node.operands[2], v, "value")
+        mask = [self.causal_mask()] if attrs["causal"] else []
+        attrs["causal"] = False
+        r = q.type.rank
+        self.bind(node, self.emit_like(node, [q, kf, vf, *mask], attrs), [(r - 2, 1), (r - 2, 1)])
+
+    def op_attention_grad(self, node: Node, ins, seqd, attrs) -> None:
+        self.check_attention(node, seqd, 1)
+        dout, q, k, v, out, lse = ins[:6]
+        kf = self.gathered(node.operands[2], k, "key")
+        vf = self.gathered(node.operands[3], v, "value")
+        mask = [self.causal_mask()] if attrs["causal"] else []
+        attrs["causal"] = False
+        dq, dk, dv = self.emit_like(node, [dout, q, kf, vf, out, lse, *mask], attrs)
+        r = q.type.rank
+        why = "the gradient of the gathered {} goes back to the rank that holds those tokens"
+        dk = self.coll("reduce_scatter", dk, why.format("keys"), dim=r - 2, op="sum")
+        dv = self.coll("reduce_scatter", dv, why.format("values"), dim=r - 2, op="sum")
+        self.bind(node, [dq, dk, dv], [(r - 2, 1)] * 3)
+
+
+register(ContextParallel)
+register(RingContextParallel)
+
+__all__ = ["ContextParallel", "RingContextParallel", "SeqRewrite", "balanced_positions"]
