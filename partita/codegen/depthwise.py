@@ -118,6 +118,7 @@ class _Emitter:
         self.lines: list[str] = []
 
     def a(self, line: str) -> None:
+        """Append one line of IR."""
         self.lines.append(line)
 
     def load(self, dst: str, ptr: str, masked: bool) -> None:
@@ -438,9 +439,11 @@ class PreparedDepthwise:
         self.other = other
 
     def pack(self, w: Any) -> Any:
+        """The weight as the kernel reads it (``pack_weight``)."""
         return pack_weight(w, self.lanes)
 
     def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
+        """The convolution of ``x`` (channels-last) with the epilogue, on this call's threads."""
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
             x = x.contiguous(memory_format=cl)
