@@ -159,7 +159,7 @@ def choose(key: str, candidates: Mapping[str, Callable[[], Any]], *, where: str 
     full_key = f"{fingerprint()}|{key}|{','.join(sorted(names))}"
     with _LOCK:
         known = _load().get(full_key)
-    if known in candidates:
+    if known is not None and known in candidates:
         with _LOCK:
             _CHOICES.append(KernelChoice(key, where, known, cached=True, node=ref))
         return known

@@ -112,8 +112,9 @@ class FoldParams(Pass):
                 continue
             if not any(v in folded or (v.is_input and v.role in ("param", "state")) for v in node.operands):
                 continue
-            args = [folded.get(v) if v in folded else known_value(graph, v) for v in node.operands]
-            if any(a is None for a in args):
+            maybe = [folded.get(v) if v in folded else known_value(graph, v) for v in node.operands]
+            args = [a for a in maybe if a is not None]
+            if len(args) != len(maybe):
                 continue
             biggest = max(a.size for a in args)
             if sum(r.type.numel for r in node.results) > max(biggest, MAX_GROWTH):
