@@ -1,0 +1,155 @@
+"""``cp``: context parallelism (the sequence split over the ``cp`` axis, k and v all-gathered
+for attention, the causal load balanced by chunks i and 2cp-1-i). Each per-rank program is
+checked against the single-device step on ``run_mesh`` for a tiny Llama and a tiny GPT
+(fused attention) with adamw, alone and with dp, zero3 and megatron, and once on gloo
+processes; its collectives and the simulator's pricing are inspected; bad sequences and
+models are StrategyErrors naming the value and the fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partita
+from partita.autodiff.optim import initial_state
+from partita.ir.graph import Graph
+from partita.parallel.strategies.cp import balanced_positions
+from partita.parallel.strategy import StrategyError, parallelize
+
+SEQ = 16
+
+
+def cp_step(kind: str, batch: int = 4, seq: int = SEQ) -> Graph:
+    """A tiny Llama (grouped k/v heads, rotary) or GPT (fused attention) step with adamw."""
+    if kind == "gpt":
+        g = partita.models.gpt(layers=2, hidden=32, heads=4, seq=seq, vocab=64, batch=batch, dtype="f32",
+                               attention="fused")
+    else:
+        g = partita.models.llama(2, 32, 4, seq, 64, kv_heads=2, batch=batch, dtype="f32")
+    return partita.training_step(g, loss="cross_entropy", optimizer="adamw")
+
+
+def feed_and_weights(step: Graph, batch: int = 4, seq: int = SEQ, seed: int = 0) -> tuple[dict, dict]:
+    """Random ids and targets, random params and their optimizer state."""
+    rng = np.random.default_rng(seed)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(v.type.dtype.np)
+         for v in step.inputs if v.role == "param"}
+    full = dict(w, **{str(v.name): initial_state(str(v.name), v.type, w) for v in step.inputs if v.role == "state"})
+    feed = {str(step.inputs[0].name): rng.integers(0, 64, (batch, seq)),
+            "target": rng.integers(0, 64, (batch, seq))}
+    return feed, full
+
+
+def worst_error(step: Graph, prog, feed: dict, weights: dict) -> tuple[float, str]:
+    """The largest relative difference of an output from the single-device step's."""
+    worst = (0.0, "")
+    for v, a, b in zip(step.outputs, prog.simulate(feed, weights), partita.run(step, feed, weights)):
+        a64, b64 = np.float64(a), np.float64(b)
+        err = float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(b64), 1e-4))
+        worst = max(worst, (err, str(v.name)))
+    return worst
+
+
+def test_balanced_positions_give_each_rank_an_early_and_a_late_chunk():
+    p = balanced_positions(16, 2)
+    assert p.tolist() == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]]
+    assert sorted(balanced_positions(16, 4).reshape(-1).tolist()) == list(range(16))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt"])
+@pytest.mark.parametrize("mesh,strategy", [
+    ("cp=2", "cp"), ("cp=4", "cp"), ("dp=2,cp=2", "dp+cp"), ("cp=2,tp=2", "cp+megatron"),
+])
+def test_cp_adamw_step_matches_one_device(kind, mesh, strategy):
+    """Loss, new params and moments of every rank, assembled, equal the single-device step's."""
+    step = cp_step(kind)
+    prog = parallelize(step, mesh, strategy)
+    partita.verify(prog.local)
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
+
+
+def test_cp_composes_with_zero3():
+    step = cp_step("gpt")
+    prog = parallelize(step, "dp=2,cp=2", "zero3+cp")
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"zero3+cp: %{name} differs from one device by {err:.2e}"
+
+
+def test_cp_rank_holds_its_tokens_and_gathers_k_and_v():
+    """Activations hold S/cp tokens; attention reads k and v gathered over cp (one gather of
+    each per layer, reused by the backward), their gradients are reduce-scattered; every cp
+    collective's reason is in the plan's notes."""
+    step = cp_step("llama")
+    prog = parallelize(step, "cp=2", "cp")
+    att = [n for n in prog.local.nodes if n.op == "attention"]
+    assert len(att) == 2
+    for n in att:
+        q, k, v, mask = n.operands
+        assert q.type.shape[-2] == SEQ // 2 and k.type.shape[-2] == SEQ and mask.type.shape == (SEQ // 2, SEQ)
+        assert k.producer.op == "all_gather" and k.producer.attrs["axis"] == "cp"
+        assert not n.attrs["causal"]
+    ops = [(n.op, n.attrs.get("axis")) for n in prog.local.nodes]
+    assert ops.count(("all_gather", "cp")) == 4
+    assert ops.count(("reduce_scatter", "cp")) == 4
+    notes = "\n".join(prog.plan.notes)
+    assert "all_gather over cp: attention reads every key of the sequence" in notes
+    assert "reduce_scatter over cp: the gradient of the gathered keys" in notes
+    assert "all_reduce over cp: the loss" in notes
+
+
+def test_cp_simulated_on_a_cluster_shows_cp_traffic():
+    from partita.cluster.hardware import load_cluster
+    from partita.cluster.simulator import simulate
+
+    step = cp_step("llama", batch=2, seq=32)
+    sim = simulate(parallelize(step, "cp=4", "cp"), load_cluster("dgx-h100"))
+    assert sim.comm_bytes.get("cp", 0) > 0 and sim.step_time > 0
+
+
+@pytest.mark.parametrize("mesh,message", [
+    ("cp=3", r"sequence length 16 .*not a multiple of 2 x cp = 6.*multiple of 6 or a smaller 'cp' axis"),
+    ("cp=16", r"not a multiple of 2 x cp = 32"),
+])
+def test_cp_sequence_that_the_axis_does_not_divide(mesh, message):
+    with pytest.raises(StrategyError, match=message):
+        parallelize(cp_step("gpt"), mesh, "cp")
+
+
+def test_cp_needs_a_sequence_and_attention():
+    from partita.ir.builder import Builder
+    from partita.ir.dtypes import f32
+    from partita.ir.types import TensorType
+
+    g = Graph("mlp")
+    b = Builder(g)
+    x = b.input("x", TensorType((4, 8), f32))
+    w = b.param("w", TensorType((8, 8), f32))
+    b.ret(b.sum(b.matmul(x, w)))
+    with pytest.raises(StrategyError, match=r"no fused 'attention' op.*attention='fused'"):
+        parallelize(g, "cp=2", "cp")
+    eager = partita.models.gpt(layers=1, hidden=32, heads=4, seq=8, vocab=64, batch=2, dtype="f32",
+                             attention="eager")
+    with pytest.raises(StrategyError, match=r"no fused 'attention' op"):
+        parallelize(partita.training_step(eager, loss="cross_entropy"), "cp=2", "cp")
+
+
+def test_cp_ring_is_not_built():
+    with pytest.raises(StrategyError, match=r"cp-ring: ring attention .* is not built yet; use 'cp'"):
+        parallelize(cp_step("gpt"), "cp=2", "cp-ring")
+
+
+@pytest.mark.multiprocess
+def test_cp_on_gloo_processes_matches_one_device():
+    """Four gloo ranks (dp=2 x cp=2) run the cp step through torch.distributed, step after
+    step, each checked against the single-device step."""
+    step = cp_step("llama")
+    prog = parallelize(step, "dp=2,cp=2", "dp+cp")
+    rng = np.random.default_rng(1)
+    batches = [{"ids": rng.integers(0, 64, (4, SEQ)), "target": rng.integers(0, 64, (4, SEQ))} for _ in range(2)]
+    _, weights = feed_and_weights(step)
+    res = partita.launch(prog, 4, batches, weights=weights, check=True, timeout_s=120)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
+    assert [c.step for c in res.checks] == [1, 2]
