@@ -14,8 +14,9 @@ not a multiple) and keeps the sums of a block of output pixels in registers thro
   ``split_on_team``). A row's kernel rows inside the image, ``[ky_lo, ky_hi)``, are worked out
   once, so a row in the top or bottom padding simply runs fewer kernel rows.
 - A row's output columns fall into border columns (their leftmost or rightmost taps in the
-  padding: each gets its own code with its own, constant, kernel columns) and the interior,
-  taken in blocks of ``PX`` pixels (``pixel_block``), then one block of the remainder.
+  padding: blocks of their own, each pixel with its own, constant, kernel columns) and the
+  interior, taken in blocks of ``PX`` pixels (``pixel_block``), then one block of the
+  remainder.
 - For a block of P pixels and one kernel row, the ``(P - 1) * sw + KW`` input vectors the
   block reads are loaded once and the KW weight vectors once; the P x KW multiply-adds reuse
   them (a sliding window in registers).
@@ -91,20 +92,23 @@ def _kx_range(d: dict[str, int], ox: int) -> tuple[int, int]:
 
 
 def column_blocks(d: dict[str, int], px: int) -> list[tuple[int, int, int]]:
-    """A row's output columns as blocks ``(first column, pixels, repeats)``: each border column
-    alone, the interior in ``repeats`` blocks of ``px`` pixels and one block of the remainder."""
+    """A row's output columns as blocks ``(first column, pixels, repeats)``: the left border
+    columns (up to ``px`` a block, each pixel with its own kernel columns), the interior in
+    ``repeats`` blocks of ``px`` pixels and one block of the remainder, the right border."""
     wo, kw = d["wo"], d["kw"]
     full = [ox for ox in range(wo) if _kx_range(d, ox) == (0, kw)]
-    if not full:
-        return [(ox, 1, 1) for ox in range(wo)]
-    xl, xr = full[0], full[-1] + 1          # the interior: every tap inside the image
-    out = [(ox, 1, 1) for ox in range(xl)]
+    xl, xr = (full[0], full[-1] + 1) if full else (wo, wo)   # the interior: every tap inside
+
+    def border(x0: int, x1: int) -> list[tuple[int, int, int]]:
+        return [(ox, min(px, x1 - ox), 1) for ox in range(x0, x1, px)]
+
+    out = border(0, xl)
     nblk, rem = divmod(xr - xl, px)
     if nblk:
         out.append((xl, px, nblk))
     if rem:
         out.append((xl + nblk * px, rem, 1))
-    return out + [(ox, 1, 1) for ox in range(xr, wo)]
+    return out + border(xr, wo)
 
 
 class _Emitter:
