@@ -93,3 +93,21 @@ def test_torch_program_binds_ready_tensors_and_still_checks_the_rest():
         prog([a, a], w)
     with pytest.raises(ExecutionError, match="expects"):
         prog([a], {"w": torch.ones(3, 2)})
+
+
+class _Hard(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.hardswish(x) * 2.0
+
+
+def test_the_aten_candidate_of_an_inference_graph_is_the_model_s_own_calls():
+    # partita's decompositions split hardswish into clamps and adds; dynamo's graph calls it whole,
+    # as eager does: the ATen candidate must be the latter (never slower than not compiling).
+    x = torch.randn(64)
+    compiled = torch.compile(_Hard().eval(), backend="partita", options={"choose": "aten"})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), torch.nn.functional.hardswish(x) * 2.0)
+        with torch.profiler.profile() as prof:
+            compiled(x)
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::hardswish" in names and "aten::clamp" not in names, sorted(names)
