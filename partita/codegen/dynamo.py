@@ -502,7 +502,7 @@ class _FrozenRunner:
             v.role = "param"
             g.weights[input_name(v)] = to_numpy(args[i].detach())
         try:
-            program = CompiledProgram(g, min_ops=self.opts.min_ops)
+            program = CompiledProgram(g, min_ops=self.opts.min_ops, freeze=True)
         except Exception as e:  # a failure of a pass or of code generation: run as built without freezing
             if self.opts.fallback == "error":
                 raise

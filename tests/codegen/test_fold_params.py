@@ -96,3 +96,23 @@ def test_without_freeze_new_weights_are_used_as_they_come():
     w2 = dict(weights, w=weights["w"] * 2.0 + 1.0)          # another weight: another result
     want = numpy_ref.run(g, [x.numpy()], {k: v.numpy() for k, v in w2.items()})[0]
     torch.testing.assert_close(prog([x], w2)[0], torch.from_numpy(want), rtol=1e-4, atol=1e-5)
+
+
+def test_the_torch_compile_backend_folds_a_frozen_graph_s_param_subgraphs():
+    import torch._dynamo
+
+    import partita.codegen.dynamo as pd
+
+    torch._dynamo.reset()
+    pd.reset_stats()
+    torch.manual_seed(0)
+    m = _StdConv().eval()
+    x = torch.randn(2, 3, 6, 6)
+    compiled = torch.compile(m, backend="partita", options={"choose": "partita"})
+    with torch.no_grad():
+        want = m(x)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), want, rtol=1e-4, atol=1e-5)
+    progs = [g.program for g in pd.stats().graphs if g.program is not None]
+    assert progs and any(k.endswith(".folded") for p in progs for k in p.graph.weights)
+    torch._dynamo.reset()
