@@ -49,6 +49,8 @@ class Strategy:
     - ``word_axes``: words (the name or an alias) that promise a layout, each with the mesh
       axes it needs by name (zero3's ``hsdp``: ``dp`` and ``fsdp``), and ``axes_why``, what
       they are for; a mesh without one of them is refused when that word is used.
+    - ``listed_apart``: a phrase (``"for long sequences"``) after which the unknown-word
+      message lists the word apart from the main list; empty: in the main list.
 
     An instance is shared by every ``parallelize`` call: keep per-call state on the context.
     """
@@ -62,6 +64,9 @@ class Strategy:
     order: int = 50
     word_axes: dict[str, tuple[str, ...]] = {}
     axes_why: str = ""
+    # A phrase after which the unknown-word message lists this word apart from the others
+    # ("for long sequences"); empty: in the main list.
+    listed_apart: str = ""
 
     def annotate(self, ctx: "AnnotationContext") -> None:
         """Place values of ``ctx.graph`` (``ctx.place`` before propagation, ``ctx.late`` after
@@ -126,7 +131,13 @@ def lookup(word: str) -> Strategy:
         known = tuple(_REGISTRY)
         near = difflib.get_close_matches(word, known + tuple(_ALIASES), n=1, cutoff=0.5)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        raise StrategyError(f"unknown strategy '{word}'{hint}; combine {', '.join(known)} with '+', "
+        main = [w for w, st in _REGISTRY.items() if not st.listed_apart]
+        apart: dict[str, list[str]] = {}
+        for w, st in _REGISTRY.items():
+            if st.listed_apart:
+                apart.setdefault(st.listed_apart, []).append(w)
+        extra = "".join(f" (and {', '.join(ws)} {what})" for what, ws in apart.items())
+        raise StrategyError(f"unknown strategy '{word}'{hint}; combine {', '.join(main)} with '+'{extra}, "
                             "e.g. 'dp+megatron' or 'zero2+megatron+sp'")
     return s
 

@@ -68,6 +68,7 @@ class ContextParallel(Strategy):
     exclusive = "context-parallel"
     order = 60
     ring = False
+    listed_apart = "for long sequences"
 
     def annotate(self, ctx: AnnotationContext) -> None:
         """Check the sequence and the attention; nothing is placed (the pass does the split)."""
