@@ -97,6 +97,9 @@ class ContextParallel(Strategy):
         if not any(n.op == "attention" for n in g.nodes):
             raise StrategyError(f"strategy cp: @{g.name} has no fused 'attention' op; context parallelism gathers "
                                 "the keys and values of attention (build the model with attention='fused')")
+        if "pp" in ctx.strategy:
+            raise StrategyError("strategy cp: cp with pp (pipeline stages) is not supported yet; use cp with dp, "
+                                "zero1/2/3 or megatron")
         if "sp" in ctx.strategy:
             raise StrategyError("strategy cp: cp with sp (sequence parallelism over tp) is not supported; "
                                 "use cp with megatron alone")
@@ -209,6 +212,9 @@ class SeqRewrite:
             nv = p if attrs["dtype"] == i64 else self.emit("cast", p, dtype=attrs["dtype"])
             self.bind(node, [nv], [(0, 1)])
             return
+        if op in ("send", "recv"):
+            raise StrategyError("strategy cp: cp with pp (pipeline stages) is not supported yet; use cp with dp, "
+                                "zero1/2/3 or megatron")
         if all(d is None for d in seqd) and op not in ("attention", "attention_grad"):
             self.bind(node, self.emit_like(node, ins, attrs), [None] * len(node.results))
             return
