@@ -269,8 +269,9 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
             (f"{attr!r})" if u is not None else "None)")
     if binary in ("none", "add") and unary in ("none", "relu"):
         name = (f"partita.conv(packed weight, binary={binary!r}, unary={unary!r}): Winograd F(2x2, 3x3) where "
-                f"codegen/winograd.py takes the node, else the direct kernel where codegen/conv.py does; "
-                f"before packing and elsewhere {name}")
+                f"codegen/winograd.py takes the node, else the direct kernel where codegen/conv.py does, or the "
+                f"depthwise one of codegen/depthwise.py; measured against this and ATen's conv2d once its weight "
+                f"is packed (codegen/choose.py); before packing and elsewhere {name}")
 
     def prepare(node, out: Any = None) -> Callable:
         attrs = node.attrs
