@@ -20,11 +20,16 @@ causal masking (``--attention fused_softmax``, partita's ``masked_softmax``).
 TFLOP/s per GPU is the paper's Eq. (3), F = 96 B s l h^2 (1 + s/6h + V/16lh), over the
 simulated step time. Korthikanti et al. 2022, Table 5: MFU and HFU of 22B, 175B, 530B and
 1T with sequence parallelism and selective recomputation on tp=8 without data parallelism
-(their Table 3), by their Eq. (7) and (8) over the simulated step time.
+(their Table 3), by their Eq. (7) and (8) over the simulated step time. Dubey et al. 2024
+(The Llama 3 Herd of Models), Table 4: the 405B rows (8,192 GPUs TP8 PP16 DP64 and 16,384 GPUs
+TP8 PP16 DP128 at sequence 8,192; 16,384 GPUs TP8 CP16 PP16 DP8 at 131,072), each with the
+plan the paper describes (``LLAMA3_T4``'s comment quotes it), on the ``meta-h100-roce``
+cluster file; TFLOP/s per GPU by PaLM's 6N + 12LHQT a token over the simulated step time.
 
     .venv/bin/python bench/bench_simulate.py                     # everything (about 2 minutes)
     .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
     .venv/bin/python bench/bench_simulate.py --table megatron --rows 1.7B,18.4B
+    .venv/bin/python bench/bench_simulate.py --table llama3       # about a minute
 
 ``--speed``: how long partita takes to simulate one step of Megatron-LM's largest pipeline
 plans (Narayanan et al. 2021, Table 1), the graph built from the config and parallelized with
@@ -43,6 +48,13 @@ the best points and the errors of every Table 1 row at the best one. The rows no
 the Korthikanti table are the held-out check:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_simulate.py --fit --workers 2   # about 10 minutes
+
+``--fit-llama3``: the fit of the ``meta-h100-roce`` file's ``[efficiency]`` on one row, Table 4's
+8,192-GPU row (``LLAMA3_FIT_ROW``): every point of ``LLAMA3_FIT_GRID`` (gemm, gemm_knee,
+memory, network) prices it; of the points within 1% of the published 430 TFLOP/s, the one
+that departs least from partita's unfitted defaults wins. The other rows are the check:
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_simulate.py --fit-llama3 --workers 2   # about 10 minutes
 """
 
 from __future__ import annotations
@@ -231,6 +243,183 @@ def korthikanti(names: list[str] | None = None) -> list[dict]:
     return rows
 
 
+# Dubey et al. 2024 (The Llama 3 Herd of Models, arXiv 2407.21783), Table 4, "Scaling
+# configurations and MFU for each stage of Llama 3 405B pre-training": (row, GPUs, TP, CP, PP, DP,
+# sequence length, batch size/DP, published TFLOPs/GPU, published BF16 MFU). Tokens/Batch is 16M
+# in every row. The CP16 row's DP reads 4 in v1 of the paper and 8 in v3; 8 x 16 x 16 x 8 =
+# 16,384, the GPUs the row states. The model is Table 3's 405B: 126 layers, model dimension
+# 16,384, FFN 53,248, 128 heads, 8 key/value heads, vocabulary "128,000" (the released
+# vocab_size 128,256; partita.models.named's ``llama3-405b``). The plan, from Sec. 3.3.2:
+# - TP: "tensor parallelism (TP; Krizhevsky et al. (2012); Shoeybi et al. (2019); Korthikanti et
+#   al. (2023))": Megatron TP; the last citation is the paper that introduces sequence
+#   parallelism, so ``megatron+sp`` (an inference: the paper does not say "sequence parallel").
+# - DP: "Our use of FSDP for Llama 3 shards optimizer states and gradients, but for model shards
+#   we do not reshard after forward computation to avoid an extra all-gather communication during
+#   backward passes.": the parameters are gathered once a step and held through the backward,
+#   gradients reduce-scattered, the optimizer state sharded: ``zero2`` (same traffic: one
+#   gather, one reduce-scatter a step; partita's zero3 reshards after the forward).
+# - PP: "we use an interleaved schedule (Narayanan et al., 2021) with V pipeline stages on one
+#   pipeline rank" on their own modified schedule (N contiguous micro-batches tunable); "To
+#   balance the pipeline, we reduce one Transformer layer each from the first and the last
+#   stages, respectively. This means that the first model chunk on the first stage has only the
+#   embedding, and the last model chunk on the last stage has only output projection and loss
+#   calculation.": one layer a chunk, 126 + 2 = 128 chunks = 16 ranks x V = 8. partita cuts
+#   chunks between layers only (at most 126 of them), so the closest it has is Megatron's
+#   interleaved schedule with V = 7 (112 chunks of one or two layers).
+# - Micro-batches: not published; one sequence each (an assumption), so Batch size/DP of them.
+# - Recomputation: "With these optimizations, we could pre-train Llama 3 on sequences of 8K
+#   tokens without activation checkpointing.": none.
+# - CP: "we partition the input sequence into 2 x CP chunks so each CP rank receives two chunks
+#   for better load balancing [...] our CP implementation adopts an all-gather based method where
+#   we first all-gather the key (K) and value (V) tensors": partita's ``cp``.
+# - GPU order [TP, CP, PP, DP], innermost first ("Network-aware parallelism configuration"): the
+#   mesh ``dp=..,pp=16,(cp=16,)tp=8``, tp innermost inside a server.
+# TFLOPs/GPU: the paper gives no formula; its MFU cites Chowdhery et al. (PaLM), whose Appendix B
+# counts 6N + 12LHQT FLOPs a token (N all parameters, L layers, H heads, Q head size, T sequence
+# length; attention not halved for the causal mask); 430 TFLOP/s is 43% of the H100's 989.
+LLAMA3_T4 = [
+    ("8192", 8192, 8, 1, 16, 64, 8192, 32, 430, 0.43),
+    ("16384", 16384, 8, 1, 16, 128, 8192, 16, 400, 0.41),
+    ("16384-cp16", 16384, 8, 16, 16, 8, 131072, 16, 380, 0.38),
+]
+LLAMA3_VIRTUAL_STAGES = 7
+LLAMA3_CLUSTER = "meta-h100-roce"
+H100_PEAK = 989.4e12
+# The one row the meta-h100-roce efficiencies are fitted to (--fit-llama3); the others check.
+LLAMA3_FIT_ROW = "8192"
+
+
+def llama3_flops(seq: int, tokens: int) -> float:
+    """Model FLOPs of one step of Llama 3 405B by PaLM's 6N + 12LHQT a token (Chowdhery et al.)."""
+    from partita.models.named import named_model
+
+    m = named_model("llama3-405b")
+    return tokens * (6 * m.params() + 12 * m.layers * m.hidden * seq)
+
+
+def llama3_plan(row: tuple) -> tuple[str, str, dict]:
+    """The mesh, strategy words and pipeline options of a Table 4 row (see ``LLAMA3_T4``)."""
+    _name, _gpus, tp, cp, pp, dp, _seq, per_dp, _tf, _mfu = row
+    mesh = f"dp={dp},pp={pp}" + (f",cp={cp}" if cp > 1 else "") + f",tp={tp}"
+    strategy = "pp+zero2+megatron" + ("+cp" if cp > 1 else "+sp")     # cp refuses sp
+    kw = {"microbatches": per_dp, "schedule": "interleaved", "virtual_stages": LLAMA3_VIRTUAL_STAGES,
+          "unroll": False}
+    return mesh, strategy, kw
+
+
+def build_llama3_row(row: tuple) -> tuple[object, dict]:
+    """The parallel program of a Table 4 row and the wall seconds of each phase."""
+    from partita.models.named import named_model
+
+    _name, _gpus, _tp, _cp, _pp, dp, seq, per_dp, _tf, _mfu = row
+    t: dict = {}
+    t0 = time.perf_counter()
+    fwd = named_model("llama3-405b").build(seq=seq, batch=dp * per_dp)
+    t["model"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True)
+    t["training_step"] = time.perf_counter() - t0
+    mesh, strategy, kw = llama3_plan(row)
+    t0 = time.perf_counter()
+    prog = partita.parallelize(step, mesh=mesh, strategy=strategy, **kw)
+    t["parallelize"] = time.perf_counter() - t0
+    return prog, t
+
+
+def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUSTER) -> list[dict]:
+    """Table 4's 405B rows simulated on ``cluster``: published vs simulated TFLOP/s per GPU."""
+    import resource
+
+    from partita.cluster import simulate
+
+    rows = []
+    for row in LLAMA3_T4:
+        name, gpus, tp, cp, pp, dp, seq, per_dp, pub, mfu = row
+        if names and name not in names:
+            continue
+        mesh, strategy, kw = llama3_plan(row)
+        plan = f"{mesh} {strategy} M={kw['microbatches']} interleaved V={kw['virtual_stages']}"
+        try:
+            prog, t = build_llama3_row(row)
+        except partita.PartitaError as e:   # cp with pp: not built yet
+            rows.append({"row": name, "plan": plan, "gpus": gpus, "published_tflops": pub, "pending": str(e)})
+            print(f"{name:>11} {plan}: pending ({str(e)[:200]})", flush=True)
+            continue
+        t0 = time.perf_counter()
+        res = simulate(prog, cluster, trace=False, memory=False)
+        t["simulate"] = time.perf_counter() - t0
+        tf = llama3_flops(seq, dp * per_dp * seq) / (res.step_time * gpus) / 1e12
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        last = max(res.ranks, key=lambda r: r.end)
+        rows.append({"row": name, "last_rank": {"rank": last.rank, "compute_s": last.compute, "waiting_s": last.waiting,
+                                                "comm_s": last.comm, "kinds_s": last.kinds}, "plan": plan, "gpus": gpus, "seq": seq, "published_tflops": pub,
+                     "simulated_tflops": round(tf, 1), "error": tf / pub - 1, "published_mfu": mfu,
+                     "simulated_mfu": tf * 1e12 / H100_PEAK, "partita_mfu": res.mfu, "step_s": res.step_time,
+                     "seconds": t, "wall_s": sum(t.values()), "peak_rss_MB": rss / 1e6,
+                     "fitted": name == LLAMA3_FIT_ROW})
+        print(f"{name:>11} {plan:<72} published {pub} TFLOP/s, simulated {tf:6.1f} ({tf / pub - 1:+.1%}); step "
+              f"{res.step_time:.2f} s [{sum(t.values()):.0f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) +
+              f"; peak RSS {rss / 1e6:.0f} MB]" + (" (fitted)" if name == LLAMA3_FIT_ROW else ""), flush=True)
+    return rows
+
+
+# The grid of the meta-h100-roce fit (--fit-llama3), the point it starts from (the efficiencies
+# the dgx-h100 file prices with: partita's defaults, unfitted) and the band within which a point
+# counts as matching the fitted row. attention (0.6) and op_overhead (5 us) are not fitted.
+LLAMA3_FIT_GRID = {"gemm": [0.8, 0.85, 0.9, 0.95, 1.0], "gemm_knee": [32, 64],
+                   "memory": [0.8, 0.9, 1.0], "network": [0.8, 0.9, 1.0]}
+LLAMA3_FIT_FROM = {"gemm": 0.8, "gemm_knee": 64, "memory": 0.8, "network": 0.8}
+LLAMA3_FIT_BAND = 0.01
+_FIT_LLAMA3: list = []    # (program, FLOPs per step, GPUs, published TFLOP/s): shared with forked workers
+
+
+def _fit_llama3_point(point: tuple) -> tuple[tuple, float]:
+    """The relative error of the fitted row's TFLOP/s per GPU at one grid point."""
+    from partita.cluster import simulate
+    from partita.cluster.hardware import load_cluster
+
+    prog, F, gpus, pub = _FIT_LLAMA3[0]
+    base = load_cluster(LLAMA3_CLUSTER)
+    cl = dataclasses.replace(base, efficiency=dataclasses.replace(base.efficiency,
+                                                                    **dict(zip(LLAMA3_FIT_GRID, point))))
+    return point, F / (simulate(prog, cl, trace=False, memory=False).step_time * gpus) / 1e12 / pub - 1
+
+
+def fit_llama3(workers: int) -> dict:
+    """Fit meta-h100-roce's efficiencies on the one row ``LLAMA3_FIT_ROW``: every point of
+    ``LLAMA3_FIT_GRID`` prices it; of the points within ``LLAMA3_FIT_BAND`` of the published
+    TFLOP/s per GPU, the one nearest ``LLAMA3_FIT_FROM`` (sum of squared relative departures)
+    wins (one row cannot tell the efficiencies apart: the fit moves them least); with none in
+    the band, the smallest error."""
+    import multiprocessing
+
+    row = next(r for r in LLAMA3_T4 if r[0] == LLAMA3_FIT_ROW)
+    _name, gpus, _tp, _cp, _pp, dp, seq, per_dp, pub, _mfu = row
+    prog, _t = build_llama3_row(row)
+    _FIT_LLAMA3[:] = [(prog, llama3_flops(seq, dp * per_dp * seq), gpus, pub)]
+    points = list(itertools.product(*LLAMA3_FIT_GRID.values()))
+    t0 = time.perf_counter()
+    results = []
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        for i, (pt, err) in enumerate(pool.imap_unordered(_fit_llama3_point, points)):
+            results.append((pt, err))
+            if (i + 1) % 10 == 0 or i + 1 == len(points):
+                print(f"  {i + 1}/{len(points)} points, {time.perf_counter() - t0:.0f} s", flush=True)
+
+    def departure(pt: tuple) -> float:
+        return sum((v / LLAMA3_FIT_FROM[k] - 1) ** 2 for k, v in zip(LLAMA3_FIT_GRID, pt))
+
+    band = [r for r in results if abs(r[1]) <= LLAMA3_FIT_BAND]
+    ranked = sorted(band, key=lambda r: departure(r[0])) if band else sorted(results, key=lambda r: abs(r[1]))
+    for pt, err in ranked[:5]:
+        print(f"  {err:+.2%} (departure {departure(pt):.3f}) at " +
+              ", ".join(f"{k}={v}" for k, v in zip(LLAMA3_FIT_GRID, pt)), flush=True)
+    best, err = ranked[0]
+    return {"row": LLAMA3_FIT_ROW, "published_tflops": pub, "best": dict(zip(LLAMA3_FIT_GRID, best)),
+            "error": err, "in_band": len(band), "grid": LLAMA3_FIT_GRID, "from": LLAMA3_FIT_FROM,
+            "points": [{"point": dict(zip(LLAMA3_FIT_GRID, pt)), "error": e} for pt, e in sorted(results)]}
+
+
 # The grid and the rows of the fit (--fit): the Table 1 rows whose simulation takes under a
 # second (the seven up to 145.6B on 1,536 GPUs: four without a pipeline, then 2, 4 and 8 stages).
 FIT_GRID = {"gemm": [0.7, 0.75, 0.8, 0.85, 0.9], "gemm_knee": [32, 64, 128],
@@ -291,14 +480,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_simulate.json"))
     ap.add_argument("--speed", action="store_true", help="time the simulation of the 1T and 175B pipeline plans")
     ap.add_argument("--only", action="append", choices=sorted(SPEED_PLANS), help="with --speed: this plan only")
-    ap.add_argument("--table", choices=["zero", "megatron", "korthikanti"], action="append",
-                    help="run only these tables (repeatable; default all three)")
+    ap.add_argument("--table", choices=["zero", "megatron", "korthikanti", "llama3"], action="append",
+                    help="run only these tables (repeatable; default all four)")
     ap.add_argument("--rows", help="comma-separated model names of the Megatron/Korthikanti rows (default all)")
     ap.add_argument("--attention", choices=["fused_softmax", "eager"], default=ATTENTION,
                     help="how the models compute attention: eager (default) or the published runs' fused "
                          "scale-mask-softmax")
     ap.add_argument("--fit", action="store_true", help="grid-search the selene efficiencies on Table 1 (FIT_ROWS)")
-    ap.add_argument("--workers", type=int, default=1, help="with --fit: processes pricing grid points")
+    ap.add_argument("--workers", type=int, default=1, help="with --fit or --fit-llama3: processes pricing grid points")
+    ap.add_argument("--fit-llama3", action="store_true",
+                    help="fit meta-h100-roce's gemm efficiency on Llama 3 Table 4's 8,192-GPU row")
     args = ap.parse_args()
     ATTENTION = args.attention
     if args.fit:
@@ -308,6 +499,14 @@ def main() -> None:
         path.write_text(json.dumps(out, indent=1))
         print(f"best: {out['best']} (rms {out['rms']:.2%} over {len(out['rows'])} rows); wrote {path}")
         return
+    if args.fit_llama3:
+        out = fit_llama3(args.workers)
+        path = Path(args.out).with_name("bench_simulate_fit_llama3.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1))
+        print(f"best: {out['best']} ({out['error']:+.2%} on the {out['row']}-GPU row; {out['in_band']} points within "
+              f"{LLAMA3_FIT_BAND:.0%}); wrote {path}")
+        return
     if args.speed:
         rows = speed(args.only or ["175b", "1t"])
         path = Path(args.out).with_name("bench_simulate_speed.json")
@@ -315,7 +514,7 @@ def main() -> None:
         path.write_text(json.dumps(rows, indent=1))
         print(f"wrote {path}")
         return
-    tables = set(args.table or ["zero", "megatron", "korthikanti"])
+    tables = set(args.table or ["zero", "megatron", "korthikanti", "llama3"])
     names = args.rows.split(",") if args.rows else None
     out: dict = {}
     if "zero" in tables:
@@ -324,6 +523,8 @@ def main() -> None:
         out["megatron_table1"] = megatron_table1(names)
     if "korthikanti" in tables:
         out["korthikanti_table5"] = korthikanti(names)
+    if "llama3" in tables:
+        out["llama3_table4"] = llama3_table4(names)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
