@@ -26,7 +26,7 @@ TP8 PP16 DP128 at sequence 8,192; 16,384 GPUs TP8 CP16 PP16 DP8 at 131,072), eac
 plan the paper describes (``LLAMA3_T4``'s comment quotes it), on the ``meta-h100-roce``
 cluster file; TFLOP/s per GPU by PaLM's 6N + 12LHQT a token over the simulated step time.
 
-    .venv/bin/python bench/bench_simulate.py                     # everything (about 2 minutes)
+    .venv/bin/python bench/bench_simulate.py                     # everything (about 3 minutes)
     .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
     .venv/bin/python bench/bench_simulate.py --table megatron --rows 1.7B,18.4B
     .venv/bin/python bench/bench_simulate.py --table llama3       # about a minute
