@@ -93,7 +93,7 @@ class CostModel:
     def compute_time(self, node: Node) -> OpTime:
         """Seconds one compute op takes on one device."""
         op = node.op
-        if op in VIEW_OPS or op in FREE_OPS:
+        if op in VIEW_OPS or op in FREE_OPS or operand_transpose(node):
             return OpTime(0.0, "view")
         c = self.record_cost(node)
         moved = c.bytes_read + c.bytes_written
@@ -199,6 +199,36 @@ class CostModel:
         if op == "broadcast":
             return math.log2(n) * a + nbytes / b
         raise ClusterError(f"the cost model has no formula for the collective '{op}'")
+
+
+# The products that read an operand transposed in its last two dims without a copy.
+MATMUL_OPS = frozenset({"matmul", "linear_pointwise"})
+
+
+def operand_transpose(node: Node) -> bool:
+    """Whether ``node`` is a transpose of its last two dims (the others in place) whose every
+    reader is a matrix product (``MATMUL_OPS``), and no graph output: the product reads the
+    operand transposed, so no copy is made. (The price of alike nodes is cached by their
+    signature; ``price_key`` tells such a transpose from a copying one.)"""
+    if node.op != "transpose":
+        return False
+    perm = list(node.attrs.get("perm") or ())
+    r = len(perm)
+    if r < 2 or perm != list(range(r - 2)) + [r - 1, r - 2]:
+        return False
+    res = node.results[0]
+    users = res.users
+    return bool(users) and not res.is_output and all(u.op in MATMUL_OPS for u in users)
+
+
+def price_key(node: Node) -> tuple:
+    """What a compute op's price depends on: op, operand and result types, attributes, and
+    for a transpose whether a matrix product reads it in place (``operand_transpose``)."""
+    from .steps import attr_key
+
+    key = (node.op, tuple((v.type.shape, v.type.dtype.name) for v in node.operands),
+           tuple((v.type.shape, v.type.dtype.name) for v in node.results), attr_key(node.attrs))
+    return key + (operand_transpose(node),) if node.op == "transpose" else key
 
 
 def _dtype_of(node: Node) -> str:

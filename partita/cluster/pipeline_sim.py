@@ -35,9 +35,9 @@ from ..ir.mesh import Mesh
 from ..parallel.collective_order import grows_when_gathered, is_collective, kept_order
 from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
-from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel
+from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel, price_key
 from .hardware import Cluster
-from .steps import ASYNC_OPS, Comm, Hoisted, Issue, Piece, Program, SectionRun, Step, Wait, attr_key, is_hoisted
+from .steps import ASYNC_OPS, Comm, Hoisted, Issue, Piece, Program, SectionRun, Step, Wait, is_hoisted
 
 
 def _is_comm(n: Node) -> bool:
@@ -190,8 +190,7 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
             entries.append(CollectiveMark())
         if is_hoisted(n, outputs):
             continue
-        k2 = (n.op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
-              tuple((v.type.shape, v.type.dtype.name) for v in n.results), attr_key(n.attrs))
+        k2 = price_key(n)
         priced = cache.get(k2)
         if priced is None:
             priced = cache[k2] = model.compute_time(n)

@@ -39,10 +39,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
-from .cost import COLLECTIVE_OPS, GEMM_OPS, ATTENTION_OPS, P2P_OPS, CostModel
+from .cost import ATTENTION_OPS, COLLECTIVE_OPS, GEMM_OPS, P2P_OPS, CostModel, price_key
 from .hardware import Cluster, load_cluster
 from .memory_report import MemoryReport, memory_report
-from .steps import ASYNC_OPS, Comm, Issue, Piece, Program, Run, SectionRun, Step, Wait, attr_key, is_hoisted
+from .steps import ASYNC_OPS, Comm, Issue, Piece, Program, Run, SectionRun, Step, Wait, is_hoisted
 
 class SimulationError(PartitaError):
     """A program that cannot be simulated on the cluster (the message names the rank, the
@@ -96,8 +96,7 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Progra
             continue
         if is_hoisted(n, outputs):
             continue
-        key2 = (op, tuple((v.type.shape, v.type.dtype.name) for v in n.operands),
-                tuple((v.type.shape, v.type.dtype.name) for v in n.results), attr_key(n.attrs))
+        key2 = price_key(n)
         priced = cache.get(key2)
         if priced is None:
             priced = cache[key2] = model.compute_time(n)

@@ -62,6 +62,25 @@ def ranks_program(mesh: str, *texts: str):
 
 # --- the cost model ------------------------------------------------------------------------
 
+
+def test_a_transpose_that_only_matrix_products_read_is_read_in_place():
+    from partita.cluster.cost import operand_transpose, price_key
+
+    g = partita.parse("""graph @g(%a: f32[4,64,32], %b: f32[4,64,32]) -> (f32[4,64,64], f32[4,32,64], f32[32,4,64]) {
+      %t = transpose(%b) {perm=[0, 2, 1]} : f32[4,32,64]
+      %m = matmul(%a, %t) : f32[4,64,64]
+      %u = transpose(%b) {perm=[0, 2, 1]} : f32[4,32,64]
+      %e = exp(%u) : f32[4,32,64]
+      %p = transpose(%u) {perm=[1, 0, 2]} : f32[32,4,64]
+      return %m, %e, %p
+    }""")
+    t, _m, u, _e, p = g.nodes
+    cm = CostModel(toy())
+    assert operand_transpose(t) and cm.compute_time(t).seconds == 0.0   # the GEMM reads it transposed
+    assert not operand_transpose(u) and cm.compute_time(u).seconds > 0  # exp reads it too: a copy
+    assert not operand_transpose(p) and cm.compute_time(p).seconds > 0  # not the last two dims
+    assert price_key(t) != price_key(u)                                 # alike nodes priced apart
+
 def test_compute_ops_are_priced_by_their_records_and_the_efficiencies():
     g = partita.parse("""graph @g(%a: f32[64,128], %b: f32[128,32]) -> (f32[64,32]) {
       %m = matmul(%a, %b) : f32[64,32]
