@@ -105,3 +105,18 @@ class _Recorder:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         out = self.path.with_name(f"{self.path.name}.{worker}.json")
         out.write_text(json.dumps(self.rows, indent=0, sort_keys=True))
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches and the partita backend's records cleared before and after a test (a
+    torch.compile test asks for it with ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch
+
+    import partita.codegen.dynamo as pd
+
+    torch._dynamo.reset()
+    pd.reset_stats()
+    yield
+    torch._dynamo.reset()
+    pd.reset_stats()

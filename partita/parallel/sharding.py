@@ -347,7 +347,7 @@ def _transpose(ts, attrs):
     return DimSpec((labels,), (tuple(labels[p] for p in perm),), linear=frozenset({0}))
 
 
-def _reshape_groups(ins: Sequence[int], outs: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+def reshape_groups(ins: Sequence[int], outs: Sequence[int]) -> list[tuple[list[int], list[int]]]:
     """The blocks of a reshape: runs of input dims and output dims with equal products
     (size-1 dims left out: they are never split)."""
     ii = [i for i, n in enumerate(ins) if n != 1]
@@ -380,7 +380,7 @@ def _reshape(ts, attrs):
     lin: list = [None] * t.rank
     lout: list = [None] * len(out)
     if 0 not in t.shape and 0 not in out:
-        for ga, gb in _reshape_groups(t.shape, out):
+        for ga, gb in reshape_groups(t.shape, out):
             # An identity, a merge or a split: the leading dims of both sides cover the same
             # contiguous rows, so splitting one by the mesh splits the other the same way.
             if len(ga) == 1 or len(gb) == 1:

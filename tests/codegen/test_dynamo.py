@@ -20,13 +20,7 @@ import partita.codegen.dynamo as pd
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    pd.reset_stats()
-    yield
-    torch._dynamo.reset()
-    pd.reset_stats()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -13,13 +13,7 @@ import partita.codegen.dynamo as pd
 from partita.ir.diagnostics import IntegerDivisionByZeroError, PartitaError
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    pd.reset_stats()
-    yield
-    torch._dynamo.reset()
-    pd.reset_stats()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _compiled(fn):

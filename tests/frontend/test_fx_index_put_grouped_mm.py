@@ -12,13 +12,7 @@ import torch.nn.functional as F
 import partita.codegen.dynamo as pd
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    pd.reset_stats()
-    yield
-    torch._dynamo.reset()
-    pd.reset_stats()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

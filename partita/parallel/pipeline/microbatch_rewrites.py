@@ -30,6 +30,7 @@ from ...ir.attrs import DenseAttr
 from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
 from ...ops.registry import OPS, normalize_axis
+from ..sharding import reshape_groups
 
 
 def rewrite_for_microbatches(g: Graph, microbatches: int, nodes: Iterable[Node]) -> bool:
@@ -208,32 +209,6 @@ def index_reason(node: Node, m: int, name: Callable[[Value], str]) -> str | None
             f"microbatch's own block of the {x.type.shape[ax]} rows along axis {ax}")
 
 
-def reshape_groups(ins: tuple[int, ...], outs: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-    """The blocks of a reshape as the sharding rule of ``reshape`` sees them: runs of input
-    dims and output dims with equal products, size-1 dims left out ([] when none match)."""
-    ii = [i for i, n in enumerate(ins) if n != 1]
-    oo = [j for j, n in enumerate(outs) if n != 1]
-    groups = []
-    a = b = 0
-    while a < len(ii) and b < len(oo):
-        ga, gb = [ii[a]], [oo[b]]
-        pa, pb = ins[ii[a]], outs[oo[b]]
-        a, b = a + 1, b + 1
-        while pa != pb:
-            if pa < pb and a < len(ii):
-                pa *= ins[ii[a]]
-                ga.append(ii[a])
-                a += 1
-            elif pb < pa and b < len(oo):
-                pb *= outs[oo[b]]
-                gb.append(oo[b])
-                b += 1
-            else:
-                return []
-        groups.append((ga, gb))
-    return groups
-
-
 def _reshape(b: Builder, x: Value, shape: list[int]) -> Value:
     """``x`` reshaped to ``shape`` (itself when it has that shape)."""
     if list(x.type.shape) == list(shape):
@@ -242,4 +217,4 @@ def _reshape(b: Builder, x: Value, shape: list[int]) -> Value:
 
 
 __all__ = ["block_offsets", "blockwise_index_select", "constant_value", "factor_reshape", "factored_shapes",
-           "gather_axis", "index_reason", "reshape_groups", "rewrite_for_microbatches", "suspects"]
+           "gather_axis", "index_reason", "rewrite_for_microbatches", "suspects"]
