@@ -24,6 +24,7 @@ from . import codegen as _codegen  # noqa: F401,E402  (the fused op and the fuse
 from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and optimizer passes)
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 from . import models  # noqa: F401,E402  (partita.models.gpt, partita.models.llama)
+from .planning.plan import Plan  # noqa: E402  (partita.plan's result; the package is partita/planning)
 
 __version__ = "0.1.0"
 
@@ -149,13 +150,14 @@ def training_step(graph: Graph, loss: int | str | None = None, optimizer: str | 
     return _training_step(graph, loss, optimizer, **options)  # type: ignore[arg-type]
 
 
-def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
+def parallelize(graph: Graph, mesh: Any = None, strategy: str | None = None,
                 annotations: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """Rewrite ``graph`` for a device mesh (``"dp=2,tp=2"``) with a strategy (``"dp+megatron"``)
     and/or placements by value name; returns a ``ParallelProgram`` (per-rank program, plan).
     With ``pp`` in the strategy (``mesh="pp=2,dp=2,tp=2", strategy="pp+dp+megatron",
     microbatches=8, schedule="1f1b"``) it returns a ``PipelineProgram``: one program per
-    pipeline stage. See partita/parallel/spmd.py, docs/parallel.md and docs/pipeline.md."""
+    pipeline stage. ``plan=partita.plan(...)`` applies a planner's plan (docs/plan.md). See
+    partita/parallel/spmd.py, docs/parallel.md and docs/pipeline.md."""
     import inspect
 
     from .parallel.strategies.base import StrategyError
@@ -167,6 +169,15 @@ def parallelize(graph: Graph, mesh: Any, strategy: str | None = None,
     if unknown:
         raise StrategyError(f"parallelize: unknown option(s) {', '.join(unknown)}; the options are {', '.join(known)}")
     return _parallelize(graph, mesh, strategy, annotations, **options)
+
+
+def plan(model: Graph, cluster: Any, memory: Any = None, **options: Any) -> Any:
+    """The fastest parallel plan of ``model`` (a forward graph or training step) on ``cluster``
+    (a ``Cluster`` or a cluster file name) within ``memory`` per device: a ``Plan`` to give
+    ``parallelize(step, plan=...)``. See partita/planning/ and docs/plan.md."""
+    from .planning import plan as _plan
+
+    return _plan(model, cluster, memory, **options)
 
 
 def launch(program: Any, nproc: int | None = None, inputs: Any = None, **options: Any) -> Any:
@@ -204,4 +215,4 @@ def quantize(graph: Graph, mode: str = "weight-only", min_elements: int = 1024) 
 
 __all__ = ["Builder", "DenseAttr", "Graph", "Location", "Node", "ParseError", "PartitaError", "TensorType",
            "Value", "VerifyError", "Weights", "training_step", "parse", "parse_file", "print_graph", "verify", "load", "save",
-           "run", "optimize", "quantize", "import_torch", "import_onnx", "load_onnx", "parallelize", "launch"]
+           "run", "optimize", "quantize", "import_torch", "import_onnx", "load_onnx", "parallelize", "launch", "plan", "Plan"]

@@ -110,14 +110,18 @@ def _check_annotations(annotations: Any) -> None:
                                 f"'x' or '%x'); got the key {_given(key)}")
 
 
-def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
+def parallelize(graph: Graph, mesh: Mesh | str | None = None, strategy: str | None = None,
                 annotations: Mapping[str, str | Placement] | None = None, *,
                 allow_replication: bool = False, bucket_mb: float | None = 25.0,
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
-                recompute: bool | str | None = None, unroll: bool = True) -> Any:
+                recompute: bool | str | None = None, unroll: bool = True, plan: Any = None) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
+
+    ``plan``: a ``partita.Plan`` (``partita.plan``, docs/plan.md) in place of ``mesh``,
+    ``strategy`` and the pipeline options: its mesh, strategy words, microbatches, schedule,
+    virtual stages, stage cut and recompute are applied as they are.
 
     ``mesh``: a Mesh or its text (``"dp=2,tp=2"``). ``strategy``: registered strategy words
     joined with ``+`` (partita/parallel/strategies/), or None; ``annotations``: placements by
@@ -151,6 +155,10 @@ def parallelize(graph: Graph, mesh: Mesh | str, strategy: str | None = None,
     """
     import time
 
+    if plan is not None:
+        return _parallelize_plan(graph, mesh, strategy, plan, annotations, unroll,
+                                 allow_replication=allow_replication, bucket_mb=bucket_mb,
+                                 first_bucket_mb=first_bucket_mb, order=order, prefetch=prefetch, gather_mb=gather_mb)
     t0 = time.perf_counter()
     _check_graph(graph)
     m = _mesh(mesh)
@@ -199,6 +207,18 @@ class SpmdPartition:
     timings: dict[str, float]
     started: float
     tracked: TrackedPartition | None = None
+
+
+def _parallelize_plan(graph: Graph, mesh: Any, strategy: Any, plan: Any,
+                      annotations: Mapping[str, str | Placement] | None, unroll: bool, **options: Any) -> Any:
+    """``parallelize(graph, plan=plan)``: the plan's mesh, strategy and pipeline options applied."""
+    if mesh is not None or strategy is not None:
+        raise StrategyError("parallelize: a plan names its own mesh and strategy; pass plan= alone, or mesh= and "
+                            "strategy= without it")
+    if not callable(getattr(plan, "parallelize_options", None)):
+        raise StrategyError(f"parallelize: plan must be a partita.Plan (partita.plan or Plan.from_json), got "
+                            f"{_given(plan)}")
+    return parallelize(graph, annotations=annotations, **plan.parallelize_options(unroll=unroll), **options)
 
 
 def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str | None",

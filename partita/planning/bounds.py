@@ -1,0 +1,161 @@
+"""Analytic bounds of a candidate plan: memory per device and a step-time estimate, no simulation.
+
+Memory (bytes, the most loaded stage): model states (bf16 params and gradients, f32 master
+weights and Adam moments: 16 bytes a parameter, the optimizer's 12 sharded by zero1), the
+activations of the microbatches in flight by the per-layer formulas of Korthikanti et al.
+2022 (Table 2: 34sbh + 5as^2b bytes a layer without recomputation, 34sbh with selective
+recomputation, 2sbh with full; divided by t with sequence parallelism), and the logits.
+Time (seconds): the stage's FLOPs at the cluster's gemm efficiency, the memory-bound
+traffic at its memory efficiency, the pipeline bubble, the tensor-parallel all-reduces on
+the node's links and the data-parallel gradient all-reduce (exposed after a pipeline's
+flush; overlapped with the backward otherwise). The estimate ranks candidates; the
+simulator prices the survivors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..cluster.hardware import Cluster
+from .shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search: mesh sizes, data-parallel kind, pipeline options, recomputation."""
+
+    pp: int
+    dp: int
+    tp: int
+    zero: str               # "dp" or "zero1"
+    sp: bool
+    micro: int              # sequences per microbatch
+    microbatches: int
+    schedule: str | None
+    virtual_stages: int
+    recompute: str
+
+    def family(self) -> str:
+        """The family a rejected candidate is reported under: its axes and recomputation."""
+        axes = "x".join(a for a, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp)) if n > 1) or "one device"
+        return f"{axes} {self.zero if self.dp > 1 else ''} recompute={self.recompute}".replace("  ", " ")
+
+
+def stage_layers(shape: ModelShape, pp: int) -> int:
+    """Layers of the most loaded stage."""
+    return math.ceil(shape.layers / pp)
+
+
+def layer_activation_bytes(shape: ModelShape, c: Candidate, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for the backward of one microbatch (Korthikanti et al. 2022, Table 2)."""
+    s, b, h, a, t = shape.seq, c.micro, shape.hidden, shape.heads, c.tp
+    base = s * b * h * (15 + 19 * shape.ffn / (4 * h))          # 34sbh at ffn = 4h
+    scores = 0.0 if shape.fused_attention else 5.0 * a * s * s * b
+    rc = c.recompute if recompute is None else recompute
+    if rc == "full":
+        return 2.0 * s * b * h / (t if c.sp else 1)
+    if c.sp or t == 1:
+        kept = base / t
+    else:
+        kept = s * b * h * (10 + (base / (s * b * h) - 10) / t)
+    return kept + (scores / t if rc == "none" else 0.0)
+
+
+def in_flight(c: Candidate) -> float:
+    """Microbatches whose activations the first stage holds at once."""
+    if c.pp == 1:
+        return 1.0
+    if c.schedule == "gpipe":
+        return float(c.microbatches)
+    held = float(min(c.microbatches, c.pp))
+    if c.schedule == "interleaved":
+        held *= 1 + (c.pp - 1) / (c.pp * c.virtual_stages)
+    return held
+
+
+def stage_params(shape: ModelShape, c: Candidate) -> float:
+    """Parameters on the most loaded rank (its layers and, conservatively, the embeddings)."""
+    outer = shape.params - shape.layers * shape.layer_params
+    return (stage_layers(shape, c.pp) * shape.layer_params + outer) / c.tp
+
+
+def memory_bytes(shape: ModelShape, c: Candidate) -> float:
+    """Peak bytes per device of ``c`` (see the module docstring)."""
+    p = stage_params(shape, c)
+    states = p * (4 + 12 / c.dp) if c.zero == "zero1" else p * 16
+    acts = in_flight(c) * stage_layers(shape, c.pp) * layer_activation_bytes(shape, c)
+    if c.recompute == "full":                     # one layer rebuilt whole during its backward
+        acts += layer_activation_bytes(shape, c, "none")
+    logits = 10.0 * shape.seq * c.micro * shape.vocab / c.tp
+    return states + acts + logits
+
+
+def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
+    """A ring all-reduce of ``nbytes`` over ``n`` ranks at ``bandwidth`` bytes/s."""
+    return 0.0 if n <= 1 else 2.0 * (n - 1) / n * nbytes / bandwidth
+
+
+def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, float]:
+    """The estimate's parts (seconds): compute, recompute, memory, bubble, tp, p2p, dp."""
+    eff = cluster.efficiency
+    flops = cluster.device.flops("bf16") * eff.gemm
+    mem_bw = cluster.device.memory_bandwidth * eff.memory
+    gpn = cluster.gpus_per_node
+    intra, inter = cluster.intra_node, cluster.inter_node
+    ls = shape.layers / c.pp
+    fwd = (ls * shape.layer_flops(c.micro) + shape.head_flops(c.micro) / c.pp) / c.tp
+    s, b, h = shape.seq, c.micro, shape.hidden
+    scores = 0.0 if shape.fused_attention else 4.0 * s * s * h * b
+    extra = {"none": 0.0, "selective": ls * scores / c.tp, "full": ls * shape.layer_flops(c.micro) / c.tp}[c.recompute]
+    traffic = ls * 3 * (layer_activation_bytes(shape, c, "none") if c.tp == 1 or c.sp else 34 * s * b * h / c.tp)
+    t_mb = (3 * fwd + extra) / flops + traffic / mem_bw
+    bubble = {"1f1b": c.pp - 1, "gpipe": c.pp - 1, "interleaved": (c.pp - 1) / c.virtual_stages,
+              "zero-bubble": (c.pp - 1) / 3}.get(c.schedule or "", 0.0)
+    ar = allreduce_seconds(2.0 * s * b * h, c.tp, intra.bandwidth * eff.network)
+    tp_per_layer = (6 if c.recompute == "full" else 4) * ar
+    grads = 2.0 * stage_params(shape, c)
+    dp_link = intra if c.dp * c.tp <= gpn else inter
+    dp_time = allreduce_seconds(grads, c.dp, dp_link.bandwidth * eff.network)
+    compute = c.microbatches * 3 * fwd / flops
+    parts = {"compute": compute, "recompute": c.microbatches * extra / flops,
+             "memory": c.microbatches * traffic / mem_bw, "bubble": bubble * (t_mb + ls * tp_per_layer),
+             "tp": c.microbatches * ls * tp_per_layer,
+             "p2p": 0.0 if c.pp == 1 else (c.microbatches + c.pp) * 2 * s * b * h * 2 / c.tp / inter.bandwidth,
+             # zero1's parameter all-gather follows the optimizer step: exposed, as after a pipeline's flush.
+             "dp": dp_time if c.pp > 1 or c.zero == "zero1" else max(0.1 * dp_time, dp_time - 0.6 * compute)}
+    return parts
+
+
+def lower_bound(shape: ModelShape, c: Candidate, cluster: Cluster) -> float:
+    """A step-time lower bound: the model's FLOPs (with recomputation) at the device's peak, plus the bubble."""
+    parts = time_parts(shape, c, cluster)
+    busy = parts["compute"] + parts["recompute"] + parts["memory"]
+    work = (parts["compute"] + parts["recompute"]) * cluster.efficiency.gemm
+    return work * (1 + parts["bubble"] / max(busy, 1e-30))
+
+
+def stage_cut(costs: list[float], stages: int, last_extra: float = 0.0, first_extra: float = 0.0) -> list[int]:
+    """Layers per stage minimizing the most loaded stage (dynamic programming over contiguous cuts)."""
+    n = len(costs)
+    pre = [0.0]
+    for x in costs:
+        pre.append(pre[-1] + x)
+    inf = float("inf")
+    # best[k][i]: the least max-stage cost of the first i layers in k stages (stage 0 has first_extra).
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    arg = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                cost = pre[i] - pre[j] + (first_extra if k == 1 else 0.0) + (last_extra if k == stages and i == n else 0.0)
+                v = max(best[k - 1][j], cost)
+                if v < best[k][i]:
+                    best[k][i], arg[k][i] = v, j
+    cut, i = [], n
+    for k in range(stages, 0, -1):
+        j = arg[k][i]
+        cut.append(i - j)
+        i = j
+    return cut[::-1]

@@ -1,0 +1,197 @@
+"""``plan(model, cluster, memory=...)``: the fastest plan that fits, explained (docs/plan.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ..cluster.hardware import Cluster, load_cluster, parse_quantity
+from ..ir import Graph, PartitaError
+from .bounds import Candidate, lower_bound, memory_bytes, time_parts
+from .plan import RECOMPUTE, Plan
+from .search import CAUSES, GIB, Pricer, candidate_plan, enumerate_candidates
+from .shape import ModelShape, PlanError, model_shape
+
+
+def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None, *, devices: int | None = None,
+         global_batch: int | None = None, recompute: str | tuple[str, ...] | None = None, price: int = 4,
+         loss: str = "cross_entropy", optimizer: str = "adamw", master_weights: bool = True,
+         progress: Callable[[str], None] | None = None) -> Plan:
+    """The fastest plan of ``model`` (a forward graph or training step) on ``devices`` devices of
+    ``cluster`` within ``memory`` bytes per device (default the device's memory); see docs/plan.md.
+    ``price``: how many of the best estimated meshes the simulator prices. PlanError when nothing fits."""
+    t_start = time.perf_counter()
+    say = progress or (lambda s: None)
+    graph, cl, cap, n, training = check_inputs(model, cluster, memory, devices)
+    shape = model_shape(graph)
+    if global_batch is not None and global_batch != shape.batch:
+        raise PlanError(f"plan: global_batch={global_batch}, but @{graph.name} is built for batch {shape.batch}; "
+                        "build the graph at the global batch (partita.models.gpt(..., batch=...))")
+    recomputes = recompute_choices(recompute, training)
+    cands, invalid = enumerate_candidates(shape, cl, n, recomputes)
+    if not cands:
+        raise PlanError(f"plan: {n} devices factor into no valid mesh for @{graph.name}: " + "; ".join(invalid[:4]) +
+                        ". Use a device count that a power-of-two tp dividing the heads and a dp dividing the batch make")
+    mems = {c: memory_bytes(shape, c) for c in cands}
+    fit = [c for c in cands if mems[c] <= cap]
+    if not fit:
+        raise PlanError(no_fit_message(graph, shape, cl, cap, n, recomputes, min(mems.values())))
+    est = {c: sum(time_parts(shape, c, cl).values()) for c in fit}
+    t_search = time.perf_counter() - t_start
+    say(f"{len(cands)} candidates, {len(fit)} within {cap / GIB:.1f} GiB")
+    pricer = Pricer(graph, cl, training, {"loss": loss, "optimizer": optimizer, "master_weights": master_weights})
+    priced = price_best(shape, fit, est, mems, pricer, cap, n, cl, price, say)
+    if not priced:
+        raise PlanError(f"plan: none of the best {price} candidates of @{graph.name} could be built or fits; "
+                        "raise price= or the memory cap")
+    priced.sort(key=lambda p: p.step_time)
+    best = priced[0]
+    chosen = next(c for c in fit if candidate_plan(shape, c, n, cl).describe() == best.describe())
+    best.report = {
+        "candidates": len(cands), "within_cap": len(fit), "priced": len(priced) + len(pricer_failures(pricer)),
+        "next": [summary(p) for p in priced[1:]], "invalid": invalid[:10],
+        "rejected": rejected_families(shape, cands, fit, mems, est, chosen, cap, cl),
+        "failed": pricer_failures(pricer),
+        "seconds": {"search": t_search, **pricer.seconds, "total": time.perf_counter() - t_start}}
+    return best
+
+
+def pricer_failures(pricer: Pricer) -> list[str]:
+    """The priced candidates that could not be built, with why."""
+    return getattr(pricer, "failures", [])
+
+
+def check_inputs(model: Any, cluster: Any, memory: Any, devices: Any) -> tuple[Graph, Cluster, float, int, bool]:
+    """The graph, cluster, memory cap (bytes), device count and whether the graph is a training step."""
+    from ..parallel.pipeline.build import is_training
+
+    if not isinstance(model, Graph):
+        raise PlanError(f"plan: the model must be a partita Graph (a forward graph or a training step), got "
+                        f"{type(model).__name__}")
+    cl = load_cluster(cluster)
+    cap = cl.device.memory if memory is None else (
+        float(memory) if isinstance(memory, (int, float)) else parse_quantity(memory, "bytes"))
+    size = cl.nodes * cl.gpus_per_node
+    n = size if devices is None else devices
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise PlanError(f"plan: devices must be a positive int, got {devices!r:.40}")
+    if n > size:
+        raise PlanError(f"plan: devices={n}, but cluster {cl.name!r} has {size} ({cl.nodes} nodes x "
+                        f"{cl.gpus_per_node}); use cluster.with_nodes(...) or fewer devices")
+    if n > cl.gpus_per_node and n % cl.gpus_per_node:
+        raise PlanError(f"plan: devices={n} is not whole nodes of {cl.gpus_per_node}; use a multiple of it")
+    return model, cl, cap, n, is_training(model)
+
+
+def recompute_choices(recompute: Any, training: bool) -> tuple[str, ...]:
+    """The recomputations to search: all three for a forward graph; a step's own for a step."""
+    if recompute is None:
+        return ("none",) if training else RECOMPUTE
+    rc = (recompute,) if isinstance(recompute, str) else tuple(recompute)
+    bad = [r for r in rc if r not in RECOMPUTE]
+    if bad or not rc:
+        raise PlanError(f"plan: recompute={recompute!r:.60} must be one or more of {', '.join(RECOMPUTE)}")
+    return rc
+
+
+def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: int, recomputes: tuple[str, ...],
+                   least: float) -> str:
+    """What would fit: the smallest memory on these devices, the smallest device count at this cap."""
+    more = None
+    k = n * 2
+    size = cl.nodes * cl.gpus_per_node
+    while k <= max(size, n) * 64:
+        cands, _ = enumerate_candidates(shape, cl, k, recomputes)
+        if any(memory_bytes(shape, c) <= cap for c in cands):
+            more = k
+            break
+        k *= 2
+    tail = f"; at {cap / GIB:.1f} GiB it needs at least {more} devices" if more else \
+        "; no device count up to 64 times this one fits it"
+    return (f"plan: no plan of @{graph.name} fits {cap / GIB:.1f} GiB per device on {n} devices of {cl.name!r}: "
+            f"the smallest needs {least / GIB:.1f} GiB{tail}. Raise the memory cap or add devices")
+
+
+def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, pricer: Pricer, cap: float, n: int,
+               cl: Cluster, price: int, say: Callable[[str], None]) -> list[Plan]:
+    """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit."""
+    seen: set = set()
+    out: list[Plan] = []
+    pricer.failures = []
+    best_time = float("inf")
+    for c in sorted(fit, key=lambda c: est[c]):
+        key = (c.pp, c.dp, c.tp, c.recompute)
+        if key in seen:
+            continue
+        if len(seen) >= price:
+            break
+        seen.add(key)
+        if lower_bound(shape, c, cl) > best_time:
+            continue
+        p = candidate_plan(shape, c, n, cl)
+        try:
+            step_time, mfu, peak = pricer.price(p)
+        except PartitaError as e:
+            pricer.failures.append(f"{p.describe()}: {str(e)[:200]}")
+            continue
+        p.step_time, p.mfu, p.estimate = step_time, mfu, est[c]
+        p.memory, p.memory_cap = max(mems[c], peak or 0.0), cap
+        say(f"priced {p.describe()}: {step_time:.3f} s, {p.memory / GIB:.1f} GiB")
+        if p.memory <= cap:
+            out.append(p)
+            best_time = min(best_time, step_time)
+    return out
+
+
+def summary(p: Plan) -> dict:
+    """A priced plan as one report row."""
+    return {"plan": p.describe(), "step_s": p.step_time, "mfu": p.mfu, "memory_GiB": (p.memory or 0) / GIB}
+
+
+def rejected_families(shape: ModelShape, cands: list[Candidate], fit: list[Candidate], mems: dict, est: dict,
+                      chosen: Candidate, cap: float, cl: Cluster) -> list[dict]:
+    """Each family but the chosen one's: over the cap by how much, or how much slower and why."""
+    fams: dict[str, list[Candidate]] = {}
+    for c in cands:
+        fams.setdefault(c.family(), []).append(c)
+    mine = time_parts(shape, chosen, cl)
+    base = sum(mine.values())
+    out = []
+    for fam, members in fams.items():
+        if fam == chosen.family():
+            continue
+        ok = [c for c in members if c in est]
+        if not ok:
+            least = min(mems[c] for c in members)
+            out.append({"family": fam, "why": f"over the cap by {(least - cap) / GIB:.1f} GiB at best", "slower": None})
+            continue
+        b = min(ok, key=lambda c: est[c])
+        parts = time_parts(shape, b, cl)
+        cause = max(parts, key=lambda k: parts[k] - mine[k])
+        slower = est[b] / base - 1
+        out.append({"family": fam, "slower": slower, "why": f"{slower:+.0%} estimated, because of {CAUSES[cause]}"})
+    out.sort(key=lambda r: (r["slower"] is None, r["slower"] or 0.0))
+    return out
+
+
+def report_text(p: Plan) -> str:
+    """The plan and its explanation as text."""
+    r = p.report
+    gib = (p.memory or 0) / GIB
+    lines = [f"chosen: {p.describe()}", f"  simulated step {p.step_time:.3f} s, MFU {p.mfu or 0:.1%}, peak memory "
+             f"{gib:.1f} GiB per device (cap {(p.memory_cap or 0) / GIB:.1f} GiB)"]
+    if p.stages:
+        lines.append(f"  stage cut (layers per stage): {p.stages}")
+    if r.get("next"):
+        lines.append("next best (simulated):")
+        lines += [f"  {x['plan']}: {x['step_s']:.3f} s, MFU {x['mfu'] or 0:.1%}, {x['memory_GiB']:.1f} GiB"
+                  for x in r["next"]]
+    if r.get("rejected"):
+        lines.append("rejected families:")
+        lines += [f"  {x['family']}: {x['why']}" for x in r["rejected"][:12]]
+    for f in r.get("failed", []):
+        lines.append(f"  could not build: {f}")
+    s = r.get("seconds", {})
+    lines.append(f"{r.get('candidates', 0)} candidates, {r.get('within_cap', 0)} within the cap, "
+                 f"{r.get('priced', 0)} simulated; " + ", ".join(f"{k} {v:.2f} s" for k, v in s.items()))
+    return "\n".join(lines)

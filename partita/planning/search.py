@@ -1,0 +1,133 @@
+"""The search: enumerate the outer choices, prune by analytic bounds, price the survivors.
+
+``plan(model, cluster, memory=...)``: every factorization of the device count into
+pp x dp x tp (tp a power of two inside a node, dividing the heads; pp at most the layers;
+dp dividing the global batch), plain data parallelism or zero1, sequence parallelism with
+tp, microbatch sizes and counts, the 1f1b and interleaved schedules (virtual stages 2 to 8),
+and recomputation none/selective/full. Each candidate gets the memory bound and time
+estimate of ``bounds``; those over the memory cap are out before anything is simulated
+(the cap is a constraint); the best estimated of the distinct meshes and recomputations are
+priced by the simulator's section-level path (``unroll=False``), skipping any whose lower
+bound already exceeds the best priced step, and the fastest that fits wins.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ..cluster.hardware import Cluster, load_cluster, parse_quantity
+from ..ir import Graph, PartitaError
+from .bounds import Candidate, lower_bound, memory_bytes, time_parts, stage_cut
+from .plan import RECOMPUTE, Plan
+from .shape import ModelShape, PlanError, model_shape
+
+GIB = 1024.0 ** 3
+CAUSES = {"bubble": "the pipeline bubble", "dp": "exposed dp traffic", "recompute": "recomputation",
+          "tp": "tp all-reduces", "memory": "memory-bound ops", "p2p": "pipeline sends", "compute": "smaller matmuls"}
+
+
+def pow2_divisors(n: int, limit: int) -> list[int]:
+    """Powers of two dividing ``n``, at most ``limit``."""
+    out, k = [], 1
+    while k <= limit and n % k == 0:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def pipeline_options(shape: ModelShape, pp: int, per_dp: int) -> list[tuple[int, int, str | None, int]]:
+    """(micro, microbatches, schedule, virtual stages) of a pipeline with ``per_dp`` sequences per replica."""
+    if pp == 1:
+        return [(per_dp, 1, None, 1)]
+    out = []
+    for micro in (1, 2, 4, 8, 16):
+        if per_dp % micro:
+            continue
+        m = per_dp // micro
+        if m < pp:
+            continue
+        out.append((micro, m, "1f1b", 1))
+        for v in (2, 3, 4, 6, 8):
+            if pp * v <= shape.layers and m % pp == 0:
+                out.append((micro, m, "interleaved", v))
+    return out
+
+
+def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
+                         recomputes: tuple[str, ...]) -> tuple[list[Candidate], list[str]]:
+    """Every candidate of the search space, and why whole meshes are invalid."""
+    out: list[Candidate] = []
+    invalid: list[str] = []
+    for tp in pow2_divisors(devices, cluster.gpus_per_node):
+        if shape.heads % tp or shape.hidden % tp:
+            invalid.append(f"tp={tp}: {shape.heads} heads are not divisible by {tp}")
+            continue
+        for pp in divisors(devices // tp):
+            dp = devices // (tp * pp)
+            if pp > shape.layers:
+                continue
+            if shape.batch % dp:
+                invalid.append(f"pp={pp},dp={dp},tp={tp}: the global batch {shape.batch} is not divisible by dp={dp}")
+                continue
+            for micro, m, sched, v in pipeline_options(shape, pp, shape.batch // dp):
+                for zero in (("dp", "zero1") if dp > 1 else ("dp",)):
+                    for rc in recomputes:
+                        out.append(Candidate(pp, dp, tp, zero, tp > 1, micro, m, sched, v, rc))
+    return out, invalid
+
+
+def candidate_plan(shape: ModelShape, c: Candidate, devices: int, cluster: Cluster) -> Plan:
+    """The Plan of a candidate (without prices): mesh text, strategy words, pipeline options, cut."""
+    axes = [f"pp={c.pp}"] * (c.pp > 1) + [f"dp={c.dp}"] * (c.dp > 1 or c.pp == c.tp == 1) + [f"tp={c.tp}"] * (c.tp > 1)
+    words = ["pp"] * (c.pp > 1) + [c.zero] * (c.dp > 1 or c.pp == c.tp == 1) + ["megatron"] * (c.tp > 1) + ["sp"] * c.sp
+    stages = None
+    if c.pp > 1 and c.virtual_stages == 1:
+        lf = shape.layer_flops(1)
+        stages = stage_cut([lf] * shape.layers, c.pp, last_extra=shape.head_flops(1))
+    return Plan(mesh=",".join(axes), strategy="+".join(words), recompute=c.recompute, microbatches=c.microbatches,
+                schedule=c.schedule, virtual_stages=c.virtual_stages, stages=stages, devices=devices,
+                cluster=cluster.name)
+
+
+class Pricer:
+    """Prices plans with the simulator: one training step per recomputation, built once."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, training: bool, step_options: dict[str, Any]) -> None:
+        self.graph, self.cluster, self.training, self.options = graph, cluster, training, step_options
+        self.steps: dict[str, Graph] = {}
+        self.seconds = {"training_step": 0.0, "parallelize": 0.0, "simulate": 0.0}
+
+    def step(self, recompute: str) -> Graph:
+        """The training step with ``recompute`` (the given step itself when one was given)."""
+        if self.training:
+            return self.graph
+        if recompute not in self.steps:
+            from ..autodiff import training_step
+
+            t0 = time.perf_counter()
+            self.steps[recompute] = training_step(self.graph, recompute=recompute, **self.options)
+            self.seconds["training_step"] += time.perf_counter() - t0
+        return self.steps[recompute]
+
+    def price(self, p: Plan) -> tuple[float, float | None, float | None]:
+        """(step seconds, MFU, the memory report's peak or None) of plan ``p``, simulated."""
+        from ..cluster.simulator import simulate
+        from ..parallel.spmd import parallelize
+
+        step = self.step(p.recompute)
+        t0 = time.perf_counter()
+        prog = parallelize(step, **p.parallelize_options(unroll=False))
+        t1 = time.perf_counter()
+        res = simulate(prog, self.cluster, trace=False, memory=not p.pipelined)
+        t2 = time.perf_counter()
+        self.seconds["parallelize"] += t1 - t0
+        self.seconds["simulate"] += t2 - t1
+        peaks = [r.memory.peak for r in res.ranks if r.memory is not None]
+        return res.step_time, res.mfu, (max(peaks) if peaks else None)

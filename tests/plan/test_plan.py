@@ -1,0 +1,112 @@
+"""The automatic planner (partita/planning, docs/plan.md): small models on one-node clusters.
+
+Plans are chosen by the simulator, checked for memory against the cap, round-trip through
+JSON, and applied by ``parallelize(step, plan=...)``, whose per-rank programs compute what
+the single-device step computes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partita
+from partita.cluster.hardware import load_cluster
+from partita.planning import PlanError, model_shape, report_text
+from partita.planning.bounds import stage_cut
+
+GIB = 1024.0 ** 3
+
+
+def tiny(batch: int = 8, dtype: str = "f32") -> partita.Graph:
+    return partita.models.gpt(layers=4, hidden=64, heads=4, seq=16, vocab=128, batch=batch, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def node():
+    return load_cluster("selene").with_nodes(1)
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(node):
+    return partita.plan(tiny(), node, devices=4, price=2)
+
+
+def test_model_shape_reads_the_transformer():
+    s = model_shape(partita.models.gpt(layers=3, hidden=64, heads=4, seq=16, vocab=100, batch=2, dtype="bf16",
+                                       attention="fused_softmax"))
+    assert (s.batch, s.seq, s.layers, s.hidden, s.heads, s.vocab, s.ffn) == (2, 16, 3, 64, 4, 100, 256)
+    assert not s.fused_attention
+
+
+def test_plan_is_priced_and_explained(tiny_plan):
+    p = tiny_plan
+    assert p.step_time > 0 and p.devices == 4 and p.memory <= p.memory_cap
+    assert p.recompute in ("none", "selective", "full")
+    assert p.report["candidates"] >= p.report["within_cap"] >= p.report["priced"] >= 1
+    text = report_text(p)
+    assert text.startswith("chosen: ") and "rejected families:" in text
+
+
+def test_json_round_trip(tiny_plan):
+    q = partita.Plan.from_json(tiny_plan.to_json())
+    assert q == tiny_plan
+    with pytest.raises(PlanError, match="not a partita plan"):
+        partita.Plan.from_json("{}")
+    with pytest.raises(PlanError, match="unknown field 'meshes'"):
+        partita.Plan.from_json('{"partita_plan": 1, "mesh": "dp=2", "strategy": "dp", "meshes": 1}')
+
+
+def test_memory_cap_is_respected(node):
+    free = partita.plan(tiny(), node, devices=4, price=2)
+    cap = free.memory * 0.5
+    p = partita.plan(tiny(), node, cap, devices=4, price=2)
+    assert p.memory <= cap and p.memory_cap == cap
+
+
+def test_nothing_fits_says_what_would(node):
+    with pytest.raises(PlanError, match=r"smallest needs [\d.]+ GiB.*at least \d+ devices|smallest needs"):
+        partita.plan(tiny(), node, "1MiB", devices=1, price=1)
+    with pytest.raises(PlanError, match="no plan .* fits 0.0 GiB"):
+        partita.plan(tiny(), node, 1024, devices=2, price=1)
+
+
+def test_bad_inputs_are_clear(node):
+    with pytest.raises(PlanError, match="devices=16, but cluster"):
+        partita.plan(tiny(), node, devices=16)
+    with pytest.raises(PlanError, match="global_batch=4"):
+        partita.plan(tiny(), node, devices=2, global_batch=4)
+    with pytest.raises(partita.PartitaError):
+        partita.plan(tiny(), "no-such-cluster", devices=2)
+    odd = partita.models.gpt(layers=2, hidden=48, heads=3, seq=8, vocab=64, batch=3, dtype="f32")
+    with pytest.raises(PlanError, match="factor into no valid mesh"):
+        partita.plan(odd, node, devices=8)
+
+
+def test_stage_cut_balances_equal_layers_and_offloads_the_head():
+    assert stage_cut([1.0] * 8, 4) == [2, 2, 2, 2]
+    assert stage_cut([1.0] * 8, 2, last_extra=2.0) == [5, 3]
+
+
+def test_parallelize_with_the_plan_matches_one_device(tiny_plan):
+    from partita.autodiff.optim import initial_state
+
+    p = tiny_plan
+    step = p.training_step(tiny())
+    prog = partita.parallelize(step, plan=p)
+    rng = np.random.default_rng(0)
+    w = {str(v.name): (rng.standard_normal(v.type.shape) * 0.2).astype(v.type.dtype.np)
+         for v in step.inputs if v.role == "param"}
+    full = dict(w, **{str(v.name): initial_state(str(v.name), v.type, w) for v in step.inputs if v.role == "state"})
+    feed = {"ids": rng.integers(0, 128, (8, 16)), "target": rng.integers(0, 128, (8, 16))}
+    for v, a, b in zip(step.outputs, prog.simulate(feed, full), partita.run(step, feed, full)):
+        np.testing.assert_allclose(np.float64(a), np.float64(b), rtol=2e-4, atol=2e-5, err_msg=str(v.name))
+
+
+def test_parallelize_refuses_a_plan_with_a_mesh(tiny_plan):
+    from partita.parallel.strategies import StrategyError
+
+    with pytest.raises(StrategyError, match="pass plan= alone"):
+        partita.parallelize(tiny_plan.training_step(tiny()), "dp=4", plan=tiny_plan)
+    with pytest.raises(StrategyError, match="must be a partita.Plan"):
+        partita.parallelize(tiny_plan.training_step(tiny()), plan="dp=4")
