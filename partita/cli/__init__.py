@@ -1,5 +1,5 @@
 """The ``partita`` command: ``import``, ``opt``, ``verify``, ``run``, ``train``, ``demo``, ``ops``, ``simulate``,
-``cluster`` and ``calibrate``.
+``plan``, ``cluster`` and ``calibrate``.
 
 One module per command, each with ``add_parser`` and its ``cmd_*`` handler; ``common`` holds
 what they share (exit codes, error handling, weights, random inputs, tables). The package
@@ -16,13 +16,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import calibrate, cluster, demo, import_, ops, opt, run, simulate, train, verify
+from . import calibrate, cluster, demo, import_, ops, opt, plan, run, simulate, train, verify
 from .common import EXIT_USAGE, run_command
 
 __all__ = ["main", "build_parser"]
 
 # In the order of 'partita --help'.
-COMMANDS = (import_, opt, verify, run, demo, ops, train, simulate, cluster, calibrate)
+COMMANDS = (import_, opt, verify, run, demo, ops, train, simulate, plan, cluster, calibrate)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if getattr(args, "handler", None) is None:
         parser.print_usage(sys.stderr)
-        print("partita: error: a command is required (import, opt, verify, run, train, demo, ops, simulate, cluster, calibrate); "
+        print("partita: error: a command is required (import, opt, verify, run, train, demo, ops, simulate, plan, cluster, calibrate); "
               "see 'partita --help'", file=sys.stderr)
         return EXIT_USAGE
     return run_command(args.handler, args, bool(args.debug))
