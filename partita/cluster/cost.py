@@ -28,6 +28,7 @@ nodes), ``n`` the group size and ``S`` the bytes of the larger of operand and re
   binary tree, ``2 log2(n) alpha + 2 S / beta`` (NCCL's two algorithms);
 - all_gather, reduce_scatter, all_to_all: ``(n-1) alpha + (n-1)/n S / beta``;
 - broadcast: ``log2(n) alpha + S / beta`` (pipelined);
+- ring_shift: ``alpha + S / beta`` (each rank sends its value to one neighbour, all at once);
 - send/recv: ``alpha + S / beta`` over the link between the two ranks.
 """
 
@@ -198,6 +199,8 @@ class CostModel:
             return (n - 1) * a + (n - 1) / n * nbytes / b
         if op == "broadcast":
             return math.log2(n) * a + nbytes / b
+        if op == "ring_shift":
+            return a + nbytes / b
         raise ClusterError(f"the cost model has no formula for the collective '{op}'")
 
 

@@ -19,6 +19,8 @@ holds, the result what that rank gets back.
 - ``shard_slice(x) {axis, group_size, dim}``: member i keeps piece i of its own value split
   along ``dim`` (replicated -> split; nothing is sent, but the result depends on the rank).
 - ``axis_index() {axis, group_size}``: member i gets i, an i64 scalar (nothing is sent).
+- ``ring_shift(x) {axis, group_size, shift=1}``: member i gets member ``(i - shift) mod n``'s
+  value (each sends its value ``shift`` places forward around the ring; ring attention).
 
 ``op`` is one of sum, max, min, avg (avg needs a float dtype). Members are ordered by their
 coordinate along the axis.
@@ -40,7 +42,8 @@ collectives in the same order.
 Costs are per rank with ring algorithms (n = group_size, S = the bytes of the larger of the
 operand and the result): ``bytes_written`` counts the bytes a rank sends, ``bytes_read`` the
 bytes it receives, ``flops`` the reduction arithmetic. all_reduce moves 2(n-1)/n S each way,
-all_gather, reduce_scatter and all_to_all (n-1)/n S; broadcast S (pipelined along the ring).
+all_gather, reduce_scatter and all_to_all (n-1)/n S; broadcast S (pipelined along the ring);
+ring_shift S (one value to one neighbour).
 """
 
 from __future__ import annotations
@@ -430,6 +433,56 @@ _collective("all_to_all", _all_to_all_infer, _all_to_all_np, _all_to_all_torch,
             "along concat_dim in member order")
 _collective("broadcast", _broadcast_infer, _broadcast_np, _broadcast_torch, (AttrSpec("root", "int", 0),),
             _broadcast_cost, "every member gets the value of member root (a position in the group)")
+
+
+# --- ring_shift: every member hands its value to the next one around the ring --------------------
+# Ring attention passes blocks of keys and values around the cp ring: each step, every
+# member sends its block to the member ``shift`` places after it and receives the block of
+# the member ``shift`` places before it. All members take part at once, so it is a
+# collective (one in the group's sequence), though each rank talks to two peers only.
+
+def _ring_shift_infer(ts, attrs):
+    (t,) = ts
+    n = _check_group("ring_shift", t, attrs)
+    if not 0 < attrs["shift"] < max(n, 2):
+        raise TypeRuleError(f"{_where('ring_shift', attrs)}: shift={attrs['shift']} must be 1..group_size-1 (the "
+                            "number of places a value moves forward around the ring)")
+    return t
+
+
+def _ring_shift_np(args_by_member, attrs):
+    xs = _firsts(args_by_member, "ring_shift", attrs)
+    n, k = len(xs), attrs["shift"]
+    return [xs[(i - k) % n].copy() for i in range(n)]
+
+
+def _ring_shift_torch(args, attrs):
+    (x,) = args
+    n = attrs["group_size"]
+    if n == 1:
+        return x.clone()
+    dist = _dist()
+    g = _group("ring_shift", attrs)
+    me = dist.get_group_rank(g, dist.get_rank())
+    dst = dist.get_global_rank(g, (me + attrs["shift"]) % n)
+    src = dist.get_global_rank(g, (me - attrs["shift"]) % n)
+    buf = x.contiguous()
+    out = torch.empty_like(buf)
+    ops = [dist.P2POp(dist.isend, buf, dst, group=g), dist.P2POp(dist.irecv, out, src, group=g)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return out
+
+
+def _ring_shift_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
+    # Each rank sends its whole value once and receives one of the same size.
+    moved = ins[0].nbytes if attrs["group_size"] > 1 else 0
+    return Cost(0, moved, moved)
+
+
+_collective("ring_shift", _ring_shift_infer, _ring_shift_np, _ring_shift_torch, (AttrSpec("shift", "int", 1),),
+            _ring_shift_cost, "member i gets the value of member (i - shift) mod group_size: every member "
+            "hands its value shift places forward around the ring (ring attention's K/V step)")
 
 
 # --- shard_slice: the replicated -> split transition ------------------------------------------

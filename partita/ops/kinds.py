@@ -21,7 +21,8 @@ GEMM_OPS = frozenset({"matmul", "matmul_integer", "linear_pointwise", "conv2d", 
 ATTENTION_OPS = frozenset({"attention", "attention_grad", "rotary_attention"})
 VIEW_OPS = frozenset({"reshape", "squeeze", "unsqueeze"})
 STRIDED_VIEW_OPS = frozenset({"transpose"})
-COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"})
+COLLECTIVE_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                            "ring_shift"})
 P2P_OPS = frozenset({"send", "recv"})
 FREE_OPS = frozenset({"axis_index", "constant"})
 UPDATE_OPS = frozenset({"adamw_update", "sgd_update"})

@@ -1,8 +1,8 @@
 """``cp``: context parallelism (the sequence split over the ``cp`` axis, k and v all-gathered
 for attention, the causal load balanced by chunks i and 2cp-1-i). Each per-rank program is
 checked against the single-device step on ``run_mesh`` for a tiny Llama and a tiny GPT
-(fused attention) with adamw, alone and with dp, zero3 and megatron, and once on gloo
-processes; its collectives and the simulator's pricing are inspected; bad sequences and
+(fused attention) with adamw, alone and with dp, zero3, megatron and pp, and on gloo
+processes; ``cp-ring`` (ring attention) likewise; its collectives and the simulator's pricing are inspected; bad sequences and
 models are StrategyErrors naming the value and the fix."""
 
 from __future__ import annotations
@@ -136,9 +136,67 @@ def test_cp_needs_a_sequence_and_attention():
         parallelize(partita.training_step(eager, loss="cross_entropy"), "cp=2", "cp")
 
 
-def test_cp_ring_is_not_built():
-    with pytest.raises(StrategyError, match=r"cp-ring: ring attention .* is not built yet; use 'cp'"):
-        parallelize(cp_step("gpt"), "cp=2", "cp-ring")
+@pytest.mark.parametrize("kind", ["llama", "gpt"])
+@pytest.mark.parametrize("mesh,strategy,kw", [
+    ("cp=2", "cp-ring", {}), ("cp=4", "cp-ring", {}), ("dp=2,cp=2", "dp+cp-ring", {}),
+    ("cp=2,tp=2", "cp-ring+megatron", {}), ("pp=2,cp=2", "pp+cp-ring", {"microbatches": 2}),
+])
+def test_cp_ring_adamw_step_matches_one_device(kind, mesh, strategy, kw):
+    """Ring attention: loss, new params and moments equal the single-device step's."""
+    step = cp_step(kind)
+    prog = parallelize(step, mesh, strategy, **kw)
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
+
+
+def test_cp_ring_passes_k_and_v_around_the_ring():
+    """No all_gather over cp: each layer's attention runs once per block (cp blocks) with
+    k and v shifted cp-1 times forward and cp-1 times again in the backward, where dk and
+    dv travel with their block (cp shifts each); the plan's notes give each shift's reason."""
+    cp = 4
+    step = cp_step("llama")
+    prog = parallelize(step, f"cp={cp}", "cp-ring")
+    ops = [(n.op, n.attrs.get("axis")) for n in prog.local.nodes]
+    assert ops.count(("all_gather", "cp")) == 0 and ops.count(("reduce_scatter", "cp")) == 0
+    layers = 2
+    assert ops.count(("attention", None)) == layers * cp
+    assert ops.count(("attention_grad", None)) == layers * cp
+    assert ops.count(("ring_shift", "cp")) == layers * (2 * (cp - 1) + 2 * (cp - 1) + 2 * cp)
+    for n in prog.local.nodes:
+        if n.op == "attention":
+            q, k, v, mask = n.operands
+            assert k.type.shape[-2] == SEQ // cp and mask.type.shape == (SEQ // cp, SEQ // cp)
+    notes = "\n".join(prog.plan.notes)
+    assert "ring_shift over cp: ring attention hands each rank's keys to the next rank" in notes
+    assert "ring_shift over cp: the key gradients travel with their block around the ring" in notes
+
+
+def test_ring_shift_hands_each_value_forward():
+    from partita.ops.registry import OPS
+
+    got = OPS["ring_shift"].collective([[np.array(1)], [np.array(2)], [np.array(3)]],
+                                       {"axis": "cp", "group_size": 3, "shift": 1})
+    assert [int(x) for x in got] == [3, 1, 2]
+
+
+def test_cp_ring_simulated_on_a_cluster():
+    from partita.cluster.hardware import load_cluster
+    from partita.cluster.simulator import simulate
+
+    from partita.ops.registry import OPS
+
+    step = cp_step("llama", batch=2, seq=32)
+    prog = parallelize(step, "cp=4", "cp-ring")
+    sim = simulate(prog, load_cluster("dgx-h100"))
+    sent = {}
+    for n in prog.local.nodes:
+        if n.attrs.get("axis") == "cp" and OPS[n.op].collective is not None:
+            cost = OPS[n.op].cost([v.type for v in n.operands], [v.type for v in n.results], n.attrs)
+            sent[n.op] = sent.get(n.op, 0) + cost.bytes_written
+    # Every shift is priced as traffic on the cp axis: the four ranks' bytes, the shifts' among them.
+    assert sent["ring_shift"] > 0 and sim.step_time > 0
+    assert sim.comm_bytes["cp"] == pytest.approx(4 * sum(sent.values()))
 
 
 @pytest.mark.multiprocess
@@ -155,14 +213,45 @@ def test_cp_on_gloo_processes_matches_one_device():
     assert [c.step for c in res.checks] == [1, 2]
 
 
-@pytest.mark.parametrize("mesh,strategy,kw", [
-    ("cp=2,tp=2", "cp+megatron+sp", {}),
-    ("pp=2,cp=2", "pp+cp", {"microbatches": 2}),
-])
-def test_cp_with_sp_or_pp_is_refused(mesh, strategy, kw):
+@pytest.mark.multiprocess
+def test_cp_ring_on_gloo_processes_matches_one_device():
+    """Four gloo ranks on one cp ring run ring attention (send and recv to the ring's
+    neighbours each step) for two training steps, each checked against one device."""
+    step = cp_step("llama")
+    prog = parallelize(step, "cp=4", "cp-ring")
+    rng = np.random.default_rng(2)
+    batches = [{"ids": rng.integers(0, 64, (4, SEQ)), "target": rng.integers(0, 64, (4, SEQ))} for _ in range(2)]
+    _, weights = feed_and_weights(step)
+    res = partita.launch(prog, 4, batches, weights=weights, check=True, timeout_s=120)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
+    assert [c.step for c in res.checks] == [1, 2]
+
+
+def test_cp_with_sp_is_refused():
     """Not built yet: the message says so and names what cp composes with."""
-    with pytest.raises(partita.PartitaError, match=r"strategy cp: cp with (sp|pp).*not supported"):
-        parallelize(cp_step("gpt"), mesh, strategy, **kw)
+    with pytest.raises(partita.PartitaError, match=r"strategy cp: cp with sp.*not supported"):
+        parallelize(cp_step("gpt"), "cp=2,tp=2", "cp+megatron+sp")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt"])
+@pytest.mark.parametrize("mesh,strategy,schedule,M", [
+    ("pp=2,cp=2", "pp+cp", "1f1b", 2),
+    ("pp=2,cp=2", "pp+cp", "gpipe", 4),
+    ("pp=2,dp=2,cp=2", "pp+dp+cp", "1f1b", 2),
+])
+def test_cp_with_pp_matches_one_device(kind, mesh, strategy, schedule, M):
+    """Each stage's program holds its rank's tokens: the activations and their gradients
+    cross between stages at S/cp tokens, and the weight gradients' all_reduce over cp runs
+    once per step on the microbatches' sum."""
+    step = cp_step(kind)
+    prog = parallelize(step, mesh, strategy, microbatches=M, schedule=schedule)
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
+    for g in prog.rank_graphs():
+        for n in g.nodes:
+            if n.op == "recv" and "activation" in n.attrs["tag"]:
+                assert n.results[0].type.shape[1] == SEQ // 2
 
 
 def test_cp_bf16_with_master_weights_matches_one_device():

@@ -25,6 +25,7 @@ from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value, bulk_build
 from ...ir.types import TensorType
 from ...ir.verifier import verify
+from ...ops.registry import OPS
 from .build import MB_AXIS
 from .schedule import Action, PipelineError, Schedule, Transfer
 
@@ -44,6 +45,11 @@ def _inherit(nodes: list[Node], out: dict[Node, tuple], default: tuple) -> None:
             out[n] = out[prods[-1]] if prods else default
 
 
+def is_collective(node: Node) -> bool:
+    """Whether ``node`` is a group-wide collective (all_reduce, all_gather, ...)."""
+    return OPS[node.op].collective is not None
+
+
 def local_sections(local: Graph, sections: dict[Node, tuple],
                    spans: dict[Node, list[Node]] | None, copy: "tuple[Graph, dict[Node, Node]] | None" = None
                    ) -> dict[Node, tuple]:
@@ -51,7 +57,10 @@ def local_sections(local: Graph, sections: dict[Node, tuple],
     it was made for (``spans``, keyed by the nodes of ``copy``'s graph, the strategies' copy
     of the template, whose original nodes ``copy``'s map names; None: ``local`` is the
     template itself). A node a strategy or the partition added takes its first reader's
-    section, else its operands'; what partition adds for the outputs is ``("tail",)``."""
+    section, else its operands'; what partition adds for the outputs is ``("tail",)``. A
+    collective a strategy's pass added on a microbatch's value for the optimizer or a tied
+    weight's exchange (cp's all_reduce of a weight gradient over its tokens) is that
+    microbatch's."""
     out: dict[Node, tuple] = {}
     if spans is None:
         return {n: sections.get(n, ("opt",)) for n in local.nodes}
@@ -71,7 +80,11 @@ def local_sections(local: Graph, sections: dict[Node, tuple],
             seen_last = True
             continue
         users = [u for r in n.results for u in r.users if u in out]
-        if users:
+        made = n.operands[0].producer if n.operands and is_collective(n) else None
+        if users and made in out and out[made][0] in ("F", "B", "W") and \
+                all(out[u][0] in ("opt", "tied") for u in users):
+            out[n] = out[made]
+        elif users:
             out[n] = out[min(users, key=lambda u: u._order)]
         elif not seen_last:
             out[n] = ("tail",)

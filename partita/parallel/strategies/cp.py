@@ -27,6 +27,7 @@ says so.
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -72,10 +73,6 @@ class ContextParallel(Strategy):
 
     def annotate(self, ctx: AnnotationContext) -> None:
         """Check the sequence and the attention; nothing is placed (the pass does the split)."""
-        if self.ring:
-            raise StrategyError("strategy cp-ring: ring attention (K/V passed around the cp ring with send/recv, "
-                                "partial results combined by their log-sum-exp) is not built yet; use 'cp', which "
-                                "all-gathers K and V over the cp axis")
         axis = ctx.axis(self)
         cp = ctx.mesh.axis_size(axis)
         g = ctx.graph
@@ -97,15 +94,14 @@ class ContextParallel(Strategy):
         if not any(n.op == "attention" for n in g.nodes):
             raise StrategyError(f"strategy cp: @{g.name} has no fused 'attention' op; context parallelism gathers "
                                 "the keys and values of attention (build the model with attention='fused')")
-        if "pp" in ctx.strategy:
-            raise StrategyError("strategy cp: cp with pp (pipeline stages) is not supported yet; use cp with dp, "
-                                "zero1/2/3 or megatron")
         if "sp" in ctx.strategy:
             raise StrategyError("strategy cp: cp with sp (sequence parallelism over tp) is not supported; "
                                 "use cp with megatron alone")
-        ctx.shared["cp"] = {"axis": axis, "size": cp, "seq": seq}
-        ctx.notes.append(f"cp: the sequence ({seq} tokens) split over '{axis}' ({cp} ranks, {seq // cp} tokens "
-                         f"each, chunks i and {2 * cp - 1}-i of {2 * cp}); attention all-gathers k and v over '{axis}'")
+        ctx.shared["cp"] = {"axis": axis, "size": cp, "seq": seq, "ring": self.ring}
+        how = f"attention passes k and v around the '{axis}' ring ({cp - 1} steps)" if self.ring else \
+            f"attention all-gathers k and v over '{axis}'"
+        ctx.notes.append(f"{self.name}: the sequence ({seq} tokens) split over '{axis}' ({cp} ranks, {seq // cp} "
+                         f"tokens each, chunks i and {2 * cp - 1}-i of {2 * cp}); {how}")
 
     def passes(self, ctx: AnnotationContext) -> "Sequence[Pass]":
         """The rewrite of the per-rank program to the rank's tokens."""
@@ -118,14 +114,16 @@ class ContextParallel(Strategy):
 
             def run(self, graph: Graph) -> Graph:
                 """Shrink the sequence of ``graph`` to this rank's tokens."""
-                SeqRewrite(graph, info["axis"], info["size"], info["seq"], ctx.notes).run()
+                SeqRewrite(graph, info["axis"], info["size"], info["seq"], ctx.notes, info["ring"]).run()
                 return graph
 
         return (ContextParallelPass(),)
 
 
 class RingContextParallel(ContextParallel):
-    """Ring attention over cp: not built (annotate says so)."""
+    """``cp-ring``: the sequence split over cp as ``cp`` splits it, attention by ring
+    attention (K/V blocks passed around the cp ring, partial results folded by their
+    log-sum-exp) instead of an all-gather of K and V."""
 
     name = "cp-ring"
     aliases: tuple[str, ...] = ()
@@ -135,8 +133,8 @@ class RingContextParallel(ContextParallel):
 class SeqRewrite:
     """The per-rank program shrunk to one cp rank's tokens, rewritten in place."""
 
-    def __init__(self, graph: Graph, axis: str, cp: int, seq: int, notes: list[str]) -> None:
-        self.g, self.axis, self.cp, self.seq, self.notes = graph, axis, cp, seq, notes
+    def __init__(self, graph: Graph, axis: str, cp: int, seq: int, notes: list[str], ring: bool = False) -> None:
+        self.g, self.axis, self.cp, self.seq, self.notes, self.ring = graph, axis, cp, seq, notes, ring
         self.b = Builder(graph)
         self.env: dict[Value, Value] = {}
         self.dim: dict[Value, tuple[int, int]] = {}  # new value -> (seq dim, inner stride)
@@ -145,6 +143,9 @@ class SeqRewrite:
         self.pos: Value | None = None
         self.kpos: Value | None = None
         self.mask: Value | None = None
+        self.made: dict[Node, Node] = {}  # an old node -> the node emitted in its place
+        self.rank: Value | None = None
+        self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
 
     # --- helpers -------------------------------------------------------------------------
     def emit(self, op: str, *operands: Value, **attrs: Any) -> Value:
@@ -156,17 +157,37 @@ class SeqRewrite:
         self.why[key] = self.why.get(key, 0) + 1
         return self.b.emit(kind, x, axis=self.axis, group_size=self.cp, **attrs)
 
+    def rank_row(self, table: np.ndarray) -> Value:
+        """Row ``r`` of the constant ``table`` on cp rank ``r`` (``table[r]``)."""
+        from ...ir.attrs import DenseAttr
+
+        if self.rank is None:
+            self.rank = self.emit("reshape", self.emit("axis_index", axis=self.axis, group_size=self.cp), shape=(1,))
+        row = self.emit("index_select", self.emit("constant", value=DenseAttr(table)), self.rank, axis=0)
+        return self.emit("reshape", row, shape=table.shape[1:])
+
     def positions(self) -> Value:
         """This rank's original positions, i64 ``[S/cp]`` (made once, at the program's start)."""
         if self.pos is None:
-            table = balanced_positions(self.seq, self.cp)
             from ...ir.attrs import DenseAttr
 
-            t = self.emit("constant", value=DenseAttr(table))
-            r = self.emit("reshape", self.emit("axis_index", axis=self.axis, group_size=self.cp), shape=(1,))
-            self.pos = self.emit("reshape", self.emit("index_select", t, r, axis=0), shape=(self.seq // self.cp,))
+            table = balanced_positions(self.seq, self.cp)
+            self.pos = self.rank_row(table)
             self.kpos = self.emit("constant", value=DenseAttr(table.reshape(-1)))
         return self.pos
+
+    def ring_block(self, j: int) -> tuple[Value, Value]:
+        """Ring step ``j``'s causal mask ``[S/cp, S/cp]`` (the rank holds the keys of rank
+        ``r - j``) and which of its query rows keep a key at all, bool ``[S/cp]``."""
+        if j not in self.blocks:
+            table = balanced_positions(self.seq, self.cp)
+            held = np.roll(table, j, axis=0)  # row r: the key positions rank r holds at step j
+            n = self.seq // self.cp
+            any_key = (held.min(axis=1, keepdims=True) <= table)
+            k = self.emit("reshape", self.rank_row(held), shape=(1, n))
+            q = self.emit("reshape", self.positions(), shape=(n, 1))
+            self.blocks[j] = (self.emit("less_equal", k, q), self.rank_row(any_key))
+        return self.blocks[j]
 
     def causal_mask(self) -> Value:
         """``[S/cp, S]`` bool: key position <= query position, keys in the gathered order."""
@@ -194,8 +215,10 @@ class SeqRewrite:
             self.node(node)
         outs = [self.env.get(v, v) for v in g.outputs]
         g.set_outputs(outs, g.output_aliases)
+        results = {node: list(node.results) for node in old}
         for node in reversed(old):
             g.erase(node)
+        self.keep_identity(results)
         for why, n in self.why.items():
             self.notes.append(f"cp collective x{n}: {why}")
 
@@ -212,9 +235,10 @@ class SeqRewrite:
             nv = p if attrs["dtype"] == i64 else self.emit("cast", p, dtype=attrs["dtype"])
             self.bind(node, [nv], [(0, 1)])
             return
-        if op in ("send", "recv"):
-            raise StrategyError("strategy cp: cp with pp (pipeline stages) is not supported yet; use cp with dp, "
-                                "zero1/2/3 or megatron")
+        if op == "recv" and self.carries_tokens(node):
+            attrs["shape"] = self.local_shape(attrs["shape"], 1)
+            self.bind(node, self.emit_like(node, ins, attrs), [(1, 1)])
+            return
         if all(d is None for d in seqd) and op not in ("attention", "attention_grad"):
             self.bind(node, self.emit_like(node, ins, attrs), [None] * len(node.results))
             return
@@ -229,8 +253,43 @@ class SeqRewrite:
             raise StrategyError(f"strategy cp: the op {op} of the per-rank program reads a value split along the "
                                 f"sequence ({', '.join(str(v.type) for v in ins)}) and cp has no rule for it")
 
+    def carries_tokens(self, node: Node) -> bool:
+        """Whether a pipeline recv brings a microbatch's activations or their gradients,
+        ``[batch, seq, ...]`` (split along the sequence like the value its peer sends)."""
+        shape = node.attrs["shape"]
+        return re.match(r"(activation|gradient) \d", node.attrs.get("tag", "")) is not None and len(shape) >= 2 \
+            and shape[1] == self.seq
+
+    def keep_identity(self, results: dict[Node, list[Value]]) -> None:
+        """Give the rewritten program the old nodes and values back (erased, with their old
+        ``results``): each old node takes the place of the node emitted for it, and each old
+        value that of the value it was mapped to, so that what refers to the per-rank program
+        from outside (the pipeline's tracking of its stage program) stays valid."""
+        g = self.g
+        for o, n in self.made.items():
+            o.op, o.attrs, o.loc, o.operands = n.op, n.attrs, n.loc, list(n.operands)
+            o.results, n.results = n.results, []
+            for r in o.results:
+                r.producer = o
+            g.insert_before(n, o)
+            g.erase(n)
+        taken: set[Value] = set()
+        for rs in results.values():
+            for r in rs:
+                nv = self.env.get(r)
+                if nv is None or nv is r or nv.producer is None or nv in taken or nv.graph is not g:
+                    continue
+                taken.add(nv)
+                p = nv.producer
+                r.type, r.producer, r.index, r.graph = nv.type, p, nv.index, g
+                r.name = r.name if r.name is not None else nv.name
+                p.results[nv.index] = r
+                g.replace_all_uses(nv, r)
+                nv.graph = None
+
     def emit_like(self, node: Node, ins: list[Value], attrs: dict) -> list[Value]:
         n = self.b.emit_node(node.op, ins, attrs, loc=node.loc)
+        self.made.setdefault(node, n)
         for a, b in zip(n.results, node.results):
             a.name = b.name
         return list(n.results)
@@ -312,6 +371,21 @@ class SeqRewrite:
             else:
                 raise StrategyError(f"strategy cp: {node.op} drops the sequence dim of {src.type}")
         self.bind(node, outs, dims)
+
+    def op_send(self, node: Node, ins, seqd, attrs) -> None:
+        """A pipeline send of this rank's tokens: the peer's recv takes the same piece."""
+        self.emit_like(node, ins, attrs)
+
+    def op_all_gather(self, node: Node, ins, seqd, attrs) -> None:
+        """A collective of another axis along another dim (a pipeline's microbatch gathered
+        over dp) keeps the sequence split."""
+        (d, inner), = seqd
+        if attrs["dim"] % ins[0].type.rank == d:
+            raise StrategyError(f"strategy cp: {node.op} over '{attrs['axis']}' works along the sequence dim of "
+                                f"{node.operands[0].type}")
+        self.bind(node, self.emit_like(node, ins, attrs), [(d, inner)])
+
+    op_reduce_scatter = op_all_gather
 
     def op_embedding_grad(self, node: Node, ins, seqd, attrs) -> None:
         nv = self.emit_like(node, ins, attrs)[0]
@@ -425,6 +499,9 @@ class SeqRewrite:
 
     def op_attention(self, node: Node, ins, seqd, attrs) -> None:
         self.check_attention(node, seqd, 0)
+        if self.ring:
+            self.ring_attention(node, ins, attrs)
+            return
         q, k, v = ins
         kf = self.gathered(node.operands[1], k, "key")
         vf = self.gathered(node.operands[2], v, "value")
@@ -435,6 +512,9 @@ class SeqRewrite:
 
     def op_attention_grad(self, node: Node, ins, seqd, attrs) -> None:
         self.check_attention(node, seqd, 1)
+        if self.ring:
+            self.ring_attention_grad(node, ins, attrs)
+            return
         dout, q, k, v, out, lse = ins[:6]
         kf = self.gathered(node.operands[2], k, "key")
         vf = self.gathered(node.operands[3], v, "value")
@@ -445,6 +525,78 @@ class SeqRewrite:
         why = "the gradient of the gathered {} goes back to the rank that holds those tokens"
         dk = self.coll("reduce_scatter", dk, why.format("keys"), dim=r - 2, op="sum")
         dv = self.coll("reduce_scatter", dv, why.format("values"), dim=r - 2, op="sum")
+        self.bind(node, [dq, dk, dv], [(r - 2, 1)] * 3)
+
+    # --- ring attention ------------------------------------------------------------------
+    def shifted(self, x: Value, what: str) -> Value:
+        """``x`` handed one place forward around the cp ring (this rank gets rank r-1's)."""
+        return self.coll("ring_shift", x, what, shift=1)
+
+    def ring_attention(self, node: Node, ins: list[Value], attrs: dict) -> None:
+        """Attention of this rank's queries against the cp blocks of keys and values as they
+        come around the ring, each block's (out, lse) folded into the running result by
+        their log-sum-exp; a block whose keys all come after a query row counts for nothing
+        in that row."""
+        q, k, v = ins
+        attrs["causal"] = False
+        out = lse = None
+        for j in range(self.cp):
+            if j:
+                k = self.shifted(k, "ring attention hands each rank's keys to the next rank")
+                v = self.shifted(v, "ring attention hands each rank's values to the next rank")
+            mask, rows = self.ring_block(j)
+            o_j, l_j = self.emit_like(node, [q, k, v, mask], dict(attrs))
+            o_j, l_j = self.masked_rows(o_j, l_j, rows)
+            out, lse = (o_j, l_j) if out is None else self.fold(out, lse, o_j, l_j)
+        assert out is not None and lse is not None
+        if out.type.dtype != q.type.dtype:
+            out = self.emit("cast", out, dtype=q.type.dtype)
+        r = q.type.rank
+        self.bind(node, [out, lse], [(r - 2, 1), (r - 2, 1)])
+
+    def masked_rows(self, o: Value, lse: Value, rows: Value) -> tuple[Value, Value]:
+        """A block's (out, lse) with the rows that keep no key at 0 and a log-sum-exp of
+        -1e30 (no weight when folded); out in f32 (lse's dtype) for the folding."""
+        if o.type.dtype != lse.type.dtype:
+            o = self.emit("cast", o, dtype=lse.type.dtype)
+        zero = self.emit("full", shape=(), value=0.0, dtype=o.type.dtype)
+        never = self.emit("full", shape=(), value=-1e30, dtype=lse.type.dtype)
+        o = self.emit("where", self.emit("unsqueeze", rows, axes=(-1,)), o, zero)
+        return o, self.emit("where", rows, lse, never)
+
+    def fold(self, o: Value, lse: Value, o_j: Value, l_j: Value) -> tuple[Value, Value]:
+        """The attention over two disjoint key sets from each one's (out, lse):
+        lse = log(e^lse + e^l_j), out = out e^(lse_old - lse) + out_j e^(l_j - lse)."""
+        m = self.emit("maximum", lse, l_j)
+        a = self.emit("exp", self.emit("sub", lse, m))
+        b = self.emit("exp", self.emit("sub", l_j, m))
+        total = self.emit("add", m, self.emit("log", self.emit("add", a, b)))
+        wa = self.emit("unsqueeze", self.emit("exp", self.emit("sub", lse, total)), axes=(-1,))
+        wb = self.emit("unsqueeze", self.emit("exp", self.emit("sub", l_j, total)), axes=(-1,))
+        return self.emit("add", self.emit("mul", o, wa), self.emit("mul", o_j, wb)), total
+
+    def ring_attention_grad(self, node: Node, ins: list[Value], attrs: dict) -> None:
+        """The backward around the ring again: each block's attention_grad from the final
+        (out, lse) gives this rank's share of dq and of that block's dk and dv; the dk and
+        dv sums travel with their block and are handed home at the end."""
+        dout, q, k, v, out, lse = ins[:6]
+        attrs["causal"] = False
+        dq = dk = dv = None
+        for j in range(self.cp):
+            if j:
+                k = self.shifted(k, "ring attention's backward hands each rank's keys to the next rank")
+                v = self.shifted(v, "ring attention's backward hands each rank's values to the next rank")
+                dk = self.shifted(dk, "the key gradients travel with their block around the ring")
+                dv = self.shifted(dv, "the value gradients travel with their block around the ring")
+            mask, _ = self.ring_block(j)
+            dq_j, dk_j, dv_j = self.emit_like(node, [dout, q, k, v, out, lse, mask], dict(attrs))
+            if j:
+                dq_j, dk_j, dv_j = (self.emit("add", a, b) for a, b in ((dq, dq_j), (dk, dk_j), (dv, dv_j)))
+            dq, dk, dv = dq_j, dk_j, dv_j
+        if self.cp > 1:
+            dk = self.shifted(dk, "the key gradients travel with their block around the ring")
+            dv = self.shifted(dv, "the value gradients travel with their block around the ring")
+        r = q.type.rank
         self.bind(node, [dq, dk, dv], [(r - 2, 1)] * 3)
 
 
