@@ -22,12 +22,53 @@ import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ops.collective import Pending
+from ..ops.process_groups import group
 from ..ir.dtypes import DType, promote_all
 from ..ir.graph import Graph, Node, Value, input_name
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
 from ..ops.cast_semantics import cast_array, float_to_int_torch
 from ..ops.registry import OPS, OpDef, movement_cost
 from .common import bind_inputs, check_array, host_array, node_error, numpy_dtype_name, to_numpy
+
+
+def reduce_scatter_async(args: list, attrs: dict) -> Any:
+    """``reduce_scatter`` started asynchronously: a ``Pending`` whose ``result()`` waits and
+    gives the rank's piece (the runtime's asynchronous form while the op's record has none).
+    A group of one, or a process group of the wrong size, takes the blocking form, which
+    copies or raises the error naming the axis."""
+    (x,) = args
+    n = attrs["group_size"]
+    dist = torch.distributed
+    g = group(attrs["axis"]) if n > 1 else None
+    if g is None or dist.get_world_size(g) != n:
+        return OPS["reduce_scatter"].torch(args, attrs)
+    d = attrs["dim"] % x.dim()
+    piece = list(x.shape)
+    piece[d] //= n
+    out = torch.empty(x.numel() // n, dtype=x.dtype, device=x.device)
+    # Member i's piece is the i-th of the flat buffer, in x's own dim order (as the blocking form).
+    inp = torch.stack(torch.chunk(x, n, dim=d)).contiguous().reshape(-1)
+    op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+          "avg": dist.ReduceOp.AVG}[attrs["op"]]
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    work = scatter(out, inp, op=op, group=g, async_op=True)
+    return Pending(out, work, lambda flat: flat.view(piece), inp)
+
+
+# Asynchronous forms the runtime supplies for collectives whose op record has none.
+RUNTIME_ASYNC = {"reduce_scatter": reduce_scatter_async}
+
+
+def async_form(opdef: OpDef) -> Any:
+    """The asynchronous implementation ``TorchProgram(overlap=True)`` starts ``opdef``'s nodes
+    with (a function returning a ``Pending``), or None: the op blocks where it stands."""
+    return opdef.torch_async if opdef.torch_async is not None else RUNTIME_ASYNC.get(opdef.name)
+
+
+def async_ops() -> frozenset[str]:
+    """The ops ``TorchProgram(overlap=True)`` starts asynchronously and waits for where their
+    result is first read (the simulator prices exactly these as overlapped)."""
+    return frozenset(name for name, d in OPS.items() if async_form(d) is not None)
 
 
 class TorchProgram:
@@ -38,10 +79,13 @@ class TorchProgram:
         """``donate=True``: the caller gives up the input buffers that outputs alias (as a
         training loop does with its params and optimizer state), so ops with an in-place
         implementation may update them where they are instead of allocating new ones.
-        ``overlap=True``: collectives with an asynchronous implementation (``torch_async``)
-        are started where they stand and waited for only where their result is first read,
-        so the computation in between overlaps the transfer (a per-rank program under
-        torch.distributed).
+        ``overlap=True``: collectives with an asynchronous implementation (``async_form``:
+        all_reduce, all_gather, reduce_scatter, send, recv) are started where they stand and
+        waited for only where their result is first read, so the computation in between
+        overlaps the transfer (a per-rank program under torch.distributed): zero3's param
+        all_gathers, which order-collectives issues ``prefetch`` gathers ahead, are in flight
+        while the params before them are used, and its gradient reduce_scatters while the
+        backward goes on.
         ``device`` (e.g. ``"cuda:0"``; default the CPU): where the program computes. Inputs are
         moved there, tensors the ops create are made there (torch's default-device context
         is set around every call), and outputs stay there.
@@ -100,12 +144,13 @@ class TorchProgram:
                 fn = _carried_step(n, opdef)
             waits = tuple(s for s in dict.fromkeys(slot[v] for v in n.operands) if s in pending)
             pending.difference_update(waits)
-            if overlap and opdef.torch_async is not None and not carried and len(n.results) == 1:
-                fn = opdef.torch_async
+            started = async_form(opdef) if overlap and not carried else None
+            if started is not None and len(n.results) == 1:
+                fn = started
                 pending.add(slot[n.results[0]])
-            elif overlap and opdef.torch_async is not None and not carried and not n.results:
+            elif started is not None and not n.results:
                 # A result-less asynchronous op (a send): started here, waited for at the end.
-                fn = opdef.torch_async
+                fn = started
             self.steps.append((fn, tuple(slot[v] for v in n.operands), n.attrs,
                                tuple(slot[r] for r in n.results), dtypes, frees, waits, n))
         self.num_slots = len(slot)

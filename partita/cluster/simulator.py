@@ -4,11 +4,15 @@ cluster described by a cluster file, priced by the cost model.
 Every rank has a compute stream and one communication stream per mesh axis, and runs its
 program in order exactly as the runtime does (``TorchProgram(overlap=True)``): a compute op
 runs on the compute stream after the one before it; a collective with an asynchronous form
-(all_reduce, all_gather, send, recv) starts on its axis's stream where it stands in the
-program, once every member of its group has reached it and the stream is free, and the
-compute stream waits for it only where its result is first read (a send: at the program's
-end); the other collectives (reduce_scatter, all_to_all, broadcast) block the compute
-stream until they finish. The k-th collective on an axis meets the k-th of every member of
+(``steps.ASYNC_OPS``, the runtime's own list: all_reduce, all_gather, reduce_scatter, send,
+recv) starts on its axis's stream where it stands in the program, once every member of its
+group has reached it and the stream is free, and the compute stream waits for it only where
+its result is first read (a send: at the program's end), for what of it is not yet done; the
+other collectives (all_to_all, broadcast) block the compute stream until they finish. So
+zero3's param all_gathers, which order-collectives issues ``prefetch`` gathers ahead (default
+1), run on the dp stream while the params before them are used, and its gradient
+reduce_scatters while the backward goes on; the collectives of one axis run one after
+another on its stream, as on one process group. The k-th collective on an axis meets the k-th of every member of
 its group; the k-th send from rank s to d meets the k-th recv on d from s, and transfers
 between one pair of ranks happen one after another. Constants and other ops without operands
 or effects are computed once, outside the step, as the runtime hoists them.

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from ..backend.torch_exec import async_ops
 from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS
 
-# Ops the runtime starts and waits for later (their records have a torch_async form).
-ASYNC_OPS = frozenset(n for n, d in OPS.items() if d.torch_async is not None)
+# Ops the runtime (TorchProgram(overlap=True)) starts and waits for where their result is first
+# read: all_reduce, all_gather, reduce_scatter, send, recv.
+ASYNC_OPS = async_ops()
 
 
 @dataclass

@@ -171,9 +171,10 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         latest[n] = min((latest[u] - 1 for u in readers), default=last)
 
     def when(n: Node) -> int:
-        # An all_gather's result is bigger than its operand, and it is not overlapped (only
-        # all_reduce runs asynchronously): issued early it only holds the gathered tensor
-        # longer (a zero3 param from the step's start). It is ordered by when it is needed.
+        # An all_gather's result is bigger than its operand: issued early it holds the
+        # gathered tensor longer (a zero3 param from the step's start). It is ordered by when
+        # it is needed; ``prefetch`` then starts it that many gathers ahead, and the runtime
+        # (TorchProgram(overlap=True)) runs it asynchronously until its first reader.
         return max(depth[n], latest[n]) if grows_when_gathered(n) else depth[n]
 
     def key(n: Node) -> tuple:
