@@ -456,7 +456,25 @@ def _ring_shift_np(args_by_member, attrs):
     return [xs[(i - k) % n].copy() for i in range(n)]
 
 
+class _AllWorks:
+    """The works of one batch of point-to-point transfers, waited for together."""
+
+    def __init__(self, works) -> None:
+        self.works = list(works)
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
 def _ring_shift_torch(args, attrs):
+    res = _ring_shift_torch_async(args, attrs)
+    return res.result() if type(res) is Pending else res
+
+
+def _ring_shift_torch_async(args, attrs):
+    """The send to the next member and the receive from the previous one, in flight together;
+    the program waits where the received block is first read."""
     (x,) = args
     n = attrs["group_size"]
     if n == 1:
@@ -466,12 +484,11 @@ def _ring_shift_torch(args, attrs):
     me = dist.get_group_rank(g, dist.get_rank())
     dst = dist.get_global_rank(g, (me + attrs["shift"]) % n)
     src = dist.get_global_rank(g, (me - attrs["shift"]) % n)
-    buf = x.contiguous()
+    # A copy to send: a later node may update x's buffer in place while the transfer runs.
+    buf = x.detach().clone(memory_format=torch.contiguous_format)
     out = torch.empty_like(buf)
     ops = [dist.P2POp(dist.isend, buf, dst, group=g), dist.P2POp(dist.irecv, out, src, group=g)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    return out
+    return Pending(out, _AllWorks(dist.batch_isend_irecv(ops)), keep=buf)
 
 
 def _ring_shift_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict) -> Cost:
@@ -482,7 +499,8 @@ def _ring_shift_cost(ins: list[TensorType], outs: list[TensorType], attrs: dict)
 
 _collective("ring_shift", _ring_shift_infer, _ring_shift_np, _ring_shift_torch, (AttrSpec("shift", "int", 1),),
             _ring_shift_cost, "member i gets the value of member (i - shift) mod group_size: every member "
-            "hands its value shift places forward around the ring (ring attention's K/V step)")
+            "hands its value shift places forward around the ring (ring attention's K/V step)",
+            torch_async=_ring_shift_torch_async)
 
 
 # --- shard_slice: the replicated -> split transition ------------------------------------------

@@ -402,6 +402,8 @@ def finish_program(sp: SpmdPartition, local: Graph, source: Graph, buckets: Any,
     g, m, s = sp.graph, sp.mesh, sp.strategy
     plan = build_plan(g, local, m, str(s), sp.prop, sp.part, sp.ctx.notes + [f"replicated: {f}" for f in sp.forced],
                       sp.timings)
+    # The collectives the strategies' own passes inserted (cp's), as they listed them.
+    plan.collectives.extend(sp.ctx.shared.get("pass_collectives", ()))
     if buckets is not None or gathers is not None:
         plan.buckets = [{"op": b.op, "axis": b.axis, "members": list(b.members), "bytes": b.bytes}
                         for rep in (buckets, gathers) if rep is not None for b in rep.fused]

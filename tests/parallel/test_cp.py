@@ -96,6 +96,14 @@ def test_cp_rank_holds_its_tokens_and_gathers_k_and_v():
     assert ops.count(("reduce_scatter", "cp")) == 4
     notes = "\n".join(prog.plan.notes)
     assert "all_gather over cp: attention reads every key of the sequence" in notes
+    # The plan lists every cp collective with its reason, phase and bytes, as partition's.
+    plan = prog.plan
+    assert plan.count("all_gather", "cp", "forward") == 4 and plan.count("reduce_scatter", "cp", "backward") == 4
+    # 21 weight gradients and the loss summed over the tokens (the program buckets the 21).
+    assert plan.count("all_reduce", "cp") == 22 and plan.count(axis="cp") == 30
+    gathers = [c for c in plan.collectives if c["op"] == "all_gather" and c["axis"] == "cp"]
+    assert all(c["bytes"] == 4096 and "attention reads every" in c["consumer"] for c in gathers)
+    assert "all_gather over cp: inside" in plan.text()
     assert "reduce_scatter over cp: the gradient of the gathered keys" in notes
     assert "all_reduce over cp: the loss" in notes
 
@@ -168,6 +176,7 @@ def test_cp_ring_passes_k_and_v_around_the_ring():
             q, k, v, mask = n.operands
             assert k.type.shape[-2] == SEQ // cp and mask.type.shape == (SEQ // cp, SEQ // cp)
     notes = "\n".join(prog.plan.notes)
+    assert prog.plan.count("ring_shift", "cp") == ops.count(("ring_shift", "cp"))
     assert "ring_shift over cp: ring attention hands each rank's keys to the next rank" in notes
     assert "ring_shift over cp: the key gradients travel with their block around the ring" in notes
 

@@ -15,13 +15,23 @@ the rank's positions instead. Attention then runs on the gathered (permuted) key
 explicit mask ``key position <= query position`` built from the original positions, which
 is exactly the causal attention of one device.
 
+``cp-ring`` splits the sequence the same way and runs ring attention instead: ``cp`` steps,
+in each the rank's queries attend to the block of keys and values it holds (its own first),
+then every rank hands its block to the next rank (``ring_shift``); each block's (out, lse)
+is folded into the running result by their log-sum-exp. The backward goes around the ring
+again: each block's ``attention_grad`` from the final (out, lse) gives the rank's share of
+dq and of the block's dk and dv, which travel with their block and are handed home at the
+end. No rank holds more than one block of keys at a time.
+
 The rewrite is a pass on the per-rank program (``context-parallel``), after the other
-strategies' partition, so it composes with ``dp``/``zero*`` (batch split on dim 0) and
-``megatron`` (heads and weights split over ``tp``): their per-rank program is an ordinary
-graph whose sequence dim it shrinks. Values that sum over tokens (weight gradients, the
-loss) are all-reduced over ``cp`` where they are made; the mean loss and its gradient are
-scaled by ``1/cp``. Ring attention (K/V passed around the ring) is not built: ``cp-ring``
-says so.
+strategies' partition, so it composes with ``dp``/``zero*`` (batch split on dim 0),
+``megatron`` (heads and weights split over ``tp``) and ``pp`` (each stage's program; its
+sends and receives carry the rank's tokens): their per-rank program is an ordinary graph
+whose sequence dim it shrinks. It keeps the identity of the nodes and values it rewrites
+(the pipeline tracks a stage program's values through it). Values that sum over tokens
+(weight gradients, the loss) are all-reduced over ``cp`` where they are made; the mean loss
+and its gradient are scaled by ``1/cp``. Every collective it inserts is listed in the plan
+(``plan.collectives``, with its reason) and counted in its notes.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import numpy as np
 from ...ir.builder import Builder
 from ...ir.dtypes import i64
 from ...ir.graph import Graph, Node, Value
+from ...ir.printer import value_names
 from ...ops.registry import OPS
 from .base import AnnotationContext, Strategy, StrategyError, register
 
@@ -114,7 +125,9 @@ class ContextParallel(Strategy):
 
             def run(self, graph: Graph) -> Graph:
                 """Shrink the sequence of ``graph`` to this rank's tokens."""
-                SeqRewrite(graph, info["axis"], info["size"], info["seq"], ctx.notes, info["ring"]).run()
+                rw = SeqRewrite(graph, info["axis"], info["size"], info["seq"], ctx.notes, info["ring"])
+                rw.run()
+                ctx.shared.setdefault("pass_collectives", []).extend(rw.entries)
                 return graph
 
         return (ContextParallelPass(),)
@@ -145,6 +158,11 @@ class SeqRewrite:
         self.mask: Value | None = None
         self.made: dict[Node, Node] = {}  # an old node -> the node emitted in its place
         self.rank: Value | None = None
+        # The collectives inserted, as the plan lists them (PlanReport.collectives entries).
+        self.entries: list[dict[str, Any]] = []
+        self.current: Node | None = None
+        self.names: dict[Value, str] = {}
+        self.phase = "forward"
         self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
 
     # --- helpers -------------------------------------------------------------------------
@@ -152,10 +170,20 @@ class SeqRewrite:
         return self.b.emit(op, *operands, **attrs)
 
     def coll(self, kind: str, x: Value, why: str, **attrs: Any) -> Value:
-        """A collective over cp, counted under its reason for the plan's notes."""
+        """A collective over cp, counted under its reason for the plan's notes and listed
+        with it among the plan's collectives."""
         key = f"{kind} over {self.axis}: {why}"
         self.why[key] = self.why.get(key, 0) + 1
-        return self.b.emit(kind, x, axis=self.axis, group_size=self.cp, **attrs)
+        y = self.b.emit(kind, x, axis=self.axis, group_size=self.cp, **attrs)
+        n = self.current
+        assert n is not None
+        res = ", ".join(f"%{self.names.get(r, '?')}" for r in n.results)
+        cost = OPS[kind].cost([x.type], [y.type], y.producer.attrs if y.producer is not None else attrs)
+        self.entries.append({"op": kind, "axis": self.axis, "value": self.names.get(x, str(x.name or "?")),
+                             "consumer": f"{res + ' = ' if res else ''}{n.op} ({self.axis}: {why})",
+                             "operand": None, "have": "", "want": "", "bytes": int(cost.bytes_written),
+                             "phase": self.phase, "inside": True, "source": str(n.loc) if n.loc else None})
+        return y
 
     def rank_row(self, table: np.ndarray) -> Value:
         """Row ``r`` of the constant ``table`` on cp rank ``r`` (``table[r]``)."""
@@ -210,7 +238,14 @@ class SeqRewrite:
             if v.role == "input" and v.type.rank >= 2 and v.type.shape[1] == self.seq:
                 nv = self.emit("index_select", v, self.positions(), axis=1)
                 self.env[v], self.dim[nv] = nv, (1, 1)
+        from ...autodiff.recompute import backward_start
+
+        start = backward_start(g)
+        self.names = value_names(g)
         for node in old:
+            if node is start:
+                self.phase = "backward"
+            self.current = node
             self.b.set_insertion_before(node)
             self.node(node)
         outs = [self.env.get(v, v) for v in g.outputs]
@@ -541,11 +576,13 @@ class SeqRewrite:
         attrs["causal"] = False
         out = lse = None
         for j in range(self.cp):
-            if j:
+            mask, rows = self.ring_block(j)
+            kj, vj = k, v
+            if j + 1 < self.cp:
+                # The next block is on its way while this one is attended to.
                 k = self.shifted(k, "ring attention hands each rank's keys to the next rank")
                 v = self.shifted(v, "ring attention hands each rank's values to the next rank")
-            mask, rows = self.ring_block(j)
-            o_j, l_j = self.emit_like(node, [q, k, v, mask], dict(attrs))
+            o_j, l_j = self.emit_like(node, [q, kj, vj, mask], dict(attrs))
             o_j, l_j = self.masked_rows(o_j, l_j, rows)
             out, lse = (o_j, l_j) if out is None else self.fold(out, lse, o_j, l_j)
         assert out is not None and lse is not None
@@ -583,13 +620,15 @@ class SeqRewrite:
         attrs["causal"] = False
         dq = dk = dv = None
         for j in range(self.cp):
-            if j:
+            mask, _ = self.ring_block(j)
+            kj, vj = k, v
+            if j + 1 < self.cp:
                 k = self.shifted(k, "ring attention's backward hands each rank's keys to the next rank")
                 v = self.shifted(v, "ring attention's backward hands each rank's values to the next rank")
+            if j:
                 dk = self.shifted(dk, "the key gradients travel with their block around the ring")
                 dv = self.shifted(dv, "the value gradients travel with their block around the ring")
-            mask, _ = self.ring_block(j)
-            dq_j, dk_j, dv_j = self.emit_like(node, [dout, q, k, v, out, lse, mask], dict(attrs))
+            dq_j, dk_j, dv_j = self.emit_like(node, [dout, q, kj, vj, out, lse, mask], dict(attrs))
             if j:
                 dq_j, dk_j, dv_j = (self.emit("add", a, b) for a, b in ((dq, dq_j), (dk, dk_j), (dv, dv_j)))
             dq, dk, dv = dq_j, dk_j, dv_j
