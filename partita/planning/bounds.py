@@ -87,7 +87,7 @@ def memory_bytes(shape: ModelShape, c: Candidate) -> float:
     acts = in_flight(c) * stage_layers(shape, c.pp) * layer_activation_bytes(shape, c)
     if c.recompute == "full":                     # one layer rebuilt whole during its backward
         acts += layer_activation_bytes(shape, c, "none")
-    logits = 10.0 * shape.seq * c.micro * shape.vocab / c.tp
+    logits = 16.0 * shape.seq * c.micro * shape.vocab / c.tp       # bf16 logits, f32 softmax, grads
     return states + acts + logits
 
 

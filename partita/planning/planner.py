@@ -12,6 +12,10 @@ from .plan import RECOMPUTE, Plan
 from .search import CAUSES, GIB, Pricer, candidate_plan, enumerate_candidates
 from .shape import ModelShape, PlanError, model_shape
 
+# A mesh is not priced when its estimate, scaled by the least simulated/estimated ratio of the
+# plans priced so far, is more than this much slower than the best priced step.
+CALIBRATED_MARGIN = 1.15
+
 
 def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None, *, devices: int | None = None,
          global_batch: int | None = None, recompute: str | tuple[str, ...] | None = None, price: int = 4,
@@ -49,6 +53,7 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
     chosen = next(c for c in fit if candidate_plan(shape, c, n, cl).describe() == best.describe())
     best.report = {
         "candidates": len(cands), "within_cap": len(fit), "priced": len(priced) + len(pricer_failures(pricer)),
+        "skipped_by_bound": getattr(pricer, "skipped", 0),
         "next": [summary(p) for p in priced[1:]], "invalid": invalid[:10],
         "rejected": rejected_families(shape, cands, fit, mems, est, chosen, cap, cl),
         "failed": pricer_failures(pricer),
@@ -117,8 +122,8 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
     """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit."""
     seen: set = set()
     out: list[Plan] = []
-    pricer.failures = []
-    best_time = float("inf")
+    pricer.failures, pricer.skipped = [], 0
+    best_time, ratio = float("inf"), 0.0
     for c in sorted(fit, key=lambda c: est[c]):
         key = (c.pp, c.dp, c.tp, c.recompute)
         if key in seen:
@@ -126,7 +131,9 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
         if len(seen) >= price:
             break
         seen.add(key)
-        if lower_bound(shape, c, cl) > best_time:
+        # The lower bound, and the estimate scaled by the least simulated/estimated ratio seen.
+        if lower_bound(shape, c, cl) > best_time or est[c] * ratio > best_time * CALIBRATED_MARGIN:
+            pricer.skipped += 1
             continue
         p = candidate_plan(shape, c, n, cl)
         try:
@@ -140,6 +147,7 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
         if p.memory <= cap:
             out.append(p)
             best_time = min(best_time, step_time)
+        ratio = step_time / est[c] if not ratio else min(ratio, step_time / est[c])
     return out
 
 

@@ -110,3 +110,22 @@ def test_parallelize_refuses_a_plan_with_a_mesh(tiny_plan):
         partita.parallelize(tiny_plan.training_step(tiny()), "dp=4", plan=tiny_plan)
     with pytest.raises(StrategyError, match="must be a partita.Plan"):
         partita.parallelize(tiny_plan.training_step(tiny()), plan="dp=4")
+
+
+@pytest.mark.parametrize("recompute,schedule,virtual", [("none", "1f1b", 1), ("full", "1f1b", 1),
+                                                        ("selective", "interleaved", 2)])
+def test_memory_bound_covers_the_pipeline_ranks_peak(recompute, schedule, virtual):
+    """A pipeline's memory is predicted by the bound alone (its section-level simulation has no
+    per-rank report): the bound is at least each unrolled rank's measured peak."""
+    from partita.cluster import memory_report
+    from partita.planning.bounds import Candidate, memory_bytes
+
+    fwd = partita.models.gpt(layers=4, hidden=128, heads=4, seq=128, vocab=1024, batch=16, dtype="bf16",
+                             attention="fused_softmax", dropout=0.1)
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True,
+                                 recompute=recompute)
+    prog = partita.parallelize(step, mesh="pp=2,dp=2", strategy="pp+dp", microbatches=4, schedule=schedule,
+                               virtual_stages=virtual)
+    peak = max(memory_report(g).peak for g in {id(g): g for g in prog.rank_graphs()}.values())
+    bound = memory_bytes(model_shape(fwd), Candidate(2, 2, 1, "dp", False, 2, 4, schedule, virtual, recompute))
+    assert bound >= peak, (bound, peak)
