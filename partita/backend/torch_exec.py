@@ -80,7 +80,7 @@ class TorchProgram:
         training loop does with its params and optimizer state), so ops with an in-place
         implementation may update them where they are instead of allocating new ones.
         ``overlap=True``: collectives with an asynchronous implementation (``async_form``:
-        all_reduce, all_gather, reduce_scatter, send, recv) are started where they stand and
+        all_reduce, all_gather, reduce_scatter, ring_shift, send, recv) are started where they stand and
         waited for only where their result is first read, so the computation in between
         overlaps the transfer (a per-rank program under torch.distributed): zero3's param
         all_gathers, which order-collectives issues ``prefetch`` gathers ahead, are in flight

@@ -4,8 +4,8 @@ cluster described by a cluster file, priced by the cost model.
 Every rank has a compute stream and one communication stream per mesh axis, and runs its
 program in order exactly as the runtime does (``TorchProgram(overlap=True)``): a compute op
 runs on the compute stream after the one before it; a collective with an asynchronous form
-(``steps.ASYNC_OPS``, the runtime's own list: all_reduce, all_gather, reduce_scatter, send,
-recv) starts on its axis's stream where it stands in the program, once every member of its
+(``steps.ASYNC_OPS``, the runtime's own list: all_reduce, all_gather, reduce_scatter, ring_shift,
+send, recv) starts on its axis's stream where it stands in the program, once every member of its
 group has reached it and the stream is free, and the compute stream waits for it only where
 its result is first read (a send: at the program's end), for what of it is not yet done; the
 other collectives (all_to_all, broadcast) block the compute stream until they finish. So

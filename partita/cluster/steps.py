@@ -12,7 +12,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS
 
 # Ops the runtime (TorchProgram(overlap=True)) starts and waits for where their result is first
-# read: all_reduce, all_gather, reduce_scatter, send, recv.
+# read: all_reduce, all_gather, reduce_scatter, ring_shift, send, recv.
 ASYNC_OPS = async_ops()
 
 
