@@ -158,6 +158,16 @@ def test_cp_ring_adamw_step_matches_one_device(kind, mesh, strategy, kw):
     assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
 
 
+@pytest.mark.parametrize("strategy", ["pp+cp", "pp+cp-ring"])
+def test_cp_with_pp_simulated_without_unrolling(strategy):
+    from partita.cluster.hardware import load_cluster
+    from partita.cluster.simulator import simulate
+
+    prog = parallelize(cp_step("llama", seq=32), "pp=2,cp=4", strategy, microbatches=2, unroll=False)
+    sim = simulate(prog, load_cluster("dgx-h100"))
+    assert sim.comm_bytes["cp"] > 0 and sim.comm_bytes["pp"] > 0 and sim.step_time > 0
+
+
 def test_cp_ring_passes_k_and_v_around_the_ring():
     """No all_gather over cp: each layer's attention runs once per block (cp blocks) with
     k and v shifted cp-1 times forward and cp-1 times again in the backward, where dk and
@@ -247,6 +257,8 @@ def test_cp_with_sp_is_refused():
     ("pp=2,cp=2", "pp+cp", "1f1b", 2),
     ("pp=2,cp=2", "pp+cp", "gpipe", 4),
     ("pp=2,dp=2,cp=2", "pp+dp+cp", "1f1b", 2),
+    ("pp=2,dp=2,cp=2", "pp+zero1+cp", "1f1b", 2),
+    ("pp=2,cp=2,tp=2", "pp+cp+megatron", "zero-bubble", 2),
 ])
 def test_cp_with_pp_matches_one_device(kind, mesh, strategy, schedule, M):
     """Each stage's program holds its rank's tokens: the activations and their gradients

@@ -422,6 +422,16 @@ class SeqRewrite:
 
     op_reduce_scatter = op_all_gather
 
+    def op_all_to_all(self, node: Node, ins, seqd, attrs) -> None:
+        """An all_to_all of another axis (zero1's gathered microbatch gradient) that splits
+        and joins other dims keeps the sequence split."""
+        (d, inner), = seqd
+        r = ins[0].type.rank
+        if d in (attrs["split_dim"] % r, attrs["concat_dim"] % r):
+            raise StrategyError(f"strategy cp: all_to_all over '{attrs['axis']}' works along the sequence dim of "
+                                f"{node.operands[0].type}")
+        self.bind(node, self.emit_like(node, ins, attrs), [(d, inner)])
+
     def op_embedding_grad(self, node: Node, ins, seqd, attrs) -> None:
         nv = self.emit_like(node, ins, attrs)[0]
         self.bind(node, [self.reduced(nv, "embedding_grad")], [None])
