@@ -175,6 +175,8 @@ class _Propagator:
         self.pl: dict[Value, Placement] = {}
         self.specs: dict[Node, DimSpec | None] = {}
         self.report = PropagationReport(mesh)
+        self.committed: set[tuple[Value, Placement]] = set()   # operand reshards resolve_all recorded
+        self.batch_axes: set[str] = set()   # the axes the data inputs are split over (run)
         # In a training step a param resharded where it is read is resharded back as its
         # gradient in the backward (an all_reduce or reduce_scatter of its size, about twice
         # the bytes): priced at three times its own bytes, so that one consumer's gather of a
@@ -226,6 +228,11 @@ class _Propagator:
                     raise PropagationError(f"the placement {v.placement} annotated on %{self.name(v)} does not fit "
                                            f"it: {e}; fix the annotation or drop it to let propagation choose") from e
                 self.pl[v] = v.placement
+        # The axes the batch is split over (those of the data inputs): a partial sum over them
+        # is every data-parallel gradient's, reduced whatever the placements (see
+        # pending_sum_cost).
+        self.batch_axes = {a for v in self.g.inputs if v.role == "input" and v in self.pl
+                           for axes in self.pl[v].dims for a in axes}
         rounds = 0
         while True:
             rounds += 1
@@ -404,7 +411,7 @@ class _Propagator:
                 continue
             total = 0
             for o, w in zip(node.operands, wants):
-                c = self.cost(o, self.pl[o], w)
+                c = self.shared_cost(o, w, node)
                 if c is None:
                     break
                 total += c
@@ -413,6 +420,8 @@ class _Propagator:
                     if r in self.pl:
                         c = self.cost(r, p, self.pl[r])
                         total += c if c is not None else 1 << 62
+                    elif p.partial:
+                        total += self.pending_sum_cost(r, p)
                     if r in self.accumulated and self.repeat > 1:
                         # Smaller only where split as its param is (the model states' shards):
                         # a split its param does not have must be undone once per step anyway.
@@ -431,6 +440,46 @@ class _Propagator:
         if best is None:  # unreachable: replicating every operand is always accepted
             raise PropagationError(f"no placement of the operands of {self.describe(node)} satisfies its sharding rule")
         return best[2], best[3], best[4]
+
+    def shared_cost(self, o: Value, want: Placement, node: Node) -> int | None:
+        """What ``node`` pays to read ``o`` as ``want``: the partition makes one reshard per
+        value and placement, shared by every consumer that asks for it. Nothing, then, where
+        an earlier consumer's need already makes it; else its cost split over the readers of
+        ``o`` that are ``node``'s op (the q, k and v weight gradients reading one transposed
+        activation gather it once, where each alone would rather make a partial sum). A gather
+        over the batch's axes is not shared out: with zero3 on dp that made the weight
+        gradients gather activations over dp rather than reduce-scatter (more bytes than FSDP
+        in the end, and every rank's weight-gradient work repeated)."""
+        have = self.pl[o]
+        if have == want or (o, want) in self.committed:
+            return 0
+        c = self.cost(o, have, want)
+        if c is None:
+            return None
+        gathered = {a for axes in have.dims for a in axes} - {a for axes in want.dims for a in axes}
+        if gathered & self.batch_axes:
+            # gathering the batch itself is no plan to share: each reader pays in full
+            return c
+        return c // max(1, sum(1 for u in o.users if u.op == node.op))
+
+    def pending_sum_cost(self, r: Value, p: Placement) -> int:
+        """The least a partial result will cost to reduce, where some consumer needs it
+        summed: a reduce_scatter of its local piece over the partial axes ((n-1)/n of it sent
+        per rank), once per microbatch unless it is summed once a step. Unpriced, a partial
+        sum looked free where it was made: a sequence-parallel weight gradient computed as a
+        full-size partial sum beat gathering the activation it needs, and the reduce_scatter
+        its update then asked for sent three times the bytes (MLP weights of 22B on tp=8).
+        A sum over the batch's own axes is not charged: data parallelism reduces its gradients
+        there in any case, and gathering the activations over those axes instead would
+        repeat the whole batch's weight-gradient work on every rank (zero3's quick GPT-2
+        then sent more than FSDP)."""
+        axes = [a for a in p.partial if a not in self.batch_axes]
+        if not axes:
+            return 0
+        n = math.prod(self.mesh.axis_size(a) for a in axes)
+        split = math.prod(self.mesh.axis_size(a) for axes in p.dims for a in axes)
+        c = int(r.type.nbytes / split * (n - 1) / n)
+        return c if r in self.once else c * self.repeat
 
     def param_axes(self, r: Value) -> set[str]:
         """The mesh axes a gradient's param (or its master or moments: graph inputs of its
@@ -475,6 +524,7 @@ class _Propagator:
             for i, (o, w) in enumerate(zip(node.operands, wants)):
                 if self.pl[o] != w:
                     self.need(o, node, i, self.pl[o], w)
+                    self.committed.add((o, w))
             for r, p in zip(node.results, got):
                 if self.pl[r] != p:
                     self.need(r, node, None, p, self.pl[r])
