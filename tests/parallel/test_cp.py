@@ -282,3 +282,18 @@ def test_cp_bf16_with_master_weights_matches_one_device():
     feed, weights = feed_and_weights(step)
     err, name = worst_error(step, prog, feed, weights)
     assert err <= 3e-2, f"bf16 cp: %{name} differs from one device by {err:.2e}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["pp+cp", "pp+cp-ring"])
+def test_cp_with_pp_on_gloo_processes_matches_one_device(strategy):
+    """Two pipeline stages of two cp ranks each: the stages' sends and receives carry each
+    rank's tokens, for two training steps checked against one device."""
+    step = cp_step("llama")
+    prog = parallelize(step, "pp=2,cp=2", strategy, microbatches=2)
+    rng = np.random.default_rng(3)
+    batches = [{"ids": rng.integers(0, 64, (4, SEQ)), "target": rng.integers(0, 64, (4, SEQ))} for _ in range(2)]
+    _, weights = feed_and_weights(step)
+    res = partita.launch(prog, 4, batches, weights=weights, check=True, timeout_s=120)
+    assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
+    assert [c.step for c in res.checks] == [1, 2]
