@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 from ..ops._lazy import torch
 from ..ops.registry import OPS
-from .epilogue import BINARY, CONV_ATTRS, UNARY, conv_parts, linear_parts
+from .epilogue import BINARY, CONV_ATTRS, CONV_UNARY, conv_padding_end, conv_parts, linear_parts
 from .fused_body import body_graph
 
-__all__ = ["Fallback", "fallbacks", "record_fallback", "run_body_on_aten", "aten_conv", "aten_linear", "ATEN",
+__all__ = ["Fallback", "fallbacks", "record_fallback", "run_body_on_aten", "aten_conv", "pad_uneven", "aten_linear", "ATEN",
            "aten_step", "aten_epilogue", "op_on_aten"]
 
 
@@ -76,15 +76,30 @@ def aten_epilogue(y, binary: str, other, unary: str):
     b = BINARY[binary]
     if b is not None:
         y = OPS[b.op].torch([y, other], {})
-    u = UNARY[unary]
-    if u is not None:
+    u = CONV_UNARY[unary]
+    if u is not None and u.steps:
+        for op, c in u.steps:
+            y = OPS[op].torch([y, torch.tensor(c, dtype=y.dtype)], {})
+    elif u is not None:
         y = OPS[u.op].torch([y], dict(u.attrs))
     return y
+
+
+def pad_uneven(x: Any, attrs: dict) -> tuple[Any, dict]:
+    """For a ``conv2d_pointwise`` whose padding after differs from before (``padding_end``):
+    ``x`` padded with zeros on both sides and the attributes with no padding left, which
+    conv2d and oneDNN take; else ``x`` and ``attrs`` as they are."""
+    end = conv_padding_end(attrs)
+    if end is None:
+        return x, attrs
+    (pt, pl), (pb, pr) = attrs["padding"], end
+    return torch.nn.functional.pad(x, (pl, pr, pt, pb)), dict(attrs, padding=(0, 0), padding_end=None)
 
 
 def aten_conv(args, attrs):
     """``conv2d_pointwise`` as conv2d, then its epilogue, on ATen."""
     x, w, b, other = conv_parts(list(args), attrs)
+    x, attrs = pad_uneven(x, attrs)
     y = OPS["conv2d"].torch([x, w] + ([b] if b is not None else []), {k: attrs[k] for k in CONV_ATTRS})
     return aten_epilogue(y, attrs["binary"], other, attrs["unary"])
 

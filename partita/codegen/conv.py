@@ -42,16 +42,24 @@ from .gemm import GemmConfig, choose, gemm_configs, pack_b
 from .jit import jit
 from .lowering import vector_width
 
-__all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS"]
+__all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS",
+           "CLAMP_ACTS"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
 ACTS = ("none", "relu")
+# The clamps the kernel applies too (codegen/epilogue.py's CLAMPS): ReLU6.
+CLAMP_ACTS = ("relu6",)
 # How many tiles ahead a tile prefetches the input and result rows it will touch first.
 # How many tiles ahead a tile prefetches the input and result rows it will touch first
 # (1, 2, 4 and 8 measured level on the CNN; without, 5 to 7% slower on 32 channels at 64 x 64).
 PF_TILES = 2
 # A convolution whose output channels would leave more than this share of its tile's columns
-# padding (16 channels in a 32-wide tile) runs on the library's kernel.
+# padding (16 channels in a 32-wide tile) runs on the library's kernel by the rules; where
+# kernels are measured (codegen/choose.py) the direct kernel is still a candidate there: on few
+# channels the call's fixed cost outweighs the padded columns (4 x 16 x 8 x 8 by 16 x 16 x 3 x 3:
+# 14 us against oneDNN's 46; the stem 4 x 3 x 32 x 32 by 16 x 3 x 7 x 7, stride 2: 55 against
+# 91; a 16-wide tile of one vector a row was no faster than the 8 x 32 one on these, one
+# thread, AMD EPYC Zen 4, interleaved).
 MAX_PADDING = 1.25
 # The zero row a tap in the padding reads is this many floats: wider inputs run on the library.
 MAX_CHANNELS = 4096
@@ -486,10 +494,15 @@ def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
                       f"{vt} zeroinitializer)")
                     a(f"  %sa{r}_{v} = fadd {vt} {val}, %so{r}_{v}")
                     val = f"%sa{r}_{v}"
-                if act == "relu":  # NaN stays NaN, as torch's relu
+                if act in ("relu", "relu6"):  # NaN stays NaN, as torch's relu (and maximum, minimum)
                     a(f"  %sneg{r}_{v}{sfx} = fcmp olt {vt} {val}, zeroinitializer")
                     a(f"  %sr{r}_{v}{sfx} = select <{L} x i1> %sneg{r}_{v}{sfx}, {vt} zeroinitializer, {vt} {val}")
                     val = f"%sr{r}_{v}{sfx}"
+                if act == "relu6":
+                    six = f"<{', '.join(['float 6.0'] * L)}>"
+                    a(f"  %ssix{r}_{v}{sfx} = fcmp ogt {vt} {val}, {six}")
+                    a(f"  %sr6{r}_{v}{sfx} = select <{L} x i1> %ssix{r}_{v}{sfx}, {vt} {six}, {vt} {val}")
+                    val = f"%sr6{r}_{v}{sfx}"
                 a(f"  %syp{r}_{v}{sfx} = getelementptr float, ptr %yr{r}{sfx}, i64 {v * L}")
                 a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}{sfx}, i32 4, <{L} x i1> %mask{v})")
             a(f"  br label %{nxt}")
@@ -511,8 +524,8 @@ def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
     ``act`` (none or relu) after the residual add where the call gives one (``other`` not
     null), the dimensions ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
-    if act not in ACTS:
-        raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS)})")
+    if act not in ACTS + CLAMP_ACTS:
+        raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS + CLAMP_ACTS)})")
     out = (_prologue(name, cfg, dims) + _panel(cfg) + _tile_place(cfg, dims) + _prefetch(cfg) + _row_places(cfg)
            + _tap_rows(name, cfg) + _channel_loops(cfg) + _store_tile(cfg, act))
     return "\n".join(out) + "\n"
@@ -540,13 +553,18 @@ def kernel_name(cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     return f"pt_conv_{cfg.mr}x{cfg.nr}_l{cfg.lanes}_{act}" + "".join(f"_{k}{v}" for k, v in sorted(dims.items()))
 
 
-def conv_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list) -> dict[str, int]:
-    """The kernel's dimensions (``PARAMS[5:]``) of a convolution of ``x_shape`` by ``w_shape``."""
+def conv_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list,
+              padding_end: list | None = None) -> dict[str, int]:
+    """The kernel's dimensions (``PARAMS[5:]``) of a convolution of ``x_shape`` by ``w_shape``,
+    ``padding`` zeros before each spatial dim (top, left) and ``padding_end`` after (bottom,
+    right; ``padding``'s where None). The kernel reads the padding before as ``ph``, ``pw``;
+    the padding after only sets the result's size (a tap past the image reads zeros)."""
     n, c, h, w = x_shape
     co, _, kh, kw = w_shape
     sh, sw = stride
     ph, pw = padding
-    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    pb, pr = padding if padding_end is None else padding_end
+    ho, wo = (h + ph + pb - kh) // sh + 1, (w + pw + pr - kw) // sw + 1
     return dict(zip(PARAMS[5:], (n, h, w, c, ho, wo, co, kh, kw, sh, sw, ph, pw)))
 
 
@@ -581,8 +599,11 @@ def pack_weight(w: Any, nr: int) -> Any:
     return pack_b(w.detach().permute(2, 3, 1, 0).reshape(kh * kw * c, co), nr)
 
 
-def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int) -> str:
-    """Why the generated convolution does not take these, or "" where it does."""
+def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int,
+              candidate: bool = False) -> str:
+    """Why the generated convolution does not take these, or "" where it does. ``candidate``:
+    whether it can run them at all (as a candidate the measured choice times against the
+    library's kernels), a padded tile included; without, whether the rules prefer it."""
     if len(x_shape) != 4 or len(w_shape) != 4:
         return "not a 2-d convolution"
     if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
@@ -594,6 +615,8 @@ def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilat
     if x_shape[1] > MAX_CHANNELS:
         return f"{x_shape[1]} input channels (at most {MAX_CHANNELS})"
     co = w_shape[0]
+    if candidate:
+        return ""
     nr = tile_for(max(1, x_shape[0]), co).nr
     padded = -(-co // nr) * nr
     if padded > MAX_PADDING * co:
@@ -609,8 +632,8 @@ class PreparedConv:
     it, one call at a time (the parameter block is reused)."""
 
     def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
-                 other: bool = False, cfg: GemmConfig | None = None) -> None:
-        dims = conv_dims(x_shape, w_shape, stride, padding)
+                 other: bool = False, cfg: GemmConfig | None = None, padding_end: list | None = None) -> None:
+        dims = conv_dims(x_shape, w_shape, stride, padding, padding_end)
         self.ho, self.wo = dims["ho"], dims["wo"]
         self.shape = (dims["n"], dims["co"], self.ho, self.wo)
         self.m = dims["n"] * self.ho * self.wo

@@ -45,7 +45,7 @@ from .jit import jit
 from .lowering import vector_width
 from .mathlib import exp_neg_ir, f32
 
-__all__ = ["PARAMS", "ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
+__all__ = ["PARAMS", "ACTS", "CLAMP_ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
            "kernel_name", "kernel_source", "pack_weight", "PreparedDepthwise", "supported", "MAX_BORDER",
            "MAX_KERNEL"]
 
@@ -53,6 +53,8 @@ PARAMS = ["x", "w", "bias", "other", "y"]
 # The activations the kernel applies; silu and sigmoid on the inlined vector exp of
 # ``mathlib.exp_neg_ir`` (of -|v|, so never above 1), one division a vector.
 ACTS = ("none", "relu", "silu", "sigmoid")
+# The clamps it applies too (codegen/epilogue.py's CLAMPS): ReLU6.
+CLAMP_ACTS = ("relu6",)
 # A row with more border columns than this (a kernel wider than the image) runs on the library:
 # each border column is code of its own.
 MAX_BORDER = 16
@@ -74,14 +76,17 @@ def pixel_block(lanes: int, kw: int, sw: int, dw: int = 1) -> int:
 
 
 def depthwise_dims(x_shape: tuple, w_shape: tuple, stride: list, padding: list,
-                   dilation: list | tuple = (1, 1)) -> dict[str, int]:
-    """The kernel's dimensions of a depthwise convolution of ``x_shape`` by ``w_shape``."""
+                   dilation: list | tuple = (1, 1), padding_end: list | None = None) -> dict[str, int]:
+    """The kernel's dimensions of a depthwise convolution of ``x_shape`` by ``w_shape``:
+    ``padding`` zeros before each spatial dim, ``padding_end`` after (``padding``'s where
+    None; it only sets the result's size, a tap past the image reading zeros)."""
     n, c, h, w = x_shape
     _, _, kh, kw = w_shape
     sh, sw = stride
     ph, pw = padding
+    pb, pr = padding if padding_end is None else padding_end
     dh, dw = dilation
-    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho, wo = (h + ph + pb - dh * (kh - 1) - 1) // sh + 1, (w + pw + pr - dw * (kw - 1) - 1) // sw + 1
     return dict(n=n, c=c, h=h, w=w, ho=ho, wo=wo, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw)
 
 
@@ -264,10 +269,15 @@ def _epilogue(e: _Emitter, bp: str, P: int, masked: bool) -> None:
             e.load(f"%{bp}.o{p}", f"%{bp}.oq{p}", masked)
             a(f"  %{bp}.vo{p} = fadd {vt} {val}, %{bp}.o{p}")
             val = f"%{bp}.vo{p}"
-        if e.act == "relu":  # NaN stays NaN, as torch's relu
+        if e.act in ("relu", "relu6"):  # NaN stays NaN, as torch's relu (and maximum, minimum)
             a(f"  %{bp}.neg{p} = fcmp olt {vt} {val}, zeroinitializer")
             a(f"  %{bp}.vr{p} = select <{L} x i1> %{bp}.neg{p}, {vt} zeroinitializer, {vt} {val}")
             val = f"%{bp}.vr{p}"
+        if e.act == "relu6":
+            six = f"<{', '.join(['float 6.0'] * L)}>"
+            a(f"  %{bp}.six{p} = fcmp ogt {vt} {val}, {six}")
+            a(f"  %{bp}.v6{p} = select <{L} x i1> %{bp}.six{p}, {vt} {six}, {vt} {val}")
+            val = f"%{bp}.v6{p}"
         elif e.act in ("silu", "sigmoid"):
             val = _sigmoid(e, f"{bp}.g{p}", val, e.act == "silu")
         e.store(val, f"%{bp}.q{p}", masked)
@@ -348,8 +358,9 @@ def depthwise_ir(name: str, lanes: int, act: str, other: bool, dims: dict[str, i
     """The LLVM IR of one depthwise kernel (see the module doc): ``lanes`` floats a vector,
     activation ``act`` (one of ``ACTS``) after the residual add where ``other``, the dimensions
     ``dims`` (``depthwise_dims``), each a constant of the kernel."""
-    if act not in ACTS:
-        raise ValueError(f"partita.codegen.depthwise: no activation {act!r} (known: {', '.join(ACTS)})")
+    if act not in ACTS + CLAMP_ACTS:
+        raise ValueError(f"partita.codegen.depthwise: no activation {act!r} "
+                         f"(known: {', '.join(ACTS + CLAMP_ACTS)})")
     e = _Emitter(dims, lanes, act, other)
     _prologue(e, name)
     _columns(e)
@@ -399,8 +410,10 @@ def pack_weight(w: Any, lanes: int) -> Any:
     return out
 
 
-def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int) -> str:
-    """Why the generated depthwise convolution does not take these, or "" where it does."""
+def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilation: list, groups: int,
+              padding_end: list | None = None) -> str:
+    """Why the generated depthwise convolution does not take these, or "" where it does
+    (``padding_end``: the zeros after each spatial dim, ``padding``'s where None)."""
     if len(x_shape) != 4 or len(w_shape) != 4:
         return "not a 2-d convolution"
     if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
@@ -415,7 +428,11 @@ def supported(x_shape: tuple, w_shape: tuple, stride: list, padding: list, dilat
         return f"stride {list(stride)}, dilation {list(dilation)} (the kernel takes 1 or more)"
     if not (0 <= padding[0] <= dilation[0] * (kh - 1) and 0 <= padding[1] <= dilation[1] * (kw - 1)):
         return f"padding {list(padding)} (the kernel takes up to its dilated side less one)"
-    dims = depthwise_dims(tuple(x_shape), tuple(w_shape), list(stride), list(padding), list(dilation))
+    end = padding if padding_end is None else padding_end
+    if len(end) != 2 or not (0 <= end[0] <= dilation[0] * (kh - 1) and 0 <= end[1] <= dilation[1] * (kw - 1)):
+        return f"padding_end {list(end)} (the kernel takes up to its dilated side less one)"
+    dims = depthwise_dims(tuple(x_shape), tuple(w_shape), list(stride), list(padding), list(dilation),
+                          None if padding_end is None else list(padding_end))
     if min(dims["n"], c, dims["ho"], dims["wo"]) < 1:
         return "an empty result"
     border = sum(1 for ox in range(dims["wo"]) if _kx_range(dims, ox) != (0, kw))
@@ -432,8 +449,8 @@ class PreparedDepthwise:
     call at a time (the parameter block is reused)."""
 
     def __init__(self, x_shape: tuple, w_shape: tuple, stride: list, padding: list, act: str = "none",
-                 other: bool = False, dilation: list | tuple = (1, 1)) -> None:
-        dims = depthwise_dims(x_shape, w_shape, stride, padding, dilation)
+                 other: bool = False, dilation: list | tuple = (1, 1), padding_end: list | None = None) -> None:
+        dims = depthwise_dims(x_shape, w_shape, stride, padding, dilation, padding_end)
         self.lanes = vector_width()
         self.shape = (dims["n"], dims["c"], dims["ho"], dims["wo"])
         self.rows = dims["n"] * dims["ho"]

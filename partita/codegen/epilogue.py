@@ -10,12 +10,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Unary:
-    """A unary epilogue: the partita op (and attributes) it stands for, and oneDNN's post-op."""
+    """A unary epilogue: the partita op (and attributes) it stands for, and oneDNN's post-op
+    (with its ``scalars``). An epilogue that is no one op (``op`` empty) stands for ``steps``:
+    binary ops by a scalar, applied in order (ReLU6: maximum by 0, then minimum by 6)."""
 
     op: str
     attrs: dict = field(default_factory=dict)
     onednn: str = ""
     algorithm: str | None = None
+    steps: tuple = ()
+    scalars: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,14 @@ UNARY: dict[str, Unary | None] = {
     "sigmoid": Unary("sigmoid", {}, "sigmoid"),
     "tanh": Unary("tanh", {}, "tanh"),
 }
+# The epilogues written as a chain of ops by scalars, convolutions only: ReLU6 (nn.ReLU6,
+# F.hardtanh(x, 0, 6)), as the importers write it: maximum(x, 0), then minimum(., 6); oneDNN's
+# hardtanh post-op with its bounds as scalars.
+CLAMPS: dict[str, Unary] = {
+    "relu6": Unary("", {}, "hardtanh", steps=(("maximum", 0.0), ("minimum", 6.0)), scalars=(0.0, 6.0)),
+}
+# Every unary epilogue of conv2d_pointwise.
+CONV_UNARY: dict[str, Unary | None] = {**UNARY, **CLAMPS}
 BINARY: dict[str, Binary | None] = {
     "none": None,
     "add": Binary("add", "add"),
@@ -47,6 +59,15 @@ BINARY: dict[str, Binary | None] = {
 
 # conv2d_pointwise's attributes that are conv2d's.
 CONV_ATTRS = ("stride", "padding", "dilation", "groups")
+
+
+def conv_padding_end(attrs: dict) -> list | None:
+    """A ``conv2d_pointwise`` node's zeros after each spatial dim (bottom, right) where they
+    differ from ``padding``'s before (top, left), else None (the padding is symmetric)."""
+    end = attrs.get("padding_end")
+    if end is None or list(end) == list(attrs["padding"]):
+        return None
+    return list(end)
 
 
 def conv_parts(args: list, attrs: dict) -> tuple[Any, Any, Any, Any]:

@@ -44,6 +44,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -56,14 +57,21 @@ from ..ir.types import TensorType
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
-from ..passes.rewrite import has_effects, sole_user
-from .aten_fallback import aten_conv, aten_linear, aten_step
-from .epilogue import BINARY, CONV_ATTRS, UNARY, conv_parts, linear_parts
+from ..passes.rewrite import erase_if_dead, has_effects, sole_user
+from .aten_fallback import aten_conv, aten_linear, aten_step, pad_uneven
+from .choose import enabled as choose_enabled
+from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_padding_end, conv_parts, linear_parts
 from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
            "PREPACK", "packed_weight_stats"]
+
+# Whether fuse-library takes ReLU6 (``CLAMPS``: maximum by 0, then minimum by 6) after a
+# convolution as its "relu6" epilogue; off unless PARTITA_CLAMP_EPILOGUES=1 (read when the pass
+# runs): taken, a MobileNet's convolutions hand their results straight to each other and the
+# layout pass has no elementwise op left to move (tests/codegen/test_layout.py's MobileNet region).
+CLAMP_EPILOGUES = os.environ.get("PARTITA_CLAMP_EPILOGUES", "0") == "1"
 
 # Whether prepared steps keep packed weights (the benchmark turns it off to measure what
 # packing buys; read when a program is prepared).
@@ -108,8 +116,19 @@ def _conv_infer(ts: list[TensorType], attrs: dict) -> TensorType:
                             "(and the optional bias)")
     x, w, b, other = conv_parts(list(ts), attrs)
     _require_float("conv2d_pointwise", [(x, "the input"), (w, "the weight"), (b, "the bias"), (other, "other")])
+    conv_attrs = {k: attrs[k] for k in CONV_ATTRS}
+    end = attrs.get("padding_end")
+    if end is not None:
+        # the padding after each spatial dim as the conv2d of an input padded on both sides
+        if len(end) != 2 or any(p < 0 for p in end) or len(attrs["padding"]) != 2 or x.rank != 4:
+            raise TypeRuleError(f"conv2d_pointwise: padding_end must be two sizes >= 0 (bottom, right) with "
+                                f"padding two (top, left) on a 4-d input, got padding {list(attrs['padding'])}, "
+                                f"padding_end {list(end)} on {x}")
+        (pt, pl), (pb, pr) = attrs["padding"], end
+        x = TensorType(x.shape[:2] + (x.shape[2] + pt + pb, x.shape[3] + pl + pr), x.dtype)
+        conv_attrs["padding"] = (0, 0)
     base = [x, w] + ([b] if b is not None else [])
-    y = OPS["conv2d"].infer(base, {k: attrs[k] for k in CONV_ATTRS})
+    y = OPS["conv2d"].infer(base, conv_attrs)
     if isinstance(y, list):  # conv2d has one result
         y = y[0]
     if other is not None and other != y:
@@ -152,14 +171,22 @@ def _epilogue_ref(y: np.ndarray, binary: str, other: Any, unary: str) -> np.ndar
     b = BINARY[binary]
     if b is not None:
         y = _ref(b.op, [y, other], {}, y.dtype)
-    u = UNARY[unary]
-    if u is not None:
+    u = CONV_UNARY[unary]
+    if u is not None and u.steps:
+        for op, c in u.steps:
+            y = _ref(op, [y, np.array(c, dtype=y.dtype)], {}, y.dtype)
+    elif u is not None:
         y = _ref(u.op, [y], dict(u.attrs), y.dtype)
     return y
 
 
 def _conv_reference(args, attrs):
     x, w, b, other = conv_parts(list(args), attrs)
+    end = conv_padding_end(attrs)
+    if end is not None:  # zeros before and after, then no padding
+        (pt, pl), (pb, pr) = attrs["padding"], end
+        x = _ref("pad", [x], {"pads": (0, 0, 0, 0, pt, pb, pl, pr), "value": 0}, x.dtype)
+        attrs = dict(attrs, padding=(0, 0))
     y = _ref("conv2d", [x, w] + ([b] if b is not None else []), {k: attrs[k] for k in CONV_ATTRS}, x.dtype)
     return _epilogue_ref(y, attrs["binary"], other, attrs["unary"])
 
@@ -258,7 +285,7 @@ def _mkldnn_ok() -> bool:
 
 
 def _conv_kernel(binary: str, unary: str) -> Kernel:
-    u = UNARY[unary]
+    u = CONV_UNARY[unary]
     b = BINARY[binary]
     attr = "none" if u is None else u.onednn
     alg = None if u is None else u.algorithm
@@ -278,6 +305,10 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         pad, stride, dil, groups = (list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]),
                                     attrs["groups"])
         in_size = list(node.operands[0].type.shape)
+        uneven = conv_padding_end(attrs)
+        if uneven is not None:  # oneDNN convolves the input padded first, with no padding of its own
+            in_size = in_size[:2] + [in_size[2] + pad[0] + uneven[0], in_size[3] + pad[1] + uneven[1]]
+            pad = [0, 0]
         fallback = aten_step("conv2d_pointwise")
         cache = PackedWeight(lambda w: torch.ops.mkldnn._reorder_convolution_weight(
             w, pad, stride, dil, groups, in_size)) if PREPACK else None
@@ -289,7 +320,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
         has_bias = len(node.operands) == (4 if has_other else 3)
         if b is None:
             conv = torch.ops.mkldnn._convolution_pointwise.default
-            scalars: list = []
+            scalars: list = [] if u is None else list(u.scalars)
 
             def call(x, w, bias, other):
                 return conv(x, w, bias, pad, stride, dil, groups, attr, scalars, alg)
@@ -301,9 +332,15 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
 
             def call(x, w, bias, other):
                 return convb(x, other, w, bias, pad, stride, dil, groups, battr, None, uattr, [], ualg)
+        if uneven is not None:
+            call = _padded_first(call, attrs)
 
         gen = _generated_conv(node, binary, unary) if PREPACK else None
-        st = _ConvState(gen, cache, node)
+        default = "generated"
+        if gen is None and cache is not None and choose_enabled():
+            # not the rules' kernel, but one the measured choice times against oneDNN's
+            gen, default = _generated_conv(node, binary, unary, candidate=True), "onednn"
+        st = _ConvState(gen, cache, node, default)
 
         def deliver(y: Any, into: Any) -> Any:
             if into is not None:  # the memory plan's buffer holds the result at every call
@@ -361,18 +398,30 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
     return Kernel(name, prepare)
 
 
+def _padded_first(call: Callable, attrs: dict) -> Callable:
+    """``call(x, w, bias, other)`` of a library convolution with no padding, on ``x`` padded
+    with the node's uneven zeros first (``pad_uneven``)."""
+    def padded(x, w, bias, other):
+        return call(pad_uneven(x, attrs)[0], w, bias, other)
+
+    return padded
+
+
 class _ConvState:
     """One convolution node's kernels (the generated one, ``gen``, and oneDNN's, each with its
     packed weight) and which runs it: ``picked`` is None until measured (``choose.py``, in the
     steady state: every weight packed), "rules" when not measured (the generated kernel where
     it has a packed weight, else oneDNN's), else the measured "generated", "onednn" or "aten"
-    (the ops the node replaces, as eager runs them). The losers' packed weights are dropped."""
+    (the ops the node replaces, as eager runs them). The losers' packed weights are dropped.
+    ``default``: the kernel a candidate must beat ("onednn" where the generated kernel is only
+    a candidate, one the rules do not prefer)."""
 
-    __slots__ = ("gen", "gcache", "cache", "winograd", "picked", "key", "where", "node")
+    __slots__ = ("gen", "gcache", "cache", "winograd", "picked", "key", "where", "node", "default")
 
-    def __init__(self, gen: Any, cache: "PackedWeight | None", node: Any) -> None:
+    def __init__(self, gen: Any, cache: "PackedWeight | None", node: Any, default: str = "generated") -> None:
         from . import choose
 
+        self.default = default
         self.gen = gen
         self.gcache = PackedWeight(gen.pack) if gen is not None else None
         self.cache = cache
@@ -382,7 +431,8 @@ class _ConvState:
         a = node.attrs
         self.key = (f"conv2d_pointwise x={list(node.operands[0].type.shape)} w={list(node.operands[1].type.shape)} "
                     f"stride={list(a['stride'])} padding={list(a['padding'])} dilation={list(a['dilation'])} "
-                    f"groups={a['groups']} binary={a['binary']} unary={a['unary']} operands={len(node.operands)}")
+                    f"groups={a['groups']} binary={a['binary']} unary={a['unary']} operands={len(node.operands)}"
+                    + (f" padding_end={list(a['padding_end'])}" if conv_padding_end(a) is not None else ""))
         self.where = (f"{describe_node(node)} (x {'x'.join(map(str, node.operands[0].type.shape))}, "
                       f"w {'x'.join(map(str, node.operands[1].type.shape))}, groups {a['groups']})")
 
@@ -393,7 +443,7 @@ class _ConvState:
 
         layout = ("channels_last" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
                   else "contiguous" if x.is_contiguous() else "strided")
-        default = "generated" if "generated" in candidates else "onednn"
+        default = self.default if self.default in candidates else "onednn"
         picked = choose.choose(f"{self.key} layout={layout}", candidates, where=self.where, default=default,
                                node=self.node())
         self.picked = picked
@@ -415,25 +465,28 @@ WINOGRAD = os.environ.get("PARTITA_WINOGRAD", "1") != "0"
 def _winograd(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     from .winograd import PreparedWinograd, supported
 
-    if not WINOGRAD or supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+    if not WINOGRAD or conv_padding_end(a) is not None or \
+            supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
         return None
     return PreparedWinograd(xs, ws, list(a["padding"]), unary, other)
 
 
-def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool, candidate: bool = False) -> Any:
     from .conv import PreparedConv, supported
 
-    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"], candidate):
         return None
-    return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, other)
+    return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, other,
+                        padding_end=conv_padding_end(a))
 
 
 def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     from .depthwise import PreparedDepthwise, supported
 
-    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"]):
+    end = conv_padding_end(a)
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"], end):
         return None
-    return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other, list(a["dilation"]))
+    return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other, list(a["dilation"]), end)
 
 
 # The generated convolution kernels, in order of preference: each returns its prepared kernel
@@ -455,12 +508,17 @@ def conv_kernel_name(gen: Any) -> str:
     return "depthwise" if isinstance(gen, PreparedDepthwise) else "direct"
 
 
-def _generated_conv(node: Any, binary: str, unary: str) -> Any:
+def _generated_conv(node: Any, binary: str, unary: str, candidate: bool = False) -> Any:
     """The generated convolution (the first of ``CONV_KERNELS`` that takes ``node``) prepared
     for it, or None where none does: another kernel asked for (``CONV``), an epilogue other
     than bias, add and relu (and silu or sigmoid, which the depthwise kernel alone applies),
-    operands not f32 or not static, or no generated code on this machine."""
-    from .depthwise import ACTS as DEPTHWISE_ACTS
+    operands not f32 or not static, or no generated code on this machine. ``candidate``: the
+    direct kernel where it can run the node at all, its tile padded included (a candidate of
+    the measured choice, not the rules' pick)."""
+    from .conv import ACTS, CLAMP_ACTS
+    from .depthwise import ACTS as DW_ACTS
+
+    DIRECT_ACTS, DEPTHWISE_ACTS = ACTS + CLAMP_ACTS, DW_ACTS + CLAMP_ACTS
 
     if CONV != "generated" or binary not in ("none", "add") or unary not in DEPTHWISE_ACTS:
         return None
@@ -470,8 +528,9 @@ def _generated_conv(node: Any, binary: str, unary: str) -> Any:
     xs, ws = tuple(ops[0].type.shape), tuple(ops[1].type.shape)
     if any(not isinstance(d, int) for d in (*xs, *ws)) or not _generated_gemm():
         return None
-    for name, make in CONV_KERNELS:
-        if unary not in (DEPTHWISE_ACTS if name == "depthwise" else ("none", "relu")):
+    kernels = (("direct", partial(_direct, candidate=True)),) if candidate else CONV_KERNELS
+    for name, make in kernels:
+        if unary not in (DEPTHWISE_ACTS if name == "depthwise" else DIRECT_ACTS if name == "direct" else ("none", "relu")):
             continue
         try:
             gen = make(xs, ws, node.attrs, unary, binary == "add")
@@ -530,7 +589,7 @@ def _linear_kernel(unary: str) -> Kernel:
     was 0.9 to 1.2 of ONNX Runtime's MLAS Gemm and faster than oneDNN on the transformer shapes
     measured interleaved on one thread ([512, 256] x [256, 1024], [32, 4096] x [4096, 4096],
     [148, 256] x [256, 256]; AMD EPYC, AVX2); the model-level figures are bench/bench_codegen.py's."""
-    u = UNARY[unary]
+    u = CONV_UNARY[unary]
     attr = "none" if u is None else u.onednn
     alg = None if u is None else u.algorithm
     name = (f"partita.gemm(packed B, epilogue={unary!r}); before packing mkldnn._linear_pointwise(attr={attr!r}" +
@@ -553,7 +612,7 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
     ``out_shape`` [..., N], the inner size ``k``, the weight layout ``layout`` ("kn" or
     "nk"), a bias or not, and the activation ``unary``: see ``_linear_kernel``. With the
     generated GEMM, the result is written into ``out`` (contiguous, ``out_shape``) where given."""
-    u = UNARY[unary]
+    u = CONV_UNARY[unary]
     attr = "none" if u is None else u.onednn
     alg = None if u is None else u.algorithm
     lin = torch.ops.mkldnn._linear_pointwise.default
@@ -650,13 +709,20 @@ KERNELS: dict[tuple[str, tuple[str, str]], Kernel] = {
 }
 
 
+# The convolutions with a clamp (``CLAMPS``, ReLU6) after them: oneDNN's hardtanh post-op, the
+# generated kernels' clamp in their store.
+CLAMP_KERNELS: dict[tuple[str, tuple[str, str]], Kernel] = {
+    ("conv2d_pointwise", ("none", u)): _conv_kernel("none", u) for u in CLAMPS}
+
+
 def epilogue_of(attrs: dict) -> tuple[str, str]:
     return (attrs.get("binary", "none"), attrs["unary"])
 
 
 def kernel_for(op: str, attrs: dict) -> Kernel | None:
     """The library kernel that runs ``op`` with the epilogue of ``attrs``, or None."""
-    return KERNELS.get((op, epilogue_of(attrs)))
+    key = (op, epilogue_of(attrs))
+    return KERNELS.get(key) or CLAMP_KERNELS.get(key)
 
 
 def _library_kernel(node) -> Kernel | None:
@@ -708,11 +774,13 @@ def _torch_conv(args, attrs):
     if not _library_runs("conv2d_pointwise", args, attrs):
         return aten_conv(args, attrs)
     x, w, b, other = conv_parts(list(args), attrs)
-    u = UNARY[attrs["unary"]]
+    x, attrs = pad_uneven(x, attrs)
+    u = CONV_UNARY[attrs["unary"]]
     pad, stride, dil, g = list(attrs["padding"]), list(attrs["stride"]), list(attrs["dilation"]), attrs["groups"]
     if other is None:
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, pad, stride, dil, g, "none" if u is None else u.onednn,
-                                                       [], None if u is None else u.algorithm)
+                                                       [] if u is None else list(u.scalars),
+                                                       None if u is None else u.algorithm)
     bb = BINARY[attrs["binary"]]
     assert bb is not None
     return torch.ops.mkldnn._convolution_pointwise.binary(x, other, w, b, pad, stride, dil, g, bb.onednn, None,
@@ -724,7 +792,7 @@ def _torch_linear(args, attrs):
     if not _library_runs("linear_pointwise", args, attrs):
         return aten_linear(args, attrs)
     x, w, b = linear_parts(list(args), attrs)
-    u = UNARY[attrs["unary"]]
+    u = CONV_UNARY[attrs["unary"]]
     if attrs["weight_layout"] == "kn":
         w = w.t()
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none" if u is None else u.onednn, [],
@@ -749,15 +817,19 @@ def _linear_cost(ins, outs, attrs):
 
 
 _UNARY_ATTR = AttrSpec("unary", "str", "none", choices=tuple(UNARY))
+_CONV_UNARY_ATTR = AttrSpec("unary", "str", "none", choices=tuple(CONV_UNARY))
 
 register(OpDef(
     name="conv2d_pointwise", operands=("x", "weight", "bias?", "other?"),
     attrs=(AttrSpec("stride", "ints", (1, 1)), AttrSpec("padding", "ints", (0, 0)),
            AttrSpec("dilation", "ints", (1, 1)), AttrSpec("groups", "int", 1),
-           AttrSpec("binary", "str", "none", choices=tuple(BINARY)), _UNARY_ATTR),
+           AttrSpec("binary", "str", "none", choices=tuple(BINARY)), _CONV_UNARY_ATTR,
+           AttrSpec("padding_end", "ints", None)),
     infer=_conv_infer, reference=_conv_reference, torch=_torch_conv, cost=_conv_cost, torch_prepare=_prepare,
     doc="conv2d(x, weight, bias) then binary(., other) then unary, as one oneDNN convolution with post-ops "
-        "(f32). other is the last operand when binary is not \"none\" and has the result's type. Made by "
+        "(f32). other is the last operand when binary is not \"none\" and has the result's type. padding is "
+        "the zeros before each spatial dim (top, left); padding_end, where given, those after (bottom, right: "
+        "a \"same\" pad of uneven sides merged in), else padding's. Made by "
         "the fuse-library pass (docs/codegen.md, \"Library kernels\"); the weight is kept packed while the "
         "caller passes the same tensor unchanged.",
 ))
@@ -800,7 +872,40 @@ def _all_f32(*vs: Value) -> bool:
     return all(v.type.dtype is f32 for v in vs)
 
 
+def _scalar_const(v: Value) -> float | None:
+    """The value of ``v`` where it is a scalar constant (a ``full`` of shape []), else None."""
+    p = v.producer
+    if p is None or p.op != "full" or v.type.shape != () or p.operands:
+        return None
+    return float(p.attrs["value"])
+
+
+def _take_steps(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
+    """A ``UNARY`` epilogue of ``steps`` (binary ops by scalar constants, ReLU6's maximum by 0
+    then minimum by 6) after ``y``, each step the one user of the value before."""
+    if not CLAMP_EPILOGUES:
+        return "none", y
+    for kind, u in CLAMPS.items():
+        if (op, (binary, kind)) not in CLAMP_KERNELS:
+            continue
+        v, taken = y, []
+        for step_op, c in u.steps:
+            n = sole_user(v)
+            other = None if n is None or n.op != step_op else _other_operand(n, v)
+            if other is None or _scalar_const(other) != c or n.results[0].type != y.type:
+                break
+            taken.append(n)
+            v = n.results[0]
+        else:
+            chain.extend(taken)
+            return kind, v
+    return "none", y
+
+
 def _take_unary(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
+    kind, v = _take_steps(op, binary, y, chain)
+    if kind != "none":
+        return kind, v
     u = sole_user(y)
     if u is None or len(u.operands) != 1 or len(u.results) != 1 or u.results[0].type != y.type:
         return "none", y
@@ -904,10 +1009,32 @@ def _fuse_conv(graph: Graph, node: Node) -> Node | None:
                 chain.append(u)
                 y = u.results[0]
     unary, y = _take_unary("conv2d_pointwise", binary, y, chain)
-    operands = [x, w] + ([bias] if bias is not None else []) + ([other] if other is not None else [])
     attrs = {k: node.attrs[k] for k in CONV_ATTRS}
+    pad = _zero_pad_of(x, node)
+    pad_node = x.producer
+    if pad is not None:
+        x, attrs["padding"], attrs["padding_end"] = pad
+    operands = [x, w] + ([bias] if bias is not None else []) + ([other] if other is not None else [])
     attrs.update(binary=binary, unary=unary)
-    return _replace_chain(graph, chain, "conv2d_pointwise", operands, attrs, before)
+    new = _replace_chain(graph, chain, "conv2d_pointwise", operands, attrs, before)
+    if pad is not None and pad_node is not None:
+        erase_if_dead(graph, pad_node)
+    return new
+
+
+def _zero_pad_of(x: Value, conv: Node) -> tuple[Value, list[int], list[int] | None] | None:
+    """Where ``x`` is a zero ``pad`` of the spatial dims only whose one user is ``conv``
+    (TensorFlow-style "same" padding, uneven sides): (the pad's input, the padding before,
+    the padding after or None where equal), the conv's own padding added; else None."""
+    p = x.producer
+    if p is None or p.op != "pad" or sole_user(x) is not conv or p.attrs["value"] != 0 or x.type.rank != 4:
+        return None
+    pads = list(p.attrs["pads"])
+    if pads[:4] != [0, 0, 0, 0] or len(conv.attrs["padding"]) != 2:
+        return None
+    ph, pw = conv.attrs["padding"]
+    begin, end = [ph + pads[4], pw + pads[6]], [ph + pads[5], pw + pads[7]]
+    return p.operands[0], begin, (None if end == begin else end)
 
 
 def _fuse_linear(graph: Graph, node: Node) -> Node | None:
