@@ -78,8 +78,9 @@ def aten_epilogue(y, binary: str, other, unary: str):
         y = OPS[b.op].torch([y, other], {})
     u = CONV_UNARY[unary]
     if u is not None and u.steps:
+        x = y
         for op, c in u.steps:
-            y = OPS[op].torch([y, torch.tensor(c, dtype=y.dtype)], {})
+            y = OPS[op].torch([y, x if c == "x" else torch.tensor(c, dtype=y.dtype)], {})
     elif u is not None:
         y = OPS[u.op].torch([y], dict(u.attrs))
     return y

@@ -43,12 +43,12 @@ from .jit import jit
 from .lowering import vector_width
 
 __all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS",
-           "CLAMP_ACTS"]
+           "CLAMP_ACTS", "hardswish_lines"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
 ACTS = ("none", "relu")
-# The clamps the kernel applies too (codegen/epilogue.py's CLAMPS): ReLU6.
-CLAMP_ACTS = ("relu6",)
+# The clamps the kernel applies too (codegen/epilogue.py's CLAMPS): ReLU6 and hardswish.
+CLAMP_ACTS = ("relu6", "hardswish")
 # How many tiles ahead a tile prefetches the input and result rows it will touch first.
 # How many tiles ahead a tile prefetches the input and result rows it will touch first
 # (1, 2, 4 and 8 measured level on the CNN; without, 5 to 7% slower on 32 channels at 64 x 64).
@@ -463,6 +463,23 @@ def _channel_loops(cfg: GemmConfig) -> list[str]:
     return out
 
 
+def hardswish_lines(tag: str, v: str, lanes: int) -> list[str]:
+    """IR giving ``tag`` = hardswish(``v``) = v * min(max(v + 3, 0), 6) / 6 on ``lanes`` floats,
+    step by step as the ops it replaces (NaN stays NaN)."""
+    vt = f"<{lanes} x float>"
+
+    def splat(c: float) -> str:
+        return "<" + ", ".join([f"float {c}"] * lanes) + ">"
+
+    return [f"  {tag}.a = fadd {vt} {v}, {splat(3.0)}",
+            f"  {tag}.n = fcmp olt {vt} {tag}.a, zeroinitializer",
+            f"  {tag}.b = select <{lanes} x i1> {tag}.n, {vt} zeroinitializer, {vt} {tag}.a",
+            f"  {tag}.s = fcmp ogt {vt} {tag}.b, {splat(6.0)}",
+            f"  {tag}.c = select <{lanes} x i1> {tag}.s, {vt} {splat(6.0)}, {vt} {tag}.b",
+            f"  {tag}.m = fmul {vt} {v}, {tag}.c",
+            f"  {tag} = fdiv {vt} {tag}.m, {splat(6.0)}"]
+
+
 def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
     """The tile written once (bias, other, activation, masked to the panel's columns), then
     the tile, panel and kernel ends."""
@@ -503,6 +520,9 @@ def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
                     a(f"  %ssix{r}_{v}{sfx} = fcmp ogt {vt} {val}, {six}")
                     a(f"  %sr6{r}_{v}{sfx} = select <{L} x i1> %ssix{r}_{v}{sfx}, {vt} {six}, {vt} {val}")
                     val = f"%sr6{r}_{v}{sfx}"
+                if act == "hardswish":
+                    out += hardswish_lines(f"%shs{r}_{v}{sfx}", val, L)
+                    val = f"%shs{r}_{v}{sfx}"
                 a(f"  %syp{r}_{v}{sfx} = getelementptr float, ptr %yr{r}{sfx}, i64 {v * L}")
                 a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}{sfx}, i32 4, <{L} x i1> %mask{v})")
             a(f"  br label %{nxt}")

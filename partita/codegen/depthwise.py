@@ -40,6 +40,7 @@ import threading
 from typing import Any
 
 from ..ops._lazy import torch
+from .conv import hardswish_lines
 from .cpu import split_on_team
 from .jit import jit
 from .lowering import vector_width
@@ -53,8 +54,8 @@ PARAMS = ["x", "w", "bias", "other", "y"]
 # The activations the kernel applies; silu and sigmoid on the inlined vector exp of
 # ``mathlib.exp_neg_ir`` (of -|v|, so never above 1), one division a vector.
 ACTS = ("none", "relu", "silu", "sigmoid")
-# The clamps it applies too (codegen/epilogue.py's CLAMPS): ReLU6.
-CLAMP_ACTS = ("relu6",)
+# The clamps it applies too (codegen/epilogue.py's CLAMPS): ReLU6 and hardswish.
+CLAMP_ACTS = ("relu6", "hardswish")
 # A row with more border columns than this (a kernel wider than the image) runs on the library:
 # each border column is code of its own.
 MAX_BORDER = 16
@@ -278,6 +279,10 @@ def _epilogue(e: _Emitter, bp: str, P: int, masked: bool) -> None:
             a(f"  %{bp}.six{p} = fcmp ogt {vt} {val}, {six}")
             a(f"  %{bp}.v6{p} = select <{L} x i1> %{bp}.six{p}, {vt} {six}, {vt} {val}")
             val = f"%{bp}.v6{p}"
+        elif e.act == "hardswish":
+            for line in hardswish_lines(f"%{bp}.hs{p}", val, L):
+                a(line)
+            val = f"%{bp}.hs{p}"
         elif e.act in ("silu", "sigmoid"):
             val = _sigmoid(e, f"{bp}.g{p}", val, e.act == "silu")
         e.store(val, f"%{bp}.q{p}", masked)

@@ -12,7 +12,8 @@ from typing import Any
 class Unary:
     """A unary epilogue: the partita op (and attributes) it stands for, and oneDNN's post-op
     (with its ``scalars``). An epilogue that is no one op (``op`` empty) stands for ``steps``:
-    binary ops by a scalar, applied in order (ReLU6: maximum by 0, then minimum by 6)."""
+    binary ops by a scalar, applied in order (ReLU6: maximum by 0, then minimum by 6), the
+    scalar "x" standing for the epilogue's input (hardswish's product)."""
 
     op: str
     attrs: dict = field(default_factory=dict)
@@ -46,6 +47,9 @@ UNARY: dict[str, Unary | None] = {
 # hardtanh post-op with its bounds as scalars.
 CLAMPS: dict[str, Unary] = {
     "relu6": Unary("", {}, "hardtanh", steps=(("maximum", 0.0), ("minimum", 6.0)), scalars=(0.0, 6.0)),
+    # hardswish (nn.Hardswish) as torch.export decomposes it: x * min(max(x + 3, 0), 6) / 6
+    "hardswish": Unary("", {}, "hardswish", steps=(("add", 3.0), ("maximum", 0.0), ("minimum", 6.0), ("mul", "x"),
+                                                   ("div", 6.0))),
 }
 # Every unary epilogue of conv2d_pointwise.
 CONV_UNARY: dict[str, Unary | None] = {**UNARY, **CLAMPS}

@@ -173,8 +173,9 @@ def _epilogue_ref(y: np.ndarray, binary: str, other: Any, unary: str) -> np.ndar
         y = _ref(b.op, [y, other], {}, y.dtype)
     u = CONV_UNARY[unary]
     if u is not None and u.steps:
+        x = y
         for op, c in u.steps:
-            y = _ref(op, [y, np.array(c, dtype=y.dtype)], {}, y.dtype)
+            y = _ref(op, [y, x if c == "x" else np.array(c, dtype=y.dtype)], {}, y.dtype)
     elif u is not None:
         y = _ref(u.op, [y], dict(u.attrs), y.dtype)
     return y
@@ -882,17 +883,20 @@ def _scalar_const(v: Value) -> float | None:
 
 def _take_steps(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
     """A ``UNARY`` epilogue of ``steps`` (binary ops by scalar constants, ReLU6's maximum by 0
-    then minimum by 6) after ``y``, each step the one user of the value before."""
+    then minimum by 6) after ``y``, each step the one user of the value before; a step by "x"
+    (hardswish's product) takes ``y`` itself, whose only other user is then the first step."""
     if not CLAMP_EPILOGUES:
         return "none", y
     for kind, u in CLAMPS.items():
         if (op, (binary, kind)) not in CLAMP_KERNELS:
             continue
         v, taken = y, []
+        twice = any(c == "x" for _, c in u.steps)
         for step_op, c in u.steps:
-            n = sole_user(v)
+            n = _first_step(y, step_op) if twice and v is y else sole_user(v)
             other = None if n is None or n.op != step_op else _other_operand(n, v)
-            if other is None or _scalar_const(other) != c or n.results[0].type != y.type:
+            if other is None or (other is not y if c == "x" else _scalar_const(other) != c) or \
+                    n.results[0].type != y.type:
                 break
             taken.append(n)
             v = n.results[0]
@@ -900,6 +904,15 @@ def _take_steps(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str,
             chain.extend(taken)
             return kind, v
     return "none", y
+
+
+def _first_step(y: Value, op: str) -> Node | None:
+    """Of an epilogue that reads its input twice (hardswish): ``y``'s user of ``op`` where ``y``
+    has two users, each reading it once, and is no graph output."""
+    if y.is_output or len(y.users) != 2 or any(c != 1 for c in y.users.values()):
+        return None
+    found = [n for n in y.users if n.op == op]
+    return found[0] if len(found) == 1 else None
 
 
 def _take_unary(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str, Value]:
