@@ -67,11 +67,12 @@ from .rotary import fuse_rotary
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
            "PREPACK", "packed_weight_stats"]
 
-# Whether fuse-library takes ReLU6 (``CLAMPS``: maximum by 0, then minimum by 6) after a
-# convolution as its "relu6" epilogue; off unless PARTITA_CLAMP_EPILOGUES=1 (read when the pass
-# runs): taken, a MobileNet's convolutions hand their results straight to each other and the
-# layout pass has no elementwise op left to move (tests/codegen/test_layout.py's MobileNet region).
-CLAMP_EPILOGUES = os.environ.get("PARTITA_CLAMP_EPILOGUES", "0") == "1"
+# Whether fuse-library takes ReLU6 and hardswish (``CLAMPS``) after a convolution as its
+# "relu6" / "hardswish" epilogue: on unless PARTITA_CLAMP_EPILOGUES=0 (read when the pass runs).
+# Taken, a MobileNet's convolutions hand their results straight to each other (mobilenet_v1 of
+# the zoo: 109 steps -> 29, 0.58 of its time without them; docs/codegen.md), and the layout pass
+# has no elementwise op left to move there.
+CLAMP_EPILOGUES = os.environ.get("PARTITA_CLAMP_EPILOGUES", "1") != "0"
 
 # Whether prepared steps keep packed weights (the benchmark turns it off to measure what
 # packing buys; read when a program is prepared).

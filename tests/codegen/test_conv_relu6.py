@@ -4,8 +4,8 @@ hardswish (x * min(max(x + 3, 0), 6) / 6) as the ``relu6`` and ``hardswish`` epi
 and a small-channel convolution, the reference interpreter agrees before and after, the
 generated direct and depthwise kernels apply it in their store (NaN stays NaN), oneDNN as its
 hardtanh post-op and ATen as the two ops; every kernel a node may pick gives torch's results.
-A clamp to other bounds is left to fuse-kernels, and so is ReLU6 unless ``CLAMP_EPILOGUES`` is on
-(PARTITA_CLAMP_EPILOGUES=1)."""
+A clamp to other bounds is left to fuse-kernels, and so is ReLU6 with ``CLAMP_EPILOGUES`` off
+(PARTITA_CLAMP_EPILOGUES=0; on by default)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_the_generated_kernels_clamp_in_their_store_and_nan_stays_nan():
     assert float((y[ok] - want[ok]).abs().max()) < 1e-4
 
 
-def test_off_by_default_relu6_is_left_to_the_fused_kernels(monkeypatch):
+def test_switched_off_relu6_is_left_to_the_fused_kernels(monkeypatch):
     monkeypatch.setattr(library, "CLAMP_EPILOGUES", False)
     _, g, x, want = _graphs()
     assert {n.attrs["unary"] for n in g.nodes if n.op == "conv2d_pointwise"} == {"none"}

@@ -1,0 +1,205 @@
+"""Where a zoo model's time goes: partita's import path step by step beside ONNX Runtime's nodes.
+
+One model of bench/zoo_models.py is imported (``import_torch``, bench_zoo's IMPORT_PIPELINE,
+``CompiledProgram(freeze=True)``, as bench_zoo.py's import path) and exported for ORT (a
+TorchScript export, opset 17, as bench_zoo.py). The two are called in turn ``--calls`` times
+after warm-up calls; each of partita's steps (the constant ones excepted) is timed on every call
+and its median kept, and ORT's own profiler gives each node's median. Medians, not sums, so that
+a moment when the machine is busy elsewhere does not land on one op. Printed: the wall medians,
+partita's steps per op (count, us, us a step) and ORT's nodes per op type, and with ``-v`` every
+step with its operand shapes. ``--dispatch`` also times the program with every step replaced by
+one returning its recorded result: the executor's own cost per call (its generated function,
+input conversion), apart from what the steps do.
+
+Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch]
+(one thread; PARTITA_CACHE_DIR=<a copy of the kernel cache without choices.json> makes the
+convolutions measure their kernel choice afresh).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import bench_codegen as B  # noqa: E402
+import bench_zoo as Z  # noqa: E402
+import zoo_models as ZM  # noqa: E402
+
+
+def median(v: list[float]) -> float:
+    return statistics.median(v) if v else 0.0
+
+
+def build(name: str, tmp: Path) -> tuple[Any, Callable[[], Any], Any, dict[str, Any]]:
+    """(the CompiledProgram, a call of it, an ORT session with profiling on, ORT's feeds)."""
+    import onnxruntime as ort
+
+    import partita
+    from partita.codegen import CompiledProgram
+
+    by_name = {m.name: m for m in ZM.MODELS}
+    if name not in by_name:
+        raise SystemExit(f"zoo_profile: no zoo model {name!r}; the models: {', '.join(sorted(by_name))}")
+    case = Z.Case(by_name[name], tmp)
+    with Z.quiet():
+        g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
+    prog = CompiledProgram(g, freeze=True)
+    weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+    args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
+    Z.ort_session(case, 1)   # writes the export
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+    so.enable_profiling, so.profile_file_prefix = True, str(tmp / "ort-profile")
+    sess = ort.InferenceSession(str(tmp / f"{name}-time.onnx"), so, providers=["CPUExecutionProvider"])
+    feeds = {i.name: case.tensors[i.name].numpy() for i in sess.get_inputs()}
+    return prog, (lambda: prog(args, weights)), sess, feeds
+
+
+def profile(prog: Any, call: Callable[[], Any], sess: Any, feeds: dict, calls: int) -> tuple[dict, dict, list]:
+    """Wall medians, per-step times of partita and per-node times of ORT over ``calls`` turns."""
+    from partita.backend.torch_exec import ConstantStep
+
+    tp = B._torch_program(prog)
+    with torch.inference_mode():
+        for _ in range(10):
+            call()
+            sess.run(None, feeds)
+    orig = list(tp.steps)
+    times: dict[int, list[float]] = defaultdict(list)
+    clock = time.perf_counter
+
+    def timed(k: int, fn: Callable) -> Callable:
+        def step(a: Any, at: Any) -> Any:
+            t0 = clock()
+            r = fn(a, at)
+            times[k].append(clock() - t0)
+            return r
+        return step
+
+    tp.steps[:] = [(st[0] if type(st[0]) is ConstantStep else timed(k, st[0]), *st[1:]) for k, st in enumerate(orig)]
+    walls: dict[str, list[float]] = {"partita": [], "ort": []}
+    try:
+        with torch.inference_mode():
+            for _ in range(calls):
+                t0 = clock()
+                call()
+                walls["partita"].append(clock() - t0)
+                t0 = clock()
+                sess.run(None, feeds)
+                walls["ort"].append(clock() - t0)
+    finally:
+        tp.steps[:] = orig
+    nodes: dict[tuple, list[float]] = defaultdict(list)
+    for e in json.loads(Path(sess.end_profiling()).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            nodes[(e["name"][:-len("_kernel_time")], e["args"].get("op_name", "?"))].append(e["dur"] / 1e3)
+    return walls, {k: median(v) * 1e3 for k, v in times.items()}, [(op, median(v)) for (_, op), v in nodes.items()]
+
+
+def dispatch_ms(prog: Any, call: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """Median ms a call of the program as it is and with every step returning its recorded
+    result at once (what is left is the executor's own cost)."""
+    tp = B._torch_program(prog)
+    orig = list(tp.steps)
+    seen: dict[int, Any] = {}
+
+    def recorder(k: int, fn: Callable) -> Callable:
+        def step(a: Any, at: Any) -> Any:
+            seen[k] = r = fn(a, at)
+            return r
+        return step
+
+    class Recorded:
+        __slots__ = ("value",)
+
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+        def __call__(self, a: Any, at: Any) -> Any:
+            return self.value
+
+    out = {"real": [], "noop": []}
+    with torch.inference_mode():
+        tp.steps[:] = [(recorder(k, st[0]), *st[1:]) for k, st in enumerate(orig)]
+        call()
+        noop = [(Recorded(seen.get(k)), *st[1:]) for k, st in enumerate(orig)]
+        try:
+            for _ in range(5):
+                for key, steps in (("noop", noop), ("real", orig)):
+                    tp.steps[:] = steps
+                    for _ in range(3):
+                        call()
+                    for _ in range(max(1, calls // 5)):
+                        t0 = time.perf_counter()
+                        call()
+                        out[key].append(time.perf_counter() - t0)
+        finally:
+            tp.steps[:] = orig
+    return median(out["real"]) * 1e3, median(out["noop"]) * 1e3
+
+
+def report(name: str, prog: Any, walls: dict, steps: dict, nodes: list, verbose: bool) -> None:
+    from partita.backend.torch_exec import ConstantStep
+
+    tp = B._torch_program(prog)
+    print(f"{name}: wall medians, partita {median(walls['partita']) * 1e3:.3f} ms, ORT {median(walls['ort']) * 1e3:.3f} ms")
+    by_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    total = 0.0
+    for k, st in enumerate(tp.steps):
+        if k not in steps:
+            continue
+        n = st[7]
+        op = n.op + (f"+{n.attrs['unary']}" if n.attrs.get("unary", "none") != "none" else "")
+        by_op[op][0] += steps[k]
+        by_op[op][1] += 1
+        total += steps[k]
+        if verbose:
+            shapes = str([tuple(v.type.shape) for v in n.operands][:3])
+            print(f"  {k:4d} {op:28s} {shapes:56s} {steps[k] * 1e3:8.1f} us")
+    constant = sum(1 for st in tp.steps if type(st[0]) is ConstantStep)
+    print(f"partita: {len(tp.steps)} steps ({constant} constant), sum of step medians {total:.3f} ms")
+    for op, (ms, c) in sorted(by_op.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {op:30s} {c:4d} steps {ms * 1e3:9.1f} us ({ms * 1e3 / c:6.1f} us a step)")
+    by_type: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for op, ms in nodes:
+        by_type[op][0] += ms
+        by_type[op][1] += 1
+    print(f"ORT: {len(nodes)} nodes, sum of node medians {sum(ms for _, ms in nodes):.3f} ms")
+    for op, (ms, c) in sorted(by_type.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {op:30s} {c:4d} nodes {ms * 1e3:9.1f} us ({ms * 1e3 / c:6.1f} us a node)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a model of bench/zoo_models.py")
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("-v", "--verbose", action="store_true", help="every step with its operand shapes")
+    ap.add_argument("--dispatch", action="store_true", help="also the executor's own cost a call")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as work:
+        prog, call, sess, feeds = build(args.model, Path(work))
+        walls, steps, nodes = profile(prog, call, sess, feeds, args.calls)
+        report(args.model, prog, walls, steps, nodes, args.verbose)
+        if args.dispatch:
+            real, noop = dispatch_ms(prog, call, args.calls)
+            n = len(B._torch_program(prog).steps)
+            print(f"executor: {real:.3f} ms a call as it is, {noop:.3f} ms with every step's result recorded "
+                  f"({noop * 1e3 / max(n, 1):.2f} us a step of its own)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
