@@ -31,10 +31,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..ir.parser import parse_file
     from ..ir.verifier import verify
 
-    if args.mesh or args.nproc or args.strategy:
+    if args.mesh or args.nproc or args.strategy or isinstance(args.plan, str):
         from .run_parallel import RunError, cmd_run_parallel
 
-        if not args.mesh:
+        if not args.mesh and not isinstance(args.plan, str):
             raise RunError("a parallel run needs --mesh (e.g. --mesh dp=2,tp=2); --nproc and --strategy go with it")
         return cmd_run_parallel(args)
     graph = parse_file(args.file)

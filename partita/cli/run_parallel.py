@@ -38,7 +38,9 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                    help="learning rate with --train (default 1e-3)")
     g.add_argument("--steps", type=int_arg(1), default=3, help="steps to run (default 3)")
     g.add_argument("--check", action="store_true", help="compare every step with the single-device graph")
-    g.add_argument("--plan", action="store_true", help="print the full plan (every collective and placement)")
+    g.add_argument("--plan", nargs="?", const=True, default=None, metavar="PLAN.json",
+                   help="alone: print the full plan (every collective and placement); with a file written by "
+                        "'partita plan -o': run that plan (its mesh, strategy, pipeline and recomputation)")
     g.add_argument("--plan-json", metavar="FILE", help="write the plan as JSON")
     g.add_argument("--show-rank", type=int_arg(0), metavar="R", help="print the per-rank program (every rank runs it)")
     g.add_argument("--checkpoint", metavar="DIR", help="save the final params as a sharded checkpoint in DIR")
@@ -69,6 +71,31 @@ def cmd_run_parallel(args: argparse.Namespace) -> int:
     return _run_parallel(args)
 
 
+def apply_plan_file(args: argparse.Namespace, fwd: Any) -> dict[str, Any]:
+    """``--plan PLAN.json``: its mesh, strategy and pipeline options into ``args`` (a forward graph
+    is trained with adamw unless --train says otherwise): the plan and the recomputation to build with."""
+    if not isinstance(args.plan, str):
+        return {}
+    from ..parallel.pipeline.build import is_training
+    from ..planning import Plan, PlanError
+
+    if args.mesh or args.strategy or args.stages or args.microbatches or args.schedule or args.virtual_stages:
+        raise RunError(f"--plan {args.plan}: the plan names the mesh, strategy and pipeline options; drop --mesh, "
+                       "--strategy and the pipeline options, or drop --plan")
+    try:
+        plan = Plan.from_json(Path(args.plan).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RunError(f"--plan {args.plan}: cannot read it ({e.strerror}); give the file 'partita plan -o' wrote")
+    except PlanError as e:
+        raise RunError(f"--plan {args.plan}: {e}") from None
+    args.mesh, args.strategy, args.plan = plan.mesh, plan.strategy, None
+    print(f"plan {plan.describe()}")
+    if is_training(fwd):
+        return {"plan": plan}
+    args.train = args.train or "adamw"
+    return {"plan": plan, "recompute": plan.recompute}
+
+
 def _run_parallel(args: argparse.Namespace) -> int:
     from .. import training_step
     from .common import require_weights
@@ -81,6 +108,8 @@ def _run_parallel(args: argparse.Namespace) -> int:
     fwd = parse_file(args.file)
     verify(fwd)
     require_weights(fwd, args.file)
+    planned = apply_plan_file(args, fwd)
+    recompute = {"recompute": planned["recompute"]} if planned.get("recompute", "none") != "none" else {}
     graph = fwd
     classes = None
     if args.train:
@@ -96,7 +125,7 @@ def _run_parallel(args: argparse.Namespace) -> int:
             if n:
                 print(f"split-projections: {n} fused projection(s) split into one per piece (params renamed "
                       "<name>.split<i>), so tensor parallelism can split them")
-        graph = training_step(fwd, loss=loss, optimizer=args.train, **opts)
+        graph = training_step(fwd, loss=loss, optimizer=args.train, **opts, **recompute)
     annotations = {}
     for a in args.annotate:
         name, sep, placement = a.partition("=")
@@ -111,7 +140,9 @@ def _run_parallel(args: argparse.Namespace) -> int:
         parts = [x.strip() for x in args.stages.split(",") if x.strip()]
         pipeline["stages"] = [int(x) for x in parts] if all(x.isdigit() for x in parts) else parts
     t0 = time.perf_counter()
-    prog = parallelize(graph, args.mesh, args.strategy, annotations or None,
+    if planned:
+        pipeline = {"plan": planned["plan"]}
+    prog = parallelize(graph, None if planned else args.mesh, None if planned else args.strategy, annotations or None,
                        allow_replication=args.allow_replication, **pipeline)
     timings = prog.plan.timings
     print(f"parallelize @{graph.name} for {prog.mesh} with {prog.strategy}: {time.perf_counter() - t0:.2f} s "
