@@ -297,3 +297,53 @@ def test_cp_with_pp_on_gloo_processes_matches_one_device(strategy):
     res = partita.launch(prog, 4, batches, weights=weights, check=True, timeout_s=120)
     assert res.passed, [(c.step, c.worst, c.worst_output) for c in res.checks]
     assert [c.step for c in res.checks] == [1, 2]
+
+
+# The pipeline passes the rotary tables between stages (rather than making them again) from
+# this size on.
+NAMED_SEQ = 64
+
+
+def named_llama_step() -> Graph:
+    """The named-model builder's Llama (rotary tables from the sequence) at a tiny size, in
+    bf16 with f32 master weights as the Llama 3 rows of bench_simulate.py train."""
+    from partita.models.named import NamedModel
+
+    m = NamedModel("tiny-llama3", "llama", 8, 128, 8, 64, NAMED_SEQ, 4, kv_heads=4, ffn=256, rope_theta=500000.0)
+    return partita.training_step(m.build(seq=NAMED_SEQ, batch=4, dtype="bf16"), loss="cross_entropy", optimizer="adamw",
+                                 master_weights=True)
+
+
+@pytest.mark.parametrize("mesh,strategy", [
+    ("cp=2", "cp"), ("pp=2,cp=2", "pp+cp"), ("pp=2,cp=2,tp=2", "pp+megatron+cp"), ("pp=2,cp=2", "pp+cp-ring"),
+])
+def test_named_llama_with_interleaved_pp_and_cp_matches_one_device(mesh, strategy):
+    """The interleaved pipeline passes the rotary cos/sin tables ([1, 1, seq, head_dim], made
+    from the sequence's positions) from stage to stage: both ends take the rank's rows of
+    them, and the step equals one device's (bf16: within bf16's rounding)."""
+    step = named_llama_step()
+    kw = dict(microbatches=2, schedule="interleaved", virtual_stages=2) if "pp" in strategy else {}
+    prog = parallelize(step, mesh, strategy, **kw)
+    feed, weights = feed_and_weights(step, seq=NAMED_SEQ)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 3e-2, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
+    if "pp" in strategy:
+        tables = [n.results[0].type.shape for g in prog.rank_graphs() for n in g.nodes
+                  if n.op == "recv" and len(n.results[0].type.shape) == 4]
+        assert tables and all(s[2] == NAMED_SEQ // 2 for s in tables), tables
+
+
+@pytest.mark.parametrize("mesh,strategy,kw", [("cp=2", "cp", {}), ("pp=2,cp=2", "pp+cp", {"microbatches": 2})])
+def test_cp_constant_position_table_takes_the_rank_rows(mesh, strategy, kw):
+    """A rotary table folded to a constant (whole along the sequence, made from positions
+    alone) is cut to the rows of the rank's two chunks where it meets the rank's tokens."""
+    from partita.passes.fold import FoldConstants
+
+    g = partita.models.llama(2, 32, 4, SEQ, 64, kv_heads=2, batch=4, dtype="f32")
+    FoldConstants().run(g)
+    assert not any(n.op == "iota" for n in g.nodes)
+    step = partita.training_step(g, loss="cross_entropy", optimizer="adamw")
+    prog = parallelize(step, mesh, strategy, **kw)
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"

@@ -164,6 +164,9 @@ class SeqRewrite:
         self.names: dict[Value, str] = {}
         self.phase = "forward"
         self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
+        self.tokens: set[Value] = set()  # the batch inputs ([batch, seq, ...])
+        self.positional: dict[Value, bool] = {}  # an old value -> whether it depends on positions alone
+        self.rows_taken: dict[tuple[Value, int], Value] = {}  # (value, dim) -> this rank's rows of it
 
     # --- helpers -------------------------------------------------------------------------
     def emit(self, op: str, *operands: Value, **attrs: Any) -> Value:
@@ -195,7 +198,7 @@ class SeqRewrite:
         return self.emit("reshape", row, shape=table.shape[1:])
 
     def positions(self) -> Value:
-        """This rank's original positions, i64 ``[S/cp]`` (made once, at the program's start)."""
+        """This rank's original positions, i64 ``[S/cp]`` (made once, where first read)."""
         if self.pos is None:
             from ...ir.attrs import DenseAttr
 
@@ -234,10 +237,9 @@ class SeqRewrite:
         first = old[0] if old else None
         if first is not None:
             self.b.set_insertion_before(first)
-        for v in g.inputs:
-            if v.role == "input" and v.type.rank >= 2 and v.type.shape[1] == self.seq:
-                nv = self.emit("index_select", v, self.positions(), axis=1)
-                self.env[v], self.dim[nv] = nv, (1, 1)
+        # The batch inputs are permuted where they are first read (so that a pipeline template
+        # section that reads them makes them, and the positions, for itself).
+        self.tokens = {v for v in g.inputs if v.role == "input" and v.type.rank >= 2 and v.type.shape[1] == self.seq}
         from ...autodiff.recompute import backward_start
 
         start = backward_start(g)
@@ -258,6 +260,11 @@ class SeqRewrite:
             self.notes.append(f"cp collective x{n}: {why}")
 
     def get(self, v: Value) -> Value:
+        """The value standing for ``v`` in the rewritten program (a batch input: its rank's
+        tokens, permuted here at its first reading)."""
+        if v in self.tokens and v not in self.env:
+            nv = self.emit("index_select", v, self.positions(), axis=1)
+            self.env[v], self.dim[nv] = nv, (1, 1)
         return self.env.get(v, v)
 
     def node(self, node: Node) -> None:
@@ -270,9 +277,14 @@ class SeqRewrite:
             nv = p if attrs["dtype"] == i64 else self.emit("cast", p, dtype=attrs["dtype"])
             self.bind(node, [nv], [(0, 1)])
             return
-        if op == "recv" and self.carries_tokens(node):
-            attrs["shape"] = self.local_shape(attrs["shape"], 1)
-            self.bind(node, self.emit_like(node, ins, attrs), [(1, 1)])
+        if op == "recv" and self.token_dim(node) is not None:
+            k = self.token_dim(node)
+            assert k is not None
+            attrs["shape"] = self.local_shape(attrs["shape"], k)
+            self.bind(node, self.emit_like(node, ins, attrs), [(k, 1)])
+            return
+        if op == "send":
+            self.op_send(node, ins, seqd, attrs)
             return
         if all(d is None for d in seqd) and op not in ("attention", "attention_grad"):
             self.bind(node, self.emit_like(node, ins, attrs), [None] * len(node.results))
@@ -288,12 +300,58 @@ class SeqRewrite:
             raise StrategyError(f"strategy cp: the op {op} of the per-rank program reads a value split along the "
                                 f"sequence ({', '.join(str(v.type) for v in ins)}) and cp has no rule for it")
 
-    def carries_tokens(self, node: Node) -> bool:
-        """Whether a pipeline recv brings a microbatch's activations or their gradients,
-        ``[batch, seq, ...]`` (split along the sequence like the value its peer sends)."""
-        shape = node.attrs["shape"]
-        return re.match(r"(activation|gradient) \d", node.attrs.get("tag", "")) is not None and len(shape) >= 2 \
-            and shape[1] == self.seq
+    def token_dim(self, node: Node) -> int | None:
+        """The sequence dim of what a pipeline send or recv carries between stages: a
+        microbatch's activations or gradients (``[batch, seq, ...]``) or a position table made
+        from the sequence (``[1, 1, seq, head_dim]``, a rotary cos/sin): the first dim of the
+        sequence's length, dim 1 first (dim 0 last, the batch); None when no dim has it. Both
+        ends of a transfer take the same dim (the send checks that its value is split there)."""
+        shape = node.attrs["shape"] if node.op == "recv" else node.operands[0].type.shape
+        if re.match(r"(activation|gradient) \d", node.attrs.get("tag", "")) is None or len(shape) < 2:
+            return None
+        for k in [*range(1, len(shape)), 0]:
+            if shape[k] == self.seq:
+                return k
+        return None
+
+    def position_only(self, v: Value) -> bool:
+        """Whether ``v`` depends on positions alone: computed from constants, ``iota``s and
+        ``full``s, no graph input or received value in its making (a rotary table, a mask
+        built from shapes)."""
+        known = self.positional
+        todo = [v]
+        while todo:
+            x = todo[-1]
+            if x in known:
+                todo.pop()
+                continue
+            p = x.producer
+            if p is None or p.op == "axis_index" or self.has_effects(p):
+                known[x] = False
+                todo.pop()
+                continue
+            pending = [o for o in p.operands if o not in known]
+            if pending:
+                todo.extend(pending)
+                continue
+            known[x] = all(known[o] for o in p.operands)
+            todo.pop()
+        return known[v]
+
+    @staticmethod
+    def has_effects(node: Node) -> bool:
+        """Whether ``node`` communicates, draws random numbers or does io (a recv, a dropout mask)."""
+        e = OPS[node.op].effects
+        return bool(e(node.attrs) if callable(e) else e)
+
+    def own_rows(self, new: Value, k: int) -> Value:
+        """The rows of this rank's positions (its two chunks) of a position-only value whole
+        along the sequence dim ``k``: ``index_select`` of the rank's positions."""
+        key = (new, k)
+        if key not in self.rows_taken:
+            self.rows_taken[key] = self.emit("index_select", new, self.positions(), axis=k)
+            self.dim[self.rows_taken[key]] = (k, 1)
+        return self.rows_taken[key]
 
     def keep_identity(self, results: dict[Node, list[Value]]) -> None:
         """Give the rewritten program the old nodes and values back (erased, with their old
@@ -363,11 +421,15 @@ class SeqRewrite:
                     raise StrategyError(f"strategy cp: {node.op} combines operands split along different dims")
                 out = nd
         assert out is not None
-        for v, d, o in zip(ins, seqd, node.operands):
+        for i, (v, d, o) in enumerate(zip(ins, seqd, node.operands)):
             k = out[0] - (r - o.type.rank)
             if d is None and 0 <= k < o.type.rank and o.type.shape[k] != 1:
+                if o.type.shape[k] == self.seq and out[1] == 1 and self.position_only(o):
+                    ins[i] = self.own_rows(v, k)
+                    continue
                 raise StrategyError(f"strategy cp: {node.op} reads {o.type}, which is whole along the sequence "
-                                    f"dim {k}, with a value split along it; cp cannot split it")
+                                    f"dim {k}, with a value split along it; cp cannot split it (it takes the rows of "
+                                    "its positions only of a value made from positions alone: constants, iota)")
         self.bind(node, self.emit_like(node, ins, attrs), [out] * len(node.results))
 
     def op_rows(self, node: Node, ins, seqd, attrs) -> None:
@@ -408,7 +470,19 @@ class SeqRewrite:
         self.bind(node, outs, dims)
 
     def op_send(self, node: Node, ins, seqd, attrs) -> None:
-        """A pipeline send of this rank's tokens: the peer's recv takes the same piece."""
+        """A pipeline send: of this rank's tokens where it carries a sequence dim (the peer's
+        recv takes the same piece, ``token_dim``), a position-only value whole along it cut
+        to this rank's rows first."""
+        k, d = self.token_dim(node), seqd[0]
+        src = node.operands[0]
+        if k is not None and d is None and self.position_only(src):
+            ins = [self.own_rows(ins[0], k), *ins[1:]]
+        elif d != (None if k is None else (k, 1)):
+            held = "whole" if d is None else f"split along dim {d[0]}" + (f" (stride {d[1]})" if d[1] != 1 else "")
+            want = "whole" if k is None else f"split along dim {k}"
+            raise StrategyError(f"strategy cp: the pipeline sends {src.type} ({node.attrs.get('tag', '')}) {held}, "
+                                f"but its receiver takes it {want} (the first dim of the sequence's length {self.seq}); "
+                                "cp splits only token values and position tables passed between stages")
         self.emit_like(node, ins, attrs)
 
     def op_all_gather(self, node: Node, ins, seqd, attrs) -> None:
