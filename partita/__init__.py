@@ -25,6 +25,7 @@ from . import autodiff as _autodiff  # noqa: F401,E402  (vjp rules; grad and opt
 from . import parallel as _parallel  # noqa: F401,E402  (sharding rules)
 from . import models  # noqa: F401,E402  (partita.models.gpt, partita.models.llama)
 from .planning.plan import Plan  # noqa: E402  (partita.plan's result; the package is partita/planning)
+from .view import view  # noqa: E402  (partita.view(obj, "out.html"): the function; its package is partita.view)
 
 __version__ = "0.1.0"
 

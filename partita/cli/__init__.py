@@ -16,13 +16,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import calibrate, cluster, demo, import_, ops, opt, plan, run, simulate, train, verify
+from . import calibrate, cluster, demo, import_, ops, opt, plan, run, simulate, train, verify, view
 from .common import EXIT_USAGE, run_command
 
 __all__ = ["main", "build_parser"]
 
 # In the order of 'partita --help'.
-COMMANDS = (import_, opt, verify, run, demo, ops, train, simulate, plan, cluster, calibrate)
+COMMANDS = (import_, opt, verify, run, demo, ops, train, simulate, plan, cluster, calibrate, view)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,54 @@
+"""``partita.view(obj, "out.html")``: one self-contained HTML page (no network request) that
+shows a graph (module groups collapsed to layers, search, each node's ``.pir`` line, types,
+placement and source), a parallel program (placed graph beside the per-rank program, each
+collective and why it exists, placements on the mesh), a pipeline schedule (Gantt chart per
+rank) and a simulation (per-rank streams, waits, memory). See docs/view.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..ir.diagnostics import PartitaError
+from .data import DETAIL_LIMIT, page_data
+from .page import render_page
+
+__all__ = ["view", "ViewError", "DETAIL_LIMIT", "page_data", "render_page"]
+
+KNOWN = "a Graph (a .pir file), a ParallelProgram or PipelineProgram (partita.parallelize) or a SimResult " \
+        "(partita.cluster.simulate)"
+
+
+class ViewError(PartitaError):
+    """A view that cannot be written (the message says what to change)."""
+
+
+def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, title: str | None = None,
+         detail_limit: int = DETAIL_LIMIT) -> str:
+    """Write the page of ``obj`` to ``path`` and return the path. ``sim``: a SimResult of
+    ``obj`` shown as its timeline; ``detail_limit``: graphs with more nodes show their layers
+    only (the page says so)."""
+    try:
+        data = page_data(obj, detail_limit=detail_limit, sim=sim)
+    except TypeError:
+        raise ViewError(f"view: cannot show a {type(obj).__name__}; give {KNOWN}") from None
+    name = title or _title(obj)
+    text = render_page(data, name)
+    p = os.fspath(path)
+    try:
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ViewError(f"view: cannot write {p}: {e.strerror or e} (give a path in a folder you can write)") from None
+    return p
+
+
+def _title(obj: Any) -> str:
+    """A page title from the object: the graph's name, the mesh and strategy."""
+    g = getattr(obj, "name", None)
+    if isinstance(g, str):
+        return f"@{g}"
+    mesh = getattr(obj, "mesh", None)
+    strategy = getattr(obj, "strategy", None)
+    return " ".join(str(x) for x in (type(obj).__name__, mesh, strategy) if x is not None)

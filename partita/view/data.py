@@ -1,0 +1,209 @@
+"""The JSON a view page embeds: a graph (nodes, edges, module scopes, ``.pir`` lines), a
+parallel program's plan (collectives, placements, mesh), a pipeline schedule as bars per
+rank, and a simulation's per-rank streams and memory.
+
+Everything is plain lists and dicts, shaped to be small: a graph's nodes are columns (op,
+scope and file as indices into tables), so a 10^5-node graph stays a few MB.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir.graph import Graph, Value
+from ..ir.printer import format_placed_type, format_type, print_graph_lines
+
+# Above this many nodes a graph's page keeps only its layers (no per-node lines): the page
+# says so and shows the layer view.
+DETAIL_LIMIT = 150_000
+# A simulation's timeline keeps at most this many spans (layer spans; op spans when few).
+MAX_SPANS = 60_000
+
+
+def placement_json(v: Value) -> dict | None:
+    """A value's placement as ``{"dims": [[axes], ...], "partial": [axes]}`` (None: unplaced)."""
+    p = v.placement
+    if p is None:
+        return None
+    return {"dims": [list(a) for a in p.dims], "partial": list(p.partial)}
+
+
+class _Table:
+    """Strings interned to indices (op names, scopes, files)."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.index: dict[str, int] = {}
+
+    def __call__(self, s: str) -> int:
+        i = self.index.get(s)
+        if i is None:
+            i = self.index[s] = len(self.items)
+            self.items.append(s)
+        return i
+
+
+def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "") -> dict:
+    """The page data of one graph: per node its op, scope, results, operands (edges) and, when
+    the graph is within ``detail_limit`` nodes, its ``.pir`` line and types."""
+    nodes = list(graph.nodes)
+    detail = len(nodes) <= detail_limit
+    lines, node_lines = print_graph_lines(graph) if detail else ([], {})
+    from ..ir.printer import value_names
+
+    names = value_names(graph) if detail else {}
+    ops, scopes, files = _Table(), _Table(), _Table()
+    where: dict[Value, int] = {}
+    for i, v in enumerate(graph.inputs):
+        where[v] = -1 - i
+    cols: dict[str, list] = {"op": [], "scope": [], "in": []}
+    if detail:
+        cols.update({"line": [], "name": [], "type": [], "file": [], "lineno": [], "rc": []})
+    for i, n in enumerate(nodes):
+        for r in n.results:
+            where[r] = i
+        loc = n.loc
+        cols["op"].append(ops(n.op))
+        cols["scope"].append(scopes(loc.scope if loc is not None else ""))
+        cols["in"].append(sorted({where[o] for o in n.operands if o in where and where[o] >= 0}))
+        if detail:
+            li = node_lines.get(n)
+            cols["line"].append(lines[li].strip() if li is not None else "")
+            cols["name"].append(" ".join(names.get(r, "") for r in n.results))
+            cols["type"].append(" ".join(format_placed_type(r.type, r.placement) for r in n.results))
+            cols["file"].append(files(loc.file) if loc is not None else -1)
+            cols["lineno"].append(loc.line if loc is not None else 0)
+            cols["rc"].append(loc.recompute if loc is not None else "")
+    out: dict[str, Any] = {"title": title or f"@{graph.name}", "n": len(nodes), "detail": detail,
+                           "detail_limit": detail_limit, "ops": ops.items, "scopes": scopes.items,
+                           "files": files.items, **cols}
+    if detail:
+        out["inputs"] = [{"name": names.get(v, v.name or ""), "role": v.role,
+                          "type": format_placed_type(v.type, v.placement)} for v in graph.inputs]
+        out["placements"] = {str(i): p for i, n in enumerate(nodes) if n.results
+                             for p in [placement_json(n.results[0])] if p is not None}
+        out["input_placements"] = {str(i): p for i, v in enumerate(graph.inputs)
+                                   for p in [placement_json(v)] if p is not None}
+    return out
+
+
+def mesh_json(mesh: Any) -> dict:
+    """A mesh as ``{"names": [...], "shape": [...]}``."""
+    return {"names": list(mesh.names), "shape": list(mesh.shape)}
+
+
+def plan_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
+    """A ParallelProgram: its placed graph, its per-rank program, the mesh and each collective
+    of the plan with why it exists."""
+    colls = []
+    for c in prog.plan.collectives:
+        colls.append({k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
+                      for k, v in c.items()})
+    return {"mesh": mesh_json(prog.mesh), "strategy": str(prog.plan.strategy),
+            "global": graph_json(prog.graph, detail_limit=detail_limit, title="placed graph (single device)"),
+            "local": graph_json(prog.local, detail_limit=detail_limit, title="per-rank program"),
+            "collectives": colls, "notes": list(prog.plan.notes),
+            "comm_bytes": prog.plan.comm_bytes}
+
+
+def schedule_bars(schedule: Any) -> list[list[dict]]:
+    """Each pipeline rank's actions as bars ``{k, mb, c, s, e}`` in unit time (F 1, B 2 or
+    B 1 and W 1 when the backward is split), each started when its inputs are ready."""
+    dur = {"F": 1.0, "B": 1.0 if schedule.split else 2.0, "W": 1.0}
+    done: dict[tuple[str, int, int], float] = {}
+    chunks = schedule.stages * schedule.virtual
+    bars: list[list[dict]] = [[] for _ in schedule.actions]
+    pos = [0] * len(schedule.actions)
+    clock = [0.0] * len(schedule.actions)
+    progress = True
+    while progress:
+        progress = False
+        for p, acts in enumerate(schedule.actions):
+            while pos[p] < len(acts):
+                a = acts[pos[p]]
+                deps = _action_deps(a.kind, a.chunk, a.mb, chunks, schedule.forward_only)
+                if any(d not in done for d in deps):
+                    break
+                start = max([clock[p], *(done[d] for d in deps)])
+                end = start + dur.get(a.kind, 1.0)
+                done[(a.kind, a.chunk, a.mb)] = end
+                clock[p] = end
+                bars[p].append({"k": a.kind, "mb": a.mb, "c": a.chunk, "s": start, "e": end})
+                pos[p] += 1
+                progress = True
+    return bars
+
+
+def _action_deps(kind: str, chunk: int, mb: int, chunks: int, forward_only: bool) -> list[tuple[str, int, int]]:
+    """The actions one pipeline action waits for (its input's producer on the previous chunk)."""
+    if kind == "F":
+        return [("F", chunk - 1, mb)] if chunk > 0 else []
+    if kind == "B":
+        return [("F", chunk, mb)] + ([("B", chunk + 1, mb)] if chunk + 1 < chunks else [])
+    return [("B", chunk, mb)]
+
+
+def pipeline_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
+    """A PipelineProgram: its schedule's bars per pp rank and stage 0's parallel program."""
+    s = prog.schedule
+    out: dict[str, Any] = {"schedule": {"name": s.name, "stages": s.stages, "virtual": s.virtual,
+                                        "microbatches": s.microbatches, "bars": schedule_bars(s)},
+                           "mesh": mesh_json(prog.mesh)}
+    if getattr(prog, "stages", None):
+        out["stage0"] = plan_json(prog.stages[0], detail_limit=detail_limit)
+    return out
+
+
+def sim_json(res: Any) -> dict:
+    """A simulation: per simulated rank (alike ranks once, with their count) its streams'
+    spans, the compute stream's waits and its memory at the peak."""
+    from ..cluster.simulator import layer_spans
+
+    events = res.events or []
+    if len(events) > MAX_SPANS:
+        events = layer_spans(events)
+    step = res.step_time
+    ranks = []
+    for r in res.ranks:
+        mem = r.memory
+        ranks.append({"rank": r.rank, "count": r.count, "end": r.end, "compute": r.compute, "waiting": r.waiting,
+                      "comm": dict(r.comm),
+                      "memory": None if mem is None else {"params": mem.params, "grads": mem.grads,
+                                                          "optimizer": mem.optimizer, "batch": mem.batch,
+                                                          "peak": mem.peak, "at_peak": dict(mem.at_peak),
+                                                          "peak_node": mem.peak_node}})
+    streams: dict[str, list[list]] = {}
+    kept = {r.rank for r in res.ranks}
+    for e in events[:MAX_SPANS]:
+        if e.rank in kept:
+            streams.setdefault(f"{e.rank}|{e.stream}", []).append([e.start, e.end, e.name, e.scope])
+    return {"step": step, "mesh": str(res.mesh), "cluster": res.cluster.name, "ranks": ranks, "streams": streams,
+            "truncated": len(events) > MAX_SPANS, "text": res.text(),
+            "capacity": float(res.cluster.device.memory)}
+
+
+def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) -> dict:
+    """The page data of ``obj`` (a Graph, ParallelProgram, PipelineProgram or SimResult), with
+    ``sim`` (a SimResult of it) added when given. Raises TypeError for anything else."""
+    from ..cluster.simulator import SimResult
+    from ..parallel.pipeline.pipeline_program import PipelineProgram
+    from ..parallel.program import ParallelProgram
+
+    if isinstance(obj, Graph):
+        data: dict[str, Any] = {"kind": "graph", "graph": graph_json(obj, detail_limit=detail_limit)}
+    elif isinstance(obj, PipelineProgram):
+        data = {"kind": "pipeline", "pipeline": pipeline_json(obj, detail_limit=detail_limit)}
+    elif isinstance(obj, ParallelProgram):
+        data = {"kind": "parallel", "plan": plan_json(obj, detail_limit=detail_limit)}
+    elif isinstance(obj, SimResult):
+        data = {"kind": "sim"}
+        sim = obj
+    else:
+        raise TypeError(type(obj).__name__)
+    if sim is not None:
+        data["sim"] = sim_json(sim)
+    return data
+
+
+__all__ = ["DETAIL_LIMIT", "graph_json", "plan_json", "pipeline_json", "sim_json", "page_data", "schedule_bars",
+           "format_type"]

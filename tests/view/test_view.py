@@ -1,0 +1,117 @@
+"""``partita.view`` and ``partita view``: one self-contained HTML page per graph, parallel
+program, pipeline and simulation, checked in headless Chromium (skipped without one)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import partita
+from partita.cli import main
+from partita.view import ViewError, page_data, view
+from partita.view.data import schedule_bars
+
+from .browser import page_test
+
+
+def small_step() -> partita.Graph:
+    fwd = partita.models.gpt(2, 64, 4, 16, 128, batch=8, dtype="f32")
+    return partita.training_step(fwd, loss="cross_entropy", optimizer="adamw")
+
+
+@pytest.fixture(scope="module")
+def step() -> partita.Graph:
+    return small_step()
+
+
+def blob(page: Path) -> dict:
+    m = re.search(r'<script type="application/json" id="pdata">(.*?)</script>', page.read_text(), re.S)
+    assert m
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def test_graph_page_is_one_offline_file(step, tmp_path):
+    out = tmp_path / "g.html"
+    assert view(step, out) == str(out)
+    text = out.read_text()
+    assert "<script src" not in text and "<link" not in text and "@import" not in text
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)
+    d = blob(out)
+    assert d["kind"] == "graph" and d["graph"]["n"] == len(step) and d["graph"]["detail"]
+    assert "transformer.h.1.attn" in d["graph"]["scopes"]
+    assert list(tmp_path.iterdir()) == [out]
+
+
+def test_bad_input_says_what_to_do(step, tmp_path):
+    with pytest.raises(ViewError, match="cannot show a dict; give a Graph"):
+        view({}, tmp_path / "x.html")
+    with pytest.raises(ViewError, match="cannot write .*no/such/folder"):
+        view(step, tmp_path / "no" / "such" / "folder" / "x.html")
+    d = page_data(step, detail_limit=10)
+    assert d["graph"]["detail"] is False and "line" not in d["graph"]
+
+
+def test_the_command_writes_the_page(step, tmp_path, capsys):
+    pir = tmp_path / "step.pir"
+    partita.save(step, pir)
+    assert main(["view", str(pir)]) == 0
+    assert (tmp_path / "step.html").exists() and "wrote the view" in capsys.readouterr().out
+    assert main(["view", str(pir), "-o", str(tmp_path / "nope" / "x.html")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["view", str(pir), "--strategy", "dp"]) == 1
+    assert "--strategy goes with --mesh" in capsys.readouterr().err
+
+
+def test_the_schedule_bars_follow_1f1b():
+    prog = partita.parallelize(small_step(), "pp=2,dp=2", "pp+dp", microbatches=4)
+    bars = schedule_bars(prog.schedule)
+    assert [b["k"] + str(b["mb"]) for b in bars[0]] == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
+    assert [b["k"] + str(b["mb"]) for b in bars[1]] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert all(a["e"] <= b["s"] for row in bars for a, b in zip(row, row[1:]))
+
+
+# ---- in a real browser ----
+
+def test_browser_search_finds_a_node_and_shows_its_line(step, tmp_path):
+    out = Path(view(step, tmp_path / "g.html"))
+    r = page_test(out, "search:attention")
+    assert r["errors"] == []
+    assert r["hits"] >= 2 and "attention(" in r["line"] and "transformer.h.0.attn" in r["detailText"]
+    r = page_test(out, "expand")
+    assert r["errors"] == [] and r["after"] > r["before"] and r["drawn"] > 0
+
+
+def test_browser_too_large_graph_falls_back_to_layers(step, tmp_path):
+    out = Path(view(step, tmp_path / "g.html", detail_limit=10))
+    r = page_test(out, "expand")
+    assert r["errors"] == [] and r["after"] < len(step)
+    r = page_test(out, "load")
+    assert r["errors"] == [] and "over the detailed view's limit of 10: showing its layers only" in r["tooLarge"]
+
+
+def test_browser_collective_shows_why(step, tmp_path):
+    prog = partita.parallelize(step, "dp=2,tp=2", "dp+megatron")
+    out = Path(view(prog, tmp_path / "p.html"))
+    r = page_test(out, "collective:0")
+    assert r["errors"] == []
+    c = prog.plan.collectives[0]
+    assert f"{c['op']} over {c['axis']}" in r["why"] and "needs" in r["why"]
+    assert r["ranks"] == 2 * prog.mesh.size   # have and want, each on every rank
+    assert r["filtered"] == prog.plan.count(axis=r["axis"])
+
+
+def test_browser_gantt_and_timeline(step, tmp_path):
+    from partita.cluster import simulate
+
+    prog = partita.parallelize(step, "pp=2,dp=2", "pp+dp", microbatches=4)
+    res = simulate(prog, "selene", trace=True)
+    out = Path(view(prog, tmp_path / "pp.html", sim=res))
+    r = page_test(out, "gantt")
+    assert r["errors"] == []
+    assert r["rows"][0] == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
+    assert r["rows"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    r = page_test(out, "timeline")
+    assert r["errors"] == [] and r["spans"] > 0 and r["rows"] >= 2
