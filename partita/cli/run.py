@@ -39,6 +39,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_parallel(args)
     graph = parse_file(args.file)
     verify(graph)
+    if args.html:
+        from .view import write_view
+
+        write_view(graph, args.html)
     require_weights(graph, args.file)
     inputs = random_inputs(graph, args.seed)
     if args.backend == "torch":

@@ -42,6 +42,8 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
                    help="alone: print the full plan (every collective and placement); with a file written by "
                         "'partita plan -o': run that plan (its mesh, strategy, pipeline and recomputation)")
     g.add_argument("--plan-json", metavar="FILE", help="write the plan as JSON")
+    g.add_argument("--html", metavar="OUT.html", help="write one HTML page of the graph (with --mesh: of the parallel "
+                                                     "program and its schedule; partita view, docs/view.md)")
     g.add_argument("--show-rank", type=int_arg(0), metavar="R", help="print the per-rank program (every rank runs it)")
     g.add_argument("--checkpoint", metavar="DIR", help="save the final params as a sharded checkpoint in DIR")
     g.add_argument("--resume", metavar="DIR", help="start from the latest checkpoint in DIR (any mesh)")
@@ -153,6 +155,10 @@ def _run_parallel(args: argparse.Namespace) -> int:
     if args.plan_json:
         Path(args.plan_json).write_text(prog.plan.to_json())
         print(f"wrote the plan to {args.plan_json}")
+    if args.html:
+        from .view import write_view
+
+        write_view(prog, args.html)
     if args.show_rank is not None:
         if not 0 <= args.show_rank < prog.mesh.size:
             raise RunError(f"--show-rank {args.show_rank}: the mesh {prog.mesh} has ranks 0..{prog.mesh.size - 1}")

@@ -67,6 +67,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--trace", metavar="OUT.json", help="write the timeline as a Chrome trace (Perfetto): one span "
                                                        "per layer run on each rank's stream")
     s.add_argument("--trace-detail", action="store_true", help="with --trace: one span per op")
+    s.add_argument("--html", metavar="OUT.html", help="write one HTML page of the program, its schedule and the "
+                                                     "simulated timeline (partita view; docs/view.md)")
     s.set_defaults(handler=cmd_simulate)
 
 
@@ -257,6 +259,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                             "no pp; add a pp axis to --mesh (e.g. --mesh pp=2,dp=4)")
     if args.trace is not None:
         check_output_path(args.trace, "--trace")
+    if args.html is not None:
+        check_output_path(args.html, "--html")
     t0 = time.perf_counter()
     step = _model(args, strategy)
     t1 = time.perf_counter()
@@ -267,7 +271,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     prog = parallelize(step, mesh, strategy, **pipeline)
     t2 = time.perf_counter()
     print(f"parallelize for {prog.mesh} with {prog.strategy}: {t2 - t1:.2f} s")
-    res = simulate(prog, cluster, dedup=not args.every_rank, trace=args.trace is not None,
+    res = simulate(prog, cluster, dedup=not args.every_rank,
+                   trace=args.trace is not None or args.html is not None,
                    check_memory=args.check_memory, progress=print)
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
@@ -279,4 +284,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         except OSError as e:
             raise SimulateError(f"--trace {args.trace}: cannot write the timeline: {e.strerror or e}") from None
         print(f"\nwrote the timeline to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    if args.html:
+        from .view import write_view
+
+        write_view(prog, args.html, sim=res)
     return 0
