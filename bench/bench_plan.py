@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import partita  # noqa: E402
 from bench_simulate import ATTENTION, MEGATRON_T1, SEQ, VOCAB  # noqa: E402
 from partita.cluster.hardware import load_cluster  # noqa: E402
-from partita.planning import Plan, report_text  # noqa: E402
+from partita.planning import Plan, model_shape, report_text  # noqa: E402
 from partita.planning.search import Pricer  # noqa: E402
 
 LARGEST = 5
@@ -66,15 +66,18 @@ def bench_row(row: tuple, price: int) -> dict:
     pricer = Pricer(fwd, cluster, False, {"loss": "cross_entropy", "optimizer": "adamw", "master_weights": True})
     ref = published_plan(tp, pp, n, B, mb, v)
     ref_step, _mfu, _peak = pricer.price(ref)
-    speedup = ref_step / chosen.step_time
+    ref_scaled, _mfu, _peak = pricer.price_scaled(ref, model_shape(fwd))
+    full_step, _mfu, _peak = pricer.price(Plan.from_json(chosen.to_json()))
+    speedup = ref_step / full_step
     out = {"model": name, "gpus": n, "published_plan": ref.describe(), "published_step_s": ref_step,
            "published_tflops": tflops(a, h, l, B, n, ref_step), "paper_tflops": pub,
-           "plan": chosen.describe(), "plan_step_s": chosen.step_time, "plan_tflops": tflops(a, h, l, B, n, chosen.step_time),
+           "published_scaled_s": ref_scaled, "plan_scaled_s": chosen.step_time,
+           "plan": chosen.describe(), "plan_step_s": full_step, "plan_tflops": tflops(a, h, l, B, n, full_step),
            "plan_memory_GiB": chosen.memory / 1024 ** 3, "speedup": speedup, "planning_s": plan_s,
            "candidates": chosen.report["candidates"], "priced": chosen.report["priced"],
            "seconds": chosen.report["seconds"], "report": report_text(chosen)}
     print(f"{name:>7} {n:>5} GPUs: published {ref.describe()} {ref_step:.2f} s; planner {chosen.describe()} "
-          f"{chosen.step_time:.2f} s ({speedup:.2f}x), {out['plan_memory_GiB']:.1f} GiB; planned in {plan_s:.1f} s "
+          f"{full_step:.2f} s ({speedup:.2f}x; scaled {chosen.step_time:.2f} s, published scaled {ref_scaled:.2f} s), {out['plan_memory_GiB']:.1f} GiB; planned in {plan_s:.1f} s "
           f"({out['candidates']} candidates, {out['priced']} simulated)", flush=True)
     return out
 

@@ -137,7 +137,7 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
             continue
         p = candidate_plan(shape, c, n, cl)
         try:
-            step_time, mfu, peak = pricer.price(p)
+            step_time, mfu, peak = pricer.price_scaled(p, shape)
         except PartitaError as e:
             pricer.failures.append(f"{p.describe()}: {str(e)[:200]}")
             continue

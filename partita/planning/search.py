@@ -13,6 +13,7 @@ bound already exceeds the best priced step, and the fastest that fits wins.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts, stage_cut
 from .plan import RECOMPUTE, Plan
+from .reduce import scale, truncate_layers
 from .shape import ModelShape, PlanError, model_shape
 
 GIB = 1024.0 ** 3
@@ -101,27 +103,37 @@ class Pricer:
 
     def __init__(self, graph: Graph, cluster: Cluster, training: bool, step_options: dict[str, Any]) -> None:
         self.graph, self.cluster, self.training, self.options = graph, cluster, training, step_options
-        self.steps: dict[str, Graph] = {}
+        self.steps: dict[tuple[int | None, str], Graph] = {}
+        self.reduced: dict[int, Graph | None] = {}
         self.seconds = {"training_step": 0.0, "parallelize": 0.0, "simulate": 0.0}
 
-    def step(self, recompute: str) -> Graph:
-        """The training step with ``recompute`` (the given step itself when one was given)."""
+    def model(self, layers: int | None) -> Graph | None:
+        """The forward graph with its first ``layers`` layers (None: all; None back when it cannot be cut)."""
+        if layers is None:
+            return self.graph
+        if layers not in self.reduced:
+            self.reduced[layers] = truncate_layers(self.graph, layers)
+        return self.reduced[layers]
+
+    def step(self, recompute: str, layers: int | None = None) -> Graph:
+        """The training step with ``recompute`` of the model of ``layers`` layers (None: all), cached;
+        the given step itself when one was given."""
         if self.training:
             return self.graph
-        if recompute not in self.steps:
+        key = (layers, recompute)
+        if key not in self.steps:
             from ..autodiff import training_step
 
             t0 = time.perf_counter()
-            self.steps[recompute] = training_step(self.graph, recompute=recompute, **self.options)
+            self.steps[key] = training_step(self.model(layers), recompute=recompute, **self.options)
             self.seconds["training_step"] += time.perf_counter() - t0
-        return self.steps[recompute]
+        return self.steps[key]
 
-    def price(self, p: Plan) -> tuple[float, float | None, float | None]:
-        """(step seconds, MFU, the memory report's peak or None) of plan ``p``, simulated."""
+    def simulate_on(self, step: Graph, p: Plan) -> tuple[float, float | None, float | None, float]:
+        """(step seconds, MFU, memory report's peak or None, model FLOPs) of ``p`` applied to ``step``."""
         from ..cluster.simulator import simulate
         from ..parallel.spmd import parallelize
 
-        step = self.step(p.recompute)
         t0 = time.perf_counter()
         prog = parallelize(step, **p.parallelize_options(unroll=False))
         t1 = time.perf_counter()
@@ -130,4 +142,30 @@ class Pricer:
         self.seconds["parallelize"] += t1 - t0
         self.seconds["simulate"] += t2 - t1
         peaks = [r.memory.peak for r in res.ranks if r.memory is not None]
-        return res.step_time, res.mfu, (max(peaks) if peaks else None)
+        return res.step_time, res.mfu, (max(peaks) if peaks else None), float(res.model_flops or 0.0)
+
+    def price(self, p: Plan) -> tuple[float, float | None, float | None]:
+        """(step seconds, MFU, the memory report's peak or None) of plan ``p``, simulated in full."""
+        t, mfu, peak, _flops = self.simulate_on(self.step(p.recompute), p)
+        return t, mfu, peak
+
+    def price_scaled(self, p: Plan, shape: ModelShape) -> tuple[float, float | None, float | None]:
+        """``price(p)`` from models of one and two layers per pipeline chunk, scaled to the real depth
+        (partita/planning/reduce.py); in full when the model is too shallow for that or cannot be cut."""
+        chunks = max(p.axes.get("pp", 1), 1) * max(p.virtual_stages, 1)
+        if self.training or 2 * chunks >= shape.layers:
+            return self.price(p)
+        figures = []
+        for per in (1, 2):
+            if self.model(per * chunks) is None:
+                return self.price(p)
+            small = dataclasses.replace(p, stages=[per] * p.axes["pp"] if p.stages is not None else None, report={})
+            figures.append(self.simulate_on(self.step(p.recompute, per * chunks), small))
+        (t1, _m1, k1, f1), (t2, _m2, k2, f2) = figures
+        x = shape.layers / chunks
+        t = scale(t1, t2, x)
+        peak = scale(k1, k2, x) if k1 is not None and k2 is not None else None
+        mfu = figures[0][1]
+        if mfu is not None and f1 > 0:
+            mfu = mfu * t1 / f1 * scale(f1, f2, x) / t
+        return t, mfu, peak
