@@ -229,7 +229,7 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         wanted.sort(key=pos.__getitem__)
         schedule.extend(wanted)
     schedule.extend(n for n in nodes if n not in placed)
-    order = sink_gathers(schedule)
+    order = overlap_linear_backward(sink_gathers(schedule))
     if prefetch:
         order = _prefetch_gathers(order, prefetch)
     apply_order(graph, order)
@@ -332,6 +332,152 @@ def sink_gathers(schedule: list[Node]) -> list[Node]:
 # Views in any layout and the strided ones (partita/ops/kinds.py): a zero3 gather's operand is
 # a view of the param however it is laid out.
 _VIEWS = VIEW_OPS | STRIDED_VIEW_OPS
+# The collectives a linear layer's backward issues on its input gradient (tp's all_reduce,
+# sequence parallelism's reduce_scatter): asynchronous in the runtime, so the weight gradient's
+# matmul can run while they are in flight.
+_INPUT_GRAD_COLLECTIVES = frozenset({"all_reduce", "reduce_scatter"})
+# How many nodes after an input-gradient matmul its collective may come (the q, k and v
+# input gradients summed and reshaped first).
+_FEED_WINDOW = 12
+
+
+def view_source(v: Value) -> Value:
+    """The value ``v`` is a view of (through any chain of views), or ``v`` itself."""
+    while v.producer is not None and v.producer.op in _VIEWS and v.producer.operands:
+        v = v.producer.operands[0]
+    return v
+
+
+def view_readers(v: Value) -> list[Node]:
+    """The nodes that read ``v`` or a view of it, other than views."""
+    out: list[Node] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        for u in x.users:
+            if u.op in _VIEWS:
+                stack.extend(u.results)
+            else:
+                out.append(u)
+    return out
+
+
+def feeding_collective(m: Node, pos: dict[Node, int]) -> Node | None:
+    """The input-gradient collective (``_INPUT_GRAD_COLLECTIVES``) that matmul ``m``'s result
+    reaches within ``_FEED_WINDOW`` nodes of ``m`` without passing another collective, or None."""
+    stack, seen = [m], {m}
+    while stack:
+        n = stack.pop()
+        for r in n.results:
+            for u in r.users:
+                if u in seen or u not in pos or pos[u] - pos[m] > _FEED_WINDOW:
+                    continue
+                seen.add(u)
+                if u.op in _INPUT_GRAD_COLLECTIVES:
+                    return u
+                if not is_collective(u):
+                    stack.append(u)
+    return None
+
+
+def _moved_operands(w: Node, pos: dict[Node, int], before: int, m: Node,
+                    taken: set[Node]) -> tuple[list[Node], list[Node]] | None:
+    """What must move with matmul ``w`` when it goes to position ``before``: its operands' view
+    chains placed after that (moved along, before it), and the all_gathers among its operands
+    placed after it that ``m`` does not read (moved, with their operand views, to just before
+    ``m``). None when an operand is computed after ``before`` otherwise."""
+    chain: list[Node] = []
+    gathers: list[Node] = []
+    stack = [v.producer for v in w.operands if v.producer is not None]
+    while stack:
+        p = stack.pop()
+        if p in taken or p in chain or p in gathers or pos.get(p, -1) < before:
+            continue
+        if p.op in _VIEWS:
+            chain.append(p)
+            stack.extend(v.producer for v in p.operands if v.producer is not None)
+        elif grows_when_gathered(p) and m not in {u for r in p.results for u in r.users}:
+            cone = input_chain(p, pos, pos[m])
+            if cone is None:
+                return None
+            gathers.extend(cone)
+        else:
+            return None
+    return sorted(chain, key=pos.__getitem__), sorted(gathers, key=pos.__getitem__)
+
+
+def input_chain(g: Node, pos: dict[Node, int], before: int) -> list[Node] | None:
+    """All_gather ``g`` and the views between it and a value computed before position
+    ``before``; None when its operand is computed later."""
+    out = [g]
+    stack = [v.producer for v in g.operands if v.producer is not None]
+    while stack:
+        p = stack.pop()
+        if pos.get(p, -1) < before:
+            continue
+        if p.op not in _VIEWS:
+            return None
+        out.append(p)
+        stack.extend(v.producer for v in p.operands if v.producer is not None)
+    return out
+
+
+def overlap_linear_backward(order: list[Node]) -> list[Node]:
+    """A linear layer's backward in the order that overlaps its collectives, as Megatron-LM's
+    tensor-parallel layers do: for an input-gradient matmul ``m`` whose result goes to an
+    all_reduce or reduce_scatter (``feeding_collective``), each weight-gradient matmul that
+    reads the same incoming gradient (a sibling, placed after that collective's first reader)
+    moves to just before that reader, so it runs while the collective is in flight; an
+    all_gather it reads that ``m`` does not (sequence parallelism's re-gather of the layer's
+    input) moves to just before ``m``, so it is in flight while ``m`` computes. Nodes only
+    move up; the result is checked to be a valid order (else ``order`` is returned). Applied
+    to programs ordered by readiness; a pipeline's kept order (``kept_order``) does not take it
+    yet: the section-level simulator would have to re-derive it across section bounds."""
+    pos = {n: i for i, n in enumerate(order)}
+    before: dict[Node, list[Node]] = defaultdict(list)
+    taken: set[Node] = set()
+    for m in order:
+        if m.op != "matmul" or m in taken:
+            continue
+        r = feeding_collective(m, pos)
+        readers = [u for x in r.results for u in x.users if u in pos] if r is not None else []
+        if not readers:
+            continue
+        reader = min(readers, key=pos.__getitem__)
+        for s in dict.fromkeys(view_source(v) for v in m.operands):
+            if s.producer is None:
+                continue  # a graph input (a weight): its other readers are other layers'
+            for w in view_readers(s):
+                if w is m or w.op != "matmul" or w in taken or pos.get(w, -1) <= pos[reader]:
+                    continue
+                moved = _moved_operands(w, pos, pos[reader], m, taken)
+                if moved is None:
+                    continue
+                chain, gathers = moved
+                before[m].extend(gathers)
+                before[reader].extend(chain + [w])
+                taken.update(gathers, chain, [w])
+    if not taken:
+        return order
+    out: list[Node] = []
+    for n in order:
+        if n in taken:
+            continue
+        out.extend(before.get(n, ()))
+        out.append(n)
+    return out if len(out) == len(order) and valid_order(out) else order
+
+
+def valid_order(order: list[Node]) -> bool:
+    """Whether every node of ``order`` comes after the producers of its operands among them."""
+    inside = set(order)
+    seen: set[Node] = set()
+    for n in order:
+        for v in n.operands:
+            if v.producer is not None and v.producer in inside and v.producer not in seen:
+                return False
+        seen.add(n)
+    return True
 
 
 def input_cone(n: Node) -> list[Node] | None:
@@ -434,4 +580,5 @@ def check_collective_order(graphs: Graph | Sequence[Graph], mesh: Mesh | str) ->
 
 __all__ = ["CollectiveOrderError", "KeptOrder", "apply_order", "check_collective_order", "collective_anchors",
            "effect_chain", "grows_when_gathered", "hoist_collectives", "input_cone", "is_collective", "kept_order",
-           "order_collectives", "order_dependencies", "sink_gathers"]
+           "order_collectives", "order_dependencies", "overlap_linear_backward", "sink_gathers",
+           "valid_order", "view_readers", "view_source"]
