@@ -22,7 +22,6 @@ import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ops.collective import Pending
-from ..ops.process_groups import group
 from ..ir.dtypes import DType, promote_all
 from ..ir.graph import Graph, Node, Value, input_name
 from ..ops._lazy import CARRIER_NAMES, carrier_dtype, to_torch_dtype, torch
@@ -31,38 +30,10 @@ from ..ops.registry import OPS, OpDef, movement_cost
 from .common import bind_inputs, check_array, host_array, node_error, numpy_dtype_name, to_numpy
 
 
-def reduce_scatter_async(args: list, attrs: dict) -> Any:
-    """``reduce_scatter`` started asynchronously: a ``Pending`` whose ``result()`` waits and
-    gives the rank's piece (the runtime's asynchronous form while the op's record has none).
-    A group of one, or a process group of the wrong size, takes the blocking form, which
-    copies or raises the error naming the axis."""
-    (x,) = args
-    n = attrs["group_size"]
-    dist = torch.distributed
-    g = group(attrs["axis"]) if n > 1 else None
-    if g is None or dist.get_world_size(g) != n:
-        return OPS["reduce_scatter"].torch(args, attrs)
-    d = attrs["dim"] % x.dim()
-    piece = list(x.shape)
-    piece[d] //= n
-    out = torch.empty(x.numel() // n, dtype=x.dtype, device=x.device)
-    # Member i's piece is the i-th of the flat buffer, in x's own dim order (as the blocking form).
-    inp = torch.stack(torch.chunk(x, n, dim=d)).contiguous().reshape(-1)
-    op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-          "avg": dist.ReduceOp.AVG}[attrs["op"]]
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    work = scatter(out, inp, op=op, group=g, async_op=True)
-    return Pending(out, work, lambda flat: flat.view(piece), inp)
-
-
-# Asynchronous forms the runtime supplies for collectives whose op record has none.
-RUNTIME_ASYNC = {"reduce_scatter": reduce_scatter_async}
-
-
 def async_form(opdef: OpDef) -> Any:
     """The asynchronous implementation ``TorchProgram(overlap=True)`` starts ``opdef``'s nodes
     with (a function returning a ``Pending``), or None: the op blocks where it stands."""
-    return opdef.torch_async if opdef.torch_async is not None else RUNTIME_ASYNC.get(opdef.name)
+    return opdef.torch_async
 
 
 def async_ops() -> frozenset[str]:

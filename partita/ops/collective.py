@@ -257,12 +257,6 @@ def _all_gather_flat(out, inp, g, async_op: bool = False):
     return fn(out, inp, group=g, async_op=async_op)
 
 
-def _reduce_scatter_flat(out, inp, op, g) -> None:
-    dist = _dist()
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, inp, op=op, group=g)
-
-
 def _stack_pieces(x, n: int, dim: int):
     """``x`` split along ``dim`` into ``n`` pieces, laid out piece after piece in one flat buffer."""
     return torch.stack(torch.chunk(x, n, dim=dim)).contiguous().reshape(-1)
@@ -342,6 +336,13 @@ def _all_gather_torch_async(args, attrs):
 
 
 def _reduce_scatter_torch(args, attrs):
+    res = _reduce_scatter_torch_async(args, attrs)
+    return res.result() if type(res) is Pending else res
+
+
+def _reduce_scatter_torch_async(args, attrs):
+    """The reduce_scatter started asynchronously: a ``Pending`` whose ``result()`` waits and
+    gives the rank's piece."""
     (x,) = args
     n = attrs["group_size"]
     if n == 1:
@@ -351,9 +352,12 @@ def _reduce_scatter_torch(args, attrs):
     piece = list(x.shape)
     piece[d] //= n
     out = torch.empty(x.numel() // n, dtype=x.dtype, device=x.device)
-    _reduce_scatter_flat(out, _stack_pieces(x, n, d), _reduce_op(attrs["op"]), g)
+    inp = _stack_pieces(x, n, d)
+    dist = _dist()
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    work = fn(out, inp, op=_reduce_op(attrs["op"]), group=g, async_op=True)
     # The stacked layout keeps each piece in x's own dim order, so the result views back as is.
-    return out.view(piece)
+    return Pending(out, work, lambda flat: flat.view(piece), inp)
 
 
 def _all_to_all_torch(args, attrs):
@@ -426,7 +430,8 @@ _collective("all_gather", _all_gather_infer, _all_gather_np, _all_gather_torch, 
             torch_async=_all_gather_torch_async)
 _collective("reduce_scatter", _reduce_scatter_infer, _reduce_scatter_np, _reduce_scatter_torch,
             (AttrSpec("dim", "int"), _REDUCE_ATTR), _ring_cost(1, 1, True),
-            "the reduction (op) split along dim into group_size pieces; member i gets piece i")
+            "the reduction (op) split along dim into group_size pieces; member i gets piece i",
+            torch_async=_reduce_scatter_torch_async)
 _collective("all_to_all", _all_to_all_infer, _all_to_all_np, _all_to_all_torch,
             (AttrSpec("split_dim", "int"), AttrSpec("concat_dim", "int")), _ring_cost(1, 1, False),
             "each member splits along split_dim; member j gets piece j of every member, concatenated "
