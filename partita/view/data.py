@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.graph import Graph, Value
-from ..ir.printer import format_placed_type, format_type, print_graph_lines
+from ..ir.printer import format_placed_type, print_graph_lines, value_names
 
 # Above this many nodes a graph's page keeps only its layers (no per-node lines): the page
 # says so and shows the layer view.
@@ -49,8 +49,6 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
     nodes = list(graph.nodes)
     detail = len(nodes) <= detail_limit
     lines, node_lines = print_graph_lines(graph) if detail else ([], {})
-    from ..ir.printer import value_names
-
     names = value_names(graph) if detail else {}
     ops, scopes, files = _Table(), _Table(), _Table()
     where: dict[Value, int] = {}
@@ -151,6 +149,8 @@ def pipeline_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
                            "mesh": mesh_json(prog.mesh)}
     if getattr(prog, "stages", None):
         out["stage0"] = plan_json(prog.stages[0], detail_limit=detail_limit)
+        out["stage0"]["note"] = ("pp rank 0's stage; its ranks r0, r1, ... are numbered within the stage's "
+                                 "mesh " + str(prog.stages[0].mesh))
     return out
 
 
@@ -174,12 +174,41 @@ def sim_json(res: Any) -> dict:
                                                           "peak_node": mem.peak_node}})
     streams: dict[str, list[list]] = {}
     kept = {r.rank for r in res.ranks}
-    for e in events[:MAX_SPANS]:
+    for e in events:
         if e.rank in kept:
             streams.setdefault(f"{e.rank}|{e.stream}", []).append([e.start, e.end, e.name, e.scope])
+    merged = 0
+    if streams:
+        budget = max(50, MAX_SPANS // len(streams))
+        for key, spans in streams.items():
+            if len(spans) > budget:
+                merged += len(spans)
+                streams[key] = merge_spans(spans, budget, step)
     return {"step": step, "mesh": str(res.mesh), "cluster": res.cluster.name, "ranks": ranks, "streams": streams,
-            "truncated": len(events) > MAX_SPANS, "text": res.text(),
+            "truncated": merged > 0, "text": res.text(),
             "capacity": float(res.cluster.device.memory)}
+
+
+def merge_spans(spans: list[list], budget: int, step: float) -> list[list]:
+    """At most about ``budget`` spans: neighbours closer than a gap that doubles until the
+    spans fit are merged (named by the first, with the count), so long waits stay visible."""
+    gap = max(step, 1e-12) / 20000
+    while len(spans) > budget and gap < step:
+        out: list[list] = []
+        for sp in spans:
+            last = out[-1] if out else None
+            if last is not None and sp[0] - last[1] <= gap:
+                last[1] = max(last[1], sp[1])
+                last[4] = last[4] + 1
+            else:
+                out.append([sp[0], sp[1], sp[2], sp[3], sp[4] if len(sp) > 4 else 1])
+        spans = out
+        gap *= 2
+    for sp in spans:
+        if len(sp) > 4 and sp[4] > 1:
+            sp[2] = f"{sp[2]} and {sp[4] - 1} more"
+        del sp[4:]
+    return spans
 
 
 def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) -> dict:
@@ -205,5 +234,4 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) ->
     return data
 
 
-__all__ = ["DETAIL_LIMIT", "graph_json", "plan_json", "pipeline_json", "sim_json", "page_data", "schedule_bars",
-           "format_type"]
+__all__ = ["DETAIL_LIMIT", "graph_json", "plan_json", "pipeline_json", "sim_json", "page_data", "schedule_bars"]

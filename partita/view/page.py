@@ -56,6 +56,8 @@ table.kv td { font-family: monospace; font-size: 12px; word-break: break-all; }
 .sides .gview { grid-template-columns: minmax(200px, 1fr) 260px; height: 70vh; }
 #gantt .bar text, .tick, .rowlabel { font: 10px sans-serif; }
 #test-result { display: none; }
+.memory svg { display: block; margin-top: 4px; }
+.memory svg text { font: 11px sans-serif; }
 pre.simtext { font-size: 11px; background: #f4f4f4; padding: 6px; overflow: auto; }
 """
 

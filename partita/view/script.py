@@ -67,7 +67,7 @@ class GraphView {
       const gi = q.shift();
       for (const k of this.groups[gi].kids) {
         const c = this.groups[k];
-        if (isNum(c.name) || c.name === "(no scope)" || c.nodes.length > 8) continue;
+        if (isNum(c.name) || c.name === "(no scope)" || (c.nodes.length > 8 && !c.kids.length)) continue;
         const more = c.kids.length + c.nodes.length - 1;
         if (visible + more > 200) continue;
         this.expanded[k] = 1; visible += more; q.push(k);
@@ -277,7 +277,7 @@ function drawPlacement(mesh, p, type) {
 // ---------- parallel program ----------
 function parallelView(root, P) {
   root.append(el("div", {class: "summary"}, `mesh ${P.mesh.names.map((n, i) => n + "=" + P.mesh.shape[i]).join(",")}, strategy ${P.strategy}, ` +
-    `${P.collectives.length} collectives, ${fmtBytes(P.comm_bytes)} sent per rank per step`));
+    `${P.collectives.length} collectives, ${fmtBytes(P.comm_bytes)} sent per rank per step` + (P.note ? "; " + P.note : "")));
   const colls = el("div", {class: "colls"}), side = el("div", {class: "sides"});
   const left = el("div", {class: "side"}), right = el("div", {class: "side"});
   side.append(left, right); root.append(colls, side);
@@ -317,30 +317,48 @@ function parallelView(root, P) {
 // ---------- pipeline schedule ----------
 const KCOL = {F: "#6b9bd1", B: "#7fbf7f", W: "#e0a050"};
 function ganttView(root, S) {
-  const bars = S.bars, end = Math.max(1, ...bars.flat().map(b => b.e)), U = Math.max(8, Math.min(40, 1100 / end));
+  const bars = S.bars, nb = bars.reduce((a, r) => a + r.length, 0);
+  const end = Math.max(1, bars.reduce((a, r) => r.reduce((x, b) => Math.max(x, b.e), a), 0));
+  const U = Math.max(4, Math.min(40, (Math.max(600, window.innerWidth) - 120) / end));
   root.append(el("div", {class: "summary"}, `schedule ${S.name}: ${S.stages} stages, ${S.microbatches} microbatches` +
     (S.virtual > 1 ? `, ${S.virtual} chunks per rank` : "") + " (unit time: F 1, B 2, or B 1 and W 1 when split)"));
-  const busy = bars.flat().reduce((a, b) => a + b.e - b.s, 0), bubble = 1 - busy / (end * bars.length);
+  const busy = bars.reduce((a, r) => r.reduce((x, b) => x + b.e - b.s, a), 0), bubble = 1 - busy / (end * bars.length);
   root.append(el("div", {class: "summary", id: "bubble"}, `predicted bubble ${(bubble * 100).toFixed(1)}%`));
-  const svg = sv("svg", {width: 80 + end * U + 20, height: bars.length * 34 + 30, id: "gantt"});
+  const W = 80 + end * U + 20, H = bars.length * 34 + 30, label = b => b.k + b.mb + (S.virtual > 1 ? "." + b.c : "");
+  const order = () => bars.map(row => row.map(b => b.k + b.mb));
+  if (nb > 8000) {   // a big schedule: one canvas, not an element per bar
+    const cv = el("canvas", {width: Math.min(W, 32000), height: H, id: "gantt", "data-bars": nb});
+    const ctx = cv.getContext("2d"); ctx.font = "10px sans-serif";
+    bars.forEach((row, p) => {
+      ctx.fillStyle = "#222"; ctx.fillText("pp " + p, 4, 30 + p * 34 + 16);
+      for (const b of row) {
+        ctx.fillStyle = KCOL[b.k] || "#aaa"; ctx.fillRect(80 + b.s * U, 30 + p * 34, Math.max(1, (b.e - b.s) * U - 1), 26);
+        if (U * (b.e - b.s) > 14) { ctx.fillStyle = "#000"; ctx.fillText(label(b), 80 + b.s * U + 2, 30 + p * 34 + 17); }
+      }
+    });
+    root.append(cv);
+    return {order};
+  }
+  const svg = sv("svg", {width: W, height: H, id: "gantt"});
   bars.forEach((row, p) => {
     svg.append(sv("text", {x: 4, y: 30 + p * 34 + 16, class: "rowlabel"}, "pp " + p));
     for (const b of row) {
       const g = sv("g", {class: "bar", "data-rank": p, "data-k": b.k, "data-mb": b.mb, "data-c": b.c});
       g.append(sv("rect", {x: 80 + b.s * U, y: 30 + p * 34, width: Math.max(1, (b.e - b.s) * U - 1), height: 26, fill: KCOL[b.k] || "#aaa"}));
-      if (U * (b.e - b.s) > 14) g.append(sv("text", {x: 80 + b.s * U + 2, y: 30 + p * 34 + 17}, b.k + b.mb + (S.virtual > 1 ? "." + b.c : "")));
+      if (U * (b.e - b.s) > 14) g.append(sv("text", {x: 80 + b.s * U + 2, y: 30 + p * 34 + 17}, label(b)));
       g.append(sv("title", {}, `${b.k} microbatch ${b.mb} chunk ${b.c}: ${b.s}-${b.e}`));
       svg.append(g);
     }
   });
   for (let t = 0; t <= end; t += Math.max(1, Math.round(end / 20))) svg.append(sv("text", {x: 80 + t * U, y: 14, class: "tick"}, t));
   root.append(svg);
+  return {order};
 }
 
 // ---------- simulated timeline ----------
 function timelineView(root, T) {
   root.append(el("div", {class: "summary"}, `simulated step ${(T.step * 1e3).toFixed(3)} ms on ${T.cluster}, mesh ${T.mesh}; ` +
-    "alike ranks shown once with their count; red: the compute stream waiting" + (T.truncated ? " (timeline cut to its first spans)" : "")));
+    "alike ranks shown once with their count; red: the compute stream waiting" + (T.truncated ? " (neighbouring spans merged to keep the page small)" : "")));
   const W = 1100, LX = 150, RH = 18, scale = (W - LX) / Math.max(T.step, 1e-12);
   const rows = [];
   for (const r of T.ranks) {
@@ -381,14 +399,15 @@ function memoryView(T) {
   const box = el("div", {class: "memory", id: "memory"});
   const ranks = T.ranks.filter(r => r.memory);
   if (!ranks.length) { box.append(el("div", {}, "memory per rank: not computed (simulate with --unroll for a pipeline)")); return box; }
-  box.append(el("b", {}, "memory at the peak per rank"));
+  box.append(el("b", {}, "memory at the peak per rank (% of the device's memory)"));
   const cats = [...new Set(ranks.flatMap(r => Object.keys(r.memory.at_peak)))];
   const cols = ["#6b9bd1", "#7fbf7f", "#e0a050", "#b58fd0", "#d07f7f", "#8fd0c8", "#c8c870", "#999"];
-  const max = Math.max(T.capacity || 0, ...ranks.map(r => r.memory.peak)) || 1, W = 700;
+  const max = Math.max(...ranks.map(r => r.memory.peak)) || 1, W = 700;
   const svg = sv("svg", {width: 150 + W + 10, height: ranks.length * 24 + 30});
   ranks.forEach((r, i) => {
     let x = 150; const y = 4 + i * 24;
-    svg.append(sv("text", {x: 2, y: y + 14}, `rank ${r.rank}${r.count > 1 ? " \u00D7" + r.count : ""} ${fmtBytes(r.memory.peak)}`));
+    const pct = T.capacity ? ` (${(100 * r.memory.peak / T.capacity).toFixed(1)}%)` : "";
+    svg.append(sv("text", {x: 2, y: y + 14}, `rank ${r.rank}${r.count > 1 ? " \u00D7" + r.count : ""} ${fmtBytes(r.memory.peak)}${pct}`));
     cats.forEach((c, k) => {
       const w = (r.memory.at_peak[c] || 0) / max * W; if (w <= 0) return;
       const rc = sv("rect", {x, y, width: w, height: 18, fill: cols[k % cols.length]}); rc.append(sv("title", {}, c + " " + fmtBytes(r.memory.at_peak[c])));
@@ -396,7 +415,11 @@ function memoryView(T) {
     });
   });
   const ly = ranks.length * 24 + 20; let lx = 150;
-  cats.forEach((c, k) => { svg.append(sv("rect", {x: lx, y: ly - 9, width: 10, height: 10, fill: cols[k % cols.length]})); svg.append(sv("text", {x: lx + 13, y: ly}, c)); lx += 20 + c.length * 6; });
+  cats.forEach((c, k) => {
+    svg.append(sv("rect", {x: lx, y: ly - 9, width: 10, height: 10, fill: cols[k % cols.length]}));
+    svg.append(sv("text", {x: lx + 13, y: ly}, c)); lx += 24 + c.length * 7.5;
+  });
+  svg.setAttribute("width", Math.max(150 + W + 10, lx));
   box.append(svg);
   return box;
 }
@@ -432,7 +455,7 @@ function main() {
 function runTest(D, views, show) {
   const m = /#test=([a-z]+)(?::(.*))?/.exec(location.hash);
   if (!m) return;
-  const t0 = performance.now(), out = {test: m[1]};
+  const t0 = performance.now(), out = {test: m[1], readyMs: t0};
   try {
     if (m[1] === "search") {
       const gv = (show("graph").gv || show("parallel").gv);
@@ -452,9 +475,12 @@ function runTest(D, views, show) {
       P.list.children[i].click();
       out.why = document.getElementById("why").textContent; out.ranks = document.querySelectorAll("#why td.rank").length;
     } else if (m[1] === "gantt") {
-      show("schedule");
-      out.rows = [...new Set([...document.querySelectorAll("#gantt g.bar")].map(b => b.dataset.rank))].map(r =>
-        [...document.querySelectorAll(`#gantt g.bar[data-rank="${r}"]`)].map(b => b.dataset.k + b.dataset.mb));
+      const G = show("schedule");
+      const svgBars = document.querySelectorAll("#gantt g.bar");
+      // the drawn bars' order, read from the SVG; a big schedule's canvas: from its data
+      out.rows = svgBars.length ? [...new Set([...svgBars].map(b => b.dataset.rank))].map(r =>
+        [...document.querySelectorAll(`#gantt g.bar[data-rank="${r}"]`)].map(b => b.dataset.k + b.dataset.mb)) : G.order();
+      out.canvas = !svgBars.length;
       out.bubble = document.getElementById("bubble").textContent;
     } else if (m[1] === "timeline") {
       Object.assign(out, show("timeline"));
