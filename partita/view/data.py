@@ -17,7 +17,7 @@ from ..ir.printer import format_placed_type, print_graph_lines, value_names
 # says so and shows the layer view.
 DETAIL_LIMIT = 150_000
 # A simulation's timeline keeps at most this many spans (layer spans; op spans when few).
-MAX_SPANS = 60_000
+MAX_SPANS = 200_000
 
 
 def placement_json(v: Value) -> dict | None:

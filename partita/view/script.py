@@ -459,7 +459,8 @@ function runTest(D, views, show) {
   try {
     if (m[1] === "search") {
       const gv = (show("graph").gv || show("parallel").gv);
-      const hits = gv.runSearch(decodeURIComponent(m[2] || ""));
+      gv.search.value = decodeURIComponent(m[2] || "");
+      const hits = gv.runSearch(gv.search.value);
       out.hits = hits.length;
       if (hits.length) { gv.reveal(hits[0]); out.line = gv.detail.querySelector(".pirline").textContent; out.boxes = gv.items.length; }
       out.detailText = gv.detail.textContent;
