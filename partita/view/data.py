@@ -66,7 +66,7 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         cols["in"].append(sorted({where[o] for o in n.operands if o in where and where[o] >= 0}))
         if detail:
             li = node_lines.get(n)
-            cols["line"].append(lines[li].strip() if li is not None else "")
+            cols["line"].append(strip_loc(lines[li]) if li is not None else "")
             cols["name"].append(" ".join(names.get(r, "") for r in n.results))
             cols["type"].append(" ".join(format_placed_type(r.type, r.placement) for r in n.results))
             cols["file"].append(files(loc.file) if loc is not None else -1)
@@ -83,6 +83,14 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         out["input_placements"] = {str(i): p for i, v in enumerate(graph.inputs)
                                    for p in [placement_json(v)] if p is not None}
     return out
+
+
+def strip_loc(line: str) -> str:
+    """A printed node line without its trailing `` loc(...)`` (the page keeps the file, line
+    and scope in their own columns and prints the location back)."""
+    line = line.strip()
+    cut = line.rfind(" loc(")
+    return line[:cut] if cut > 0 and line.endswith(")") else line
 
 
 def mesh_json(mesh: Any) -> dict:

@@ -54,6 +54,7 @@ table.kv td { font-family: monospace; font-size: 12px; word-break: break-all; }
 .pair { display: flex; gap: 16px; flex-wrap: wrap; }
 .sides { display: grid; grid-template-columns: 1fr 1fr; gap: 8px; }
 .sides .gview { grid-template-columns: minmax(200px, 1fr) 260px; height: 70vh; }
+#gantt .links line { stroke: #444; stroke-width: 1; stroke-dasharray: 2 2; pointer-events: none; }
 #gantt .bar text, .tick, .rowlabel { font: 10px sans-serif; }
 #test-result { display: none; }
 .memory svg { display: block; margin-top: 4px; }

@@ -184,7 +184,9 @@ class GraphView {
   }
   select(i) {
     this.sel = i; const g = this.g, d = this.detail; d.textContent = "";
-    d.append(el("pre", {class: "pirline"}, g.line[i]));
+    const sc = g.scopes[g.scope[i]], loc = g.file[i] >= 0 ?
+      ` loc("${g.files[g.file[i]]}":${g.lineno[i]}${sc ? ` in "${sc}"` : ""}${g.rc[i] ? ` recompute "${g.rc[i]}"` : ""})` : "";
+    d.append(el("pre", {class: "pirline"}, g.line[i] + loc));
     const rows = [["type", g.type[i]], ["op", g.ops[g.op[i]]], ["module", g.scopes[g.scope[i]] || "(none)"],
       ["source", g.file[i] >= 0 ? g.files[g.file[i]] + ":" + g.lineno[i] : "(unknown)"]];
     if (g.rc[i]) rows.push(["recomputed", g.rc[i]]);
@@ -340,6 +342,16 @@ function ganttView(root, S) {
     return {order};
   }
   const svg = sv("svg", {width: W, height: H, id: "gantt"});
+  // sends and receives: a line from the bar that sends an activation (F) or a gradient (B)
+  // to the bar on the next rank that receives it
+  const at = new Map();
+  bars.forEach((row, p) => row.forEach(b => at.set(b.k + b.c + "," + b.mb, [p, b])));
+  const links = sv("g", {class: "links"});
+  for (const [key, [p, b]] of at) {
+    const src = b.k === "F" ? at.get("F" + (b.c - 1) + "," + b.mb) : b.k === "B" ? at.get("B" + (b.c + 1) + "," + b.mb) : null;
+    if (!src || src[0] === p) continue;
+    links.append(sv("line", {x1: 80 + src[1].e * U, y1: 30 + src[0] * 34 + 13, x2: 80 + b.s * U, y2: 30 + p * 34 + 13}));
+  }
   bars.forEach((row, p) => {
     svg.append(sv("text", {x: 4, y: 30 + p * 34 + 16, class: "rowlabel"}, "pp " + p));
     for (const b of row) {
@@ -351,8 +363,9 @@ function ganttView(root, S) {
     }
   });
   for (let t = 0; t <= end; t += Math.max(1, Math.round(end / 20))) svg.append(sv("text", {x: 80 + t * U, y: 14, class: "tick"}, t));
+  svg.append(links);
   root.append(svg);
-  return {order};
+  return {order, links: links.children.length};
 }
 
 // ---------- simulated timeline ----------
@@ -475,13 +488,14 @@ function runTest(D, views, show) {
       if (P.filt.options.length > 1) { P.filt.value = P.filt.options[1].value; P.fill(); out.filtered = P.list.children.length; out.axis = P.filt.value; P.filt.value = ""; P.fill(); }
       P.list.children[i].click();
       out.why = document.getElementById("why").textContent; out.ranks = document.querySelectorAll("#why td.rank").length;
+      out.grids = document.querySelectorAll("#why .pgrid").length; out.partial = document.querySelectorAll("#why td.partial").length;
     } else if (m[1] === "gantt") {
       const G = show("schedule");
       const svgBars = document.querySelectorAll("#gantt g.bar");
       // the drawn bars' order, read from the SVG; a big schedule's canvas: from its data
       out.rows = svgBars.length ? [...new Set([...svgBars].map(b => b.dataset.rank))].map(r =>
         [...document.querySelectorAll(`#gantt g.bar[data-rank="${r}"]`)].map(b => b.dataset.k + b.dataset.mb)) : G.order();
-      out.canvas = !svgBars.length;
+      out.canvas = !svgBars.length; out.links = G.links;
       out.bubble = document.getElementById("bubble").textContent;
     } else if (m[1] === "timeline") {
       Object.assign(out, show("timeline"));

@@ -103,6 +103,16 @@ def test_browser_collective_shows_why(step, tmp_path):
     assert r["filtered"] == prog.plan.count(axis=r["axis"])
 
 
+def test_browser_a_3d_mesh_is_a_grid_of_grids(step, tmp_path):
+    prog = partita.parallelize(step, "dp=2,cp=2,tp=2", "dp+megatron+cp")
+    c = prog.plan.collectives[0]
+    assert "partial(tp)" in c["have"] and "partial" not in c["want"]
+    r = page_test(Path(view(prog, tmp_path / "p.html")), "collective:0")
+    assert r["errors"] == []
+    assert r["grids"] == 2 * 2 and r["ranks"] == 2 * 8   # per placement one 2x2 grid per dp coordinate
+    assert r["partial"] == 8                             # the producer's partial sums, on every rank
+
+
 def test_browser_gantt_and_timeline(step, tmp_path):
     from partita.cluster import simulate
 
@@ -113,5 +123,6 @@ def test_browser_gantt_and_timeline(step, tmp_path):
     assert r["errors"] == []
     assert r["rows"][0] == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
     assert r["rows"][1] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert r["links"] == 8   # each microbatch's activation sent forward and its gradient back
     r = page_test(out, "timeline")
     assert r["errors"] == [] and r["spans"] > 0 and r["rows"] >= 2
