@@ -2,15 +2,17 @@
 
 ``fold-params``: a node with no effects whose operands are all known (params and state whose
 values ``graph.weights`` holds, constants, or results folded before it), at least one of them a
-param or state, is computed once, by its op's torch implementation (what the program would
-compute at every call), and its results become new ``param`` inputs named
-``<first param's name>.folded`` with their values in ``graph.weights``. It is what torch's
-freezing does to an inference graph's param-only subgraphs: a weight standardized at every
-call (BiT's convolutions), a weight transposed or reshaped before its matmul, a bias scaled by
-a constant. A node is left when its results are graph outputs, or when they hold more elements
-than its largest operand and more than ``MAX_GROWTH`` (folding a bias broadcast to an
-activation's shape would store the activation-sized copy). Like ``fold-batch-norm``, it
-assumes the params are the values ``graph.weights`` holds: a compiled inference program's.
+param or state (or an ``iota``: values made from shapes alone, such as a causal mask), is
+computed once, by its op's torch implementation (what the program would compute at every call),
+and its results become new ``param`` inputs named ``<first param's name>.folded`` with their
+values in ``graph.weights``. It is what torch's freezing does to an inference graph's
+param-only subgraphs: a weight standardized at every call (BiT's convolutions), a weight
+transposed or reshaped before its matmul, a bias scaled by a constant. A node is left when its
+results are graph outputs, or when they hold more elements than its largest operand and more
+than ``MAX_GROWTH`` (folding a bias broadcast to an activation's shape would store the
+activation-sized copy). Like ``fold-batch-norm``, it assumes the params are the values
+``graph.weights`` holds: a compiled inference program's. After folding, an ``index_select``
+whose known index is ``0 .. n-1`` along its axis is dropped (its uses read its input).
 
 ``fold-batch-norm``: a ``batch_norm`` in inference mode (``training=false``: it normalizes with
 its running statistics) whose input is a ``conv2d`` or ``conv3d`` read by nothing else becomes
@@ -42,7 +44,12 @@ from ..ir.graph import Graph, Node, Value, input_name
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import constant_array, erase_if_dead
 
-__all__ = ["FoldBatchNorm", "FoldParams", "known_value", "MAX_GROWTH"]
+__all__ = ["FoldBatchNorm", "FoldParams", "known_value", "drop_identity_gathers", "MAX_GROWTH", "SHAPE_SOURCES"]
+
+# Ops without operands whose results depend on their attributes alone (the counts a mask or a
+# position index is built from): fold-params computes them, and what only they and params
+# feed, once. (``full`` and splat constants stay: kernels read them as immediates.)
+SHAPE_SOURCES = ("iota",)
 
 # A folded node whose results hold more elements than its largest operand is kept only up to
 # this many elements (a small table, not an activation-sized broadcast).
@@ -106,26 +113,30 @@ class FoldParams(Pass):
         folded: dict[Value, np.ndarray] = {}
         outputs = set(graph.outputs)
         for node in list(graph.nodes):
-            if node.graph is not graph or not node.operands or has_effects(node) or node.op not in OPS:
+            if node.graph is not graph or has_effects(node) or node.op not in OPS:
+                continue
+            if not node.operands and node.op not in SHAPE_SOURCES:
                 continue
             if any(r in outputs for r in node.results):
                 continue
-            if not any(v in folded or (v.is_input and v.role in ("param", "state")) for v in node.operands):
+            if node.operands and not any(v in folded or (v.is_input and v.role in ("param", "state"))
+                                         for v in node.operands):
                 continue
             maybe = [folded.get(v) if v in folded else known_value(graph, v) for v in node.operands]
             args = [a for a in maybe if a is not None]
             if len(args) != len(maybe):
                 continue
-            biggest = max(a.size for a in args)
+            biggest = max((a.size for a in args), default=0)
             if sum(r.type.numel for r in node.results) > max(biggest, MAX_GROWTH):
                 continue
             results = _compute(node, args)
             if results is None:
                 continue
             base = next(input_name(v) for v in node.operands if v.is_input) if any(
-                v.is_input for v in node.operands) else "param"
+                v.is_input for v in node.operands) else ("param" if node.operands else node.op)
             for r, a in zip(node.results, results):
-                nv = graph.add_input(_unique_input_name(graph, f"{base}.folded"), r.type, "param")
+                name = base if base.endswith(".folded") else f"{base}.folded"   # a chain: one suffix
+                nv = graph.add_input(_unique_input_name(graph, name), r.type, "param")
                 graph.weights[input_name(nv)] = a
                 folded[nv] = a
                 graph.replace_all_uses(r, nv)
@@ -133,7 +144,31 @@ class FoldParams(Pass):
             graph.erase(node)
             for v in dict.fromkeys(operands):
                 _drop_if_unused(graph, v)
+        drop_identity_gathers(graph, folded)
         return graph
+
+
+def drop_identity_gathers(graph: Graph, folded: dict[Value, np.ndarray]) -> int:
+    """An ``index_select`` whose index is known and counts 0, 1, ..., n - 1 along an axis of
+    length n returns its input unchanged: its uses read the input (a causal mask gathered
+    row by row through indices made from shapes). Returns how many went."""
+    count = 0
+    for node in list(graph.nodes):
+        if node.graph is not graph or node.op != "index_select" or len(node.operands) != 2:
+            continue
+        x, idx, r = node.operands[0], node.operands[1], node.results[0]
+        if r.is_output or r.type != x.type:
+            continue
+        a = folded.get(idx) if idx in folded else known_value(graph, idx)
+        axis = node.attrs.get("axis", 0)
+        n = x.type.shape[axis] if -len(x.type.shape) <= axis < len(x.type.shape) else None
+        if a is None or n is None or a.shape != (n,) or not np.array_equal(a, np.arange(n)):
+            continue
+        graph.replace_all_uses(r, x)
+        graph.erase(node)
+        _drop_if_unused(graph, idx)
+        count += 1
+    return count
 
 
 def _compute(node: Node, args: list[np.ndarray]) -> list[np.ndarray] | None:
