@@ -31,7 +31,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     v.add_argument("--strategy", help="with --mesh: the strategy (default: from the mesh axes)")
     v.add_argument("--microbatches", type=int_arg(1), help="with a pp axis: pipeline microbatches")
     v.add_argument("--schedule", help="with a pp axis: gpipe, 1f1b (default), interleaved or zero-bubble")
-    v.add_argument("--cluster", help="with --mesh: simulate one step on this cluster and show its timeline")
+    v.add_argument("--plan", metavar="PLAN.json", help="a plan written by 'partita plan -o': parallelize as it says "
+                                                      "(its mesh, strategy, pipeline and recomputation)")
+    v.add_argument("--cluster", help="with --mesh or --plan: simulate one step on this cluster and show its timeline")
     v.add_argument("--detail-limit", type=int_arg(1), default=None,
                    help="graphs with more nodes show their layers only (default 150000)")
     v.add_argument("--open", action="store_true", help="open the page in a browser when one exists")
@@ -57,6 +59,36 @@ def write_view(obj: Any, path: str, *, sim: Any = None, open_it: bool = False, *
         open_page(path)
 
 
+def planned_program(graph: Any, path: str) -> Any:
+    """The program of ``graph`` parallelized as the plan file at ``path`` says (a forward graph
+    first made a training step with adamw and the plan's recomputation)."""
+    from pathlib import Path
+
+    from .. import training_step
+    from ..parallel.pipeline.build import is_training
+    from ..parallel.strategy import parallelize
+    from ..planning import Plan, PlanError
+
+    try:
+        plan = Plan.from_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ViewCommandError(f"--plan {path}: cannot read it ({e.strerror}); give the file 'partita plan -o' "
+                               "wrote") from None
+    except PlanError as e:
+        raise ViewCommandError(f"--plan {path}: {e}") from None
+    print(f"plan {plan.describe()}")
+    if not is_training(graph):
+        if "megatron" in plan.strategy:
+            from ..passes.split_projections import split_projections
+
+            graph = graph.clone()
+            split_projections(graph)
+        loss: Any = 0 if graph.outputs[0].type.shape == () else "cross_entropy"
+        opts = {"recompute": plan.recompute} if plan.recompute != "none" else {}
+        graph = training_step(graph, loss=loss, optimizer="adamw", **opts)
+    return parallelize(graph, None, None, plan=plan)
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     """``partita view``: write the page."""
     from ..ir.parser import parse_file
@@ -64,14 +96,19 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     out = args.output or (args.file[:-4] if args.file.endswith(".pir") else args.file) + ".html"
     check_output_path(out, "-o")
+    if args.plan and (args.mesh or args.strategy or args.microbatches or args.schedule):
+        raise ViewCommandError(f"--plan {args.plan}: the plan names the mesh, strategy and pipeline options; drop "
+                               "--mesh, --strategy, --microbatches and --schedule, or drop --plan")
     for flag in ("strategy", "microbatches", "schedule", "cluster"):
-        if getattr(args, flag) is not None and not args.mesh:
+        if getattr(args, flag) is not None and not args.mesh and not (flag == "cluster" and args.plan):
             raise ViewCommandError(f"--{flag} goes with --mesh (e.g. --mesh dp=2,tp=2)")
     graph = parse_file(args.file)
     verify(graph)
     obj: Any = graph
     sim = None
-    if args.mesh:
+    if args.plan:
+        obj = planned_program(graph, args.plan)
+    elif args.mesh:
         from ..parallel.strategies import default_strategy
         from ..parallel.strategy import parallelize
         from ..ir.mesh import Mesh
@@ -79,10 +116,10 @@ def cmd_view(args: argparse.Namespace) -> int:
         mesh = Mesh.of(args.mesh)
         opts = {k: getattr(args, k) for k in ("microbatches", "schedule") if getattr(args, k) is not None}
         obj = parallelize(graph, mesh, args.strategy or default_strategy(mesh), **opts)
-        if args.cluster:
-            from ..cluster import simulate
+    if args.cluster:
+        from ..cluster import simulate
 
-            sim = simulate(obj, args.cluster, trace=True)
+        sim = simulate(obj, args.cluster, trace=True)
     kw = {} if args.detail_limit is None else {"detail_limit": args.detail_limit}
     write_view(obj, out, sim=sim, open_it=args.open, **kw)
     return 0

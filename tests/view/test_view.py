@@ -126,3 +126,17 @@ def test_browser_gantt_and_timeline(step, tmp_path):
     assert r["links"] == 8   # each microbatch's activation sent forward and its gradient back
     r = page_test(out, "timeline")
     assert r["errors"] == [] and r["spans"] > 0 and r["rows"] >= 2
+
+
+def test_the_command_views_a_saved_plan(tmp_path, capsys):
+    g = partita.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128, batch=8, dtype="bf16")
+    model, plan, page = tmp_path / "gpt.pir", tmp_path / "plan.json", tmp_path / "plan.html"
+    partita.save(g, model)
+    assert main(["plan", str(model), "--nodes", "1", "--devices", "4", "--price", "2", "-o", str(plan)]) == 0
+    assert main(["view", str(model), "--plan", str(plan), "--cluster", "selene", "-o", str(page)]) == 0
+    d = blob(page)
+    assert d["kind"] in ("parallel", "pipeline") and "sim" in d
+    assert main(["view", str(model), "--plan", str(plan), "--mesh", "dp=4"]) == 1
+    assert "the plan names the mesh" in capsys.readouterr().err
+    r = page_test(page, "load")
+    assert r["errors"] == [] and "timeline" in r["views"]
