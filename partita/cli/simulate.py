@@ -79,7 +79,7 @@ _GPT_FIELDS = ("layers", "hidden", "heads", "seq", "vocab", "batch")
 MAX_GPT_PARAMS = 10 ** 15
 
 
-def _gpt(text: str, dtype: str) -> Any:
+def _gpt(text: str, dtype: str, cp: int | None = None) -> Any:
     """The GPT of ``--gpt L,H,A,S,V,B``, its numbers checked before anything is built."""
     from ..models import ModelError, gpt
 
@@ -99,6 +99,7 @@ def _gpt(text: str, dtype: str) -> Any:
     if params > MAX_GPT_PARAMS or batch * seq > 10 ** 12:
         raise SimulateError(f"--gpt '{text:.60}': about {params:.3g} parameters and {batch * seq:.3g} tokens a step, "
                             f"beyond any model partita simulates (at most {MAX_GPT_PARAMS:.0e} parameters, 1e12 tokens)")
+    check_cp_sequence(seq, cp, f"--gpt '{text:.60}'", "the S of --gpt L,H,A,S,V,B")
     try:
         return gpt(layers, hidden, heads, seq, vocab, batch=batch, dtype=dtype)
     except ModelError as e:
@@ -116,6 +117,32 @@ def list_models() -> str:
                      f"{m.batch:>5}  {m.source}")
     lines.append("(heads: attention/key-value; seq and batch are the defaults, --seq and --batch override them)")
     return "\n".join(lines)
+
+
+def check_cp_sequence(seq: int, cp: int | None, what: str, flag: str = "--seq") -> None:
+    """A sequence the cp axis splits: a multiple of 2 x cp (each cp rank holds two of the
+    ``2 * cp`` balanced chunks, for cp and cp-ring alike), checked before the model is built."""
+    if cp is None or cp < 1 or seq % (2 * cp) == 0:
+        return
+    step = 2 * cp
+    below, above = seq // step * step, (seq // step + 1) * step
+    near = f"{below} or {above}" if below else f"{above}"
+    fits = [c for c in range(cp - 1, 0, -1) if seq % (2 * c) == 0]
+    other = f", or a cp axis that divides it (cp={fits[0]})" if fits and fits[0] > 1 else ""
+    raise SimulateError(f"{what}: the sequence length {seq} is not a multiple of 2 x cp = {step} (--mesh cp={cp}: "
+                        f"each of the {cp} cp ranks holds two of {step} equal chunks, one early and one late); "
+                        f"use a sequence of {near} ({flag}){other}")
+
+
+def check_mesh_on_cluster(mesh: Any, cluster: Any, args: argparse.Namespace) -> None:
+    """A mesh the cluster's nodes can hold, said in the command's flags (--mesh, --nodes)."""
+    if mesh.size <= cluster.devices:
+        return
+    need = -(-mesh.size // cluster.gpus_per_node)
+    where = f"--cluster {args.cluster}" + (f" --nodes {args.nodes}" if args.nodes is not None else "")
+    raise SimulateError(f"--mesh {args.mesh} needs {mesh.size} devices, but {where} has {cluster.devices} "
+                        f"({cluster.nodes} node{'s' if cluster.nodes != 1 else ''} x {cluster.gpus_per_node}); use "
+                        f"--nodes {need} (nodes of {cluster.gpus_per_node} devices) or a smaller mesh")
 
 
 def _check_model_flags(args: argparse.Namespace) -> None:
@@ -167,7 +194,7 @@ def _hf_config(path: str) -> Any:
     return m
 
 
-def _named(args: argparse.Namespace) -> Any:
+def _named(args: argparse.Namespace, cp: int | None = None) -> Any:
     """The weightless forward graph of ``--model`` or ``--hf-config``, sized by --seq/--batch."""
     from ..models import ModelError, named_model
 
@@ -187,6 +214,7 @@ def _named(args: argparse.Namespace) -> Any:
         raise SimulateError(f"{what}: about {params:.3g} parameters and {batch * seq:.3g} tokens a step, beyond any "
                             f"model partita simulates (at most {MAX_GPT_PARAMS:.0e} parameters, 1e12 tokens); lower "
                             "--seq or --batch")
+    check_cp_sequence(seq, cp, what)
     try:
         fwd = m.build(seq=seq, batch=batch, dtype=args.dtype)
     except ModelError as e:
@@ -195,15 +223,17 @@ def _named(args: argparse.Namespace) -> Any:
     return fwd
 
 
-def _model(args: argparse.Namespace, strategy: str) -> Any:
+def _model(args: argparse.Namespace, strategy: str, cp: int | None = None) -> Any:
+    """The training step to parallelize (``cp``: the size of the strategy's cp axis, which
+    the sequence must suit)."""
     from .. import training_step
     from ..parallel.pipeline.build import is_training
 
     _check_model_flags(args)
     if args.gpt is not None:
-        fwd = _gpt(args.gpt, args.dtype)
+        fwd = _gpt(args.gpt, args.dtype, cp)
     elif args.model is not None or args.hf_config is not None:
-        fwd = _named(args)
+        fwd = _named(args, cp)
     else:
         from ..ir.parser import parse_file
         from ..ir.verifier import verify
@@ -229,6 +259,7 @@ def _model(args: argparse.Namespace, strategy: str) -> Any:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster, simulate
+    from ..cluster.hardware import ClusterError
     from ..cluster.simulator import check_fits_cluster
     from ..ir.mesh import Mesh
     from ..parallel.strategies import default_strategy, parse_strategy
@@ -244,14 +275,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise SimulateError("--trace-detail is a --trace option: add --trace OUT.json")
     cluster = load_cluster(args.cluster)
     if args.nodes is not None:
-        cluster = cluster.with_nodes(args.nodes)
+        try:
+            cluster = cluster.with_nodes(args.nodes)
+        except ClusterError as e:
+            raise SimulateError(f"--nodes {args.nodes}: {str(e).split(': ', 1)[-1]}") from None
     mesh = Mesh.of(args.mesh)
+    check_mesh_on_cluster(mesh, cluster, args)
     check_fits_cluster(mesh, cluster)
     strategy = args.strategy
     if strategy is None:
         strategy = default_strategy(mesh)
         print(f"strategy {strategy} (from the mesh axes; --strategy chooses another)")
-    pp = "pp" in parse_strategy(strategy, mesh)
+    parsed = parse_strategy(strategy, mesh)
+    pp = "pp" in parsed
+    cps = parsed.member("context-parallel")
+    cp_axis = parsed.axis_of(cps.name) if cps is not None else None
+    cp = mesh.axis_size(cp_axis) if cp_axis is not None else None
     pipeline: dict[str, Any] = {k: getattr(args, k) for k in ("microbatches", "schedule", "virtual_stages")
                                 if getattr(args, k) is not None}
     if pipeline and not pp:
@@ -262,7 +301,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.html is not None:
         check_output_path(args.html, "--html")
     t0 = time.perf_counter()
-    step = _model(args, strategy)
+    step = _model(args, strategy, cp)
     t1 = time.perf_counter()
     print(f"model @{step.name}: {sum(1 for _ in step.nodes)} nodes, built in {t1 - t0:.2f} s")
     unroll = args.unroll or args.check_memory

@@ -140,6 +140,9 @@ def hf_config_model(cfg: object, name: str = "hf") -> tuple[NamedModel, list[str
     if not isinstance(cfg, dict):
         raise ModelError(f"the config is a JSON {type(cfg).__name__}, not an object with a model_type")
     mt = cfg.get("model_type")
+    if mt is None:
+        raise ModelError("the config has no 'model_type' (a transformers config.json names its architecture, e.g. "
+                         "\"model_type\": \"llama\"); supported model types: " + ", ".join(HF_DECODERS))
     if mt not in HF_DECODERS:
         raise ModelError(f"model_type {mt!r:.60} is not a decoder the builders cover; supported model types: "
                          + ", ".join(HF_DECODERS) + " (a Llama-like config: hidden_size, num_hidden_layers, "

@@ -171,3 +171,47 @@ def test_the_megatron_models_are_the_benchmarks_rows():
         m = NAMED_MODELS[f"megatron-{name.lower()}"]
         assert (m.heads, m.hidden, m.layers, m.batch, m.seq, m.vocab) == (a, h, l, B, bench_simulate.SEQ,
                                                                            bench_simulate.VOCAB)
+
+
+def test_a_small_cp_and_pp_plan_simulates_from_the_command_line(tmp_path: Path, capsys):
+    """A small Llama config on dp=2,pp=2,cp=2,tp=2 with zero2 and the interleaved schedule:
+    the command the Llama 3 CP16 row is simulated with, small. Its sequence (8) is as long
+    as the rotary frequency index (head_dim / 2), which cp must not take for positions."""
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(dict(TINY_LLAMA, num_hidden_layers=4)))
+    argv = ["simulate", "--hf-config", str(cfg), "--seq", "8", "--batch", "16", "--mesh", "dp=2,pp=2,cp=2,tp=2",
+            "--strategy", "pp+zero2+megatron+cp", "--master-weights", "--microbatches", "4", "--schedule",
+            "interleaved", "--virtual-stages", "2", "--cluster", "dgx-h100"]
+    rc, out, _err = _run(argv, capsys)
+    assert rc == 0 and "seq 8, batch 16" in out and "simulated in" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "llama3-8b", "--seq", "20", "--batch", "4", "--mesh", "cp=4", "--strategy", "cp"],
+     r"--model llama3-8b: the sequence length 20 is not a multiple of 2 x cp = 8 \(--mesh cp=4: .*use a sequence of "
+     r"16 or 24 \(--seq\), or a cp axis that divides it \(cp=2\)"),
+    (["--model", "llama3-8b", "--seq", "4", "--batch", "4", "--mesh", "cp=4", "--strategy", "cp-ring"],
+     r"the sequence length 4 is not a multiple of 2 x cp = 8 .*use a sequence of 8 \(--seq\), or a cp axis"),
+    (["--gpt", "2,64,4,20,128,8", "--mesh", "cp=4,tp=2", "--strategy", "cp+megatron"],
+     r"--gpt '2,64,4,20,128,8': the sequence length 20 is not a multiple of 2 x cp = 8 .*\(the S of --gpt"),
+    (["--hf-config", "nomt.json"], r"--hf-config nomt.json: the config has no 'model_type' .*supported model types: "
+                                   r"llama, mistral, qwen2, gpt2"),
+    (["--hf-config", "t5.json"], r"model_type 't5' is not a decoder the builders cover; supported model types"),
+    (["--model", "llama3-8b", "--mesh", "dp=32", "--cluster", "dgx-h100", "--nodes", "2"],
+     r"--mesh dp=32 needs 32 devices, but --cluster dgx-h100 --nodes 2 has 16 \(2 nodes x 8\); use --nodes 4"),
+    (["--model", "llama3-8b", "--mesh", "dp=2,tp=16", "--cluster", "dgx-h100", "--nodes", "4"],
+     r"the tensor-parallel axis tp=16 .* more than the 8 devices of a node of 'dgx-h100'.*at most 8 wide"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", str(10 ** 9)], r"--nodes 1000000000: cluster "
+                                                                                   r"'dgx-h100' takes 1 to"),
+])
+def test_bad_plans_are_one_clear_message_before_the_model_is_built(argv, message, tmp_path: Path, capsys,
+                                                                   monkeypatch):
+    """A sequence the cp axis does not split into 2 x cp chunks, a config that is no decoder
+    the builders know, a mesh the cluster's nodes cannot hold: each names the value and the
+    fix, before any model is built."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nomt.json").write_text(json.dumps({k: v for k, v in TINY_LLAMA.items() if k != "model_type"}))
+    (tmp_path / "t5.json").write_text(json.dumps({"model_type": "t5", "d_model": 64, "num_layers": 2}))
+    rc, out, err = _run(["simulate", *argv], capsys)
+    assert rc == 1 and re.search(message, err), err
+    assert "built in" not in out

@@ -316,11 +316,14 @@ def named_llama_step() -> Graph:
 
 @pytest.mark.parametrize("mesh,strategy", [
     ("cp=2", "cp"), ("pp=2,cp=2", "pp+cp"), ("pp=2,cp=2,tp=2", "pp+megatron+cp"), ("pp=2,cp=2", "pp+cp-ring"),
+    ("dp=2,pp=2,cp=2", "pp+zero2+cp"),
 ])
 def test_named_llama_with_interleaved_pp_and_cp_matches_one_device(mesh, strategy):
     """The interleaved pipeline passes the rotary cos/sin tables ([1, 1, seq, head_dim], made
     from the sequence's positions) from stage to stage: both ends take the rank's rows of
-    them, and the step equals one device's (bf16: within bf16's rounding)."""
+    them, and the step equals one device's (bf16: within bf16's rounding). With zero2 the
+    tables' gradients are reduce-scattered over dp along the sequence and gathered back
+    before they are sent."""
     step = named_llama_step()
     kw = dict(microbatches=2, schedule="interleaved", virtual_stages=2) if "pp" in strategy else {}
     prog = parallelize(step, mesh, strategy, **kw)

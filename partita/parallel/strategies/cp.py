@@ -9,9 +9,12 @@ its long-context stage.
 The causal load is balanced as Llama 3 does: the sequence is cut into ``2 * cp`` chunks and
 rank ``i`` holds chunks ``i`` and ``2*cp-1-i`` (one early, one late), so every rank scores
 the same number of (query, key) pairs. The batch inputs (ids, targets) come to each rank
-whole along the sequence and are permuted there once, at the start (an ``index_select`` of
-the rank's positions); position tables computed from an ``iota`` of the sequence length take
-the rank's positions instead. Attention then runs on the gathered (permuted) keys with an
+whole along the sequence and are permuted there where first read (an ``index_select`` of
+the rank's positions); an ``iota`` of the sequence length looked up as indices (a learned
+position table) is the rank's positions from the start. Any other value made from positions
+alone (a rotary cos/sin table, a constant, a mask built from shapes), whole along the
+sequence, takes the rows of the rank's positions where it meets the rank's tokens, and so
+does one a pipeline stage sends to the next (``token_dim``: both ends cut the same dim). Attention then runs on the gathered (permuted) keys with an
 explicit mask ``key position <= query position`` built from the original positions, which
 is exactly the causal attention of one device.
 
@@ -165,6 +168,7 @@ class SeqRewrite:
         self.phase = "forward"
         self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
         self.tokens: set[Value] = set()  # the batch inputs ([batch, seq, ...])
+        self.pieced: dict[Value, str] = {}  # a value reduce-scattered along the sequence -> the axis
         self.positional: dict[Value, bool] = {}  # an old value -> whether it depends on positions alone
         self.rows_taken: dict[tuple[Value, int], Value] = {}  # (value, dim) -> this rank's rows of it
 
@@ -272,7 +276,7 @@ class SeqRewrite:
         ins = [self.get(v) for v in node.operands]
         seqd = [self.dim.get(v) for v in ins]
         op, attrs = node.op, dict(node.attrs)
-        if op == "iota" and tuple(attrs["shape"]) == (self.seq,):
+        if op == "iota" and tuple(attrs["shape"]) == (self.seq,) and self.indexes(node.results[0]):
             p = self.positions()
             nv = p if attrs["dtype"] == i64 else self.emit("cast", p, dtype=attrs["dtype"])
             self.bind(node, [nv], [(0, 1)])
@@ -288,6 +292,9 @@ class SeqRewrite:
             return
         if all(d is None for d in seqd) and op not in ("attention", "attention_grad"):
             self.bind(node, self.emit_like(node, ins, attrs), [None] * len(node.results))
+            return
+        if any(v in self.pieced for v in ins):
+            self.op_piece(node, ins, seqd, attrs)
             return
         handler = getattr(self, "op_" + op, None)
         if handler is not None:
@@ -313,6 +320,24 @@ class SeqRewrite:
             if shape[k] == self.seq:
                 return k
         return None
+
+    @staticmethod
+    def indexes(v: Value) -> bool:
+        """Whether ``v`` (an iota as long as the sequence) is looked up as indices (a learned
+        position table's rows, through casts and reshapes): then it is the rank's positions
+        from the start. Any other iota of that length (a rotary table's positions, or a
+        frequency index that happens to be as long) stays whole; where a value made from it
+        meets the rank's tokens it takes the rank's rows (``own_rows``)."""
+        todo, seen = [v], set()
+        while todo:
+            x = todo.pop()
+            for u in x.users:
+                if u.op in ("embedding", "gather", "index_select") and x is not u.operands[0]:
+                    return True
+                if u.op in ("cast", "reshape", "unsqueeze", "squeeze", "broadcast_to") and u not in seen:
+                    seen.add(u)
+                    todo.extend(u.results)
+        return False
 
     def position_only(self, v: Value) -> bool:
         """Whether ``v`` depends on positions alone: computed from constants, ``iota``s and
@@ -469,6 +494,21 @@ class SeqRewrite:
                 raise StrategyError(f"strategy cp: {node.op} drops the sequence dim of {src.type}")
         self.bind(node, outs, dims)
 
+    def op_piece(self, node: Node, ins, seqd, attrs) -> None:
+        """A value reduce-scattered along the sequence (``pieced``) goes through an all_reduce
+        or a cast whole, and back together by the all_gather of its axis."""
+        axis = next(self.pieced[v] for v in ins if v in self.pieced)
+        if node.op == "all_gather":
+            self.op_all_gather(node, ins, seqd, attrs)
+            return
+        if node.op not in ("all_reduce", "cast") or len(ins) != 1:
+            raise StrategyError(f"strategy cp: {node.op} reads {node.operands[0].type}, reduce-scattered over '{axis}' "
+                                "along the sequence dim; cp follows such a value only through an all_reduce or a "
+                                f"cast to the all_gather over '{axis}' that puts it back together")
+        new = self.emit_like(node, ins, attrs)
+        self.pieced[new[0]] = axis
+        self.bind(node, new, [seqd[0]])
+
     def op_send(self, node: Node, ins, seqd, attrs) -> None:
         """A pipeline send: of this rank's tokens where it carries a sequence dim (the peer's
         recv takes the same piece, ``token_dim``), a position-only value whole along it cut
@@ -487,14 +527,27 @@ class SeqRewrite:
 
     def op_all_gather(self, node: Node, ins, seqd, attrs) -> None:
         """A collective of another axis along another dim (a pipeline's microbatch gathered
-        over dp) keeps the sequence split."""
+        over dp) keeps the sequence split. Along the sequence dim, a reduce_scatter cuts the
+        rank's tokens into pieces (``pieced``: zero2's scatter of a position table's gradient
+        over dp) and the all_gather of the same axis puts them back together; nothing else
+        may read a piece."""
         (d, inner), = seqd
-        if attrs["dim"] % ins[0].type.rank == d:
-            raise StrategyError(f"strategy cp: {node.op} over '{attrs['axis']}' works along the sequence dim of "
-                                f"{node.operands[0].type}")
+        x = ins[0]
+        if attrs["dim"] % x.type.rank == d:
+            whole = node.op == "reduce_scatter" and x not in self.pieced
+            back = node.op == "all_gather" and self.pieced.get(x) == attrs["axis"]
+            if inner != 1 or not (whole or back):
+                raise StrategyError(f"strategy cp: {node.op} over '{attrs['axis']}' works along the sequence dim of "
+                                    f"{node.operands[0].type}")
+            new = self.emit_like(node, ins, attrs)
+            if whole:
+                self.pieced[new[0]] = attrs["axis"]
+            self.bind(node, new, [(d, inner)])
+            return
         self.bind(node, self.emit_like(node, ins, attrs), [(d, inner)])
 
     op_reduce_scatter = op_all_gather
+    op_shard_slice = op_all_gather  # a replicated value cut over another axis (dp's microbatch rows)
 
     def op_all_to_all(self, node: Node, ins, seqd, attrs) -> None:
         """An all_to_all of another axis (zero1's gathered microbatch gradient) that splits
