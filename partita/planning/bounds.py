@@ -28,7 +28,7 @@ class Candidate:
     pp: int
     dp: int
     tp: int
-    zero: str               # "dp" or "zero1"
+    zero: str               # "dp", "zero1" or "zero3"
     sp: bool
     micro: int              # sequences per microbatch
     microbatches: int
@@ -84,6 +84,8 @@ def memory_bytes(shape: ModelShape, c: Candidate) -> float:
     """Peak bytes per device of ``c`` (see the module docstring)."""
     p = stage_params(shape, c)
     states = p * (4 + 12 / c.dp) if c.zero == "zero1" else p * 16
+    if c.zero == "zero3":             # every state sharded; two layers' bf16 params and grads gathered at once
+        states = p * 16 / c.dp + 2 * 4 * shape.layer_params / c.tp
     acts = in_flight(c) * stage_layers(shape, c.pp) * layer_activation_bytes(shape, c)
     if c.recompute == "full":                     # one layer rebuilt whole during its backward
         acts += layer_activation_bytes(shape, c, "none")
@@ -117,12 +119,15 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
     grads = 2.0 * stage_params(shape, c)
     dp_link = intra if c.dp * c.tp <= gpn else inter
     dp_time = allreduce_seconds(grads, c.dp, dp_link.bandwidth * eff.network)
+    if c.zero == "zero3":             # params gathered for the forward and the backward, grads reduce-scattered
+        dp_time *= 1.5
     compute = c.microbatches * 3 * fwd / flops
     parts = {"compute": compute, "recompute": c.microbatches * extra / flops,
              "memory": c.microbatches * traffic / mem_bw, "bubble": bubble * (t_mb + ls * tp_per_layer),
              "tp": c.microbatches * ls * tp_per_layer,
              "p2p": 0.0 if c.pp == 1 else (c.microbatches + c.pp) * 2 * s * b * h * 2 / c.tp / inter.bandwidth,
-             # zero1's parameter all-gather follows the optimizer step: exposed, as after a pipeline's flush.
+             # zero1's parameter all-gather follows the optimizer step: exposed, as after a pipeline's flush;
+             # zero3's gathers and scatters run beside the layers' compute (prefetched), as dp's all-reduce does.
              "dp": dp_time if c.pp > 1 or c.zero == "zero1" else max(0.1 * dp_time, dp_time - 0.6 * compute)}
     return parts
 

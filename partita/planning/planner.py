@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -124,9 +125,10 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
     out: list[Plan] = []
     pricer.failures, pricer.skipped = [], 0
     best_time, ratio = float("inf"), 0.0
+    fitting = set(fit)
     for c in sorted(fit, key=lambda c: est[c]):
         key = (c.pp, c.dp, c.tp, c.recompute)
-        if key in seen:
+        if key in seen or dominated(c, fitting):
             continue
         if len(seen) >= price:
             break
@@ -149,6 +151,12 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
             best_time = min(best_time, step_time)
         ratio = step_time / est[c] if not ratio else min(ratio, step_time / est[c])
     return out
+
+
+def dominated(c: Candidate, fitting: set[Candidate]) -> bool:
+    """Whether the same candidate with less recomputation fits too (recomputation only adds work)."""
+    lighter = RECOMPUTE[:RECOMPUTE.index(c.recompute)]
+    return any(dataclasses.replace(c, recompute=r) in fitting for r in lighter)
 
 
 def summary(p: Plan) -> dict:

@@ -62,6 +62,13 @@ def pipeline_options(shape: ModelShape, pp: int, per_dp: int) -> list[tuple[int,
     return out
 
 
+def dp_kinds(pp: int, dp: int) -> tuple[str, ...]:
+    """Data-parallel kinds of a mesh: plain and zero1, and zero3 (fully sharded) without a pipeline."""
+    if dp == 1:
+        return ("dp",)
+    return ("dp", "zero1") if pp > 1 else ("dp", "zero1", "zero3")
+
+
 def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
                          recomputes: tuple[str, ...]) -> tuple[list[Candidate], list[str]]:
     """Every candidate of the search space, and why whole meshes are invalid."""
@@ -79,7 +86,7 @@ def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
                 invalid.append(f"pp={pp},dp={dp},tp={tp}: the global batch {shape.batch} is not divisible by dp={dp}")
                 continue
             for micro, m, sched, v in pipeline_options(shape, pp, shape.batch // dp):
-                for zero in (("dp", "zero1") if dp > 1 else ("dp",)):
+                for zero in dp_kinds(pp, dp):
                     for rc in recomputes:
                         out.append(Candidate(pp, dp, tp, zero, tp > 1, micro, m, sched, v, rc))
     return out, invalid
@@ -151,9 +158,10 @@ class Pricer:
 
     def price_scaled(self, p: Plan, shape: ModelShape) -> tuple[float, float | None, float | None]:
         """``price(p)`` from models of one and two layers per pipeline chunk, scaled to the real depth
-        (partita/planning/reduce.py); in full when the model is too shallow for that or cannot be cut."""
+        (partita/planning/reduce.py); in full when the two would hold as many layers as the model (they
+        cost about what it does) or it cannot be cut."""
         chunks = max(p.axes.get("pp", 1), 1) * max(p.virtual_stages, 1)
-        if self.training or 2 * chunks >= shape.layers:
+        if self.training or 3 * chunks >= shape.layers:     # the two small models cost what the full one does
             return self.price(p)
         figures = []
         for per in (1, 2):
@@ -164,7 +172,8 @@ class Pricer:
         (t1, _m1, k1, f1), (t2, _m2, k2, f2) = figures
         x = shape.layers / chunks
         t = scale(t1, t2, x)
-        peak = scale(k1, k2, x) if k1 is not None and k2 is not None else None
+        # Peak memory need not grow evenly with the layers (the logits may dominate): never below either model's.
+        peak = max(scale(k1, k2, x), k1, k2) if k1 is not None and k2 is not None else None
         mfu = figures[0][1]
         if mfu is not None and f1 > 0:
             mfu = mfu * t1 / f1 * scale(f1, f2, x) / t
