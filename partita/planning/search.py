@@ -8,7 +8,9 @@ and recomputation none/selective/full. Each candidate gets the memory bound and 
 estimate of ``bounds``; those over the memory cap are out before anything is simulated
 (the cap is a constraint); the best estimated of the distinct meshes and recomputations are
 priced by the simulator's section-level path (``unroll=False``), skipping any whose lower
-bound already exceeds the best priced step, and the fastest that fits wins.
+bound already exceeds the best priced step, and the fastest that fits wins. A candidate is
+simulated on models of one and two layers per pipeline chunk and scaled to the real depth
+(``reduce``) where those are smaller than the model.
 """
 
 from __future__ import annotations
