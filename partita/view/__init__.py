@@ -2,7 +2,8 @@
 shows a graph (module groups collapsed to layers, search, each node's ``.pir`` line, types,
 placement and source), a parallel program (placed graph beside the per-rank program, each
 collective and why it exists, placements on the mesh), a pipeline schedule (Gantt chart per
-rank) and a simulation (per-rank streams, waits, memory). See docs/view.md.
+rank), a simulation (per-rank streams, waits, memory) and two graphs before and after a pass side
+by side with the differences marked. See docs/view.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .page import render_page
 
 __all__ = ["view", "ViewError", "DETAIL_LIMIT", "page_data", "render_page"]
 
-KNOWN = "a Graph (a .pir file), a ParallelProgram or PipelineProgram (partita.parallelize) or a SimResult " \
+KNOWN = "a Graph (a .pir file), a pair of Graphs (before, after), a ParallelProgram or PipelineProgram (partita.parallelize) or a SimResult " \
         "(partita.cluster.simulate)"
 
 
@@ -33,6 +34,9 @@ def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, title: str | Non
         data = page_data(obj, detail_limit=detail_limit, sim=sim)
     except TypeError:
         raise ViewError(f"view: cannot show a {type(obj).__name__}; give {KNOWN}") from None
+    except ValueError:
+        raise ViewError(f"view: a graph of the pair has more than {detail_limit} nodes, too many to compare node by "
+                        "node; raise detail_limit or view each graph alone (its layers)") from None
     name = title or _title(obj)
     text = render_page(data, name)
     p = os.fspath(path)
@@ -46,6 +50,8 @@ def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, title: str | Non
 
 def _title(obj: Any) -> str:
     """A page title from the object: the graph's name, the mesh and strategy."""
+    if isinstance(obj, (tuple, list)) and len(obj) == 2:
+        return f"before / after: @{getattr(obj[0], 'name', '?')}"
     g = getattr(obj, "name", None)
     if isinstance(g, str):
         return f"@{g}"

@@ -219,8 +219,40 @@ def merge_spans(spans: list[list], budget: int, step: float) -> list[list]:
     return spans
 
 
+def normalized_lines(g: dict) -> list[str]:
+    """Each node's line with value names blanked (``%a = add(%b, %c)`` -> ``% = add(%, %)``),
+    prefixed by its module, so two graphs compare by what their nodes do."""
+    import re
+
+    pat = re.compile(r"%[A-Za-z0-9_.]+")
+    return [g["scopes"][s] + "|" + pat.sub("%", ln) for s, ln in zip(g["scope"], g["line"])]
+
+
+def diff_json(before: Graph, after: Graph, *, detail_limit: int = DETAIL_LIMIT) -> dict:
+    """Two graphs side by side, each node marked (``changed``) when the other graph has fewer
+    nodes of its module doing the same thing (its line with value names blanked)."""
+    from collections import Counter
+
+    a = graph_json(before, detail_limit=detail_limit, title=f"before: @{before.name}")
+    b = graph_json(after, detail_limit=detail_limit, title=f"after: @{after.name}")
+    if not (a["detail"] and b["detail"]):
+        raise ValueError("a graph over the detailed view's limit")
+    for this, other in ((a, b), (b, a)):
+        left = Counter(normalized_lines(other))
+        marks = []
+        for key in normalized_lines(this):
+            if left[key] > 0:
+                left[key] -= 1
+                marks.append(0)
+            else:
+                marks.append(1)
+        this["changed"] = marks
+    return {"before": a, "after": b}
+
+
 def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) -> dict:
-    """The page data of ``obj`` (a Graph, ParallelProgram, PipelineProgram or SimResult), with
+    """The page data of ``obj`` (a Graph, a pair of Graphs (before, after), a ParallelProgram,
+    PipelineProgram or SimResult), with
     ``sim`` (a SimResult of it) added when given. Raises TypeError for anything else."""
     from ..cluster.simulator import SimResult
     from ..parallel.pipeline.pipeline_program import PipelineProgram
@@ -232,6 +264,8 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) ->
         data = {"kind": "pipeline", "pipeline": pipeline_json(obj, detail_limit=detail_limit)}
     elif isinstance(obj, ParallelProgram):
         data = {"kind": "parallel", "plan": plan_json(obj, detail_limit=detail_limit)}
+    elif isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(g, Graph) for g in obj):
+        data = {"kind": "diff", "diff": diff_json(obj[0], obj[1], detail_limit=detail_limit)}
     elif isinstance(obj, SimResult):
         data = {"kind": "sim"}
         sim = obj
@@ -242,4 +276,5 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) ->
     return data
 
 
-__all__ = ["DETAIL_LIMIT", "graph_json", "plan_json", "pipeline_json", "sim_json", "page_data", "schedule_bars"]
+__all__ = ["DETAIL_LIMIT", "graph_json", "plan_json", "pipeline_json", "sim_json", "page_data", "schedule_bars",
+           "diff_json"]

@@ -31,6 +31,7 @@ section.view { padding: 8px; }
 .gsvg g.node.rc rect { fill: #f3e8fa; }
 .gsvg g.node.sel rect { fill: #ffd76a; stroke: #b08000; stroke-width: 2; }
 .gsvg g.group rect { fill: #e9f5e4; stroke: #5f9f50; }
+.gsvg g.changed rect { stroke: #d03030; stroke-width: 2.5; }
 .gsvg text { font: 11px monospace; pointer-events: none; }
 pre.pirline { white-space: pre-wrap; word-break: break-all; background: #f4f4f4; padding: 4px; font-size: 11px; }
 table.kv th { text-align: left; vertical-align: top; padding-right: 8px; color: #555; font-weight: normal; }

@@ -160,7 +160,9 @@ class GraphView {
       const [x, y] = this.pos(it);
       if (!inWin(y)) continue;
       const [kind, id] = this.items[it];
-      const cls = kind === 0 ? "node" + (id === this.sel ? " sel" : "") + (this.g.rc && this.g.rc[id] ? " rc" : "") : "group";
+      const ch = this.g.changed, chg = ch && (kind === 0 ? ch[id] : this.groupChanged(id));
+      const cls = (kind === 0 ? "node" + (id === this.sel ? " sel" : "") + (this.g.rc && this.g.rc[id] ? " rc" : "") : "group") +
+        (chg ? " changed" : "");
       const gr = sv("g", {class: cls, transform: `translate(${x},${y})`, "data-item": it});
       gr.append(sv("rect", {width: BW, height: BH, rx: kind ? 8 : 3}));
       const t = this.label(it);
@@ -169,6 +171,14 @@ class GraphView {
       gr.addEventListener("click", () => this.clickItem(it));
       svg.append(gr);
     }
+  }
+  groupChanged(gi) {
+    // a collapsed group is marked when any node under it changed (counted once per group)
+    if (!this.changedIn) {
+      this.changedIn = new Int32Array(this.groups.length);
+      for (let i = 0; i < this.g.n; i++) if (this.g.changed[i]) for (let q = this.nodeGroup[i]; q >= 0; q = this.groups[q].parent) this.changedIn[q]++;
+    }
+    return this.changedIn[gi];
   }
   clickItem(it) {
     const [kind, id] = this.items[it];
@@ -316,6 +326,16 @@ function parallelView(root, P) {
   return {gv, lv, showWhy, filt, fill, list};
 }
 
+// ---------- before / after ----------
+function diffView(root, P) {
+  const count = g => g.changed.reduce((a, b) => a + b, 0);
+  root.append(el("div", {class: "summary", id: "diff-summary"}, `${P.before.n} nodes before, ${P.after.n} after; marked red: ` +
+    `${count(P.before)} node(s) only before, ${count(P.after)} only after (compared by module and line, value names aside)`));
+  const side = el("div", {class: "sides"}), left = el("div", {class: "side"}), right = el("div", {class: "side"});
+  side.append(left, right); root.append(side);
+  return {gv: new GraphView(left, P.before, null), after: new GraphView(right, P.after, null)};
+}
+
 // ---------- pipeline schedule ----------
 const KCOL = {F: "#6b9bd1", B: "#7fbf7f", W: "#e0a050"};
 function ganttView(root, S) {
@@ -454,6 +474,7 @@ function main() {
   };
   if (D.kind === "graph") add("graph", v => ({gv: new GraphView(v, D.graph, null)}));
   if (D.kind === "parallel") add("parallel", v => parallelView(v, D.plan));
+  if (D.kind === "diff") add("before / after", v => diffView(v, D.diff));
   if (D.kind === "pipeline") {
     add("schedule", v => ganttView(v, D.pipeline.schedule));
     if (D.pipeline.stage0) add("stage 0", v => parallelView(v, D.pipeline.stage0));
@@ -500,6 +521,10 @@ function runTest(D, views, show) {
     } else if (m[1] === "timeline") {
       Object.assign(out, show("timeline"));
       out.memory = document.querySelectorAll("#memory rect").length;
+    } else if (m[1] === "diff") {
+      const V = show("before / after");
+      out.summary = document.getElementById("diff-summary").textContent;
+      out.markedBoxes = document.querySelectorAll("#views g.changed").length;
     } else if (m[1] === "load") {
       out.views = Object.keys(views);
       const w = document.getElementById("too-large"); out.tooLarge = w ? w.textContent : "";

@@ -140,3 +140,17 @@ def test_the_command_views_a_saved_plan(tmp_path, capsys):
     assert "the plan names the mesh" in capsys.readouterr().err
     r = page_test(page, "load")
     assert r["errors"] == [] and "timeline" in r["views"]
+
+
+def test_browser_before_and_after_a_pass_marks_the_differences(tmp_path):
+    fwd = partita.models.gpt(2, 64, 4, 16, 128, batch=8, dtype="f32")
+    after = partita.optimize(fwd.clone(), "canonicalize,fuse-activations,cse,dce")
+    d = page_data((fwd, after))["diff"]
+    assert d["before"]["n"] - sum(d["before"]["changed"]) == d["after"]["n"] - sum(d["after"]["changed"])
+    assert sum(d["before"]["changed"]) > 0 and sum(d["after"]["changed"]) > 0
+    assert page_data((fwd, fwd.clone()))["diff"]["after"]["changed"] == [0] * len(fwd)
+    with pytest.raises(ViewError, match="too many to compare node by node"):
+        view((fwd, after), tmp_path / "x.html", detail_limit=10)
+    r = page_test(Path(view((fwd, after), tmp_path / "d.html")), "diff")
+    assert r["errors"] == [] and r["markedBoxes"] > 0
+    assert f"{sum(d['before']['changed'])} node(s) only before" in r["summary"]
