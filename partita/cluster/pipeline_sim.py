@@ -125,7 +125,7 @@ class SectionOrder:
     has_collective: bool
 
 
-def section_order(nodes: list[Node]) -> SectionOrder:
+def section_order(nodes: list[Node], overlap: bool = False) -> SectionOrder:
     """``nodes`` (one section, template order) in the order ``order_collectives(keep_order=
     True)`` gives their copies in the unrolled program: ``kept_order`` of the section, the
     function that pass calls on the whole program (each collective, ``is_collective``:
@@ -135,8 +135,10 @@ def section_order(nodes: list[Node]) -> SectionOrder:
     that need nothing of the section (they go up to the collective before them, in an
     earlier section; an all_gather among them that another such one follows stays there),
     and the all_gathers that sink past the section's end (into a later section, unless the
-    next collective is anchored before its section: then they stay at their anchor)."""
-    kept = kept_order(nodes)
+    next collective is anchored before its section: then they stay at their anchor).
+    ``overlap``: the linear layers' backward ordered to overlap its collectives, as the pass
+    does unless the schedule defers the weight gradients (``overlap_linear_backward``)."""
+    kept = kept_order(nodes, overlap)
     colls = [n for n in nodes if is_collective(n)]
     lead = [n for n in colls if kept.anchors[n] < 0]
     outside: set[Node] = set()
@@ -155,8 +157,11 @@ def section_order(nodes: list[Node]) -> SectionOrder:
     return SectionOrder(order, outside, deferred, bool(colls) and kept.anchors[colls[0]] < 0, bool(colls))
 
 
-def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict, outputs: set[Value]) -> _Fragment:
-    so = section_order(nodes)
+def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict, outputs: set[Value],
+                   overlap: bool = False) -> _Fragment:
+    """One section's fragment: its nodes in the unrolled program's order (``section_order``;
+    ``overlap``: the linear layers' backward overlapped), priced."""
+    so = section_order(nodes, overlap)
     order, outside = so.nodes, so.outside
     inside = set(nodes)
     entries: list[Entry] = []
@@ -373,10 +378,15 @@ class SectionProgramBuilder:
         got = self.frags.get(id(t))
         if got is None:
             by: dict[tuple, list[Node]] = defaultdict(list)
+            split = t.sched.split
             for n in t.local.nodes:
-                by[t.sections[n]].append(n)
+                k = t.sections[n]
+                # Unsplit, a W section follows its B section in the unrolled program, and the
+                # weight gradients move into it (collective_order.overlap_linear_backward).
+                by[("B", k[1]) if k[0] == "W" and not split else k].append(n)
             outs = set(t.local.outputs)
-            got = self.frags[id(t)] = {k: build_fragment(k, ns, self.model, self.cache, outs) for k, ns in by.items()}
+            got = self.frags[id(t)] = {k: build_fragment(k, ns, self.model, self.cache, outs, overlap=not split)
+                                       for k, ns in by.items()}
         return got
 
     def variant(self, t: Any, axes: frozenset[str]) -> tuple[dict[tuple, _Variant], frozenset[str]]:
@@ -523,9 +533,8 @@ class RankProgramBuild:
                     if t.loss_share is not None and c == sched.chunks - 1:
                         plan.append(LossReady(m))
                 elif it.kind == "B":
-                    plan.append(CopySection(("B", c), m))
+                    plan.append(CopySection(("B", c), m))  # with its W section when unsplit
                     if not sched.split:
-                        plan.append(CopySection(("W", c), m))
                         plan.append(Accumulate(c, m))
                 else:
                     plan.append(CopySection(("W", c), m))

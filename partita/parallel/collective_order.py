@@ -116,7 +116,8 @@ def _signatures(graph: Graph, nodes: list[Node]) -> dict[Node, str]:
     return sig
 
 
-def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False) -> list[Node]:
+def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False,
+                      overlap_backward: bool = True) -> list[Node]:
     """Re-sort the nodes of ``graph`` (in place) so that its collectives come in one order
     that depends only on the program; returns the collective nodes in that order.
 
@@ -136,6 +137,11 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
     first reader, short of the next collective. The other nodes keep their relative order,
     as do effectful non-collective nodes.
 
+    ``overlap_backward``: each tensor-parallel linear layer's backward is then ordered so that
+    its collectives overlap its matmuls (``overlap_linear_backward``); a pipeline whose weight
+    gradients are deferred (zero-bubble's W sections) passes False, its weight gradients stay
+    where the schedule puts them.
+
     ``prefetch``: an all_gather of a graph input (a zero3 param) is then moved up to just
     after the gather ``prefetch`` places before it among those, so that it is in flight
     (the runtime starts it asynchronously and waits where it is read) while the previous
@@ -147,7 +153,7 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
                                    f"ahead, got {prefetch}")
     nodes = list(graph.nodes)
     if keep_order:
-        order = kept_order(nodes).nodes
+        order = kept_order(nodes, overlap_backward).nodes
         if prefetch:
             order = _prefetch_gathers(order, prefetch)
         apply_order(graph, order)
@@ -229,7 +235,9 @@ def order_collectives(graph: Graph, prefetch: int = 1, keep_order: bool = False)
         wanted.sort(key=pos.__getitem__)
         schedule.extend(wanted)
     schedule.extend(n for n in nodes if n not in placed)
-    order = overlap_linear_backward(sink_gathers(schedule))
+    order = sink_gathers(schedule)
+    if overlap_backward:
+        order = overlap_linear_backward(order)
     if prefetch:
         order = _prefetch_gathers(order, prefetch)
     apply_order(graph, order)
@@ -267,16 +275,18 @@ def order_dependencies(nodes: list[Node]) -> Callable[[Node], list[Node]]:
     return deps
 
 
-def kept_order(nodes: list[Node]) -> KeptOrder:
+def kept_order(nodes: list[Node], overlap_backward: bool = False) -> KeptOrder:
     """``nodes`` in the order ``order_collectives(keep_order=True)`` gives them before any
     prefetch: each collective hoisted to just after what it needs among ``nodes`` and the
     collective before it (``hoist_collectives``), then each all_gather sunk to just before its
-    first reader or the next collective (``sink_gathers``). ``nodes`` may be a part of a
-    program (a pipeline template's section, pipeline_sim.py): what it needs from outside does
-    not hold it back."""
+    first reader or the next collective (``sink_gathers``), and with ``overlap_backward`` each
+    linear layer's backward ordered to overlap its collectives (``overlap_linear_backward``).
+    ``nodes`` may be a part of a program (a pipeline template's section, pipeline_sim.py): what
+    it needs from outside does not hold it back."""
     pos = {n: i for i, n in enumerate(nodes)}
     anchors = collective_anchors(nodes, pos, order_dependencies(nodes))
-    return KeptOrder(sink_gathers(hoist_collectives(nodes, anchors)), anchors)
+    order = sink_gathers(hoist_collectives(nodes, anchors))
+    return KeptOrder(overlap_linear_backward(order) if overlap_backward else order, anchors)
 
 
 def collective_anchors(nodes: list[Node], pos: dict[Node, int],
@@ -430,9 +440,10 @@ def overlap_linear_backward(order: list[Node]) -> list[Node]:
     moves to just before that reader, so it runs while the collective is in flight; an
     all_gather it reads that ``m`` does not (sequence parallelism's re-gather of the layer's
     input) moves to just before ``m``, so it is in flight while ``m`` computes. Nodes only
-    move up; the result is checked to be a valid order (else ``order`` is returned). Applied
-    to programs ordered by readiness; a pipeline's kept order (``kept_order``) does not take it
-    yet: the section-level simulator would have to re-derive it across section bounds."""
+    move up; the result is checked to be a valid order (else ``order`` is returned). In a
+    pipeline whose W sections follow their B sections (every schedule but zero-bubble's), the
+    weight gradients move into the B section: the section-level simulator orders a B section
+    with its W section as one (pipeline_sim.py)."""
     pos = {n: i for i, n in enumerate(order)}
     before: dict[Node, list[Node]] = defaultdict(list)
     taken: set[Node] = set()

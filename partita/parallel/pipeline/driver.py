@@ -244,7 +244,7 @@ class _StagePrograms:
         self.unroll_s += time.perf_counter() - t
         if self.submesh is not None:
             _finish_collectives(unrolled, self.bucket_mb, self.first_mb, self.order, self.prefetch, self.gather_mb,
-                                once)
+                                once, overlap_backward=not self.sched.split)
         unrolled.mesh = self.mesh
         st.local = unrolled
         self.progs.append(st)
@@ -264,13 +264,15 @@ class _StagePrograms:
 
 
 def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool, prefetch: int,
-                        gather_mb: Any, once: "set[Any] | None" = None) -> None:
+                        gather_mb: Any, once: "set[Any] | None" = None, overlap_backward: bool = True) -> None:
     """The bucketing and ordering of collectives that ``parallelize`` runs on a per-rank
     program, here on the unrolled one (a template's buckets would mix microbatches).
     ``once``: the nodes of the once-per-step sections, whose all_reduces alone are bucketed
     (the gradient reductions): fusing two microbatches' independent collectives (a small
     all_reduce of the loss of microbatch m with that of m + 1) would hold the first back until
-    the second's forward, and reorder the schedule around it."""
+    the second's forward, and reorder the schedule around it. ``overlap_backward``: whether
+    order-collectives overlaps the linear layers' backward collectives with their weight
+    gradients (not when a schedule defers the weight gradients, zero-bubble's W sections)."""
     from ..bucket import bucket_gathers, bucket_gradients, order_collectives
 
     if bucket_mb is not None:
@@ -278,7 +280,7 @@ def _finish_collectives(local: Graph, bucket_mb: Any, first_mb: Any, order: bool
     if gather_mb is not None:
         bucket_gathers(local, gather_mb)
     if order:
-        order_collectives(local, prefetch, keep_order=True)
+        order_collectives(local, prefetch, keep_order=True, overlap_backward=overlap_backward)
 
 
 def _norm(text: str) -> str:
