@@ -56,7 +56,7 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         where[v] = -1 - i
     cols: dict[str, list] = {"op": [], "scope": [], "in": []}
     if detail:
-        cols.update({"line": [], "name": [], "type": [], "file": [], "lineno": [], "rc": []})
+        cols.update({"line": [], "name": [], "type": [], "file": [], "lineno": [], "rc": [], "flops": [], "bytes": []})
     for i, n in enumerate(nodes):
         for r in n.results:
             where[r] = i
@@ -72,6 +72,9 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
             cols["file"].append(files(loc.file) if loc is not None else -1)
             cols["lineno"].append(loc.line if loc is not None else 0)
             cols["rc"].append(loc.recompute if loc is not None else "")
+            flops, moved = node_cost(n)
+            cols["flops"].append(flops)
+            cols["bytes"].append(moved)
     out: dict[str, Any] = {"title": title or f"@{graph.name}", "n": len(nodes), "detail": detail,
                            "detail_limit": detail_limit, "ops": ops.items, "scopes": scopes.items,
                            "files": files.items, **cols}
@@ -91,6 +94,21 @@ def strip_loc(line: str) -> str:
     line = line.strip()
     cut = line.rfind(" loc(")
     return line[:cut] if cut > 0 and line.endswith(")") else line
+
+
+def node_cost(n: Any) -> tuple[int, int]:
+    """A node's FLOPs and bytes moved (read and written) by its op record's cost; (0, 0) for an
+    op without one."""
+    from ..ops.registry import OPS
+
+    op = OPS.get(n.op)
+    if op is None:
+        return 0, 0
+    try:
+        c = op.cost_of([v.type for v in n.operands], [v.type for v in n.results], n.attrs)
+    except Exception:   # an op whose cost rule cannot price these types: no cost shown
+        return 0, 0
+    return int(c.flops), int(c.bytes_read + c.bytes_written)
 
 
 def mesh_json(mesh: Any) -> dict:

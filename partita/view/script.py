@@ -29,6 +29,11 @@ function fmtBytes(b) {
   return (i ? b.toFixed(1) : String(b)) + " " + u[i];
 }
 const isNum = s => /^[0-9]+$/.test(s);
+function fmtNum(x) {
+  const u = ["", "k", "M", "G", "T", "P"]; let i = 0;
+  while (Math.abs(x) >= 1000 && i < u.length - 1) { x /= 1000; i++; }
+  return (i ? x.toFixed(2) : String(x)) + u[i];
+}
 
 // ---------- graph view ----------
 const BW = 150, BH = 30, GX = 24, GY = 26, MAXW = 6;
@@ -200,6 +205,7 @@ class GraphView {
     const rows = [["type", g.type[i]], ["op", g.ops[g.op[i]]], ["module", g.scopes[g.scope[i]] || "(none)"],
       ["source", g.file[i] >= 0 ? g.files[g.file[i]] + ":" + g.lineno[i] : "(unknown)"]];
     if (g.rc[i]) rows.push(["recomputed", g.rc[i]]);
+    if (g.flops && (g.flops[i] || g.bytes[i])) rows.push(["cost", fmtNum(g.flops[i]) + " FLOPs, " + fmtBytes(g.bytes[i]) + " moved"]);
     const ins = g.in[i].map(j => "%" + (g.name[j] || "?").split(" ")[0]).join(", ");
     if (ins) rows.push(["operands from", ins]);
     const t = el("table", {class: "kv"});

@@ -80,6 +80,7 @@ def test_browser_search_finds_a_node_and_shows_its_line(step, tmp_path):
     r = page_test(out, "search:attention")
     assert r["errors"] == []
     assert r["hits"] >= 2 and "attention(" in r["line"] and "transformer.h.0.attn" in r["detailText"]
+    assert "FLOPs" in r["detailText"] and 'loc("partita/models/gpt.py":1 in "transformer.h.0.attn")' in r["line"]
     r = page_test(out, "expand")
     assert r["errors"] == [] and r["after"] > r["before"] and r["drawn"] > 0
 
