@@ -56,7 +56,8 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         where[v] = -1 - i
     cols: dict[str, list] = {"op": [], "scope": [], "in": []}
     if detail:
-        cols.update({"line": [], "name": [], "type": [], "file": [], "lineno": [], "rc": [], "flops": [], "bytes": []})
+        # a node's value names and types are read back from its line by the page
+        cols.update({"line": [], "file": [], "lineno": [], "rc": [], "flops": [], "bytes": []})
     for i, n in enumerate(nodes):
         for r in n.results:
             where[r] = i
@@ -67,8 +68,6 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         if detail:
             li = node_lines.get(n)
             cols["line"].append(strip_loc(lines[li]) if li is not None else "")
-            cols["name"].append(" ".join(names.get(r, "") for r in n.results))
-            cols["type"].append(" ".join(format_placed_type(r.type, r.placement) for r in n.results))
             cols["file"].append(files(loc.file) if loc is not None else -1)
             cols["lineno"].append(loc.line if loc is not None else 0)
             cols["rc"].append(loc.recompute if loc is not None else "")

@@ -36,10 +36,21 @@ function fmtNum(x) {
 }
 
 // ---------- graph view ----------
+function splitLines(g) {
+  // each node's value names (space-separated, no %) and result types, read from its .pir line
+  g.name = new Array(g.n); g.type = new Array(g.n);
+  for (let i = 0; i < g.n; i++) {
+    const ln = g.line[i], eq = ln.indexOf(" = "), paren = ln.indexOf("(");
+    g.name[i] = eq > 0 && (paren < 0 || eq < paren) ? ln.slice(0, eq).split(", ").map(x => x.replace(/^%/, "")).join(" ") : "";
+    const colon = ln.lastIndexOf(" : ");
+    g.type[i] = colon > 0 ? ln.slice(colon + 3) : "";
+  }
+}
 const BW = 150, BH = 30, GX = 24, GY = 26, MAXW = 6;
 class GraphView {
   constructor(root, g, mesh) {
     this.g = g; this.mesh = mesh; this.root = root; this.sel = -1;
+    if (g.detail && !g.name) splitLines(g);
     this.buildTree(); this.buildDom(); this.initialExpand(); this.relayout();
   }
   buildTree() {
