@@ -1,5 +1,5 @@
 """The ``partita`` command: ``import``, ``opt``, ``verify``, ``run``, ``train``, ``demo``, ``ops``, ``simulate``,
-``plan``, ``cluster`` and ``calibrate``.
+``plan``, ``cluster``, ``calibrate`` and ``view``.
 
 One module per command, each with ``add_parser`` and its ``cmd_*`` handler; ``common`` holds
 what they share (exit codes, error handling, weights, random inputs, tables). The package
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if getattr(args, "handler", None) is None:
         parser.print_usage(sys.stderr)
-        print("partita: error: a command is required (import, opt, verify, run, train, demo, ops, simulate, plan, cluster, calibrate); "
+        print("partita: error: a command is required (import, opt, verify, run, train, demo, ops, simulate, plan, cluster, calibrate, view); "
               "see 'partita --help'", file=sys.stderr)
         return EXIT_USAGE
     return run_command(args.handler, args, bool(args.debug))
