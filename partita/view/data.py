@@ -170,7 +170,9 @@ def pipeline_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
     """A PipelineProgram: its schedule's bars per pp rank and stage 0's parallel program."""
     s = prog.schedule
     out: dict[str, Any] = {"schedule": {"name": s.name, "stages": s.stages, "virtual": s.virtual,
-                                        "microbatches": s.microbatches, "bars": schedule_bars(s)},
+                                        "microbatches": s.microbatches,
+                                        "bars": [[[b["k"], b["mb"], b["c"], b["s"], b["e"]] for b in row]
+                                                 for row in schedule_bars(s)]},
                            "mesh": mesh_json(prog.mesh)}
     if getattr(prog, "stages", None):
         out["stage0"] = plan_json(prog.stages[0], detail_limit=detail_limit)

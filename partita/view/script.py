@@ -356,7 +356,8 @@ function diffView(root, P) {
 // ---------- pipeline schedule ----------
 const KCOL = {F: "#6b9bd1", B: "#7fbf7f", W: "#e0a050"};
 function ganttView(root, S) {
-  const bars = S.bars, nb = bars.reduce((a, r) => a + r.length, 0);
+  // each bar is stored as [kind, microbatch, chunk, start, end]
+  const bars = S.bars.map(row => row.map(([k, mb, c, s, e]) => ({k, mb, c, s, e}))), nb = bars.reduce((a, r) => a + r.length, 0);
   const end = Math.max(1, bars.reduce((a, r) => r.reduce((x, b) => Math.max(x, b.e), a), 0));
   const U = Math.max(4, Math.min(40, (Math.max(600, window.innerWidth) - 120) / end));
   root.append(el("div", {class: "summary"}, `schedule ${S.name}: ${S.stages} stages, ${S.microbatches} microbatches` +
