@@ -155,3 +155,16 @@ def test_browser_before_and_after_a_pass_marks_the_differences(tmp_path):
     r = page_test(Path(view((fwd, after), tmp_path / "d.html")), "diff")
     assert r["errors"] == [] and r["markedBoxes"] > 0
     assert f"{sum(d['before']['changed'])} node(s) only before" in r["summary"]
+
+
+def test_simulate_and_run_write_the_page(tmp_path, capsys):
+    page = tmp_path / "sim.html"
+    assert main(["simulate", "--gpt", "2,64,4,16,128,8", "--mesh", "pp=2,dp=2", "--microbatches", "2",
+                 "--html", str(page)]) == 0
+    d = blob(page)
+    assert d["kind"] == "pipeline" and d["sim"]["ranks"] and d["sim"]["streams"]
+    assert main(["simulate", "--gpt", "2,64,4,16,128,8", "--html", str(tmp_path / "no" / "x.html")]) == 1
+    assert "--html" in capsys.readouterr().err
+    example = Path(partita.__file__).parent / "examples" / "block.pir"
+    assert main(["run", str(example), "--html", str(tmp_path / "run.html")]) == 0
+    assert blob(tmp_path / "run.html")["kind"] == "graph"
