@@ -158,7 +158,9 @@ class CompiledProgram:
         from .library import step_into, writes_into
 
         unplanned = set(self.library_matmuls)
-        unplanned |= {n for n in nodes if n.op in ("conv2d_pointwise", "linear_pointwise") and not writes_into(n)}
+        addmm = {st[7] for st in prog.steps if addmm_fits(st[7], st[0])}
+        unplanned |= {n for n in nodes if n.op in ("conv2d_pointwise", "linear_pointwise") and not writes_into(n)
+                      and n not in addmm}
         from .norm import NORM_OPS, norm_kernel, takes as norm_takes
 
         unplanned |= {n for n in nodes if n.op in NORM_OPS and not norm_takes(n)}
@@ -187,6 +189,8 @@ class CompiledProgram:
                 nb, c, h, w = outs[0].shape                                # channels-last result
                 outs = [outs[0].view(-1).view(nb, h, w, c).permute(0, 3, 1, 2)]
                 fn = step_into(node, outs[0])
+            elif node in addmm and outs[0] is not None:   # ATen's addmm, into the arena
+                fn = addmm_into(node, outs[0])
             elif node.op == "linear_pointwise" and outs[0] is not None:  # the generated GEMM's
                 fn = step_into(node, outs[0])
             elif node.op in NORM_OPS:
@@ -259,18 +263,18 @@ class CompiledProgram:
 
 
 # Movement ops whose step on a tensor in the arena is a view of it that can be made once: the
-# views and the strided views of partita/ops/kinds.py.
-_VIEW_OPS = VIEW_OPS | STRIDED_VIEW_OPS
+# views and the strided views of partita/ops/kinds.py, and ``split`` (its pieces are views).
+_VIEW_OPS = VIEW_OPS | STRIDED_VIEW_OPS | {"split"}
 
 
 def _bind_arena_views(prog: Any, bound: dict, arena: Any) -> int:
-    """Make the reshapes and transposes of values in the arena (and of their views) once: each
-    such step becomes a ``ConstantStep`` holding the view, which the generated function reads
-    as a constant (a torch view costs about 2 us a call on the CPUs measured; ViT has 61 of
-    them). The memory plan keeps a buffer alive while any view of it is, and a planned buffer
-    never reaches an output, so the same view object serves every call. A view op whose result
-    would not share the arena's memory (a reshape that copies) is left as it is. Returns how
-    many steps were bound."""
+    """Make the reshapes, transposes and splits of values in the arena (and of their views)
+    once: each such step becomes a ``ConstantStep`` holding the view (a split's: the list of its
+    pieces), which the generated function reads as a constant (a torch view costs about 2 us a
+    call on the CPUs measured; ViT has 61 of them). The memory plan keeps a buffer alive while
+    any view of it is, and a planned buffer never reaches an output, so the same view objects
+    serve every call. A view op whose results would not share the arena's memory (a reshape
+    that copies) is left as it is. Returns how many steps were bound."""
     from ..backend.torch_exec import ConstantStep
     from ..ops.registry import OPS
 
@@ -278,17 +282,21 @@ def _bind_arena_views(prog: Any, bound: dict, arena: Any) -> int:
     count = 0
     for i, st in enumerate(prog.steps):
         node = st[7]
-        if node.op not in _VIEW_OPS or len(node.operands) != 1 or len(node.results) != 1:
+        if node.op not in _VIEW_OPS or len(node.operands) != 1:
             continue
         src = bound.get(node.operands[0])
         opdef = OPS.get(node.op)
         if src is None or opdef is None or st[0] is not opdef.torch:
             continue
-        t = opdef.torch([src], node.attrs)
-        if t.untyped_storage().data_ptr() != base or tuple(t.shape) != tuple(node.results[0].type.shape):
+        made = opdef.torch([src], node.attrs)
+        views = list(made) if isinstance(made, (list, tuple)) else [made]
+        if len(views) != len(node.results) or not all(
+                t.untyped_storage().data_ptr() == base and tuple(t.shape) == tuple(r.type.shape)
+                for t, r in zip(views, node.results)):
             continue
-        prog.steps[i] = (ConstantStep(t), *st[1:])
-        bound[node.results[0]] = t
+        prog.steps[i] = (ConstantStep(made if len(node.results) == 1 else list(views)), *st[1:])
+        for r, t in zip(node.results, views):
+            bound[r] = t
         count += 1
     return count
 
@@ -307,6 +315,46 @@ def _fold_movement(g: Graph) -> Graph:
     from ..passes.dce import DeadCodeElimination
 
     return DeadCodeElimination().run(g)
+
+
+# The activations a linear layer on ATen applies in place on its result in the arena.
+_INPLACE_UNARY = ("none", "relu", "silu")
+
+
+def addmm_fits(node: Any, fn: Any) -> bool:
+    """Whether the step ``fn`` of ``node`` is a ``linear_pointwise`` run on ATen (a layer too
+    small for the library's kernels: 2-D f32 input, no activation or relu or silu), which can
+    write its result into the arena (``addmm_into``): its views are then made once too."""
+    from ..ir.dtypes import f32
+    from .aten_fallback import aten_linear
+
+    if node.op != "linear_pointwise" or fn is not aten_linear or len(node.operands) not in (2, 3):
+        return False
+    x, w = node.operands[:2]
+    vs = (*node.operands, node.results[0])
+    return (node.attrs.get("unary", "none") in _INPLACE_UNARY and len(x.type.shape) == 2
+            and len(w.type.shape) == 2 and all(len(v.type.shape) == 1 for v in node.operands[2:])
+            and all(v.type.dtype is f32 for v in vs)
+            and all(isinstance(d, int) for v in vs for d in v.type.shape))
+
+
+def addmm_into(node: Any, out: Any) -> Any:
+    """The step of a node that ``addmm_fits``: ``bias + x @ w`` (``x @ w`` without a bias)
+    written into ``out`` at every call, then its activation in place (the weight transposed
+    as a view where it is stored [N, K])."""
+    import torch
+
+    addmm, mm = torch.addmm, torch.mm
+    nk = node.attrs.get("weight_layout", "kn") == "nk"
+    act = {"none": None, "relu": torch.relu_,
+           "silu": lambda t: torch.nn.functional.silu(t, inplace=True)}[node.attrs.get("unary", "none")]
+    bias = len(node.operands) == 3
+
+    def step(args: list, attrs: dict):
+        w = args[1].t() if nk else args[1]
+        y = addmm(args[2], args[0], w, out=out) if bias else mm(args[0], w, out=out)
+        return y if act is None else act(y)
+    return step
 
 
 def _matmul_into(out, torch):

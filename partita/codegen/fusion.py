@@ -20,7 +20,10 @@ Scalar fills and splat constants are copied into each group that reads them (the
 immediates in the kernel). Producers are taken latest first, so all users that could join a
 group are considered before their producers. A group becomes a kernel only when it saves at
 least one round trip: ``min_ops`` (default 2) compute ops; a lone op stays an ATen call, which
-is as fast. ``max_ops`` (default 96) bounds one kernel's compile time.
+is as fast. (A view of a smaller value read only by the group joins it as an index map: the
+kernel reads the value's memory in the view's shape, and the view is a step saved, counted
+with the compute ops; ``absorb_views`` does the same for a view left in front of a fused node
+made by an earlier run.) ``max_ops`` (default 96) bounds one kernel's compile time.
 
 The pass runs on any graph, single-device or a per-rank program (collectives are not
 elementwise, so they stay where they are). Every group's body is the group as a graph in
@@ -38,10 +41,11 @@ from ..ops.registry import OPS
 from ..passes.manager import Pass, register_pass
 from .lowering import supported
 
-__all__ = ["FuseKernels", "plan_groups", "Group"]
+__all__ = ["FuseKernels", "plan_groups", "Group", "absorb_views"]
 
 _SPLATS = ("full", "constant")
-_FREE = ("broadcast_to", "reshape")
+_RESHAPES = ("reshape", "unsqueeze", "squeeze")   # the same elements in the same order
+_FREE = ("broadcast_to",) + _RESHAPES
 
 
 @dataclass
@@ -54,6 +58,14 @@ class Group:
     @property
     def compute_ops(self) -> int:
         return sum(1 for n in self.members if n.op not in _SPLATS and n.op not in _FREE)
+
+    @property
+    def steps_saved(self) -> int:
+        """The compute ops, and the views of smaller values taken as index maps (each a step
+        that no longer runs)."""
+        size = self.root.results[0].type.numel
+        return self.compute_ops + sum(1 for n in self.members if n.op in _RESHAPES
+                                      and n.results[0].type.numel != size)
 
 
 def _fusible(n: Node) -> bool:
@@ -69,7 +81,17 @@ def _fusible(n: Node) -> bool:
         return supported(n.op, [], [r.type.dtype], n.attrs) is None
     if not (opdef.elementwise or n.op in _FREE):
         return False
-    return supported(n.op, [v.type.dtype for v in n.operands], [n.results[0].type.dtype], n.attrs) is None
+    op = "reshape" if n.op in _RESHAPES else n.op   # body_of writes them as reshapes
+    return supported(op, [v.type.dtype for v in n.operands], [n.results[0].type.dtype], n.attrs) is None
+
+
+def _index_map(p: Node, members: set[Node]) -> bool:
+    """``p`` reshapes (or unsqueezes, squeezes) a smaller value read only by the group: it joins
+    as an index map, the kernel reading the value's memory in the new shape (lowering.py), so no
+    step makes the view (a mask's unsqueezes before its arithmetic)."""
+    r, q = p.results[0], p.operands[0].producer
+    return (p.op in _RESHAPES and not r.is_output and all(u in members for u in r.users)
+            and (q is None or q.op not in _SPLATS))
 
 
 def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group]:
@@ -108,7 +130,7 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
                 continue
             if len(members) >= max_ops:
                 continue
-            if r.type.numel != size:
+            if r.type.numel != size and not _index_map(p, members):
                 continue  # a smaller value: computed outside, read through broadcast strides
             outside = [u for u in r.users if u not in members]
             if outside or r.is_output:
@@ -120,7 +142,7 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
                     heapq.heappush(heap, -pos[v.producer])
         group_nodes = sorted(members | splats, key=pos.__getitem__)
         g = _make_group(root, group_nodes, members)
-        if g.compute_ops < min_ops or not g.inputs:
+        if g.steps_saved < min_ops or not g.inputs:
             continue  # too small to pay, or constants only (fold-constants computes those)
         taken |= members
         groups.append(g)
@@ -245,7 +267,10 @@ def body_of(group: Group) -> Graph:
     for i, v in enumerate(group.inputs):
         env[v] = body.add_input(f"x{i}", v.type)
     for n in group.members:
-        new = Node(n.op, [env[v] for v in n.operands], dict(n.attrs), [n.results[0].type])
+        op, attrs = n.op, dict(n.attrs)
+        if op in _RESHAPES:   # one op for every view that keeps the order of the elements
+            op, attrs = "reshape", {"shape": tuple(n.results[0].type.shape)}
+        new = Node(op, [env[v] for v in n.operands], attrs, [n.results[0].type])
         body.append(new)
         env[n.results[0]] = new.results[0]
     body.set_outputs([env[v] for v in group.outputs])
@@ -267,6 +292,7 @@ class FuseKernels(Pass):
     def run(self, graph: Graph) -> Graph:
         groups = plan_groups(graph, self.options.min_ops, self.options.max_ops)
         if not groups:
+            absorb_views(graph)
             return graph
         # Bodies first: rewriting one group replaces values another group reads.
         texts = [print_graph(body_of(g)) for g in groups]
@@ -287,5 +313,71 @@ class FuseKernels(Pass):
                     continue  # a splat other nodes still read
                 if not any(r.users or r.is_output for r in n.results):
                     graph.erase(n)
+        absorb_views(graph)
         graph.topo_sort()
         return graph
+
+
+def absorb_views(graph: Graph) -> int:
+    """Reshapes, unsqueezes and squeezes read only by one ``fused`` node that has no reduction
+    (one made by an earlier run of the pass, before other passes left a view in front of it)
+    become the first op of its body: the kernel reads the view's operand (index maps, as
+    ``plan_groups`` takes them), and the view's step goes (a chain of views, one by one).
+    Returns how many went."""
+    total = 0
+    while True:
+        count = _absorb_views_once(graph)
+        total += count
+        if not count:
+            return total
+
+
+def _absorb_views_once(graph: Graph) -> int:
+    """One sweep of ``absorb_views``."""
+    from .fused_body import body_graph
+    from .lowering import REDUCTIONS
+
+    count = 0
+    for node in list(graph.nodes):
+        if node.graph is not graph or node.op != "fused":
+            continue
+        take = {j for j, v in enumerate(node.operands)
+                if v.producer is not None and v.producer.op in _RESHAPES and not v.is_output
+                and list(v.users) == [node] and len(v.producer.operands) == 1}
+        body = body_graph(node.attrs["body"])
+        if not take or any(n.op in REDUCTIONS for n in body.nodes):
+            continue
+        text = print_graph(_body_reading_sources(body, {j: node.operands[j].producer.operands[0] for j in take}))
+        ins = [node.operands[j].producer.operands[0] if j in take else v for j, v in enumerate(node.operands)]
+        new = Node("fused", ins, {"body": text}, [r.type for r in node.results], node.loc)
+        graph.insert_before(node, new)
+        views = [node.operands[j].producer for j in take]
+        for old, r in zip(node.results, new.results):
+            graph.replace_all_uses(old, r, check_order=False)
+        graph.erase(node)
+        for p in views:
+            if not any(r.users or r.is_output for r in p.results):
+                graph.erase(p)
+                count += 1
+    return count
+
+
+def _body_reading_sources(body: Graph, sources: dict[int, Value]) -> Graph:
+    """``body`` with each input ``j`` of ``sources`` taken in the source's type and reshaped to
+    the input's type as its first op."""
+    new = Graph("kernel")
+    env: dict[Value, Value] = {}
+    for i, x in enumerate(body.inputs):
+        if i in sources:
+            nx = new.add_input(f"x{i}", sources[i].type)
+            view = Node("reshape", [nx], {"shape": tuple(x.type.shape)}, [x.type])
+            new.append(view)
+            env[x] = view.results[0]
+        else:
+            env[x] = new.add_input(f"x{i}", x.type)
+    for n in body.nodes:
+        copy = Node(n.op, [env[v] for v in n.operands], dict(n.attrs), [n.results[0].type])
+        new.append(copy)
+        env[n.results[0]] = copy.results[0]
+    new.set_outputs([env[v] for v in body.outputs])
+    return new

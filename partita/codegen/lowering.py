@@ -531,19 +531,24 @@ def _kernel_ir(name: str, comment: str, n_ins: int, n_outs: int, lines: list[str
 
 
 def _flat_views(body: Graph, ins: list[Value], outs: list[Value], n: int) \
-        -> tuple[set[Value], list[tuple[int, tuple[int, ...]]], dict[tuple[int, tuple[int, ...]], int],
-                 list[tuple[int, ...]]]:
-    """The inputs of the kernel's full size, the views its ops read inputs through ((input
-    index, the shape it is read in), in order of first use), each view's slot, and every shape
-    the iteration space is walked in."""
-    full = {v for v in ins if _numel(v.type.shape) == n}
-    views: list[tuple[int, tuple[int, ...]]] = []  # (input index, the shape it is read in)
-    view_of: dict[tuple[int, tuple[int, ...]], int] = {}
-    shapes = [tuple(o.type.shape) for o in outs] + [tuple(v.type.shape) for v in full]
+        -> tuple[set[Value], dict[Value, int], list[tuple[int, tuple[int, ...], tuple[int, ...]]],
+                 dict[tuple[int, tuple[int, ...], tuple[int, ...]], int], list[tuple[int, ...]]]:
+    """The values of the kernel's full size read from memory, the argument each value read
+    from memory comes from (an input, or a reshape of one that is smaller than the kernel: the
+    same memory in another shape, an index map), the views its ops read them through ((argument,
+    the shape the memory is taken in, the shape it is read in), in order of first use), each
+    view's slot, and every shape the iteration space is walked in."""
     index = {v: i for i, v in enumerate(ins)}
+    full = {v for v in ins if _numel(v.type.shape) == n}
+    views: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+    view_of: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int] = {}
+    shapes = [tuple(o.type.shape) for o in outs] + [tuple(v.type.shape) for v in full]
     for node in body.nodes:
         r = node.results[0]
         if node.op in _SPLATS:
+            continue
+        if node.op == "reshape" and _numel(r.type.shape) != n and node.operands[0] in index:
+            index[r] = index[node.operands[0]]   # a smaller input in another shape: read where it lies
             continue
         if _numel(r.type.shape) != n:
             raise LoweringError(f"{node.op} computes {list(r.type.shape)}, not the kernel's {n} elements "
@@ -552,7 +557,7 @@ def _flat_views(body: Graph, ins: list[Value], outs: list[Value], n: int) \
         for v in node.operands:
             if v in index:
                 shp = tuple(v.type.shape) if v in full else tuple(r.type.shape)
-                key = (index[v], shp)
+                key = (index[v], tuple(v.type.shape), shp)
                 if key not in view_of:
                     if v not in full and (len(v.type.shape) > len(shp) or any(
                             d not in (1, s) for d, s in zip(v.type.shape[::-1], shp[::-1]))):
@@ -560,7 +565,7 @@ def _flat_views(body: Graph, ins: list[Value], outs: list[Value], n: int) \
                                             f"{list(shp)}")
                     view_of[key] = len(views)
                     views.append(key)
-    return full, views, view_of, shapes
+    return full, index, views, view_of, shapes
 
 
 def _flat_loop_heads(loops: list[int], per: list[list[int]], n_ops: int) -> tuple[list[str], list[str]]:
@@ -598,21 +603,23 @@ def _flat_loop_heads(loops: list[int], per: list[list[int]], n_ops: int) -> tupl
 
 
 def _flat_body(e: _Emitter, body: Graph, ins: list[Value], outs: list[Value], full: set[Value],
-               view_of: dict[tuple[int, tuple[int, ...]], int], offs: list[str]) -> None:
+               index: dict[Value, int], view_of: dict[tuple[int, tuple[int, ...], tuple[int, ...]], int],
+               offs: list[str]) -> None:
     """The innermost loop's body into ``e``: the inputs' loads, the body's nodes, the stores."""
     env: dict[Value, tuple[str, DType]] = {}
     loaded: dict[int, tuple[str, DType]] = {}
-    index = {v: i for i, v in enumerate(ins)}
 
     def load(v: Value, consumer_shape: tuple[int, ...]) -> tuple[str, DType]:
         shp = tuple(v.type.shape) if v in full else consumer_shape
-        slot = view_of[(index[v], shp)]
+        slot = view_of[(index[v], tuple(v.type.shape), shp)]
         return _load_once(e, loaded, slot, index[v], v.type.dtype, offs[slot])
 
     for node in body.nodes:
         r = node.results[0]
         if len(node.results) != 1:
             raise LoweringError(f"{node.op} has {len(node.results)} results")
+        if r in index:   # an input in another shape (_flat_views): read where it is used
+            continue
         why = supported(node.op, [v.type.dtype for v in node.operands], [r.type.dtype], node.attrs)
         if why is not None:
             raise LoweringError(why)
@@ -665,16 +672,16 @@ def lower(body: Graph, name: str) -> Lowered:
     for o in outs:
         if _numel(o.type.shape) != n:
             raise LoweringError(f"kernel outputs of different sizes ({list(space)} and {list(o.type.shape)})")
-    full, views, view_of, shapes = _flat_views(body, ins, outs, n)
+    full, index, views, view_of, shapes = _flat_views(body, ins, outs, n)
     refined = _refine(shapes) if n else [0]
-    strides = [_to_refined(shp, _strides_in(tuple(ins[i].type.shape), shp), refined) for i, shp in views]
+    strides = [_to_refined(shp, _strides_in(src, shp), refined) for _, src, shp in views]
     strides += [_to_refined(tuple(o.type.shape), _strides_in(tuple(o.type.shape), tuple(o.type.shape)), refined)
                 for o in outs]
     loops, per = merge_dims(tuple(refined), strides)
     e = _Emitter()
     head = ["entry:", "  %empty = icmp sge i64 %lo, %hi", "  br i1 %empty, label %exit, label %L0"]
     blocks, offs = _flat_loop_heads(loops, per, len(views) + len(outs))
-    _flat_body(e, body, ins, outs, full, view_of, offs)
+    _flat_body(e, body, ins, outs, full, index, view_of, offs)
     blocks += e.lines
     blocks += _flat_latches(loops)
     comment = (f"; partita kernel {name}: {len(ins)} input(s), {len(outs)} output(s), "
