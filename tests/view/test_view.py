@@ -119,6 +119,8 @@ def test_browser_gantt_and_timeline(step, tmp_path):
 
     prog = partita.parallelize(step, "pp=2,dp=2", "pp+dp", microbatches=4)
     res = simulate(prog, "selene", trace=True)
+    alone = page_data(res)
+    assert alone["kind"] == "sim" and {r["count"] for r in alone["sim"]["ranks"]} == {2}   # alike ranks once
     out = Path(view(prog, tmp_path / "pp.html", sim=res))
     r = page_test(out, "gantt")
     assert r["errors"] == []
