@@ -80,7 +80,8 @@ def test_cp_composes_with_zero3():
 
 def test_cp_rank_holds_its_tokens_and_gathers_k_and_v():
     """Activations hold S/cp tokens; attention reads k and v gathered over cp (one gather of
-    each per layer, reused by the backward), their gradients are reduce-scattered; every cp
+    each per layer, reused by the backward; of the k/v heads, repeated after the gather), their
+    gradients are reduce-scattered; every cp
     collective's reason is in the plan's notes."""
     step = cp_step("llama")
     prog = parallelize(step, "cp=2", "cp")
@@ -89,7 +90,10 @@ def test_cp_rank_holds_its_tokens_and_gathers_k_and_v():
     for n in att:
         q, k, v, mask = n.operands
         assert q.type.shape[-2] == SEQ // 2 and k.type.shape[-2] == SEQ and mask.type.shape == (SEQ // 2, SEQ)
-        assert k.producer.op == "all_gather" and k.producer.attrs["axis"] == "cp"
+        src = k.producer
+        while src.op in ("reshape", "broadcast_to", "unsqueeze"):   # grouped-query attention's repeat
+            src = src.operands[0].producer
+        assert src.op == "all_gather" and src.attrs["axis"] == "cp"
         assert not n.attrs["causal"]
     ops = [(n.op, n.attrs.get("axis")) for n in prog.local.nodes]
     assert ops.count(("all_gather", "cp")) == 4
@@ -102,7 +106,9 @@ def test_cp_rank_holds_its_tokens_and_gathers_k_and_v():
     # 21 weight gradients and the loss summed over the tokens (the program buckets the 21).
     assert plan.count("all_reduce", "cp") == 22 and plan.count(axis="cp") == 30
     gathers = [c for c in plan.collectives if c["op"] == "all_gather" and c["axis"] == "cp"]
-    assert all(c["bytes"] == 4096 and "attention reads every" in c["consumer"] for c in gathers)
+    # each rank's [4, 2, SEQ/2, 8] f32 gathered: the 2 k/v heads, not the 4 query heads they
+    # are repeated to
+    assert all(c["bytes"] == 4 * 2 * (SEQ // 2) * 8 * 4 and "attention reads every" in c["consumer"] for c in gathers)
     assert "all_gather over cp: inside" in plan.text()
     assert "reduce_scatter over cp: the gradient of the gathered keys" in notes
     assert "all_reduce over cp: the loss" in notes
@@ -350,3 +356,18 @@ def test_cp_constant_position_table_takes_the_rank_rows(mesh, strategy, kw):
     feed, weights = feed_and_weights(step)
     err, name = worst_error(step, prog, feed, weights)
     assert err <= 1e-4, f"{strategy} on {mesh}: %{name} differs from one device by {err:.2e}"
+
+
+def test_cp_gathers_the_kv_heads_before_they_are_repeated():
+    """Grouped-query attention (4 heads, 2 k/v heads): cp gathers the 2 k/v heads and repeats
+    them after the gather, and folds the gradients of the repeated heads onto the k/v heads
+    before the reduce-scatter: half the bytes over cp, the step still equal to one device's."""
+    step = cp_step("llama")
+    prog = parallelize(step, "cp=2", "cp")
+    gathers = [n for n in prog.local.nodes if n.op == "all_gather" and n.attrs["axis"] == "cp"]
+    scatters = [n for n in prog.local.nodes if n.op == "reduce_scatter" and n.attrs["axis"] == "cp"]
+    assert gathers and all(n.results[0].type.shape == (4, 2, SEQ, 8) for n in gathers)
+    assert scatters and all(n.operands[0].type.shape == (4, 2, SEQ, 8) for n in scatters)
+    feed, weights = feed_and_weights(step)
+    err, name = worst_error(step, prog, feed, weights)
+    assert err <= 1e-4, f"%{name} differs from one device by {err:.2e}"

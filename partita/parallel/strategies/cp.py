@@ -169,6 +169,7 @@ class SeqRewrite:
         self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
         self.tokens: set[Value] = set()  # the batch inputs ([batch, seq, ...])
         self.pieced: dict[Value, str] = {}  # a value reduce-scattered along the sequence -> the axis
+        self.skip: dict[Node, Value | None] = {}  # an old node made already -> what its result stands for
         self.positional: dict[Value, bool] = {}  # an old value -> whether it depends on positions alone
         self.rows_taken: dict[tuple[Value, int], Value] = {}  # (value, dim) -> this rank's rows of it
 
@@ -273,6 +274,11 @@ class SeqRewrite:
 
     def node(self, node: Node) -> None:
         """Emit this rank's version of ``node`` and map its results."""
+        if node in self.skip:
+            done = self.skip[node]
+            if done is not None:
+                self.bind(node, [done], [(done.type.rank - 2, 1)])
+            return
         ins = [self.get(v) for v in node.operands]
         seqd = [self.dim.get(v) for v in ins]
         op, attrs = node.op, dict(node.attrs)
@@ -411,6 +417,12 @@ class SeqRewrite:
         for a, b in zip(n.results, node.results):
             a.name = b.name
         return list(n.results)
+
+    def bind_one(self, old: Value, nv: Value, d: tuple[int, int] | None) -> None:
+        """Map the old value ``old`` to ``nv``, split along ``d`` (None: whole)."""
+        self.env[old] = nv
+        if d is not None:
+            self.dim[nv] = d
 
     def bind(self, node: Node, new: list[Value], dims: list[tuple[int, int] | None]) -> None:
         for old, nv, d in zip(node.results, new, dims):
@@ -652,12 +664,74 @@ class SeqRewrite:
         nv = self.emit_like(node, ins, attrs)[0]
         self.bind(node, [self.scale(nv) if attrs["reduction"] == "mean" else nv], [d])
 
+    @staticmethod
+    def repeat_source(old: Value) -> tuple[Value, int] | None:
+        """``(x, rep)`` when ``old`` is grouped-query attention's repeat of the k/v heads of
+        ``x`` ``[B, kv, S, E]``: ``reshape(broadcast_to(unsqueeze(x, 2), [B, kv, rep, S, E]),
+        [B, kv * rep, S, E])``; None otherwise."""
+        r = old.producer
+        b = r.operands[0].producer if r is not None and r.op == "reshape" else None
+        u = b.operands[0].producer if b is not None and b.op == "broadcast_to" else None
+        if u is None or u.op != "unsqueeze" or tuple(u.attrs["axes"]) != (2,) or u.operands[0].type.rank != 4:
+            return None
+        x = u.operands[0]
+        bs, kv, seq, e = x.type.shape
+        rep = b.results[0].type.shape[2]
+        if tuple(b.results[0].type.shape) != (bs, kv, rep, seq, e) or tuple(old.type.shape) != (bs, kv * rep, seq, e):
+            return None
+        return x, rep
+
     def gathered(self, old: Value, new: Value, what: str) -> Value:
-        """The copy of ``new`` (k or v) all-gathered over cp along the sequence, made once."""
-        if old not in self.kv:
+        """The copy of ``new`` (k or v) all-gathered over cp along the sequence, made once; of
+        grouped-query attention's repeated heads, the k/v heads are gathered and repeated
+        after (``rep`` times fewer bytes)."""
+        if old in self.kv:
+            return self.kv[old]
+        src = self.repeat_source(old)
+        xs = self.env.get(src[0]) if src is not None else None
+        if src is None or xs is None or self.dim.get(xs) != (2, 1):
             self.kv[old] = self.coll("all_gather", new, f"attention reads every {what} of the sequence",
                                      dim=new.type.rank - 2)
+            return self.kv[old]
+        rep = src[1]
+        bs, kv, _, e = xs.type.shape
+        xg = self.coll("all_gather", xs, f"attention reads every {what} of the sequence (its k/v heads, before they "
+                                         "are repeated)", dim=2)
+        wide = self.emit("broadcast_to", self.emit("unsqueeze", xg, axes=(2,)), shape=(bs, kv, rep, self.seq, e))
+        self.kv[old] = self.emit("reshape", wide, shape=(bs, kv * rep, self.seq, e))
         return self.kv[old]
+
+    def head_sum(self, old: Value) -> tuple[Node, Node] | None:
+        """The reshape and sum that fold the gradient ``old`` of repeated k/v heads back onto
+        the k/v heads (the repeat's backward), when they are its only readers."""
+        users = list(old.users)
+        if len(users) != 1 or users[0].op != "reshape":
+            return None
+        r = users[0]
+        shape = r.results[0].type.shape
+        sums = list(r.results[0].users)
+        if len(shape) != 5 or shape[3] != self.seq or len(sums) != 1 or sums[0].op != "sum":
+            return None
+        sm = sums[0]
+        if tuple(sm.attrs["axes"] or ()) != (2,) or sm.attrs.get("keepdim"):
+            return None
+        return r, sm
+
+    def scattered_grad(self, old: Value, full: Value, what: str) -> Value:
+        """The gradient of gathered keys or values sent back to the ranks that hold those
+        tokens: folded onto the k/v heads first where the repeat's backward does it next
+        (then that reshape and sum are made here), else as it is."""
+        why = f"the gradient of the gathered {what} goes back to the rank that holds those tokens"
+        r = full.type.rank
+        hs = self.head_sum(old)
+        if hs is None:
+            return self.coll("reduce_scatter", full, why, dim=r - 2, op="sum")
+        reshape, sm = hs
+        folded = self.emit("sum", self.emit("reshape", full, shape=tuple(reshape.results[0].type.shape)), axes=(2,),
+                           keepdim=False)
+        out = self.coll("reduce_scatter", folded, why + " (summed over the repeated heads first)", dim=2, op="sum")
+        self.skip[reshape], self.skip[sm] = None, out
+        return out
 
     def check_attention(self, node: Node, seqd, first: int) -> None:
         for i in range(first, first + 3):
@@ -694,10 +768,13 @@ class SeqRewrite:
         attrs["causal"] = False
         dq, dk, dv = self.emit_like(node, [dout, q, kf, vf, out, lse, *mask], attrs)
         r = q.type.rank
-        why = "the gradient of the gathered {} goes back to the rank that holds those tokens"
-        dk = self.coll("reduce_scatter", dk, why.format("keys"), dim=r - 2, op="sum")
-        dv = self.coll("reduce_scatter", dv, why.format("values"), dim=r - 2, op="sum")
-        self.bind(node, [dq, dk, dv], [(r - 2, 1)] * 3)
+        dk = self.scattered_grad(node.results[1], dk, "keys")
+        dv = self.scattered_grad(node.results[2], dv, "values")
+        # A gradient folded onto the k/v heads stands for the repeat's backward (its sum), not
+        # for attention_grad's result, which nothing else reads.
+        for old, nv in zip(node.results, (dq, dk, dv)):
+            if nv.type.shape[:-2] == old.type.shape[:-2]:
+                self.bind_one(old, nv, (r - 2, 1))
 
     # --- ring attention ------------------------------------------------------------------
     def shifted(self, x: Value, what: str) -> Value:
