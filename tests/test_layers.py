@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # graph uses them: the ONNX/torch import checks, the Trainer, run_mesh), then the stages
 # from import to launch, and the cluster model (hardware, costs, simulation) that prices
 # the programs they emit.
-ORDER = ("ir", "ops", "backend", "frontend", "models", "passes", "codegen", "autodiff", "parallel", "runtime", "cluster", "planning", "api",
+ORDER = ("ir", "ops", "backend", "frontend", "models", "passes", "codegen", "autodiff", "parallel", "runtime", "cluster", "planning", "view", "api",
          "examples", "cli")
 
 # Modules of a layer above that a layer may import as well (with their submodules): the IR

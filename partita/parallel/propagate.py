@@ -457,8 +457,12 @@ class _Propagator:
         if c is None:
             return None
         gathered = {a for axes in have.dims for a in axes} - {a for axes in want.dims for a in axes}
-        if gathered & self.batch_axes:
-            # gathering the batch itself is no plan to share: each reader pays in full
+        pure_gather = (have.partial == want.partial and len(have.dims) == len(want.dims)
+                       and all(set(w) <= set(h) for h, w in zip(have.dims, want.dims)))
+        if not pure_gather or gathered & self.batch_axes:
+            # Only a gather off a model axis is shared out: gathering the batch itself is no
+            # plan to share, and a move between dims (an all_to_all: expert parallelism's
+            # token exchange) is each reader's own.
             return c
         return c // max(1, sum(1 for u in o.users if u.op == node.op))
 
