@@ -456,13 +456,14 @@ class _Propagator:
         c = self.cost(o, have, want)
         if c is None:
             return None
-        gathered = {a for axes in have.dims for a in axes} - {a for axes in want.dims for a in axes}
-        pure_gather = (have.partial == want.partial and len(have.dims) == len(want.dims)
-                       and all(set(w) <= set(h) for h, w in zip(have.dims, want.dims)))
-        if not pure_gather or gathered & self.batch_axes:
-            # Only a gather off a model axis is shared out: gathering the batch itself is no
-            # plan to share, and a move between dims (an all_to_all: expert parallelism's
-            # token exchange) is each reader's own.
+        def where(p: Placement) -> dict[str, int]:
+            return {a: i for i, axes in enumerate(p.dims) for a in axes}
+
+        h, w = where(have), where(want)
+        moved = {a for a in set(h) | set(w) if h.get(a) != w.get(a)} | (set(have.partial) ^ set(want.partial))
+        if moved & self.batch_axes:
+            # Only a reshard over model axes is shared out: gathering or moving the batch itself
+            # (zero3's activations, expert parallelism's token exchange) is each reader's own.
             return c
         return c // max(1, sum(1 for u in o.users if u.op == node.op))
 
