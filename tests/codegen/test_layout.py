@@ -287,10 +287,8 @@ def _tensor_weights(graph) -> dict:
     return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in graph.weights.items()}
 
 
-def test_mobilenet_style_model_becomes_one_nhwc_region_and_matches_eager(monkeypatch):
-    # The subject is the layout pass on elementwise ops between convolutions: ReLU6 stays one
-    # (PARTITA_CLAMP_EPILOGUES=0); by default it is a convolution epilogue (the next test).
-    monkeypatch.setattr(library, "CLAMP_EPILOGUES", False)
+def _mobilenetish():
+    """A MobileNet-like model, its input, its eager output and its graph after fuse-library."""
     bl = _bench_library()
     torch.manual_seed(0)
     model = bl.randomize_bn(MobileNetish(8, 8, 16, 32).eval())
@@ -298,6 +296,14 @@ def test_mobilenet_style_model_becomes_one_nhwc_region_and_matches_eager(monkeyp
     with torch.inference_mode():
         want = model(x)
     g = partita.optimize(partita.import_torch(model, (x,)), "canonicalize,fold-batch-norm,fuse-library")
+    return model, x, want, g
+
+
+def test_mobilenet_style_model_becomes_one_nhwc_region_and_matches_eager(monkeypatch):
+    # The subject is the layout pass on elementwise ops between convolutions: ReLU6 stays one
+    # (PARTITA_CLAMP_EPILOGUES=0); by default it is a convolution epilogue (the next test).
+    monkeypatch.setattr(library, "CLAMP_EPILOGUES", False)
+    model, x, want, g = _mobilenetish()
     (reg,) = plan_layout(g)
     # The pool's [N, 1, 1, C] leaves through a reshape: no layout change.
     assert reg.apply and reg.convs == 17 and reg.changes == 0 and reg.cost == 0 and reg.reshapes == 1
@@ -318,13 +324,7 @@ def test_mobilenet_style_model_becomes_one_nhwc_region_and_matches_eager(monkeyp
 def test_mobilenet_style_model_with_relu6_epilogues_is_left_as_it_is():
     # By default fuse-library takes ReLU6 into the convolutions: as in a ResNet, they hand
     # channels-last results to each other and the pass has nothing to move.
-    bl = _bench_library()
-    torch.manual_seed(0)
-    model = bl.randomize_bn(MobileNetish(8, 8, 16, 32).eval())
-    x = torch.randn(2, 3, 16, 16)
-    with torch.inference_mode():
-        want = model(x)
-    g = partita.optimize(partita.import_torch(model, (x,)), "canonicalize,fold-batch-norm,fuse-library")
+    model, x, want, g = _mobilenetish()
     convs = [n for n in g.nodes if n.op == "conv2d_pointwise"]
     assert len(convs) == 17 and not [n for n in g.nodes if n.op in ("maximum", "minimum", "clamp")]
     assert {n.attrs["unary"] for n in convs} >= {"relu6"}
