@@ -347,11 +347,16 @@ def _absorb_views_once(graph: Graph) -> int:
         body = body_graph(node.attrs["body"])
         if not take or any(n.op in REDUCTIONS for n in body.nodes):
             continue
-        text = print_graph(_body_reading_sources(body, {j: node.operands[j].producer.operands[0] for j in take}))
-        ins = [node.operands[j].producer.operands[0] if j in take else v for j, v in enumerate(node.operands)]
+        views_of: dict[int, Node] = {}
+        for j in take:
+            p = node.operands[j].producer
+            assert p is not None  # ``take`` holds only operands a view produces
+            views_of[j] = p
+        text = print_graph(_body_reading_sources(body, {j: p.operands[0] for j, p in views_of.items()}))
+        ins = [views_of[j].operands[0] if j in views_of else v for j, v in enumerate(node.operands)]
         new = Node("fused", ins, {"body": text}, [r.type for r in node.results], node.loc)
         graph.insert_before(node, new)
-        views = [node.operands[j].producer for j in take]
+        views = list(views_of.values())
         for old, r in zip(node.results, new.results):
             graph.replace_all_uses(old, r, check_order=False)
         graph.erase(node)

@@ -891,12 +891,12 @@ def _take_steps(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str,
     for kind, u in CLAMPS.items():
         if (op, (binary, kind)) not in CLAMP_KERNELS:
             continue
-        v, taken = y, []
+        v, taken = y, list[Node]()
         twice = any(c == "x" for _, c in u.steps)
         for step_op, c in u.steps:
             n = _first_step(y, step_op) if twice and v is y else sole_user(v)
             other = None if n is None or n.op != step_op else _other_operand(n, v)
-            if other is None or (other is not y if c == "x" else _scalar_const(other) != c) or \
+            if n is None or other is None or (other is not y if c == "x" else _scalar_const(other) != c) or \
                     n.results[0].type != y.type:
                 break
             taken.append(n)
@@ -923,11 +923,11 @@ def _take_unary(op: str, binary: str, y: Value, chain: list[Node]) -> tuple[str,
     u = sole_user(y)
     if u is None or len(u.operands) != 1 or len(u.results) != 1 or u.results[0].type != y.type:
         return "none", y
-    kind = unary_kind(u.op, u.attrs)
-    if kind is None or (op, (binary, kind)) not in KERNELS:
+    found = unary_kind(u.op, u.attrs)
+    if found is None or (op, (binary, found)) not in KERNELS:
         return "none", y
     chain.append(u)
-    return kind, u.results[0]
+    return found, u.results[0]
 
 
 def _replace_chain(graph: Graph, chain: list[Node], op: str, operands: list[Value], attrs: dict,

@@ -49,12 +49,12 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
     if not priced:
         raise PlanError(f"plan: none of the best {price} candidates of @{graph.name} could be built or fits; "
                         "raise price= or the memory cap")
-    priced.sort(key=lambda p: p.step_time)
+    priced.sort(key=lambda p: float("inf") if p.step_time is None else p.step_time)
     best = priced[0]
     chosen = next(c for c in fit if candidate_plan(shape, c, n, cl).describe() == best.describe())
     best.report = {
         "candidates": len(cands), "within_cap": len(fit), "priced": len(priced) + len(pricer_failures(pricer)),
-        "skipped_by_bound": getattr(pricer, "skipped", 0),
+        "skipped_by_bound": pricer.skipped,
         "next": [summary(p) for p in priced[1:]], "invalid": invalid[:10],
         "rejected": rejected_families(shape, cands, fit, mems, est, chosen, cap, cl),
         "failed": pricer_failures(pricer),
@@ -64,7 +64,7 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
 
 def pricer_failures(pricer: Pricer) -> list[str]:
     """The priced candidates that could not be built, with why."""
-    return getattr(pricer, "failures", [])
+    return pricer.failures
 
 
 def check_inputs(model: Any, cluster: Any, memory: Any, devices: Any) -> tuple[Graph, Cluster, float, int, bool]:

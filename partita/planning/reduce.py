@@ -89,7 +89,7 @@ def truncate_layers(graph: Graph, keep: int) -> Graph | None:
     for v in list(g.inputs):
         if v.role == "param" and not v.has_uses:
             g.remove_input(v)
-            if v.name in g.weights:
+            if v.name is not None and v.name in g.weights:
                 del g.weights[v.name]
     return g
 

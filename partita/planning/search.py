@@ -50,7 +50,7 @@ def pipeline_options(shape: ModelShape, pp: int, per_dp: int) -> list[tuple[int,
     """(micro, microbatches, schedule, virtual stages) of a pipeline with ``per_dp`` sequences per replica."""
     if pp == 1:
         return [(per_dp, 1, None, 1)]
-    out = []
+    out: list[tuple[int, int, str | None, int]] = []
     for micro in (1, 2, 4, 8, 16):
         if per_dp % micro:
             continue
@@ -115,6 +115,8 @@ class Pricer:
         self.steps: dict[tuple[int | None, str], Graph] = {}
         self.reduced: dict[int, Graph | None] = {}
         self.seconds = {"training_step": 0.0, "parallelize": 0.0, "simulate": 0.0}
+        self.failures: list[str] = []   # the plans that could not be built, with why (price_best)
+        self.skipped = 0                # the meshes the bounds skipped unpriced (price_best)
 
     def model(self, layers: int | None) -> Graph | None:
         """The forward graph with its first ``layers`` layers (None: all; None back when it cannot be cut)."""
@@ -134,7 +136,10 @@ class Pricer:
             from ..autodiff import training_step
 
             t0 = time.perf_counter()
-            self.steps[key] = training_step(self.model(layers), recompute=recompute, **self.options)
+            model = self.model(layers)
+            if model is None:
+                raise PlanError(f"plan: @{self.graph.name} cannot be cut to {layers} layers")
+            self.steps[key] = training_step(model, recompute=recompute, **self.options)
             self.seconds["training_step"] += time.perf_counter() - t0
         return self.steps[key]
 

@@ -80,10 +80,10 @@ def local_sections(local: Graph, sections: dict[Node, tuple],
             seen_last = True
             continue
         users = [u for r in n.results for u in r.users if u in out]
-        made = n.operands[0].producer if n.operands and is_collective(n) else None
-        if users and made in out and out[made][0] in ("F", "B", "W") and \
+        source = n.operands[0].producer if n.operands and is_collective(n) else None
+        if users and source is not None and source in out and out[source][0] in ("F", "B", "W") and \
                 all(out[u][0] in ("opt", "tied") for u in users):
-            out[n] = out[made]
+            out[n] = out[source]
         elif users:
             out[n] = out[min(users, key=lambda u: u._order)]
         elif not seen_last:

@@ -676,6 +676,7 @@ class SeqRewrite:
             return None
         x = u.operands[0]
         bs, kv, seq, e = x.type.shape
+        assert b is not None   # u was found through b
         rep = b.results[0].type.shape[2]
         if tuple(b.results[0].type.shape) != (bs, kv, rep, seq, e) or tuple(old.type.shape) != (bs, kv * rep, seq, e):
             return None
@@ -788,7 +789,8 @@ class SeqRewrite:
         in that row."""
         q, k, v = ins
         attrs["causal"] = False
-        out = lse = None
+        out: Value | None = None
+        lse: Value | None = None
         for j in range(self.cp):
             mask, rows = self.ring_block(j)
             kj, vj = k, v
@@ -798,7 +800,7 @@ class SeqRewrite:
                 v = self.shifted(v, "ring attention hands each rank's values to the next rank")
             o_j, l_j = self.emit_like(node, [q, kj, vj, mask], dict(attrs))
             o_j, l_j = self.masked_rows(o_j, l_j, rows)
-            out, lse = (o_j, l_j) if out is None else self.fold(out, lse, o_j, l_j)
+            out, lse = (o_j, l_j) if out is None or lse is None else self.fold(out, lse, o_j, l_j)
         assert out is not None and lse is not None
         if out.type.dtype != q.type.dtype:
             out = self.emit("cast", out, dtype=q.type.dtype)
@@ -832,20 +834,23 @@ class SeqRewrite:
         dv sums travel with their block and are handed home at the end."""
         dout, q, k, v, out, lse = ins[:6]
         attrs["causal"] = False
-        dq = dk = dv = None
+        grads: tuple[Value, Value, Value] | None = None   # (dq, dk, dv) so far
         for j in range(self.cp):
             mask, _ = self.ring_block(j)
             kj, vj = k, v
             if j + 1 < self.cp:
                 k = self.shifted(k, "ring attention's backward hands each rank's keys to the next rank")
                 v = self.shifted(v, "ring attention's backward hands each rank's values to the next rank")
-            if j:
-                dk = self.shifted(dk, "the key gradients travel with their block around the ring")
-                dv = self.shifted(dv, "the value gradients travel with their block around the ring")
+            if grads is not None:   # the sums so far move on with their block before this one is computed
+                grads = (grads[0], self.shifted(grads[1], "the key gradients travel with their block around the ring"),
+                         self.shifted(grads[2], "the value gradients travel with their block around the ring"))
             dq_j, dk_j, dv_j = self.emit_like(node, [dout, q, kj, vj, out, lse, mask], dict(attrs))
-            if j:
+            if grads is not None:
+                dq, dk, dv = grads
                 dq_j, dk_j, dv_j = (self.emit("add", a, b) for a, b in ((dq, dq_j), (dk, dk_j), (dv, dv_j)))
-            dq, dk, dv = dq_j, dk_j, dv_j
+            grads = (dq_j, dk_j, dv_j)
+        assert grads is not None
+        dq, dk, dv = grads
         if self.cp > 1:
             dk = self.shifted(dk, "the key gradients travel with their block around the ring")
             dv = self.shifted(dv, "the value gradients travel with their block around the ring")
