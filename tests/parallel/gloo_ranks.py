@@ -47,3 +47,32 @@ def run_on_gloo_ranks(worker: Callable, nranks: int = 2, timeout: float = 90.0) 
 def assert_all_ranks_passed(got: dict[int, list[str]], nranks: int = 2) -> None:
     assert sorted(got) == list(range(nranks)), f"ranks that reported: {sorted(got)} (the others hung or died)"
     assert all(got[r] == [] for r in got), "\n".join(m for r in sorted(got) for m in got[r])
+
+
+def record_overlap(tp) -> list[tuple[str, int, str]]:
+    """Wrap every step of the TorchProgram ``tp`` to record, in the order they happen, each
+    step's call and, for a collective in flight (a ``Pending``), its issue and its wait
+    (``Pending.result`` calls ``finish`` once the transfer is done). Returns the log the
+    program's calls append to."""
+    from partita.ops.collective import Pending
+
+    log: list[tuple[str, int, str]] = []
+    steps = list(tp.steps)
+    for i, st in enumerate(steps):
+        fn, node = st[0], st[7]
+
+        def wrapped(args, attrs, fn=fn, i=i, op=node.op):
+            log.append(("call", i, op))
+            res = fn(args, attrs)
+            if type(res) is Pending:
+                log.append(("issue", i, op))
+                done = res.finish
+
+                def finish(t, done=done, i=i, op=op):
+                    log.append(("wait", i, op))
+                    return t if done is None else done(t)
+                res.finish = finish
+            return res
+        steps[i] = (wrapped, *st[1:])
+    tp.steps = steps
+    return log

@@ -74,32 +74,15 @@ def _recording_worker(rank: int, port: int, results) -> None:
     try:
         import torch.distributed as dist
 
-        from partita.ops.collective import Pending
         from partita.parallel import comm
 
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
         _, prog = sp_step()
         tp = TorchProgram(prog.local, donate=False, overlap=True)
-        log: list[tuple[str, int, str]] = []
-        steps = list(tp.steps)
-        for i, st in enumerate(steps):
-            fn, node = st[0], st[7]
+        from gloo_ranks import record_overlap
 
-            def wrapped(args, attrs, fn=fn, i=i, op=node.op):
-                log.append(("call", i, op))
-                res = fn(args, attrs)
-                if type(res) is Pending:
-                    log.append(("issue", i, op))
-                    done = res.finish
-
-                    def finish(t, done=done, i=i, op=op):
-                        log.append(("wait", i, op))
-                        return t if done is None else done(t)
-                    res.finish = finish
-                return res
-            steps[i] = (wrapped, *st[1:])
-        tp.steps = steps
+        log = record_overlap(tp)
         data = batches(1)[0]
         weights = {input_name(v): torch.full(v.type.shape, 0.01) for v in prog.local.inputs
                    if v.role != "input" and v.type.dtype.name == "f32"}
