@@ -27,8 +27,8 @@ from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
 from ._lazy import F, torch
 from .elementwise import _unary, np_erf, np_sigmoid
-from .nn import (attention_compute_dtype, attention_scale, flash_kernel_args, flash_kernel_applies, np_attention_scores,
-                 torch_attention_scores, ce_padded_classes)
+from .nn import (attention_compute_dtype, attention_pairs, attention_scale, flash_kernel_args, flash_kernel_applies,
+                 np_attention_scores, torch_attention_scores, ce_padded_classes)
 from .numeric import compute_np
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
 
@@ -1074,7 +1074,7 @@ def _torch_attention_grad(args, a):
 
 def _attention_grad_cost(ins, outs, attrs):
     q, k, v = ins[1:4]
-    pairs = q.numel // q.shape[-1] * k.shape[-2]
+    pairs = attention_pairs(q, k, bool(attrs.get("causal")))     # causal: the tiles the forward scored
     # Scores recomputed (E), dv and dp (Ev each), dq and dk (E each), plus the softmax terms.
     return Cost(2 * pairs * (3 * q.shape[-1] + 2 * v.shape[-1]) + 6 * pairs,
                 sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
@@ -1091,5 +1091,6 @@ register(OpDef(
         "rowsum(dout * out)), dq = ds k * scale, dk = ds^T q * scale. Torch: "
         "aten._scaled_dot_product_flash_attention_for_cpu_backward where the forward used the "
         "flash kernel (the same test), else that formula in torch ops (f16/bf16 in f32). "
-        "Cost: 2 * B*Tq*Tk * (3E + 2Ev) + 6 * B*Tq*Tk FLOPs.",
+        "Cost: 2 * P * (3E + 2Ev) + 6 * P FLOPs, P the (query, key) pairs the forward scores "
+        "(attention's cost: about half of B*Tq*Tk with causal=true).",
 ))

@@ -1130,10 +1130,35 @@ def torch_attention(args, attrs):
     return out.reshape(*lead, *out.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
 
 
+# A flash kernel (FlashAttention's; partita's own, codegen/attention.py) with a causal mask
+# skips every tile of (query, key) pairs above the diagonal and scores the tiles the diagonal
+# crosses whole: about half the pairs of the full Tq x Tk scores, in the forward and in the
+# backward. FLASH_TILE is the tile's side (FlashAttention-2's 128 x 128 blocks).
+FLASH_TILE = 128
+
+
+def attention_pairs(q: TensorType, k: TensorType, causal: bool) -> int:
+    """The (query, key) pairs a flash kernel scores for q [..., Tq, E] against k [..., Tk, E]:
+    all Tq x Tk of them per batch-and-head, or with ``causal`` (key j for query i only where
+    j <= i, top-left aligned) the FLASH_TILE-square tiles on and below the diagonal."""
+    tq, tk = q.shape[-2], k.shape[-2]
+    heads = q.numel // (q.shape[-1] * tq) if q.numel else 0     # batch x heads
+    if not causal:
+        return heads * tq * tk
+    b = FLASH_TILE
+    n = tq // b                              # whole query tiles
+    m = min(n, tk // b)                      # of them, those whose keys end inside Tk
+    pairs = b * b * m * (m + 1) // 2 + (n - m) * b * tk
+    rest = tq - n * b                        # the last, partial query tile
+    if rest:
+        pairs += rest * min(tk, (n + 1) * b)
+    return heads * pairs
+
+
 def _attention_cost(ins, outs, attrs):
     q, k, v = ins[:3]
-    rows = q.numel // q.shape[-1]          # batch x heads x Tq
-    pairs = rows * k.shape[-2]             # one score per (query, key)
+    pairs = attention_pairs(q, k, bool(attrs.get("causal")))
+    # Bytes: q, k, v (and a mask) read and out, lse written once each, causal or not; no scores.
     return Cost(2 * pairs * (q.shape[-1] + v.shape[-1]) + 5 * pairs,
                 sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
 
@@ -1154,7 +1179,9 @@ register(OpDef(
         "gives out 0 (as SDPA) and lse 0 (as the flash kernel). Torch: "
         "aten._scaled_dot_product_flash_attention_for_cpu for q and v of one head size (other "
         "ranks reshaped to 4-d, a bool mask made additive), else the same formula in torch ops. "
-        "Cost: 2 * B*Tq*Tk * (E + Ev) + 5 * B*Tq*Tk FLOPs (B: batch x heads).",
+        "Cost: 2 * P * (E + Ev) + 5 * P FLOPs, P = B*Tq*Tk (B: batch x heads) the (query, key) "
+        "pairs, or with causal=true those of the 128-square tiles on and below the diagonal (a "
+        "flash kernel skips the tiles above it: about half).",
 ))
 
 
