@@ -25,13 +25,17 @@ class ViewError(PartitaError):
     """A view that cannot be written (the message says what to change)."""
 
 
-def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, title: str | None = None,
+def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, run: Any = None, title: str | None = None,
          detail_limit: int = DETAIL_LIMIT) -> str:
     """Write the page of ``obj`` to ``path`` and return the path. ``sim``: a SimResult of
-    ``obj`` shown as its timeline; ``detail_limit``: graphs with more nodes show their layers
-    only (the page says so)."""
+    ``obj`` shown as its timeline; ``run``: a pipeline's launch result (``partita.launch``),
+    its measured bubble drawn under the predicted schedule; ``detail_limit``: graphs with more
+    nodes show their layers only (the page says so)."""
+    if run is not None and not hasattr(getattr(run, "run", run), "recv_seconds"):
+        raise ViewError(f"view: run= takes what partita.launch returns (a LaunchResult or its RunResult), "
+                        f"not a {type(run).__name__}")
     try:
-        data = page_data(obj, detail_limit=detail_limit, sim=sim)
+        data = page_data(obj, detail_limit=detail_limit, sim=sim, run=run)
     except TypeError:
         raise ViewError(f"view: cannot show a {type(obj).__name__}; give {KNOWN}") from None
     except ValueError:

@@ -122,11 +122,16 @@ def plan_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
     for c in prog.plan.collectives:
         colls.append({k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
                       for k, v in c.items()})
-    return {"mesh": mesh_json(prog.mesh), "strategy": str(prog.plan.strategy),
-            "global": graph_json(prog.graph, detail_limit=detail_limit, title="placed graph (single device)"),
-            "local": graph_json(prog.local, detail_limit=detail_limit, title="per-rank program"),
-            "collectives": colls, "notes": list(prog.plan.notes),
-            "comm_bytes": prog.plan.comm_bytes}
+    from .compare import compare_json
+
+    out = {"mesh": mesh_json(prog.mesh), "strategy": str(prog.plan.strategy),
+           "global": graph_json(prog.graph, detail_limit=detail_limit, title="placed graph (single device)"),
+           "local": graph_json(prog.local, detail_limit=detail_limit, title="per-rank program"),
+           "collectives": colls, "notes": list(prog.plan.notes),
+           "comm_bytes": prog.plan.comm_bytes}
+    if out["global"]["detail"] and out["local"]["detail"]:
+        out["compare"] = compare_json(prog.graph, prog.local)
+    return out
 
 
 def schedule_bars(schedule: Any) -> list[list[dict]]:
@@ -269,10 +274,14 @@ def diff_json(before: Graph, after: Graph, *, detail_limit: int = DETAIL_LIMIT) 
     return {"before": a, "after": b}
 
 
-def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) -> dict:
+def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None, run: Any = None) -> dict:
     """The page data of ``obj`` (a Graph, a pair of Graphs (before, after), a ParallelProgram,
-    PipelineProgram or SimResult), with
-    ``sim`` (a SimResult of it) added when given. Raises TypeError for anything else."""
+    PipelineProgram or SimResult), with ``sim`` (a SimResult of it) and, for a pipeline,
+    ``run`` (a launch's result: the measured bubble) added when given; a parallel program's
+    memory over the step. Raises TypeError for anything else."""
+    from .measured import measured_json
+    from .memory import program_memory
+
     from ..cluster.simulator import SimResult
     from ..parallel.pipeline.pipeline_program import PipelineProgram
     from ..parallel.program import ParallelProgram
@@ -280,9 +289,13 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None) ->
     if isinstance(obj, Graph):
         data: dict[str, Any] = {"kind": "graph", "graph": graph_json(obj, detail_limit=detail_limit)}
     elif isinstance(obj, PipelineProgram):
-        data = {"kind": "pipeline", "pipeline": pipeline_json(obj, detail_limit=detail_limit)}
+        data = {"kind": "pipeline", "pipeline": pipeline_json(obj, detail_limit=detail_limit),
+                "memory": program_memory(obj)}
+        measured = measured_json(obj, run) if run is not None else None
+        if measured is not None:
+            data["pipeline"]["schedule"]["measured"] = measured
     elif isinstance(obj, ParallelProgram):
-        data = {"kind": "parallel", "plan": plan_json(obj, detail_limit=detail_limit)}
+        data = {"kind": "parallel", "plan": plan_json(obj, detail_limit=detail_limit), "memory": program_memory(obj)}
     elif isinstance(obj, (tuple, list)) and len(obj) == 2 and all(isinstance(g, Graph) for g in obj):
         data = {"kind": "diff", "diff": diff_json(obj[0], obj[1], detail_limit=detail_limit)}
     elif isinstance(obj, SimResult):

@@ -6,6 +6,7 @@ import html
 import json
 
 from .script import SCRIPT
+from .script_more import SCRIPT_MORE
 
 STYLE = """
 body { font: 13px/1.35 system-ui, sans-serif; margin: 0; color: #222; }
@@ -60,6 +61,14 @@ table.kv td { font-family: monospace; font-size: 12px; word-break: break-all; }
 #test-result { display: none; }
 .memory svg { display: block; margin-top: 4px; }
 .memory svg text { font: 11px sans-serif; }
+.gsvg g.node.resized rect { stroke: #e08a00; stroke-width: 2; }
+.gsvg g.node.changed.resized rect { stroke: #d03030; }
+#gantt rect.mbar { stroke: none; }
+.mcurve { margin: 6px 0; }
+.mcurve svg line.mpeak { stroke: #c00; stroke-width: 1.5; stroke-dasharray: 4 2; }
+.mcurve svg text { font: 11px sans-serif; }
+.mlegend span { margin-right: 14px; font-size: 12px; }
+.mlegend i { display: inline-block; width: 10px; height: 10px; }
 pre.simtext { font-size: 11px; background: #f4f4f4; padding: 6px; overflow: auto; }
 """
 
@@ -75,4 +84,4 @@ def render_page(data: dict, title: str) -> str:
             f"<header><b>partita view: {t}</b><span id=\"tabs\"></span></header>"
             "<div id=\"errors\"></div><main id=\"views\"></main><pre id=\"test-result\"></pre>"
             f"<script type=\"application/json\" id=\"pdata\">{blob}</script>"
-            f"<script>{SCRIPT}</script></body></html>\n")
+            f"<script>{SCRIPT}{SCRIPT_MORE}</script></body></html>\n")

@@ -177,8 +177,8 @@ class GraphView {
       if (!inWin(y)) continue;
       const [kind, id] = this.items[it];
       const ch = this.g.changed, chg = ch && (kind === 0 ? ch[id] : this.groupChanged(id));
-      const cls = (kind === 0 ? "node" + (id === this.sel ? " sel" : "") + (this.g.rc && this.g.rc[id] ? " rc" : "") : "group") +
-        (chg ? " changed" : "");
+      const cls = (kind === 0 ? "node" + (id === this.sel ? " sel" : "") + (this.g.rc && this.g.rc[id] ? " rc" : "") +
+        (this.g.resized && this.g.resized[id] ? " resized" : "") : "group") + (chg ? " changed" : "");
       const gr = sv("g", {class: cls, transform: `translate(${x},${y})`, "data-item": it});
       gr.append(sv("rect", {width: BW, height: BH, rx: kind ? 8 : 3}));
       const t = this.label(it);
@@ -216,6 +216,7 @@ class GraphView {
     const rows = [["type", g.type[i]], ["op", g.ops[g.op[i]]], ["module", g.scopes[g.scope[i]] || "(none)"],
       ["source", g.file[i] >= 0 ? g.files[g.file[i]] + ":" + g.lineno[i] : "(unknown)"]];
     if (g.rc[i]) rows.push(["recomputed", g.rc[i]]);
+    if (this.extra) rows.push(...this.extra(i));
     if (g.flops && (g.flops[i] || g.bytes[i])) rows.push(["cost", fmtNum(g.flops[i]) + " FLOPs, " + fmtBytes(g.bytes[i]) + " moved"]);
     const ins = g.in[i].map(j => "%" + (g.name[j] || "?").split(" ")[0]).join(", ");
     if (ins) rows.push(["operands from", ins]);
@@ -231,6 +232,7 @@ class GraphView {
     const p = g.placements && g.placements[String(i)];
     if (p && this.mesh) d.append(drawPlacement(this.mesh, p, g.type[i]));
     this.draw();
+    if (this.onSelect) this.onSelect(i);
   }
   find(q) {
     q = q.trim().toLowerCase(); const g = this.g, out = [];
@@ -310,7 +312,9 @@ function parallelView(root, P) {
   const colls = el("div", {class: "colls"}), side = el("div", {class: "sides"});
   const left = el("div", {class: "side"}), right = el("div", {class: "side"});
   side.append(left, right); root.append(colls, side);
+  if (P.compare) markCompare(P);
   const gv = new GraphView(left, P.global, P.mesh), lv = new GraphView(right, P.local, P.mesh);
+  if (P.compare) linkCompare(root, P, gv, lv, side);
   const axes = [...new Set(P.collectives.map(c => c.axis))];
   const filt = el("select", {id: "axis-filter"});
   filt.append(el("option", {value: ""}, "every axis"));
@@ -340,7 +344,7 @@ function parallelView(root, P) {
     return c;
   };
   filt.addEventListener("change", fill); fill();
-  return {gv, lv, showWhy, filt, fill, list};
+  return {gv, lv, showWhy, filt, fill, list, P};
 }
 
 // ---------- before / after ----------
@@ -364,7 +368,11 @@ function ganttView(root, S) {
     (S.virtual > 1 ? `, ${S.virtual} chunks per rank` : "") + " (unit time: F 1, B 2, or B 1 and W 1 when split)"));
   const busy = bars.reduce((a, r) => r.reduce((x, b) => x + b.e - b.s, a), 0), bubble = 1 - busy / (end * bars.length);
   root.append(el("div", {class: "summary", id: "bubble"}, `predicted bubble ${(bubble * 100).toFixed(1)}%`));
-  const W = 80 + end * U + 20, H = bars.length * 34 + 30, label = b => b.k + b.mb + (S.virtual > 1 ? "." + b.c : "");
+  const M = S.measured, nrow = bars.length + (M ? M.per_rank.length + 1 : 0);
+  if (M) root.lastChild.textContent += `; measured ${(M.bubble * 100).toFixed(1)}% (time in recv, averaged over ` +
+    `the ranks and ${M.steps > 1 ? M.steps - 1 : 1} step(s) after the first; the slowest rank's step ${(M.span * 1e3).toFixed(1)} ms ` +
+    "drawn as long as the predicted schedule)";
+  const W = 80 + end * U + 20, H = nrow * 34 + 30, label = b => b.k + b.mb + (S.virtual > 1 ? "." + b.c : "");
   const order = () => bars.map(row => row.map(b => b.k + b.mb));
   if (nb > 8000) {   // a big schedule: one canvas, not an element per bar
     const cv = el("canvas", {width: Math.min(W, 32000), height: H, id: "gantt", "data-bars": nb});
@@ -376,8 +384,10 @@ function ganttView(root, S) {
         if (U * (b.e - b.s) > 14) { ctx.fillStyle = "#000"; ctx.fillText(label(b), 80 + b.s * U + 2, 30 + p * 34 + 17); }
       }
     });
+    if (M) measuredRows(M, bars.length, end, U, (x, y, w, h, c, t) => {
+      ctx.fillStyle = c; if (w > 0) ctx.fillRect(x, y, w, h); else { ctx.fillStyle = "#222"; ctx.fillText(t, x, y + 16); } });
     root.append(cv);
-    return {order};
+    return {order, measured: M ? M.per_rank.length : 0};
   }
   const svg = sv("svg", {width: W, height: H, id: "gantt"});
   // sends and receives: a line from the bar that sends an activation (F) or a gradient (B)
@@ -402,8 +412,12 @@ function ganttView(root, S) {
   });
   for (let t = 0; t <= end; t += Math.max(1, Math.round(end / 20))) svg.append(sv("text", {x: 80 + t * U, y: 14, class: "tick"}, t));
   svg.append(links);
+  let measured = 0;
+  if (M) measuredRows(M, bars.length, end, U, (x, y, w, h, c, t) => {
+    if (w > 0) { const r = sv("rect", {x, y, width: w, height: h, fill: c, class: "mbar"}); r.append(sv("title", {}, t)); svg.append(r); measured++; }
+    else svg.append(sv("text", {x, y: y + 16, class: "rowlabel"}, t)); });
   root.append(svg);
-  return {order, links: links.children.length};
+  return {order, links: links.children.length, measured};
 }
 
 // ---------- simulated timeline ----------
@@ -497,6 +511,7 @@ function main() {
     add("schedule", v => ganttView(v, D.pipeline.schedule));
     if (D.pipeline.stage0) add("stage 0", v => parallelView(v, D.pipeline.stage0));
   }
+  if (D.memory) add("memory", v => memoryCurveView(v, D.memory));
   if (D.sim) add("timeline", v => timelineView(v, D.sim));
   const first = Object.keys(views)[0];
   show(first);
@@ -534,7 +549,7 @@ function runTest(D, views, show) {
       // the drawn bars' order, read from the SVG; a big schedule's canvas: from its data
       out.rows = svgBars.length ? [...new Set([...svgBars].map(b => b.dataset.rank))].map(r =>
         [...document.querySelectorAll(`#gantt g.bar[data-rank="${r}"]`)].map(b => b.dataset.k + b.dataset.mb)) : G.order();
-      out.canvas = !svgBars.length; out.links = G.links;
+      out.canvas = !svgBars.length; out.links = G.links; out.measured = G.measured;
       out.bubble = document.getElementById("bubble").textContent;
     } else if (m[1] === "timeline") {
       Object.assign(out, show("timeline"));
@@ -543,6 +558,12 @@ function runTest(D, views, show) {
       const V = show("before / after");
       out.summary = document.getElementById("diff-summary").textContent;
       out.markedBoxes = document.querySelectorAll("#views g.changed").length;
+    } else if (m[1] === "compare") {
+      compareTest(show(views["parallel"] ? "parallel" : "stage 0"), out);
+    } else if (m[1] === "memory") {
+      Object.assign(out, show("memory"));
+      out.areas = document.querySelectorAll("#view-memory polygon.marea").length;
+      out.peakLines = document.querySelectorAll("#view-memory line.mpeak").length;
     } else if (m[1] === "load") {
       out.views = Object.keys(views);
       const w = document.getElementById("too-large"); out.tooLarge = w ? w.textContent : "";

@@ -170,3 +170,83 @@ def test_simulate_and_run_write_the_page(tmp_path, capsys):
     example = Path(partita.__file__).parent / "examples" / "block.pir"
     assert main(["run", str(example), "--html", str(tmp_path / "run.html")]) == 0
     assert blob(tmp_path / "run.html")["kind"] == "graph"
+
+
+# ---- the single-device graph beside a rank's program, memory over the step, the measured bubble ----
+
+@pytest.mark.parametrize("mesh,strategy", [("dp=2,tp=2", "dp+megatron+sp"), ("dp=4", "zero3")])
+def test_rank_program_beside_the_single_device_graph(step, tmp_path, mesh, strategy):
+    from partita.ops.kinds import COLLECTIVE_OPS
+    from partita.view.compare import ADDED, REMOVED, RESIZED, compare_json
+
+    prog = partita.parallelize(step, mesh, strategy)
+    c = compare_json(prog.graph, prog.local)
+    single, local = list(prog.graph.nodes), list(prog.local.nodes)
+    # one to one, op for op; every collective of the rank's program was added by the rewrite
+    matched = [i for i in c["local_match"] if i >= 0]
+    assert len(matched) == len(set(matched))
+    assert all(single[i].op == local[j].op for j, i in enumerate(c["local_match"]) if i >= 0)
+    assert all(c["local_mark"][j] == ADDED for j, n in enumerate(local) if n.op in COLLECTIVE_OPS)
+    assert c["counts"]["added collective"] == sum(n.op in COLLECTIVE_OPS for n in local)
+    # the shapes the rank holds are pieces of the global ones; gone nodes have no match
+    resized = [j for j, m in enumerate(c["local_mark"]) if m == RESIZED]
+    assert resized and all(c["global_mark"][c["local_match"][j]] == RESIZED for j in resized)
+    assert all((c["global_match"][i] < 0) == (m == REMOVED) for i, m in enumerate(c["global_mark"]))
+    r = page_test(Path(view(prog, tmp_path / "p.html")), "compare")
+    assert r["errors"] == []
+    assert f"{c['counts']['added collective']} added collective" in r["summary"]
+    assert "added by the rewrite (collective)" in r["addedDetail"] and r["addedOp"] in COLLECTIVE_OPS
+    assert r["resizedLeftSel"] and "global shape; this rank" in r["resizedDetail"]
+    assert "the rank's piece; global" in r["resizedLeftDetail"] and r["rightSel"]
+    assert r["markedLeft"] > 0 and r["markedRight"] > 0
+
+
+def test_memory_over_the_step_peaks_where_memory_report_does(step, tmp_path, monkeypatch):
+    from partita.cluster.memory_report import memory_report
+    from partita.view import memory
+    from partita.view.memory import memory_curve, program_memory
+
+    prog = partita.parallelize(step, "pp=2,dp=2", "pp+dp", microbatches=4)
+    graphs = prog.rank_graphs()
+    m = program_memory(prog)
+    assert sorted((r["rank"], r["count"]) for r in m["ranks"]) == [(0, 2), (2, 2)]   # alike ranks once
+    for r in m["ranks"]:
+        rep = memory_report(graphs[r["rank"]])
+        assert r["peak"] == rep.peak
+        assert r["base"] == {"params": rep.params, "optimizer state": rep.optimizer, "batch": rep.batch}
+        # the curve's columns stack to at most the peak, and reach it
+        tot = [sum(r["base"].values()) + sum(col[k] for col in r["cols"].values()) for k in range(len(r["x"]))]
+        assert max(tot) == rep.peak
+    monkeypatch.setattr(memory, "MAX_POINTS", 50)
+    thin = memory_curve(step)
+    assert len(thin["x"]) == 50 < thin["n"] and thin["peak"] == memory_report(step).peak   # thinned, the peak kept
+    monkeypatch.undo()
+    out = Path(view(prog, tmp_path / "pp.html"))
+    r = page_test(out, "memory")
+    assert r["errors"] == [] and r["peakLines"] == 2 and r["areas"] >= 2 * 5
+    assert sorted(r["peaks"]) == sorted(memory_report(graphs[x["rank"]]).peak for x in m["ranks"])
+    z = partita.parallelize(step, "dp=4", "zero3")
+    r = page_test(Path(view(z, tmp_path / "z.html")), "memory")
+    assert r["errors"] == [] and r["ranks"] == [[0, 4]] and r["peaks"] == [memory_report(z.local).peak]
+
+
+def test_the_measured_bubble_beside_the_predicted_one(step, tmp_path):
+    import numpy as np
+
+    from partita.runtime.parallel_run import launch
+
+    prog = partita.parallelize(step, "pp=2,dp=2", "pp+dp", microbatches=4)
+    rng = np.random.default_rng(0)
+    weights = {v.name: (rng.standard_normal(v.type.shape) * 0.02).astype(np.float32)
+               for v in step.inputs if v.role == "param"}
+    data = [{"ids": rng.integers(0, 128, (8, 16)).astype(np.int64),
+             "target": rng.integers(0, 128, (8, 16)).astype(np.int64)} for _ in range(3)]
+    res = launch(prog, 4, data, weights, timeout_s=120)
+    d = page_data(prog, run=res)["pipeline"]["schedule"]["measured"]
+    assert d["bubble"] == pytest.approx(prog.plan.measured_bubble)
+    assert [p["ranks"] for p in d["per_rank"]] == [2, 2] and all(p["recv"] < p["step"] for p in d["per_rank"])
+    r = page_test(Path(view(prog, tmp_path / "pp.html", run=res)), "gantt")
+    assert r["errors"] == [] and r["measured"] == 2 * 2   # per pp rank: busy and waiting
+    assert f"measured {d['bubble'] * 100:.1f}%" in r["bubble"] and "predicted bubble 20.0%" in r["bubble"]
+    with pytest.raises(ViewError, match="run= takes what partita.launch returns"):
+        view(prog, tmp_path / "x.html", run={})
