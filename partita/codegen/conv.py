@@ -1,5 +1,5 @@
 """A generated f32 direct convolution on channels-last (NHWC) tensors, with bias, a residual add
-and ReLU applied to the tile in registers.
+and an activation (ReLU, SiLU, sigmoid, ReLU6, hardswish) applied to the tile in registers.
 
     y[n, oy, ox, co] = act(bias[co] + sum_{ky, kx, ci} x[n, oy*sh - ph + ky, ox*sw - pw + kx, ci]
                                                        * w[co, ci, ky, kx]  (+ other[n, oy, ox, co]))
@@ -41,12 +41,16 @@ from .cpu import split_on_team
 from .gemm import GemmConfig, choose, gemm_configs, pack_b
 from .jit import jit
 from .lowering import vector_width
+from .mathlib import exp_neg_ir, f32
 
 __all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS",
-           "CLAMP_ACTS", "hardswish_lines"]
+           "CLAMP_ACTS", "hardswish_lines", "sigmoid_lines", "sigmoid_declarations"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
-ACTS = ("none", "relu")
+# The activations the kernel applies to its tile: SiLU and sigmoid on the inlined vector exp of
+# codegen/mathlib.py (as the depthwise kernel), so a squeeze-excitation's small 1 x 1
+# convolutions and an EfficientNet's expansions run here, not on oneDNN's post-op.
+ACTS = ("none", "relu", "silu", "sigmoid")
 # The clamps the kernel applies too (codegen/epilogue.py's CLAMPS): ReLU6 and hardswish.
 CLAMP_ACTS = ("relu6", "hardswish")
 # How many tiles ahead a tile prefetches the input and result rows it will touch first.
@@ -108,7 +112,7 @@ def micro_step(cfg: GemmConfig, tag: str, k: str, bp: str, rows: str, accs: list
     return lines, new
 
 
-def _prologue(name: str, cfg: GemmConfig, dims: dict[str, int]) -> list[str]:
+def _prologue(name: str, cfg: GemmConfig, dims: dict[str, int], act: str = "none") -> list[str]:
     """The declarations, the signature and the entry block: parameters, constants, panel strides."""
     L, NR = cfg.lanes, cfg.nr
     vt = f"<{L} x float>"
@@ -117,6 +121,7 @@ def _prologue(name: str, cfg: GemmConfig, dims: dict[str, int]) -> list[str]:
                       f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)",
                       f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
                       "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
+                      *(sigmoid_declarations(L) if act in ("silu", "sigmoid") else []),
                       f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{",
                       "entry:"]
     a = out.append
@@ -480,6 +485,31 @@ def hardswish_lines(tag: str, v: str, lanes: int) -> list[str]:
             f"  {tag} = fdiv {vt} {tag}.m, {splat(6.0)}"]
 
 
+def sigmoid_declarations(lanes: int) -> list[str]:
+    """The declarations ``sigmoid_lines`` needs on ``lanes`` floats (once per module)."""
+    vt = f"<{lanes} x float>"
+    return [f"declare {vt} @llvm.maxnum.v{lanes}f32({vt}, {vt})", f"declare {vt} @llvm.rint.v{lanes}f32({vt})",
+            f"declare {vt} @llvm.fabs.v{lanes}f32({vt})", exp_neg_ir(lanes)]
+
+
+def sigmoid_lines(tag: str, v: str, lanes: int, times_v: bool) -> list[str]:
+    """IR giving ``tag`` = sigmoid(``v``) (times ``v``: SiLU) on ``lanes`` floats, as 1 / (1 + z)
+    for v >= 0 and z / (1 + z) below, z = exp(-|v|): nothing overflows; NaN stays NaN."""
+    vt = f"<{lanes} x float>"
+    one = f"splat (float {f32(1.0)})"
+    s = f"{tag}.s" if times_v else tag
+    out = [f"  {tag}.abs = call {vt} @llvm.fabs.v{lanes}f32({vt} {v})",
+           f"  {tag}.na = fneg {vt} {tag}.abs",
+           f"  {tag}.z = call {vt} @pt_vexpf_neg{lanes}({vt} {tag}.na)",
+           f"  {tag}.d = fadd {vt} {tag}.z, {one}",
+           f"  {tag}.pos = fcmp oge {vt} {v}, zeroinitializer",
+           f"  {tag}.num = select <{lanes} x i1> {tag}.pos, {vt} {one}, {vt} {tag}.z",
+           f"  {s} = fdiv {vt} {tag}.num, {tag}.d"]
+    if times_v:
+        out.append(f"  {tag} = fmul {vt} {v}, {s}")
+    return out
+
+
 def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
     """The tile written once (bias, other, activation, masked to the panel's columns), then
     the tile, panel and kernel ends."""
@@ -523,6 +553,9 @@ def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
                 if act == "hardswish":
                     out += hardswish_lines(f"%shs{r}_{v}{sfx}", val, L)
                     val = f"%shs{r}_{v}{sfx}"
+                if act in ("silu", "sigmoid"):
+                    out += sigmoid_lines(f"%ssg{r}_{v}{sfx}", val, L, act == "silu")
+                    val = f"%ssg{r}_{v}{sfx}"
                 a(f"  %syp{r}_{v}{sfx} = getelementptr float, ptr %yr{r}{sfx}, i64 {v * L}")
                 a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}{sfx}, i32 4, <{L} x i1> %mask{v})")
             a(f"  br label %{nxt}")
@@ -542,11 +575,11 @@ def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
 
 def conv_ir(name: str, cfg: GemmConfig, act: str, dims: dict[str, int]) -> str:
     """The LLVM IR of one convolution kernel (see the module doc): tile ``cfg``, activation
-    ``act`` (none or relu) after the residual add where the call gives one (``other`` not
+    ``act`` (one of ``ACTS`` or ``CLAMP_ACTS``) after the residual add where the call gives one (``other`` not
     null), the dimensions ``dims`` (``PARAMS[5:]``, each a constant of the kernel)."""
     if act not in ACTS + CLAMP_ACTS:
         raise ValueError(f"partita.codegen.conv: no activation {act!r} (known: {', '.join(ACTS + CLAMP_ACTS)})")
-    out = (_prologue(name, cfg, dims) + _panel(cfg) + _tile_place(cfg, dims) + _prefetch(cfg) + _row_places(cfg)
+    out = (_prologue(name, cfg, dims, act) + _panel(cfg) + _tile_place(cfg, dims) + _prefetch(cfg) + _row_places(cfg)
            + _tap_rows(name, cfg) + _channel_loops(cfg) + _store_tile(cfg, act))
     return "\n".join(out) + "\n"
 
