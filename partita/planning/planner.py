@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts
+from .floor import LayerCosts, layer_costs, step_floor
 from .plan import RECOMPUTE, Plan
 from .search import CAUSES, GIB, Pricer, candidate_plan, enumerate_candidates
 from .shape import ModelShape, PlanError, model_shape
@@ -42,10 +43,11 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
     if not fit:
         raise PlanError(no_fit_message(graph, shape, cl, cap, n, recomputes, min(mems.values())))
     est = {c: sum(time_parts(shape, c, cl).values()) for c in fit}
+    costs = layer_costs(graph, cl, shape.layers)
     t_search = time.perf_counter() - t_start
     say(f"{len(cands)} candidates, {len(fit)} within {cap / GIB:.1f} GiB")
     pricer = Pricer(graph, cl, training, {"loss": loss, "optimizer": optimizer, "master_weights": master_weights})
-    priced = price_best(shape, fit, est, mems, pricer, cap, n, cl, price, say)
+    priced = price_best(shape, fit, est, mems, pricer, cap, n, cl, price, say, costs)
     if not priced:
         raise PlanError(f"plan: none of the best {price} candidates of @{graph.name} could be built or fits; "
                         "raise price= or the memory cap")
@@ -119,8 +121,9 @@ def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: 
 
 
 def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, pricer: Pricer, cap: float, n: int,
-               cl: Cluster, price: int, say: Callable[[str], None]) -> list[Plan]:
-    """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit."""
+               cl: Cluster, price: int, say: Callable[[str], None], costs: LayerCosts | None = None) -> list[Plan]:
+    """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit.
+    ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot win."""
     seen: set = set()
     out: list[Plan] = []
     pricer.failures, pricer.skipped = [], 0
@@ -133,11 +136,12 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
         if len(seen) >= price:
             break
         seen.add(key)
-        # The lower bound, and the estimate scaled by the least simulated/estimated ratio seen.
-        if lower_bound(shape, c, cl) > best_time or est[c] * ratio > best_time * CALIBRATED_MARGIN:
+        # The lower bounds, and the estimate scaled by the least simulated/estimated ratio seen.
+        p = candidate_plan(shape, c, n, cl)
+        floor = step_floor(costs, shape, c, p.stages) if costs is not None else 0.0
+        if max(lower_bound(shape, c, cl), floor) > best_time or est[c] * ratio > best_time * CALIBRATED_MARGIN:
             pricer.skipped += 1
             continue
-        p = candidate_plan(shape, c, n, cl)
         try:
             step_time, mfu, peak = pricer.price_scaled(p, shape)
         except PartitaError as e:
