@@ -58,14 +58,15 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import erase_if_dead, has_effects, sole_user
-from .aten_fallback import aten_conv, aten_linear, aten_step, pad_uneven
+from .aten_fallback import aten_conv, aten_epilogue, aten_linear, aten_step, pad_uneven
 from .choose import enabled as choose_enabled
 from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_padding_end, conv_parts, linear_parts
 from .norm import fuse_add_norm, fuse_rms_norm
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
-           "PREPACK", "packed_weight_stats"]
+           "PREPACK", "packed_weight_stats", "LinearChoice", "aten_linear_run", "linear_step",
+           "GEMM_MIN_FLOPS", "LINEAR_CANDIDATE_MIN_FLOPS"]
 
 # Whether fuse-library takes ReLU6 and hardswish (``CLAMPS``) after a convolution as its
 # "relu6" / "hardswish" epilogue: on unless PARTITA_CLAMP_EPILOGUES=0 (read when the pass runs).
@@ -205,13 +206,15 @@ def _linear_reference(args, attrs):
 
 # --- packed weights ---------------------------------------------------------------------------
 
-_STATS = {"packed": 0, "unpacked_calls": 0, "generated_conv_calls": 0, "winograd_calls": 0}
+_STATS = {"packed": 0, "unpacked_calls": 0, "generated_conv_calls": 0, "winograd_calls": 0,
+          "linear_generated": 0, "linear_aten": 0}
 
 
 def packed_weight_stats() -> dict[str, int]:
     """How many weights this process packed, how many calls ran a kernel unpacked, how many
     convolutions ran on a generated kernel (codegen/winograd.py or codegen/conv.py), and how
-    many of those on Winograd's."""
+    many of those on Winograd's; how many linear layers' measured choices (``LinearChoice``)
+    kept the generated GEMM (``linear_generated``) and how many ATen's addmm (``linear_aten``)."""
     return dict(_STATS)
 
 
@@ -560,6 +563,10 @@ LINEAR_MIN_FLOPS_POST_OP = 8_000_000
 # and it applies the activation in the same pass; below this the packed copy is not worth its
 # memory.
 GEMM_MIN_FLOPS = 1_000_000
+# With measured kernel choice on (codegen/choose.py), a linear layer from this size up to
+# GEMM_MIN_FLOPS is a candidate of the generated GEMM too, measured against ATen's addmm (the
+# rules' pick there); below it a call is a few microseconds either way and stays on ATen.
+LINEAR_CANDIDATE_MIN_FLOPS = 200_000
 
 
 def _generated_gemm() -> bool:
@@ -599,21 +606,74 @@ def _linear_kernel(unary: str) -> Kernel:
 
     def prepare(node, out: Any = None) -> Callable:
         return linear_step(tuple(node.results[0].type.shape), node.operands[0].type.shape[-1],
-                           node.attrs["weight_layout"], len(node.operands) == 3, unary, out)
+                           node.attrs["weight_layout"], len(node.operands) == 3, unary, out, node=node)
 
     def min_flops() -> int:
         if PREPACK and _generated_gemm():
-            return GEMM_MIN_FLOPS
+            return LINEAR_CANDIDATE_MIN_FLOPS if choose_enabled() else GEMM_MIN_FLOPS
         return LINEAR_MIN_FLOPS if u is None else LINEAR_MIN_FLOPS_POST_OP
 
     return Kernel(name, prepare, min_flops)
 
 
-def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str, out: Any = None) -> Callable:
+class LinearChoice:
+    """One linear layer's measured choice between the generated GEMM and ATen's addmm
+    (``choose.py``), made at its first call with the weight packed: ``picked`` is None until
+    then, else "generated" or "aten". ``default`` is the rules' pick: the generated GEMM from
+    ``GEMM_MIN_FLOPS`` up, ATen's addmm below."""
+
+    __slots__ = ("picked", "key", "where", "node", "default")
+
+    def __init__(self, node: Any, m: int, k: int, n: int, layout: str, has_bias: bool, unary: str) -> None:
+        self.picked: str | None = None
+        self.default = "generated" if 2 * m * k * n >= GEMM_MIN_FLOPS else "aten"
+        self.key = f"linear_pointwise m={m} k={k} n={n} layout={layout} bias={has_bias} unary={unary}"
+        self.where = f"{describe_node(node)} ([{m}, {k}] x [{k}, {n}], {unary})"
+        self.node = weakref.ref(node)
+
+    def measure(self, candidates: dict[str, Callable[[], Any]]) -> str:
+        """Time ``candidates`` on this call's arguments (or take the cached choice); kept for good."""
+        from . import choose
+
+        self.picked = choose.choose(self.key, candidates, where=self.where, default=self.default,
+                                    node=self.node())
+        _STATS["linear_generated" if self.picked == "generated" else "linear_aten"] += 1
+        return self.picked
+
+
+def aten_linear_run(out_shape: tuple, k: int, kn: bool, unary: str, out: Any = None) -> Callable:
+    """``run(x, w, bias)``: a linear layer as ATen's addmm (mm without a bias) on the weight
+    as stored (a transposed view where it is [N, K]), written into ``out`` where given, then
+    its activation (relu and silu in place)."""
+    n = out_shape[-1]
+    m = math.prod(out_shape[:-1])
+    addmm, mm = torch.addmm, torch.mm
+    out2 = None if out is None else out.view(m, n)
+    inplace = {"relu": torch.relu_, "silu": lambda t: torch.nn.functional.silu(t, inplace=True)}.get(unary)
+    plain = unary == "none"
+
+    def run(x: Any, w: Any, bias: Any) -> Any:
+        x2 = x.reshape(m, k)
+        w2 = w if kn else w.t()
+        y = mm(x2, w2, out=out2) if bias is None else addmm(bias, x2, w2, out=out2)
+        if inplace is not None:
+            inplace(y)
+        elif not plain:
+            z = aten_epilogue(y, "none", None, unary)
+            y = z if out2 is None else out2.copy_(z)
+        return out if out is not None else y.view(out_shape)
+
+    return run
+
+
+def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: str, out: Any = None,
+                node: Any = None) -> Callable:
     """The torch executor's step for one ``linear_pointwise`` node with the result shape
     ``out_shape`` [..., N], the inner size ``k``, the weight layout ``layout`` ("kn" or
     "nk"), a bias or not, and the activation ``unary``: see ``_linear_kernel``. With the
-    generated GEMM, the result is written into ``out`` (contiguous, ``out_shape``) where given."""
+    generated GEMM, the result is written into ``out`` (contiguous, ``out_shape``) where given.
+    With ``node`` and measured choice on, the generated GEMM and ATen's addmm are timed once
+    the weight is packed (``LinearChoice``) and the faster runs the node from then on."""
     u = CONV_UNARY[unary]
     attr = "none" if u is None else u.onednn
     alg = None if u is None else u.algorithm
@@ -628,10 +688,13 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
         from .gemm import PreparedGemm
 
         run = PreparedGemm(m, n, k, unary)
-        cache = PackedWeight(lambda w: run.pack(w if kn else w.t()))
-        get = cache.get
+        gcache = cache = PackedWeight(lambda w: run.pack(w if kn else w.t()))
+        get = gcache.get
         f32_ = torch.float32
         out2 = None if out is None else out.view(m, n)
+        choice = LinearChoice(node, m, k, n, layout, has_bias, unary) if node is not None and choose_enabled() \
+            else None
+        aten = aten_linear_run(tuple(out_shape), k, kn, unary, out)
 
         def gen_step(args: list, attrs: dict) -> Any:
             x = args[0]
@@ -639,8 +702,17 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                 return fallback(args, attrs)
             w = args[1]
             bias = args[2] if has_bias else None
+            if choice is not None and choice.picked == "aten" and x.dtype is f32_:
+                return aten(x, w, bias)
             packed = get(w)
             if packed is not None and x.dtype is f32_ and (bias is None or bias.is_contiguous()):
+                if choice is not None and choice.picked is None:
+                    x2 = x.reshape(m, k)
+                    picked = choice.measure({"generated": lambda: run(x2, packed, bias, out2),
+                                             "aten": lambda: aten(x, w, bias)})
+                    if picked == "aten":
+                        gcache.packed = None   # the packed copy is not used again
+                        return aten(x, w, bias)
                 if x.dim() == 2 and out2 is None:
                     return run(x, packed, bias)
                 y = run(x.reshape(m, k), packed, bias, out2)
