@@ -22,9 +22,10 @@ class ViewCommandError(PartitaError):
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     v = sub.add_parser("view", parents=[common], help="write one HTML page that shows a graph, its plan and schedule",
                        description="Write one self-contained HTML page (no network request) of FILE.pir: its graph "
-                                   "grouped by module, searchable; with --mesh its parallel program (collectives and "
-                                   "why, placements on the mesh, the pipeline schedule); with --cluster its simulated "
-                                   "step (per-rank streams, waits, memory).")
+                                   "grouped by module, searchable; with --mesh its parallel program (the single-device "
+                                   "graph beside the per-rank program with the differences marked, collectives and "
+                                   "why, placements on the mesh, the pipeline schedule, memory over the step per rank); "
+                                   "with --cluster its simulated step (per-rank streams, waits, memory).")
     v.add_argument("file", metavar="FILE.pir")
     v.add_argument("-o", "--output", metavar="OUT.html", help="the page to write (default FILE.html)")
     v.add_argument("--mesh", help="parallelize for this mesh first, e.g. dp=2,tp=2 (a training step's .pir)")

@@ -56,6 +56,9 @@ function memoryCurveView(root, M) {
   if (!M.ranks.length) { root.append(el("div", {class: "warn", id: "memory-note"}, "memory over the step: " + M.note)); return {peaks: []}; }
   root.append(el("div", {class: "summary"}, "memory over the step per rank: what its program holds after each node, in " +
     "program order, stacked by kind; alike ranks once with their count; the peak marked (the one memory_report gives)"));
+  const lg = el("div", {class: "mlegend"});
+  for (const c of M.categories) { const s = el("span"); s.append(el("i", {style: "background:" + MCOL[c]}), " " + c); lg.append(s); }
+  root.append(lg);
   const peaks = [], max = Math.max(...M.ranks.map(r => r.peak)) || 1, W = 1000, H = 150, LX = 70;
   for (const r of M.ranks) {
     const box = el("div", {class: "mcurve", "data-rank": r.rank});
@@ -82,9 +85,6 @@ function memoryCurveView(root, M) {
     svg.append(sv("text", {x: LX, y: H + 22}, "node 0"), sv("text", {x: LX + W - 70, y: H + 22}, "node " + r.n));
     box.append(svg); root.append(box);
   }
-  const lg = el("div", {class: "mlegend"});
-  for (const c of M.categories) { const s = el("span"); s.append(el("i", {style: "background:" + MCOL[c]}), " " + c); lg.append(s); }
-  root.append(lg);
   return {peaks, ranks: M.ranks.map(r => [r.rank, r.count])};
 }
 
