@@ -60,3 +60,53 @@ def test_the_simulator_prices_a_causal_llamas_attention_at_about_half():
     full = [cm.compute_time(n).flops for n in att]
     for c, f in zip(causal, full):
         assert c / f == pytest.approx(0.5 + FLASH_TILE / (2 * 2048))
+
+
+def cp_attention_nodes(strategy: str, mesh: str, **kw) -> list:
+    """The attention ops of every rank program of a tiny causal Llama under context parallelism."""
+    fwd = partita.models.llama(2, 32, 4, 64, 64, kv_heads=2, batch=2, dtype="f32")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw")
+    prog = partita.parallelize(step, mesh, strategy, **kw)
+    templates = getattr(prog, "templates", None)
+    graphs = [t.local for t in templates] if templates else [prog.local]
+    return [n for g in graphs for n in g.nodes if n.op in ("attention", "attention_grad")]
+
+
+@pytest.mark.parametrize("strategy,mesh,kw", [("cp", "cp=4", {}), ("cp-ring", "cp=4", {}),
+                                              ("pp+cp", "pp=2,cp=2", {"microbatches": 2, "unroll": False})])
+def test_context_parallel_attention_is_priced_causal_by_its_positions(strategy, mesh, kw):
+    from partita.cluster.cost import position_causal, position_causal_share, price_key
+
+    att = cp_attention_nodes(strategy, mesh, **kw)
+    assert att and all(not n.attrs["causal"] and position_causal(n) for n in att)
+    cm = CostModel(partita.cluster.load_cluster("dgx-h100"))
+    for n in att:
+        share = position_causal_share(n)
+        assert 0.5 < share <= 1.0
+        assert cm.compute_time(n).flops == int(cm.record_cost(n).flops * share)
+        assert price_key(n)[-1] is True
+
+
+def test_the_causal_share_of_a_balanced_cp_rank():
+    """cp=4 over 8 chunks of c keys: rank 0 holds chunks 0 and 7, and its flash kernel scores
+    (2 cp c^2 + c tile) of the 4 cp c^2 pairs, the share position_causal_share prices."""
+    from partita.parallel.strategies.cp import balanced_positions
+
+    cp, c = 4, 1024
+    s = 2 * cp * c
+    pos = balanced_positions(s, cp)
+    for r in range(cp):
+        scored = 0
+        for chunk in (pos[r, :c], pos[r, c:]):     # c contiguous positions from chunk[0]
+            scored += c * int(chunk[0]) + tiles_scored(c, c)
+        assert scored / (2 * c * s) == pytest.approx(0.5 + FLASH_TILE / (2 * s))
+
+
+def test_a_mask_that_is_not_positions_is_priced_whole():
+    from partita.cluster.cost import position_causal
+
+    g = partita.parse("""graph @g(%q: f32[1,2,8,4], %m: bool[8,8]) -> (f32[1,2,8,4]) {
+      %o, %l = attention(%q, %q, %q, %m) : f32[1,2,8,4], f32[1,2,8]
+      return %o
+    }""")
+    assert not position_causal(next(iter(g.nodes)))
