@@ -1,10 +1,13 @@
 """A step-time floor of a candidate that the simulator can never beat, from the model's own ops.
 
-``layer_costs(graph, cluster, layers)`` prices the matmuls and attention ops of one
-repeated layer and of the output head of the forward graph with the cluster's cost model on
-their global shapes (a rank's share of an op has thinner shapes, which the cost model's
-thin-shape knee prices no faster a FLOP), plus each op's launch overhead; every other op
-(memory-bound, collectives, transfers) is left out, so the figure is a floor.
+``layer_costs(graph, cluster, layers)`` prices the ops of one repeated layer and of the
+rest (embedding, head, loss) of the forward graph, cleaned up as a chunk's program is, with
+the cluster's cost model on their global shapes: a rank's share of a matmul or attention has
+thinner shapes, which the cost model's thin-shape knee prices no faster a FLOP; a
+memory-bound op moves its share of the bytes at the fastest bandwidth the device has; each
+op pays its launch overhead. The backward of a matmul or attention does at least twice its
+forward's FLOPs; the backward's memory-bound ops, collectives, transfers and the optimizer
+are left out, so the figure is a floor.
 
 ``step_floor(costs, c)``: a rank's work is at least its share (1 / tp of its stage's
 microbatch rows) of those ops; the backward does at least twice the forward's GEMM FLOPs
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..cluster.hardware import Cluster
 from ..ir import Graph
@@ -39,59 +43,90 @@ BACKWARD = 2.0
 
 @dataclass(frozen=True)
 class LayerCosts:
-    """Seconds of one layer's and of the head's GEMM and attention ops at the global batch."""
+    """Seconds of one layer's and of the head's forward ops at the global batch on one device:
+    the GEMM and attention ops (whose backward does twice their FLOPs) and the other ops (the
+    forward alone counted)."""
 
-    layer: float            # one repeated layer's forward, whole batch, one device
-    head: float             # the ops outside the layers (the output projection), whole batch
-    layer_ops: int          # GEMM and attention ops of one layer (each pays the launch overhead)
+    layer: float            # one repeated layer's GEMM and attention ops
+    head: float             # those outside the layers (the output projection)
+    layer_ops: int          # how many (each pays the launch overhead)
     head_ops: int
     overhead: float         # seconds of launch overhead an op pays
+    layer_rest: float = 0.0     # one layer's other (memory-bound) forward ops
+    head_rest: float = 0.0
+    layer_rest_ops: int = 0
+    head_rest_ops: int = 0
 
 
 def layer_costs(graph: Graph, cluster: Cluster, layers: int) -> LayerCosts | None:
     """The forward graph's layer and head costs (see the module docstring); None unless its
-    GEMM and attention ops fall into ``layers`` alike layers by their location scopes
-    (``<prefix>.<i>`` or ``<prefix>.<i>.<name>``) and the rest."""
+    ops fall into ``layers`` alike layers by their location scopes (``<prefix>.<i>`` or
+    ``<prefix>.<i>.<name>``) and the rest. The forward is cleaned up first as a pipeline
+    chunk's program is (canonicalize, cse, dce), so no op counted is one the chunks drop."""
     from ..cluster.cost import CostModel
-    from ..ops.kinds import ATTENTION_OPS, GEMM_OPS
+    from ..passes.manager import PassManager
     from ..parallel.pipeline.build import forward_of
 
     fwd, _training = forward_of(graph)
+    fwd = fwd.clone()
+    PassManager.parse("canonicalize,cse,dce", verify_each=False).run(fwd)
     model = CostModel(cluster)
-    eff = cluster.efficiency
-    per: dict[tuple[str, int], list[float]] = {}
-    head = 0.0
-    head_ops = 0
+    per: dict[tuple[str, int], list[tuple[bool, float]]] = {}
+    outer: list[tuple[bool, float]] = []
     for n in fwd.nodes:
-        if n.op not in GEMM_OPS and n.op not in ATTENTION_OPS:
+        priced = op_floor(model, cluster, n)
+        if priced is None:
             continue
         m = SCOPE.match(getattr(n.loc, "scope", "") or "")
-        # Priced on the global shapes: a rank's share of it runs on thinner shapes, no faster a FLOP.
-        t = max(model.compute_time(n).seconds - eff.op_overhead, 0.0)
-        if m:
-            per.setdefault((m.group(1), int(m.group(2))), []).append(t)
-        else:
-            head += t
-            head_ops += 1
+        (per.setdefault((m.group(1), int(m.group(2))), []) if m else outer).append(priced)
     prefixes = {p for p, _ in per}
     if len(prefixes) != 1 or sorted(i for _, i in per) != list(range(layers)):
         return None
     first = per[(prefixes.pop(), 0)]
-    one = sum(first)
-    if any(len(ts) != len(first) or abs(sum(ts) - one) > 1e-6 * max(one, 1e-30) for ts in per.values()):
+
+    def sums(ts: list[tuple[bool, float]]) -> tuple[float, int, float, int]:
+        g = [t for k, t in ts if k]
+        r = [t for k, t in ts if not k]
+        return sum(g), len(g), sum(r), len(r)
+
+    one = sums(first)
+    if any(len(ts) != len(first) or abs(sum(t for _, t in ts) - (one[0] + one[2])) > 1e-6 * (one[0] + one[2])
+           for ts in per.values()) or one[1] == 0:
         return None
-    return LayerCosts(one, head, len(first), head_ops, eff.op_overhead)
+    head = sums(outer)
+    return LayerCosts(one[0], head[0], one[1], head[1], cluster.efficiency.op_overhead, one[2], head[2], one[3],
+                      head[3])
+
+
+def op_floor(model: Any, cluster: Cluster, n: Any) -> tuple[bool, float] | None:
+    """(whether a GEMM or attention op, seconds without the launch overhead) of ``n`` on its
+    global shapes, the least any rank's share of it costs per share (a thinner GEMM is no
+    faster a FLOP; a memory-bound op moves at the fastest bandwidth the device has); None
+    for an op that runs no kernel."""
+    from ..cluster.cost import operand_transpose
+    from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
+
+    op = n.op
+    if op in VIEW_OPS or op in FREE_OPS or op in COLLECTIVE_OPS or op in P2P_OPS or operand_transpose(n):
+        return None
+    if op in GEMM_OPS or op in ATTENTION_OPS:
+        return True, max(model.compute_time(n).seconds - cluster.efficiency.op_overhead, 0.0)
+    c = model.record_cost(n)
+    d = cluster.device
+    bw = max(d.memory_bandwidth, d.cache_bandwidth or 0.0) * cluster.efficiency.memory
+    return False, max((c.bytes_read + c.bytes_written) / bw, c.flops / model.peak_for("f32"))
 
 
 def step_floor(costs: LayerCosts, shape: ModelShape, c: Candidate, stages: list[int] | None = None) -> float:
     """Seconds the simulated step of ``c`` takes at least (see the module docstring); ``stages``:
     the layers of each pipeline stage when the cut is known (1F1B)."""
     share = c.micro / shape.batch / c.tp         # the global batch's work one rank does for one microbatch
-    fwd = costs.layer * share + costs.layer_ops * costs.overhead
+    fwd = (costs.layer + costs.layer_rest) * share + (costs.layer_ops + costs.layer_rest_ops) * costs.overhead
     again = fwd if c.recompute == "full" else 0.0
     bwd = costs.layer * share * BACKWARD + costs.layer_ops * costs.overhead
     per_layer = fwd + bwd + again
-    head = costs.head * share * (1 + BACKWARD) + 2 * costs.head_ops * costs.overhead
+    head = (costs.head * (1 + BACKWARD) + costs.head_rest) * share + \
+        (2 * costs.head_ops + costs.head_rest_ops) * costs.overhead
     if c.pp == 1:
         return shape.layers * per_layer + head
     M = c.microbatches
