@@ -219,6 +219,7 @@ class _Piece:
     at: dict[Value, float]
     last_issue: float | None
     first_coll: float | None = None
+    waits: tuple = ()        # (axis, seconds) of ``waiting``
 
 
 @dataclass
@@ -282,6 +283,7 @@ def price_piece(entries: list[Entry], comms: list[Node], comm_time: Any, exports
     at: dict[Value, float] = {}
     last_issue = None
     first = None
+    waits: dict[str, float] = defaultdict(float)
     for e in entries:
         match e:
             case CollectiveMark():
@@ -308,10 +310,12 @@ def price_piece(entries: list[Entry], comms: list[Node], comm_time: Any, exports
                 t = done[j]
                 if t > clock:
                     waiting += t - clock
+                    waits[comms[j].attrs["axis"]] += t - clock
                     clock = t
             case _:
                 raise AssertionError(f"not an entry of a piece: {e}")
-    return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue, first)
+    return _Piece(clock, busy, waiting, tuple(cb.items()), tuple(cbytes.items()), at, last_issue, first,
+                  tuple(waits.items()))
 
 
 # --- a rank's plan: the unroll's order of section copies and sums ---------------------------------
@@ -661,7 +665,7 @@ class RankProgramBuild:
         if self.deferred and piece.first_coll is not None:
             self.flush(at=(i, piece.first_coll))
         self.steps.append(Piece(piece.duration, piece.busy, piece.waiting, piece.comm_busy, piece.comm_bytes,
-                                label))
+                                label, piece.waits))
         for v, off in piece.at.items():
             self.points[(v, m)] = (i, off)
         if piece.last_issue is not None:

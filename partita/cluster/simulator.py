@@ -205,6 +205,7 @@ class RankResult:
     flops: float                    # FLOPs it computes in the step
     kinds: dict[str, float]         # compute seconds by kind
     memory: MemoryReport | None = None
+    waits: dict[str, float] = field(default_factory=dict)   # ``waiting`` by the axis waited for
 
 
 @dataclass
@@ -464,7 +465,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         st = sim.state[r]
         mem = memory_report(p.graph) if memory else None
         ranks.append(RankResult(r, count[r], st.clock, st.busy, st.waiting, dict(st.comm_busy), p.flops,
-                                p.kinds, mem))
+                                p.kinds, mem, dict(st.waits)))
         hw += p.flops * count[r]
         for a, b in st.comm_bytes.items():
             comm_bytes[a] += b * count[r]
@@ -634,6 +635,7 @@ class _State:
     clock: float = 0.0
     busy: float = 0.0
     waiting: float = 0.0
+    waits: dict[str, float] = field(default_factory=lambda: defaultdict(float))   # waiting by axis
     issued: dict[int, float] = field(default_factory=dict)     # comm index -> issue time
     done: dict[int, float] = field(default_factory=dict)       # comm index -> completion
     comm_busy: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -726,7 +728,7 @@ class _Sim:
                         self.events.append(Event(r, "compute", label, st.clock, st.clock + dur, {"section": label}))
                     st.clock += dur
                     st.busy += dur
-                case Piece(dur, busy, waiting, cbusy, cbytes, label):
+                case Piece(dur, busy, waiting, cbusy, cbytes, label, waits):
                     if self.scale is not None and busy > 0:
                         extra = busy * (self.scale[r] - 1)
                         self.spans[r].append((st.clock, st.clock + dur + extra))
@@ -737,6 +739,8 @@ class _Sim:
                     st.clock += dur
                     st.busy += busy
                     st.waiting += waiting
+                    for a, x in waits:
+                        st.waits[a] += x
                     for a, x in cbusy:
                         st.comm_busy[a] += x
                     for a, x in cbytes:
@@ -752,6 +756,7 @@ class _Sim:
                             return moved
                     if t > st.clock:
                         st.waiting += t - st.clock
+                        st.waits[self.progs[r].comms[k].axis] += t - st.clock
                         st.clock = t
             st.pos += 1
             moved = True

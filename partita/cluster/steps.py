@@ -66,7 +66,8 @@ class Piece:
     """A precomputed stretch of a section-level program (pipeline_sim.py): ``duration`` on the
     compute stream, of which ``busy`` computing and ``waiting`` waiting for its own
     communication; ``comm_busy`` and ``comm_bytes``: (axis, seconds or bytes) of that
-    communication's streams; ``label`` names its span in the trace."""
+    communication's streams; ``label`` names its span in the trace; ``waits``: (axis,
+    seconds) of ``waiting``."""
 
     duration: float
     busy: float
@@ -74,6 +75,7 @@ class Piece:
     comm_busy: tuple[tuple[str, float], ...]
     comm_bytes: tuple[tuple[str, float], ...]
     label: str
+    waits: tuple[tuple[str, float], ...] = ()
 
 
 # One step of a program.

@@ -140,3 +140,17 @@ def test_unroll_false_is_for_training_pipelines(step):
         partita.parallelize(fwd, mesh="pp=2", strategy="pp", microbatches=2, unroll=False)
     with pytest.raises(Exception, match="unroll"):
         partita.parallelize(step, mesh="dp=2", strategy="dp", unroll=False)
+
+
+@pytest.mark.parametrize("mesh,strategy,schedule,virtual", [("pp=2,tp=2", "pp+megatron", "interleaved", 2),
+                                                            ("pp=2,dp=2,tp=2", "pp+dp+megatron", "1f1b", 1)])
+def test_each_rank_says_which_axis_it_waited_for(step, mesh, strategy, schedule, virtual):
+    """RankResult.waits splits ``waiting`` by the axis waited for, in the section-level and in
+    the unrolled simulation alike: the pipeline's recvs (its bubble) on pp, tp's collectives."""
+    kw = dict(mesh=mesh, strategy=strategy, schedule=schedule, virtual_stages=virtual, microbatches=4)
+    for prog in (partita.parallelize(step, **kw), partita.parallelize(step, unroll=False, **kw)):
+        r = simulate(prog, "selene", memory=False)
+        for rank in r.ranks:
+            assert set(rank.waits) <= set(prog.mesh.names)
+            assert sum(rank.waits.values()) == pytest.approx(rank.waiting, rel=1e-9, abs=1e-12)
+        assert max(rank.waits.get("pp", 0.0) for rank in r.ranks) > 0      # the later stages wait for the first
