@@ -1,5 +1,5 @@
 """A generated f32 direct convolution on channels-last (NHWC) tensors, with bias, a residual add
-and an activation (ReLU, SiLU, sigmoid, ReLU6, hardswish) applied to the tile in registers.
+and an activation (ReLU, SiLU, sigmoid, GELU, ReLU6, hardswish) applied to the tile in registers.
 
     y[n, oy, ox, co] = act(bias[co] + sum_{ky, kx, ci} x[n, oy*sh - ph + ky, ox*sw - pw + kx, ci]
                                                        * w[co, ci, ky, kx]  (+ other[n, oy, ox, co]))
@@ -44,13 +44,15 @@ from .lowering import vector_width
 from .mathlib import exp_neg_ir, f32
 
 __all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS",
-           "CLAMP_ACTS", "hardswish_lines", "sigmoid_lines", "sigmoid_declarations"]
+           "CLAMP_ACTS", "hardswish_lines", "sigmoid_lines", "act_declarations",
+           "gelu_lines", "activation_lines"]
 
 PARAMS = ["x", "w", "bias", "other", "y", "n", "h", "w_", "c", "ho", "wo", "co", "kh", "kw", "sh", "sw", "ph", "pw"]
-# The activations the kernel applies to its tile: SiLU and sigmoid on the inlined vector exp of
-# codegen/mathlib.py (as the depthwise kernel), so a squeeze-excitation's small 1 x 1
-# convolutions and an EfficientNet's expansions run here, not on oneDNN's post-op.
-ACTS = ("none", "relu", "silu", "sigmoid")
+# The activations the kernel applies to its tile: SiLU, sigmoid and GELU (erf) on the inlined
+# vector exp of codegen/mathlib.py (as the depthwise kernel), so a squeeze-excitation's small
+# 1 x 1 convolutions, an EfficientNet's expansions and a PoolFormer's MLP run here, not on
+# oneDNN's post-op (3 to 10 times the direct kernel's time on those shapes).
+ACTS = ("none", "relu", "silu", "sigmoid", "gelu")
 # The clamps the kernel applies too (codegen/epilogue.py's CLAMPS): ReLU6 and hardswish.
 CLAMP_ACTS = ("relu6", "hardswish")
 # How many tiles ahead a tile prefetches the input and result rows it will touch first.
@@ -121,7 +123,7 @@ def _prologue(name: str, cfg: GemmConfig, dims: dict[str, int], act: str = "none
                       f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)",
                       f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})",
                       "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
-                      *(sigmoid_declarations(L) if act in ("silu", "sigmoid") else []),
+                      *act_declarations(act, L),
                       f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{",
                       "entry:"]
     a = out.append
@@ -485,11 +487,83 @@ def hardswish_lines(tag: str, v: str, lanes: int) -> list[str]:
             f"  {tag} = fdiv {vt} {tag}.m, {splat(6.0)}"]
 
 
-def sigmoid_declarations(lanes: int) -> list[str]:
-    """The declarations ``sigmoid_lines`` needs on ``lanes`` floats (once per module)."""
+def act_declarations(act: str, lanes: int) -> list[str]:
+    """The declarations ``activation_lines`` needs for ``act`` on ``lanes`` floats (once per
+    module; the module declares ``llvm.fma`` itself)."""
+    if act not in ("silu", "sigmoid", "gelu"):
+        return []
     vt = f"<{lanes} x float>"
-    return [f"declare {vt} @llvm.maxnum.v{lanes}f32({vt}, {vt})", f"declare {vt} @llvm.rint.v{lanes}f32({vt})",
-            f"declare {vt} @llvm.fabs.v{lanes}f32({vt})", exp_neg_ir(lanes)]
+    out = [f"declare {vt} @llvm.maxnum.v{lanes}f32({vt}, {vt})", f"declare {vt} @llvm.rint.v{lanes}f32({vt})",
+           f"declare {vt} @llvm.fabs.v{lanes}f32({vt})", exp_neg_ir(lanes)]
+    if act == "gelu":
+        out.insert(0, f"declare {vt} @llvm.minnum.v{lanes}f32({vt}, {vt})")
+    return out
+
+
+def activation_lines(act: str, tag: str, v: str, lanes: int) -> tuple[list[str], str]:
+    """(IR lines, the result) of the exp-based activation ``act`` (silu, sigmoid, gelu) of ``v``."""
+    if act == "gelu":
+        return gelu_lines(tag, v, lanes), tag
+    return sigmoid_lines(tag, v, lanes, act == "silu"), tag
+
+
+def _vhorner(tag: str, var: str, coeffs: list[float], lanes: int) -> tuple[list[str], str]:
+    """Lines computing ``coeffs[0] * var**k + ... + coeffs[-1]`` on ``lanes`` floats, one
+    fused multiply-add a step."""
+    vt = f"<{lanes} x float>"
+    lines, acc = [], f"splat (float {f32(coeffs[0])})"
+    for i, c in enumerate(coeffs[1:]):
+        lines.append(f"  {tag}{i} = call {vt} @llvm.fma.v{lanes}f32({vt} {acc}, {vt} {var}, {vt} splat (float {f32(c)}))")
+        acc = f"{tag}{i}"
+    return lines, acc
+
+
+# erf's approximations, as codegen/mathlib.py's scalar ``pt_erff``: below |z| = 0.5 a rational
+# of z (numerator, denominator in z**2); above, 1 - erfc(|z|), erfc = t exp(-z**2 + P(t)),
+# t = 1 / (1 + |z| / 2) (fractional error 1.05e-7), which keeps GELU's 1 + erf accurate near -1.
+ERF_NUM = [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02]
+ERF_DEN = [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+           -1.42647390514189e-02]
+ERFC_P = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
+          1.00002368, -1.26551223]
+
+
+def gelu_lines(tag: str, v: str, lanes: int) -> list[str]:
+    """IR giving ``tag`` = GELU(``v``) = v / 2 * (1 + erf(v / sqrt(2))) on ``lanes`` floats (erf
+    as ``ERF_NUM``/``ERFC_P`` say, on the vector exp of mathlib); NaN stays NaN."""
+    vt, vb = f"<{lanes} x float>", f"<{lanes} x i1>"
+
+    def c(x: float) -> str:
+        return f"splat (float {f32(x)})"
+
+    out = [f"  {tag}.z = fmul {vt} {v}, {c(0.7071067811865476)}",
+           f"  {tag}.a = call {vt} @llvm.fabs.v{lanes}f32({vt} {tag}.z)",
+           f"  {tag}.lo = call {vt} @llvm.maxnum.v{lanes}f32({vt} {tag}.z, {vt} {c(-4.0)})",
+           f"  {tag}.zc = call {vt} @llvm.minnum.v{lanes}f32({vt} {tag}.lo, {vt} {c(4.0)})",
+           f"  {tag}.z2 = fmul {vt} {tag}.zc, {tag}.zc"]
+    nl, num = _vhorner(f"{tag}.n", f"{tag}.z2", ERF_NUM, lanes)
+    dl, den = _vhorner(f"{tag}.d", f"{tag}.z2", ERF_DEN, lanes)
+    out += nl + dl + [f"  {tag}.p = fmul {vt} {num}, {tag}.zc", f"  {tag}.s = fdiv {vt} {tag}.p, {den}",
+                      f"  {tag}.h = call {vt} @llvm.fma.v{lanes}f32({vt} {tag}.a, {vt} {c(0.5)}, {vt} {c(1.0)})",
+                      f"  {tag}.t = fdiv {vt} {c(1.0)}, {tag}.h"]
+    pl, poly = _vhorner(f"{tag}.c", f"{tag}.t", ERFC_P, lanes)
+    out += pl + [f"  {tag}.aa = fmul {vt} {tag}.a, {tag}.a",
+                 f"  {tag}.ex = fsub {vt} {poly}, {tag}.aa",
+                 f"  {tag}.e = call {vt} @pt_vexpf_neg{lanes}({vt} {tag}.ex)",
+                 f"  {tag}.erfc = fmul {vt} {tag}.t, {tag}.e",
+                 f"  {tag}.one = fsub {vt} {c(1.0)}, {tag}.erfc",
+                 f"  {tag}.neg = fcmp olt {vt} {tag}.z, zeroinitializer",
+                 f"  {tag}.mone = fneg {vt} {tag}.one",
+                 f"  {tag}.big = select {vb} {tag}.neg, {vt} {tag}.mone, {vt} {tag}.one",
+                 f"  {tag}.sm = fcmp olt {vt} {tag}.a, {c(0.5)}",
+                 f"  {tag}.erf = select {vb} {tag}.sm, {vt} {tag}.s, {vt} {tag}.big",
+                 f"  {tag}.e1 = fadd {vt} {tag}.erf, {c(1.0)}",
+                 f"  {tag}.hv = fmul {vt} {v}, {c(0.5)}",
+                 f"  {tag}.g = fmul {vt} {tag}.hv, {tag}.e1",
+                 f"  {tag}.nan = fcmp uno {vt} {v}, {v}",
+                 f"  {tag} = select {vb} {tag}.nan, {vt} {v}, {vt} {tag}.g"]
+    return out
 
 
 def sigmoid_lines(tag: str, v: str, lanes: int, times_v: bool) -> list[str]:
@@ -553,9 +627,9 @@ def _store_tile(cfg: GemmConfig, act: str) -> list[str]:
                 if act == "hardswish":
                     out += hardswish_lines(f"%shs{r}_{v}{sfx}", val, L)
                     val = f"%shs{r}_{v}{sfx}"
-                if act in ("silu", "sigmoid"):
-                    out += sigmoid_lines(f"%ssg{r}_{v}{sfx}", val, L, act == "silu")
-                    val = f"%ssg{r}_{v}{sfx}"
+                if act in ("silu", "sigmoid", "gelu"):
+                    lines, val = activation_lines(act, f"%ssg{r}_{v}{sfx}", val, L)
+                    out += lines
                 a(f"  %syp{r}_{v}{sfx} = getelementptr float, ptr %yr{r}{sfx}, i64 {v * L}")
                 a(f"  call void @llvm.masked.store.v{L}f32.p0({vt} {val}, ptr %syp{r}_{v}{sfx}, i32 4, <{L} x i1> %mask{v})")
             a(f"  br label %{nxt}")

@@ -1,6 +1,6 @@
 """A generated f32 depthwise convolution on channels-last (NHWC) tensors (groups = input
 channels = output channels, as in MobileNets, EfficientNet and ConvNeXt's 7 x 7), with bias,
-a residual add and an activation (``ACTS``: ReLU, SiLU, sigmoid) applied as each result is
+a residual add and an activation (``ACTS``: ReLU, SiLU, sigmoid, GELU) applied as each result is
 written.
 
     y[n, oy, ox, c] = act(bias[c] + sum_{ky, kx} x[n, oy*sh - ph + ky*dh, ox*sw - pw + kx*dw, c]
@@ -40,11 +40,11 @@ import threading
 from typing import Any
 
 from ..ops._lazy import torch
-from .conv import hardswish_lines
+from .conv import act_declarations, gelu_lines, hardswish_lines
 from .cpu import split_on_team
 from .jit import jit
 from .lowering import vector_width
-from .mathlib import exp_neg_ir, f32
+from .mathlib import f32
 
 __all__ = ["PARAMS", "ACTS", "CLAMP_ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
            "kernel_name", "kernel_source", "pack_weight", "PreparedDepthwise", "supported", "MAX_BORDER",
@@ -52,8 +52,9 @@ __all__ = ["PARAMS", "ACTS", "CLAMP_ACTS", "depthwise_ir", "depthwise_dims", "co
 
 PARAMS = ["x", "w", "bias", "other", "y"]
 # The activations the kernel applies; silu and sigmoid on the inlined vector exp of
-# ``mathlib.exp_neg_ir`` (of -|v|, so never above 1), one division a vector.
-ACTS = ("none", "relu", "silu", "sigmoid")
+# ``mathlib.exp_neg_ir`` (of -|v|, so never above 1), one division a vector; GELU (erf) as the
+# direct convolution applies it (``conv.gelu_lines``).
+ACTS = ("none", "relu", "silu", "sigmoid", "gelu")
 # The clamps it applies too (codegen/epilogue.py's CLAMPS): ReLU6 and hardswish.
 CLAMP_ACTS = ("relu6", "hardswish")
 # A row with more border columns than this (a kernel wider than the image) runs on the library:
@@ -156,11 +157,8 @@ def _prologue(e: _Emitter, name: str) -> None:
     a(f"declare {vt} @llvm.fma.v{L}f32({vt}, {vt}, {vt})")
     a(f"declare void @llvm.masked.store.v{L}f32.p0({vt}, ptr, i32, <{L} x i1>)")
     a(f"declare {vt} @llvm.masked.load.v{L}f32.p0(ptr, i32, <{L} x i1>, {vt})")
-    if e.act in ("silu", "sigmoid"):
-        a(f"declare {vt} @llvm.maxnum.v{L}f32({vt}, {vt})")
-        a(f"declare {vt} @llvm.rint.v{L}f32({vt})")
-        a(f"declare {vt} @llvm.fabs.v{L}f32({vt})")
-        a(exp_neg_ir(L))
+    for line in act_declarations(e.act, L):
+        a(line)
     a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
     a("entry:")
     for i, f in enumerate(PARAMS):
@@ -285,6 +283,10 @@ def _epilogue(e: _Emitter, bp: str, P: int, masked: bool) -> None:
             val = f"%{bp}.hs{p}"
         elif e.act in ("silu", "sigmoid"):
             val = _sigmoid(e, f"{bp}.g{p}", val, e.act == "silu")
+        elif e.act == "gelu":
+            for line in gelu_lines(f"%{bp}.ge{p}", val, L):
+                a(line)
+            val = f"%{bp}.ge{p}"
         e.store(val, f"%{bp}.q{p}", masked)
 
 

@@ -117,7 +117,7 @@ def test_what_the_kernel_does_not_take_is_said():
     lanes16 = K.vector_width() >= 16
     assert ("fill" in K.supported((1, 4, 8, 8), (16, 4, 3, 3), [1, 1], [1, 1], [1, 1], 1)) == lanes16
     with pytest.raises(ValueError, match="activation"):
-        K.conv_ir("x", K.conv_configs(16)[0], "gelu", {})
+        K.conv_ir("x", K.conv_configs(16)[0], "gelu_tanh", {})
 
 
 # --- in the executor ------------------------------------------------------------------------

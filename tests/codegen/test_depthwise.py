@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not lib._generated_gemm(), reason="no generated 
 
 # (bias, residual, activation) variants, taken in turn across the grid
 EPILOGUES = list(itertools.product((True, False), (False, True), D.ACTS))
-ACT = {"none": lambda t: t, "relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid}
+ACT = {"none": lambda t: t, "relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid, "gelu": F.gelu}
 
 
 def _cl(t):
