@@ -155,10 +155,6 @@ def _run_parallel(args: argparse.Namespace) -> int:
     if args.plan_json:
         Path(args.plan_json).write_text(prog.plan.to_json())
         print(f"wrote the plan to {args.plan_json}")
-    if args.html:
-        from .view import write_view
-
-        write_view(prog, args.html)
     if args.show_rank is not None:
         if not 0 <= args.show_rank < prog.mesh.size:
             raise RunError(f"--show-rank {args.show_rank}: the mesh {prog.mesh} has ranks 0..{prog.mesh.size - 1}")
@@ -190,6 +186,11 @@ def _run_parallel(args: argparse.Namespace) -> int:
     if hasattr(prog, "rank_graphs") and prog.plan.measured_bubble is not None:
         print(f"pipeline bubble: predicted {prog.plan.bubble:.1%}, measured {prog.plan.measured_bubble:.1%} (the time "
               "the ranks spent waiting in recv)")
+    if args.html:
+        from .view import write_view
+
+        # After the launch, so that a pipeline's page draws the measured bubble under the predicted one.
+        write_view(prog, args.html, run=res if hasattr(prog, "rank_graphs") else None)
     if args.check:
         print(f"\n{'step':>4}  {'loss (' + str(n) + ' ranks)':>16}  {'loss (1 device)':>16}  {'worst rel. error':>16}")
         for c in res.checks:

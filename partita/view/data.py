@@ -179,7 +179,8 @@ def pipeline_json(prog: Any, *, detail_limit: int = DETAIL_LIMIT) -> dict:
                                         "bars": [[[b["k"], b["mb"], b["c"], b["s"], b["e"]] for b in row]
                                                  for row in schedule_bars(s)]},
                            "mesh": mesh_json(prog.mesh)}
-    if getattr(prog, "stages", None):
+    if getattr(prog, "stages", None) and hasattr(prog.stages[0], "plan"):
+        # A stage no other axis splits (a pure "pp" strategy) has no parallel plan to draw.
         out["stage0"] = plan_json(prog.stages[0], detail_limit=detail_limit)
         out["stage0"]["note"] = ("pp rank 0's stage; its ranks r0, r1, ... are numbered within the stage's "
                                  "mesh " + str(prog.stages[0].mesh))

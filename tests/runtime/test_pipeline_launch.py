@@ -107,7 +107,7 @@ def test_cli_runs_a_pipeline_with_its_options_and_prints_the_schedule(gpt2_step,
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "partita", "run", str(tmp_path / "gpt.pir"), "--mesh", "pp=2",
                           "--strategy", "pp", "--train", "sgd", "--microbatches", "4", "--schedule", "gpipe",
-                          "--stages", "1,3", "--steps", "2", "--check"],
+                          "--stages", "1,3", "--steps", "2", "--check", "--html", str(tmp_path / "pp.html")],
                          capture_output=True, text=True, env=env, timeout=240, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout
@@ -115,6 +115,15 @@ def test_cli_runs_a_pipeline_with_its_options_and_prints_the_schedule(gpt2_step,
     assert "cut: layers per chunk [1, 3]" in text, text
     assert "rank 0 |F0" in text and "pipeline bubble: predicted" in text, text
     assert "check: PASS" in text, text
+    # --html is written after the launch: the page holds the measured bubble beside the predicted one.
+    import json
+    import re
+
+    page = (tmp_path / "pp.html").read_text()
+    m = re.search(r'<script type="application/json" id="pdata">(.*?)</script>', page, re.S)
+    assert m, "no data in the page"
+    blob = json.loads(m.group(1).replace("<\\/", "</"))
+    assert blob["pipeline"]["schedule"]["measured"]["bubble"] >= 0.0
 
 
 @pytest.mark.parametrize("schedule, virtual", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zero-bubble", 1)])

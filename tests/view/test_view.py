@@ -250,3 +250,13 @@ def test_the_measured_bubble_beside_the_predicted_one(step, tmp_path):
     assert f"measured {d['bubble'] * 100:.1f}%" in r["bubble"] and "predicted bubble 20.0%" in r["bubble"]
     with pytest.raises(ViewError, match="run= takes what partita.launch returns"):
         view(prog, tmp_path / "x.html", run={})
+
+
+def test_a_pipeline_of_whole_stages_has_a_page(step, tmp_path):
+    """A pure "pp" strategy's stages are whole on their rank (no parallel plan inside): the
+    page draws the schedule without a stage program."""
+    prog = partita.parallelize(step, "pp=2", "pp", microbatches=2)
+    d = blob(Path(view(prog, tmp_path / "pp.html")))
+    assert d["kind"] == "pipeline" and "stage0" not in d["pipeline"]
+    r = page_test(tmp_path / "pp.html", "gantt")
+    assert r["errors"] == []
