@@ -42,3 +42,17 @@ def test_no_floor_without_alike_layers():
     fwd = partita.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128, batch=4, dtype="bf16")
     assert layer_costs(fwd, load_cluster("selene"), 3) is None
     assert layer_costs(fwd, load_cluster("selene"), 2) is not None
+
+
+def test_the_floor_keeps_the_plan_the_simulator_chooses(monkeypatch):
+    """Planning with the floor chooses what planning without it chooses (the floor only skips
+    meshes that cannot win)."""
+    import partita.planning.planner as planner
+
+    fwd = partita.models.gpt(layers=4, hidden=64, heads=4, seq=16, vocab=128, batch=8, dtype="bf16")
+    cluster = load_cluster("selene").with_nodes(1)
+    with_floor = partita.plan(fwd, cluster, devices=4, price=4)
+    monkeypatch.setattr(planner, "layer_costs", lambda *a, **k: None)
+    without = partita.plan(fwd, cluster, devices=4, price=4)
+    assert with_floor.describe() == without.describe()
+    assert with_floor.step_time == without.step_time
