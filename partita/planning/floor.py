@@ -1,7 +1,8 @@
 """A step-time floor of a candidate that the simulator can never beat, from the model's own ops.
 
 ``layer_costs(graph, cluster, layers)`` prices the ops of one repeated layer and of the
-rest (embedding, head, loss) of the forward graph, cleaned up as a chunk's program is, with
+head (what follows the layers: the final norm, the output projection, the loss; what comes
+before them, the embedding, is left out) of the forward graph, cleaned up as a chunk's program is, with
 the cluster's cost model on their global shapes: a rank's share of a matmul or attention has
 thinner shapes, which the cost model's thin-shape knee prices no faster a FLOP; a
 memory-bound op moves its share of the bytes at the fastest bandwidth the device has; each
@@ -78,7 +79,12 @@ def layer_costs(graph: Graph, cluster: Cluster, layers: int) -> LayerCosts | Non
         if priced is None:
             continue
         m = SCOPE.match(getattr(n.loc, "scope", "") or "")
-        (per.setdefault((m.group(1), int(m.group(2))), []) if m else outer).append(priced)
+        if m:
+            per.setdefault((m.group(1), int(m.group(2))), []).append(priced)
+        elif per:
+            # After the first layer: the head, on the last pipeline rank. What comes before
+            # the layers (the embedding, on the first rank) is left out of the floor.
+            outer.append(priced)
     prefixes = {p for p, _ in per}
     if len(prefixes) != 1 or sorted(i for _, i in per) != list(range(layers)):
         return None
