@@ -11,7 +11,14 @@ step with its operand shapes. ``--dispatch`` also times the program with every s
 one returning its recorded result: the executor's own cost per call (its generated function,
 input conversion), apart from what the steps do.
 
-Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch]
+``--backend`` compares the torch.compile backend with the import path instead (no ORT): the
+call of each, in interleaved rounds, wall and CPU time (the thread's CPU time leaves out the
+moments the machine gives the core to another process), beside eager and dynamo's own frame
+(the same model compiled by a backend whose graph returns a result made once: guards, dynamo's
+bytecode and nothing else); then every step of the backend's program beside the same step of
+the import path's.
+
+Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend]
 (one thread; PARTITA_CACHE_DIR=<a copy of the kernel cache without choices.json> makes the
 convolutions measure their kernel choice afresh).
 """
@@ -150,6 +157,125 @@ def dispatch_ms(prog: Any, call: Callable[[], Any], calls: int) -> tuple[float, 
     return median(out["real"]) * 1e3, median(out["noop"]) * 1e3
 
 
+def frame_only(gm: Any, example_inputs: Any) -> Callable[..., Any]:
+    """A dynamo backend whose graph returns the outputs of its first call: what is left of a
+    call is dynamo's own frame (guards, the transformed bytecode)."""
+    made: list = []
+
+    def call(*args: Any) -> Any:
+        if not made:
+            made.append(gm(*args))
+        return made[0]
+    return call
+
+
+def backend_candidates(name: str, tmp: Path) -> tuple[dict[str, Callable[[], Any]], Any]:
+    """The backend, the import path, eager and dynamo's frame as calls, and the import path's
+    CompiledProgram."""
+    import partita
+    from partita.codegen import CompiledProgram
+
+    case = Z.Case(ZM.BY_NAME[name], tmp)
+    with Z.quiet():
+        g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
+    prog = CompiledProgram(g, freeze=True)
+    weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+    args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
+    flat = tuple(case.tensors.values())
+    torch._dynamo.reset()
+    compiled = torch.compile(case.wrapped(), backend="partita")
+    frame = torch.compile(case.wrapped(), backend=frame_only)
+    eager = case.wrapped()
+    return {"backend": lambda: compiled(*flat), "import": lambda: prog(args, weights),
+            "eager": lambda: eager(*flat), "frame": lambda: frame(*flat)}, prog
+
+
+def time_calls(cands: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, dict[str, float]]:
+    """Median ms a call of each candidate over interleaved rounds, by wall clock and by the
+    thread's CPU time."""
+    wall: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
+    names = list(cands)
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fn = cands[n]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(calls):
+                fn()
+            cpu[n].append((time.thread_time() - c0) / calls)
+            wall[n].append((time.perf_counter() - t0) / calls)
+    return {"wall": {n: median(v) * 1e3 for n, v in wall.items()}, "cpu": {n: median(v) * 1e3 for n, v in cpu.items()}}
+
+
+def backend_steps(cands: dict[str, Callable[[], Any]], prog: Any, calls: int) -> list[tuple[Any, float, float]]:
+    """(node, median us in the import path's program, median us in the backend's) of each step
+    of the backend's program, matched with the import path's by position and op."""
+    import partita.codegen.dynamo as D
+    from partita.backend.torch_exec import ConstantStep
+
+    made = [g.program for g in D.stats().graphs if g.program is not None]
+    if len(made) != 1:
+        raise SystemExit(f"zoo_profile: the backend compiled {len(made)} programs; --backend compares one")
+    progs = {"import": B._torch_program(prog), "backend": B._torch_program(made[0])}
+    times: dict[str, dict[int, list[float]]] = {k: defaultdict(list) for k in progs}
+    origs = {k: list(tp.steps) for k, tp in progs.items()}
+
+    def timed(into: list, fn: Callable) -> Callable:
+        def step(a: Any, at: Any) -> Any:
+            t0 = time.perf_counter()
+            r = fn(a, at)
+            into.append(time.perf_counter() - t0)
+            return r
+        return step
+
+    for k, tp in progs.items():
+        tp.steps[:] = [(st[0] if type(st[0]) is ConstantStep else timed(times[k][i], st[0]), *st[1:])
+                       for i, st in enumerate(origs[k])]
+    try:
+        with torch.inference_mode():
+            for _ in range(calls):
+                cands["backend"]()
+                cands["import"]()
+    finally:
+        for k, tp in progs.items():
+            tp.steps[:] = origs[k]
+    out = []
+    for i, st in enumerate(origs["backend"]):
+        theirs = origs["import"][i][7] if i < len(origs["import"]) else None
+        same = theirs is not None and theirs.op == st[7].op
+        out.append((st[7], median(times["import"][i]) * 1e6 if same else float("nan"),
+                    median(times["backend"][i]) * 1e6))
+    return out
+
+
+def compare_backend(name: str, tmp: Path, calls: int, verbose: bool) -> None:
+    """Print the backend against the import path: calls, then steps."""
+    import partita.codegen.dynamo as D
+
+    D.reset_stats()
+    cands, prog = backend_candidates(name, tmp)
+    with torch.inference_mode():
+        for fn in cands.values():
+            for _ in range(2 * (D.WARMUP_CALLS + D.TIMED_CALLS) + 4):
+                fn()
+        per_round = max(1, min(50, calls // 5))
+        t = time_calls(cands, 15, per_round)
+    for how in ("wall", "cpu"):
+        ms = t[how]
+        print(f"{name} ({how}, ms a call): " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items())
+              + f"; backend / import {ms['backend'] / ms['import']:.2f}, backend / (import + frame) "
+              f"{ms['backend'] / (ms['import'] + ms['frame']):.2f}, backend / eager {ms['backend'] / ms['eager']:.2f}")
+    print(D.stats().report())
+    steps = backend_steps(cands, prog, calls)
+    both = [(a, b) for _, a, b in steps if a == a]
+    print(f"steps: {len(steps)} in the backend's program, {len(B._torch_program(prog).steps)} in the import "
+          f"path's; sums of step medians over the matched ones: import {sum(a for a, _ in both):.1f} us, "
+          f"backend {sum(b for _, b in both):.1f} us")
+    if verbose:
+        for k, (n, a, b) in enumerate(steps):
+            print(f"  {k:4d} {n.op:28s} import {a:8.1f} us  backend {b:8.1f} us")
+
+
 def report(name: str, prog: Any, walls: dict, steps: dict, nodes: list, verbose: bool) -> None:
     from partita.backend.torch_exec import ConstantStep
 
@@ -183,12 +309,19 @@ def report(name: str, prog: Any, walls: dict, steps: dict, nodes: list, verbose:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="a model of bench/zoo_models.py")
+    ap.add_argument("model", help="a model of bench/zoo_models.py (with --backend, several: a,b,c)")
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("-v", "--verbose", action="store_true", help="every step with its operand shapes")
     ap.add_argument("--dispatch", action="store_true", help="also the executor's own cost a call")
+    ap.add_argument("--backend", action="store_true",
+                    help="the torch.compile backend against the import path, call and steps")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.backend:
+        for name in args.model.split(","):
+            with tempfile.TemporaryDirectory() as work:
+                compare_backend(name, Path(work), args.calls, args.verbose)
+        return 0
     with tempfile.TemporaryDirectory() as work:
         prog, call, sess, feeds = build(args.model, Path(work))
         walls, steps, nodes = profile(prog, call, sess, feeds, args.calls)

@@ -26,6 +26,7 @@ import. ``import partita`` does not import this module (dynamo is slow to import
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 import time
 import warnings
@@ -84,6 +85,7 @@ class Choice:
     picked: str | None = None
     frozen: int = 0                             # inputs frozen as constants (params, buffers)
     frozen_note: str = ""
+    direct: bool = False                        # dynamo calls partita's runner itself (``direct_call``)
     partita_ms: list[float] = field(default_factory=list)
     aten_ms: list[float] = field(default_factory=list)
 
@@ -91,7 +93,8 @@ class Choice:
         frozen = f"{self.frozen} params frozen; " if self.frozen else ""
         if self.frozen_note:
             frozen = self.frozen_note + "; "
-        return frozen + self._pick()
+        direct = "called by dynamo directly; " if self.direct else ""
+        return frozen + direct + self._pick()
 
     def _pick(self) -> str:
         if self.mode != "measure":
@@ -248,24 +251,74 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
     compiled = aot(gm, example_inputs)
     if len(made) != 1 or made[0][0] != "inference":
         return compiled
-    return _inference_entry(compiled, gm, made[0][1])
+    return _inference_entry(compiled, gm, made[0][1], len(example_inputs))
 
 
-def _inference_entry(compiled: Callable[..., Any], gm: Any, made: Any) -> Callable[..., Any]:
+def _inference_entry(compiled: Callable[..., Any], gm: Any, made: Any, n_inputs: int) -> Callable[..., Any]:
     """What dynamo calls for a graph AOTAutograd compiled as one inference graph. Its ATen
     candidate is dynamo's own graph, the model's torch calls as eager makes them (the graph
     AOTAutograd made is partita's decompositions of them, behind AOTAutograd's runtime
     wrapper, and ran up to a third slower than eager on MobileNet v3). So the choice between
     partita and ATen is made here: partita is ``compiled`` (AOTAutograd's runtime wrapper around
     partita's program), ATen is ``gm.forward``; a graph partita could not compile runs
-    ``gm.forward`` alone."""
+    ``gm.forward`` alone.
+
+    Where that wrapper would only pass dynamo's inputs through to partita's program and its
+    outputs back (``direct_call``), partita's runner is called directly instead: the wrapper
+    is AOTAutograd's bookkeeping for each of the graph's inputs (a frozen CNN passes every
+    param), and cost a MobileNet v1 call about a fifth of the program's own time."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    runner = made.runner if isinstance(made, _Chooser) else made
+    direct = isinstance(runner, (_Runner, _FrozenRunner)) and direct_call(gm, runner.plain, n_inputs)
+    partita: Callable[[list], Any] = runner if direct else make_boxed_func(compiled)
+    choice = getattr(made, "choice", None) or getattr(runner, "choice", None)
+    if direct and choice is not None:
+        choice.direct = True
     if not isinstance(made, _Chooser):
-        return compiled if isinstance(made, (_Runner, _FrozenRunner)) else gm.forward
+        if not isinstance(made, (_Runner, _FrozenRunner)):
+            return gm.forward
+        return _Unboxed(runner) if direct else compiled
     # The choice moves out of AOTAutograd's call: the inner chooser now always runs partita.
-    choice, made.choice = made.choice, Choice("partita", picked="partita")
-    return _Unboxed(_Chooser(make_boxed_func(compiled), make_boxed_func(gm.forward), choice))
+    outer, made.choice = made.choice, Choice("partita", picked="partita")
+    return _Unboxed(_Chooser(partita, make_boxed_func(gm.forward), outer))
+
+
+def direct_call(gm: Any, plain: int | None, n_inputs: int) -> bool:
+    """Whether dynamo's inputs of ``gm`` are, in order, the inputs of the inference graph
+    AOTAutograd gave partita (``plain``: how many it has, None where its runtime wrapper has
+    more to do than pass them through: see ``plain_inference``), so that partita's runner can
+    take dynamo's call itself: no params or buffers of ``gm`` put before them, one graph input
+    for each."""
+    if plain is None or plain != n_inputs:
+        return False
+    return next(iter(gm.parameters()), None) is None and next(iter(gm.buffers()), None) is None
+
+
+def plain_inference(kind: str, fx_gm: Any) -> int | None:
+    """For an inference graph whose AOTAutograd runtime wrapper only passes the inputs in and
+    the outputs out (no input it writes, no output that aliases an input or another output,
+    no effect tokens, random-state inputs, tensor subclasses or autocast): its number of inputs.
+    None otherwise, or for a training graph."""
+    if kind != "inference":
+        return None
+    import torch
+
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    if meta is None or torch._C._is_any_autocast_enabled():
+        return None
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
+    try:
+        plain = (meta.num_mutated_inp_runtime_indices == 0 and meta.num_outputs_aliased == 0
+                 and meta.num_intermediate_bases == 0 and not meta.tokens and not meta.is_rng_op_functionalized
+                 and meta.grad_enabled_mutation is None and len(meta.input_info) == len(placeholders)
+                 and all(type(m) is PlainTensorMeta or isinstance(m, int)
+                         for m in [*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta]))
+    except AttributeError:   # another torch's metadata: keep the wrapper
+        return None
+    return len(placeholders) if plain else None
 
 
 class _Unboxed:
@@ -309,6 +362,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
             graph = _optimize(imported.graph, opts.passes)
             frozen = _frozen_inputs(kind, imported, opts) if opts.freeze else []
             program = None if frozen else CompiledProgram(graph, min_ops=opts.min_ops)
+            plain = plain_inference(kind, gm)
     except Exception as e:
         return _fall_back(gm, e, opts, kind, name, aten_ops, t0)
     choice = Choice(opts.choose)
@@ -322,6 +376,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
         _record(GraphRecord(kind, name, aten_ops, len(program.kernels), time.perf_counter() - t0, program=program,
                             choice=choice))
         runner = _Runner(program, imported)
+    runner.plain, runner.choice = plain, choice
     if opts.choose == "partita":
         return runner
     return _Chooser(runner, make_boxed_func(gm.forward), choice)
@@ -416,6 +471,8 @@ class _Runner:
         # An instance attribute: dynamo's disable() wrapper (around backward graphs) copies the
         # callable's __dict__, which is how AOTAutograd still sees the boxed convention.
         self._boxed_call = True
+        self.plain: int | None = None     # see plain_inference
+        self.choice: Choice | None = None
         self.program = program
         self.layout = imported.layout
         self.draw_random = imported.draw_random if imported.random else None
@@ -458,6 +515,8 @@ class _FrozenRunner:
         self._boxed_call = True
         self.graph, self.imported, self.frozen, self.opts, self.record, self.gm = graph, imported, frozen, opts, \
             record, gm
+        self.plain: int | None = None                        # see plain_inference
+        self.choice: Choice | None = None
         self.keys: list[tuple[int, int]] | None = None     # (data_ptr, _version) of each frozen input
         self.run: Any = None                                 # the frozen program's _Runner
         self.unfrozen: Any = None
@@ -470,7 +529,7 @@ class _FrozenRunner:
             if self.record.choice is not None:
                 self.record.choice.frozen_note = "frozen params changed: runs the program built without freezing"
         if self.run is not None:
-            kept = list(map(args.__getitem__, self.kept))
+            kept = list(self.pick_kept(args))
             args.clear()
             return self.run(kept)
         if self.unfrozen is None:
@@ -479,8 +538,7 @@ class _FrozenRunner:
 
     def _unchanged(self, args: list) -> bool:
         """Whether every frozen input is still the memory it was frozen from, at the same version."""
-        assert self.keys is not None
-        ts = list(map(args.__getitem__, self.frozen))
+        ts = self.pick_frozen(args)
         return list(map(self.data_ptr, ts)) == self.ptrs and list(map(self.version, ts)) == self.versions
 
     def _freeze(self, args: list) -> None:
@@ -493,6 +551,7 @@ class _FrozenRunner:
         frozen = set(self.frozen)
         self.kept = [i for i in range(len(args)) if i not in frozen]
         self.keys = [(args[i].data_ptr(), args[i]._version) for i in self.frozen]
+        self.pick_frozen, self.pick_kept = items_of(self.frozen), items_of(self.kept)
         # What ``_unchanged`` compares, read through the tensor type's own accessors.
         self.ptrs, self.versions = [p for p, _ in self.keys], [v for _, v in self.keys]
         self.data_ptr, self.version = _tensor_accessors()
@@ -528,7 +587,7 @@ class _Chooser:
     ``TIMED_CALLS`` timed calls of each; then the one with the fastest call is kept for good.
     Both compute the graph's function, so the caller sees the same results whichever runs."""
 
-    def __init__(self, runner: _Runner, aten: Callable[[list], Any], choice: Choice) -> None:
+    def __init__(self, runner: Callable[[list], Any], aten: Callable[[list], Any], choice: Choice) -> None:
         self._boxed_call = True
         self.runner, self.aten, self.choice = runner, aten, choice
         self.calls = 0
@@ -582,6 +641,17 @@ def _unalias(inputs: list, outs: list, fresh: list[tuple[int, str]]) -> None:
             outs[j] = t = t.clone()
             ptr = t.untyped_storage().data_ptr()
         owner[ptr] = root
+
+
+def items_of(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
+    """A function of a list giving its items at ``positions`` as a tuple, in one C call
+    (``operator.itemgetter``; a frozen CNN's check reads a hundred params a call)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda xs: (xs[only],)
+    if not positions:
+        return lambda xs: ()
+    return operator.itemgetter(*positions)
 
 
 def _tensor_accessors() -> tuple[Callable[[Any], int], Callable[[Any], int]]:
