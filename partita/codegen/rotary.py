@@ -29,7 +29,7 @@ from ..ops._lazy import torch
 from ..ops.registry import Cost, OPS, OpDef, normalize_axis, register
 from ..passes.rewrite import erase_if_dead, sole_user
 
-__all__ = ["fuse_rotary", "rope_parts"]
+__all__ = ["fuse_rotary", "rope_parts", "repeat_of"]
 
 
 def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
@@ -97,8 +97,46 @@ def _table_ok(t, q) -> bool:
     return all(d == 1 or d == e for d, e in zip(t.shape[::-1], q.shape[::-1])) and t.shape[-1] == q.shape[-1]
 
 
+def repeat_of(v: Value) -> Value | None:
+    """x when v = reshape(broadcast_to(unsqueeze(x))) repeats the heads of x [..., H, T, E] into
+    [..., H * r, T, E] (grouped-query attention's k/v repeat, each head r times in a row), each
+    intermediate value read only on the way."""
+    r = v.producer
+    if r is None or r.op != "reshape":
+        return None
+    b = r.operands[0].producer
+    if b is None or b.op != "broadcast_to" or sole_user(r.operands[0]) is not r:
+        return None
+    u = b.operands[0].producer
+    if u is None or u.op != "unsqueeze" or sole_user(b.operands[0]) is not b:
+        return None
+    x = u.operands[0]
+    xs, us, bs, vs = (tuple(t.type.shape) for t in (x, u.results[0], b.results[0], v))
+    if len(xs) < 3 or us != xs[:-2] + (1,) + xs[-2:] or bs[:-3] != xs[:-2] or bs[-2:] != xs[-2:]:
+        return None
+    return x if vs == xs[:-3] + (xs[-3] * bs[-3],) + xs[-2:] else None
+
+
+def _rope_before_repeat(k: Value) -> tuple[tuple[Value, Value, Value], Value] | None:
+    """((xk, cos, sin), the rotated value) when k = repeat(rope(xk)) (``repeat_of``) with cos and
+    sin the same for every head: then rope(repeat(xk)) = repeat(rope(xk)), and the kernel may
+    rotate the repeated xk."""
+    rotated = repeat_of(k)
+    if rotated is None or len(rotated.users) != 1 or rotated.is_output:
+        return None
+    parts = rope_parts(rotated)
+    if parts is None:
+        return None
+    for t in parts[1:]:
+        if t.type.rank >= 3 and t.type.shape[-3] != 1:
+            return None
+    return parts, rotated
+
+
 def fuse_rotary(graph: Graph, node: Node) -> Node | None:
-    """The rewrite described in the module doc, on one attention node; None where it does not apply."""
+    """The rewrite described in the module doc, on one attention node; None where it does not
+    apply. A k whose heads are repeated after its rotation (grouped-query attention) is
+    rotated by the kernel after the repeat instead: the repeat then reads the unrotated k."""
     q, k, v = node.operands[:3]
     out, lse = node.results
     if lse.users or lse.is_output or q.type.dtype is not f32:
@@ -106,11 +144,20 @@ def fuse_rotary(graph: Graph, node: Node) -> Node | None:
     if sole_user(q) is not node or sole_user(k) is not node or q.type.shape[-2] != k.type.shape[-2]:
         return None
     rq, rk = rope_parts(q), rope_parts(k)
+    before = _rope_before_repeat(k) if rk is None else None
+    if before is not None:
+        rk = before[0]
     if rq is None or rk is None or rq[1] is not rk[1] or rq[2] is not rk[2] or rq[0] is rk[0]:
         return None
     cos, sin = rq[1], rq[2]
     if not (_table_ok(cos.type, q.type) and _table_ok(sin.type, q.type)):
         return None
+    if before is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
+        rotated = before[1]
+        graph.replace_all_uses(rotated, rk[0])
+        assert rotated.producer is not None
+        erase_if_dead(graph, rotated.producer)
+        rk = (k, cos, sin)
     operands = [rq[0], rk[0], v, cos, sin] + list(node.operands[3:])
     new = Node("rotary_attention", operands, OPS["rotary_attention"].normalize_attrs(dict(node.attrs)),
                [out.type, lse.type], node.loc)
