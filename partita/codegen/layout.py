@@ -556,6 +556,10 @@ class AssignLayout(Pass):
         self.report = ""                 # the trace text of the last run
 
     def run(self, graph: Graph) -> Graph:
+        from . import cnn_blocks
+
+        if cnn_blocks.POOL_AS_CONV:  # NCHW average pools as depthwise convolutions first (cnn_blocks.py)
+            cnn_blocks.pools_as_depthwise(graph)
         self.regions = plan_layout(graph)
         self.changes = 0
         lines = []
