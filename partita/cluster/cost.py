@@ -11,8 +11,9 @@ machine and written in the cluster file, never tuned per model):
   than a square one;
 - **attention** (the fused ``attention`` op and its backward; ``ATTENTION_OPS``):
   ``flops / (peak(dtype) * attention)``, a causal one's FLOPs those of the tiles a flash
-  kernel scores (about half; ``attention_pairs``), and so for a mask causal by positions, as
-  context parallelism builds it (``position_causal``);
+  kernel scores (about half; ``attention_pairs`` in partita/ops/nn.py). An attention made
+  causal by an explicit mask (context parallelism's) is priced at every pair, as the kernel
+  that takes a mask tensor computes it;
 - **everything else** is memory-bound or nearly so: the roofline ``max(bytes / (bandwidth *
   memory), flops / peak(f32))``; ops that only view their operand (``VIEW_OPS``: reshape,
   squeeze, unsqueeze) cost nothing;
@@ -42,7 +43,6 @@ from typing import Sequence
 
 from ..ir.graph import Node
 from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
-from ..ops.nn import FLASH_TILE
 from ..ops.registry import OPS, Cost
 from .hardware import Cluster, ClusterError, Link
 
@@ -100,8 +100,6 @@ class CostModel:
         if op in VIEW_OPS or op in FREE_OPS or operand_transpose(node):
             return OpTime(0.0, "view")
         c = self.record_cost(node)
-        if position_causal(node):
-            c = Cost(int(c.flops * position_causal_share(node)), c.bytes_read, c.bytes_written)
         moved = c.bytes_read + c.bytes_written
         dtype = _dtype_of(node)
         if op in GEMM_OPS:
@@ -229,48 +227,14 @@ def operand_transpose(node: Node) -> bool:
     return bool(users) and not res.is_output and all(u.op in MATMUL_OPS for u in users)
 
 
-# The plain operands of each attention op before its optional mask.
-_MASK_AT = {"attention": 3, "attention_grad": 6, "rotary_attention": 5}
-
-
-def position_causal(node: Node) -> bool:
-    """Whether an attention op (or its backward) without ``causal`` is causal by its mask: a
-    bool mask made by ``less_equal`` of key positions ``[1, Tk]`` against query positions
-    ``[Tq, 1]``, as context parallelism builds it for the gathered keys (``cp``) and for each
-    ring block (``cp-ring``) of its balanced chunks. A flash kernel told the positions (Llama 3's
-    all-gather attention, a causal ring attention) skips the pairs the mask drops, about half."""
-    at = _MASK_AT.get(node.op)
-    if at is None or node.attrs.get("causal") or len(node.operands) <= at:
-        return False
-    mask = node.operands[at]
-    p = mask.producer
-    if p is None or p.op != "less_equal" or not mask.type.dtype.is_bool:
-        return False
-    k, q = (v.type.shape for v in p.operands)
-    return len(k) == 2 and len(q) == 2 and k[0] == 1 and q[1] == 1
-
-
-def position_causal_share(node: Node) -> float:
-    """The share of a ``position_causal`` attention's pairs a flash kernel scores: half, and the
-    diagonal's tiles whole. With cp's balanced split a rank holds two chunks of c = Tq / 2
-    queries against Tk = 2 cp c keys, and scores 2 cp c^2 + c FLASH_TILE of the 4 cp c^2
-    pairs: 1/2 + FLASH_TILE / (2 Tk) (a ring block, Tk = 2c, is priced with its own Tk: at
-    most FLASH_TILE / (4c) high)."""
-    tk = node.operands[2 if node.op == "attention_grad" else 1].type.shape[-2]
-    return min(1.0, 0.5 + FLASH_TILE / (2 * tk))
-
-
 def price_key(node: Node) -> tuple:
     """What a compute op's price depends on: op, operand and result types, attributes, and
-    for a transpose whether a matrix product reads it in place (``operand_transpose``), for
-    an attention whether its mask is causal by positions (``position_causal``)."""
+    for a transpose whether a matrix product reads it in place (``operand_transpose``)."""
     from .steps import attr_key
 
     key = (node.op, tuple((v.type.shape, v.type.dtype.name) for v in node.operands),
            tuple((v.type.shape, v.type.dtype.name) for v in node.results), attr_key(node.attrs))
-    if node.op == "transpose":
-        return key + (operand_transpose(node),)
-    return key + (position_causal(node),) if node.op in _MASK_AT else key
+    return key + (operand_transpose(node),) if node.op == "transpose" else key
 
 
 def _dtype_of(node: Node) -> str:
