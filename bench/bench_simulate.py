@@ -54,7 +54,13 @@ the Korthikanti table are the held-out check:
 memory, network) prices it; of the points within 1% of the published 430 TFLOP/s, the one
 that departs least from partita's unfitted defaults wins. The other rows are the check:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_simulate.py --fit-llama3 --workers 2   # about 10 minutes
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_simulate.py --fit-llama3 --workers 2   # about 20 minutes here
+
+Attention is priced as the kernels run it: the materialized scores of the Megatron-LM and
+Korthikanti rows at every pair (their own FLOP formulas, used for the figures, count the full
+scores too), the Llama rows' flash attention, causal, at the tiles on and below the diagonal
+(about half of the pairs; cp's attention, causal by an explicit mask, at every pair), while their
+TFLOP/s use PaLM's 6N + 12LHQT, which counts every pair.
 """
 
 from __future__ import annotations
@@ -366,8 +372,11 @@ def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUST
 # The grid of the meta-h100-roce fit (--fit-llama3), the point it starts from (the efficiencies
 # the dgx-h100 file prices with: partita's defaults, unfitted) and the band within which a point
 # counts as matching the fitted row. attention (0.6) and op_overhead (5 us) are not fitted.
-LLAMA3_FIT_GRID = {"gemm": [0.8, 0.85, 0.9, 0.95, 1.0], "gemm_knee": [32, 64],
-                   "memory": [0.8, 0.9, 1.0], "network": [0.8, 0.9, 1.0]}
+# The 2026-12-07 refit (causal attention priced as flash runs it): the row was at +4.8% at the
+# unfitted defaults, so the grid reaches below them (gemm_knee 32 only raises GEMM speed: left out).
+# The first fit's grid: gemm 0.8 to 1.0, gemm_knee 32 and 64, memory and network 0.8 to 1.0.
+LLAMA3_FIT_GRID = {"gemm": [0.65, 0.7, 0.725, 0.75, 0.775, 0.8, 0.9], "gemm_knee": [64],
+                   "memory": [0.7, 0.8, 0.9], "network": [0.7, 0.8, 0.9]}
 LLAMA3_FIT_FROM = {"gemm": 0.8, "gemm_knee": 64, "memory": 0.8, "network": 0.8}
 LLAMA3_FIT_BAND = 0.01
 _FIT_LLAMA3: list = []    # (program, FLOPs per step, GPUs, published TFLOP/s): shared with forked workers
