@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -593,24 +593,37 @@ def _main_dtype(p: Program) -> str:
     return max(by, key=lambda k: by[k]) if by else "f32"
 
 
+def group_node_signatures(mesh: Mesh, node_of: Sequence[int], axis: str) -> list[tuple[int, bool]]:
+    """For every rank, over ``axis``: how many members of its group share its node, and
+    whether the whole group is on one node (each group walked once)."""
+    sig: list[tuple[int, bool] | None] = [None] * mesh.size
+    for r in range(mesh.size):
+        if sig[r] is not None:
+            continue
+        g = mesh.group_of(r, axis)
+        nodes = Counter(node_of[m] for m in g)
+        one = len(nodes) == 1
+        for m in g:
+            sig[m] = (nodes[node_of[m]], one)
+    out = [x for x in sig if x is not None]
+    assert len(out) == mesh.size, "the groups of an axis cover every rank"
+    return out
+
+
 def _representatives(mesh: Mesh, cluster: Cluster, graphs: list[Graph], progs: Sequence[Any],
                      dedup: bool) -> tuple[list[int], list[int], dict[int, int]]:
     n = mesh.size
     if not dedup:
         return list(range(n)), list(range(n)), {r: 1 for r in range(n)}
     node_of = [cluster.node_of(r) for r in range(n)]
+    # How many of its group share its node, and whether the group is one node: a
+    # collective's time depends on its group's links, not on where in the group a rank
+    # stands (dp ranks one per node are alike wherever they are).
+    per_axis = [group_node_signatures(mesh, node_of, a) for a in mesh.names]
     sig_rep: dict[tuple, int] = {}
     rep_of = [0] * n
     for r in range(n):
-        sig: list[Any] = [id(graphs[r])]
-        for a in mesh.names:
-            # How many of its group share its node, and whether the group is one node: a
-            # collective's time depends on its group's links, not on where in the group a
-            # rank stands (dp ranks one per node are alike wherever they are).
-            g = mesh.group_of(r, a)
-            sig.append(sum(node_of[m] == node_of[r] for m in g))
-            sig.append(all(node_of[m] == node_of[g[0]] for m in g))
-        key = tuple(sig)
+        key = (id(graphs[r]), *(sig[r] for sig in per_axis))
         rep_of[r] = sig_rep.setdefault(key, r)
     reps = sorted(set(rep_of))
     # Point-to-point peers of representatives must be representatives' alikes consistently:
