@@ -110,6 +110,10 @@ class RunResult:
     # ``recv_seconds[rank][step]``: the seconds that step spent inside point-to-point recvs
     # (a pipeline stage waiting for its neighbours: the bubble as measured).
     recv_seconds: list[list[float] | None] = field(default_factory=list)
+    # ``action_times[rank][step]``: a pipeline rank's schedule actions as it ran them,
+    # ``(kind, mb, chunk, start, end)`` in program order, seconds from the step's start
+    # (partita/runtime/action_times.py); None for a rank whose program is not a pp rank's.
+    action_times: list[list[list[tuple[str, int, int, float, float]]] | None] = field(default_factory=list)
 
     def step_seconds(self) -> list[float]:
         """Per step, the slowest filled rank's time: what one step costs the whole mesh."""
@@ -137,6 +141,8 @@ class _Job:
     fault: tuple[int, int, str] | None
     init: str  # "tcp://..." or "env://"
     executor: str = "torch"  # or "codegen": generated kernels (partita.codegen.CompiledProgram)
+    # Per node of the program in order, the pipeline action it was made for (action_times.py).
+    actions: list | None = None
 
 
 def _check_rank_arrays(g: Graph, rank: int, weights: Mapping[str, Any], inputs: Mapping[str, Any],
@@ -475,13 +481,15 @@ def _destroy_group() -> None:
 
 def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], tracker: _Tracker) -> tuple:
     """Join the process group, build the mesh groups, compile and run the steps of one rank;
-    returns (outputs per step, final weights, seconds per step, setup seconds)."""
+    returns (outputs per step, final weights, seconds per step, setup seconds, recv seconds
+    per step, the schedule actions' times per step or None)."""
     import torch
     import torch.distributed as dist
 
     from ..backend.torch_exec import TorchProgram, to_numpy, to_tensor
     from ..ir.parser import parse
     from ..parallel import comm
+    from .action_times import action_timer
 
     t0 = time.perf_counter()
     if job.threads is not None:
@@ -524,6 +532,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             program = TorchProgram(graph, donate=True, overlap=True, device=device)
         wait_cell = [0.0]
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker, wait_cell)
+        timer = action_timer(program, graph, job.actions)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
@@ -534,6 +543,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         setup = time.perf_counter() - t0
         report(("ready", job.rank, setup))
         outputs, timings, waits = [], [], []
+        acts: list[Any] = []
         fault = job.fault if job.fault is not None and job.fault[0] == job.rank else None
         for s in range(job.steps):
             step_cell[0] = s
@@ -552,11 +562,15 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             feed = {k: (to_tensor(np.array(a, copy=True)) if k in aliased else a) for k, a in given.items()
                     if not (s > 0 and k in aliased)}
             feed.update(carried)
+            if timer is not None:
+                timer.reset()
             t = time.perf_counter()
             wait_cell[0] = 0.0
             outs = program(feed, {})
             timings.append(time.perf_counter() - t)
             waits.append(wait_cell[0])
+            if timer is not None:
+                acts.append(timer.collect(t))
             # Copies: the next step may update an aliased output's buffer in place.
             outputs.append([np.array(to_numpy(o), copy=True) for o in outs])
             for i, name in aliases:
@@ -567,7 +581,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         # Every rank has finished its collectives before any leaves, so none tears down a
         # connection a peer still reads from.
         _world_collective(job, tracker, "the final barrier (every rank)", dist.barrier, only_timeouts=False)
-        return outputs, final, timings, setup, waits
+        return outputs, final, timings, setup, waits, (acts if timer is not None else None)
     finally:
         comm.set_groups(previous)
 
@@ -601,8 +615,8 @@ def _worker_main(rank: int, jobs, conn, beats, entered) -> None:
     jobs.close()
     try:
         conn.send(("started", rank))
-        outputs, final, timings, setup, waits = _run_rank(job, conn.send, step_cell, _Tracker(rank, entered))
-        conn.send(("done", rank, outputs, final, timings, setup, waits))
+        outputs, final, timings, setup, waits, acts = _run_rank(job, conn.send, step_cell, _Tracker(rank, entered))
+        conn.send(("done", rank, outputs, final, timings, setup, waits, acts))
         code = 0
     except BaseException as e:  # noqa: BLE001 -- a rank reports whatever stopped it
         kind, message, where = _describe(e)
@@ -840,13 +854,17 @@ class _Supervisor:
 
         from ..ir.printer import print_graph
 
+        from .action_times import node_actions
+
         ctx, n = self.ctx, self.n
+        actions: dict[int, Any] = {}
         for r, g in enumerate(self.graph_list):
             text = self.texts.get(id(g))
             if text is None:
                 text = self.texts[id(g)] = print_graph(g)
+                actions[id(g)] = node_actions(g)
             job = _Job(r, n, str(self.mesh), text, g.name, weights[r], per_rank[r], self.steps, backend,
-                       self.timeout_s, threads, fault, f"tcp://127.0.0.1:{self.port}", executor)
+                       self.timeout_s, threads, fault, f"tcp://127.0.0.1:{self.port}", executor, actions[id(g)])
             job_recv, job_send = ctx.Pipe(duplex=False)
             res_recv, res_send = ctx.Pipe(duplex=False)
             # The process object spawn writes to the child is small (the job goes on its own
@@ -965,11 +983,12 @@ class _Supervisor:
         timings: list[Any] = [None] * n
         init: list[Any] = [None] * n
         recv: list[Any] = [None] * n
-        for r, (_, _, outs, w, t, setup, waits) in self.done.items():
+        acts: list[Any] = [None] * n
+        for r, (_, _, outs, w, t, setup, waits, a) in self.done.items():
             for s in range(steps):
                 outputs[s][r] = outs[s]
-            final[r], timings[r], init[r], recv[r] = w, t, setup, waits
-        return RunResult(self.mesh, steps, tuple(range(n)), outputs, final, timings, init, recv)
+            final[r], timings[r], init[r], recv[r], acts[r] = w, t, setup, waits, a
+        return RunResult(self.mesh, steps, tuple(range(n)), outputs, final, timings, init, recv, acts)
 
 
 def under_torchrun() -> bool:
@@ -981,11 +1000,12 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
           backend: str, timeout_s: float, threads: int | None, fault, progress, executor: str = "torch") -> RunResult:
     """Run this process's rank in the process group torchrun set up."""
     from ..ir.printer import print_graph
+    from .action_times import node_actions
 
     rank, n = int(os.environ["RANK"]), mesh.size
     g = graph_list[rank]
     job = _Job(rank, n, str(mesh), print_graph(g), g.name, weights[rank], per_rank[rank], steps, backend,
-               timeout_s, threads, fault, "env://", executor)
+               timeout_s, threads, fault, "env://", executor, node_actions(g))
     step_cell = [-1]
 
     def report(msg: tuple) -> None:
@@ -993,7 +1013,7 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
             progress(rank, msg[2], msg[3])
 
     try:
-        outs, final, timings, setup, waits = _run_rank(job, report, step_cell, _Tracker(rank))
+        outs, final, timings, setup, waits, acts = _run_rank(job, report, step_cell, _Tracker(rank))
     except PartitaError as e:
         kind, message, _ = _describe(e)
         step = step_cell[0] if step_cell[0] >= 0 else None
@@ -1010,8 +1030,9 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
     timing_all: list[Any] = [None] * n
     init: list[Any] = [None] * n
     recv: list[Any] = [None] * n
-    final_all[rank], timing_all[rank], init[rank], recv[rank] = final, timings, setup, waits
-    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init, recv)
+    act_all: list[Any] = [None] * n
+    final_all[rank], timing_all[rank], init[rank], recv[rank], act_all[rank] = final, timings, setup, waits, acts
+    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init, recv, act_all)
 
 
 def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank: Sequence[Mapping[str, Any]],

@@ -342,21 +342,25 @@ def _check_checkpoint_dir(checkpoint_dir: Any, save_step: int, start: int, resum
 
 
 def _gather_ranks(res: RunResult) -> None:
-    """Fill ``res`` with every rank's outputs, weights and timings (torchrun: one rank each)."""
+    """Fill ``res`` with every rank's outputs, weights, timings, recv seconds and action
+    times (torchrun: one rank each)."""
     import torch.distributed as dist
 
     (mine,) = res.ranks
     payload = ([res.outputs[s][mine] for s in range(res.steps)], res.weights[mine], res.timings[mine],
-               res.recv_seconds[mine] if res.recv_seconds else None)
+               res.recv_seconds[mine] if res.recv_seconds else None,
+               res.action_times[mine] if res.action_times else None)
     got: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(got, payload)
     res.recv_seconds = [None] * len(got)
-    for r, (outs, w, t, waits) in enumerate(got):
+    res.action_times = [None] * len(got)
+    for r, (outs, w, t, waits, acts) in enumerate(got):
         for s in range(res.steps):
             res.outputs[s][r] = outs[s]
         res.weights[r] = w
         res.timings[r] = t
         res.recv_seconds[r] = waits
+        res.action_times[r] = acts
     res.ranks = tuple(range(len(got)))
 
 

@@ -14,10 +14,18 @@ copied per microbatch, as are the transfers ``("send"|"recv", "act"|"grad", c)``
 tags and names get the microbatch for "MB"); ``("tied",)``, ``("opt",)``, ``("tail",)`` are copied
 once, where a value of the template that stands for a sum over the microbatches (a
 parameter's gradient, the loss share) reads the sum this module builds instead.
+
+Which schedule action each node of an unrolled program was made for is kept beside the
+program (``schedule_actions``): ``(kind, mb, chunk)`` with kind ``F``, ``B`` (with its
+``W`` when the backward is not split), ``W``, ``send-act``, ``send-grad``, ``recv-act``,
+``recv-grad`` (a transfer's chunk is that of the action it serves on this rank: the sending
+F or B, the receiving F or B), ``tied`` and ``opt`` (the once-per-step sections after the
+last action; ``mb`` and ``chunk`` -1). The runtime times each action by it.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +36,18 @@ from ...ir.verifier import verify
 from ...ops.registry import OPS
 from .build import MB_AXIS
 from .schedule import Action, PipelineError, Schedule, Transfer
+
+
+# Per unrolled program: the schedule action each of its nodes was copied for (see the module's
+# docstring). A side table, so the program's text and behaviour do not change.
+_ACTIONS: "weakref.WeakKeyDictionary[Graph, dict[Node, tuple[str, int, int]]]" = weakref.WeakKeyDictionary()
+
+
+def schedule_actions(graph: Graph) -> dict[Node, tuple[str, int, int]] | None:
+    """The ``(kind, mb, chunk)`` of the schedule action each node of the unrolled pp rank
+    program ``graph`` was made for (nodes made for none, such as the microbatch slices or a
+    pass's buckets, are absent); None for a graph ``unroll_local`` did not make."""
+    return _ACTIONS.get(graph)
 
 
 def _inherit(nodes: list[Node], out: dict[Node, tuple], default: tuple) -> None:
@@ -124,6 +144,18 @@ class _Unroll:
         self.last: dict[Value, Value] = {}
         self.acc: dict[str, Value] = {}
         self.loss_parts: list[Value] = []
+        self.action_of: dict[Node, tuple[str, int, int]] = {}
+
+    def claim(self, before: int, key: tuple[str, int, int]) -> None:
+        """Record ``key`` as the action of the nodes appended since the program had ``before`` nodes."""
+        new = len(self.U) - before
+        if new <= 0:
+            return
+        for n in self.U.reversed_nodes():
+            self.action_of.setdefault(n, key)
+            new -= 1
+            if new == 0:
+                break
 
     def lookup(self, v: Value, m: int | None) -> Value:
         if m is not None:
@@ -175,7 +207,9 @@ class _Unroll:
 
     def run(self, items: list[Action | Transfer]) -> Graph:
         with bulk_build():
-            return self._run(items)
+            out = self._run(items)
+        _ACTIONS[out] = self.action_of
+        return out
 
     def _run(self, items: list[Action | Transfer]) -> Graph:
         L, U, b = self.L, self.U, self.b
@@ -196,41 +230,55 @@ class _Unroll:
         split = self.sched.split
         tied_done = False
         for it in items:
-            if isinstance(it, Action):
-                c, m = it.chunk, it.mb
-                if it.kind == "F":
-                    self.copy(("F", c), m)
-                    if self.loss_share is not None and c == self.sched.chunks - 1:
-                        self.loss_parts.append(self.env[m][self.loss_share])
-                elif it.kind == "B":
-                    self.copy(("B", c), m)
-                    if not split:
-                        self.copy(("W", c), m)
-                        self.accumulate(c, m)
-                else:
-                    self.copy(("W", c), m)
-                    self.accumulate(c, m)
-                continue
-            t = it
-            if t.what == "tied":
-                # The tied section holds both directions of the exchange, in this rank's
-                # order: it is copied once, at the first of the two transfers.
-                if not tied_done:
-                    self.sums()
-                    self.copy(("tied",), None)
-                    tied_done = True
-                continue
-            if t.src == t.dst:
-                continue  # both chunks here: the later one reads the earlier's values directly
-            assert t.after is not None
-            c, m = t.after.chunk, t.after.mb
-            side = "send" if t.src == self.rank else "recv"
-            self.copy((side, t.what, c), m)
+            before = len(U)
+            self.item(it, split, tied_done)
+            if isinstance(it, Transfer) and it.what == "tied":
+                tied_done = True
+            self.claim(before, action_key(it, self.rank))
+        before = len(U)
         self.sums()
         self.copy(("loss",), None)
         self.copy(("final",), None)
         self.copy(("opt",), None)
         self.copy(("tail",), None)
+        self.claim(before, ("opt", -1, -1))
+        return self.finish()
+
+    def item(self, it: "Action | Transfer", split: bool, tied_done: bool) -> None:
+        """Append the copies of the sections one schedule item runs on this rank."""
+        if isinstance(it, Action):
+            c, m = it.chunk, it.mb
+            if it.kind == "F":
+                self.copy(("F", c), m)
+                if self.loss_share is not None and c == self.sched.chunks - 1:
+                    self.loss_parts.append(self.env[m][self.loss_share])
+            elif it.kind == "B":
+                self.copy(("B", c), m)
+                if not split:
+                    self.copy(("W", c), m)
+                    self.accumulate(c, m)
+            else:
+                self.copy(("W", c), m)
+                self.accumulate(c, m)
+            return
+        t = it
+        if t.what == "tied":
+            # The tied section holds both directions of the exchange, in this rank's
+            # order: it is copied once, at the first of the two transfers.
+            if not tied_done:
+                self.sums()
+                self.copy(("tied",), None)
+            return
+        if t.src == t.dst:
+            return  # both chunks here: the later one reads the earlier's values directly
+        assert t.after is not None
+        c, m = t.after.chunk, t.after.mb
+        side = "send" if t.src == self.rank else "recv"
+        self.copy((side, t.what, c), m)
+
+    def finish(self) -> Graph:
+        """The program's outputs (the microbatches' pieces put back together), verified."""
+        L, U, b = self.L, self.U, self.b
         outs = []
         for v in L.outputs:
             fin = next((d for x, d in self.finals if x is v), "none")
@@ -265,6 +313,18 @@ class _Unroll:
                 total = self.b.add(total, x)
             self.once[self.loss_share] = total
             self.loss_parts = [total]
+
+
+def action_key(it: "Action | Transfer", rank: int) -> tuple[str, int, int]:
+    """``(kind, mb, chunk)`` of a schedule item as pp rank ``rank`` runs it (the module's docstring)."""
+    if isinstance(it, Action):
+        return (it.kind, it.mb, it.chunk)
+    if it.what == "tied" or it.after is None:
+        return ("tied", -1, -1)
+    if it.src == rank:
+        return (f"send-{it.what}", it.after.mb, it.after.chunk)
+    served = it.before if it.before is not None else it.after
+    return (f"recv-{it.what}", served.mb, served.chunk)
 
 
 def unroll_local(local: Graph, sections: dict[Node, tuple], sched: Schedule, rank: int, items: list[Any], *,
@@ -305,4 +365,4 @@ class LocalTemplate:
     finals: list[tuple[Value, int | None]]
 
 
-__all__ = ["LocalTemplate", "ONCE_SECTIONS", "local_sections", "unroll_local"]
+__all__ = ["LocalTemplate", "ONCE_SECTIONS", "action_key", "local_sections", "schedule_actions", "unroll_local"]
