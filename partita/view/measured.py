@@ -1,11 +1,14 @@
 """The pipeline bubble as a run measured it, beside the predicted one.
 
 A launch (``partita.launch`` / ``partita run --mesh pp=...``) records per rank and step the
-seconds the step took (``RunResult.timings``) and the seconds spent inside point-to-point
-recvs (``RunResult.recv_seconds``: a stage waiting for its neighbours). It does not record
-when each F, B or W ran, so the measured side is one bar per pp rank: its busy time and its
-time waiting, averaged over the ranks of the stage and over the steps after the first (which
-also pays for warm-up), as ``PipelineReport.record_measured`` averages them.
+seconds the step took (``RunResult.timings``), the seconds spent inside point-to-point recvs
+(``RunResult.recv_seconds``: a stage waiting for its neighbours) and when each schedule
+action ran (``RunResult.action_times``: F, B, W, the sends and the recvs' waits). The
+measured side is one bar per pp rank, its busy time and its time waiting, averaged over the
+ranks of the stage and over the steps after the first (which also pays for warm-up), as
+``PipelineReport.record_measured`` averages them; and under each pp rank's predicted bars,
+its actions as one rank of the stage ran them in one step: the step after the first whose
+time is the median.
 """
 
 from __future__ import annotations
@@ -38,8 +41,34 @@ def measured_json(prog: Any, run: Any) -> dict[str, Any] | None:
         per.append({"step": step, "recv": wait, "ranks": len(rs)})
     fr = [sum(recv[r][s] for r in have) / (len(have) * span[s]) for s in steps if span[s] > 0]
     bubble = sum(fr) / len(fr) if fr else 0.0
-    return {"per_rank": per, "bubble": bubble, "span": sum(span[s] for s in steps) / len(steps),
-            "steps": run.steps}
+    out: dict[str, Any] = {"per_rank": per, "bubble": bubble, "span": sum(span[s] for s in steps) / len(steps),
+                           "steps": run.steps}
+    actions = actions_json(prog, run, steps, span)
+    if actions is not None:
+        out["actions"] = actions
+    return out
 
 
-__all__ = ["measured_json"]
+def actions_json(prog: Any, run: Any, steps: list[int], span: list[float]) -> dict[str, Any] | None:
+    """Per pp rank, its schedule actions as the first rank of its stage ran them in one step
+    (of ``steps``, the one whose slowest-rank time ``span`` is the median), as bars
+    ``[kind, mb, chunk, start, end]`` in seconds from that rank's step start; None when the
+    run recorded no action times."""
+    acts = getattr(run, "action_times", None) or []
+    have = [r for r in run.ranks if r < len(acts) and acts[r] is not None]
+    if not have or not steps:
+        return None
+    s = sorted(steps, key=lambda k: span[k])[len(steps) // 2]
+    rows: list[dict[str, Any]] = []
+    for p in range(getattr(prog.schedule, "stages", 1)):
+        rs = [r for r in have if prog.coords(r)[0] == p]
+        if not rs:
+            rows.append({"rank": None, "bars": []})
+            continue
+        r = rs[0]
+        rows.append({"rank": r, "step_s": run.timings[r][s],
+                     "bars": [[k, mb, c, round(a, 7), round(b, 7)] for k, mb, c, a, b in acts[r][s]]})
+    return {"step": s, "span": span[s], "rows": rows}
+
+
+__all__ = ["actions_json", "measured_json"]

@@ -368,24 +368,32 @@ function ganttView(root, S) {
     (S.virtual > 1 ? `, ${S.virtual} chunks per rank` : "") + " (unit time: F 1, B 2, or B 1 and W 1 when split)"));
   const busy = bars.reduce((a, r) => r.reduce((x, b) => x + b.e - b.s, a), 0), bubble = 1 - busy / (end * bars.length);
   root.append(el("div", {class: "summary", id: "bubble"}, `predicted bubble ${(bubble * 100).toFixed(1)}%`));
-  const M = S.measured, nrow = bars.length + (M ? M.per_rank.length + 1 : 0);
+  const M = S.measured, A = M && M.actions ? M.actions : null;
+  // with measured actions, each rank's row has its measured actions under its predicted bars
+  const pitch = A ? 58 : 34, py = p => 30 + p * pitch, nbRows = A ? Math.ceil(bars.length * pitch / 34) : bars.length;
+  const nrow = nbRows + (M ? M.per_rank.length + 1 : 0);
   if (M) root.lastChild.textContent += `; measured ${(M.bubble * 100).toFixed(1)}% (time in recv, averaged over ` +
     `the ranks and ${M.steps > 1 ? M.steps - 1 : 1} step(s) after the first; the slowest rank's step ${(M.span * 1e3).toFixed(1)} ms ` +
     "drawn as long as the predicted schedule)";
+  if (A) root.append(el("div", {class: "summary", id: "measured-actions"}, `under each rank: its actions as run in step ${A.step} ` +
+    `(the median step after the first; ${(A.span * 1e3).toFixed(1)} ms, the slowest rank's, drawn as long as the predicted ` +
+    "schedule), from each rank's own step start; red: waiting in a recv, grey ticks: sends"));
   const W = 80 + end * U + 20, H = nrow * 34 + 30, label = b => b.k + b.mb + (S.virtual > 1 ? "." + b.c : "");
   const order = () => bars.map(row => row.map(b => b.k + b.mb));
   if (nb > 8000) {   // a big schedule: one canvas, not an element per bar
     const cv = el("canvas", {width: Math.min(W, 32000), height: H, id: "gantt", "data-bars": nb});
     const ctx = cv.getContext("2d"); ctx.font = "10px sans-serif";
     bars.forEach((row, p) => {
-      ctx.fillStyle = "#222"; ctx.fillText("pp " + p, 4, 30 + p * 34 + 16);
+      ctx.fillStyle = "#222"; ctx.fillText("pp " + p, 4, py(p) + 16);
       for (const b of row) {
-        ctx.fillStyle = KCOL[b.k] || "#aaa"; ctx.fillRect(80 + b.s * U, 30 + p * 34, Math.max(1, (b.e - b.s) * U - 1), 26);
-        if (U * (b.e - b.s) > 14) { ctx.fillStyle = "#000"; ctx.fillText(label(b), 80 + b.s * U + 2, 30 + p * 34 + 17); }
+        ctx.fillStyle = KCOL[b.k] || "#aaa"; ctx.fillRect(80 + b.s * U, py(p), Math.max(1, (b.e - b.s) * U - 1), 26);
+        if (U * (b.e - b.s) > 14) { ctx.fillStyle = "#000"; ctx.fillText(label(b), 80 + b.s * U + 2, py(p) + 17); }
       }
     });
-    if (M) measuredRows(M, bars.length, end, U, (x, y, w, h, c, t) => {
-      ctx.fillStyle = c; if (w > 0) ctx.fillRect(x, y, w, h); else { ctx.fillStyle = "#222"; ctx.fillText(t, x, y + 16); } });
+    const paint = (x, y, w, h, c, t) => {
+      ctx.fillStyle = c; if (w > 0) ctx.fillRect(x, y, w, h); else { ctx.fillStyle = "#222"; ctx.fillText(t, x, y + 16); } };
+    if (M) measuredRows(M, nbRows, end, U, paint);
+    if (A) measuredActions(A, py, end * U, (x, y, w, h, c, t) => paint(x, y, w, h, c, t));
     root.append(cv);
     return {order, measured: M ? M.per_rank.length : 0};
   }
@@ -398,26 +406,53 @@ function ganttView(root, S) {
   for (const [key, [p, b]] of at) {
     const src = b.k === "F" ? at.get("F" + (b.c - 1) + "," + b.mb) : b.k === "B" ? at.get("B" + (b.c + 1) + "," + b.mb) : null;
     if (!src || src[0] === p) continue;
-    links.append(sv("line", {x1: 80 + src[1].e * U, y1: 30 + src[0] * 34 + 13, x2: 80 + b.s * U, y2: 30 + p * 34 + 13}));
+    links.append(sv("line", {x1: 80 + src[1].e * U, y1: py(src[0]) + 13, x2: 80 + b.s * U, y2: py(p) + 13}));
   }
   bars.forEach((row, p) => {
-    svg.append(sv("text", {x: 4, y: 30 + p * 34 + 16, class: "rowlabel"}, "pp " + p));
+    svg.append(sv("text", {x: 4, y: py(p) + 16, class: "rowlabel"}, "pp " + p));
     for (const b of row) {
       const g = sv("g", {class: "bar", "data-rank": p, "data-k": b.k, "data-mb": b.mb, "data-c": b.c});
-      g.append(sv("rect", {x: 80 + b.s * U, y: 30 + p * 34, width: Math.max(1, (b.e - b.s) * U - 1), height: 26, fill: KCOL[b.k] || "#aaa"}));
-      if (U * (b.e - b.s) > 14) g.append(sv("text", {x: 80 + b.s * U + 2, y: 30 + p * 34 + 17}, label(b)));
+      g.append(sv("rect", {x: 80 + b.s * U, y: py(p), width: Math.max(1, (b.e - b.s) * U - 1), height: 26, fill: KCOL[b.k] || "#aaa"}));
+      if (U * (b.e - b.s) > 14) g.append(sv("text", {x: 80 + b.s * U + 2, y: py(p) + 17}, label(b)));
       g.append(sv("title", {}, `${b.k} microbatch ${b.mb} chunk ${b.c}: ${b.s}-${b.e}`));
       svg.append(g);
     }
   });
   for (let t = 0; t <= end; t += Math.max(1, Math.round(end / 20))) svg.append(sv("text", {x: 80 + t * U, y: 14, class: "tick"}, t));
   svg.append(links);
-  let measured = 0;
-  if (M) measuredRows(M, bars.length, end, U, (x, y, w, h, c, t) => {
+  let measured = 0, actions = 0;
+  if (M) measuredRows(M, nbRows, end, U, (x, y, w, h, c, t) => {
     if (w > 0) { const r = sv("rect", {x, y, width: w, height: h, fill: c, class: "mbar"}); r.append(sv("title", {}, t)); svg.append(r); measured++; }
     else svg.append(sv("text", {x, y: y + 16, class: "rowlabel"}, t)); });
+  if (A) measuredActions(A, py, end * U, (x, y, w, h, c, t, a) => {
+    if (!a) { svg.append(sv("text", {x, y: y + 13, class: "rowlabel"}, t)); return; }
+    const g = sv("g", {class: "mact" + (a.k.startsWith("recv") ? " mwait" : ""), "data-rank": a.p, "data-k": a.k, "data-mb": a.mb,
+      "data-c": a.c, "data-x": x});
+    g.append(sv("rect", {x, y, width: w, height: h, fill: c}));
+    if (w > 16 && "FBW".includes(a.k)) g.append(sv("text", {x: x + 2, y: y + 13, "font-size": 9, "font-family": "sans-serif"}, a.k + a.mb));
+    g.append(sv("title", {}, t)); svg.append(g); actions++; });
   root.append(svg);
-  return {order, links: links.children.length, measured};
+  return {order, links: links.children.length, measured, actions};
+}
+
+// each pp rank's schedule actions as run, under its predicted bars: one rank of the stage in
+// one step, from that rank's step start, the slowest rank's step drawn ``width`` long
+function measuredActions(A, py, width, draw) {
+  const s = width / Math.max(A.span, 1e-12), ms = t => (t * 1e3).toFixed(2);
+  A.rows.forEach((R, p) => {
+    const y = py(p) + 30;
+    if (R.rank === null) return;
+    draw(4, y, 0, 0, "", "run r" + R.rank, null);
+    for (const [k, mb, c, a, b] of R.bars) {
+      const recv = k.startsWith("recv"), send = k.startsWith("send"), once = mb < 0;
+      const col = recv ? "#e05050" : send ? "#555" : once ? "#bbb" : (KCOL[k] || "#aaa");
+      const x = 80 + a * s, w = send ? 2 : Math.max(1, (b - a) * s - (recv ? 0 : 1));
+      const what = once ? k + " (once per step)" : `${k} microbatch ${mb} chunk ${c}`;
+      draw(x, recv ? y + 4 : send ? y - 2 : y, w, recv ? 10 : send ? 22 : 18, col,
+           `${what}: ${ms(a)}-${ms(b)} ms of rank ${R.rank}'s step ${A.step} (${ms(R.step_s)} ms)` + (recv ? ", waiting" : ""),
+           {p, k, mb, c});
+    }
+  });
 }
 
 // ---------- simulated timeline ----------
@@ -550,6 +585,11 @@ function runTest(D, views, show) {
       out.rows = svgBars.length ? [...new Set([...svgBars].map(b => b.dataset.rank))].map(r =>
         [...document.querySelectorAll(`#gantt g.bar[data-rank="${r}"]`)].map(b => b.dataset.k + b.dataset.mb)) : G.order();
       out.canvas = !svgBars.length; out.links = G.links; out.measured = G.measured;
+      // the measured actions (F, B, W) per rank, ordered by where they are drawn; recv waits counted
+      const acts = [...document.querySelectorAll("#gantt g.mact")];
+      out.actions = G.actions || 0; out.waits = acts.filter(a => a.classList.contains("mwait")).length;
+      out.measuredRows = [...new Set(acts.map(a => a.dataset.rank))].map(r => acts.filter(a => a.dataset.rank === r &&
+        "FBW".includes(a.dataset.k)).sort((a, b) => +a.dataset.x - +b.dataset.x).map(a => a.dataset.k + a.dataset.mb));
       out.bubble = document.getElementById("bubble").textContent;
     } else if (m[1] === "timeline") {
       Object.assign(out, show("timeline"));
