@@ -33,6 +33,7 @@ from typing import Any, TypeAlias
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
 from ..parallel.collective_order import grows_when_gathered, is_collective, kept_order
+from ..parallel.pipeline.chunk_templates import active_section_cache, node_value_map, section_digest
 from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel, price_key
@@ -206,6 +207,24 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
                      so.has_collective)
 
 
+def map_fragment(frag: _Fragment, proto: list[Node], key: tuple, nodes: list[Node]) -> _Fragment:
+    """``frag`` (built for section ``proto``) for the alike section ``nodes`` (key ``key``)."""
+    nmap, vmap = node_value_map(proto, nodes)
+    entries: list[Entry] = []
+    for e in frag.entries:
+        match e:
+            case OpRun(seconds, node):
+                entries.append(OpRun(seconds, nmap[node]))
+            case WaitOther(v):
+                entries.append(WaitOther(vmap[v]))
+            case IssueDeferred(j, anchor):
+                entries.append(IssueDeferred(j, nmap[anchor] if anchor is not None else None))
+            case _:
+                entries.append(e)
+    return _Fragment(key, entries, [nmap[n] for n in frag.comms], [(vmap[v], j) for v, j in frag.leaves],
+                     frag.flops, frag.kinds, frag.lead_outside, frag.has_collective)
+
+
 @dataclass
 class _Piece:
     """A precomputed stretch of a fragment (see the module docstring); ``at``: the offset of
@@ -371,6 +390,12 @@ class SectionProgramBuilder:
 
     def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, cache: dict) -> None:
         self.mesh, self.cluster, self.model, self.cache = mesh, cluster, model, cache
+        # Fragments by section digest (chunk_templates.py): alike sections are built once, and
+        # with a planner's SectionCache active, once across its candidates too.
+        self.protos: dict[tuple, tuple[_Fragment, list[Node]]] = {}
+        self.shared = active_section_cache()
+        if self.shared is not None:
+            self.cache, self.protos = self.shared.for_cluster(cluster)
         self.frags: dict[int, dict[tuple, _Fragment]] = {}
         self.variants: dict[tuple, tuple[dict[tuple, _Variant], frozenset[str]]] = {}
         self.pieces: dict[tuple, Any] = {}
@@ -389,9 +414,27 @@ class SectionProgramBuilder:
                 # weight gradients move into it (collective_order.overlap_linear_backward).
                 by[("B", k[1]) if k[0] == "W" and not split else k].append(n)
             outs = set(t.local.outputs)
-            got = self.frags[id(t)] = {k: build_fragment(k, ns, self.model, self.cache, outs, overlap=not split)
-                                       for k, ns in by.items()}
+            got = self.frags[id(t)] = {k: self.fragment(k, ns, outs, not split) for k, ns in by.items()}
         return got
+
+    def fragment(self, key: tuple, nodes: list[Node], outs: set[Value], overlap: bool) -> _Fragment:
+        """Section ``key``'s fragment: that of an alike section built before (same
+        ``section_digest``) with its nodes and values mapped over, else built here."""
+        d = section_digest(nodes, outs, overlap)
+        got = self.protos.get(d)
+        if got is None:
+            frag = build_fragment(key, nodes, self.model, self.cache, outs, overlap=overlap)
+            self.protos[d] = (frag, nodes)
+            if self.shared is not None:
+                self.shared.built += 1
+            return frag
+        try:
+            frag = map_fragment(got[0], got[1], key, nodes)
+        except KeyError:                # an anchor outside the section: build it here
+            return build_fragment(key, nodes, self.model, self.cache, outs, overlap=overlap)
+        if self.shared is not None:
+            self.shared.hits += 1
+        return frag
 
     def variant(self, t: Any, axes: frozenset[str]) -> tuple[dict[tuple, _Variant], frozenset[str]]:
         """The fragments of ``t`` cut over the largest subset of ``axes`` that collapses."""

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
+from ..parallel.pipeline.chunk_templates import SectionCache, using_section_cache
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts, stage_cut
 from .plan import RECOMPUTE, Plan
 from .reduce import scale, truncate_layers
@@ -116,6 +117,8 @@ class Pricer:
         self.reduced: dict[int, Graph | None] = {}
         self.seconds = {"training_step": 0.0, "parallelize": 0.0, "simulate": 0.0}
         self.failures: list[str] = []   # the plans that could not be built, with why (price_best)
+        # The pipelines' priced sections, kept across candidates (parallel/pipeline/chunk_templates.py).
+        self.sections = SectionCache()
         self.skipped = 0                # the meshes the bounds skipped unpriced (price_best)
 
     def model(self, layers: int | None) -> Graph | None:
@@ -151,7 +154,8 @@ class Pricer:
         t0 = time.perf_counter()
         prog = parallelize(step, **p.parallelize_options(unroll=False))
         t1 = time.perf_counter()
-        res = simulate(prog, self.cluster, trace=False, memory=not p.pipelined)
+        with using_section_cache(self.sections):
+            res = simulate(prog, self.cluster, trace=False, memory=not p.pipelined)
         t2 = time.perf_counter()
         self.seconds["parallelize"] += t1 - t0
         self.seconds["simulate"] += t2 - t1
