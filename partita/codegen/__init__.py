@@ -258,7 +258,7 @@ class CompiledProgram:
         first call whose weights are packed, so empty before that."""
         from .choose import choices
 
-        nodes = [n for n in self.graph.nodes if n.op == "conv2d_pointwise"]
+        nodes = [n for n in self.graph.nodes if n.op in ("conv2d_pointwise", "linear_pointwise")]
         return [c for c in choices() if any(c.of(n) for n in nodes)]
 
 

@@ -63,6 +63,8 @@ def test_each_linear_layer_measures_its_kernels_and_matches_eager(measuring, mon
     picked = [c for c in choose.choices() if c.key.startswith("linear_pointwise")]
     assert len(picked) == 3 and {c.picked for c in picked} == {winner}
     assert "[32, 64] x [64, 64], none): " + winner in choose.report()
+    # the program's own report lists them (CompiledProgram.kernel_choices)
+    assert sorted(c.key for c in prog.kernel_choices()) == sorted(c.key for c in picked)
     # a second program takes the choices from the disk cache, without measuring
     choose.clear(disk=False)
     monkeypatch.setattr(choose, "measure", lambda cands, **kw: pytest.fail("measured again"))
