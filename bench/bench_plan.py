@@ -21,10 +21,13 @@ plan, and at least 10% faster on at least three of the five largest rows; the sc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -54,6 +57,14 @@ def tflops(heads: int, hidden: int, layers: int, batch: int, gpus: int, step: fl
     """TFLOP/s per GPU by Narayanan et al. 2021, Eq. (3)."""
     F = 96 * batch * SEQ * layers * hidden * hidden * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
     return F / (step * gpus) / 1e12
+
+
+def t1_model(row: tuple) -> tuple[partita.Graph, Any, int]:
+    """(forward graph, cluster, GPUs) of a Table 1 row."""
+    name, a, h, l, tp, pp, n, B, pub, mb, v = row
+    fwd = partita.models.gpt(layers=l, hidden=h, heads=a, seq=SEQ, vocab=VOCAB, batch=B, dtype="bf16",
+                             attention=ATTENTION, dropout=0.1)
+    return fwd, load_cluster("selene"), n
 
 
 def bench_row(row: tuple, price: int) -> dict:
@@ -188,6 +199,71 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plan_seconds_ab(fwd: partita.Graph, cluster: Any, devices: int, price: int, rounds: int = 2) -> dict:
+    """Planning seconds with the alike pipeline sections priced once (the SectionCache, "after") and with
+    every section priced apart ("before"), interleaved in this process; the medians, and the plans (equal)."""
+    from unittest import mock
+
+    from partita.cluster import pipeline_sim
+
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    plans: dict[str, Any] = {}
+    for k in range(rounds):
+        for side in ("before", "after") if k % 2 == 0 else ("after", "before"):   # alternate who runs first
+            ctx = mock.patch.object(pipeline_sim, "section_digest", lambda *a: object()) if side == "before" \
+                else contextlib.nullcontext()
+            with ctx:
+                t0 = time.perf_counter()
+                plans[side] = partita.plan(fwd, cluster, "80GiB", devices=devices, price=price)
+                times[side].append(time.perf_counter() - t0)
+    a, b = plans["before"], plans["after"]
+    return {"before_s": statistics.median(times["before"]), "after_s": statistics.median(times["after"]),
+            "plan": b.describe(), "same_plan": a.describe() == b.describe(),
+            "step_rel": abs(b.step_time - a.step_time) / a.step_time, "seconds": b.report["seconds"],
+            "priced": b.report["priced"]}
+
+
+def ab_rows(args: argparse.Namespace) -> int:
+    """``--ab``: planning seconds before and after the section cache, for the Table 1 rows or (``--llama``)
+    the Llama 3 rows named by ``--rows`` (``llama3-8b@64``)."""
+    from partita.models import named_model
+
+    names = args.rows.split(",") if args.rows else (["llama3-8b@64"] if args.llama else ["1.7B"])
+    print("| row | planner's plan | priced | before s | after s | same plan | step differs by |\n|---|---|---|---|---|---|---|")
+    for name in names:
+        if args.llama:
+            row = next(r for r in LLAMA if f"{r[0]}@{r[1]}" == name)
+            cluster = load_cluster(row[2])
+            cluster = cluster.with_nodes(row[1] // cluster.gpus_per_node)
+            fwd, n = named_model(row[0]).build(seq=8192, batch=row[3]), row[1]
+        else:
+            r = next(r for r in MEGATRON_T1 if r[0] == name)
+            fwd, cluster, n = t1_model(r)
+        out = plan_seconds_ab(fwd, cluster, n, args.price, args.rounds)
+        print(f"| {name} | {out['plan']} | {out['priced']} | {out['before_s']:.1f} | {out['after_s']:.1f} | "
+              f"{out['same_plan']} | {out['step_rel']:.2e} |", flush=True)
+        if not args.llama:
+            rel = published_ab(fwd, cluster, n, r)
+            print(f"|   published plan, priced in full with and without the cache | | | | | | {rel:.2e} |", flush=True)
+    return 0
+
+
+def published_ab(fwd: partita.Graph, cluster: Any, n: int, row: tuple) -> float:
+    """The relative difference of a Table 1 row's published plan priced in full with every pipeline section
+    priced apart and with the alike sections priced once."""
+    from unittest import mock
+
+    from partita.cluster import pipeline_sim
+
+    name, a, h, l, tp, pp, _n, B, pub, mb, v = row
+    ref = published_plan(tp, pp, n, B, mb, v)
+    pricer = Pricer(fwd, cluster, False, {"loss": "cross_entropy", "optimizer": "adamw", "master_weights": True})
+    with mock.patch.object(pipeline_sim, "section_digest", lambda *a: object()):
+        apart, _m, _p = pricer.price(ref)
+    once, _m, _p = pricer.price(ref)
+    return abs(once - apart) / apart
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", help="comma-separated Table 1 rows (default all ten)")
@@ -198,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama", action="store_true", help="the Llama 3 rows (8B, 70B on 64 and 512 H100s; 405B on "
                                                           "16,384) instead of Table 1")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_plan.json"))
+    ap.add_argument("--ab", action="store_true", help="planning seconds with and without the section cache, "
+                                                       "interleaved (with --llama, rows as llama3-8b@64)")
+    ap.add_argument("--rounds", type=int, default=2, help="with --ab: rounds of each side (default 2)")
     args = ap.parse_args(argv)
+    if args.ab:
+        return ab_rows(args)
     if args.validate:
         print("| model | published plan | full s | scaled s | error | full pricing s | scaled pricing s |\n"
               "|---|---|---|---|---|---|---|")

@@ -5,8 +5,6 @@ names, within a candidate and, with a ``SectionCache``, across candidates (the p
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 import partita
@@ -71,17 +69,3 @@ def test_the_digest_ignores_names_and_the_dp_group_size(programs):
 
     assert digests(programs[1]) & digests(programs[2])
     assert not digests(programs[0]) & digests(programs[4])
-
-
-def test_a_planner_prices_what_it_priced_without_the_cache(monkeypatch):
-    """The planner's Pricer keeps one SectionCache across its candidates: the same plans and step times."""
-    fwd = partita.models.gpt(layers=8, hidden=64, heads=4, seq=16, vocab=128, batch=16, dtype="f32")
-    node = load_cluster("selene").with_nodes(1)
-    a = partita.plan(fwd, node, devices=8, price=3)
-    each_section_apart(monkeypatch)
-    b = partita.plan(fwd, node, devices=8, price=3)
-    assert a.describe() == b.describe()
-    assert a.step_time == pytest.approx(b.step_time, rel=1e-12)
-    ra, rb = a.report.get("next", []), b.report.get("next", [])
-    assert [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in ra] == \
-        [dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x for x in rb]
