@@ -29,11 +29,11 @@ which a placement cuts a dim (``partition.piece_index``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..ir.builder import Builder
 from ..ir.dtypes import DType, i64
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Node, Value
 from ..ir.types import Location, TensorType
 from ..ops.registry import OPS
 from ..ir.mesh import Mesh
@@ -236,12 +236,16 @@ def cross_entropy_grad(f: LocalForm) -> list[Value]:
     return [f.emit("mul", g, f.emit("unsqueeze", scale, axes=(cdim,)))]
 
 
-def embedding_grad_rows(graph: Graph, mesh: Mesh) -> list[Value]:
+def embedding_grad_rows(graph: Graph, mesh: Mesh,
+                        replaced: Callable[[Value, Value, list[Node], list[Node]], None] | None = None
+                        ) -> list[Value]:
     """In a per-rank program, compute a vocab-parallel table's gradient for the rank's rows
     only: ``shard_slice(embedding_grad(dy, idx), dim 0)``, where the whole table's gradient
     is made on every rank to keep one piece, becomes ``embedding_grad`` of ``dy`` masked to
     the indices in the rank's range, with those indices shifted to its rows. Returns the
-    results of the shard_slices it replaced."""
+    results of the shard_slices it replaced; ``replaced(old value, new value, old nodes, new
+    nodes)`` is told of each replacement (the partition keeps its value map and the nodes
+    made for each global node, which a pipeline's sections are read from)."""
     done: list[Value] = []
     for node in list(graph.nodes):
         if node.op != "shard_slice" or node.attrs["dim"] != 0:
@@ -251,15 +255,23 @@ def embedding_grad_rows(graph: Graph, mesh: Mesh) -> list[Value]:
             continue
         dy, idx = src.operands
         rows = node.results[0].type.shape[0]
+        before = node.prev
         f = LocalForm(Builder(graph).set_insertion_before(node), [], {}, [], {"v": (node.attrs["axis"],)}, mesh,
                       "", src.loc)
         safe, inside = f.in_range(idx, "v", rows)
         masked = f.emit("where", f.emit("unsqueeze", inside, axes=(idx.type.rank,)), dy, f.scalar(0.0, dy.type.dtype))
         new = f.emit("embedding_grad", masked, safe, num_embeddings=rows)
         new.name = node.results[0].name
+        made: list[Node] = []
+        n = before.next if before is not None else graph.first
+        while n is not None and n is not node:
+            made.append(n)
+            n = n.next
         graph.replace_all_uses(node.results[0], new)
         graph.erase(node)
         graph.erase(src)
+        if replaced is not None:
+            replaced(node.results[0], new, [src, node], made)
         done.append(node.results[0])
     return done
 

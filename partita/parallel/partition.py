@@ -282,10 +282,30 @@ class Partitioner:
             aliases = [None] * len(outs)
         self.new.set_outputs(outs, aliases)
         # A vocab-parallel table's gradient: only the rank's rows, not the whole table sliced.
-        for gone in embedding_grad_rows(self.new, mesh):
+        for gone in embedding_grad_rows(self.new, mesh, self.rows_replaced):
             if gone in self.entry:
                 self.report.collectives.remove(self.entry[gone])
         return self.new, self.report
+
+    def rows_replaced(self, old: Value, new: Value, gone: list[Node], made: list[Node]) -> None:
+        """A table's gradient computed for the rank's rows (``embedding_grad_rows``): the
+        global values that mapped to the sliced whole gradient map to ``new``, and the local
+        nodes made for a global node take ``made`` in place of the erased ones, so a pipeline
+        reads the rows' gradient in the section the whole one was in."""
+        for k, v in list(self.vmap.items()):
+            if v is old:
+                self.vmap[k] = new
+        for k2, v2 in list(self.moved.items()):
+            if v2 is old:
+                self.moved[k2] = new
+        if self.spans is None:
+            return
+        for key, nodes in self.spans.items():
+            if any(n in gone for n in nodes):
+                at = next(i for i, n in enumerate(nodes) if n in gone)
+                rest = [n for n in nodes if n not in gone]
+                self.spans[key] = rest[:at] + made + rest[at:]
+                made = []
 
     def _real_whole(self, v: Value, p: Placement, what: str) -> dict[int, int]:
         """The real sizes of ``v``'s padded dims (none when it is not padded), which must
