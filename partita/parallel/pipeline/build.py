@@ -32,7 +32,8 @@ from ...ir.placement import Placement
 from ..strategies.base import UPDATE_OPS
 from .microbatch_rewrites import index_reason, rewrite_for_microbatches, suspects
 from .schedule import Action, PipelineError, Schedule, Transfer
-from .stage_graphs import ChunkProgram, build_chunk_program
+from .chunk_templates import chunk_programs
+from .stage_graphs import ChunkProgram
 from .stages import StageCut, partition_stages, value_cone
 
 MB_AXIS = "mb"
@@ -773,10 +774,10 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     mbg = microbatch_graph(fwd, microbatches, training)
     sc = partition_stages(mbg.graph, schedule.chunks, cut, virtual=schedule.virtual)
     last = schedule.chunks - 1
-    chunks = [build_chunk_program(ch, ch.index == last, mbg.loss if ch.index == last else None,
-                                  forward_only=not training, outputs=None if training else mbg.outputs,
-                                  recompute=recompute)
-              for ch in sc.chunks]
+    # One program per distinct chunk (first, middle, last), copied into the alike ones.
+    chunks = chunk_programs(sc.chunks, mbg.loss, forward_only=not training,
+                            outputs=None if training else mbg.outputs, recompute=recompute)
+    assert [cp.index for cp in chunks] == list(range(last + 1))
     if schedule.split:
         for cp in chunks[1:]:
             if cp.params and not cp.W:
