@@ -649,6 +649,28 @@ def _avg_pool_divisor(shape, k, s, p, d, out, include_pad: bool) -> np.ndarray:
     return functools.reduce(np.multiply.outer, divs)
 
 
+def avg_pool_mean_axes(shape: tuple[int, ...], attrs: dict) -> tuple[int, ...] | None:
+    """The spatial axes an ``avg_pool`` over ``shape`` averages whole, when it is a mean over
+    them (each window of such an axis takes every element once, divided by the axis's size)
+    and the identity along the others (each window takes its own element alone, divided by
+    1); ``()`` for a pool that is the identity (a 1 x 1 window, or any window on a 1 x 1 map
+    that counts no padding); None for any other pool."""
+    nd = len(shape) - 2
+    k, s, p, d, out = _pool_geometry("avg_pool", nd, shape, attrs)
+    axes = []
+    for i, (size, o, ki, si, pi, di) in enumerate(zip(shape[2:], out, k, s, p, d)):
+        pos = (np.arange(o) * si - pi)[:, None] + (np.arange(ki) * di)[None, :]
+        inside = [sorted(row[(row >= 0) & (row < size)].tolist()) for row in pos]
+        div = _avg_divisor(size, o, ki, si, pi, di, attrs["count_include_pad"])
+        if o == size and all(r == [j] for j, r in enumerate(inside)) and (div == 1).all():
+            continue
+        if o == 1 and inside[0] == list(range(size)) and int(div[0]) == size:
+            axes.append(2 + i)
+            continue
+        return None
+    return tuple(axes)
+
+
 def _np_avg_pool(args, attrs):
     x = compute_np(args[0])
     nd = x.ndim - 2

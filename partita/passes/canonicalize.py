@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node, Value
 from ..ops.cast_semantics import int_range
+from ..ops.nn import avg_pool_mean_axes
 from ..ops.registry import OPS
 from .manager import Pass, register_pass
 from .rewrite import Match, Op, RewriteDriver, RewriteEvent, Rule, Splat, Var, emit_splat, rule
@@ -232,6 +233,19 @@ def _pad_into_conv(m: Match) -> Value | None:
     return m.emit(conv.op, m["x"], *conv.operands[1:], **attrs)
 
 
+def _pool_as_mean(m: Match) -> Value | None:
+    """An average pool that is the identity (a 1 x 1 window; a window on a 1 x 1 map that counts
+    no padding) is its input; one whose windows each cover whole axes (a global pool written
+    as a pool) is a ``mean`` over them, which the layout pass and the kernels know."""
+    x = m.root.operands[0]
+    axes = avg_pool_mean_axes(x.type.shape, m.root.attrs)
+    if axes is None:
+        return None
+    if not axes:
+        return x
+    return m.emit("mean", x, axes=list(axes), keepdim=True)
+
+
 # --- the rule table ------------------------------------------------------------------------
 
 # Rules for facts that involve more than one op, or ops without a fact on their record.
@@ -286,6 +300,11 @@ RULES: list[Rule] = [
                                  Op("transpose", Y, where=_swaps_last_two)),
          _matmul_of_transposes, requires=("matmul", "transpose"),
          doc="a^T b^T = (b a)^T: one transpose instead of two"),
+] + [
+    rule(f"pool-as-mean[{op}]", Op(op, X), _pool_as_mean, requires=(op, "mean"),
+         doc="an average pool that is the identity is its input; one whose windows cover whole axes "
+             "is a mean over them")
+    for op in ("avg_pool2d", "avg_pool3d")
 ] + [
     rule(f"reduce-nothing[{r}]", Op(r, X, where=_reduces_nothing), X, fix=("cast",),
          doc="a reduction where every output element is one input element")
