@@ -482,7 +482,7 @@ def _direct(xs: tuple, ws: tuple, a: dict, unary: str, other: bool, candidate: b
     if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"], candidate):
         return None
     return PreparedConv(xs, ws, list(a["stride"]), list(a["padding"]), unary, other,
-                        padding_end=conv_padding_end(a))
+                        padding_end=conv_padding_end(a), groups=a["groups"])
 
 
 def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
@@ -498,7 +498,9 @@ def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
 # for a node it takes, or None. Winograd first: on the 3 x 3 convolutions of the CNN benchmark
 # it took 0.50 to 0.67 of the direct kernel's time (8 x {32, 64, 128} channels at {64, 32, 16}
 # pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part conv). The first two
-# take groups=1 only, the depthwise kernel (codegen/depthwise.py) groups = channels only.
+# take groups=1 only (the direct kernel a few groups too, as a candidate of the measured choice:
+# codegen/conv.py's ``block_diagonal``), the depthwise kernel (codegen/depthwise.py) groups =
+# channels only.
 CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct),
                                                             ("depthwise", _depthwise))
 
@@ -516,7 +518,8 @@ def conv_kernel_name(gen: Any) -> str:
 def _generated_conv(node: Any, binary: str, unary: str, candidate: bool = False) -> Any:
     """The generated convolution (the first of ``CONV_KERNELS`` that takes ``node``) prepared
     for it, or None where none does: another kernel asked for (``CONV``), an epilogue other
-    than bias, add and relu (and silu or sigmoid, which the depthwise kernel alone applies),
+    than bias, add and the activations the kernels apply (conv.py's ``ACTS`` and ``CLAMP_ACTS``;
+    depthwise.py's for the depthwise kernel),
     operands not f32 or not static, or no generated code on this machine. ``candidate``: the
     direct kernel where it can run the node at all, its tile padded included (a candidate of
     the measured choice, not the rules' pick)."""
