@@ -264,6 +264,29 @@ def published_ab(fwd: partita.Graph, cluster: Any, n: int, row: tuple) -> float:
     return abs(once - apart) / apart
 
 
+def planning_seconds(args: argparse.Namespace) -> int:
+    """``--seconds``: plan each row named by ``--rows`` (Table 1 names, or ``llama3-8b@64``) once, cold in this
+    process, and print the planning seconds, the plan, its step and where the seconds went (for timing one tree
+    against another: run it with each on PYTHONPATH, alternating, a fresh process each)."""
+    from partita.models import named_model
+
+    for name in (args.rows.split(",") if args.rows else ["1.7B"]):
+        if "@" in name:
+            row = next(r for r in LLAMA if f"{r[0]}@{r[1]}" == name)
+            cluster = load_cluster(row[2])
+            cluster = cluster.with_nodes(row[1] // cluster.gpus_per_node)
+            fwd, n = named_model(row[0]).build(seq=8192, batch=row[3]), row[1]
+        else:
+            fwd, cluster, n = t1_model(next(r for r in MEGATRON_T1 if r[0] == name))
+        t0 = time.perf_counter()
+        p = partita.plan(fwd, cluster, "80GiB", devices=n, price=args.price)
+        dt = time.perf_counter() - t0
+        secs = " ".join(f"{k} {v:.2f}" for k, v in p.report["seconds"].items())
+        print(f"{name}: {dt:.2f} s | {p.describe()} | step {p.step_time:.4f} s | {p.report['priced']} priced | {secs}",
+              flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", help="comma-separated Table 1 rows (default all ten)")
@@ -277,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab", action="store_true", help="planning seconds with and without the section cache, "
                                                        "interleaved (with --llama, rows as llama3-8b@64)")
     ap.add_argument("--rounds", type=int, default=2, help="with --ab: rounds of each side (default 2)")
+    ap.add_argument("--seconds", action="store_true", help="plan the --rows once each (Table 1 names or "
+                                                            "llama3-8b@64) and print the planning seconds")
     args = ap.parse_args(argv)
+    if args.seconds:
+        return planning_seconds(args)
     if args.ab:
         return ab_rows(args)
     if args.validate:
