@@ -73,11 +73,13 @@ def attention_config(lanes: int | None = None) -> AttentionConfig:
 # i64 parameter slots (pointers as integers, strides in floats; scale as its f32 bits)
 _P = ["q", "k", "v", "o", "lse", "mask", "ws", "wsn", "B2",
       "qs1", "qs2", "qr", "ks1", "ks2", "kr", "vs1", "vs2", "vr", "os1", "os2", "or", "ls1", "ls2",
-      "ms1", "ms2", "mr", "T", "S", "causal", "scale", "cos", "sin", "cs1", "cs2", "cr", "ss1", "ss2", "sr"]
+      "ms1", "ms2", "mr", "T", "S", "causal", "scale", "cos", "sin", "cs1", "cs2", "cr", "ss1", "ss2", "sr",
+      "grp", "cap"]
 _PTRS = ("q", "k", "v", "o", "lse", "mask", "ws", "cos", "sin")
 
 
-def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "", rope: bool = False) -> str:
+def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "", rope: bool = False,
+                 rot_dim: int = 0, softcap: bool = False) -> str:
     """The LLVM IR of one attention kernel for head sizes ``e`` (q, k) and ``ev`` (v, a multiple
     of the lanes), with no mask (``mask=""``), an additive f32 one (``"f32"``) or a bool one
     that keeps the true scores (``"bool"``); ``rope``: q and k are rotated first, row i by
@@ -87,9 +89,14 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
         void NAME(ptr params, i64 lo, i64 hi, i64 tid)
 
     computing the batch-and-head pairs [lo, hi) with thread ``tid``'s workspace (``params``:
-    the i64s of ``_P``)."""
-    assert ev % cfg.lanes == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or e % 2 == 0)
-    out = _AttentionEmitter(name, cfg, e, ev, mask, rope).emit()
+    the i64s of ``_P``). ``rot_dim`` (rope; 0 for all of e): only the first ``rot_dim`` of each
+    head are rotated (h = rot_dim / 2), the rest read as they are. ``softcap``: each scaled score
+    s becomes ``cap * tanh(s)`` before the mask (the caller folds 1 / cap into the scale; cap is
+    the ``cap`` parameter). The k/v head of pair (b1, b2) is b2 / ``grp`` (grouped-query
+    attention reads each key/value head for ``grp`` query heads in a row)."""
+    rd = rot_dim or e
+    assert ev % cfg.lanes == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or (rd % 2 == 0 and rd <= e))
+    out = _AttentionEmitter(name, cfg, e, ev, mask, rope, rd, softcap).emit()
     return "\n\n".join(_attention_declarations(cfg.lanes)) + "\n\n" + "\n".join(out) + "\n"
 
 
@@ -113,17 +120,20 @@ class _AttentionEmitter:
     U = 4                          # steps of e per trip of the score loop
     NINF = "0xFFF0000000000000"    # -inf
 
-    def __init__(self, name: str, cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool) -> None:
+    def __init__(self, name: str, cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool, rd: int = 0,
+                 softcap: bool = False) -> None:
         self.name, self.e, self.ev, self.mask, self.rope = name, e, ev, mask, rope
         self.L, self.MR, self.NVS, self.KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
         L = self.L
-        self.h = e // 2
+        self.rd = rd or e
+        self.softcap = softcap
+        self.h = self.rd // 2
         self.has_mask = bool(mask)
         CH = cfg.nvo * L                       # out columns per pass
         self.chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
         self.vt = f"<{L} x float>"
         self.vi = f"<{L} x i32>"
-        self.vec_rope = rope and self.h % L == 0
+        self.vec_rope = rope and self.rd == e and self.h % L == 0
         self.lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(self.NVS)]
         # the block that enters the key blocks
         self.tile = f"qrot{self.MR - 1}.end" if rope and not self.vec_rope else "qt"
@@ -156,8 +166,13 @@ class _AttentionEmitter:
         a(f"  {dst} = shufflevector {vty} {dst}.0, {vty} poison, <{L} x i32> zeroinitializer")
 
     def rot(self, tag: str, row: str, ei: str, pos: str, x: str) -> None:
-        """%{tag}.rot = x * cos[pos, ei] + rotate_half(row)[ei] * sin[pos, ei]."""
+        """%{tag}.rot = x * cos[pos, ei] + rotate_half(row)[ei] * sin[pos, ei] (x itself at ei >= rd)."""
         a, h = self.out.append, self.h
+        partial = self.rd < self.e
+        if partial:   # the indices below stay inside the rotated part; the select at the end keeps x
+            a(f"  %{tag}.in = icmp ult i64 {ei}, {self.rd}")
+            a(f"  %{tag}.ei = select i1 %{tag}.in, i64 {ei}, i64 0")
+            ei = f"%{tag}.ei"
         a(f"  %{tag}.lo = icmp ult i64 {ei}, {h}")
         a(f"  %{tag}.pi0 = add i64 {ei}, {h}")
         a(f"  %{tag}.pi1 = sub i64 {ei}, {h}")
@@ -174,7 +189,11 @@ class _AttentionEmitter:
             a(f"  %{tag}.{t}v = load float, ptr %{tag}.{t}p, align 4")
         a(f"  %{tag}.m1 = fmul float {x}, %{tag}.cv")
         a(f"  %{tag}.m2 = fmul float %{tag}.rh, %{tag}.sv")
-        a(f"  %{tag}.rot = fadd float %{tag}.m1, %{tag}.m2")
+        if partial:
+            a(f"  %{tag}.rt = fadd float %{tag}.m1, %{tag}.m2")
+            a(f"  %{tag}.rot = select i1 %{tag}.in, float %{tag}.rt, float {x}")
+        else:
+            a(f"  %{tag}.rot = fadd float %{tag}.m1, %{tag}.m2")
 
     def vrot(self, tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
         """dst[0:E] = rope(row)[0:E] (times scale) with vectors: the low half x_lo c - x_hi s,
@@ -227,10 +246,11 @@ class _AttentionEmitter:
             a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
             if p in _PTRS:
                 a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
-            elif p != "scale":
+            elif p not in ("scale", "cap"):
                 a(f"  %{p} = add i64 %{p}.i, 0")
-        a("  %scale.t = trunc i64 %scale.i to i32")
-        a("  %scale = bitcast i32 %scale.t to float")
+        for p in ("scale", "cap"):
+            a(f"  %{p}.t = trunc i64 %{p}.i to i32")
+            a(f"  %{p} = bitcast i32 %{p}.t to float")
         a("  %iscausal = icmp ne i64 %causal, 0")
         a("  %wso = mul i64 %tid, %wsn")
         a("  %KT = getelementptr inbounds float, ptr %ws, i64 %wso")
@@ -245,11 +265,12 @@ class _AttentionEmitter:
         a("  %idx = phi i64 [%lo, %entry], [%idx.n, %bh.end]")
         a("  %b1 = udiv i64 %idx, %B2")
         a("  %b2 = urem i64 %idx, %B2")
+        a("  %b2kv = udiv i64 %b2, %grp")    # the key/value head this query head reads
         for t, (s1, s2) in {"q": ("qs1", "qs2"), "k": ("ks1", "ks2"), "v": ("vs1", "vs2"), "o": ("os1", "os2"),
                             "lse": ("ls1", "ls2"), "mask": ("ms1", "ms2"), "cos": ("cs1", "cs2"),
                             "sin": ("ss1", "ss2")}.items():
             a(f"  %{t}o1 = mul i64 %b1, %{s1}")
-            a(f"  %{t}o2 = mul i64 %b2, %{s2}")
+            a(f"  %{t}o2 = mul i64 %b2{'kv' if t in ('k', 'v') else ''}, %{s2}")
             a(f"  %{t}o = add i64 %{t}o1, %{t}o2")
             ty = 'i8' if t == 'mask' and self.mask == 'bool' else 'float'
             a(f"  %{t}h = getelementptr {ty}, ptr %{t}, i64 %{t}o")
@@ -446,11 +467,15 @@ class _AttentionEmitter:
         """The scores masked (keys not seen, the mask) and each row's new running max, in registers."""
         a, L, vt, vi, mask, ninf = self.out.append, self.L, self.vt, self.vi, self.mask, self.NINF
         X = f"_v{nv}"
+        if self.softcap:
+            self.splat(f"%capv{X}", "float", "%cap")
         for r in range(self.MR):
             R = f"{X}_{r}"
             mx = None
             for v in range(nv):
                 sc = cur[r][v]
+                if self.softcap:
+                    sc = self.capped(f"{R}_{v}", sc, f"%capv{X}")
                 ok = f"%ok{R}_{v}"
                 a(f"  {ok} = icmp slt {vi} {self.lanes_i32[v]}, %dv{r}")
                 if mask == "f32":
@@ -479,6 +504,18 @@ class _AttentionEmitter:
             a(f"  %mdead{R} = fcmp oeq float %mn{R}, {ninf}")
             a(f"  %mu{R} = select i1 %mdead{R}, float 0.0, float %mn{R}")
             a(f"  %da{R} = fsub float %m{r}, %mu{R}")
+
+    def capped(self, tag: str, sc: str, capv: str) -> str:
+        """cap * tanh(sc) lane by lane (mathlib's tanh, as a fused kernel computes it); the result's name."""
+        a, L, vt = self.out.append, self.L, self.vt
+        prev = "poison"
+        for i in range(L):
+            a(f"  %tx{tag}_{i} = extractelement {vt} {sc}, i64 {i}")
+            a(f"  %ty{tag}_{i} = call float @pt_tanhf(float %tx{tag}_{i})")
+            a(f"  %tv{tag}_{i} = insertelement {vt} {prev}, float %ty{tag}_{i}, i64 {i}")
+            prev = f"%tv{tag}_{i}"
+        a(f"  %tc{tag} = fmul {vt} {prev}, {capv}")
+        return f"%tc{tag}"
 
     def block_softmax(self, nv: int) -> None:
         """alpha = exp(m - m') for the tile's rows in one vector exp, p = exp(s - m') stored, l updated."""
@@ -627,24 +664,33 @@ _COMPILED: dict[tuple, Any] = {}
 PARALLEL_MIN_MACS = 1 << 21
 
 
-def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool = False) -> Any:
-    key = (cfg, e, ev, mask, rope)
+def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool = False, rot_dim: int = 0,
+            softcap: bool = False) -> Any:
+    rd = (rot_dim or e) if rope else 0
+    key = (cfg, e, ev, mask, rope, rd, softcap)
     with _LOCK:
         fn = _COMPILED.get(key)
         if fn is None:
-            name = f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}{'_rope' if rope else ''}"
-            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask, rope), 0,
+            name = (f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}{'_rope' if rope else ''}"
+                    f"{f'{rd}' if rope and rd != e else ''}{'_softcap' if softcap else ''}")
+            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask, rope, rd, softcap), 0,
                                                argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                          ctypes.c_int64]).fn
         return fn
 
 
-def supported(q_shape: tuple, k_shape: tuple, v_shape: tuple) -> str | None:
-    """Why the generated kernel does not take these shapes, or None when it does."""
+def supported(q_shape: tuple, k_shape: tuple, v_shape: tuple, group: int = 1) -> str | None:
+    """Why the generated kernel does not take these shapes, or None when it does; ``group``:
+    k and v have 1 / group of q's heads (dim -3), query head h reading key/value head h / group."""
     lanes = vector_width()
     if len(q_shape) < 2 or len(q_shape) > 4:
         return "q is not of rank 2 to 4"
-    if tuple(q_shape[:-2]) != tuple(k_shape[:-2]) or tuple(q_shape[:-2]) != tuple(v_shape[:-2]):
+    kv_lead = tuple(q_shape[:-2])
+    if group != 1:
+        if len(q_shape) < 3 or q_shape[-3] % group:
+            return f"q's heads are not a multiple of the key/value group {group}"
+        kv_lead = kv_lead[:-1] + (q_shape[-3] // group,)
+    if kv_lead != tuple(k_shape[:-2]) or kv_lead != tuple(v_shape[:-2]):
         return "batch/head dims of q, k and v differ"
     t, e = q_shape[-2:]
     s, ev = v_shape[-2:]
@@ -678,24 +724,37 @@ class PreparedAttention:
     rank 0 to 2), f32, ``scale`` and ``causal`` fixed; ``mask`` ("" for none, "f32" or "bool")
     the kind of the mask tensor, broadcastable to [*lead, T, S], that each call passes (f32 is
     added to the scores, bool keeps the true ones). ``__call__`` returns (out, lse). Like the program
-    that holds it, one call at a time (the workspaces are reused)."""
+    that holds it, one call at a time (the workspaces are reused). ``group``: k and v have
+    1 / group of q's heads (the last leading dim); ``rot_dim``: with rope, the rotated part of a
+    head (0 for all of it); ``softcap``: scores become ``softcap * tanh(score / softcap)``
+    before the mask."""
 
     def __init__(self, lead: tuple, t: int, s: int, e: int, ev: int, scale: float | None, causal: bool,
-                 mask: str = "", cfg: AttentionConfig | None = None, rope: bool = False) -> None:
+                 mask: str = "", cfg: AttentionConfig | None = None, rope: bool = False, group: int = 1,
+                 rot_dim: int = 0, softcap: float | None = None) -> None:
         if len(lead) > 2:
             raise ValueError("partita.codegen.attention: at most two leading dims")
         self.lead, self.t, self.s, self.e, self.ev = tuple(lead), t, s, e, ev
         self.scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
-        self.scale_bits = _f32_bits(self.scale)
+        self.softcap = float(softcap) if softcap else None
+        # the kernel scales by scale / cap and multiplies tanh by cap
+        self.scale_bits = _f32_bits(self.scale / self.softcap if self.softcap else self.scale)
+        self.cap_bits = _f32_bits(self.softcap or 1.0)
+        if group < 1 or (group > 1 and (not lead or lead[-1] % group)):
+            raise ValueError(f"partita.codegen.attention: {lead[-1] if lead else 1} query heads do not split into "
+                             f"groups of {group}")
+        self.group = group
         self.causal = bool(causal)
         self.mask = mask
         self.cfg = cfg = cfg or attention_config()
         if ev % cfg.lanes:
             raise ValueError(f"partita.codegen.attention: v's head size {ev} is not a multiple of {cfg.lanes}")
-        if rope and (e % 2 or t != s):
-            raise ValueError("partita.codegen.attention: rotary embedding needs an even head size and T = S")
-        self.rope = rope
-        self.fn = _kernel(cfg, e, ev, mask, rope)
+        rd = rot_dim or e
+        if rope and (rd % 2 or rd > e or t != s):
+            raise ValueError("partita.codegen.attention: rotary embedding needs an even rotated size within the "
+                             "head and T = S")
+        self.rope, self.rot_dim = rope, rd if rope else 0
+        self.fn = _kernel(cfg, e, ev, mask, rope, self.rot_dim, self.softcap is not None)
         self.wsn = -(-s // cfg.kb) * cfg.kb * e + 16    # floats of one thread's packed k^T
         self.pairs = math.prod(self.lead)
         self.ws = torch.empty(self.wsn, dtype=torch.float32)
@@ -738,8 +797,8 @@ class PreparedAttention:
             mptr = m.data_ptr()
         rp: list[int] = [0] * 8
         if self.rope:
-            c = cos.expand(*lead, t, self.e)
-            sn = sin.expand(*lead, t, self.e)
+            c = cos.expand(*lead, t, self.rot_dim)
+            sn = sin.expand(*lead, t, self.rot_dim)
             if c.stride(-1) != 1:
                 c = c.contiguous()
             if sn.stride(-1) != 1:
@@ -753,7 +812,7 @@ class PreparedAttention:
         p[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
                 self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl), k.stride(-2),
                 *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2), *_lead2(lse, nl), *ms, t, s,
-                int(self.causal), self.scale_bits, *rp]
+                int(self.causal), self.scale_bits, *rp, self.group, self.cap_bits]
         if nt == 1:
             self.fn(p, 0, self.pairs, 0)
         else:
@@ -786,11 +845,16 @@ def _prepared(node: Any, rope: bool) -> "PreparedAttention | None":
     if mask is not None and mask.type.dtype not in (_f32, _bool):
         return None
     qs, ks, vs = (x.type.shape for x in dense[:3])
-    if any(not isinstance(d, int) for d in (*qs, *ks, *vs)) or supported(qs, ks, vs) is not None:
+    if any(not isinstance(d, int) for d in (*qs, *ks, *vs)):
+        return None
+    group = qs[-3] // ks[-3] if rope and len(qs) >= 3 and len(ks) == len(qs) and ks[-3] else 1
+    if supported(qs, ks, vs, group) is not None:
         return None
     kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
+    extra = {"group": group, "rot_dim": node.attrs.get("rotary_dim") or 0,
+             "softcap": node.attrs.get("softcap")} if rope else {}
     return PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
-                             bool(node.attrs.get("causal")), kind, rope=rope)
+                             bool(node.attrs.get("causal")), kind, rope=rope, **extra)
 
 
 def _written_into(pa: "PreparedAttention", outs: list | None) -> tuple[Any, Any]:

@@ -16,6 +16,16 @@ into ``rotary_attention(xq, xk, v, cos, sin, mask?)`` when q and k use the same 
 T = S (self-attention: query i and key i share position i), every intermediate value is read
 only on the way and the log-sum-exp result is unused (inference). The operands of mul and add
 may come in either order.
+
+Also taken (issue 37):
+
+- **partial rotary** (GPT-NeoX, Phi, StableLM): ``concat(rope(x[..., :rd]), x[..., rd:])``
+  becomes ``rotary_dim = rd``: the kernel rotates the first rd of each head and reads the rest
+  as it is;
+- **grouped-query attention's k/v repeat** (``repeat_of``: unsqueeze, broadcast, reshape) of
+  both k and v by the same group: the node reads the unrepeated k and v (heads H / group) and
+  the kernel reads key/value head h / group for query head h, so the repeated copies never
+  exist.
 """
 
 from __future__ import annotations
@@ -26,10 +36,10 @@ from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
-from ..ops.registry import Cost, OPS, OpDef, normalize_axis, register
+from ..ops.registry import AttrSpec, Cost, OPS, OpDef, normalize_axis, register
 from ..passes.rewrite import erase_if_dead, sole_user
 
-__all__ = ["fuse_rotary", "rope_parts", "repeat_of"]
+__all__ = ["fuse_rotary", "rope_parts", "repeat_of", "partial_rope_parts", "any_rope_parts"]
 
 
 def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
@@ -90,11 +100,49 @@ def rope_parts(v: Value) -> tuple[Value, Value, Value] | None:
     return None
 
 
-def _table_ok(t, q) -> bool:
-    """cos/sin broadcast to q's [..., T, E] without growing it: a float of q's dtype."""
-    if t.dtype != q.dtype or t.rank > q.rank:
+def partial_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
+    """(x, cos, sin, rd) when v = concat(rope(x[..., :rd]), x[..., rd:]) on the last axis (a
+    partial rotary embedding), each intermediate value read only on the way."""
+    p = v.producer
+    if p is None or p.op != "concat" or len(p.operands) != 2:
+        return None
+    last = v.type.rank - 1
+    if normalize_axis(p.attrs["axis"], v.type.rank, "concat") != last:
+        return None
+    a, b = p.operands
+    if a is b or sole_user(a) is not p or sole_user(b) is not p:
+        return None
+    parts = rope_parts(a)
+    if parts is None:
+        return None
+    rot, rest = _slice_of(parts[0], last), _slice_of(b, last)
+    if rot is None or rest is None or rot[0] is not rest[0]:
+        return None
+    x = rot[0]
+    e = x.type.shape[last]
+    rd = rot[2]
+    if rot[1] != 0 or rest[1:] != (rd, e) or not 0 < rd < e:
+        return None
+    return x, parts[1], parts[2], rd
+
+
+def any_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
+    """(x, cos, sin, rd) for a whole (rd = E) or partial rotary embedding of x (``rope_parts``,
+    ``partial_rope_parts``)."""
+    whole = rope_parts(v)
+    if whole is not None:
+        return (*whole, v.type.shape[-1])
+    return partial_rope_parts(v)
+
+
+def _table_ok(t, q, rd: int | None = None) -> bool:
+    """cos/sin broadcast to q's [..., T, rd] without growing it: a float of q's dtype (rd the
+    rotated part of a head, E by default)."""
+    rd = q.shape[-1] if rd is None else rd
+    if t.dtype != q.dtype or t.rank > q.rank or t.rank == 0:
         return False
-    return all(d == 1 or d == e for d, e in zip(t.shape[::-1], q.shape[::-1])) and t.shape[-1] == q.shape[-1]
+    return (all(d == 1 or d == e for d, e in zip(t.shape[-2::-1], q.shape[-2::-1]))
+            and t.shape[-1] == rd)
 
 
 def repeat_of(v: Value) -> Value | None:
@@ -133,96 +181,222 @@ def _rope_before_repeat(k: Value) -> tuple[tuple[Value, Value, Value], Value] | 
     return parts, rotated
 
 
+def _kv_group(k: Value, v: Value, heads: int) -> tuple[Value, Value, int] | None:
+    """(k's source, v's source, group) when k and v are both ``repeat_of`` values of their own
+    source, repeated by the same group, and q has ``heads`` heads; None otherwise."""
+    xk, xv = repeat_of(k), repeat_of(v)
+    if xk is None or xv is None or xk.type.rank < 3:
+        return None
+    hk, hv = xk.type.shape[-3], xv.type.shape[-3]
+    if hk != hv or not hk or heads % hk or heads == hk:
+        return None
+    return xk, xv, heads // hk
+
+
+def _heads_shared(t: Value) -> bool:
+    """Whether a cos/sin table is one for every head (dim -3 absent or 1)."""
+    return t.type.rank < 3 or t.type.shape[-3] == 1
+
+
 def fuse_rotary(graph: Graph, node: Node) -> Node | None:
     """The rewrite described in the module doc, on one attention node; None where it does not
-    apply. A k whose heads are repeated after its rotation (grouped-query attention) is
-    rotated by the kernel after the repeat instead: the repeat then reads the unrotated k."""
+    apply. k and v repeated by one group (grouped-query attention) are read unrepeated, the
+    kernel reading head h / group; a k repeated after its rotation with v not repeated alike is
+    rotated by the kernel after the repeat instead (the repeat then reads the unrotated k)."""
     q, k, v = node.operands[:3]
     out, lse = node.results
     if lse.users or lse.is_output or q.type.dtype is not f32:
         return None
     if sole_user(q) is not node or sole_user(k) is not node or q.type.shape[-2] != k.type.shape[-2]:
         return None
-    rq, rk = rope_parts(q), rope_parts(k)
-    before = _rope_before_repeat(k) if rk is None else None
-    if before is not None:
-        rk = before[0]
-    if rq is None or rk is None or rq[1] is not rk[1] or rq[2] is not rk[2] or rq[0] is rk[0]:
+    rq = any_rope_parts(q)
+    if rq is None:
         return None
-    cos, sin = rq[1], rq[2]
-    if not (_table_ok(cos.type, q.type) and _table_ok(sin.type, q.type)):
+    group = _kv_group(k, v, q.type.shape[-3]) if q.type.rank >= 3 else None
+    rotated = None
+    rk = None
+    if group is not None and len(group[0].users) == 1 and not group[0].is_output:
+        rk = any_rope_parts(group[0])
+    if rk is None:
+        group = None
+        rk = any_rope_parts(k)
+        if rk is None:
+            before = _rope_before_repeat(k)
+            if before is not None:
+                rk, rotated = (*before[0], q.type.shape[-1]), before[1]
+    if rk is None or rq[1] is not rk[1] or rq[2] is not rk[2] or rq[0] is rk[0] or rq[3] != rk[3]:
         return None
-    if before is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
-        rotated = before[1]
+    cos, sin, rd = rq[1], rq[2], rq[3]
+    if not (_table_ok(cos.type, q.type, rd) and _table_ok(sin.type, q.type, rd)):
+        return None
+    if group is not None and not (_heads_shared(cos) and _heads_shared(sin)):
+        return None
+    kx, vx = rk[0], v
+    if rotated is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
         graph.replace_all_uses(rotated, rk[0])
         assert rotated.producer is not None
         erase_if_dead(graph, rotated.producer)
-        rk = (k, cos, sin)
-    operands = [rq[0], rk[0], v, cos, sin] + list(node.operands[3:])
-    new = Node("rotary_attention", operands, OPS["rotary_attention"].normalize_attrs(dict(node.attrs)),
+        kx = k
+    elif group is not None:
+        vx = group[1]
+    attrs = dict(node.attrs)
+    if rd != q.type.shape[-1]:
+        attrs["rotary_dim"] = rd
+    operands = [rq[0], kx, vx, cos, sin] + list(node.operands[3:])
+    new = Node("rotary_attention", operands, OPS["rotary_attention"].normalize_attrs(attrs),
                [out.type, lse.type], node.loc)
     graph.insert_before(node, new)
     graph.replace_all_uses(out, new.results[0])
     graph.replace_all_uses(lse, new.results[1])
-    erase_if_dead(graph, node)   # and the rotations, now read by nothing
+    erase_if_dead(graph, node)   # and the rotations and repeats, now read by nothing
     return new
 
 
 # --- the op ----------------------------------------------------------------------------------
 
+def _group_of(q, k) -> int:
+    """How many query heads read each key/value head (dim -3): 1 without grouping."""
+    if q.rank < 3 or k.rank != q.rank or k.shape[-3] == q.shape[-3] or not k.shape[-3]:
+        return 1
+    return q.shape[-3] // k.shape[-3]
+
+
 def _rotary_infer(ts, attrs):
+    from ..ir.types import TensorType
     from ..ops.nn import attention_infer
 
     q, k, v, cos, sin = ts[:5]
+    rd = attrs.get("rotary_dim") or q.shape[-1]
+    if rd % 2 or not 0 < rd <= q.shape[-1]:
+        raise TypeRuleError(f"rotary_attention: rotary_dim {rd} must be even and within q {q}'s head size; "
+                            "rotate_half splits the rotated part in two")
     for t, what in ((cos, "cos"), (sin, "sin")):
-        if not _table_ok(t, q):
-            raise TypeRuleError(f"rotary_attention: {what} {t} must be of q's dtype and broadcast to q {q} "
-                                "([..., T, E], its last dim E)")
-    if q.shape[-1] % 2:
-        raise TypeRuleError(f"rotary_attention: q {q} has an odd head size; rotate_half splits it in two")
+        if not _table_ok(t, q, rd):
+            raise TypeRuleError(f"rotary_attention: {what} {t} must be of q's dtype and broadcast to q {q}'s "
+                                f"[..., T, {rd}] (the rotated part of a head)")
     if q.shape[-2] != k.shape[-2]:
         raise TypeRuleError(f"rotary_attention: q {q} and k {k} must have as many positions (self-attention)")
+    cap = attrs.get("softcap")
+    if cap is not None and not cap > 0:
+        raise TypeRuleError(f"rotary_attention: softcap {cap} must be positive (scores become cap * tanh(s / cap))")
+    g = _group_of(q, k)
+    if g != 1:
+        if q.shape[-3] % k.shape[-3] or v.rank != k.rank or v.shape[-3] != k.shape[-3]:
+            raise TypeRuleError(f"rotary_attention: k {k} and v {v} must have a whole fraction of q {q}'s heads "
+                                "(dim -3; grouped-query attention) and as many as each other")
+        k = TensorType(k.shape[:-3] + (q.shape[-3],) + k.shape[-2:], k.dtype)
+        v = TensorType(v.shape[:-3] + (q.shape[-3],) + v.shape[-2:], v.dtype)
     return attention_infer([q, k, v] + list(ts[5:]), attrs)
 
 
 def _np_rope(x, cos, sin):
-    h = x.shape[-1] // 2
-    rh = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
-    return (x * cos + rh * sin).astype(x.dtype)   # rounded as the unfused ops in x's dtype
+    rd = cos.shape[-1]
+    h = rd // 2
+    xr = x[..., :rd]
+    rh = np.concatenate([-xr[..., h:], xr[..., :h]], axis=-1)
+    rot = (xr * cos + rh * sin).astype(x.dtype)   # rounded as the unfused ops in x's dtype
+    return np.concatenate([rot, x[..., rd:]], axis=-1) if rd < x.shape[-1] else rot
+
+
+def _np_capped_attention(args, attrs):
+    """The reference of attention with soft-capped scores: s = cap * tanh(scale q k^T / cap),
+    then the causal condition and the mask, softmax, times v (f64, as np_attention)."""
+    from ..ops.nn import attention_scale
+
+    q, k, v = (a.astype(np.float64) for a in args[:3])
+    mask = args[3] if len(args) > 3 else None
+    cap = float(attrs["softcap"])
+    s = np.tanh(np.matmul(q, np.swapaxes(k, -1, -2)) * attention_scale(attrs, q.shape[-1]) / cap) * cap
+    tq, tk = s.shape[-2:]
+    if attrs["causal"]:
+        s = np.where(np.tril(np.ones((tq, tk), dtype=bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == np.bool_ else s + mask.astype(np.float64)
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.exp(s - m)
+    total = np.sum(e, axis=-1, keepdims=True)
+    safe = np.where(total == 0.0, 1.0, total)
+    return np.matmul(e, v) / safe, (m + np.log(safe))[..., 0]
 
 
 def _rotary_reference(args, attrs):
     from ..ops.nn import np_attention
 
     q, k, v, cos, sin = args[:5]
-    return np_attention([_np_rope(q, cos, sin), _np_rope(k, cos, sin), v] + list(args[5:]), attrs)
+    g = q.shape[-3] // k.shape[-3] if q.ndim >= 3 and k.shape[-3] != q.shape[-3] else 1
+    if g != 1:
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
+    parts = [_np_rope(q, cos, sin), _np_rope(k, cos, sin), v] + list(args[5:])
+    return (_np_capped_attention if attrs.get("softcap") else np_attention)(parts, attrs)
 
 
 def _torch_rope(x, cos, sin):
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., h:], x[..., :h]), -1) * sin
+    rd = cos.shape[-1]
+    h = rd // 2
+    xr = x[..., :rd]
+    rot = xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), -1) * sin
+    return torch.cat((rot, x[..., rd:]), -1) if rd < x.shape[-1] else rot
+
+
+def _torch_capped_attention(args, attrs):
+    """attention with soft-capped scores in torch ops (``_np_capped_attention``'s formula)."""
+    from ..ops.nn import attention_compute_dtype, attention_scale
+
+    q, k, v = args[:3]
+    mask = args[3] if len(args) > 3 else None
+    ct = attention_compute_dtype(q)
+    cap = float(attrs["softcap"])
+    s = torch.tanh(torch.matmul(q.to(ct), k.to(ct).transpose(-2, -1)) * attention_scale(attrs, q.shape[-1])
+                   / cap) * cap
+    tq, tk = s.shape[-2:]
+    if attrs["causal"]:
+        s = s.masked_fill(~torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(ct)
+    m = s.amax(-1, keepdim=True)
+    m = m.masked_fill(m == float("-inf"), 0.0)
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    safe = total.masked_fill(total == 0, 1.0)
+    return (torch.matmul(e, v.to(ct)) / safe).to(q.dtype), (m + torch.log(safe)).squeeze(-1)
 
 
 def _rotary_torch(args, attrs):
     from ..ops.nn import torch_attention
 
     q, k, v, cos, sin = args[:5]
-    return torch_attention([_torch_rope(q, cos, sin), _torch_rope(k, cos, sin), v] + list(args[5:]), attrs)
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    parts = [_torch_rope(q, cos, sin), _torch_rope(k, cos, sin), v] + list(args[5:])
+    return (_torch_capped_attention if attrs.get("softcap") else torch_attention)(parts, attrs)
 
 
 def _rotary_cost(ins, outs, attrs):
-    c = OPS["attention"].cost_of([ins[0], ins[1], ins[2]] + list(ins[5:]), outs, attrs)
+    from ..ir.types import TensorType
+
+    q, k, v = ins[:3]
+    g = _group_of(q, k)
+    if g != 1:   # the op computes the pairs of the repeated heads
+        k = TensorType(k.shape[:-3] + (q.shape[-3],) + k.shape[-2:], k.dtype)
+        v = TensorType(v.shape[:-3] + (q.shape[-3],) + v.shape[-2:], v.dtype)
+    c = OPS["attention"].cost_of([q, k, v] + list(ins[5:]), outs, attrs)
     rot = 3 * (ins[0].numel + ins[1].numel)
     return Cost(c.flops + rot, c.bytes_read + ins[3].nbytes + ins[4].nbytes, c.bytes_written)
 
 
 register(OpDef(
     name="rotary_attention", operands=("q", "k", "v", "cos", "sin", "mask?"),
-    attrs=OPS["attention"].attrs,   # scale and causal, as attention's
+    attrs=OPS["attention"].attrs + (AttrSpec("rotary_dim", "int", None), AttrSpec("softcap", "float", None)),
     infer=_rotary_infer, reference=_rotary_reference, torch=_rotary_torch, cost=_rotary_cost,
     doc="attention(rope(q), rope(k), v, mask) with rope(x) = x * cos + rotate_half(x) * sin, "
         "rotate_half(x) = concat(-x[..., E/2:], x[..., :E/2]) on the last axis; cos and sin broadcast "
         "to q's [..., T, E] and serve k too (self-attention, T = S). Results and attrs as attention's. "
+        "rotary_dim (optional, even): only x[..., :rotary_dim] is rotated (cos and sin [..., T, rotary_dim]), "
+        "the rest passed through. softcap (optional, > 0): the scaled scores s become softcap * "
+        "tanh(s / softcap) before the causal condition and the mask. k and v may have 1/g of q's heads "
+        "(dim -3; grouped-query attention): query head h reads key/value head h // g. "
         "Made by the fuse-library pass for inference (codegen/rotary.py); the generated attention kernel "
         "rotates q and k as it reads them.",
 ))
