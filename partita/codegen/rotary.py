@@ -30,6 +30,8 @@ Also taken (issue 37):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
@@ -39,7 +41,8 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, normalize_axis, register
 from ..passes.rewrite import erase_if_dead, sole_user
 
-__all__ = ["fuse_rotary", "rope_parts", "repeat_of", "partial_rope_parts", "any_rope_parts"]
+__all__ = ["fuse_rotary", "rope_parts", "repeat_of", "partial_rope_parts", "any_rope_parts", "match_rotary",
+           "apply_rotary", "RotaryPlan"]
 
 
 def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
@@ -198,23 +201,33 @@ def _heads_shared(t: Value) -> bool:
     return t.type.rank < 3 or t.type.shape[-3] == 1
 
 
-def fuse_rotary(graph: Graph, node: Node) -> Node | None:
-    """The rewrite described in the module doc, on one attention node; None where it does not
-    apply. k and v repeated by one group (grouped-query attention) are read unrepeated, the
-    kernel reading head h / group; a k repeated after its rotation with v not repeated alike is
-    rotated by the kernel after the repeat instead (the repeat then reads the unrotated k)."""
-    q, k, v = node.operands[:3]
-    out, lse = node.results
-    if lse.users or lse.is_output or q.type.dtype is not f32:
+@dataclass
+class RotaryPlan:
+    """What ``match_rotary`` found: the unrotated q and k (k unrepeated with a group), v (or its
+    source), the tables, the rotated size, and, for a k rotated before a repeat that v does not
+    share, the rotated value whose readers are to read the unrotated k instead."""
+
+    q: Value
+    k: Value
+    v: Value
+    cos: Value
+    sin: Value
+    rd: int
+    rotated: Value | None
+
+
+def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -> RotaryPlan | None:
+    """The plan of the rewrite in the module doc for attention's q, k and v (read only by
+    ``q_reader`` and ``k_reader``), or None where it does not apply; changes nothing."""
+    if q.type.dtype is not f32 or sole_user(q) is not q_reader or sole_user(k) is not k_reader:
         return None
-    if sole_user(q) is not node or sole_user(k) is not node or q.type.shape[-2] != k.type.shape[-2]:
+    if q.type.shape[-2] != k.type.shape[-2]:
         return None
     rq = any_rope_parts(q)
     if rq is None:
         return None
     group = _kv_group(k, v, q.type.shape[-3]) if q.type.rank >= 3 else None
-    rotated = None
-    rk = None
+    rotated, rk = None, None
     if group is not None and len(group[0].users) == 1 and not group[0].is_output:
         rk = any_rope_parts(group[0])
     if rk is None:
@@ -231,23 +244,55 @@ def fuse_rotary(graph: Graph, node: Node) -> Node | None:
         return None
     if group is not None and not (_heads_shared(cos) and _heads_shared(sin)):
         return None
-    kx, vx = rk[0], v
-    if rotated is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
-        graph.replace_all_uses(rotated, rk[0])
-        assert rotated.producer is not None
-        erase_if_dead(graph, rotated.producer)
-        kx = k
-    elif group is not None:
-        vx = group[1]
-    attrs = dict(node.attrs)
-    if rd != q.type.shape[-1]:
-        attrs["rotary_dim"] = rd
-    operands = [rq[0], kx, vx, cos, sin] + list(node.operands[3:])
-    new = Node("rotary_attention", operands, OPS["rotary_attention"].normalize_attrs(attrs),
-               [out.type, lse.type], node.loc)
-    graph.insert_before(node, new)
-    graph.replace_all_uses(out, new.results[0])
-    graph.replace_all_uses(lse, new.results[1])
+    if rotated is not None:   # the repeat of the rotated k stays, reading the unrotated k
+        return RotaryPlan(rq[0], k, v, cos, sin, rd, rotated)
+    return RotaryPlan(rq[0], rk[0], group[1] if group is not None else v, cos, sin, rd, None)
+
+
+def apply_rotary(graph: Graph, plan: RotaryPlan, at: Node, attrs: dict, rest: list,
+                 results: list[Value | None]) -> Node:
+    """A ``rotary_attention`` node of ``plan`` (attention's ``attrs``, the operands after v
+    ``rest``) inserted before ``at``, its results read where the values ``results`` (out, lse;
+    None for one not there) were; the old nodes are left for the caller to erase."""
+    if plan.rotated is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
+        graph.replace_all_uses(plan.rotated, _unrotated(plan.rotated))
+        assert plan.rotated.producer is not None
+        erase_if_dead(graph, plan.rotated.producer)
+    attrs = dict(attrs)
+    if plan.rd != plan.q.type.shape[-1]:
+        attrs["rotary_dim"] = plan.rd
+    operands = [plan.q, plan.k, plan.v, plan.cos, plan.sin] + list(rest)
+    attrs = OPS["rotary_attention"].normalize_attrs(attrs)
+    types = OPS["rotary_attention"].infer_types([o.type for o in operands], attrs)
+    new = Node("rotary_attention", operands, attrs, types, at.loc)
+    graph.insert_before(at, new)
+    for old, r in zip(results, new.results):
+        if old is not None:
+            graph.replace_all_uses(old, r)
+    return new
+
+
+def _unrotated(rotated: Value) -> Value:
+    """x of a whole-head rotation ``rotated`` = rope(x)."""
+    parts = rope_parts(rotated)
+    assert parts is not None
+    return parts[0]
+
+
+def fuse_rotary(graph: Graph, node: Node, extra: dict | None = None) -> Node | None:
+    """The rewrite described in the module doc, on one attention node; None where it does not
+    apply. k and v repeated by one group (grouped-query attention) are read unrepeated, the
+    kernel reading head h / group; a k repeated after its rotation with v not repeated alike is
+    rotated by the kernel after the repeat instead (the repeat then reads the unrotated k).
+    ``extra``: attributes of rotary_attention to add (``softcap``)."""
+    q, k, v = node.operands[:3]
+    out, lse = node.results
+    if lse.users or lse.is_output:
+        return None
+    plan = match_rotary(q, k, v, node, node)
+    if plan is None:
+        return None
+    new = apply_rotary(graph, plan, node, {**node.attrs, **(extra or {})}, list(node.operands[3:]), [out, lse])
     erase_if_dead(graph, node)   # and the rotations and repeats, now read by nothing
     return new
 
