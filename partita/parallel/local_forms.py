@@ -125,6 +125,19 @@ def embedding(f: LocalForm) -> list[Value]:
     return [f.emit("where", mask, out, f.scalar(0.0, table.type.dtype))]
 
 
+def embedding_grad(f: LocalForm) -> list[Value]:
+    """The gradient of a vocab-parallel table's rows (the result split by rows): the rows of
+    ``dy`` whose indices are in the rank's range, scattered into its rows; the others masked."""
+    dy, idx = f.operands
+    n = 1
+    for a in f.split["v"]:
+        n *= f.mesh.axis_size(a)
+    rows = f.attrs["num_embeddings"] // n
+    safe, inside = f.in_range(idx, "v", rows)
+    masked = f.emit("where", f.emit("unsqueeze", inside, axes=(idx.type.rank,)), dy, f.scalar(0.0, dy.type.dtype))
+    return [f.emit("embedding_grad", masked, safe, **{**f.attrs, "num_embeddings": rows})]
+
+
 def dropout(f: LocalForm) -> list[Value]:
     """A training dropout of a split tensor: the rank's piece with its origin (the global index
     of its first element along each dim), so it draws the unsplit dropout's mask for its
@@ -276,4 +289,4 @@ def embedding_grad_rows(graph: Graph, mesh: Mesh,
     return done
 
 
-__all__ = ["LocalForm", "embedding", "cross_entropy", "cross_entropy_grad", "embedding_grad_rows"]
+__all__ = ["LocalForm", "embedding", "embedding_grad", "cross_entropy", "cross_entropy_grad", "embedding_grad_rows"]

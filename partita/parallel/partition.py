@@ -196,6 +196,9 @@ class Partitioner:
         # The report entry of each one-step reshard's result, for rewrites after the fact.
         self.entry: dict[Value, InsertedCollective] = {}
         self.memo: dict = {}  # shared by the local forms (local_forms.LocalForm.memo)
+        # Propagation's placement of a node's result where it differs from the result's own
+        # (the node produces it so and a reshard follows), by node and result name.
+        self.produced: dict[Node, dict[str, Placement]] = {}
         # With ``track``: per global node, the local nodes its emission made (its operands'
         # reshards, its local form, its result's reshard), for passes that copy pieces of the
         # per-rank program (a pipeline unrolls a one-microbatch template).
@@ -223,6 +226,8 @@ class Partitioner:
             for g in self.given:
                 if g.operand is not None and g.node in own:
                     given.setdefault(g.node, {})[g.operand] = g.want
+                elif g.node in own:
+                    self.produced.setdefault(g.node, {})[g.value] = g.have
             return given
         copy = self.g.clone()
         report = propagate(copy)
@@ -232,6 +237,8 @@ class Partitioner:
             need: ReshardNeed = n
             if need.operand is not None and need.node in by_copy:
                 out.setdefault(by_copy[need.node], {})[need.operand] = need.want
+            elif need.node in by_copy:
+                self.produced.setdefault(by_copy[need.node], {})[need.value] = need.have
         return out
 
     def reshard(self, v: Value, local: Value, have: Placement, want: Placement, consumer: str,
@@ -286,6 +293,20 @@ class Partitioner:
             if gone in self.entry:
                 self.report.collectives.remove(self.entry[gone])
         return self.new, self.report
+
+    def made_axes(self, node: Node, spec: DimSpec) -> dict[str, tuple[str, ...]]:
+        """The axes of the rule's ``made`` labels (result dims a rank computes its piece of) as
+        the results are placed."""
+        out: dict[str, tuple[str, ...]] = {}
+        if not spec.made:
+            return out
+        produced = self.produced.get(node, {})
+        for labels, r in zip(spec.results, node.results):
+            p = produced.get(self.name(r), self.pl(r))
+            for lab, axes in zip(labels, p.dims):
+                if lab in spec.made and axes:
+                    out[lab] = axes
+        return out
 
     def rows_replaced(self, old: Value, new: Value, gone: list[Node], made: list[Node]) -> None:
         """A table's gradient computed for the rank's rows (``embedding_grad_rows``): the
@@ -358,12 +379,17 @@ class Partitioner:
         rtypes = [r.type for r in node.results]
         spec = sharding_spec(node.op, types, node.attrs)
         have = [self.pl(o) for o in node.operands]
+        made: dict[str, tuple[str, ...]] = {}
         if spec is None:
             wants = [Placement.replicated(t.rank) for t in types]
             got: list[Placement] | Conflict = [Placement.replicated(t.rank) for t in rtypes]
         else:
             wants = [node_needs.get(i, p) for i, p in enumerate(have)]
-            got = result_placements(spec, wants, types, mesh, rtypes)
+            made = self.made_axes(node, spec)
+            got = result_placements(spec, wants, types, mesh, rtypes, made) if made else Conflict("")
+            if isinstance(got, Conflict):
+                made = {}
+                got = result_placements(spec, wants, types, mesh, rtypes)
             # A pair the rule still rejects: replicate the operands it names, then all of them.
             for _ in range(len(wants) + 1):
                 if not isinstance(got, Conflict):
@@ -383,7 +409,7 @@ class Partitioner:
                     for i, (o, h, w) in enumerate(zip(node.operands, have, wants))]
         local_types = [o.type for o in operands]
         attrs = dict(node.attrs) if spec is None else spec.localize_attrs(node.attrs, local_types, types)
-        ranged = {} if spec is None else _split_ranged(spec, wants)
+        ranged = {} if spec is None else {**_split_ranged(spec, wants), **{k: a for k, a in made.items() if a}}
         if ranged:
             assert spec is not None and spec.local_form is not None, f"{node.op}: a ranged label needs a local form"
             real = [TensorType(tuple(self.real_sizes.get(o, {}).get(d, n) for d, n in enumerate(t.shape)), t.dtype)

@@ -259,7 +259,8 @@ class _Propagator:
                                             [r.type for r in node.results])
                     # A conflict is settled (and priced) after the fixed point; meanwhile
                     # the results take what the cheapest resolution gives.
-                    res = self.choose(node, spec)[0] if isinstance(got, Conflict) else got
+                    # A rule that may compute a piece of its result (DimSpec.made) is priced too.
+                    res = self.choose(node, spec)[0] if isinstance(got, Conflict) or spec.made else got
                 for r, p in zip(node.results, res):
                     if r not in self.pl:
                         self.pl[r] = self.reduce_fanout(r, p)
@@ -404,9 +405,11 @@ class _Propagator:
         result placed otherwise than produced adds its own reshard to the price."""
         best: tuple[float, int, list[Placement], list[Placement], int] | None = None
         flops = self.flops(node)
-        for k, wants in enumerate(self.candidates(node, spec)):
+        made_options = self.made_options(node, spec)
+        tries = [(wants, made) for wants in self.candidates(node, spec) for made in made_options]
+        for k, (wants, made) in enumerate(tries):
             got = result_placements(spec, wants, [o.type for o in node.operands], self.mesh,
-                                    [r.type for r in node.results])
+                                    [r.type for r in node.results], made)
             if isinstance(got, Conflict):
                 continue
             total = 0
@@ -430,7 +433,8 @@ class _Propagator:
                         total += int(self.repeat * ACCUMULATE_BYTES * r.type.nbytes / pieces)
                 # Work a rank repeats counts too: splitting the op over fewer devices makes
                 # each compute more, which is worth so many bytes not sent.
-                used = {a for w in wants for axes in w.dims for a in axes}
+                used = {a for w in wants for axes in w.dims for a in axes} | \
+                    {a for axes in made.values() for a in axes}
                 work = flops / math.prod(self.mesh.axis_size(a) for a in used)
                 if not (node.results and node.results[0] in self.once):
                     work *= self.repeat
@@ -486,22 +490,47 @@ class _Propagator:
         c = int(r.type.nbytes / split * (n - 1) / n)
         return c if r in self.once else c * self.repeat
 
-    def param_axes(self, r: Value) -> set[str]:
-        """The mesh axes a gradient's param (or its master or moments: graph inputs of its
-        shape read beside it) is placed split over."""
-        out: set[str] = set()
+    def made_options(self, node: Node, spec: DimSpec) -> list[dict[str, tuple[str, ...]]]:
+        """The axes to try for the rule's ``made`` labels (result dims a rank may compute its
+        piece of): none, those the result is placed with, and those its param (an input of its
+        shape read beside it on the way to the update: the table a gradient is of) is split
+        over in that dim."""
+        out: list[dict[str, tuple[str, ...]]] = [{}]
+        if not spec.made:
+            return out
+        for labels, r in zip(spec.results, node.results):
+            sources = [self.pl[r]] if r in self.pl else []
+            sources += self.param_placements(r)
+            for p in sources:
+                opt = {lab: axes for lab, axes in zip(labels, p.dims) if lab in spec.made and axes}
+                if opt and opt not in out:
+                    out.append(opt)
+        return out
+
+    def param_placements(self, r: Value) -> list[Placement]:
+        """The placements of the graph inputs of ``r``'s shape read beside it within four
+        steps (its param, master or moments), through a cast or a scaling of the gradient on
+        its way to the update, and past a tied weight's exchange in a pipeline template (add,
+        reshape, cast, update)."""
+        out: list[Placement] = []
         frontier, seen = [r], {r}
-        for _ in range(3):   # through a cast or a scaling of the gradient on its way to the update
+        for _ in range(4):
             nxt = []
             for v in frontier:
                 for u in v.users:
                     for o in u.operands:
-                        if o not in seen and o.producer is None and o.type.shape == r.type.shape and o in self.pl:
-                            out.update(a for axes in self.pl[o].dims for a in axes)
+                        if o not in seen and o.producer is None and o.type.shape == r.type.shape and o in self.pl \
+                                and self.pl[o] not in out:
+                            out.append(self.pl[o])
                     nxt += [x for x in u.results if x.type.shape == r.type.shape and x not in seen]
             seen.update(nxt)
             frontier = nxt
         return out
+
+    def param_axes(self, r: Value) -> set[str]:
+        """The mesh axes a gradient's param (or its master or moments: graph inputs of its
+        shape read beside it, ``param_placements``) is placed split over."""
+        return {a for p in self.param_placements(r) for axes in p.dims for a in axes}
 
     def flops(self, node: Node) -> float:
         try:
@@ -523,7 +552,8 @@ class _Propagator:
                 have = [self.pl[o] for o in node.operands]
                 got_or = result_placements(spec, have, [o.type for o in node.operands], self.mesh,
                                            [r.type for r in node.results])
-                if not isinstance(got_or, Conflict) and all(self.pl[r] == p for r, p in zip(node.results, got_or)):
+                if not isinstance(got_or, Conflict) and all(self.pl[r] == p for r, p in zip(node.results, got_or)) \
+                        and not spec.made:
                     continue
                 got, wants, _ = self.choose(node, spec)
             for i, (o, w) in enumerate(zip(node.operands, wants)):

@@ -19,7 +19,7 @@ op without one gets the broadcast rule (the table's fallback). See docs/parallel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..ir.types import TensorType
 from ..ops.registry import OPS, OpDef, RuleTable, broadcast_shapes, normalize_axes, normalize_axis
@@ -65,6 +65,11 @@ class DimSpec:
       nor ``sums`` comes out whole, completed by the form's own collectives.
     Labels present in operands but neither in results nor in ``sums`` (nor ``ranged``) must
     stay unsplit (the reduced dims of max/min/argmax, the axis of cumsum).
+    made: ranged labels of the results that no operand carries: a rank may compute only its
+      piece of those dims (``local_form``), which its operands do not tell; the axes come
+      from the caller (``result_placements``'s ``made``; propagation tries the axes the
+      result's consumers or its param are split over). ``embedding_grad``'s vocabulary:
+      a rank holding the table's rows computes the gradient of those rows only.
     """
 
     operands: tuple[Labels, ...]
@@ -77,6 +82,7 @@ class DimSpec:
         field(default=None, compare=False)
     ranged: frozenset[str] = frozenset()
     local_form: "Callable[[LocalForm], list] | None" = field(default=None, compare=False)
+    made: frozenset[str] = frozenset()
 
     def splittable(self) -> tuple[str, ...]:
         """Labels that may be split, in order of first appearance in the operands."""
@@ -108,12 +114,15 @@ class Conflict:
 
 def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | None],
                       types: Sequence[TensorType], mesh: Mesh,
-                      result_types: Sequence[TensorType] | None = None) -> "list[Placement] | Conflict":
+                      result_types: Sequence[TensorType] | None = None,
+                      made: "Mapping[str, tuple[str, ...]] | None" = None) -> "list[Placement] | Conflict":
     """Apply ``spec`` to the operands' placements (None: replicated).
 
     Returns the result placements, or a ``Conflict`` saying which operands disagree or which
     dim may not be split. With ``result_types``, the result placements are also checked to
-    divide their shapes (a reshape that splits a dim into an odd leading factor).
+    divide their shapes (a reshape that splits a dim into an odd leading factor). ``made``:
+    the mesh axes of the rule's ``made`` labels (result dims a rank computes its piece of),
+    which the operands must not use.
     """
     pls = [Placement.replicated(t.rank) if p is None else p for p, t in zip(operand_placements, types)]
     if len(pls) != len(spec.operands):
@@ -161,6 +170,17 @@ def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | No
             return Conflict(f"operand {users[0]} uses mesh axis '{a}' while operand {holders[0]} is a partial "
                             f"sum over it; the other operands must be replicated over '{a}'", (users[0], holders[0]))
         partial_axes.append(a)
+    if made:
+        used = {a for p in pls for a in p.axes_used()} | {a for p in pls for a in p.partial}
+        for lab, axes in made.items():
+            if lab not in spec.made:
+                return Conflict(f"the rule computes no piece of index '{lab}' by itself")
+            if not axes:
+                continue
+            if used & set(axes):
+                return Conflict(f"the operands use {'@'.join(sorted(used & set(axes)))}, over which the result's "
+                                f"index '{lab}' would be split; gather them first", (), lab)
+            label_axes[lab] = tuple(axes)
     out = []
     for labels in spec.results:
         # A summed label splits the results that carry it and leaves a summand in the others.
@@ -729,8 +749,11 @@ def _attention_grad(ts, attrs):
 def _embedding_grad(ts, attrs):
     dy, idx = ts
     il = _dims(idx, "i")
-    # Each index scatters its row of dy into the table: the index dims are summed.
-    return DimSpec((il + ("e",), il), ((None, "e"),), frozenset(il), frozenset({0}))
+    # Each index scatters its row of dy into the table: the index dims are summed. The table's
+    # rows (the vocabulary, "v") are the rank's to compute where the result is split by rows as
+    # a vocab-parallel table is: its indices in range, shifted to its rows, the rest masked.
+    return DimSpec((il + ("e",), il), (("v", "e"),), frozenset(il), frozenset({0}), ranged=frozenset({"v"}),
+                   made=frozenset({"v"}), local_form=local_forms.embedding_grad)
 
 
 @rule("slice_grad")

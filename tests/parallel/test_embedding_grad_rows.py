@@ -75,3 +75,41 @@ def test_tracking_keeps_the_rows_gradient_with_its_global_node():
     assert [tuple(n.results[0].type.shape) for n in rows] == [(VOCAB // 2, HIDDEN)]
     assert all(n in live for made in spans.values() for n in made)
     assert all(v.producer is None or v.producer in live for v in vmap.values())
+
+
+def test_the_rule_computes_the_rows_where_the_result_is_split_by_rows():
+    """``embedding_grad``'s vocabulary is a ``made`` label: with its operands whole over an
+    axis the result may be split by rows over it; not where an operand uses that axis."""
+    from partita.ir.types import TensorType
+    from partita.ir.dtypes import f32, i64
+    from partita.parallel.sharding import Conflict, result_placements, sharding_spec
+
+    types = [TensorType((2, 8, HIDDEN), f32), TensorType((2, 8), i64)]
+    spec = sharding_spec("embedding_grad", types, {"num_embeddings": VOCAB})
+    assert spec is not None and spec.made == frozenset({"v"})
+    mesh = Mesh.of("tp=2")
+    whole = [Placement.replicated(3), Placement.replicated(2)]
+    assert result_placements(spec, whole, types, mesh) == [Placement.replicated(2)]
+    assert result_placements(spec, whole, types, mesh, made={"v": ("tp",)}) == [Placement.split(2, {0: "tp"})]
+    seq = [Placement.split(3, {1: "tp"}), Placement.split(2, {1: "tp"})]
+    got = result_placements(spec, seq, types, mesh, made={"v": ("tp",)})
+    assert isinstance(got, Conflict) and "gather them first" in str(got)
+
+
+@pytest.mark.parametrize("strategy", ["pp+megatron", "pp+megatron+sp"])
+def test_a_pipeline_stage_accumulates_the_rank_share_of_the_tied_table(strategy):
+    """A pipeline template sums the table's gradient every microbatch: propagation prices that
+    sum at the local size and computes 1/tp of the gradient (rows, or hidden columns under
+    sp), never the whole table per microbatch; the unrolled program matches one device."""
+    fwd = partita.models.gpt(layers=2, hidden=HIDDEN, heads=4, seq=SEQ, vocab=VOCAB, batch=8, dtype="f32",
+                             dropout=0.0)
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", lr=1e-2)
+    kw = dict(microbatches=8, schedule="1f1b")
+    tmpl = partita.parallelize(step, "pp=2,tp=2", strategy, unroll=False, **kw).templates[0]
+    grads = [n for n in tmpl.local.nodes if n.op == "embedding_grad" and n.attrs["num_embeddings"] != SEQ]
+    assert grads and all(tmpl.sections[n][0] in ("B", "W") for n in grads)
+    assert all(n.results[0].type.shape in ((VOCAB // 2, HIDDEN), (VOCAB, HIDDEN // 2)) for n in grads), \
+        [str(n.results[0].type) for n in grads]
+    prog = partita.parallelize(step, "pp=2,tp=2", strategy, **kw)
+    feed, weights = _data(step)
+    _close(prog.simulate(feed, weights), partita.run(step, feed, weights))
