@@ -332,8 +332,31 @@ def build_llama3_row(row: tuple) -> tuple[object, dict]:
     return prog, t
 
 
-def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUSTER) -> list[dict]:
-    """Table 4's 405B rows simulated on ``cluster``: published vs simulated TFLOP/s per GPU."""
+def rank_breakdown(res: object) -> list[dict]:
+    """Where each simulated rank's step goes (one line per representative rank, by rank):
+    compute by kind, waits by the axis waited for (``RankResult.waits``), each axis's stream
+    busy."""
+    out = []
+    for r in sorted(res.ranks, key=lambda r: r.rank):    # type: ignore[attr-defined]
+        out.append({"rank": r.rank, "count": r.count, "end_s": r.end, "compute_s": r.compute,
+                    "kinds_s": dict(r.kinds), "waits_s": dict(r.waits), "streams_s": dict(r.comm)})
+    return out
+
+
+def print_breakdown(name: str, ranks: list[dict]) -> None:
+    """``rank_breakdown``'s lines, as ``--breakdown`` prints them."""
+    for r in ranks:
+        kinds = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["kinds_s"].items()) if v > 0)
+        waits = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["waits_s"].items()))
+        busy = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["streams_s"].items()))
+        print(f"  {name} rank {r['rank']:>6} (x{r['count']}): end {r['end_s']:.3f} s, compute {r['compute_s']:.3f} "
+              f"({kinds}); waits {waits}; streams busy {busy}", flush=True)
+
+
+def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUSTER,
+                  breakdown: bool = False) -> list[dict]:
+    """Table 4's 405B rows simulated on ``cluster``: published vs simulated TFLOP/s per GPU
+    (with ``breakdown``, each rank's step printed by ``print_breakdown``)."""
     import resource
 
     from partita.cluster import simulate
@@ -362,10 +385,12 @@ def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUST
                      "simulated_tflops": round(tf, 1), "error": tf / pub - 1, "published_mfu": mfu,
                      "simulated_mfu": tf * 1e12 / H100_PEAK, "partita_mfu": res.mfu, "step_s": res.step_time,
                      "seconds": t, "wall_s": sum(t.values()), "peak_rss_MB": rss / 1e6,
-                     "fitted": name == LLAMA3_FIT_ROW})
+                     "fitted": name == LLAMA3_FIT_ROW, "ranks": rank_breakdown(res)})
         print(f"{name:>11} {plan:<72} published {pub} TFLOP/s, simulated {tf:6.1f} ({tf / pub - 1:+.1%}); step "
               f"{res.step_time:.2f} s [{sum(t.values()):.0f} s: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()) +
               f"; peak RSS {rss / 1e6:.0f} MB]" + (" (fitted)" if name == LLAMA3_FIT_ROW else ""), flush=True)
+        if breakdown:
+            print_breakdown(name, rows[-1]["ranks"])
     return rows
 
 
@@ -500,6 +525,8 @@ def main() -> None:
                          "(default) or eager (the separate ops)")
     ap.add_argument("--fit", action="store_true", help="grid-search the selene efficiencies on Table 1 (FIT_ROWS)")
     ap.add_argument("--workers", type=int, default=1, help="with --fit or --fit-llama3: processes pricing grid points")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="with --table llama3: print each simulated rank's compute, waits by axis and stream time")
     ap.add_argument("--fit-llama3", action="store_true",
                     help="fit meta-h100-roce's gemm efficiency on Llama 3 Table 4's 8,192-GPU row")
     args = ap.parse_args()
@@ -536,7 +563,7 @@ def main() -> None:
     if "korthikanti" in tables:
         out["korthikanti_table5"] = korthikanti(names)
     if "llama3" in tables:
-        out["llama3_table4"] = llama3_table4(names)
+        out["llama3_table4"] = llama3_table4(names, breakdown=args.breakdown)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
