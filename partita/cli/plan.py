@@ -38,6 +38,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--recompute", choices=("none", "selective", "full"), action="append",
                    help="restrict recomputation to these (repeatable; default all three)")
     s.add_argument("--price", type=int_arg(1), default=4, help="meshes the simulator prices (default 4)")
+    s.add_argument("--sharding", choices=("words", "milp", "both"), default="both",
+                   help="placements of a tp axis: the strategy words' (megatron, sp), the per-op sharding integer "
+                        "program's, or both priced and the faster kept (default both)")
     s.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan as JSON")
     s.set_defaults(handler=cmd_plan)
 
@@ -79,7 +82,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.nodes:
         cluster = cluster.with_nodes(args.nodes)
     p = plan(graph, cluster, args.memory, devices=args.devices, price=args.price,
-             recompute=tuple(args.recompute) if args.recompute else None, progress=None)
+             recompute=tuple(args.recompute) if args.recompute else None, progress=None, sharding=args.sharding)
     print(report_text(p))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

@@ -218,7 +218,10 @@ def _parallelize_plan(graph: Graph, mesh: Any, strategy: Any, plan: Any,
     if not callable(getattr(plan, "parallelize_options", None)):
         raise StrategyError(f"parallelize: plan must be a partita.Plan (partita.plan or Plan.from_json), got "
                             f"{_given(plan)}")
-    return parallelize(graph, annotations=annotations, **plan.parallelize_options(unroll=unroll), **options)
+    # The plan's own per-value placements (the sharding integer program's), the caller's winning.
+    own = plan.annotations_for(graph) if callable(getattr(plan, "annotations_for", None)) else {}
+    merged = {**own, **(annotations or {})} if own else annotations
+    return parallelize(graph, annotations=merged, **plan.parallelize_options(unroll=unroll), **options)
 
 
 def parallelize_spmd(graph: Graph, mesh: Mesh, strategy: "ParsedStrategy | str | None",

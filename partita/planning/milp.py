@@ -212,3 +212,36 @@ def shard_layer(graph: Graph, tp: int, cluster: Cluster | str, memory: Any = Non
                           variable_count(model, shared=False), model.items, len(model.classes), integral,
                           model.replicated_ops, chosen)
 
+
+
+def batch_values(graph: Graph) -> set[Value]:
+    """The values that depend on the batch (the ``input``-role graph inputs and all they feed)."""
+    out: set[Value] = {v for v in graph.inputs if v.role == "input"}
+    for n in graph.nodes:
+        if any(v in out for v in n.operands):
+            out.update(n.results)
+    return out
+
+
+def pattern_annotations(choice: ShardingChoice, graph: Graph, *, batch: bool = True,
+                        input_roles: tuple[str, ...] = ("param", "state")) -> dict[str, str]:
+    """``choice.annotations`` keyed by name pattern (a layer number written ``#``, as
+    ``Plan.annotations`` keeps them), so that they name the values of the same model at any
+    depth. Left out: values that depend on the batch unless ``batch`` (a dp axis places those),
+    graph inputs whose role is not in ``input_roles``, unnamed values (``%123``: numbered per
+    graph), and patterns whose values the choice places differently."""
+    from .sharding_model import layer_key
+
+    names = value_names(graph)
+    skip = set() if batch else batch_values(graph)
+    skip |= {v for v in graph.inputs if v.role not in input_roles}
+    out: dict[str, str] = {}
+    clash: set[str] = set()
+    for v, name in names.items():
+        if v in skip or name not in choice.annotations or not any(ch.isalpha() for ch in name):
+            continue
+        key = layer_key(name)[0]
+        want = choice.annotations[name]
+        if out.setdefault(key, want) != want:
+            clash.add(key)
+    return {k: p for k, p in out.items() if k not in clash}

@@ -4,7 +4,9 @@ A plan is data: the mesh text, the strategy words, the pipeline's microbatches, 
 virtual stages and stage cut (layers per stage), the recomputation the step is built with,
 and the simulated step time, MFU and peak memory per device; ``report`` is the explanation
 (the next best plans, and why each rejected family lost). ``to_json``/``from_json`` round-trip
-it; ``parallelize_options()`` is the keyword set ``partita.parallelize`` applies.
+it; ``parallelize_options()`` is the keyword set ``partita.parallelize`` applies, and
+``annotations_for(graph)`` the per-value placements of the per-op sharding integer program
+(``sharding="milp"``) named for that graph's values.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from .shape import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
+SHARDING = ("words", "milp")
 
 
 @dataclass
@@ -37,6 +40,12 @@ class Plan:
     memory_cap: float | None = None
     estimate: float | None = None           # the analytic step time the search ranked it by
     report: dict[str, Any] = field(default_factory=dict)
+    # "words": the strategy words place the values; "milp": the per-op sharding integer program's
+    # placements (``annotations``) do, on top of the words' dp kind.
+    sharding: str = "words"
+    # Placements by value name, a layer number written "#" ("transformer.h.#.mlp.c_fc.weight"):
+    # one entry stands for that value of every layer (``annotations_for`` names them per graph).
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @property
     def axes(self) -> dict[str, int]:
@@ -50,16 +59,35 @@ class Plan:
 
     def describe(self) -> str:
         """One line: the mesh, strategy, pipeline options and recomputation."""
-        words = [self.mesh, self.strategy]
+        words = [self.mesh] + [self.strategy] * bool(self.strategy)
         if self.pipelined:
             words.append(f"M={self.microbatches} {self.schedule}" +
                          (f" V={self.virtual_stages}" if self.virtual_stages > 1 else ""))
         words.append(f"recompute={self.recompute}")
+        if self.sharding != "words":
+            words.append(f"placements={self.sharding}")
         return " ".join(words)
+
+    def annotations_for(self, graph: Any) -> dict[str, str]:
+        """The plan's placements named for ``graph``'s values (a pattern entry names every
+        layer's value); empty when the strategy words place everything."""
+        if not self.annotations:
+            return {}
+        from ..ir.printer import value_names
+        from .sharding_model import layer_key
+
+        out: dict[str, str] = {}
+        for name in value_names(graph).values():
+            got = self.annotations.get(name)
+            if got is None:
+                got = self.annotations.get(layer_key(name)[0])
+            if got is not None:
+                out[name] = got
+        return out
 
     def parallelize_options(self, unroll: bool = True) -> dict[str, Any]:
         """The keywords of ``partita.parallelize`` that apply this plan."""
-        kw: dict[str, Any] = {"mesh": self.mesh, "strategy": self.strategy}
+        kw: dict[str, Any] = {"mesh": self.mesh, "strategy": self.strategy or None}
         if self.pipelined:
             kw.update(microbatches=self.microbatches, schedule=self.schedule or "1f1b",
                       virtual_stages=self.virtual_stages, recompute=self.recompute, unroll=unroll)
@@ -95,6 +123,12 @@ class Plan:
         for key in ("mesh", "strategy"):
             if not isinstance(data.get(key), str):
                 raise PlanError(f"Plan.from_json: field {key!r} must be a string, got {data.get(key)!r:.60}")
+        ann = data.get("annotations", {})
+        if not isinstance(ann, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in ann.items()):
+            raise PlanError(f"Plan.from_json: field 'annotations' must map value names to placement text, got "
+                            f"{ann!r:.60}")
+        if data.get("sharding", "words") not in SHARDING:
+            raise PlanError(f"Plan.from_json: sharding={data['sharding']!r:.40} is not one of {', '.join(SHARDING)}")
         if data.get("recompute", "none") not in RECOMPUTE:
             raise PlanError(f"Plan.from_json: recompute={data['recompute']!r:.40} is not one of {', '.join(RECOMPUTE)}")
         return cls(**data)

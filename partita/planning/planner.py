@@ -11,7 +11,7 @@ from ..ir import Graph, PartitaError
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts
 from .floor import LayerCosts, layer_costs, step_floor
 from .plan import RECOMPUTE, Plan
-from .search import CAUSES, GIB, Pricer, candidate_plan, enumerate_candidates
+from .search import CAUSES, GIB, SHARDINGS, Pricer, candidate_plan, enumerate_candidates, milp_variant
 from .shape import ModelShape, PlanError, model_shape
 
 # A mesh is not priced when its estimate, scaled by the least simulated/estimated ratio of the
@@ -22,10 +22,14 @@ CALIBRATED_MARGIN = 1.15
 def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None, *, devices: int | None = None,
          global_batch: int | None = None, recompute: str | tuple[str, ...] | None = None, price: int = 4,
          loss: str = "cross_entropy", optimizer: str = "adamw", master_weights: bool = True,
-         progress: Callable[[str], None] | None = None) -> Plan:
+         progress: Callable[[str], None] | None = None, sharding: str = "both") -> Plan:
     """The fastest plan of ``model`` (a forward graph or training step) on ``devices`` devices of
     ``cluster`` within ``memory`` bytes per device (default the device's memory); see docs/plan.md.
-    ``price``: how many of the best estimated meshes the simulator prices. PlanError when nothing fits."""
+    ``price``: how many of the best estimated meshes the simulator prices. ``sharding``: the placements
+    of a tp axis (no pipeline): "words" (the strategy words', megatron and sp), "milp" (the per-op
+    sharding integer program's) or "both" (each priced, the faster kept). PlanError when nothing fits."""
+    if sharding not in SHARDINGS:
+        raise PlanError(f"plan: sharding={sharding!r:.40} is not one of {', '.join(SHARDINGS)}")
     t_start = time.perf_counter()
     say = progress or (lambda s: None)
     graph, cl, cap, n, training = check_inputs(model, cluster, memory, devices)
@@ -47,19 +51,19 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
     t_search = time.perf_counter() - t_start
     say(f"{len(cands)} candidates, {len(fit)} within {cap / GIB:.1f} GiB")
     pricer = Pricer(graph, cl, training, {"loss": loss, "optimizer": optimizer, "master_weights": master_weights})
-    priced = price_best(shape, fit, est, mems, pricer, cap, n, cl, price, say, costs)
+    priced = price_best(shape, fit, est, mems, pricer, cap, n, cl, price, say, costs, sharding)
     if not priced:
         raise PlanError(f"plan: none of the best {price} candidates of @{graph.name} could be built or fits; "
                         "raise price= or the memory cap")
     priced.sort(key=lambda p: float("inf") if p.step_time is None else p.step_time)
     best = priced[0]
-    chosen = next(c for c in fit if candidate_plan(shape, c, n, cl).describe() == best.describe())
+    chosen = pricer.origin[id(best)]
     best.report = {
         "candidates": len(cands), "within_cap": len(fit), "priced": len(priced) + len(pricer_failures(pricer)),
         "skipped_by_bound": pricer.skipped,
         "next": [summary(p) for p in priced[1:]], "invalid": invalid[:10],
         "rejected": rejected_families(shape, cands, fit, mems, est, chosen, cap, cl),
-        "failed": pricer_failures(pricer),
+        "failed": pricer_failures(pricer), "sharding": pricer.sharding_notes,
         "seconds": {"search": t_search, **pricer.seconds, "total": time.perf_counter() - t_start}}
     return best
 
@@ -121,12 +125,14 @@ def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: 
 
 
 def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, pricer: Pricer, cap: float, n: int,
-               cl: Cluster, price: int, say: Callable[[str], None], costs: LayerCosts | None = None) -> list[Plan]:
+               cl: Cluster, price: int, say: Callable[[str], None], costs: LayerCosts | None = None,
+               sharding: str = "both") -> list[Plan]:
     """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit.
-    ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot win."""
+    ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot win;
+    ``sharding``: whose placements a tp axis takes (``price_candidate``)."""
     seen: set = set()
     out: list[Plan] = []
-    pricer.failures, pricer.skipped = [], 0
+    pricer.failures, pricer.skipped, pricer.sharding_notes = [], 0, []
     best_time, ratio = float("inf"), 0.0
     fitting = set(fit)
     for c in sorted(fit, key=lambda c: est[c]):
@@ -142,19 +148,55 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
         if max(lower_bound(shape, c, cl), floor) > best_time or est[c] * ratio > best_time * CALIBRATED_MARGIN:
             pricer.skipped += 1
             continue
-        try:
-            step_time, mfu, peak = pricer.price_scaled(p, shape)
-        except PartitaError as e:
-            pricer.failures.append(f"{p.describe()}: {str(e)[:200]}")
-            continue
-        p.step_time, p.mfu, p.estimate = step_time, mfu, est[c]
-        p.memory, p.memory_cap = max(mems[c], peak or 0.0), cap
-        say(f"priced {p.describe()}: {step_time:.3f} s, {p.memory / GIB:.1f} GiB")
-        if p.memory <= cap:
-            out.append(p)
-            best_time = min(best_time, step_time)
-        ratio = step_time / est[c] if not ratio else min(ratio, step_time / est[c])
+        for q in price_candidate(shape, c, p, est, mems, pricer, cap, sharding, say):
+            pricer.origin[id(q)] = c
+            assert q.step_time is not None and q.memory is not None
+            if q.memory <= cap:
+                out.append(q)
+                best_time = min(best_time, q.step_time)
+            ratio = q.step_time / est[c] if not ratio else min(ratio, q.step_time / est[c])
     return out
+
+
+def price_plan(shape: ModelShape, c: Candidate, p: Plan, est: dict, mems: dict, pricer: Pricer, cap: float,
+               say: Callable[[str], None]) -> Plan | None:
+    """Plan ``p`` of candidate ``c`` priced by the simulator (None where it cannot be built: the failure kept)."""
+    try:
+        step_time, mfu, peak = pricer.price_scaled(p, shape)
+    except PartitaError as e:
+        pricer.failures.append(f"{p.describe()}: {str(e)[:200]}")
+        return None
+    p.step_time, p.mfu, p.estimate = step_time, mfu, est[c]
+    p.memory, p.memory_cap = max(mems[c], peak or 0.0), cap
+    say(f"priced {p.describe()}: {step_time:.3f} s, {p.memory / GIB:.1f} GiB")
+    return p
+
+
+def price_candidate(shape: ModelShape, c: Candidate, p: Plan, est: dict, mems: dict, pricer: Pricer, cap: float,
+                    sharding: str, say: Callable[[str], None]) -> list[Plan]:
+    """Candidate ``c`` priced with the strategy words' placements (``p``) and, for a tp axis without
+    a pipeline, with the per-op sharding integer program's (``sharding``: "words", "milp" or
+    "both"); the plans priced, the comparison noted in ``pricer.sharding_notes``."""
+    tries = [p]
+    choice = None
+    if sharding != "words" and c.tp > 1 and c.pp == 1:
+        step, choice = pricer.sharding(c.tp, c.recompute)
+        if step is None:
+            pricer.failures.append(f"{p.describe()} placements=milp: {choice}")
+            choice = None
+        else:
+            tries = [milp_variant(p, step, choice)] + ([p] if sharding == "both" else [])
+    got = [q for q in (price_plan(shape, c, t, est, mems, pricer, cap, say) for t in tries) if q is not None]
+    if choice is not None:
+        by = {q.sharding: q.step_time for q in got}
+        fits = [q for q in got if (q.memory or 0.0) <= cap]
+        kept = min(fits, key=lambda q: q.step_time or 0.0).sharding if fits else None
+        pricer.sharding_notes.append({
+            "mesh": p.mesh, "recompute": c.recompute, "words_s": by.get("words"), "milp_s": by.get("milp"),
+            "objective_s": choice.objective, "lp_bound_s": choice.lp_bound, "integral_lp": choice.integral_lp,
+            "split_classes": sum(1 for lab in choice.choices.values() if lab is not None),
+            "classes": len(choice.choices), "kept": kept})
+    return got
 
 
 def dominated(c: Candidate, fitting: set[Candidate]) -> bool:
@@ -209,9 +251,22 @@ def report_text(p: Plan) -> str:
     if r.get("rejected"):
         lines.append("rejected families:")
         lines += [f"  {x['family']}: {x['why']}" for x in r["rejected"][:12]]
+    for x in r.get("sharding", []):
+        lines.append(sharding_line(x))
     for f in r.get("failed", []):
         lines.append(f"  could not build: {f}")
     s = r.get("seconds", {})
     lines.append(f"{r.get('candidates', 0)} candidates, {r.get('within_cap', 0)} within the cap, "
                  f"{r.get('priced', 0)} simulated; " + ", ".join(f"{k} {v:.2f} s" for k, v in s.items()))
     return "\n".join(lines)
+
+
+def sharding_line(x: dict) -> str:
+    """One mesh's placements compared: the words' and the integer program's step, its objective and bound."""
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f} s"
+    why = "faster" if x.get("words_s") is not None and x.get("milp_s") is not None else "the only one priced"
+    return (f"  placements on {x['mesh']} recompute={x['recompute']}: words {ms(x.get('words_s'))}, integer program "
+            f"{ms(x.get('milp_s'))} (objective {x['objective_s'] * 1e3:.3f} ms, LP bound {x['lp_bound_s'] * 1e3:.3f} ms"
+            f"{', integral' if x.get('integral_lp') else ''}; {x['split_classes']} of {x['classes']} op classes split)"
+            f"; kept {x['kept']} ({why})")

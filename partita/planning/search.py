@@ -28,6 +28,7 @@ from .reduce import scale, truncate_layers
 from .shape import ModelShape, PlanError, model_shape
 
 GIB = 1024.0 ** 3
+SHARDINGS = ("words", "milp", "both")
 CAUSES = {"bubble": "the pipeline bubble", "dp": "exposed dp traffic", "recompute": "recomputation",
           "tp": "tp all-reduces", "memory": "memory-bound ops", "p2p": "pipeline sends", "compute": "smaller matmuls"}
 
@@ -108,6 +109,22 @@ def candidate_plan(shape: ModelShape, c: Candidate, devices: int, cluster: Clust
                 cluster=cluster.name)
 
 
+def milp_variant(p: Plan, step: Graph, choice: Any) -> Plan:
+    """Plan ``p`` with the integer program's placements in place of its tp strategy words
+    (megatron, sp): the dp kind stays; with a dp axis the values that depend on the batch keep
+    the placements dp gives them, and zero1/zero3 keep the optimizer state (and zero3 the
+    params) they shard."""
+    from .milp import pattern_annotations
+
+    words = [w for w in p.strategy.split("+") if w not in ("megatron", "sp")]
+    dp = p.axes.get("dp", 1) > 1
+    roles = ("param", "state") if "zero1" not in words and "zero3" not in words else \
+        (("param",) if "zero1" in words else ())
+    ann = pattern_annotations(choice, step, batch=not dp, input_roles=roles)
+    return dataclasses.replace(p, strategy="+".join(words), sharding="milp", annotations=ann, report={},
+                               stages=p.stages)
+
+
 class Pricer:
     """Prices plans with the simulator: one training step per recomputation, built once."""
 
@@ -120,6 +137,28 @@ class Pricer:
         # The pipelines' priced sections, kept across candidates (parallel/pipeline/chunk_templates.py).
         self.sections = SectionCache()
         self.skipped = 0                # the meshes the bounds skipped unpriced (price_best)
+        self.shardings: dict[tuple[int, str], Any] = {}   # (tp, recompute) -> (step, ShardingChoice or error text)
+        self.sharding_notes: list[dict] = []               # per mesh: the words' and the program's step (planner)
+        self.origin: dict[int, Candidate] = {}             # id of a priced plan -> its candidate
+        self.seconds["milp"] = 0.0
+
+    def sharding(self, tp: int, recompute: str) -> Any:
+        """The per-op sharding integer program's choice over ``tp`` devices on one layer's training
+        step (identical layers share variables, so one layer prices what any depth does); cached.
+        A ``ShardingChoice``, or the error text where it could not be solved."""
+        from .milp import shard_layer
+
+        key = (tp, recompute)
+        if key not in self.shardings:
+            t0 = time.perf_counter()
+            layers = None if self.training or self.model(1) is None else 1
+            try:
+                step = self.step(recompute, layers)
+                self.shardings[key] = (step, shard_layer(step, tp, self.cluster))
+            except PartitaError as e:
+                self.shardings[key] = (None, str(e)[:200])
+            self.seconds["milp"] += time.perf_counter() - t0
+        return self.shardings[key]
 
     def model(self, layers: int | None) -> Graph | None:
         """The forward graph with its first ``layers`` layers (None: all; None back when it cannot be cut)."""
