@@ -38,9 +38,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--recompute", choices=("none", "selective", "full"), action="append",
                    help="restrict recomputation to these (repeatable; default all three)")
     s.add_argument("--price", type=int_arg(1), default=4, help="meshes the simulator prices (default 4)")
-    s.add_argument("--sharding", choices=("words", "milp", "both"), default="both",
+    s.add_argument("--sharding", choices=("words", "milp", "both"), default="words",
                    help="placements of a tp axis: the strategy words' (megatron, sp), the per-op sharding integer "
-                        "program's, or both priced and the faster kept (default both)")
+                        "program's, or both priced and the faster kept (default words)")
     s.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan as JSON")
     s.set_defaults(handler=cmd_plan)
 

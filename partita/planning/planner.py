@@ -22,7 +22,7 @@ CALIBRATED_MARGIN = 1.15
 def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None, *, devices: int | None = None,
          global_batch: int | None = None, recompute: str | tuple[str, ...] | None = None, price: int = 4,
          loss: str = "cross_entropy", optimizer: str = "adamw", master_weights: bool = True,
-         progress: Callable[[str], None] | None = None, sharding: str = "both") -> Plan:
+         progress: Callable[[str], None] | None = None, sharding: str = "words") -> Plan:
     """The fastest plan of ``model`` (a forward graph or training step) on ``devices`` devices of
     ``cluster`` within ``memory`` bytes per device (default the device's memory); see docs/plan.md.
     ``price``: how many of the best estimated meshes the simulator prices. ``sharding``: the placements
@@ -126,7 +126,7 @@ def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: 
 
 def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, pricer: Pricer, cap: float, n: int,
                cl: Cluster, price: int, say: Callable[[str], None], costs: LayerCosts | None = None,
-               sharding: str = "both") -> list[Plan]:
+               sharding: str = "words") -> list[Plan]:
     """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit.
     ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot win;
     ``sharding``: whose placements a tp axis takes (``price_candidate``)."""
