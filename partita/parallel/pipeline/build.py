@@ -20,6 +20,7 @@ per action of the real schedule.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from .stage_graphs import ChunkProgram
 from .stages import StageCut, partition_stages, value_cone
 
 MB_AXIS = "mb"
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass
@@ -333,12 +335,16 @@ class Pipeline:
     micro: MicrobatchGraph
     training: bool
     owners: dict[str, list[int]]
+    # With ``distinct=True``: the pp ranks not built (rank -> the built rank alike but for
+    # names, whose template the driver copies); ``ranks`` then holds the built ranks only.
+    alike: dict[int, int] = field(default_factory=dict)
 
 
 class _Unroller:
     def __init__(self, step: Graph, mbg: MicrobatchGraph, cut: StageCut, chunks: list[ChunkProgram],
-                 schedule: Schedule, training: bool, axis: str) -> None:
+                 schedule: Schedule, training: bool, axis: str, digests: list[tuple] | None = None) -> None:
         self.step = step
+        self.digests = digests or []
         self.mbg = mbg
         self.cut = cut
         self.chunks = chunks
@@ -372,9 +378,34 @@ class _Unroller:
                     f"between the first and the last stage (a tied embedding and head). Cut the stages so that "
                     "its readers fall on one rank, e.g. with stages=[...]")
 
-    def build(self) -> list[RankProgram]:
+    def build(self, alike: dict[int, int] | None = None) -> list[RankProgram]:
+        """Every pp rank's template program; with ``alike`` (a dict, filled here) only the
+        distinct ranks' (``rank_key``), the others mapped to the first alike rank."""
         order = template_schedule(self.s).program_order(tied=bool(self.tied) and self.training)
-        return [self._rank(r, order[r]) for r in range(self.s.stages)]
+        if alike is None:
+            return [self._rank(r, order[r]) for r in range(self.s.stages)]
+        first: dict[tuple, int] = {}
+        out: list[RankProgram] = []
+        for r in range(self.s.stages):
+            q = first.setdefault(self.rank_key(r), r)
+            if q != r:
+                alike[r] = q
+            else:
+                out.append(self._rank(r, order[r]))
+        return out
+
+    def rank_key(self, r: int) -> tuple:
+        """What pp rank ``r``'s template depends on but for names' digits: whether it is the
+        first or the last rank or holds a tied weight, and per chunk its ``chunk_digest``, its
+        params' and batch inputs' names with digits hidden and its transfers' batch dims; two
+        ranks of one key have templates alike but for names (the driver's ``_template_key``)."""
+        S = self.s.stages
+        parts: list[Any] = [r == 0, r == S - 1, any(r in self.owners[n] for n in self.tied)]
+        for c in self.s.chunks_of(r):
+            ch = self.cut.chunks[c]
+            parts.append((self.digests[c], tuple(_DIGITS.sub("#", str(v.name)) for v in ch.params + ch.batch),
+                          tuple(self._bdim(v) for v in ch.recv + ch.send)))
+        return tuple(parts)
 
     # --- one rank -------------------------------------------------------------------------
     def _rank(self, r: int, items: list[Action | Transfer]) -> RankProgram:
@@ -763,9 +794,11 @@ def _tag(what: str, chunk: int, mb: int | str, i: int, stages: int, virtual: int
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *,
-                   axis: str = "pp", cut: Any = None, recompute: str = "none") -> Pipeline:
+                   axis: str = "pp", cut: Any = None, recompute: str = "none", distinct: bool = False) -> Pipeline:
     """The pipeline of ``step`` (see the module docstring); ``recompute``: the activation
-    recomputation policy of every chunk's backward."""
+    recomputation policy of every chunk's backward; ``distinct``: build only the pp ranks
+    whose templates differ but for names (``Pipeline.alike`` maps the others), for the
+    driver's ``unroll=False`` templates, which copy the alike ones."""
     fwd, training = forward_of(step)
     if not training and not schedule.forward_only:
         raise PipelineError(f"pipeline: @{step.name} is a forward graph (no optimizer update, no gradients); a "
@@ -775,8 +808,9 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     sc = partition_stages(mbg.graph, schedule.chunks, cut, virtual=schedule.virtual)
     last = schedule.chunks - 1
     # One program per distinct chunk (first, middle, last), copied into the alike ones.
+    digests: list[tuple] = []
     chunks = chunk_programs(sc.chunks, mbg.loss, forward_only=not training,
-                            outputs=None if training else mbg.outputs, recompute=recompute)
+                            outputs=None if training else mbg.outputs, recompute=recompute, digests=digests)
     assert [cp.index for cp in chunks] == list(range(last + 1))
     if schedule.split:
         for cp in chunks[1:]:
@@ -785,9 +819,10 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
                     f"pipeline: schedule zero-bubble needs each chunk's backward split into input gradients (B) and "
                     f"weight gradients (W), but chunk {cp.index} computes all of its weight gradients inside its "
                     "input-gradient part (an op whose backward gives both at once); use schedule='1f1b'")
-    un = _Unroller(step, mbg, sc, chunks, schedule, training, axis)
-    ranks = un.build()
-    return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners)
+    un = _Unroller(step, mbg, sc, chunks, schedule, training, axis, digests)
+    alike: dict[int, int] = {}
+    ranks = un.build(alike if distinct else None)
+    return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners, alike)
 
 
 __all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "check_microbatches", "forward_of",

@@ -89,13 +89,21 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     dp = submesh.axis_size(dp_axis) if (submesh is not None and dp_axis is not None) else 1
     timings: dict[str, float] = {}
     _check_dp_rows(graph, M, dp)
-    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages, recompute=policy)
+    # Templates (unroll=False) over another mesh axis copy the ranks alike but for names
+    # (_template_key); build_pipeline then builds only the distinct ranks (Pipeline.alike).
+    # The user's annotations name inputs, which may tell alike ranks apart: every rank then.
+    distinct = not unroll and submesh is not None and not user
+    pipe = build_pipeline(graph, S, M, sched, axis=axis, cut=stages, recompute=policy, distinct=distinct)
     timings["pipeline"] = time.perf_counter() - t0
     items = sched.program_order(tied=bool(pipe.tied) and training)
     t1 = time.perf_counter()
     made = _StagePrograms(mesh, submesh, rest, dp, user, sched, items, M, unroll, parallelize_stage, spmd)
-    for rp in pipe.ranks:
-        made.add(rp)
+    built = {rp.rank: rp for rp in pipe.ranks}
+    for r in range(S):
+        if r in pipe.alike:
+            made.copy_rank(pipe.alike[r], r)
+        else:
+            made.add(built[r])
     timings["stages"] = time.perf_counter() - t1 - made.unroll_s
     timings["unroll"] = made.unroll_s
     out = PipelineProgram(graph, mesh, axis, strategy, pipe, made.progs, submesh, timings=timings,
@@ -183,6 +191,7 @@ class _StagePrograms:
         self.templates: list[LocalTemplate] = []
         self.unroll_s = 0.0
         self.alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
+        self.by_rank: dict[int, tuple[Any, LocalTemplate]] = {}
 
     def notes(self, rp: Any) -> dict[str, Any]:
         """The placements rank ``rp``'s stage is parallelized with: its boundary's, then the user's of its inputs."""
@@ -202,12 +211,8 @@ class _StagePrograms:
             # shape) are parallelized once; the others take a copy of its local template.
             key = _template_key(rp, self.sched.stages, self.notes(rp))
             if key in self.alike:
-                t = time.perf_counter()
-                q, st_q, tq = self.alike[key]
-                st_p, tmpl = _reuse_template(st_q, tq, q, rp.rank, self.sched.stages, self.items[rp.rank])
-                self.templates.append(tmpl)
-                self.progs.append(st_p)
-                self.unroll_s += time.perf_counter() - t
+                q = self.alike[key][0]
+                self.copy_rank(q, rp.rank)
                 return
         st, local, tracked = self.parallelize(rp)
         vmap: dict[Value, Value] | None = tracked.local_values() if tracked is not None else None
@@ -234,6 +239,7 @@ class _StagePrograms:
                                                 chunk_grads, acc_values, loss_share, finals))
             if self.submesh is not None:
                 self.alike.setdefault(key, (rp.rank, st, self.templates[-1]))
+                self.by_rank[rp.rank] = (st, self.templates[-1])
             self.unroll_s += time.perf_counter() - t
             self.progs.append(st)
             return
@@ -248,6 +254,17 @@ class _StagePrograms:
         unrolled.mesh = self.mesh
         st.local = unrolled
         self.progs.append(st)
+
+    def copy_rank(self, q: int, p: int) -> None:
+        """Pp rank ``p``'s stage and template (``unroll=False``): a copy of rank ``q``'s, made
+        before and alike but for names (``_reuse_template``)."""
+        t = time.perf_counter()
+        st_q, tq = self.by_rank[q]
+        st_p, tmpl = _reuse_template(st_q, tq, q, p, self.sched.stages, self.items[p])
+        self.templates.append(tmpl)
+        self.progs.append(st_p)
+        self.by_rank[p] = (st_p, tmpl)
+        self.unroll_s += time.perf_counter() - t
 
     def parallelize(self, rp: Any) -> tuple[Any, Graph, Any]:
         """Rank ``rp``'s template through the rest of the strategy: (stage, local graph, its
