@@ -16,9 +16,18 @@ k (Gemma2's case: ``rotary_attention {softcap}``, whose kernel caps the scores i
 and is left as it is otherwise. Every intermediate value is read only on the way, the 4-d
 matmuls may also come without the reshapes, and the mask must broadcast to the scores as
 attention's type rule asks.
+
+DeBERTa-v2's disentangled attention is taken too: k^T divided by a scalar computed from
+constants (``sqrt(E * 3)``, ``scalar_of``) becomes part of the scale, the relative-position
+terms added to the 3-d scores (``q k^T + c2p + p2c``) become the additive mask, and a masked
+fill ``where(cond, lowest, s)`` before the softmax becomes ``where(cond, lowest, term)``: the
+masked scores round to the same lowest value, so a row with every key masked still gets equal
+weights as before.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
@@ -38,6 +47,26 @@ def _through(v: Value, op: str) -> Node | None:
     return p if p is not None and p.op == op and sole_user(v) is not None else None
 
 
+def scalar_of(v: Value, depth: int = 4) -> float | None:
+    """The float a scalar v always holds: a splat constant, or mul, div, add, sub or sqrt of
+    such (DeBERTa's ``sqrt(E * 3)``, its head size a constant); None otherwise."""
+    s = splat_value(v)
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return float(s)
+    p = v.producer
+    if p is None or v.type.rank != 0 or depth == 0 or p.op not in ("mul", "div", "add", "sub", "sqrt"):
+        return None
+    args = [scalar_of(o, depth - 1) for o in p.operands]
+    if any(a is None for a in args):
+        return None
+    a = [float(x) for x in args if x is not None]
+    if p.op == "sqrt":
+        return math.sqrt(a[0]) if a[0] >= 0 else None
+    if p.op == "div":
+        return a[0] / a[1] if a[1] else None
+    return {"mul": a[0] * a[1], "add": a[0] + a[1], "sub": a[0] - a[1]}[p.op]
+
+
 def _splat_of(node: Node) -> tuple[Value, float] | None:
     """(the other operand, the scalar) of a binary node with one splat float operand."""
     a, b = node.operands
@@ -52,8 +81,8 @@ def _four_d(v: Value, like: tuple) -> Value | None:
     """The 4-d value v is a reshape of (merging its two leading dims), or v itself if 4-d."""
     if v.type.rank == 4:
         return v
-    r = _through(v, "reshape")
-    if r is None or r.operands[0].type.rank != 4:
+    r = v.producer   # read elsewhere too (DeBERTa's c2p reads q's 3-d form): it stays for them
+    if r is None or r.op != "reshape" or r.operands[0].type.rank != 4:
         return None
     x = r.operands[0]
     return x if x.type.shape[-2:] == v.type.shape[-2:] and tuple(x.type.shape[:2]) == tuple(like) else None
@@ -87,9 +116,34 @@ def _scale_of(v: Value) -> tuple[Value, float]:
     return v, 1.0
 
 
-def _qk(s: Value) -> tuple[Value, Value, Node, Node] | None:
-    """(q, k, q's reader, k's reader) when s [B, H, T, S] = q k^T, batched 3-d or 4-d."""
-    b, h = s.type.shape[:2]
+def _k_of(kt: Value, b: int, h: int) -> tuple[Value, Node, float] | None:
+    """(k [B, H, S, E], k's reader, a factor of the scale) when kt is k^T: a 4-d transpose
+    (under a reshape to 3-d) or a 3-d transpose of k's 3-d reshape, maybe divided by a scalar."""
+    factor = 1.0
+    d = _through(kt, "div")
+    if d is not None and d.operands[0].type == kt.type:
+        c = scalar_of(d.operands[1])
+        if not c:
+            return None
+        factor, kt = 1.0 / c, d.operands[0]
+    kt4 = _four_d(kt, (b, h))
+    if kt4 is not None:
+        tr = _through(kt4, "transpose")
+        if tr is not None and list(tr.attrs["perm"]) == [0, 1, 3, 2]:
+            return tr.operands[0], tr, factor
+    tr = _through(kt, "transpose")
+    if tr is not None and kt.type.rank == 3 and list(tr.attrs["perm"]) == [0, 2, 1]:
+        k = _four_d(tr.operands[0], (b, h))
+        if k is not None and k is not tr.operands[0]:
+            reader = tr.operands[0].producer
+            assert reader is not None
+            return k, reader, factor
+    return None
+
+
+def _qk(s: Value, b: int, h: int) -> tuple[Value, Value, Node, Node, float] | None:
+    """(q, k, q's reader, k's reader, a factor of the scale) when s = q k^T: [B, H, T, S],
+    or its [B * H, T, S] batched form."""
     mm = s.producer
     if mm is not None and mm.op == "reshape" and sole_user(mm.operands[0]) is mm:
         mm = mm.operands[0].producer
@@ -97,15 +151,12 @@ def _qk(s: Value) -> tuple[Value, Value, Node, Node] | None:
         return None
     a, kt = mm.operands
     q = _four_d(a, (b, h))
-    kt4 = _four_d(kt, (b, h))
-    if q is None or kt4 is None:
-        return None
-    tr = _through(kt4, "transpose")
-    if tr is None or list(tr.attrs["perm"]) != [0, 1, 3, 2]:
+    kk = _k_of(kt, b, h)
+    if q is None or kk is None:
         return None
     q_reader = a.producer if a is not q else mm
     assert q_reader is not None
-    return q, tr.operands[0], q_reader, tr
+    return q, kk[0], q_reader, kk[1], kk[2]
 
 
 def _pv(p: Value) -> tuple[Value, Value, Node | None] | None:
@@ -141,27 +192,75 @@ def _pv(p: Value) -> tuple[Value, Value, Node | None] | None:
     return x, o, rv
 
 
+def _masked_fill(x: Value) -> tuple[Value, Value | None, Value | None]:
+    """(the scores, cond, fill) when x = where(cond, fill, s), fill a splat at most -1e30
+    (a masked fill with the dtype's lowest value); (x, None, None) otherwise."""
+    w = _through(x, "where")
+    if w is None:
+        return x, None, None
+    cond, fill, s = w.operands
+    f = splat_value(fill)
+    if not cond.type.dtype.is_bool or not isinstance(f, float) or f > -1e30 or s.type != x.type:
+        return x, None, None
+    return s, cond, fill
+
+
+def _scores(x: Value) -> tuple[tuple, float | None, float, Value | None] | None:
+    """(_qk's match, cap, scale, the term added to the scores or None) for the softmax's input
+    x [B, H, T, S]: ``(cap(scale * q k^T)) + term``, the sum also in [B * H, T, S] under a
+    reshape (the term then of that whole shape)."""
+    b, h, t, sk = x.type.shape
+    cands: list[tuple[Value, Value | None, Node | None]] = [(x, None, None)]
+    add = _through(x, "add")
+    r = _through(x, "reshape")
+    if r is not None and r.operands[0].type.shape == (b * h, t, sk):
+        add = _through(r.operands[0], "add")
+    if add is not None:
+        cands = [(add.operands[0], add.operands[1], add), (add.operands[1], add.operands[0], add)] + cands
+    for s, term, node in cands:
+        if node is not None and (s is term or node.results[0].type != s.type):  # the term must not grow s
+            continue
+        pre, cap = _cap_of(s)
+        raw, scale = _scale_of(pre)
+        qk = _qk(raw, b, h)
+        if qk is not None:
+            return qk, cap, scale * qk[4], term
+    return None
+
+
+def _mask_operand(graph: Graph, at: Node, x: Value, term: Value | None, cond: Value | None,
+                  fill: Value | None) -> Value | None:
+    """The attention's mask for the term added to the scores (reshaped to x's [B, H, T, S])
+    and a masked fill (``where(cond, fill, term)``: the fill's score, not -inf, as before);
+    the nodes made inserted before ``at``. None where a fill has no f32 term to go on."""
+    if term is not None and term.type.rank == 3:
+        ra = OPS["reshape"].normalize_attrs({"shape": list(x.type.shape)})
+        rs = Node("reshape", [term], ra, OPS["reshape"].infer_types([term.type], ra), at.loc)
+        graph.insert_before(at, rs)
+        term = rs.results[0]
+    if cond is None:
+        return term
+    if term is None or term.type.dtype is not f32 or fill is None:
+        return None
+    try:
+        types = OPS["where"].infer_types([cond.type, fill.type, term.type], {})
+    except TypeRuleError:
+        return None
+    w = Node("where", [cond, fill, term], {}, types, at.loc)
+    graph.insert_before(at, w)
+    return w.results[0]
+
+
 def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     """The rewrite of the module doc on one softmax node; None where it does not apply."""
     x = sm.operands[0]
     if x.type.rank != 4 or sm.attrs["axis"] not in (-1, 3) or sole_user(x) is not sm or x.type.dtype is not f32:
         return None
-    found = None
-    add = _through(x, "add")
-    for s, mask in ([tuple(add.operands), tuple(add.operands[::-1])] if add is not None else []) + [(x, None)]:
-        if mask is not None and s is mask:
-            continue
-        if add is not None and add.results[0].type != s.type:   # the mask must not grow the scores
-            continue
-        pre, cap = _cap_of(s)
-        raw, scale = _scale_of(pre)
-        qk = _qk(raw)
-        if qk is not None:
-            found = (qk, cap, scale, mask)
-            break
-    if found is None:
+    filled, cond, fill = _masked_fill(x)
+    found = _scores(filled)
+    if found is None or (cond is not None and found[1] is not None):
         return None
-    (q, k, q_reader, k_reader), cap, scale, mask = found
+    (q, k, q_reader, k_reader, _), cap, scale, term = found
     pv = _pv(sm.results[0])
     if pv is None:
         return None
@@ -177,6 +276,7 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
         graph.insert_before(rv, rs)
         graph.set_operand(rv, 0, rs.results[0])
         v = rs.results[0]
+    mask = _mask_operand(graph, at, x, term, cond, fill)
     operands = [q, k, v] + ([mask] if mask is not None else [])
     attrs = OPS["attention"].normalize_attrs({"scale": scale, "causal": False})
     try:
@@ -184,7 +284,13 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     except TypeRuleError:
         types = None
     plan = match_rotary(q, k, v, q_reader, k_reader) if cap is not None and types is not None else None
-    if types is None or types[0] != out.type or (cap is not None and plan is None):
+    if (types is None or types[0] != out.type or (cap is not None and plan is None)
+            or (mask is None and (term is not None or cond is not None))):
+        if mask is not None and mask is not term and mask.producer is not None:   # the nodes made, dropped
+            erase_if_dead(graph, mask.producer)
+        if term is not None and term.users and all(u.op == "reshape" and not u.results[0].users for u in term.users):
+            for u in list(term.users):
+                graph.erase(u)
         if v5 is not None and rv is not None and v.producer is not None:   # as it was
             graph.set_operand(rv, 0, v5)
             graph.erase(v.producer)

@@ -150,3 +150,44 @@ def test_a_gemma2_with_the_spelled_attention_taken_runs_one_step_per_attention_a
     assert ops.count("rotary_attention") == 2 and "softmax" not in ops and "tanh" not in ops
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
+
+
+def _disentangled(fully_masked_row: bool):
+    """DeBERTa-v2's attention as it is imported: 3-d q k^T with k^T divided by sqrt(E * 3)
+    (the head size a constant), a relative-position term added in 3-d, a masked fill with the
+    f32 lowest value, softmax, times v."""
+    b = Builder()
+    B, H, S, E = 2, 4, 10, 16
+    q, k, v = (b.input(n, T(B, H, S, E)) for n in "qkv")
+    rel = b.input("rel", T(B * H, S, S))
+    keep = b.input("keep", TensorType((B, 1, S, S), DTYPES["bool"]))
+    c = b.sqrt(b.mul(b.full(shape=(), value=16.0), b.full(shape=(), value=3.0)))
+    q3 = b.reshape(q, shape=(B * H, S, E))
+    kt = b.div(b.transpose(b.reshape(k, shape=(B * H, S, E)), perm=(0, 2, 1)), c)
+    s = b.reshape(b.add(b.matmul(q3, kt), rel), shape=(B, H, S, S))
+    s = b.where(b.bitwise_not(keep), b.full(shape=(), value=-3.4028234663852886e38), s)
+    p = b.reshape(b.softmax(s), shape=(B * H, S, S))
+    o = b.reshape(b.matmul(p, b.reshape(v, shape=(B * H, S, E))), shape=(B, H, S, E))
+    return verify(b.ret(o)), fully_masked_row
+
+
+@pytest.mark.parametrize("fully_masked_row", [False, True])
+def test_a_disentangled_attention_with_a_masked_fill_takes_its_term_as_the_mask(fully_masked_row):
+    g, _ = _disentangled(fully_masked_row)
+    inputs = random_inputs(g, 5)
+    keep = np.random.default_rng(1).random((2, 1, 10, 10)) > 0.3
+    keep[:, :, :, 0] = True
+    if fully_masked_row:
+        keep[1, 0, 3, :] = False   # a query that sees nothing: softmax of equal scores, as before
+    inputs["keep"] = keep
+    before = run_reference(g, inputs)
+    for n in [n for n in g.nodes if n.op == "softmax"]:
+        fuse_spelled_attention(g, n)
+    out = verify(PassManager.parse("dce").run(g))
+    ops = [n.op for n in out.nodes]
+    assert "attention" in ops and "softmax" not in ops and "matmul" not in ops, ops
+    node = next(n for n in out.nodes if n.op == "attention")
+    assert abs(node.attrs["scale"] - 1 / math.sqrt(48)) < 1e-12
+    after = run_reference(out, inputs)
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-5, atol=1e-5)
+    _program_matches(out, inputs, before)
