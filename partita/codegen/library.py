@@ -62,6 +62,7 @@ from .aten_fallback import aten_conv, aten_epilogue, aten_linear, aten_step, pad
 from .choose import enabled as choose_enabled
 from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_padding_end, conv_parts, linear_parts
 from .norm import fuse_add_norm, fuse_rms_norm
+from .attention_spelled import fuse_spelled_attention
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -1180,6 +1181,9 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     "layer_norm": fuse_add_norm,
     "rms_norm": fuse_add_norm,
     "mean": fuse_rms_norm,
+    # Attention written out in ops (Gemma2's soft-capped scores, DeBERTa-v2's disentangled
+    # terms) taken back into one attention node: codegen/attention_spelled.py.
+    "softmax": fuse_spelled_attention,
 }
 
 
