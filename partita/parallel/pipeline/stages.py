@@ -14,8 +14,9 @@ at) or ``stages=[3, 3, 2]`` (layers per chunk).
 
 Every value a chunk reads from an earlier one crosses the cut: it is sent forward, and its
 gradient sent back, unless it is computed from the batch inputs, the model's buffers and
-constants alone and recomputing it costs less than sending it (a causal mask, position ids,
-rotary tables): then the later chunk recomputes it.
+constants alone (a causal mask, position ids, rotary tables): then the later chunk recomputes
+it, since sending it would also send back a gradient nothing needs, summed over every
+microbatch.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ from ...ops.registry import OPS
 from .schedule import PipelineError
 
 # One byte moved counts as this many FLOPs of work (a machine balance of about ten FLOPs per
-# byte of memory traffic): what the balance and the send-or-recompute choice compare.
+# byte of memory traffic): what the stage balance compares.
 BYTE_FLOPS = 10
-# A byte sent to another stage costs this many FLOPs, and a send this many more (latency).
-SEND_BYTE_FLOPS = 100
-SEND_FLOPS = 100_000
+
 
 def node_work(node: Node) -> float:
     """The node's work in FLOPs, with bytes moved counted as ``BYTE_FLOPS`` each."""
@@ -331,11 +330,12 @@ def _build_chunks(graph: Graph, nodes: list[Node], home: dict[Node, int], layers
             if src >= c:
                 continue
             if _inputs_only(v, memo):
-                cone = value_cone([v])
-                cost = sum(node_work(x) for x in cone)
-                if cost <= SEND_BYTE_FLOPS * nbytes(v) + SEND_FLOPS or not v.type.dtype.is_float:
-                    recompute[c][v] = cone
-                    continue
+                # Always recomputed: a sent value would also get its gradient sent back and
+                # summed over dp and tp every microbatch (a rotary table: 64 small latency-bound
+                # collectives a rank at Llama 3 405B's scale), though nothing needs that
+                # gradient; its cone is computed from shapes, buffers and batch inputs alone.
+                recompute[c][v] = value_cone([v])
+                continue
             sent_from[v] = src
             last_use[v] = max(last_use.get(v, 0), c)
     for v in graph.outputs:
