@@ -26,6 +26,7 @@ live at that point by category.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 from ..ir.graph import Graph, Value
 from ..ops.kinds import COLLECTIVE_OPS, UPDATE_OPS as UPDATES, VIEW_OPS as VIEWS
@@ -93,13 +94,11 @@ def gradient_buffers(graph: Graph) -> set[Value]:
     return out
 
 
-def memory_report(graph: Graph) -> MemoryReport:
-    """The memory of one run of ``graph`` on one rank (see the module docstring)."""
-    params = sum(v.type.nbytes for v in graph.inputs if v.role == "param")
-    optimizer = sum(v.type.nbytes for v in graph.inputs if v.role == "state")
-    batch = sum(v.type.nbytes for v in graph.inputs if v.role not in ("param", "state"))
-    grads_v = gradient_buffers(graph)
-    grads = sum(v.type.nbytes for v in grads_v)
+def live_bytes(graph: Graph, grads: set[Value]) -> Iterator[tuple[int, Any, int, dict[str, int]]]:
+    """Walk the program in order (see the module docstring): after each node that allocates
+    (not a constant, not a view), ``(index, node, constants' bytes so far, live bytes by
+    category)``, before the buffers last read there are freed. The dict is the walk's own:
+    copy it to keep it. ``grads``: ``gradient_buffers(graph)``."""
     nodes = list(graph.nodes)
     outputs = set(graph.outputs)
     aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
@@ -116,11 +115,9 @@ def memory_report(graph: Graph) -> MemoryReport:
     for v in outputs:
         rv = root.get(v, v)
         last[rv] = end
-    base = params + optimizer + batch
     consts = 0
     live = {"activations and temporaries": 0, "communication": 0, "gradients": 0}
     frees: dict[int, list[tuple[str, int]]] = {}
-    peak, peak_at, peak_node = base, dict(live), ""
     for i, n in enumerate(nodes):
         op = OPS[n.op]
         if not n.operands and len(n.results) == 1 and not op.effects_of(n.attrs) and n.results[0] not in outputs:
@@ -131,7 +128,7 @@ def memory_report(graph: Graph) -> MemoryReport:
         for r in n.results:
             if r in aliased:
                 continue   # written into its donated input
-            cat = "gradients" if r in grads_v else "communication" if n.op in _COMM else \
+            cat = "gradients" if r in grads else "communication" if n.op in _COMM else \
                 "activations and temporaries"
             size = r.type.nbytes
             live[cat] += size
@@ -140,15 +137,39 @@ def memory_report(graph: Graph) -> MemoryReport:
             size = n.operands[0].type.nbytes
             live["communication"] += size
             frees.setdefault(i, []).append(("communication", size))
-        total = base + consts + sum(live.values())
-        if total > peak:
-            peak, peak_at, peak_node = total, dict(live), _where(n)
+        yield i, n, consts, live
         for cat, size in frees.pop(i, ()):
             live[cat] -= size
-    at_peak = {"params": params, "optimizer state": optimizer, "batch": batch, "constants": consts, **peak_at}
+
+
+def constant_bytes(graph: Graph) -> int:
+    """The bytes of the constants the runtime computes once (counted for the whole step)."""
+    outputs = set(graph.outputs)
+    return sum(n.results[0].type.nbytes for n in graph.nodes
+               if not n.operands and len(n.results) == 1 and not OPS[n.op].effects_of(n.attrs)
+               and n.results[0] not in outputs)
+
+
+def memory_report(graph: Graph) -> MemoryReport:
+    """The memory of one run of ``graph`` on one rank (see the module docstring)."""
+    params = sum(v.type.nbytes for v in graph.inputs if v.role == "param")
+    optimizer = sum(v.type.nbytes for v in graph.inputs if v.role == "state")
+    batch = sum(v.type.nbytes for v in graph.inputs if v.role not in ("param", "state"))
+    grads_v = gradient_buffers(graph)
+    grads = sum(v.type.nbytes for v in grads_v)
+    base = params + optimizer + batch
+    peak, peak_node = base, ""
+    peak_at = {"activations and temporaries": 0, "communication": 0, "gradients": 0}
+    for _, n, consts, live in live_bytes(graph, grads_v):
+        total = base + consts + sum(live.values())
+        if total > peak:
+            peak, peak_at, peak_node = total, dict(live), where_of(n)
+    at_peak = {"params": params, "optimizer state": optimizer, "batch": batch,
+               "constants": constant_bytes(graph), **peak_at}
     return MemoryReport(params, grads, optimizer, batch, peak, at_peak, peak_node)
 
 
-def _where(n) -> str:
+def where_of(n: Any) -> str:
+    """A node as a report names it: ``%name = op``, or the op alone."""
     r = n.results[0].name if n.results and n.results[0].name else ""
     return f"%{r} = {n.op}" if r else n.op

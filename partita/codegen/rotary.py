@@ -58,16 +58,24 @@ def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
     return x, start, end
 
 
-def _rotate_half_of(v: Value) -> Value | None:
-    """x when v = concat(neg(x[..., h:]), x[..., :h]) on the last axis, 2h = E, each part read
-    only there."""
+def _last_axis_concat(v: Value) -> tuple[Node, Value, Value] | None:
+    """(the concat, its two parts) when v is a concat of two values on the last axis."""
     p = v.producer
     if p is None or p.op != "concat" or len(p.operands) != 2:
         return None
-    last = v.type.rank - 1
-    if normalize_axis(p.attrs["axis"], v.type.rank, "concat") != last:
+    if normalize_axis(p.attrs["axis"], v.type.rank, "concat") != v.type.rank - 1:
         return None
-    a, b = p.operands
+    return p, p.operands[0], p.operands[1]
+
+
+def _rotate_half_of(v: Value) -> Value | None:
+    """x when v = concat(neg(x[..., h:]), x[..., :h]) on the last axis, 2h = E, each part read
+    only there."""
+    halves = _last_axis_concat(v)
+    if halves is None:
+        return None
+    p, a, b = halves
+    last = v.type.rank - 1
     na = a.producer
     if na is None or na.op != "neg" or sole_user(a) is not p:
         return None
@@ -106,13 +114,11 @@ def rope_parts(v: Value) -> tuple[Value, Value, Value] | None:
 def partial_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
     """(x, cos, sin, rd) when v = concat(rope(x[..., :rd]), x[..., rd:]) on the last axis (a
     partial rotary embedding), each intermediate value read only on the way."""
-    p = v.producer
-    if p is None or p.op != "concat" or len(p.operands) != 2:
+    halves = _last_axis_concat(v)
+    if halves is None:
         return None
+    p, a, b = halves
     last = v.type.rank - 1
-    if normalize_axis(p.attrs["axis"], v.type.rank, "concat") != last:
-        return None
-    a, b = p.operands
     if a is b or sole_user(a) is not p or sole_user(b) is not p:
         return None
     parts = rope_parts(a)

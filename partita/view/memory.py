@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.memory_report import gradient_buffers
-from ..ir.graph import Graph, Value
-from ..ops.kinds import COLLECTIVE_OPS, VIEW_OPS
-from ..ops.registry import OPS
+from ..cluster.memory_report import gradient_buffers, live_bytes, where_of
+from ..ir.graph import Graph
 
 # The curve's layers, bottom to top (the page stacks them in this order).
 CATEGORIES = ("params", "optimizer state", "batch", "constants", "gradients", "activations", "communication")
@@ -24,60 +22,21 @@ CATEGORIES = ("params", "optimizer state", "batch", "constants", "gradients", "a
 MAX_POINTS = 1500
 
 
-def last_uses(graph: Graph, nodes: list) -> tuple[dict[Value, int], dict[Value, Value]]:
-    """Each buffer's last reader (a view shares its operand's buffer; outputs live to the
-    end) and each view's buffer."""
-    root: dict[Value, Value] = {}
-    last: dict[Value, int] = {}
-    for i, n in enumerate(nodes):
-        for v in n.operands:
-            last[root.get(v, v)] = i
-        if n.op in VIEW_OPS and n.operands:
-            src = root.get(n.operands[0], n.operands[0])
-            for r in n.results:
-                root[r] = src
-    for v in graph.outputs:
-        last[root.get(v, v)] = len(nodes)
-    return last, root
-
-
 def memory_curve(graph: Graph) -> dict[str, Any]:
     """The live bytes by category after each node of ``graph`` (one rank's program): columns
     ``x`` (node index) and one per category, the peak and the node there."""
     base = {"params": sum(v.type.nbytes for v in graph.inputs if v.role == "param"),
             "optimizer state": sum(v.type.nbytes for v in graph.inputs if v.role == "state"),
             "batch": sum(v.type.nbytes for v in graph.inputs if v.role not in ("param", "state"))}
-    grads = gradient_buffers(graph)
-    nodes = list(graph.nodes)
-    outputs = set(graph.outputs)
-    aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
-    last, _ = last_uses(graph, nodes)
-    live = {"constants": 0, "gradients": 0, "activations": 0, "communication": 0}
-    frees: dict[int, list[tuple[str, int]]] = {}
     xs: list[int] = []
-    cols: dict[str, list[int]] = {c: [] for c in live}
-    for i, n in enumerate(nodes):
-        if not n.operands and len(n.results) == 1 and not OPS[n.op].effects_of(n.attrs) and n.results[0] not in outputs:
-            live["constants"] += n.results[0].type.nbytes
-            continue
-        if n.op in VIEW_OPS:
-            continue
-        for r in n.results:
-            if r in aliased:
-                continue
-            cat = "gradients" if r in grads else "communication" if n.op in COLLECTIVE_OPS or n.op == "recv" \
-                else "activations"
-            live[cat] += r.type.nbytes
-            frees.setdefault(max(last.get(r, i), i), []).append((cat, r.type.nbytes))
-        if n.op == "send":
-            live["communication"] += n.operands[0].type.nbytes
-            frees.setdefault(i, []).append(("communication", n.operands[0].type.nbytes))
+    cols: dict[str, list[int]] = {c: [] for c in ("constants", "gradients", "activations", "communication")}
+    for i, _, consts, live in live_bytes(graph, gradient_buffers(graph)):
         xs.append(i)
-        for c, b in live.items():
-            cols[c].append(b)
-        for cat, size in frees.pop(i, ()):
-            live[cat] -= size
-    return thin_curve(base, xs, cols, nodes)
+        cols["constants"].append(consts)
+        cols["gradients"].append(live["gradients"])
+        cols["activations"].append(live["activations and temporaries"])
+        cols["communication"].append(live["communication"])
+    return thin_curve(base, xs, cols, list(graph.nodes))
 
 
 def thin_curve(base: dict[str, int], xs: list[int], cols: dict[str, list[int]], nodes: list) -> dict[str, Any]:
@@ -92,7 +51,7 @@ def thin_curve(base: dict[str, int], xs: list[int], cols: dict[str, list[int]], 
     top = max(range(len(xs)), key=totals.__getitem__) if xs else -1
     peak = totals[top] if xs else fixed
     n = nodes[xs[top]] if xs else None
-    where = "" if n is None else (f"%{n.results[0].name} = {n.op}" if n.results and n.results[0].name else n.op)
+    where = "" if n is None else where_of(n)
     return {"x": [xs[k] for k in keep], "n": len(nodes), "base": base,
             "cols": {c: [v[k] for k in keep] for c, v in cols.items()}, "peak": peak,
             "peak_x": xs[top] if xs else 0, "peak_node": where,
