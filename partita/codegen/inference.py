@@ -8,8 +8,8 @@ and its results become new ``param`` inputs named ``<first param's name>.folded`
 values in ``graph.weights``. It is what torch's freezing does to an inference graph's
 param-only subgraphs: a weight standardized at every call (BiT's convolutions), a weight
 transposed or reshaped before its matmul, a bias scaled by a constant. A node is left when its
-results are graph outputs, or when they hold more elements than its largest operand and more
-than ``MAX_GROWTH`` (folding a bias broadcast to an activation's shape would store the
+results are graph outputs, or when one of them holds more elements than its largest operand and
+more than ``MAX_GROWTH`` (folding a bias broadcast to an activation's shape would store the
 activation-sized copy). Like ``fold-batch-norm``, it assumes the params are the values
 ``graph.weights`` holds: a compiled inference program's. After folding, an ``index_select``
 whose known index is ``0 .. n-1`` along its axis is dropped (its uses read its input).
@@ -141,7 +141,8 @@ class FoldParams(Pass):
             if len(args) != len(maybe):
                 continue
             biggest = max((a.size for a in args), default=0)
-            if sum(r.type.numel for r in node.results) > max(biggest, MAX_GROWTH):
+            # per result: a fused node with two operand-sized results (BiT's sub and its square) is no growth
+            if max((r.type.numel for r in node.results), default=0) > max(biggest, MAX_GROWTH):
                 continue
             results = _compute(node, args)
             if results is None:
