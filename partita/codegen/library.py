@@ -220,8 +220,11 @@ def packed_weight_stats() -> dict[str, int]:
 
 
 # fuse-library rewrites a patch convolution (stride = kernel) as a GEMM when the generated
-# GEMM compiles (``_patch_conv``).
+# GEMM compiles (``_patch_conv``) and a patch row is at least PATCH_GEMM_MIN_KW floats: the
+# gather of ConvNeXt's 4 x 4 and 2 x 2 patches (runs of 4 and 2 floats) cost more than the
+# convolution it replaced (the zoo's ConvNeXt: 0.76 of the time with them left convolutions).
 PATCH_CONV_AS_GEMM = True
+PATCH_GEMM_MIN_KW = 8
 
 
 class PackedWeight:
@@ -1034,7 +1037,8 @@ def _patch_conv(graph: Graph, node: Node) -> Node | None:
     o, c, kh, kw = w.type.shape
     n, _, h, wd = x.type.shape
     # (a 1 x 1 convolution stays: oneDNN runs it in the CNN's layout with its post-ops)
-    if kh * kw < 4 or tuple(a["stride"]) != (kh, kw) or h % kh or wd % kw or not _is_weight(w):
+    if kh * kw < 4 or kw < PATCH_GEMM_MIN_KW or tuple(a["stride"]) != (kh, kw) or h % kh or wd % kw \
+            or not _is_weight(w):
         return None
     if bias is not None and not _is_weight(bias):
         return None
