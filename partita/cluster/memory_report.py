@@ -34,10 +34,10 @@ from ..ops.registry import OPS
 from .hardware import Device, format_quantity
 
 # What a gradient passes through between its reduction and the update that reads it.
-_GRAD_PATH = frozenset({"cast", "reshape", "squeeze", "unsqueeze", "slice", "split", "shard_slice", "mul", "div",
+GRAD_PATH = frozenset({"cast", "reshape", "squeeze", "unsqueeze", "slice", "split", "shard_slice", "mul", "div",
                         "transpose"})
 # What a communication buffer holds: a collective's result, or a received activation.
-_COMM = COLLECTIVE_OPS | {"recv"}
+COMM_OPS = COLLECTIVE_OPS | {"recv"}
 
 
 @dataclass
@@ -83,7 +83,7 @@ def gradient_buffers(graph: Graph) -> set[Value]:
         if node.op not in UPDATES or len(node.operands) < 2:
             continue
         v = node.operands[1]
-        while v.producer is not None and v.producer.op in _GRAD_PATH and v.producer.op not in _COMM:
+        while v.producer is not None and v.producer.op in GRAD_PATH and v.producer.op not in COMM_OPS:
             p = v.producer
             # Follow the float operand (a scaling multiplies by a scalar constant).
             nxt = max(p.operands, key=lambda o: o.type.numel) if p.operands else None
@@ -128,7 +128,7 @@ def live_bytes(graph: Graph, grads: set[Value]) -> Iterator[tuple[int, Any, int,
         for r in n.results:
             if r in aliased:
                 continue   # written into its donated input
-            cat = "gradients" if r in grads else "communication" if n.op in _COMM else \
+            cat = "gradients" if r in grads else "communication" if n.op in COMM_OPS else \
                 "activations and temporaries"
             size = r.type.nbytes
             live[cat] += size

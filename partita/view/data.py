@@ -279,14 +279,16 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None, ru
     """The page data of ``obj`` (a Graph, a pair of Graphs (before, after), a ParallelProgram,
     PipelineProgram or SimResult), with ``sim`` (a SimResult of it) and, for a pipeline,
     ``run`` (a launch's result: the measured bubble) added when given; a parallel program's
-    memory over the step. Raises TypeError for anything else."""
+    memory over the step (a simulation's, when it keeps its program), which also gives the
+    timeline's memory at the peak of the ranks the simulation did not report. Raises TypeError for anything else."""
     from .measured import measured_json
-    from .memory import program_memory
+    from .memory import fill_sim_memory, program_memory
 
     from ..cluster.simulator import SimResult
     from ..parallel.pipeline.pipeline_program import PipelineProgram
     from ..parallel.program import ParallelProgram
 
+    simulated: Any = obj
     if isinstance(obj, Graph):
         data: dict[str, Any] = {"kind": "graph", "graph": graph_json(obj, detail_limit=detail_limit)}
     elif isinstance(obj, PipelineProgram):
@@ -302,10 +304,16 @@ def page_data(obj: Any, *, detail_limit: int = DETAIL_LIMIT, sim: Any = None, ru
     elif isinstance(obj, SimResult):
         data = {"kind": "sim"}
         sim = obj
+        # The simulated program, when the result keeps it: its memory over the step.
+        simulated = getattr(obj, "program", None)
+        if simulated is not None and not isinstance(simulated, Graph):
+            data["memory"] = program_memory(simulated)
     else:
         raise TypeError(type(obj).__name__)
     if sim is not None:
         data["sim"] = sim_json(sim)
+        if data.get("memory"):
+            fill_sim_memory(data["sim"], data["memory"], simulated)
     return data
 
 

@@ -55,7 +55,8 @@ const MCOL = {"params": "#6b9bd1", "optimizer state": "#b58fd0", "batch": "#c8c8
 function memoryCurveView(root, M) {
   if (!M.ranks.length) { root.append(el("div", {class: "warn", id: "memory-note"}, "memory over the step: " + M.note)); return {peaks: []}; }
   root.append(el("div", {class: "summary"}, "memory over the step per rank: what its program holds after each node, in " +
-    "program order, stacked by kind; alike ranks once with their count; the peak marked (the one memory_report gives)"));
+    "program order, stacked by kind; alike ranks once with their count; the peak marked (the one memory_report gives)" +
+    (M.note ? "; " + M.note : "")));
   const lg = el("div", {class: "mlegend"});
   for (const c of M.categories) { const s = el("span"); s.append(el("i", {style: "background:" + MCOL[c]}), " " + c); lg.append(s); }
   root.append(lg);
