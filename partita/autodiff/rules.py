@@ -58,6 +58,7 @@ RULES["linear_pointwise"] = NOT_DIFFERENTIABLE
 # makes it for inference only (a training step keeps attention and its grad).
 RULES["rotary_attention"] = NOT_DIFFERENTIABLE
 RULES["add_norm"] = NOT_DIFFERENTIABLE
+RULES["group_norm"] = NOT_DIFFERENTIABLE   # codegen/group_norm.py: made for inference by fuse-library
 # Quantized forms are for inference (partita.passes.quantize runs after any training; a QDQ
 # ONNX model is imported for inference): rounding has no useful gradient, and an integer
 # result none at all.

@@ -105,6 +105,7 @@ class CompiledProgram:
             return fn
 
         from .attention import attention_kernel, rotary_attention_kernel
+        from .group_norm import group_norm_kernel
         from .norm import norm_kernel
 
         self.attention_kernels: list = []  # the (rotary_)attention nodes run by the generated kernel
@@ -122,7 +123,7 @@ class CompiledProgram:
                                              "attention": attention_by(attention_kernel),
                                              "rotary_attention": attention_by(rotary_attention_kernel),
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,
-                                             "add_norm": norm_kernel})
+                                             "add_norm": norm_kernel, "group_norm": group_norm_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

@@ -61,7 +61,8 @@ from ..passes.rewrite import erase_if_dead, has_effects, sole_user
 from .aten_fallback import aten_conv, aten_epilogue, aten_linear, aten_step, pad_uneven
 from .choose import enabled as choose_enabled
 from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_padding_end, conv_parts, linear_parts
-from .norm import fuse_add_norm, fuse_rms_norm
+from .group_norm import fuse_mean
+from .norm import fuse_add_norm
 from .attention_spelled import fuse_spelled_attention
 from .rotary import fuse_rotary
 
@@ -1184,7 +1185,7 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     "attention": fuse_rotary,
     "layer_norm": fuse_add_norm,
     "rms_norm": fuse_add_norm,
-    "mean": fuse_rms_norm,
+    "mean": fuse_mean,          # RMSNorm, else GroupNorm written out (codegen/group_norm.py)
     # Attention written out in ops (Gemma2's soft-capped scores, DeBERTa-v2's disentangled
     # terms) taken back into one attention node: codegen/attention_spelled.py.
     "softmax": fuse_spelled_attention,

@@ -300,6 +300,7 @@ def _replicated(op: str):
 # replicated, as fused kernels do.
 for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm"):
     RULES[_n] = _replicated(_n)
+RULES["group_norm"] = _replicated("group_norm")   # codegen/group_norm.py: single-device inference too
 
 
 @rule("cumsum")
