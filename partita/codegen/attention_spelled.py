@@ -131,6 +131,8 @@ def _k_of(kt: Value, b: int, h: int) -> tuple[Value, Node, float] | None:
         tr = _through(kt4, "transpose")
         if tr is not None and list(tr.attrs["perm"]) == [0, 1, 3, 2]:
             return tr.operands[0], tr, factor
+        if tr is not None and list(tr.attrs["perm"]) == [0, 2, 3, 1]:   # k^T straight from [B, S, H, E]
+            return tr.operands[0], tr, factor                          # (LeViT): taken as k by _k_from_bshe
     tr = _through(kt, "transpose")
     if tr is not None and kt.type.rank == 3 and list(tr.attrs["perm"]) == [0, 2, 1]:
         k = _four_d(tr.operands[0], (b, h))
@@ -228,12 +230,30 @@ def _scores(x: Value) -> tuple[tuple, float | None, float, Value | None] | None:
     return None
 
 
+def _broadcasts(shape: tuple, to: tuple) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (a term [H, T, S] added to [B, H, T, S] scores:
+    LeViT's attention biases), not only after a reshape (DeBERTa's [B * H, T, S])."""
+    return len(shape) <= len(to) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(to)))
+
+
+def _k_from_bshe(graph: Graph, reader: Node, at: Node) -> Node | None:
+    """k [B, H, S, E] made, before ``at``, as a transpose of the [B, S, H, E] value that
+    ``reader`` (k^T as ``transpose(x, [0, 2, 3, 1])``, LeViT's) reads; None for another reader."""
+    if reader.op != "transpose" or list(reader.attrs["perm"]) != [0, 2, 3, 1]:
+        return None
+    x = reader.operands[0]
+    ta = OPS["transpose"].normalize_attrs({"perm": [0, 2, 1, 3]})
+    tr = Node("transpose", [x], ta, OPS["transpose"].infer_types([x.type], ta), reader.loc)
+    graph.insert_before(at, tr)
+    return tr
+
+
 def _mask_operand(graph: Graph, at: Node, x: Value, term: Value | None, cond: Value | None,
                   fill: Value | None) -> Value | None:
     """The attention's mask for the term added to the scores (reshaped to x's [B, H, T, S])
     and a masked fill (``where(cond, fill, term)``: the fill's score, not -inf, as before);
     the nodes made inserted before ``at``. None where a fill has no f32 term to go on."""
-    if term is not None and term.type.rank == 3:
+    if term is not None and term.type.rank == 3 and not _broadcasts(term.type.shape, x.type.shape):
         ra = OPS["reshape"].normalize_attrs({"shape": list(x.type.shape)})
         rs = Node("reshape", [term], ra, OPS["reshape"].infer_types([term.type], ra), at.loc)
         graph.insert_before(at, rs)
@@ -267,6 +287,9 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     v, out, rv = pv
     at = out.producer
     assert at is not None
+    made_k = _k_from_bshe(graph, k_reader, at)
+    if made_k is not None:
+        k = made_k.results[0]
     v5 = None
     if v.type.rank == 5 and rv is not None:   # a repeat's broadcast: reshaped to [B, H, S, Ev] (as
         v5 = v                                # repeat_of reads it), the 3-d reshape reading that
@@ -283,7 +306,8 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
         types = OPS["attention"].infer_types([o.type for o in operands], attrs)
     except TypeRuleError:
         types = None
-    plan = match_rotary(q, k, v, q_reader, k_reader) if cap is not None and types is not None else None
+    plan = (match_rotary(q, k, v, q_reader, k_reader) if cap is not None and types is not None and made_k is None
+            else None)
     if (types is None or types[0] != out.type or (cap is not None and plan is None)
             or (mask is None and (term is not None or cond is not None))):
         if mask is not None and mask is not term and mask.producer is not None:   # the nodes made, dropped
@@ -294,6 +318,8 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
         if v5 is not None and rv is not None and v.producer is not None:   # as it was
             graph.set_operand(rv, 0, v5)
             graph.erase(v.producer)
+        if made_k is not None:
+            graph.erase(made_k)
         return None
     if plan is not None:
         new = apply_rotary(graph, plan, at, {**attrs, "softcap": cap}, operands[3:], [out, None])

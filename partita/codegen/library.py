@@ -64,6 +64,7 @@ from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_paddin
 from .group_norm import fuse_mean
 from .norm import fuse_add_norm
 from .attention_spelled import fuse_spelled_attention
+from .batched_weight import unbroadcast_weight
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -1133,6 +1134,7 @@ def _zero_pad_of(x: Value, conv: Node) -> tuple[Value, list[int], list[int] | No
 
 
 def _fuse_linear(graph: Graph, node: Node) -> Node | None:
+    unbroadcast_weight(graph, node)   # x [B, T, K] @ broadcast_to(w) as x @ w: codegen/batched_weight.py
     x, wv = node.operands
     y = node.results[0]
     if x.type.rank < 2 or wv.type.rank != 2 or not _all_f32(x, wv, y):
