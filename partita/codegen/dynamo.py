@@ -281,7 +281,10 @@ def _inference_entry(compiled: Callable[..., Any], gm: Any, made: Any, n_inputs:
         return _Unboxed(runner) if direct else compiled
     # The choice moves out of AOTAutograd's call: the inner chooser now always runs partita.
     outer, made.choice = made.choice, Choice("partita", picked="partita")
-    return _Unboxed(_Chooser(partita, make_boxed_func(gm.forward), outer))
+    chooser = _Chooser(partita, make_boxed_func(gm.forward), outer)
+    entry = _Unboxed(chooser)
+    chooser.settle = entry.settle
+    return entry
 
 
 def direct_call(gm: Any, plain: int | None, n_inputs: int) -> bool:
@@ -330,6 +333,10 @@ class _Unboxed:
 
     def __call__(self, *args: Any) -> Any:
         return self.boxed(list(args))
+
+    def settle(self, boxed: Callable[[list], Any]) -> None:
+        """Call ``boxed`` from now on (a chooser that picked partita hands over its runner)."""
+        self.boxed = boxed
 
 
 _COUNTER = [0]
@@ -522,24 +529,28 @@ class _FrozenRunner:
         self.unfrozen: Any = None
 
     def __call__(self, args: list) -> Any:
-        if self.keys is None:
-            self._freeze(args)
-        elif self.run is not None and not self._unchanged(args):
+        run = self.run
+        if run is not None:
+            # The steady state: every frozen input still the memory it was frozen from (its
+            # address: ``p.data = other`` keeps the version), at the same version (every in-place
+            # write bumps it), read in two C-level passes; then the frozen program on the rest.
+            ts = self.pick_frozen(args)
+            if list(map(self.version, ts)) == self.versions and list(map(self.data_ptr, ts)) == self.ptrs:
+                kept = list(self.pick_kept(args))
+                args.clear()
+                return run(kept)
             self.run = None
             if self.record.choice is not None:
                 self.record.choice.frozen_note = "frozen params changed: runs the program built without freezing"
-        if self.run is not None:
-            kept = list(self.pick_kept(args))
-            args.clear()
-            return self.run(kept)
+        elif self.keys is None:
+            self._freeze(args)
+            if self.run is not None:
+                kept = list(self.pick_kept(args))
+                args.clear()
+                return self.run(kept)
         if self.unfrozen is None:
             self.unfrozen = _Runner(CompiledProgram(self.graph, min_ops=self.opts.min_ops), self.imported)
         return self.unfrozen(args)
-
-    def _unchanged(self, args: list) -> bool:
-        """Whether every frozen input is still the memory it was frozen from, at the same version."""
-        ts = self.pick_frozen(args)
-        return list(map(self.data_ptr, ts)) == self.ptrs and list(map(self.version, ts)) == self.versions
 
     def _freeze(self, args: list) -> None:
         from ..backend.torch_exec import to_numpy
@@ -552,7 +563,7 @@ class _FrozenRunner:
         self.kept = [i for i in range(len(args)) if i not in frozen]
         self.keys = [(args[i].data_ptr(), args[i]._version) for i in self.frozen]
         self.pick_frozen, self.pick_kept = items_of(self.frozen), items_of(self.kept)
-        # What ``_unchanged`` compares, read through the tensor type's own accessors.
+        # What ``__call__`` compares, read through the tensor type's own accessors.
         self.ptrs, self.versions = [p for p, _ in self.keys], [v for _, v in self.keys]
         self.data_ptr, self.version = _tensor_accessors()
         g = self.graph.clone()
@@ -591,6 +602,9 @@ class _Chooser:
         self._boxed_call = True
         self.runner, self.aten, self.choice = runner, aten, choice
         self.calls = 0
+        # Told the runner once partita is picked, by an entry that can call it without this
+        # chooser in between (``_Unboxed.settle``).
+        self.settle: Callable[[Callable[[list], Any]], None] | None = None
         if choice.mode == "aten":
             choice.picked = "aten"
 
@@ -612,6 +626,8 @@ class _Chooser:
             # slice given to another process) only ever adds, and would decide a median of five.
             faster_aten = min(self.choice.aten_ms) < min(self.choice.partita_ms)
             self.choice.picked = "aten" if faster_aten else "partita"
+            if not faster_aten and self.settle is not None:
+                self.settle(self.runner)
         return out
 
     def _on_aten(self, args: list) -> Any:
@@ -643,14 +659,18 @@ def _unalias(inputs: list, outs: list, fresh: list[tuple[int, str]]) -> None:
         owner[ptr] = root
 
 
-def items_of(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
-    """A function of a list giving its items at ``positions`` as a tuple, in one C call
-    (``operator.itemgetter``; a frozen CNN's check reads a hundred params a call)."""
+def items_of(positions: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """A function of a list giving its items at ``positions`` as a sequence (a tuple, or a list
+    slice where the positions are one run), in one C call (``operator.itemgetter``; a frozen
+    CNN's check reads a hundred params a call)."""
     if len(positions) == 1:
         only = positions[0]
         return lambda xs: (xs[only],)
     if not positions:
         return lambda xs: ()
+    first = positions[0]
+    if list(positions) == list(range(first, first + len(positions))):
+        return operator.itemgetter(slice(first, first + len(positions)))
     return operator.itemgetter(*positions)
 
 

@@ -42,7 +42,7 @@ from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .aten_fallback import op_on_aten
 from .lowering import vector_width
 
-__all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_of", "kernel_source", "PreparedNorm", "norm_kernel", "supported"]
+__all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_of", "kernel_source", "PreparedNorm", "norm_kernel", "supported", "f32_hex"]
 
 KINDS = ("layer", "rms")
 _NORM_OP = {"layer": "layer_norm", "rms": "rms_norm"}
@@ -203,7 +203,7 @@ def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
 _P = ["x", "r", "w", "b", "s", "y"]
 
 
-def _f32_hex(x: float) -> str:
+def f32_hex(x: float) -> str:
     """An f32 constant as LLVM writes it (the double with the same value, in hex)."""
     f = struct.unpack("<f", struct.pack("<f", x))[0]
     return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f))[0]
@@ -366,14 +366,14 @@ class _NormEmitter:
         """Passes 1 and 2: the mean (``%m1``, ``%meanv``) and the reciprocal of the standard
         deviation (``%rstd``, ``%rstdv``)."""
         a = self.a
-        inv_c = _f32_hex(1.0 / self.c)
+        inv_c = f32_hex(1.0 / self.c)
         a(f"  %m1 = fmul float {self.total('p1', self.sum_step)}, {inv_c}")
         if self.kind == "layer":
             self.splat("%meanv", "%m1")
             a(f"  %var = fmul float {self.total('p2', self.deviation_step)}, {inv_c}")
         else:
             a("  %var = fadd float %m1, 0.0")
-        a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
+        a(f"  %ve = fadd float %var, {f32_hex(eps)}")
         a("  %sd = call float @llvm.sqrt.f32(float %ve)")
         a("  %rstd = fdiv float 1.0, %sd")
         self.splat("%rstdv", "%rstd")
@@ -442,7 +442,7 @@ def kernel_source(kind: str, c: int, eps: float | None, residual: bool, weight: 
 def _kernel(kind: str, c: int, eps: float, residual: bool, weight: bool, bias: bool) -> Any:
     from .jit import jit
 
-    key = (kind, c, _f32_hex(eps), residual, weight, bias, vector_width())
+    key = (kind, c, f32_hex(eps), residual, weight, bias, vector_width())
     with _LOCK:
         fn = _COMPILED.get(key)
         if fn is None:

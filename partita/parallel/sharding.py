@@ -296,9 +296,9 @@ def _replicated(op: str):
 
 
 # The library kernels with fused epilogues (partita/codegen/library.py) and rotary_attention
-# (codegen/rotary.py) and add_norm (codegen/norm.py) are made for single-device inference by fuse-library: they run
-# replicated, as fused kernels do.
-for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm"):
+# (codegen/rotary.py), add_norm (codegen/norm.py) and grn (codegen/grn.py) are made for single-device inference
+# by fuse-library: they run replicated, as fused kernels do.
+for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm", "grn"):
     RULES[_n] = _replicated(_n)
 RULES["group_norm"] = _replicated("group_norm")   # codegen/group_norm.py: single-device inference too
 

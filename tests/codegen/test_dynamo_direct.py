@@ -155,3 +155,50 @@ def test_graph_that_writes_its_input_keeps_aot_s_wrapper():
     assert len(wrapped) == 3
     for rec in pd.stats().graphs:
         assert rec.choice is None or not rec.choice.direct
+
+
+def _settled(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model compiled with the measured choice, called until its choice is made; its output."""
+    compiled = torch.compile(model, backend="partita")
+    with torch.no_grad():
+        for _ in range(2 * (pd.WARMUP_CALLS + pd.TIMED_CALLS) + 1):
+            out = compiled(x)
+    return compiled, out
+
+
+def test_a_param_whose_data_is_swapped_is_seen():
+    # ``p.data = other`` keeps p's version counter: the frozen check compares addresses too.
+    model, x = _model()
+    compiled = torch.compile(model, backend="partita", options={"choose": "partita"})
+    with torch.no_grad():
+        compiled(x)
+        model.head.weight.data = model.head.weight.data * 3.0
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    (rec,) = pd.stats().graphs
+    assert "frozen params changed" in rec.choice.text()
+
+
+def test_a_param_replaced_or_stepped_is_seen_after_the_choice_is_made():
+    # Once the measured choice is made, dynamo calls partita's runner without the chooser in
+    # between; a param replaced (dynamo recompiles), stepped by an optimizer or loaded is still seen.
+    model, x = _model()
+    compiled, out = _settled(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        model.load_state_dict({k: v * 0.5 for k, v in model.state_dict().items()})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        model.head.weight = torch.nn.Parameter(torch.randn_like(model.head.weight))
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_items_of_reads_a_run_of_positions_as_one_slice():
+    xs = list("abcdefg")
+    assert list(pd.items_of([2, 3, 4])(xs)) == ["c", "d", "e"]
+    assert list(pd.items_of([0, 2, 5])(xs)) == ["a", "c", "f"]
+    assert list(pd.items_of([6])(xs)) == ["g"] and list(pd.items_of([])(xs)) == []

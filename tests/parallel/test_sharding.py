@@ -76,6 +76,7 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
     "conv2d_pointwise": [([("f", (2, 3, 6, 6)), ("f", (4, 3, 3, 3)), ("f", (4,)), ("f", (2, 4, 6, 6))],
                           {"padding": [1, 1], "binary": "add", "unary": "relu"})],
     "linear_pointwise": [([("f", (4, 6)), ("f", (2, 6)), ("f", (2,))], {"unary": "gelu", "weight_layout": "nk"})],
+    "grn": [([("f", (2, 3, 3, 4)), ("f", (1, 1, 1, 4)), ("f", (1, 1, 1, 4))], {})],
     "rotary_attention": [([("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (1, 1, 5, 4)),
                            ("f", (1, 1, 5, 4))], {"causal": True})],
     "add_norm": [([("f", (4, 6)), ("f", (4, 6)), ("f", (6,)), ("f", (6,))], {"kind": "layer"}),
