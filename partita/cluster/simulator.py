@@ -344,11 +344,11 @@ def _programs_of(program: Any) -> tuple[list[Graph], Mesh, Graph | None]:
     return graphs, mesh, getattr(program, "single_device", None)
 
 
-def _templates_of(program: Any) -> tuple[list[Graph], Mesh, Graph | None]:
+def _templates_of(program: Any, pp_of: Sequence[int]) -> tuple[list[Graph], Mesh, Graph | None]:
     """(per-rank template graphs, mesh, single-device graph) of a pipeline built with
-    unroll=False: the ranks of one pp rank share its template."""
-    mesh = program.mesh
-    return [program.templates[program.coords(r)[0]].local for r in range(mesh.size)], mesh, program.single_device
+    unroll=False: the ranks of one pp rank (``pp_of``: each rank's) share its template."""
+    locals_ = [t.local for t in program.templates]
+    return [locals_[p] for p in pp_of], program.mesh, program.single_device
 
 
 def _p2p_shell(graph: Graph) -> Any:
@@ -418,7 +418,8 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
             raise SimulationError("simulate: check_memory needs the per-rank programs, which a pipeline built with "
                                   "unroll=False does not have; parallelize without unroll=False to check memory")
         memory = False
-        graphs, mesh, single = _templates_of(program)
+        pp_of = axis_coords(program.mesh, program.axis)    # program.coords(r)[0], for every rank
+        graphs, mesh, single = _templates_of(program, pp_of)
     else:
         graphs, mesh, single = _programs_of(program)
     check_fits_cluster(mesh, cluster)
@@ -430,10 +431,9 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     n = mesh.size
     cache: dict = {}
     if sections:
-        templates = [program.templates[program.coords(r)[0]] for r in range(n)]
+        templates = [program.templates[p] for p in pp_of]
         shells = [_p2p_shell(t.local) for t in program.templates]
-        reps, rep_of, count = _representatives(mesh, cluster, graphs,
-                                               [shells[program.coords(r)[0]] for r in range(n)], dedup)
+        reps, rep_of, count = _representatives(mesh, cluster, graphs, [shells[p] for p in pp_of], dedup)
         from .pipeline_sim import SectionProgramBuilder
 
         builder = SectionProgramBuilder(mesh, cluster, model, cache)
@@ -593,18 +593,27 @@ def _main_dtype(p: Program) -> str:
     return max(by, key=lambda k: by[k]) if by else "f32"
 
 
+def axis_coords(mesh: Mesh, axis: str) -> list[int]:
+    """Every rank's coordinate along ``axis`` (row-major: the last axis varies fastest)."""
+    i = mesh.index(axis)
+    size, stride = mesh.shape[i], math.prod(mesh.shape[i + 1:])
+    return [(r // stride) % size for r in range(mesh.size)]
+
+
 def group_node_signatures(mesh: Mesh, node_of: Sequence[int], axis: str) -> list[tuple[int, bool]]:
     """For every rank, over ``axis``: how many members of its group share its node, and
-    whether the whole group is on one node (each group walked once)."""
+    whether the whole group is on one node (each group walked once; a group is the ranks
+    ``base + x * stride`` of the row-major mesh, as ``Mesh.group_of`` lists them)."""
+    i = mesh.index(axis)
+    size, stride = mesh.shape[i], math.prod(mesh.shape[i + 1:])
     sig: list[tuple[int, bool] | None] = [None] * mesh.size
-    for r in range(mesh.size):
-        if sig[r] is not None:
-            continue
-        g = mesh.group_of(r, axis)
-        nodes = Counter(node_of[m] for m in g)
-        one = len(nodes) == 1
-        for m in g:
-            sig[m] = (nodes[node_of[m]], one)
+    for hi in range(0, mesh.size, size * stride):
+        for base in range(hi, hi + stride):
+            g = range(base, base + size * stride, stride)
+            nodes = Counter(node_of[m] for m in g)
+            one = len(nodes) == 1
+            for m in g:
+                sig[m] = (nodes[node_of[m]], one)
     out = [x for x in sig if x is not None]
     assert len(out) == mesh.size, "the groups of an axis cover every rank"
     return out

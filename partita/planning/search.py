@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
+from ..parallel.pipeline.build import StepCache, using_step_cache
 from ..parallel.pipeline.chunk_templates import SectionCache, using_section_cache
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts, stage_cut
 from .plan import RECOMPUTE, Plan
@@ -136,11 +137,14 @@ class Pricer:
         self.failures: list[str] = []   # the plans that could not be built, with why (price_best)
         # The pipelines' priced sections, kept across candidates (parallel/pipeline/chunk_templates.py).
         self.sections = SectionCache()
+        # The steps' forward sections and microbatch graphs, kept across pipeline candidates (build.py).
+        self.built = StepCache()
         self.skipped = 0                # the meshes the bounds skipped unpriced (price_best)
         self.shardings: dict[tuple[int, str], Any] = {}   # (tp, recompute) -> (step, ShardingChoice or error text)
         self.sharding_notes: list[dict] = []               # per mesh: the words' and the program's step (planner)
         self.origin: dict[int, Candidate] = {}             # id of a priced plan -> its candidate
         self.seconds["milp"] = 0.0
+        self.model_flops: dict[int, float] = {}            # id of a step (kept in steps) -> its model FLOPs
 
     def sharding(self, tp: int, recompute: str) -> Any:
         """The per-op sharding integer program's choice over ``tp`` devices on one layer's training
@@ -191,10 +195,15 @@ class Pricer:
         from ..parallel.spmd import parallelize
 
         t0 = time.perf_counter()
-        prog = parallelize(step, **p.parallelize_options(unroll=False))
+        with using_step_cache(self.built):
+            prog = parallelize(step, **p.parallelize_options(unroll=False))
         t1 = time.perf_counter()
         with using_section_cache(self.sections):
-            res = simulate(prog, self.cluster, trace=False, memory=not p.pipelined)
+            # The step's model FLOPs (a walk of its whole graph) are the same for every plan of it.
+            res = simulate(prog, self.cluster, trace=False, memory=not p.pipelined,
+                           model_flops=self.model_flops.get(id(step)))
+        if res.model_flops:
+            self.model_flops[id(step)] = res.model_flops
         t2 = time.perf_counter()
         self.seconds["parallelize"] += t1 - t0
         self.seconds["simulate"] += t2 - t1

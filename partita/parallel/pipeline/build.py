@@ -20,9 +20,11 @@ per action of the real schedule.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from ...ir.builder import Builder
 from ...ir.graph import Graph, Node, Value
@@ -793,18 +795,68 @@ def _tag(what: str, chunk: int, mb: int | str, i: int, stages: int, virtual: int
     return f"gradient {i} of B{mb}: {where(chunk)} -> {where(chunk - 1)}"
 
 
+@dataclass
+class StepCache:
+    """What ``build_pipeline`` derives from a step alone, kept across the pipelines built inside a
+    ``using_step_cache`` block (a planner pricing many candidates of one step): its forward
+    section (``forward_of``) by step, and its microbatch graph (``microbatch_graph``) by step and
+    microbatch count. Neither is changed by what reads it. Keys are the steps' identities, each
+    step kept alive with its entry; ``hits`` counts the graphs handed over again."""
+
+    forwards: dict[int, tuple[Graph, Graph, bool]] = field(default_factory=dict)
+    micro: dict[tuple[int, int], tuple[Graph, MicrobatchGraph]] = field(default_factory=dict)
+    hits: int = 0
+
+    def forward(self, step: Graph) -> tuple[Graph, bool]:
+        """``forward_of(step)``, made once."""
+        got = self.forwards.get(id(step))
+        if got is not None and got[0] is step:
+            self.hits += 1
+            return got[1], got[2]
+        fwd, training = forward_of(step)
+        self.forwards[id(step)] = (step, fwd, training)
+        return fwd, training
+
+    def microbatch(self, step: Graph, fwd: Graph, microbatches: int, training: bool) -> MicrobatchGraph:
+        """``microbatch_graph(fwd, microbatches, training)`` of ``step``'s forward ``fwd``, made once."""
+        got = self.micro.get((id(step), microbatches))
+        if got is not None and got[0] is step:
+            self.hits += 1
+            return got[1]
+        mbg = microbatch_graph(fwd, microbatches, training)
+        self.micro[(id(step), microbatches)] = (step, mbg)
+        return mbg
+
+
+_STEP_CACHE: contextvars.ContextVar[StepCache | None] = contextvars.ContextVar("step_cache", default=None)
+
+
+@contextlib.contextmanager
+def using_step_cache(cache: StepCache) -> Iterator[StepCache]:
+    """Make ``cache`` the step cache of the pipelines built inside the block (see ``StepCache``)."""
+    if not isinstance(cache, StepCache):
+        raise TypeError(f"using_step_cache: expected a StepCache, got {type(cache).__name__}; make one with StepCache()")
+    token = _STEP_CACHE.set(cache)
+    try:
+        yield cache
+    finally:
+        _STEP_CACHE.reset(token)
+
+
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *,
                    axis: str = "pp", cut: Any = None, recompute: str = "none", distinct: bool = False) -> Pipeline:
     """The pipeline of ``step`` (see the module docstring); ``recompute``: the activation
     recomputation policy of every chunk's backward; ``distinct``: build only the pp ranks
     whose templates differ but for names (``Pipeline.alike`` maps the others), for the
     driver's ``unroll=False`` templates, which copy the alike ones."""
-    fwd, training = forward_of(step)
+    cache = _STEP_CACHE.get()
+    fwd, training = cache.forward(step) if cache is not None else forward_of(step)
     if not training and not schedule.forward_only:
         raise PipelineError(f"pipeline: @{step.name} is a forward graph (no optimizer update, no gradients); a "
                             f"training schedule needs a training step (partita.training_step); for inference the "
                             "pipeline runs forward only")
-    mbg = microbatch_graph(fwd, microbatches, training)
+    mbg = cache.microbatch(step, fwd, microbatches, training) if cache is not None else \
+        microbatch_graph(fwd, microbatches, training)
     sc = partition_stages(mbg.graph, schedule.chunks, cut, virtual=schedule.virtual)
     last = schedule.chunks - 1
     # One program per distinct chunk (first, middle, last), copied into the alike ones.
@@ -825,5 +877,5 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     return Pipeline(sc, chunks, schedule, ranks, un.tied, mbg, training, un.owners, alike)
 
 
-__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "build_pipeline", "check_microbatches", "forward_of",
-           "is_training", "microbatch_graph"]
+__all__ = ["MicrobatchGraph", "Pipeline", "RankProgram", "StepCache", "build_pipeline", "check_microbatches",
+           "forward_of", "is_training", "microbatch_graph", "using_step_cache"]
