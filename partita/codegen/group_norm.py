@@ -33,7 +33,6 @@ import numpy as np
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node, Value
-from ..ir.types import TensorType
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .epilogue import UNARY
@@ -54,9 +53,11 @@ def _infer(ts: list, attrs: dict) -> Any:
     c = x.shape[1]
     if g < 1 or c % g:
         raise TypeRuleError(f"group_norm: groups={g} must divide the {c} channels of {x}")
+    per_c = (1, c) + (1,) * (x.rank - 2)
     for t in ts[1:]:
-        if t.shape != (c,) or t.dtype != x.dtype:
-            raise TypeRuleError(f"group_norm: weight and bias must be [{c}] of {x.dtype}, got {t}")
+        if t.shape not in ((c,), per_c, per_c[1:]) or t.dtype != x.dtype:
+            raise TypeRuleError(f"group_norm: weight and bias must be [{c}] (or {list(per_c)}, {list(per_c[1:])}) "
+                                f"of {x.dtype}, got {t}")
     if not x.dtype.is_float:
         raise TypeRuleError(f"group_norm: x must be a float tensor, got {x}")
     return x
@@ -104,8 +105,8 @@ def _unary_inplace(kind: str) -> Callable[[Any], Any] | None:
 
 def _torch(args: list, attrs: dict) -> Any:
     x = args[0]
-    w = args[1] if len(args) > 1 else None
-    b = args[2] if len(args) > 2 else None
+    w = args[1].reshape(-1) if len(args) > 1 else None
+    b = args[2].reshape(-1) if len(args) > 2 else None
     y = torch.nn.functional.group_norm(x, attrs["groups"], w, b, attrs["eps"])
     act = _unary_inplace(attrs["unary"])
     return y if act is None else act(y)
@@ -218,17 +219,14 @@ def _affine(x: Value, y: Value) -> tuple[Value | None, Value | None, Value, list
     return w, b, y, taken
 
 
-def _as_channels(graph: Graph, v: Value, before: Node) -> Value:
-    """``v`` (per channel) as a [C] value: its source where it is a reshape of one, else a new
-    reshape placed before ``before``."""
+def _as_channels(v: Value) -> Value:
+    """``v`` (per channel): its [C] source where it is a reshape of one, else ``v`` itself (the
+    op takes [C], [1, C, 1, ...] and [C, 1, ...]; a folded param is one of the last two)."""
     c = v.type.numel
     p = v.producer
     if p is not None and p.op in ("reshape", "unsqueeze") and p.operands[0].type.shape == (c,):
         return p.operands[0]
-    r = Node("reshape", [v], OPS["reshape"].normalize_attrs({"shape": (c,)}), [TensorType((c,), v.type.dtype)],
-             before.loc)
-    graph.insert_before(before, r)
-    return r.results[0]
+    return v
 
 
 def _unary_kind(node: Node) -> str | None:
@@ -261,7 +259,7 @@ def fuse_group_norm(graph: Graph, node: Node) -> Node | None:
             taken.append(readers[0])
     last = y.producer
     assert last is not None
-    operands = [x] + [_as_channels(graph, v, last) for v in (w, b) if v is not None]
+    operands = [x] + [_as_channels(v) for v in (w, b) if v is not None]
     if any(v.producer is not None and not v.producer.is_before(last) for v in operands):
         return None
     new = Node("group_norm", operands, OPS["group_norm"].normalize_attrs(
@@ -296,6 +294,8 @@ def group_norm_kernel(node: Node, inplace: bool = False) -> Callable | None:
 
     def step(args: list, attrs: dict) -> Any:
         x = args[0].contiguous()
-        y = gn(x, groups, args[1] if len(args) > 1 else None, args[2] if len(args) > 2 else None, eps)
+        w = args[1].reshape(-1) if len(args) > 1 else None
+        b = args[2].reshape(-1) if len(args) > 2 else None
+        y = gn(x, groups, w, b, eps)
         return y if act is None else act(y)
     return step

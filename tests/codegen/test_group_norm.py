@@ -132,3 +132,4 @@ def test_backend_path_takes_group_norm_and_matches_eager() -> None:
     assert s.fallbacks == 0, s.report()
     ops = [n.op for g in s.graphs if g.program is not None for n in g.program.graph.nodes]
     assert ops.count("group_norm") == 2, ops
+    assert "reshape" not in ops, ops   # frozen affine params ([1, C, 1, 1] after folding) are read as they are
