@@ -18,7 +18,12 @@ moments the machine gives the core to another process), beside eager and dynamo'
 bytecode and nothing else); then every step of the backend's program beside the same step of
 the import path's.
 
-Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend]
+``--pieces`` splits the backend's call by swapping what dynamo calls (partita's entry) for less
+of it, in interleaved rounds of CPU time: the whole entry; the frozen program's runner without
+the frozen-params check; the program alone; a fixed result (dynamo's frame alone); and the import
+path's program called from the same frame (what the frame's memory traffic costs any program).
+
+Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend] [--pieces]
 (one thread; PARTITA_CACHE_DIR=<a copy of the kernel cache without choices.json> makes the
 convolutions measure their kernel choice afresh).
 """
@@ -279,6 +284,60 @@ def compare_backend(name: str, tmp: Path, calls: int, verbose: bool) -> None:
             print(f"  {k:4d} {n.op:28s} import {a:8.1f} us  backend {b:8.1f} us")
 
 
+def backend_pieces(name: str, tmp: Path, rounds: int = 21, calls: int = 30) -> dict[str, float]:
+    """Median CPU us a call of the backend with its entry swapped for less of it (see the
+    module docstring, ``--pieces``); needs one graph that dynamo calls partita's runner for."""
+    import partita.codegen.dynamo as D
+
+    D.reset_stats()
+    cands, _ = backend_candidates(name, tmp)
+    with torch.inference_mode():
+        for _ in range(2 * (D.WARMUP_CALLS + D.TIMED_CALLS) + 4):
+            cands["backend"]()
+    entries = [g for g in D.stats().graphs if g.program is not None]
+    import gc
+
+    # dynamo's entry into partita: the one _Unboxed the backend made
+    unboxed = [o for o in gc.get_objects() if type(o).__name__ == "_Unboxed" and type(o).__module__ == D.__name__]
+    if len(entries) != 1 or len(unboxed) != 1:
+        raise SystemExit(f"zoo_profile --pieces: {name} has {len(entries)} compiled graph(s) and "
+                         f"{len(unboxed)} direct entries; the split needs one of each")
+    entry = unboxed[0]
+    real = entry.boxed
+    inner = real.runner if isinstance(real, D._Chooser) else real
+    seen: list = []
+    entry.boxed = lambda a: (seen.append(list(a)), real(a))[1]
+    with torch.inference_mode():
+        cands["backend"]()
+    args = seen[0]
+    entry.boxed = real
+    run = inner.run if isinstance(inner, D._FrozenRunner) else inner
+    kept = inner.pick_kept if isinstance(inner, D._FrozenRunner) else (lambda a: a)
+    fixed = tuple(run(list(kept(args))))
+    swaps: dict[str, Callable[[list], Any]] = {
+        "entry": real, "runner, no frozen check": lambda a: run(list(kept(a))),
+        "program only": lambda a: tuple(run.program(list(kept(a)))), "fixed result": lambda a: fixed}
+    times: dict[str, list[float]] = defaultdict(list)
+    try:
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for k, fn in swaps.items():
+                    entry.boxed = fn
+                    for _ in range(3):
+                        cands["backend"]()
+                    c0 = time.thread_time()
+                    for _ in range(calls):
+                        cands["backend"]()
+                    times[k].append((time.thread_time() - c0) / calls)
+                c0 = time.thread_time()
+                for _ in range(calls):
+                    cands["import"]()
+                times["import path alone"].append((time.thread_time() - c0) / calls)
+    finally:
+        entry.boxed = real
+    return {k: median(v) * 1e6 for k, v in times.items()}
+
+
 def report(name: str, prog: Any, walls: dict, steps: dict, nodes: list, verbose: bool) -> None:
     from partita.backend.torch_exec import ConstantStep
 
@@ -316,10 +375,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("-v", "--verbose", action="store_true", help="every step with its operand shapes")
     ap.add_argument("--dispatch", action="store_true", help="also the executor's own cost a call")
+    ap.add_argument("--pieces", action="store_true",
+                    help="the backend's call split by swapping its entry for less of it (CPU us)")
     ap.add_argument("--backend", action="store_true",
                     help="the torch.compile backend against the import path, call and steps")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.pieces:
+        for name in args.model.split(","):
+            with tempfile.TemporaryDirectory() as work:
+                us = backend_pieces(name, Path(work))
+            own, check = us["entry"] - us["program only"], us["entry"] - us["runner, no frozen check"]
+            print(f"{name} (CPU us a call): " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+                  + f"; partita's own {own:.1f} (the frozen check {check:.1f}), the frame "
+                  f"{us['fixed result']:.1f}, the program in the frame {us['program only'] - us['fixed result']:.1f}")
+        return 0
     if args.backend:
         for name in args.model.split(","):
             with tempfile.TemporaryDirectory() as work:
