@@ -76,7 +76,10 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            g = PassManager.parse(("fold-params," if freeze else "") + "fold-batch-norm,fuse-library").run(g)
+            from . import merge_linear  # noqa: F401: registers merge-linears
+
+            g = PassManager.parse(("fold-params," if freeze else "") + "fold-batch-norm,fuse-library"
+                                  + (",merge-linears" if freeze else "")).run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
         if fuse:

@@ -1,0 +1,145 @@
+"""``merge-linears``: linear layers reading the same input become one (inference, frozen params).
+
+Attention's q, k and v projections (T5, Llama, DeBERTa-v2, BERT-like encoders) and the key and
+value projections of every decoder layer's cross-attention (all reading the encoder's output)
+are separate ``linear_pointwise`` nodes on one input x [M, K]. On the small shapes of the zoo a
+layer is a few microseconds of arithmetic beside 2 to 4 microseconds of per-step cost, so one
+GEMM ``x @ [W_1 | W_2 | ...]`` followed by a ``split`` of its columns (bound once as views of
+the memory plan's buffer) does the same work in one step:
+
+    linear_pointwise(x, W_i, b_i) {unary u}, i = 1..n
+      ==  split(linear_pointwise(x, concat_i W_i, concat_i b_i) {unary u}, axis 1)
+
+Each column of the result depends on its own weight column and bias only, so the split
+pieces hold the same values as the separate layers (the same sums, in the same order). Taken
+together: layers whose input is the same 2-d value (or equal reshapes of one value), whose weights (and biases, where they have
+one) are params with values in ``graph.weights``, of one dtype, with the same weight layout,
+activation and bias presence. It assumes what ``fold-params`` assumes: the params are the values
+``graph.weights`` holds at every call (a frozen inference program); ``CompiledProgram`` runs
+it only with ``freeze=True``. The old weights go when nothing else reads them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value, input_name
+from ..ir.types import TensorType
+from ..passes.manager import Pass, register_pass
+from .inference import known_value
+
+__all__ = ["MergeLinears", "merge_sibling_linears", "source_of"]
+
+# Layers wider than this (output columns) are left alone: the split pieces of a large GEMM
+# gain nothing from one call, and the concatenated weight is a second copy until the old goes.
+MAX_MERGED_COLUMNS = 4096
+
+
+def _key(graph: Graph, node: Node) -> tuple | None:
+    """What layers must share to be merged with ``node``; None when it cannot be merged."""
+    x = node.operands[0]
+    w = node.operands[1]
+    if x.type.rank != 2 or w.type.rank != 2 or not w.is_input or known_value(graph, w) is None:
+        return None
+    bias = node.operands[2] if len(node.operands) > 2 else None
+    if bias is not None and (not bias.is_input or known_value(graph, bias) is None):
+        return None
+    attrs = tuple(sorted((k, repr(v)) for k, v in node.attrs.items()))
+    return (source_of(x), w.type.dtype, bias is not None, attrs)
+
+
+def source_of(x: Value) -> tuple:
+    """``x`` as a key: a reshape's operand and shape, so that equal reshapes of one value (an
+    input reshaped once per layer where CSE has not run) count as one input."""
+    p = x.producer
+    if p is not None and p.op == "reshape":
+        return ("reshape", p.operands[0], x.type.shape)
+    return ("value", x)
+
+
+def _new_param(graph: Graph, like: Value, suffix: str, value: np.ndarray) -> Value:
+    """A new param named after ``like`` with ``value`` in ``graph.weights``."""
+    names = {input_name(v) for v in graph.inputs} | set(graph.weights)
+    base = f"{input_name(like)}.{suffix}"
+    name, i = base, 1
+    while name in names:
+        name, i = f"{base}.{i}", i + 1
+    v = graph.add_input(name, TensorType(value.shape, like.type.dtype), "param")
+    graph.weights[name] = value
+    return v
+
+
+def _known(graph: Graph, v: Value) -> np.ndarray:
+    a = known_value(graph, v)
+    assert a is not None, f"merge-linears: {v!r} has no known value"
+    return a
+
+
+def _drop_unused_param(graph: Graph, v: Value) -> None:
+    if v.is_input and not v.has_uses:
+        name = input_name(v)
+        graph.remove_input(v)
+        graph.weights.pop(name, None)
+
+
+def merge_group(graph: Graph, layers: list[Node]) -> Node:
+    """Replace ``layers`` (same input, weight layout, activation and bias presence; known
+    weights) by one ``linear_pointwise`` on their concatenated weights and a ``split`` of its
+    columns; returns the new layer."""
+    first = layers[0]
+    kn = first.attrs.get("weight_layout", "nk") == "kn"
+    widths = [n.results[0].type.shape[1] for n in layers]
+    w: np.ndarray = np.ascontiguousarray(np.concatenate([_known(graph, n.operands[1]) for n in layers],
+                                                        axis=1 if kn else 0))
+    operands = [first.operands[0], _new_param(graph, first.operands[1], "merged", w)]
+    if len(first.operands) > 2:
+        b = np.concatenate([_known(graph, n.operands[2]) for n in layers])
+        operands.append(_new_param(graph, first.operands[2], "merged", np.ascontiguousarray(b)))
+    out = first.results[0].type
+    m = out.shape[0]
+    merged = Node("linear_pointwise", operands, dict(first.attrs), [TensorType((m, sum(widths)), out.dtype)],
+                  first.loc)
+    graph.insert_before(first, merged)
+    split = Node("split", [merged.results[0]], {"axis": 1, "sizes": tuple(widths)},
+                 [n.results[0].type for n in layers], first.loc)
+    graph.insert_after(merged, split)
+    old = []
+    for n, piece in zip(layers, split.results):
+        graph.replace_all_uses(n.results[0], piece)
+        old.extend(n.operands[1:])
+        graph.erase(n)
+    for v in dict.fromkeys(old):
+        _drop_unused_param(graph, v)
+    return merged
+
+
+def merge_sibling_linears(graph: Graph) -> int:
+    """Merge every group of two or more mergeable ``linear_pointwise`` nodes on one input (see
+    the module doc); returns how many layers went."""
+    groups: dict[tuple, list[Node]] = defaultdict(list)
+    for node in graph.nodes:
+        if node.op == "linear_pointwise" and len(node.operands) in (2, 3):
+            key = _key(graph, node)
+            if key is not None:
+                groups[key].append(node)
+    gone = 0
+    for layers in groups.values():
+        if len(layers) < 2 or sum(n.results[0].type.shape[1] for n in layers) > MAX_MERGED_COLUMNS:
+            continue
+        merge_group(graph, layers)
+        gone += len(layers) - 1
+    return gone
+
+
+@register_pass
+class MergeLinears(Pass):
+    """Linear layers on one input with known weights become one layer and a split (see the
+    module doc)."""
+
+    name = "merge-linears"
+
+    def run(self, graph: Graph) -> Graph:
+        merge_sibling_linears(graph)
+        return graph
