@@ -500,15 +500,24 @@ def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other, list(a["dilation"]), end)
 
 
+def _patch(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+    from .patch_conv import PreparedPatchConv, supported
+
+    if supported(xs, ws, a["stride"], a["padding"], a["dilation"], a["groups"], conv_padding_end(a), unary, other):
+        return None
+    return PreparedPatchConv(xs, ws)
+
+
 # The generated convolution kernels, in order of preference: each returns its prepared kernel
 # for a node it takes, or None. Winograd first: on the 3 x 3 convolutions of the CNN benchmark
 # it took 0.50 to 0.67 of the direct kernel's time (8 x {32, 64, 128} channels at {64, 32, 16}
 # pixels square; one thread, AMD EPYC Zen 4, bench/bench_library.py --part conv). The first two
 # take groups=1 only (the direct kernel a few groups too, as a candidate of the measured choice:
 # codegen/conv.py's ``block_diagonal``), the depthwise kernel (codegen/depthwise.py) groups =
-# channels only.
-CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("winograd", _winograd), ("direct", _direct),
-                                                            ("depthwise", _depthwise))
+# channels only. A patch convolution (stride = kernel, no epilogue but the bias: ConvNeXt's stem
+# and downsampling) has its own kernel, reading the input in its own layout (codegen/patch_conv.py).
+CONV_KERNELS: tuple[tuple[str, Callable[..., Any]], ...] = (("patch", _patch), ("winograd", _winograd),
+                                                            ("direct", _direct), ("depthwise", _depthwise))
 
 
 def conv_kernel_name(gen: Any) -> str:
@@ -516,8 +525,12 @@ def conv_kernel_name(gen: Any) -> str:
     from .depthwise import PreparedDepthwise
     from .winograd import PreparedWinograd
 
+    from .patch_conv import PreparedPatchConv
+
     if isinstance(gen, PreparedWinograd):
         return "winograd"
+    if isinstance(gen, PreparedPatchConv):
+        return "patch"
     return "depthwise" if isinstance(gen, PreparedDepthwise) else "direct"
 
 
