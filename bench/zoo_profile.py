@@ -174,9 +174,10 @@ def frame_only(gm: Any, example_inputs: Any) -> Callable[..., Any]:
     return call
 
 
-def backend_candidates(name: str, tmp: Path) -> tuple[dict[str, Callable[[], Any]], Any]:
+def backend_candidates(name: str, tmp: Path, guard_filter: bool = False) -> tuple[dict[str, Callable[[], Any]], Any]:
     """The backend, the import path, eager and dynamo's frame as calls, and the import path's
-    CompiledProgram."""
+    CompiledProgram; with ``guard_filter`` also the backend and the frame compiled with torch's
+    ``skip_guard_on_all_nn_modules_unsafe`` guard filter (a user's choice, docs/codegen.md)."""
     import partita
     from partita.codegen import CompiledProgram
 
@@ -191,8 +192,15 @@ def backend_candidates(name: str, tmp: Path) -> tuple[dict[str, Callable[[], Any
     compiled = torch.compile(case.wrapped(), backend="partita")
     frame = torch.compile(case.wrapped(), backend=frame_only)
     eager = case.wrapped()
-    return {"backend": lambda: compiled(*flat), "import": lambda: prog(args, weights),
-            "eager": lambda: eager(*flat), "frame": lambda: frame(*flat)}, prog
+    cands = {"backend": lambda: compiled(*flat), "import": lambda: prog(args, weights),
+             "eager": lambda: eager(*flat), "frame": lambda: frame(*flat)}
+    if guard_filter:
+        skip = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+        filtered = torch.compile(case.wrapped(), backend="partita", options={"guard_filter_fn": skip})
+        filtered_frame = torch.compile(case.wrapped(), backend=frame_only, options={"guard_filter_fn": skip})
+        cands["backend+filter"] = lambda: filtered(*flat)
+        cands["frame+filter"] = lambda: filtered_frame(*flat)
+    return cands, prog
 
 
 def time_calls(cands: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, dict[str, float]]:
@@ -254,12 +262,12 @@ def backend_steps(cands: dict[str, Callable[[], Any]], prog: Any, calls: int) ->
     return out
 
 
-def compare_backend(name: str, tmp: Path, calls: int, verbose: bool) -> None:
+def compare_backend(name: str, tmp: Path, calls: int, verbose: bool, guard_filter: bool = False) -> None:
     """Print the backend against the import path: calls, then steps."""
     import partita.codegen.dynamo as D
 
     D.reset_stats()
-    cands, prog = backend_candidates(name, tmp)
+    cands, prog = backend_candidates(name, tmp, guard_filter)
     with torch.inference_mode():
         for fn in cands.values():
             for _ in range(2 * (D.WARMUP_CALLS + D.TIMED_CALLS) + 4):
@@ -271,6 +279,10 @@ def compare_backend(name: str, tmp: Path, calls: int, verbose: bool) -> None:
         print(f"{name} ({how}, ms a call): " + ", ".join(f"{k} {v:.3f}" for k, v in ms.items())
               + f"; backend / import {ms['backend'] / ms['import']:.2f}, backend / (import + frame) "
               f"{ms['backend'] / (ms['import'] + ms['frame']):.2f}, backend / eager {ms['backend'] / ms['eager']:.2f}")
+    if guard_filter:
+        print(f"with the nn-module guards filtered (CPU): backend {t['cpu']['backend+filter'] / t['cpu']['backend']:.3f} "
+              f"of the default, frame {t['cpu']['frame+filter'] / t['cpu']['frame']:.3f}")
+        return
     print(D.stats().report())
     steps = backend_steps(cands, prog, calls)
     if not steps:
@@ -375,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("-v", "--verbose", action="store_true", help="every step with its operand shapes")
     ap.add_argument("--dispatch", action="store_true", help="also the executor's own cost a call")
+    ap.add_argument("--guard-filter", action="store_true",
+                    help="with --backend: also the backend and the frame with the nn-module guards filtered")
     ap.add_argument("--pieces", action="store_true",
                     help="the backend's call split by swapping its entry for less of it (CPU us)")
     ap.add_argument("--backend", action="store_true",
@@ -393,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend:
         for name in args.model.split(","):
             with tempfile.TemporaryDirectory() as work:
-                compare_backend(name, Path(work), args.calls, args.verbose)
+                compare_backend(name, Path(work), args.calls, args.verbose, args.guard_filter)
         return 0
     with tempfile.TemporaryDirectory() as work:
         prog, call, sess, feeds = build(args.model, Path(work))
