@@ -26,6 +26,9 @@ kernel on the tensor as it comes (NCHW or channels-last) with the activation in 
 
 from __future__ import annotations
 
+import ctypes
+import math
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -285,17 +288,305 @@ def fuse_mean(graph: Graph, node: Node) -> Node | None:
 # --- the step --------------------------------------------------------------------------------
 
 def group_norm_kernel(node: Node, inplace: bool = False) -> Callable | None:
-    """The step running a ``group_norm`` node: ATen's group norm on the tensor as it comes
-    (NCHW or channels-last), the activation in place on its result."""
+    """The step running a ``group_norm`` node: the generated kernel (``generated_for``) or ATen's
+    group norm on the tensor as it comes, with the activation in place, whichever measured
+    faster at the node's first call (codegen/choose.py; the generated kernel where measuring is
+    off or it is the only one)."""
     del inplace
     groups, eps = int(node.attrs["groups"]), float(node.attrs["eps"])
     act = _unary_inplace(node.attrs["unary"])
     gn = torch.nn.functional.group_norm
+    gen = generated_for(node)
+    picked: list[str] = []
 
-    def step(args: list, attrs: dict) -> Any:
+    def run_aten(args: list) -> Any:
         x = args[0].contiguous()
         w = args[1].reshape(-1) if len(args) > 1 else None
         b = args[2].reshape(-1) if len(args) > 2 else None
         y = gn(x, groups, w, b, eps)
         return y if act is None else act(y)
+
+    def run_gen(args: list) -> Any:
+        assert gen is not None
+        return gen(*args)
+
+    def step(args: list, attrs: dict) -> Any:
+        if gen is None or not args[0].is_cpu:
+            return run_aten(args)
+        if not picked:
+            from .choose import choose
+
+            x = args[0]
+            layout = "nchw" if x.is_contiguous() else "other"
+            key = f"group_norm x {tuple(x.shape)} {layout} groups {groups} {node.attrs['unary']} affine {len(args) > 1}"
+            picked.append(choose(key, {"generated": lambda: run_gen(args), "aten": lambda: run_aten(args)},
+                                 where=f"group_norm at {node.loc}", default="generated", node=node))
+        return run_gen(args) if picked[0] == "generated" else run_aten(args)
     return step
+
+
+# --- the generated kernel --------------------------------------------------------------------
+
+def _f32_hex(x: float) -> str:
+    """An f32 constant as LLVM writes it (the double with the same value, in hex)."""
+    import struct
+
+    f = struct.unpack("<f", struct.pack("<f", x))[0]
+    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f))[0]
+
+
+class _Emitter:
+    """LLVM IR of counted loops, written line by line."""
+
+    def __init__(self, lanes: int) -> None:
+        self.out: list[str] = []
+        self.L, self.vt = lanes, f"<{lanes} x float>"
+
+    def a(self, line: str) -> None:
+        """Append one line."""
+        self.out.append(line)
+
+    def loop(self, tag: str, start: str, count: str, step: int, acc: str | None,
+             body: Callable[[str, str | None], str | None]) -> str | None:
+        """for j = 0; j < count; j += step (``count`` a multiple of ``step``), from the block
+        ``start``; ``acc`` the type of an accumulator starting at zero (or None), which
+        ``body(j, acc)`` returns updated. The value after the loop (None without one)."""
+        a = self.a
+        zero = "zeroinitializer" if acc and acc.startswith("<") else "0.0"
+        a(f"  %{tag}.go = icmp sgt i64 {count}, 0")
+        a(f"  br i1 %{tag}.go, label %{tag}, label %{tag}.x")
+        a(f"{tag}:")
+        a(f"  %{tag}.j = phi i64 [ 0, %{start} ], [ %{tag}.jn, %{tag}.end ]")
+        at = len(self.out)
+        if acc:
+            a("")                                 # the accumulator's phi, once the body is written
+        nxt = body(f"%{tag}.j", f"%{tag}.a" if acc else None)
+        if acc:
+            self.out[at] = f"  %{tag}.a = phi {acc} [ {zero}, %{start} ], [ {nxt}, %{tag}.end ]"
+        a(f"  br label %{tag}.end")
+        a(f"{tag}.end:")
+        a(f"  %{tag}.jn = add i64 %{tag}.j, {step}")
+        a(f"  %{tag}.c = icmp slt i64 %{tag}.jn, {count}")
+        a(f"  br i1 %{tag}.c, label %{tag}, label %{tag}.x")
+        a(f"{tag}.x:")
+        if acc:
+            a(f"  %{tag}.r = phi {acc} [ {zero}, %{start} ], [ {nxt}, %{tag}.end ]")
+            return f"%{tag}.r"
+        return None
+
+
+def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, affine: bool, relu: bool,
+                  lanes: int) -> str:
+    """The LLVM IR of a GroupNorm over contiguous NCHW f32 memory: ``void NAME(ptr params, i64
+    lo, i64 hi, i64 tid)`` for the (sample, group) blocks [lo, hi) of ``m = cg * hw`` elements;
+    ``params`` holds the addresses of x, weight, bias and y. Per block: the sum, the mean, the
+    sum of squared deviations about it (two passes, as the reference), 1 / sqrt(var + eps);
+    then per channel ((x - mean) * rstd) * w + b, and ReLU where ``relu``."""
+    e = _Emitter(lanes)
+    a, L, vt = e.a, lanes, e.vt
+    mv, hv = m - m % L, hw - hw % L
+    a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
+    a("declare float @llvm.sqrt.f32(float)")
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    for i, p in enumerate(("x", "w", "b", "y")):
+        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+    a("  %empty = icmp sge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %blk")
+    a("blk:")
+    a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %blkend ]")
+    a(f"  %base = mul i64 %i, {m}")
+    a("  %xb = getelementptr inbounds float, ptr %x, i64 %base")
+    a("  %yb = getelementptr inbounds float, ptr %y, i64 %base")
+    a(f"  %grp = urem i64 %i, {groups}")
+    a(f"  %c0 = mul i64 %grp, {cg}")
+    a("  br label %s1")
+    a("s1:")
+
+    def load(ptr: str, off: str, ty: str, tag: str) -> str:
+        a(f"  %{tag}.p = getelementptr inbounds float, ptr {ptr}, i64 {off}")
+        a(f"  %{tag} = load {ty}, ptr %{tag}.p, align 4")
+        return f"%{tag}"
+
+    def add_to(tag: str, ty: str) -> Callable[[str, str | None], str]:
+        def body(j: str, acc: str | None) -> str:
+            v = load("%xb", j, ty, f"{tag}.v")
+            a(f"  %{tag}.s = fadd reassoc {ty} {acc}, {v}")
+            return f"%{tag}.s"
+        return body
+
+    sv = e.loop("p1v", "s1", str(mv), L, vt, add_to("p1v", vt))
+    a("  br label %s1t")
+    a("s1t:")
+    a(f"  %xt1 = getelementptr inbounds float, ptr %xb, i64 {mv}")
+
+    def tail_add(j: str, acc: str | None) -> str:
+        v = load("%xt1", j, "float", "p1t.v")
+        a(f"  %p1t.s = fadd reassoc float {acc}, {v}")
+        return "%p1t.s"
+
+    st = e.loop("p1t", "s1t", str(m - mv), 1, "float", tail_add)
+    a(f"  %sum = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {st}, {vt} {sv})")
+    a(f"  %mean = fmul float %sum, {_f32_hex(1.0 / m)}")
+    a(f"  %mean.0 = insertelement <1 x float> poison, float %mean, i64 0")
+    a(f"  %meanv = shufflevector <1 x float> %mean.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+    a("  br label %s2")
+    a("s2:")
+
+    def dev(tag: str, ty: str, base: str, meanx: str) -> Callable[[str, str | None], str]:
+        def body(j: str, acc: str | None) -> str:
+            v = load(base, j, ty, f"{tag}.v")
+            a(f"  %{tag}.d = fsub {ty} {v}, {meanx}")
+            a(f"  %{tag}.dd = fmul {ty} %{tag}.d, %{tag}.d")
+            a(f"  %{tag}.s = fadd reassoc {ty} {acc}, %{tag}.dd")
+            return f"%{tag}.s"
+        return body
+
+    dv = e.loop("p2v", "s2", str(mv), L, vt, dev("p2v", vt, "%xb", "%meanv"))
+    a("  br label %s2t")
+    a("s2t:")
+    dt = e.loop("p2t", "s2t", str(m - mv), 1, "float", dev("p2t", "float", "%xt1", "%mean"))
+    a(f"  %ssd = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {dt}, {vt} {dv})")
+    a(f"  %var = fmul float %ssd, {_f32_hex(1.0 / m)}")
+    a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
+    a("  %sd = call float @llvm.sqrt.f32(float %ve)")
+    a("  %rstd = fdiv float 1.0, %sd")
+    a("  %rstd.0 = insertelement <1 x float> poison, float %rstd, i64 0")
+    a(f"  %rstdv = shufflevector <1 x float> %rstd.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+    a("  br label %s3")
+    a("s3:")
+
+    def channel(c: str, _acc: str | None) -> None:
+        a("  %ch = add i64 %c0, " + c)
+        a(f"  %co = mul i64 {c}, {hw}")
+        a("  %xc = getelementptr inbounds float, ptr %xb, i64 %co")
+        a("  %yc = getelementptr inbounds float, ptr %yb, i64 %co")
+        if affine:
+            a("  %wcp = getelementptr inbounds float, ptr %w, i64 %ch")
+            a("  %bcp = getelementptr inbounds float, ptr %b, i64 %ch")
+            a("  %wc = load float, ptr %wcp, align 4")
+            a("  %bc = load float, ptr %bcp, align 4")
+            a("  %wc.0 = insertelement <1 x float> poison, float %wc, i64 0")
+            a(f"  %wcv = shufflevector <1 x float> %wc.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+            a("  %bc.0 = insertelement <1 x float> poison, float %bc, i64 0")
+            a(f"  %bcv = shufflevector <1 x float> %bc.0, <1 x float> poison, <{L} x i32> zeroinitializer")
+        a("  br label %s3v")
+        a("s3v:")
+
+        def store(tag: str, ty: str, xs: str, ys: str, sfx: str) -> Callable[[str, str | None], None]:
+            def body(j: str, _a: str | None) -> None:
+                v = load(xs, j, ty, f"{tag}.v")
+                a(f"  %{tag}.d = fsub {ty} {v}, %mean{sfx}")
+                a(f"  %{tag}.n = fmul {ty} %{tag}.d, %rstd{sfx}")
+                r = f"%{tag}.n"
+                if affine:
+                    a(f"  %{tag}.w = fmul {ty} {r}, %wc{sfx}")
+                    a(f"  %{tag}.b = fadd {ty} %{tag}.w, %bc{sfx}")
+                    r = f"%{tag}.b"
+                if relu:   # x < 0 ? 0 : x, so that NaN stays NaN as in torch.relu
+                    zero = "zeroinitializer" if ty == vt else "0.0"
+                    a(f"  %{tag}.lt = fcmp olt {ty} {r}, {zero}")
+                    a(f"  %{tag}.r = select {'<%d x i1>' % L if ty == vt else 'i1'} %{tag}.lt, {ty} {zero}, {ty} {r}")
+                    r = f"%{tag}.r"
+                a(f"  %{tag}.yp = getelementptr inbounds float, ptr {ys}, i64 {j}")
+                a(f"  store {ty} {r}, ptr %{tag}.yp, align 4")
+            return body
+
+        e.loop("p3v", "s3v", str(hv), L, None, store("p3v", vt, "%xc", "%yc", "v"))
+        a("  br label %s3t")
+        a("s3t:")
+        a(f"  %xct = getelementptr inbounds float, ptr %xc, i64 {hv}")
+        a(f"  %yct = getelementptr inbounds float, ptr %yc, i64 {hv}")
+        e.loop("p3t", "s3t", str(hw - hv), 1, None, store("p3t", "float", "%xct", "%yct", ""))
+        a("  br label %chend")
+        a("chend:")
+        return None
+
+    e.loop("p3c", "s3", str(cg), 1, None, channel)
+    a("  br label %blkend")
+    a("blkend:")
+    a("  %i.next = add i64 %i, 1")
+    a("  %more = icmp slt i64 %i.next, %hi")
+    a("  br i1 %more, label %blk, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+    return "\n".join(e.out) + "\n"
+
+
+# Blocks are split across threads from this many elements on (as norm.py's rows).
+PARALLEL_MIN_ELEMENTS = 1 << 17
+# The activations the generated kernel applies itself (the others run on ATen).
+KERNEL_UNARY = ("none", "relu")
+_COMPILED: dict = {}
+_LOCK = threading.Lock()
+
+
+def _compiled(shape: tuple, groups: int, eps: float, affine: bool, relu: bool) -> Any:
+    """The compiled kernel of a GroupNorm of ``shape`` (cached per process and on disk)."""
+    from .jit import jit
+    from .lowering import vector_width
+
+    c, hw = shape[1], math.prod(shape[2:])
+    cg = c // groups
+    key = (cg, hw, groups, _f32_hex(eps), affine, relu, vector_width())
+    with _LOCK:
+        fn = _COMPILED.get(key)
+        if fn is None:
+            name = f"pt_group_norm_c{cg}_hw{hw}_g{groups}{'_a' if affine else ''}{'_relu' if relu else ''}"
+            ir = group_norm_ir(name, cg * hw, cg, hw, groups, eps, affine, relu, vector_width())
+            fn = _COMPILED[key] = jit().kernel(name, ir, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                                                      ctypes.c_int64]).fn
+        return fn
+
+
+class PreparedGroupNorm:
+    """One group_norm node's generated kernel: ``__call__(x, w, b)`` returns y (contiguous
+    NCHW); an input in another layout is copied to contiguous first."""
+
+    def __init__(self, shape: tuple, groups: int, eps: float, affine: bool, relu: bool) -> None:
+        self.shape, self.affine = tuple(shape), affine
+        self.blocks = shape[0] * groups
+        self.fn = _compiled(self.shape, groups, eps, affine, relu)
+        self.parallel = self.blocks > 1 and math.prod(self.shape) >= PARALLEL_MIN_ELEMENTS
+        self.params = (ctypes.c_int64 * 4)()
+
+    def __call__(self, x: Any, w: Any = None, b: Any = None) -> Any:
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(self.shape, dtype=torch.float32)
+        p = self.params
+        p[0], p[3] = x.data_ptr(), y.data_ptr()
+        if self.affine:
+            w = w if w.dim() == 1 and w.is_contiguous() else w.reshape(-1).contiguous()
+            b = b if b.dim() == 1 and b.is_contiguous() else b.reshape(-1).contiguous()
+            p[1], p[2] = w.data_ptr(), b.data_ptr()
+        nt = min(torch.get_num_threads(), self.blocks) if self.parallel else 1
+        if nt <= 1:
+            self.fn(p, 0, self.blocks, 0)
+        else:
+            from .cpu import split_on_team
+
+            split_on_team(self.fn, p, self.blocks, nt)
+        return y
+
+
+def generated_for(node: Node) -> PreparedGroupNorm | None:
+    """The generated kernel for a ``group_norm`` node, or None where it takes no such node (not
+    f32, a dynamic or empty shape, weight without bias, an activation other than ReLU) or no code
+    can be generated here."""
+    x = node.operands[0].type
+    if x.dtype is not f32 or any(not isinstance(d, int) for d in x.shape) or x.numel == 0:
+        return None
+    if node.attrs["unary"] not in KERNEL_UNARY or len(node.operands) == 2:
+        return None
+    try:
+        return PreparedGroupNorm(tuple(x.shape), int(node.attrs["groups"]), float(node.attrs["eps"]),
+                                 len(node.operands) == 3, node.attrs["unary"] == "relu")
+    except Exception as e:  # no code generator here, or it failed: ATen runs the node
+        import warnings
+
+        warnings.warn(f"partita: the generated group_norm did not compile ({e}); ATen runs it",
+                      RuntimeWarning, stacklevel=2)
+        return None

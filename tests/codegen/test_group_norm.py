@@ -15,7 +15,7 @@ import partita
 import partita.codegen.dynamo as pd
 from partita.backend import numpy_ref
 from partita.codegen import CompiledProgram
-from partita.codegen.group_norm import group_norm_kernel
+from partita.codegen.group_norm import KERNEL_UNARY, generated_for, group_norm_kernel
 from partita.ir import verify
 from partita.ir.graph import Graph, Node
 from partita.ir.types import TensorType
@@ -47,9 +47,12 @@ def test_op_reference_and_step_match_torch_group_norm(n: int, c: int, sp: tuple,
     ref = OPS["group_norm"].reference([a.numpy() for a in args], attrs)
     np.testing.assert_allclose(ref, want.numpy(), rtol=1e-5, atol=2e-5)
     xt = TensorType(tuple(x.shape), f32)
-    node = Node("group_norm", [Graph("g").add_input("x", xt)], attrs, [xt])
+    gr = Graph("g")
+    operands = [gr.add_input("x", xt)] + ([gr.add_input(k, TensorType((c,), f32)) for k in "wb"] if affine else [])
+    node = Node("group_norm", operands, attrs, [xt])
     step = group_norm_kernel(node)
     assert step is not None
+    assert (generated_for(node) is not None) == (unary in KERNEL_UNARY)   # else ATen runs it
     torch.testing.assert_close(step(args, attrs), want, rtol=1e-5, atol=2e-5)
     if x.dim() == 4:   # a channels-last input gives the same values
         xl = x.contiguous(memory_format=torch.channels_last)
