@@ -76,6 +76,7 @@ _P = ["q", "k", "v", "o", "lse", "mask", "ws", "wsn", "B2",
       "ms1", "ms2", "mr", "T", "S", "causal", "scale", "cos", "sin", "cs1", "cs2", "cr", "ss1", "ss2", "sr",
       "grp", "cap"]
 _PTRS = ("q", "k", "v", "o", "lse", "mask", "ws", "cos", "sin")
+_COS, _SIN = _P.index("cos"), _P.index("sin")
 
 
 def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "", rope: bool = False,
@@ -760,6 +761,7 @@ class PreparedAttention:
         self.ws = torch.empty(self.wsn, dtype=torch.float32)
         self.parallel = self.pairs > 1 and self.pairs * t * s * (e + ev) >= PARALLEL_MIN_MACS
         self.params = (ctypes.c_int64 * len(_P))()
+        self._key: tuple | None = None   # the strides the parameter slots were set for
 
     def out_views(self, out: Any, lse: Any) -> tuple[Any, Any]:
         """Buffers of the result's and the log-sum-exp's sizes (contiguous, as the memory plan
@@ -773,8 +775,7 @@ class PreparedAttention:
     def __call__(self, q: Any, k: Any, v: Any, mask: Any = None, cos: Any = None, sin: Any = None,
                  out: Any = None, lse: Any = None) -> tuple[Any, Any]:
         """``(out, lse)``; written into ``out`` and ``lse`` where given (``out_views``'s)."""
-        lead, t, s, ev = self.lead, self.t, self.s, self.ev
-        nl = len(lead)
+        lead, t, ev = self.lead, self.t, self.ev
         if q.stride(-1) != 1:
             q = q.contiguous()
         if k.stride(-1) != 1:
@@ -782,17 +783,49 @@ class PreparedAttention:
         if v.stride(-1) != 1:
             v = v.contiguous()
         if out is None:
-            if nl == 2:  # [B, T, H, Ev] memory seen as [B, H, T, Ev]: the usual transpose after is a view
+            if len(lead) == 2:  # [B, T, H, Ev] memory seen as [B, H, T, Ev]: the usual transpose after is a view
                 out = torch.empty(lead[0], t, lead[1], ev, dtype=torch.float32).transpose(1, 2)
             else:
                 out = torch.empty(*lead, t, ev, dtype=torch.float32)
         if lse is None:
             lse = torch.empty(*lead, t, dtype=torch.float32)
+        nt = min(torch.get_num_threads(), self.pairs) if self.parallel else 1
+        # Every call of a program's step sees the same strides: only the pointers are set then.
+        key = (q.stride(), k.stride(), v.stride(), out.stride(), lse.stride(), nt,
+               (mask.shape, mask.stride()) if self.mask else None,
+               (cos.shape, cos.stride(), sin.shape, sin.stride()) if self.rope else None)
+        p = self.params
+        if key != self._key:
+            copies = self._set_params(q, k, v, mask, cos, sin, out, lse, nt)   # alive until the call ends
+            self._key = None if copies else key
+        else:
+            p[0], p[1], p[2], p[3], p[4] = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+            if self.mask:
+                p[5] = mask.data_ptr()
+            if self.rope:
+                p[_COS], p[_SIN] = cos.data_ptr(), sin.data_ptr()
+        if nt == 1:
+            self.fn(p, 0, self.pairs, 0)
+        else:
+            from .cpu import split_on_team
+
+            split_on_team(self.fn, p, self.pairs, nt)
+        return out, lse
+
+    def _set_params(self, q: Any, k: Any, v: Any, mask: Any, cos: Any, sin: Any, out: Any, lse: Any,
+                    nt: int) -> list:
+        """Every parameter slot for these tensors; the copies made to make a mask's or a
+        table's last dim contiguous, which the slots point into (none: a later call with the
+        same strides may set only the pointers)."""
+        lead, t, s = self.lead, self.t, self.s
+        nl = len(lead)
+        copies: list = []
         mptr, ms = 0, (0, 0, 0)
         if self.mask:
             m = mask.expand(*lead, t, s)
             if s > 1 and m.stride(-1) != 1:
                 m = m.contiguous()
+                copies.append(m)
             ms = (*_lead2(m, nl), m.stride(-2))
             mptr = m.data_ptr()
         rp: list[int] = [0] * 8
@@ -801,25 +834,20 @@ class PreparedAttention:
             sn = sin.expand(*lead, t, self.rot_dim)
             if c.stride(-1) != 1:
                 c = c.contiguous()
+                copies.append(c)
             if sn.stride(-1) != 1:
                 sn = sn.contiguous()
+                copies.append(sn)
             rp = [c.data_ptr(), sn.data_ptr(), *_lead2(c, nl), c.stride(-2), *_lead2(sn, nl), sn.stride(-2)]
         b2 = lead[-1] if nl == 2 else (lead[0] if lead else 1)
-        nt = min(torch.get_num_threads(), self.pairs) if self.parallel else 1
         if self.ws.numel() < nt * self.wsn:
             self.ws = torch.empty(nt * self.wsn, dtype=torch.float32)
-        p = self.params
-        p[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
-                self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl), k.stride(-2),
-                *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2), *_lead2(lse, nl), *ms, t, s,
-                int(self.causal), self.scale_bits, *rp, self.group, self.cap_bits]
-        if nt == 1:
-            self.fn(p, 0, self.pairs, 0)
-        else:
-            from .cpu import split_on_team
-
-            split_on_team(self.fn, p, self.pairs, nt)
-        return out, lse
+        self.params[:] = [q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), mptr,
+                          self.ws.data_ptr(), self.wsn, b2, *_lead2(q, nl), q.stride(-2), *_lead2(k, nl),
+                          k.stride(-2), *_lead2(v, nl), v.stride(-2), *_lead2(out, nl), out.stride(-2),
+                          *_lead2(lse, nl), *ms, t, s, int(self.causal), self.scale_bits, *rp, self.group,
+                          self.cap_bits]
+        return copies
 
 
 import os as _os
