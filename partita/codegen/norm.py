@@ -40,6 +40,7 @@ from ..ir.graph import Graph, Node
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .aten_fallback import op_on_aten
+from ..passes.rewrite import sole_user
 from .lowering import vector_width
 
 __all__ = ["fuse_add_norm", "fuse_rms_norm", "norm_ir", "kernel_of", "kernel_source", "PreparedNorm", "norm_kernel", "supported", "f32_hex"]
@@ -108,11 +109,51 @@ register(OpDef(
 
 # --- the rewrite -----------------------------------------------------------------------------
 
+def _inverse(p: tuple, q: tuple) -> bool:
+    """Whether transposing by ``q`` then by ``p`` is the identity."""
+    return len(p) == len(q) and all(q[p[i]] == i for i in range(len(p)))
+
+
+def fuse_transposed_add_norm(graph: Graph, node: Node) -> Node | None:
+    """``norm(transpose(add(transpose(a), transpose(b))))`` with the transposes each other's
+    inverse (ConvNeXt's residual add in NCHW between two channels-last layer norms) into
+    ``add_norm(a, b, ...)``: the add done where ``a`` and ``b`` already are, no transposes. The
+    sum and its transpose must be read by the norm only; None where it does not apply."""
+    t = node.operands[0].producer
+    add = t.operands[0].producer if t is not None and t.op == "transpose" else None
+    if t is None or add is None or add.op != "add" or len(add.operands) != 2 \
+            or sole_user(add.results[0]) is not t or sole_user(t.results[0]) is not node:
+        return None
+    inner = [v.producer for v in add.operands]
+    perm = tuple(t.attrs["perm"])
+    if any(n is None or n.op != "transpose" or not _inverse(perm, tuple(n.attrs["perm"])) for n in inner):
+        return None
+    a, b = (n.operands[0] for n in inner if n is not None)
+    x = node.operands[0]
+    rest = list(node.operands[1:])
+    if a.type != x.type or b.type != x.type or not x.type.dtype.is_float \
+            or any(v.producer is not None and add.is_before(v.producer) for v in rest):
+        return None
+    kind = "layer" if node.op == "layer_norm" else "rms"
+    attrs = {"kind": kind, "axes": node.attrs["axes"], "eps": node.attrs["eps"]}
+    new = Node("add_norm", [a, b] + rest, OPS["add_norm"].normalize_attrs(attrs), [node.results[0].type, x.type],
+               node.loc)
+    graph.insert_before(add, new)
+    graph.replace_all_uses(node.results[0], new.results[0])
+    for n in [node, t, add] + [n for n in inner if n is not None]:
+        if n.graph is graph and not any(r.users or r.is_output for r in n.results):
+            graph.erase(n)
+    return new
+
+
 def fuse_add_norm(graph: Graph, node: Node) -> Node | None:
     """``layer_norm(add(a, b), ...)`` or ``rms_norm(add(a, b), ...)`` into ``add_norm`` (the module
-    doc says when); None where it does not apply."""
+    doc says when), also through a pair of transposes (``fuse_transposed_add_norm``); None where
+    it does not apply."""
     kind = "layer" if node.op == "layer_norm" else "rms"
     s = node.operands[0]
+    if s.producer is not None and s.producer.op == "transpose":
+        return fuse_transposed_add_norm(graph, node)
     add = s.producer
     if add is None or add.op != "add" or len(add.operands) != 2:
         return None

@@ -250,3 +250,40 @@ def test_empty_and_non_f32_norms_fall_back_to_aten_with_the_same_results():
         got = CompiledProgram(out)({k: torch.from_numpy(v) for k, v in inputs.items()})[0]
         assert tuple(got.shape) == shape
         np.testing.assert_allclose(got.numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+def _transposed_block(sum_read_elsewhere=False, perm_back=(0, 2, 3, 1)):
+    """ConvNeXt's stage end: the residual add in NCHW of two channels-last values, then a layer
+    norm over the channels of the sum moved back to channels-last."""
+    b = Builder()
+    x = b.input("x", T(2, 5, 3, 24))          # channels-last, 24 channels
+    r = b.input("r", T(2, 5, 3, 24))
+    w, bias = b.input("w", T(24)), b.input("bias", T(24))
+    xn = b.transpose(b.tanh(x), perm=(0, 3, 1, 2))
+    s = b.add(xn, b.transpose(r, perm=(0, 3, 1, 2)))
+    y = b.layer_norm(b.transpose(s, perm=perm_back), w, bias, eps=1e-6)
+    return verify(b.ret(y, xn, *([s] if sum_read_elsewhere else [])))
+
+
+def test_a_residual_add_between_transposes_becomes_add_norm_without_them():
+    out, inputs, before = _fuse(_transposed_block())
+    ops = [n.op for n in out.nodes]
+    assert ops.count("add_norm") == 1 and "layer_norm" not in ops and ops.count("transpose") == 1
+    got = CompiledProgram(out)({k: torch.from_numpy(v) for k, v in inputs.items()})
+    for x, y in zip(got, before):
+        np.testing.assert_allclose(x.numpy(), y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{"sum_read_elsewhere": True}, {"perm_back": (0, 3, 2, 1)}])
+def test_a_transposed_sum_read_elsewhere_or_not_moved_back_stays(kw):
+    if kw.get("perm_back") == (0, 3, 2, 1):   # not the inverse: H and W swapped
+        b = Builder()
+        x, r = b.input("x", T(2, 4, 4, 24)), b.input("r", T(2, 4, 4, 24))
+        w, bias = b.input("w", T(24)), b.input("bias", T(24))
+        s = b.add(b.transpose(x, perm=(0, 3, 1, 2)), b.transpose(r, perm=(0, 3, 1, 2)))
+        g = verify(b.ret(b.layer_norm(b.transpose(s, perm=(0, 3, 2, 1)), w, bias, eps=1e-6)))
+    else:
+        g = _transposed_block(**kw)
+    out, _, _ = _fuse(g)
+    ops = [n.op for n in out.nodes]
+    assert "add_norm" not in ops and "layer_norm" in ops
