@@ -94,9 +94,12 @@ class TemplateWalk:
             by = {k: kept_order(ns, not t.sched.split).nodes for k, ns in by.items()}
         self.by_key = by
         self.special = self.special_roots()
+        self.chunk_grads = {c: [(nm, gv, gv.type.nbytes, self.grad_root(gv)) for nm, gv in gs]
+                            for c, gs in t.chunk_grads.items()}
         self.sections = {k: self.section(k, ns) for k, ns in by.items() if k[0] not in ONCE_SECTIONS}
         self.profiles: dict[tuple, Profile] = {}
         self.grad_bytes = 0
+        self.program: list[tuple] = []
 
     # --- the template, statically -----------------------------------------------------------
     def key_of(self, n: Node) -> tuple:
@@ -114,6 +117,14 @@ class TemplateWalk:
             out.add(root_of(t.loss_share))
         out |= {root_of(v) for v in t.local.outputs}
         return out
+
+    def grad_root(self, gv: Value) -> Value | None:
+        """The template value whose copies hold a gradient's buffer (None: not a buffer the
+        walk counts: an input's or a constant's)."""
+        r = root_of(gv)
+        if r.producer is None:
+            return r if r in self.batch_inputs and self.M > 1 else None
+        return None if is_constant(r.producer) else r
 
     def section(self, key: tuple, nodes: list[Node]) -> Section:
         """What the copies of microbatch section ``key`` read, free and keep (``Section``)."""
@@ -251,12 +262,23 @@ class TemplateWalk:
         sizes: dict[tuple, int] = {}
         grads: set[tuple] = set()
         pos = 0
-        for item in self.items():
+        self.program = list(self.items())      # walked again by ``walk``
+        for item in self.program:
             if item[0] == "block":
                 sect, m = item[1], item[2]
                 for r, lo in sect.incoming.items():
                     last[(r, m)] = (pos + lo, True)
                 pos += len(sect.nodes)
+                continue
+            if item[0] == "adds":
+                for k, pr, vr, size in item[1]:
+                    here = (pos, False)
+                    if pr is not None:
+                        last[pr] = here
+                    if vr is not None:
+                        last[vr] = here
+                    sizes[k] = size
+                    pos += 1
                 continue
             _, op, reads, results, attrs, src, _send, _n = item
             for k in reads:
@@ -313,11 +335,12 @@ class TemplateWalk:
         aliased_mb = {k for k in aliased if isinstance(k[0], Value) and isinstance(k[1], int)}
         out = TemplateCurve(n_total)
         out.grad_bytes = self.grad_bytes
+        emit = out.add if every_node else out.add_run
         live = [0, 0, 0]
         consts = 0
         frees: dict[int, list[tuple[int, int]]] = {}
         pos = 0
-        for item in self.items():
+        for item in self.program:
             if item[0] == "block":
                 sect, m = item[1], item[2]
                 F = frozenset(r for r, lo in sect.incoming.items() if last.get((r, m)) == (pos + lo, True))
@@ -333,6 +356,7 @@ class TemplateWalk:
                 G = frozenset(grads_mb[m] & sect.values) if m in grads_mb else frozenset()
                 A = frozenset(r for r in sect.boundary if (r, m) in aliased_mb) if aliased_mb else frozenset()
                 prof = self.profile(sect, F, frozenset(E), G, A)
+                out.flush()
                 pts = prof.points if every_node else prof.extremes
                 for o, dc, dl in pts:
                     out.add(pos + o, consts + dc, live[0] + dl[0], live[1] + dl[1], live[2] + dl[2], (sect, m, o))
@@ -340,6 +364,20 @@ class TemplateWalk:
                 for c in range(3):
                     live[c] += prof.end_live[c]
                 pos += len(sect.nodes)
+                continue
+            if item[0] == "adds":
+                for k, _, _, size in item[1]:
+                    cat = GRAD if k in grads else ACT
+                    live[cat] += size
+                    fp = last.get(k)
+                    if fp is None or fp[0] <= pos:
+                        frees.setdefault(pos, []).append((cat, size))
+                    elif not fp[1]:
+                        frees.setdefault(fp[0], []).append((cat, size))
+                    emit(pos, consts, live[0], live[1], live[2], (None, "add", k))
+                    for cat, size in frees.pop(pos, ()):
+                        live[cat] -= size
+                    pos += 1
                 continue
             _, op, reads, results, attrs, src, send, tn = item
             if not reads and len(results) == 1 and not OPS[op].effects_of(attrs) and results[0][0] not in outputs:
@@ -362,10 +400,11 @@ class TemplateWalk:
             if send:
                 live[COMM] += send
                 frees.setdefault(pos, []).append((COMM, send))
-            out.add(pos, consts, live[0], live[1], live[2], (tn, op, results[0][0] if results else None))
+            emit(pos, consts, live[0], live[1], live[2], (tn, op, results[0][0] if results else None))
             for cat, size in frees.pop(pos, ()):
                 live[cat] -= size
             pos += 1
+        out.flush()
         out.total_consts = consts
         return out
 
@@ -432,6 +471,8 @@ class TemplateCurve:
     def __init__(self, n: int) -> None:
         self.n = n
         self.total_consts = 0     # the constants' bytes at the end (all of them)
+        self.hi: tuple[int, tuple] | None = None
+        self.lo: tuple[int, tuple] | None = None
         self.grad_bytes = 0       # the gradient buffers' bytes
         self.x: list[int] = []
         self.consts: list[int] = []
@@ -439,6 +480,24 @@ class TemplateCurve:
         self.comm: list[int] = []
         self.grads: list[int] = []
         self.what: list[tuple] = []
+
+    def add_run(self, x: int, c: int, a: int, co: int, g: int, what: tuple) -> None:
+        """A point of a run of nodes walked one by one, of which only the highest and the
+        lowest are kept (``flush``)."""
+        tot = c + a + co + g
+        p = (x, c, a, co, g, what)
+        if self.hi is None or tot > self.hi[0]:
+            self.hi = (tot, p)
+        if self.lo is None or tot < self.lo[0]:
+            self.lo = (tot, p)
+
+    def flush(self) -> None:
+        """Keep the current run's highest and lowest points."""
+        if self.hi is not None and self.lo is not None:
+            pts = sorted({self.hi[1][0]: self.hi[1], self.lo[1][0]: self.lo[1]}.items())
+            for _, p in pts:
+                self.add(*p)
+        self.hi = self.lo = None
 
     def add(self, x: int, c: int, a: int, co: int, g: int, what: tuple) -> None:
         self.x.append(x)
@@ -473,6 +532,7 @@ class _UnrollState:
     def __init__(self, w: TemplateWalk) -> None:
         self.w = w
         self.acc: dict[str, tuple | None] = {}
+        self.acc_root: dict[str, tuple | None] = {}
         self.once: dict[Value, tuple | None] = {}
         self.loss_parts: list[tuple | None] = []
         self.last_m: dict[tuple, int] = {}
@@ -500,14 +560,23 @@ class _UnrollState:
         return (v, m) if m is not None else None
 
     def accumulate(self, c: int, m: int) -> Iterator[tuple]:
-        for nm, gv in self.w.t.chunk_grads.get(c, []):
-            val = self.mb_value(gv, m)
-            if nm not in self.acc:
-                self.acc[nm] = val
+        """Chunk ``c``'s gradients of microbatch ``m`` added to their sums: one ``("adds",
+        [(result, root of the sum so far, root of the gradient, bytes), ...])`` item (a
+        param's first gradient is its sum)."""
+        adds = []
+        acc, roots = self.acc, self.acc_root
+        for nm, gv, size, rg in self.w.chunk_grads.get(c, ()):
+            vr = (rg, m) if rg is not None else None
+            if nm not in acc:
+                acc[nm] = (gv, m)
+                roots[nm] = vr
                 continue
-            k = self.new_key("add")
-            yield ("node", "add", [self.acc[nm], val], [(k, gv.type.nbytes)], {}, None, 0, None)
-            self.acc[nm] = k
+            self.fresh += 1
+            k = ("add", self.fresh)
+            adds.append((k, roots[nm], vr, size))
+            acc[nm] = roots[nm] = k
+        if adds:
+            yield ("adds", adds)
 
     def sums(self) -> Iterator[tuple]:
         t = self.w.t
