@@ -55,8 +55,9 @@ class CompiledProgram:
 
     ``freeze`` (default off): the params are constants, ``graph.weights`` holding their values at
     every call (torch's freezing; the torch.compile backend's frozen inference graphs): with
-    ``library``, ``fold-params`` computes what depends on params alone once. Without it, new
-    weight tensors passed at a call are used as they come.
+    ``library``, ``fold-constants`` and ``fold-params`` compute what depends on constants and
+    params alone once, and ``merge-linears`` makes linear layers on one input one GEMM. Without
+    it, new weight tensors passed at a call are used as they come.
 
     ``plan_memory`` (default on): the values that kernels and matmuls write live in one arena
     laid out once (``memory.py``; ``memory_plan.text()`` prints it), so a call allocates only
@@ -78,8 +79,8 @@ class CompiledProgram:
 
             from . import merge_linear  # noqa: F401: registers merge-linears
 
-            g = PassManager.parse(("fold-params," if freeze else "") + "fold-batch-norm,fuse-library"
-                                  + (",merge-linears" if freeze else "")).run(g)
+            frozen = ("fold-constants,fold-params,", ",merge-linears") if freeze else ("", "")
+            g = PassManager.parse(frozen[0] + "fold-batch-norm,fuse-library" + frozen[1]).run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
         if fuse:
