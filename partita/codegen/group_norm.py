@@ -20,8 +20,15 @@ reshape is a copy. ``fuse_group_norm`` (an anchor of fuse-library on ``mean``, b
 
 whose reference is the pattern's ops' references one after another (so the rewrite is bit for
 bit on the reference interpreter) and whose torch implementation is ATen's
-``F.group_norm`` followed by the activation. The step (``group_norm_kernel``) runs ATen's
-kernel on the tensor as it comes (NCHW or channels-last) with the activation in place.
+``F.group_norm`` followed by the activation. Weight and bias are [C], or [1, C, 1, ...] /
+[C, 1, ...] as they arrive once freezing has folded their reshapes into params.
+
+The step (``group_norm_kernel``) has two candidates, measured at the node's first call
+(codegen/choose.py): the generated kernel (``group_norm_ir``: f32, contiguous NCHW, affine or
+not, ReLU or no activation; per (sample, group) block of C / G * H * W elements the sum, the
+mean, the squared deviations about it in a second pass while the block is in L1, then per
+channel ((x - mean) * rstd) * w + b and the ReLU) and ATen's group norm with the activation in
+place. A channels-last input is copied to contiguous first by both.
 """
 
 from __future__ import annotations
