@@ -353,6 +353,12 @@ class _Emitter:
         """Append one line."""
         self.out.append(line)
 
+    def load(self, ptr: str, off: str, ty: str, tag: str) -> str:
+        """``%tag``: the ``ty`` at element ``off`` of ``ptr``."""
+        self.a(f"  %{tag}.p = getelementptr inbounds float, ptr {ptr}, i64 {off}")
+        self.a(f"  %{tag} = load {ty}, ptr %{tag}.p, align 4")
+        return f"%{tag}"
+
     def loop(self, tag: str, start: str, count: str, step: int, acc: str | None,
              body: Callable[[str, str | None], str | None]) -> str | None:
         """for j = 0; j < count; j += step (``count`` a multiple of ``step``), from the block
@@ -382,40 +388,11 @@ class _Emitter:
         return None
 
 
-def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, affine: bool, relu: bool,
-                  lanes: int) -> str:
-    """The LLVM IR of a GroupNorm over contiguous NCHW f32 memory: ``void NAME(ptr params, i64
-    lo, i64 hi, i64 tid)`` for the (sample, group) blocks [lo, hi) of ``m = cg * hw`` elements;
-    ``params`` holds the addresses of x, weight, bias and y. Per block: the sum, the mean, the
-    sum of squared deviations about it (two passes, as the reference), 1 / sqrt(var + eps);
-    then per channel ((x - mean) * rstd) * w + b, and ReLU where ``relu``."""
-    e = _Emitter(lanes)
-    a, L, vt = e.a, lanes, e.vt
-    mv, hv = m - m % L, hw - hw % L
-    a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
-    a("declare float @llvm.sqrt.f32(float)")
-    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
-    a("entry:")
-    for i, p in enumerate(("x", "w", "b", "y")):
-        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
-        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
-        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
-    a("  %empty = icmp sge i64 %lo, %hi")
-    a("  br i1 %empty, label %exit, label %blk")
-    a("blk:")
-    a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %blkend ]")
-    a(f"  %base = mul i64 %i, {m}")
-    a("  %xb = getelementptr inbounds float, ptr %x, i64 %base")
-    a("  %yb = getelementptr inbounds float, ptr %y, i64 %base")
-    a(f"  %grp = urem i64 %i, {groups}")
-    a(f"  %c0 = mul i64 %grp, {cg}")
-    a("  br label %s1")
-    a("s1:")
-
-    def load(ptr: str, off: str, ty: str, tag: str) -> str:
-        a(f"  %{tag}.p = getelementptr inbounds float, ptr {ptr}, i64 {off}")
-        a(f"  %{tag} = load {ty}, ptr %{tag}.p, align 4")
-        return f"%{tag}"
+def _statistics_ir(e: "_Emitter", m: int, eps: float) -> None:
+    """Passes 1 and 2 over a block of ``m`` elements at ``%xb`` (from the block ``s1``): the mean
+    (``%mean``, ``%meanv``) and 1 / sqrt(var + eps) (``%rstd``, ``%rstdv``); ends in block ``s3``."""
+    a, L, vt, load = e.a, e.L, e.vt, e.load
+    mv = m - m % L
 
     def add_to(tag: str, ty: str) -> Callable[[str, str | None], str]:
         def body(j: str, acc: str | None) -> str:
@@ -465,6 +442,12 @@ def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, 
     a("  br label %s3")
     a("s3:")
 
+def _scale_ir(e: "_Emitter", cg: int, hw: int, affine: bool, relu: bool) -> None:
+    """Pass 3 (from the block ``s3``): per channel of the group, ((x - mean) * rstd) * w + b and
+    the ReLU, stored at ``%yb``."""
+    a, L, vt, load = e.a, e.L, e.vt, e.load
+    hv = hw - hw % L
+
     def channel(c: str, _acc: str | None) -> None:
         a("  %ch = add i64 %c0, " + c)
         a(f"  %co = mul i64 {c}, {hw}")
@@ -512,6 +495,38 @@ def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, 
         return None
 
     e.loop("p3c", "s3", str(cg), 1, None, channel)
+
+
+def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, affine: bool, relu: bool,
+                  lanes: int) -> str:
+    """The LLVM IR of a GroupNorm over contiguous NCHW f32 memory: ``void NAME(ptr params, i64
+    lo, i64 hi, i64 tid)`` for the (sample, group) blocks [lo, hi) of ``m = cg * hw`` elements;
+    ``params`` holds the addresses of x, weight, bias and y. Per block: the sum, the mean, the
+    sum of squared deviations about it (two passes, as the reference), 1 / sqrt(var + eps);
+    then per channel ((x - mean) * rstd) * w + b, and ReLU where ``relu``."""
+    e = _Emitter(lanes)
+    a, L, vt = e.a, lanes, e.vt
+    a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
+    a("declare float @llvm.sqrt.f32(float)")
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    for i, p in enumerate(("x", "w", "b", "y")):
+        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+    a("  %empty = icmp sge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %blk")
+    a("blk:")
+    a("  %i = phi i64 [ %lo, %entry ], [ %i.next, %blkend ]")
+    a(f"  %base = mul i64 %i, {m}")
+    a("  %xb = getelementptr inbounds float, ptr %x, i64 %base")
+    a("  %yb = getelementptr inbounds float, ptr %y, i64 %base")
+    a(f"  %grp = urem i64 %i, {groups}")
+    a(f"  %c0 = mul i64 %grp, {cg}")
+    a("  br label %s1")
+    a("s1:")
+    _statistics_ir(e, m, eps)
+    _scale_ir(e, cg, hw, affine, relu)
     a("  br label %blkend")
     a("blkend:")
     a("  %i.next = add i64 %i, 1")
