@@ -27,6 +27,7 @@ buckets of the once-per-step sections): docs/view.md gives the difference measur
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -67,6 +68,7 @@ class Section:
     inside_last: dict[Value, int] = field(default_factory=dict)  # own result -> last offset read here
     boundary: list[Value] = field(default_factory=list)        # own results read outside (or outputs)
     values: set[Value] = field(default_factory=set)            # every value it allocates or reads
+    kept: list[tuple[Value, int, bool]] = field(default_factory=list)  # boundary: (value, bytes, communication?)
 
 
 class TemplateWalk:
@@ -154,6 +156,7 @@ class TemplateWalk:
                 if r in outside_read or r in self.special:
                     s.boundary.append(r)
         s.values = set(s.incoming) | {r for n in nodes for r in n.results}
+        s.kept = [(r, r.type.nbytes, r.producer is not None and r.producer.op in COMM_OPS) for r in s.boundary]
         return s
 
     # --- the virtual program --------------------------------------------------------------
@@ -322,9 +325,21 @@ class TemplateWalk:
 
 
     def walk(self, every_node: bool = False) -> "TemplateCurve":
-        """The second pass: the live bytes after each node that allocates, as ``live_bytes``
-        yields them; ``every_node`` False keeps of each section copy its highest and lowest
-        points only (the peak is exact either way)."""
+        """The live bytes after each node that allocates, as ``live_bytes`` yields them;
+        ``every_node`` False keeps of each section copy its highest and lowest points only
+        (the peak is exact either way). The walk makes many small tuples and frees none: the
+        cyclic garbage collector, which would scan the whole heap (a big plan's programs)
+        again and again, is paused meanwhile."""
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self.passes(every_node)
+        finally:
+            if paused:
+                gc.enable()
+
+    def passes(self, every_node: bool) -> "TemplateCurve":
+        """The first pass (``reads``), then the second: the live bytes after each node (``walk``)."""
         last, views, grads, st, n_total = self.reads()
         outputs = set(st.outputs)
         aliased = st.aliased
@@ -345,14 +360,14 @@ class TemplateWalk:
                 sect, m = item[1], item[2]
                 F = frozenset(r for r, lo in sect.incoming.items() if last.get((r, m)) == (pos + lo, True))
                 E = []
-                for r in sect.boundary:
+                for r, size, comm in sect.kept:
                     fp = last.get((r, m))
                     if fp is None:
                         continue
                     E.append(r)
                     if not fp[1]:
-                        cat = GRAD if (r, m) in grads else COMM if r.producer.op in COMM_OPS else ACT
-                        frees.setdefault(fp[0], []).append((cat, r.type.nbytes))
+                        cat = GRAD if (r, m) in grads else COMM if comm else ACT
+                        frees.setdefault(fp[0], []).append((cat, size))
                 G = frozenset(grads_mb[m] & sect.values) if m in grads_mb else frozenset()
                 A = frozenset(r for r in sect.boundary if (r, m) in aliased_mb) if aliased_mb else frozenset()
                 prof = self.profile(sect, F, frozenset(E), G, A)

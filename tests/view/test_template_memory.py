@@ -17,7 +17,7 @@ from partita.parallel.pipeline.schedule import PipelineError
 from partita.view import page_data, view
 from partita.view.memory import program_memory
 
-from .browser import page_test
+from .browser import page_test, screenshot
 
 CASES = [  # mesh, strategy, recomputation, pipeline options
     ("pp=2,tp=2", "pp+megatron", None, {}),
@@ -113,6 +113,7 @@ def test_the_simulation_page_draws_the_curves(tmp_path):
     r = page_test(out, "memory")
     assert r["errors"] == [] and sorted(r["peaks"]) == peaks and r["ranks"] == [[0, 2], [2, 2]]
     assert r["peakLines"] == 2 and r["areas"] >= 2 * 5
+    assert screenshot(out, "memory", tmp_path / "memory.png").stat().st_size > 1000
     r = page_test(out, "timeline")
     assert r["errors"] == [] and r["memory"] > 0
     d = page_data(prog, sim=res)
