@@ -13,8 +13,11 @@ the memory plan's buffer) does the same work in one step:
 Each column of the result depends on its own weight column and bias only, so the split
 pieces hold the same values as the separate layers (the same sums, in the same order). Taken
 together: layers whose input is the same 2-d value (or equal reshapes of one value), whose weights (and biases, where they have
-one) are params with values in ``graph.weights``, of one dtype, with the same weight layout,
-activation and bias presence. It assumes what ``fold-params`` assumes: the params are the values
+one) are params with values in ``graph.weights``, of one dtype, with the same weight layout and
+bias presence. Layers with different activations (Llama's gate with SiLU beside its up
+projection) share a GEMM without one, each piece followed by its own activation op, where
+its one reader is an elementwise op that ``fuse-kernels`` joins it to (SiLU into the
+gate-times-up product); an activation read otherwise keeps its layer with its own kind. It assumes what ``fold-params`` assumes: the params are the values
 ``graph.weights`` holds at every call (a frozen inference program); ``CompiledProgram`` runs
 it only with ``freeze=True``. The old weights go when nothing else reads them.
 """
@@ -28,9 +31,11 @@ import numpy as np
 from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.types import TensorType
 from ..passes.manager import Pass, register_pass
+from ..ops.registry import OPS
+from .epilogue import CONV_UNARY
 from .inference import known_value
 
-__all__ = ["MergeLinears", "merge_sibling_linears", "source_of"]
+__all__ = ["MergeLinears", "merge_sibling_linears", "single_op_unary", "source_of"]
 
 # Layers wider than this (output columns) are left alone: the split pieces of a large GEMM
 # gain nothing from one call, and the concatenated weight is a second copy until the old goes.
@@ -46,8 +51,36 @@ def _key(graph: Graph, node: Node) -> tuple | None:
     bias = node.operands[2] if len(node.operands) > 2 else None
     if bias is not None and (not bias.is_input or known_value(graph, bias) is None):
         return None
-    attrs = tuple(sorted((k, repr(v)) for k, v in node.attrs.items()))
+    # an activation becomes a separate op only where an elementwise reader takes it in
+    own = node.attrs.get("unary", "none") != "none" and not activation_can_follow(node)
+    attrs = tuple(sorted((k, repr(v)) for k, v in node.attrs.items() if own or k != "unary"))
     return (source_of(x), w.type.dtype, bias is not None, attrs)
+
+
+def activation_can_follow(node: Node) -> bool:
+    """Whether ``node``'s activation can leave its GEMM for an op of its own, joined by
+    ``fuse-kernels`` to its one reader (through reshapes), an elementwise product or kernel
+    (Llama's ``silu(gate) * up``)."""
+    if not single_op_unary(node.attrs.get("unary", "none")):
+        return False
+    r = node.results[0]
+    while r.num_uses == 1 and not r.is_output:
+        reader = next(iter(r.users))
+        if reader.op != "reshape":
+            return reader.op in FUSING_READERS
+        r = reader.results[0]
+    return False
+
+
+# Readers that fuse-kernels joins an elementwise activation to.
+FUSING_READERS = ("mul", "add", "fused")
+
+
+def single_op_unary(unary: str) -> bool:
+    """Whether the activation ``unary`` is one partita op (relu, gelu, silu, ...) that can
+    follow a split piece; the chained ones (ReLU6, hardswish) are not merged across."""
+    u = CONV_UNARY.get(unary)
+    return u is not None and bool(u.op) and u.op in OPS
 
 
 def source_of(x: Value) -> tuple:
@@ -85,7 +118,7 @@ def _drop_unused_param(graph: Graph, v: Value) -> None:
 
 
 def merge_group(graph: Graph, layers: list[Node]) -> Node:
-    """Replace ``layers`` (same input, weight layout, activation and bias presence; known
+    """Replace ``layers`` (same input, weight layout and bias presence; known
     weights) by one ``linear_pointwise`` on their concatenated weights and a ``split`` of its
     columns; returns the new layer."""
     first = layers[0]
@@ -99,14 +132,23 @@ def merge_group(graph: Graph, layers: list[Node]) -> Node:
         operands.append(_new_param(graph, first.operands[2], "merged", np.ascontiguousarray(b)))
     out = first.results[0].type
     m = out.shape[0]
-    merged = Node("linear_pointwise", operands, dict(first.attrs), [TensorType((m, sum(widths)), out.dtype)],
-                  first.loc)
+    unaries = {n.attrs.get("unary", "none") for n in layers}
+    shared = unaries.pop() if len(unaries) == 1 else "none"
+    merged = Node("linear_pointwise", operands, {**first.attrs, "unary": shared},
+                  [TensorType((m, sum(widths)), out.dtype)], first.loc)
     graph.insert_before(first, merged)
     split = Node("split", [merged.results[0]], {"axis": 1, "sizes": tuple(widths)},
                  [n.results[0].type for n in layers], first.loc)
     graph.insert_after(merged, split)
     old = []
+    last = split
     for n, piece in zip(layers, split.results):
+        unary = n.attrs.get("unary", "none")
+        if unary != shared:   # this layer's own activation after its piece
+            u = CONV_UNARY[unary]
+            assert u is not None
+            last = graph.insert_after(last, Node(u.op, [piece], dict(u.attrs), [piece.type], n.loc))
+            piece = last.results[0]
         graph.replace_all_uses(n.results[0], piece)
         old.extend(n.operands[1:])
         graph.erase(n)

@@ -20,7 +20,8 @@ from partita.passes import PassManager
 
 
 class _Heads(nn.Module):
-    """Three projections of one input (odd widths), an activated one and one of another input."""
+    """Three projections of one input (odd widths), an activated one read by a concat, a gated
+    pair (SiLU times a projection) and one of another input."""
 
     def __init__(self, bias: bool) -> None:
         super().__init__()
@@ -28,12 +29,15 @@ class _Heads(nn.Module):
         self.k = nn.Linear(11, 7, bias=bias)
         self.v = nn.Linear(11, 3, bias=bias)
         self.up = nn.Linear(11, 6)
+        self.gate = nn.Linear(11, 4, bias=bias)
+        self.up2 = nn.Linear(11, 4, bias=bias)
         self.other = nn.Linear(11, 5, bias=bias)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         q, k, v = self.q(x), self.k(x), self.v(x)
-        u = torch.relu(self.up(x))
-        return torch.cat([q * 2.0, k * 3.0, v, u, self.other(y)], dim=-1)
+        u = torch.relu(self.up(x))           # read by a concat: keeps its own layer
+        gate = nn.functional.silu(self.gate(x)) * self.up2(x)   # SiLU leaves its GEMM for the product
+        return torch.cat([q * 2.0, k * 3.0, v, u, gate, self.other(y)], dim=-1)
 
 
 def _library(m: nn.Module, *args: torch.Tensor):
@@ -52,15 +56,16 @@ def test_sibling_layers_merge_and_the_reference_agrees(bias):
     merged = g.clone()
     gone = merge_sibling_linears(merged)
     verify(merged)
-    assert gone == 2   # q, k, v as one; up (relu) and other (another input) apart
-    assert sum(n.op == "linear_pointwise" for n in merged.nodes) == n_before - 2
-    assert [tuple(n.attrs["sizes"]) for n in merged.nodes if n.op == "split"] == [(5, 7, 3)]
+    assert gone == 4   # q, k, v, gate, up2 as one; up (relu) and other (another input) apart
+    assert sum(n.op == "linear_pointwise" for n in merged.nodes) == n_before - 4
+    assert [tuple(n.attrs["sizes"]) for n in merged.nodes if n.op == "split"] == [(5, 7, 3, 4, 4)]
+    assert sum(n.op == "silu" for n in merged.nodes) == 1
     after = numpy_ref.run(merged, [x.numpy(), y.numpy()])[0]
     np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(after, m(x, y).detach().numpy(), rtol=1e-5, atol=1e-5)
     # the old weights went; the merged ones hold the concatenation
     assert not {"q.weight", "k.weight", "v.weight"} & set(merged.weights)
-    assert "q.weight.merged" in merged.weights and merged.weights["q.weight.merged"].shape == (15, 11)
+    assert "q.weight.merged" in merged.weights and merged.weights["q.weight.merged"].shape == (23, 11)
 
 
 def test_a_weight_that_is_not_known_is_not_merged():
@@ -71,7 +76,7 @@ def test_a_weight_that_is_not_known_is_not_merged():
     for v in g.inputs:
         if v.role == "param" and str(v.name).startswith("k."):
             del g.weights[str(v.name)]
-    assert merge_sibling_linears(g) == 1   # q and v only
+    assert merge_sibling_linears(g) == 3   # q, v, gate and up2
     verify(g)
 
 
