@@ -83,6 +83,9 @@ class CompiledProgram:
             g = PassManager.parse(frozen[0] + "fold-batch-norm,fuse-library" + frozen[1]).run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
+            from .cnn_blocks import global_pools_flattened
+
+            global_pools_flattened(g)   # a global mean's flatten folded into it
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)
@@ -122,8 +125,11 @@ class CompiledProgram:
                 return fn
             return make
 
+        from .pool import max_pool_kernel, mean_kernel
+
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
                                     kernels={"adamw_update": adamw, "matmul": matmul,
+                                             "max_pool2d": max_pool_kernel, "mean": mean_kernel,
                                              "attention": attention_by(attention_kernel),
                                              "rotary_attention": attention_by(rotary_attention_kernel),
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,

@@ -9,6 +9,11 @@ us against 9 us on channels-last memory, one thread), and the depthwise convolut
 NCHW input in one conversion and runs the generated kernel (codegen/depthwise.py; measured
 against oneDNN and ATen as every convolution is, codegen/choose.py). The ``assign-layout`` pass
 runs it first (``PARTITA_POOL_AS_CONV=0`` leaves the pools as they are).
+
+``global_pools_flattened``: a global average pool kept as [N, C, 1, 1] (``mean`` over H and W
+with keepdim) whose one reader is a ``reshape`` to [N, C] (the flatten before a classifier)
+becomes the mean without keepdim: the same values in the same order, one step fewer (the
+generated pool of codegen/pool.py writes [N, C] either way). ``CompiledProgram`` runs it after ``assign-layout``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from ..ir.graph import Graph, Node
 from ..ir.types import TensorType
 from ..ops.registry import OPS
 
-__all__ = ["POOL_AS_CONV", "pools_as_depthwise", "window_counts"]
+__all__ = ["POOL_AS_CONV", "global_pools_flattened", "pools_as_depthwise", "window_counts"]
 
 # Whether assign-layout rewrites NCHW average pools as depthwise convolutions (read when it runs).
 POOL_AS_CONV = os.environ.get("PARTITA_POOL_AS_CONV", "1") != "0"
@@ -89,6 +94,34 @@ def pools_as_depthwise(graph: Graph) -> int:
         for m in (ones, conv, div, avg):
             graph.insert_before(n, m)
         graph.replace_all_uses(r, avg.results[0])
+        graph.erase(n)
+        done += 1
+    return done
+
+
+def global_pools_flattened(graph: Graph) -> int:
+    """Fold each ``reshape`` to [N, C] of a keepdim global mean [N, C, 1, 1] (its one reader)
+    into the mean (module doc); how many."""
+    from ..passes.rewrite import sole_user
+    from .pool import global_mean_axes
+
+    done = 0
+    for n in list(graph.nodes):
+        if n.graph is not graph or len(n.results) != 1 or not global_mean_axes(n) or not n.attrs["keepdim"]:
+            continue
+        r = n.results[0]
+        user = sole_user(r)
+        shape = tuple(r.type.shape)
+        if user is None or user.op != "reshape" or len(user.results) != 1 or user.operands[0] is not r:
+            continue
+        flat = user.results[0]
+        if tuple(flat.type.shape) != shape[:2] or flat.type.dtype is not r.type.dtype:
+            continue
+        attrs = OPS["mean"].normalize_attrs({"axes": tuple(n.attrs["axes"]), "keepdim": False})
+        mean = Node("mean", [n.operands[0]], attrs, [flat.type], n.loc)
+        graph.insert_before(user, mean)
+        graph.replace_all_uses(flat, mean.results[0])
+        graph.erase(user)
         graph.erase(n)
         done += 1
     return done
