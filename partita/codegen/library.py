@@ -648,7 +648,11 @@ class LinearChoice:
 
     def __init__(self, node: Any, m: int, k: int, n: int, layout: str, has_bias: bool, unary: str) -> None:
         self.picked: str | None = None
-        self.default = "generated" if 2 * m * k * n >= GEMM_MIN_FLOPS else "aten"
+        from .cnn_blocks import HEAD_MAX_ROWS
+
+        flops = 2 * m * k * n
+        small = m <= HEAD_MAX_ROWS and flops < LINEAR_CANDIDATE_MIN_FLOPS   # cnn_blocks.head_linear
+        self.default = "generated" if flops >= GEMM_MIN_FLOPS or small else "aten"
         self.key = f"linear_pointwise m={m} k={k} n={n} layout={layout} bias={has_bias} unary={unary}"
         self.where = f"{describe_node(node)} ([{m}, {k}] x [{k}, {n}], {unary})"
         self.node = weakref.ref(node)
@@ -828,8 +832,10 @@ def _library_kernel(node) -> Kernel | None:
     if kernel is None or any(t.numel == 0 or t.dtype is not f32 for t in types) or not _mkldnn_ok():
         return None
     flops = OPS[node.op].cost_of(types[:len(node.operands)], types[len(node.operands):], node.attrs).flops
-    if flops < kernel.threshold():
-        return None
+    from .cnn_blocks import head_linear
+
+    if flops < kernel.threshold() and not (head_linear(node) and choose_enabled() and PREPACK and _generated_gemm()):
+        return None   # a classifier-sized layer is a generated GEMM candidate still (cnn_blocks.head_linear)
     return kernel
 
 

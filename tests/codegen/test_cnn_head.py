@@ -86,3 +86,27 @@ def test_a_mean_read_elsewhere_is_left():
     a, b = prog([x])
     torch.testing.assert_close(a, x.mean((2, 3)))
     torch.testing.assert_close(b, x.mean((2, 3), keepdim=True) * 2.0)
+
+
+def test_a_classifier_sized_linear_is_a_gemm_candidate(monkeypatch, tmp_path):
+    """With measuring on, a [4, 64] x [64, 10] layer (below the measured band) is measured, the
+    generated GEMM its default, and equals eager whichever runs; measuring off, it stays on ATen."""
+    from partita.codegen import choose, library
+    from partita.codegen.cnn_blocks import head_linear
+
+    torch.manual_seed(0)
+    fc = nn.Linear(64, 10).eval()
+    x = torch.randn(4, 64)
+    g = partita.optimize(partita.import_torch(fc, (x,)), "canonicalize,fuse-library")
+    (node,) = [n for n in g.nodes if n.op == "linear_pointwise"]
+    assert head_linear(node)
+    assert library.LinearChoice(node, 4, 64, 10, "nk", True, "none").default == "generated"
+    monkeypatch.setenv("PARTITA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PARTITA_KERNEL_CHOICE", "measure")
+    choose.clear(disk=False)
+    prog = CompiledProgram(g, freeze=True)
+    with torch.inference_mode():
+        for _ in range(3):
+            torch.testing.assert_close(prog([x])[0], fc(x))
+    assert any(c.key.startswith("linear_pointwise m=4 k=64 n=10") for c in choose.choices())
+    choose.clear(disk=False)
