@@ -419,17 +419,25 @@ def _pad_ref(args, a):
     return out
 
 
+_PAD_FLOATS: tuple = ()
+
+
 def _pad_torch(args, a):
+    global _PAD_FLOATS
     x = args[0]
-    pairs = _pad_pairs(TensorType(tuple(x.shape), f32), a["pads"])
-    value = a["value"] if not x.is_floating_point() else fill_scalar(a["value"], from_torch_dtype(x.dtype))
+    if not _PAD_FLOATS:
+        _PAD_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
     # The result keeps a channels-last operand's memory layout (a padded convolution output read
     # by the next channels-last kernel: BiT's stem pad before its max pool was a 2.5x slower NCHW
     # fill and copy, and the pool after it ran on NCHW memory). F.pad where its constant mode
-    # applies (floating dtypes; it keeps the layout), else a fill and a copy (bool, integers).
-    if x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16) and x.dim() >= 1:
-        flat = [p for b, e in reversed(pairs) for p in (b, e)]
-        return torch.nn.functional.pad(x, flat, mode="constant", value=float(value))
+    # applies (these floating dtypes; it keeps the layout; the pads were checked when the node
+    # was typed), else a fill and a copy (bool, integers, float8).
+    if x.dtype in _PAD_FLOATS and x.dim() >= 1:
+        pads = a["pads"]
+        flat = [pads[i] for d in range(x.dim() - 1, -1, -1) for i in (2 * d, 2 * d + 1)]
+        return torch.nn.functional.pad(x, flat, mode="constant", value=float(a["value"]))
+    pairs = _pad_pairs(TensorType(tuple(x.shape), f32), a["pads"])
+    value = a["value"] if not x.is_floating_point() else fill_scalar(a["value"], from_torch_dtype(x.dtype))
     layout = torch.channels_last if x.dim() == 4 and not x.is_contiguous() and \
         x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
     out = torch.empty(tuple(d + b + e for d, (b, e) in zip(x.shape, pairs)), dtype=x.dtype, memory_format=layout)
