@@ -59,6 +59,7 @@ RULES["linear_pointwise"] = NOT_DIFFERENTIABLE
 RULES["rotary_attention"] = NOT_DIFFERENTIABLE
 RULES["add_norm"] = NOT_DIFFERENTIABLE
 RULES["group_norm"] = NOT_DIFFERENTIABLE   # codegen/group_norm.py: made for inference by fuse-library
+RULES["grn"] = NOT_DIFFERENTIABLE          # codegen/grn.py: ConvNeXt v2's response norm, made for inference by fuse-library
 # Quantized forms are for inference (partita.passes.quantize runs after any training; a QDQ
 # ONNX model is imported for inference): rounding has no useful gradient, and an integer
 # result none at all.

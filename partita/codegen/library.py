@@ -63,6 +63,7 @@ from .choose import enabled as choose_enabled
 from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_padding_end, conv_parts, linear_parts
 from .group_norm import fuse_mean
 from .norm import fuse_add_norm
+from .grn import fuse_grn
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
 from .rotary import fuse_rotary
@@ -1210,6 +1211,7 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     # Attention written out in ops (Gemma2's soft-capped scores, DeBERTa-v2's disentangled
     # terms) taken back into one attention node: codegen/attention_spelled.py.
     "softmax": fuse_spelled_attention,
+    "sqrt": fuse_grn,           # ConvNeXt v2's global response norm (codegen/grn.py)
 }
 
 
