@@ -327,6 +327,17 @@ class PreparedMean:
         return y
 
 
+class PreparedMeanNHWC(PreparedMean):
+    """A mean over the H and W axes (1, 2) of x [N, H, W, C] in row-major memory (the value
+    assign-layout made channels-last for a squeeze-excitation's pool): the channels-last kernel
+    over the same memory; ``__call__(x)`` returns the [N, C] means shaped ``out``."""
+
+    def __init__(self, shape: tuple, out: tuple) -> None:
+        n, h, w, c = (int(v) for v in shape)
+        super().__init__((n, c, h, w), out, True)
+        self.fmt = torch.contiguous_format
+
+
 def _static_f32(node: Any) -> bool:
     """A node of one f32 4-d operand and one f32 result, every size known and nonzero."""
     if len(node.operands) != 1 or len(node.results) != 1:
@@ -396,6 +407,8 @@ def mean_kernel(node: Any, inplace: bool = False) -> Callable | None:
     """The step running a global average pool (``mean`` over H and W) by the generated kernel
     or ATen's mean, whichever measured faster; None (ATen's mean) for other means."""
     del inplace
+    if _static_f32(node) and nhwc_mean_axes(node):
+        return _nhwc_mean_step(node)
     if not _static_f32(node) or not global_mean_axes(node):
         return None
     shape, out = tuple(node.operands[0].type.shape), tuple(node.results[0].type.shape)
@@ -411,3 +424,44 @@ def mean_kernel(node: Any, inplace: bool = False) -> Callable | None:
         return None
     key = f"mean x={'x'.join(map(str, shape))} out={'x'.join(map(str, out))}"
     return _chosen_step(node, key, made.__getitem__, op_on_aten("mean"))
+
+
+def nhwc_mean_axes(node: Any) -> bool:
+    """Whether ``node`` is a mean over exactly axes 1 and 2 of a 4-d value ([N, H, W, C])."""
+    axes = node.attrs.get("axes")
+    return node.op == "mean" and axes is not None and sorted(int(v) % 4 for v in axes) == [1, 2]
+
+
+def _nhwc_mean_step(node: Any) -> Callable | None:
+    """The step of a mean over H and W of [N, H, W, C]: the generated kernel on row-major memory
+    (the default), measured against ATen's mean at the first call; ATen's for other memory."""
+    from . import choose
+    from ..backend.common import describe_node
+
+    shape, out = tuple(node.operands[0].type.shape), tuple(node.results[0].type.shape)
+    if math.prod(out) != shape[0] * shape[3]:
+        return None
+    try:
+        gen = PreparedMeanNHWC(shape, out)
+    except Exception as e:  # no code generator here, or CodegenError: ATen runs it
+        import warnings
+
+        warnings.warn(f"partita: the generated global mean did not compile ({e}); ATen runs it", RuntimeWarning,
+                      stacklevel=2)
+        return None
+    aten = op_on_aten("mean")
+    key = f"mean nhwc x={'x'.join(map(str, shape))} out={'x'.join(map(str, out))}"
+    ref = weakref.ref(node)
+    where = describe_node(node)
+    picked: list[Callable[[Any], Any]] = []
+
+    def step(args: list, attrs: dict) -> Any:
+        x = args[0]
+        if not x.is_cpu or x.dtype is not torch.float32 or not x.is_contiguous():
+            return aten(args, attrs)
+        if not picked:
+            name = choose.choose(key, {"generated": lambda: gen(x), "aten": lambda: aten(args, attrs)}, where=where,
+                                 default="generated", node=ref())
+            picked.append(gen if name == "generated" else (lambda t: aten([t], attrs)))
+        return picked[0](x)
+    return step
