@@ -18,12 +18,17 @@ moments the machine gives the core to another process), beside eager and dynamo'
 bytecode and nothing else); then every step of the backend's program beside the same step of
 the import path's.
 
+``--programs`` compares the two programs themselves, outside any dynamo frame: the backend's
+(compiled with ``choose="partita"``, called with the inputs dynamo passes it) and the import
+path's, called in turn; their steps by op (count and sum of step medians), whether the backend
+froze its params and what its default measured choice picked; ``--dump DIR`` writes both graphs.
+
 ``--pieces`` splits the backend's call by swapping what dynamo calls (partita's entry) for less
 of it, in interleaved rounds of CPU time: the whole entry; the frozen program's runner without
 the frozen-params check; the program alone; a fixed result (dynamo's frame alone); and the import
 path's program called from the same frame (what the frame's memory traffic costs any program).
 
-Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend] [--pieces]
+Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend] [--programs [--dump DIR]] [--pieces]
 (one thread; PARTITA_CACHE_DIR=<a copy of the kernel cache without choices.json> makes the
 convolutions measure their kernel choice afresh).
 """
@@ -296,6 +301,122 @@ def compare_backend(name: str, tmp: Path, calls: int, verbose: bool, guard_filte
             print(f"  {k:4d} {n.op:28s} import {a:8.1f} us  backend {b:8.1f} us")
 
 
+def step_label(n: Any) -> str:
+    """A step's op, with its fused unary epilogue if any (``conv2d_pointwise+relu``)."""
+    return n.op + (f"+{n.attrs['unary']}" if n.attrs.get("unary", "none") != "none" else "")
+
+
+def backend_program(name: str, tmp: Path) -> tuple[Any, list, str, Any]:
+    """The torch.compile backend's program of ``name`` (compiled with ``choose="partita"`` so that
+    it runs), the inputs dynamo passes it, the measured choice of a default compile (its
+    ``Choice.text()``), and the import path's CompiledProgram with its call."""
+    import gc
+
+    import partita.codegen.dynamo as D
+
+    D.reset_stats()
+    cands, prog = backend_candidates(name, tmp)
+    with torch.inference_mode():
+        for _ in range(2 * (D.WARMUP_CALLS + D.TIMED_CALLS) + 2):
+            cands["backend"]()
+    chosen = "; ".join(f"{g.name}: {g.choice.text() if g.choice else g.fallback}" for g in D.stats().graphs)
+    case = Z.Case(ZM.BY_NAME[name], tmp)
+    flat = tuple(case.tensors.values())
+    torch._dynamo.reset()
+    D.reset_stats()
+    compiled = torch.compile(case.wrapped(), backend="partita", options={"choose": "partita"})
+    with torch.inference_mode():
+        compiled(*flat)
+    made = [g for g in D.stats().graphs if g.program is not None]
+    unboxed = [o for o in gc.get_objects() if type(o).__name__ == "_Unboxed" and type(o).__module__ == D.__name__
+               and made and getattr(o.boxed, "choice", None) is made[0].choice]
+    if len(made) != 1 or len(unboxed) != 1:
+        raise SystemExit(f"zoo_profile --programs: {name} has {len(made)} compiled graph(s) and {len(unboxed)} "
+                         f"direct entries; the comparison needs one of each ({D.stats().report()})")
+    entry = unboxed[0]
+    real, seen = entry.boxed, []
+    entry.boxed = lambda a: (seen.append(list(a)), real(a))[1]
+    with torch.inference_mode():
+        compiled(*flat)
+    entry.boxed = real
+    inner = real
+    args = list(inner.pick_kept(seen[0])) if isinstance(inner, D._FrozenRunner) else seen[0]
+    frozen = isinstance(inner, D._FrozenRunner) and inner.run is not None
+    bprog = inner.run.program if frozen else inner.program
+    return bprog, args, ("frozen; " if frozen else "not frozen; ") + chosen, (prog, cands["import"])
+
+
+def program_step_times(progs: dict[str, tuple[Any, Callable[[], Any]]], calls: int) -> dict[str, list[tuple[Any, float]]]:
+    """(node, median us) of every non-constant step of each program, the programs called in
+    turn, each on its own inputs, outside any dynamo frame."""
+    from partita.backend.torch_exec import ConstantStep
+
+    times: dict[str, dict[int, list[float]]] = {k: defaultdict(list) for k in progs}
+    origs = {k: list(B._torch_program(p).steps) for k, (p, _) in progs.items()}
+
+    def timed(into: list, fn: Callable) -> Callable:
+        def step(a: Any, at: Any) -> Any:
+            t0 = time.perf_counter()
+            r = fn(a, at)
+            into.append(time.perf_counter() - t0)
+            return r
+        return step
+
+    for k, (p, _) in progs.items():
+        B._torch_program(p).steps[:] = [(st[0] if type(st[0]) is ConstantStep else timed(times[k][i], st[0]), *st[1:])
+                                        for i, st in enumerate(origs[k])]
+    try:
+        with torch.inference_mode():
+            for _ in range(calls):
+                for _, call in progs.values():
+                    call()
+    finally:
+        for k, (p, _) in progs.items():
+            B._torch_program(p).steps[:] = origs[k]
+    return {k: [(st[7], median(times[k][i]) * 1e6) for i, st in enumerate(origs[k]) if i in times[k]]
+            for k in progs}
+
+
+def compare_programs(name: str, tmp: Path, calls: int, verbose: bool, dump: str | None) -> dict[str, Any]:
+    """Print the import path's program beside the torch.compile backend's: steps by op (count,
+    sum of step medians), both called alone in turn; with ``dump``, both graphs' text written
+    there. Returns the table row."""
+    bprog, bargs, chosen, (iprog, icall) = backend_program(name, tmp)
+    progs = {"import": (iprog, icall), "backend": (bprog, lambda: bprog(list(bargs)))}
+    with torch.inference_mode():
+        for _ in range(5):
+            for _, call in progs.values():
+                call()
+    steps = program_step_times(progs, calls)
+    by_op: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"import": [0, 0.0], "backend": [0, 0.0]})
+    for k, rows in steps.items():
+        for n, us in rows:
+            by_op[step_label(n)][k][0] += 1
+            by_op[step_label(n)][k][1] += us
+    tot = {k: (len(rows), sum(us for _, us in rows)) for k, rows in steps.items()}
+    print(f"{name}: steps import {tot['import'][0]} / backend {tot['backend'][0]}; sums of step medians import "
+          f"{tot['import'][1]:.1f} us / backend {tot['backend'][1]:.1f} us (ratio "
+          f"{tot['backend'][1] / max(tot['import'][1], 1e-9):.2f}); backend {chosen}")
+    for op, d in sorted(by_op.items(), key=lambda kv: -max(kv[1]["import"][1], kv[1]["backend"][1])):
+        mark = "" if d["import"][0] == d["backend"][0] else "  <- count differs"
+        print(f"  {op:30s} import {d['import'][0]:3d} steps {d['import'][1]:8.1f} us   backend "
+              f"{d['backend'][0]:3d} steps {d['backend'][1]:8.1f} us{mark}")
+    if verbose:
+        for k, rows in steps.items():
+            print(f" {k}'s steps:")
+            for i, (n, us) in enumerate(rows):
+                shapes = str([tuple(v.type.shape) for v in n.operands][:3])
+                print(f"  {i:4d} {step_label(n):28s} {shapes:56s} {us:8.1f} us")
+    if dump:
+        from partita.ir.printer import print_graph
+
+        os.makedirs(dump, exist_ok=True)
+        for k, (p, _) in progs.items():
+            Path(dump, f"{name}-{k}.txt").write_text(print_graph(p.graph))
+    return {"model": name, "steps": {k: v[0] for k, v in tot.items()}, "us": {k: v[1] for k, v in tot.items()},
+            "choice": chosen}
+
+
 def backend_pieces(name: str, tmp: Path, rounds: int = 21, calls: int = 30) -> dict[str, float]:
     """Median CPU us a call of the backend with its entry swapped for less of it (see the
     module docstring, ``--pieces``); needs one graph that dynamo calls partita's runner for."""
@@ -391,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --backend: also the backend and the frame with the nn-module guards filtered")
     ap.add_argument("--pieces", action="store_true",
                     help="the backend's call split by swapping its entry for less of it (CPU us)")
+    ap.add_argument("--programs", action="store_true",
+                    help="the import path's program beside the backend's: steps by op, each program called alone")
+    ap.add_argument("--dump", help="with --programs: write both programs' graphs here")
     ap.add_argument("--backend", action="store_true",
                     help="the torch.compile backend against the import path, call and steps")
     args = ap.parse_args(argv)
@@ -403,6 +527,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} (CPU us a call): " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
                   + f"; partita's own {own:.1f} (the frozen check {check:.1f}), the frame "
                   f"{us['fixed result']:.1f}, the program in the frame {us['program only'] - us['fixed result']:.1f}")
+        return 0
+    if args.programs:
+        for name in args.model.split(","):
+            with tempfile.TemporaryDirectory() as work:
+                compare_programs(name, Path(work), args.calls, args.verbose, args.dump)
         return 0
     if args.backend:
         for name in args.model.split(","):

@@ -368,7 +368,7 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
             imported = import_fx(gm, name=name)
             graph = _optimize(imported.graph, opts.passes)
             frozen = _frozen_inputs(kind, imported, opts) if opts.freeze else []
-            program = None if frozen else CompiledProgram(graph, min_ops=opts.min_ops)
+            program = None if frozen else build_program(graph, min_ops=opts.min_ops)
             plain = plain_inference(kind, gm)
     except Exception as e:
         return _fall_back(gm, e, opts, kind, name, aten_ops, t0)
@@ -387,6 +387,19 @@ def compile_fx_graph(gm: Any, example_inputs: Sequence[Any], *, kind: str = "inf
     if opts.choose == "partita":
         return runner
     return _Chooser(runner, make_boxed_func(gm.forward), choice)
+
+
+def build_program(graph: Graph, **options: Any) -> CompiledProgram:
+    """``CompiledProgram(graph, **options)`` built outside inference mode. Dynamo compiles a
+    graph at its first call and a frozen program is built at its own first call, both under the
+    caller's ``torch.inference_mode()`` when there is one; the tensors the program makes then
+    (its constants: an average pool's ones weight, a folded param) would be inference tensors,
+    which have no version counter, so a convolution could never trust a packed copy of such a
+    weight and ran unpacked at every call (PoolFormer's pool: 10 against 130 us a step)."""
+    import torch
+
+    with torch.inference_mode(False):
+        return CompiledProgram(graph, **options)
 
 
 def _fall_back(gm: Any, e: Exception, opts: _Options, kind: str, name: str, aten_ops: int, t0: float) -> Any:
@@ -549,7 +562,7 @@ class _FrozenRunner:
                 args.clear()
                 return self.run(kept)
         if self.unfrozen is None:
-            self.unfrozen = _Runner(CompiledProgram(self.graph, min_ops=self.opts.min_ops), self.imported)
+            self.unfrozen = _Runner(build_program(self.graph, min_ops=self.opts.min_ops), self.imported)
         return self.unfrozen(args)
 
     def _freeze(self, args: list) -> None:
@@ -572,7 +585,7 @@ class _FrozenRunner:
             v.role = "param"
             g.weights[input_name(v)] = to_numpy(args[i].detach())
         try:
-            program = CompiledProgram(g, min_ops=self.opts.min_ops, freeze=True)
+            program = build_program(g, min_ops=self.opts.min_ops, freeze=True)
         except Exception as e:  # a failure of a pass or of code generation: run as built without freezing
             if self.opts.fallback == "error":
                 raise
