@@ -799,12 +799,23 @@ class PreparedConv:
         self.tiles = sum(sg[2] for sg in segments(dims, cfg.mr)) if self.m else 0
         self.fn = kernel(cfg, act, dims) if self.m else None
         self.params = (ctypes.c_int64 * len(PARAMS))(0, 0, 0, 0, 0, *(dims[f] for f in PARAMS[5:]))
+        self.addr = ctypes.addressof(self.params)
         self.other = other
+        self.last: tuple | None = None   # the tensors the parameter block points at (``bound_call``)
 
     def pack(self, w: Any) -> Any:
         return pack_weight(block_diagonal(w, self.groups), self.cfg.nr)
 
     def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
+        last = self.last
+        if last is not None and bound_call(last, x, packed, bias, other, out):
+            nt = min(torch.get_num_threads(), self.tiles)
+            if nt > 1:
+                split_on_team(self.fn, self.params, self.tiles, nt)
+            else:
+                self.fn(self.addr, 0, self.tiles, 0)   # type: ignore[misc]
+            return out
+        self.last = None
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
             x = x.contiguous(memory_format=cl)
@@ -822,9 +833,35 @@ class PreparedConv:
             p[3] = other.data_ptr()
         fn = self.fn
         assert fn is not None
+        self.last = bound_args(x, packed, bias, other, out)
         nt = min(torch.get_num_threads(), self.tiles)
         if nt > 1:
             split_on_team(fn, p, self.tiles, nt)
         else:
-            fn(ctypes.addressof(p), 0, self.tiles, 0)
+            fn(self.addr, 0, self.tiles, 0)
         return y
+
+
+def bound_args(x: Any, packed: Any, bias: Any, other: Any, out: Any) -> tuple | None:
+    """What a prepared kernel keeps of a call whose parameter block now points at these tensors,
+    so that a later call with the same ones skips the conversions and pointer writes: the
+    tensors and the addresses of those that come from outside the program (the input, bias,
+    residual). None (nothing kept) where ``out`` was not given (each call's result is new) or
+    where the block points at a converted copy (an input not in channels-last memory, a
+    non-contiguous bias)."""
+    cl = torch.channels_last
+    if out is None or not x.is_contiguous(memory_format=cl) or (bias is not None and not bias.is_contiguous()) \
+            or (other is not None and not other.is_contiguous(memory_format=cl)):
+        return None
+    return (x, packed, bias, other, out, x.data_ptr(), None if bias is None else bias.data_ptr(),
+            None if other is None else other.data_ptr())
+
+
+def bound_call(last: tuple, x: Any, packed: Any, bias: Any, other: Any, out: Any) -> bool:
+    """Whether a call takes the very tensors of ``last`` (``bound_args``) at the same addresses:
+    the parameter block holds them already (the arena's views and the packed weight are the
+    same objects at every call of a program; the input, bias and residual are checked by
+    address, as a tensor's storage can be swapped)."""
+    return (last[0] is x and last[1] is packed and last[2] is bias and last[3] is other and last[4] is out
+            and x.data_ptr() == last[5] and (bias is None or bias.data_ptr() == last[6])
+            and (other is None or other.data_ptr() == last[7]))

@@ -849,11 +849,14 @@ def writes_into(node) -> bool:
     """Whether the prepared step of the ``conv2d_pointwise`` or ``linear_pointwise`` ``node``
     runs generated code (the convolution of codegen/conv.py, the GEMM), which can write its
     result into a buffer it is given (``step_into``): what the memory plan asks before it
-    plans the result."""
+    plans the result. A convolution whose generated kernel is only a candidate of the measured
+    choice writes there too (oneDNN's or ATen's result copied in where one of them wins): a
+    result allocated at every call cost the small steps of MobileNets about 2 us each."""
     if _library_kernel(node) is None:
         return False
     if node.op == "conv2d_pointwise":
-        return _generated_conv(node, *epilogue_of(node.attrs)) is not None
+        return _generated_conv(node, *epilogue_of(node.attrs)) is not None or (
+            PREPACK and choose_enabled() and _generated_conv(node, *epilogue_of(node.attrs), candidate=True) is not None)
     return node.op == "linear_pointwise" and PREPACK and _generated_gemm()
 
 
