@@ -59,7 +59,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--virtual-stages", type=int_arg(1), help="model chunks per pp rank (schedule interleaved)")
     s.add_argument("--every-rank", action="store_true", help="simulate every rank, not alike ranks once")
     s.add_argument("--check-memory", action="store_true",
-                   help="fail when a rank exceeds its device's memory (unrolls a pipeline, as --unroll)")
+                   help="fail when a rank exceeds its device's memory (a pipeline's stages walked in schedule order, "
+                        "not unrolled)")
     s.add_argument("--unroll", action="store_true",
                    help="a pipeline: unroll every microbatch into per-rank programs, for each rank's memory and a "
                         "per-op trace (its time grows with the microbatches; by default a pipeline is simulated "
@@ -304,7 +305,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     step = _model(args, strategy, cp)
     t1 = time.perf_counter()
     print(f"model @{step.name}: {sum(1 for _ in step.nodes)} nodes, built in {t1 - t0:.2f} s")
-    unroll = args.unroll or args.check_memory
+    unroll = args.unroll
     if pp and not unroll:
         pipeline["unroll"] = False
     prog = parallelize(step, mesh, strategy, **pipeline)
@@ -315,8 +316,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    check_memory=args.check_memory, progress=print)
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
-    if pp and not unroll:
-        print("(memory per rank: not computed for a pipeline simulated section by section; --unroll computes it)")
+    if pp and not unroll and not args.check_memory:
+        print("(memory per rank: not computed for a pipeline simulated section by section; --check-memory walks "
+              "each stage's program in schedule order for it)")
     if args.trace:
         try:
             res.chrome_trace(args.trace, detail=args.trace_detail)

@@ -223,6 +223,9 @@ class SimResult:
     hardware_flops: float                # per step, all ranks, as computed
     peak_flops: float                    # one device's peak for the model's dtype
     dedup: bool
+    # The program simulated (a ParallelProgram, PipelineProgram or Graph): partita.view draws its
+    # memory over the step from it when the result is viewed alone.
+    program: Any = field(default=None, repr=False, compare=False)
 
     @property
     def devices(self) -> int:
@@ -414,10 +417,10 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     cluster = load_cluster(cluster)
     sections = getattr(program, "unrolled", True) is False
     if sections:
-        if check_memory:
-            raise SimulationError("simulate: check_memory needs the per-rank programs, which a pipeline built with "
-                                  "unroll=False does not have; parallelize without unroll=False to check memory")
-        memory = False
+        # A rank template's memory is walked in schedule order (template_memory.py; exact against
+        # the unrolled program): as long as the simulation itself on a deep pipeline, so only
+        # where the caller checks memory.
+        memory = check_memory
         pp_of = axis_coords(program.mesh, program.axis)    # program.coords(r)[0], for every rank
         graphs, mesh, single = _templates_of(program, pp_of)
     else:
@@ -452,6 +455,17 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         say(f"priced {len(prepared)} distinct program(s), {sum(len(p.nodes) for p in prepared.values())} nodes")
         prog_of = [prepared[id(g)] for g in graphs]
         reps, rep_of, count = _representatives(mesh, cluster, graphs, prog_of, dedup)
+    walked: dict[int, MemoryReport] = {}
+
+    def template_memory(r: int) -> MemoryReport:
+        """The memory report of rank r's pp template, walked once per pp coordinate."""
+        from .template_memory import template_memory_report
+
+        p = pp_of[r]
+        if p not in walked:
+            walked[p] = template_memory_report(program.templates[p], ordered=program.submesh is not None)
+        return walked[p]
+
     if shared:
         sim = _shared_core_sim(mesh, cluster, model, prog_of, reps, rep_of, trace, say)
     else:
@@ -463,7 +477,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     for r in reps:
         p = prog_of[r]
         st = sim.state[r]
-        mem = memory_report(p.graph) if memory else None
+        mem = (template_memory(r) if sections else memory_report(p.graph)) if memory else None
         ranks.append(RankResult(r, count[r], st.clock, st.busy, st.waiting, dict(st.comm_busy), p.flops,
                                 p.kinds, mem, dict(st.waits)))
         hw += p.flops * count[r]
@@ -481,7 +495,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     peak = model.peak_for(_main_dtype(prog_of[reps[0]]))
     events = sorted(sim.events, key=lambda e: (e.rank, e.start)) if trace else []
     return SimResult(cluster, mesh, step, ranks, events, dict(comm_bytes), tokens, model_flops, hw, peak,
-                     dedup and len(reps) < n)
+                     dedup and len(reps) < n, program)
 
 
 def _shares_cores(mesh: Mesh, cluster: Cluster) -> bool:

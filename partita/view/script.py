@@ -498,7 +498,7 @@ function timelineView(root, T) {
 function memoryView(T) {
   const box = el("div", {class: "memory", id: "memory"});
   const ranks = T.ranks.filter(r => r.memory);
-  if (!ranks.length) { box.append(el("div", {}, "memory per rank: not computed (simulate with --unroll for a pipeline)")); return box; }
+  if (!ranks.length) { box.append(el("div", {}, "memory per rank: not computed (a pipeline: simulate with --check-memory or --unroll)")); return box; }
   box.append(el("b", {}, "memory at the peak per rank (% of the device's memory)"));
   const cats = [...new Set(ranks.flatMap(r => Object.keys(r.memory.at_peak)))];
   const cols = ["#6b9bd1", "#7fbf7f", "#e0a050", "#b58fd0", "#d07f7f", "#8fd0c8", "#c8c870", "#999"];

@@ -108,7 +108,7 @@ def test_a_pipeline_is_simulated_section_by_section_unless_unrolled(capsys):
     argv = ["simulate", "--gpt", "2,64,4,16,128,256", "--dtype", "f32", "--mesh", "pp=2", "--microbatches", "256"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "section-level program" in out and "--unroll computes it" in out
+    assert "section-level program" in out and "--check-memory walks" in out
     assert main(argv[:-2] + ["--microbatches", "4", "--unroll"]) == 0
     out = capsys.readouterr().out
     assert "section-level" not in out and "memory of rank 0" in out

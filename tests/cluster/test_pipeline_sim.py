@@ -126,8 +126,6 @@ def test_a_not_unrolled_pipeline_says_it_cannot_run(step):
                  lambda: prog.shard_inputs({})):
         with pytest.raises(PipelineError, match="unroll=False for simulation.*without unroll=False"):
             call()
-    with pytest.raises(SimulationError, match="check_memory"):
-        simulate(prog, "selene", check_memory=True)
     # The plan is built from the templates: each transfer once per microbatch.
     full = partita.parallelize(step, mesh="pp=2,dp=2", strategy="pp+dp", microbatches=4)
     assert [s.sends for s in prog.plan.per_stage] == [s.sends for s in full.plan.per_stage]
@@ -154,3 +152,26 @@ def test_each_rank_says_which_axis_it_waited_for(step, mesh, strategy, schedule,
             assert set(rank.waits) <= set(prog.mesh.names)
             assert sum(rank.waits.values()) == pytest.approx(rank.waiting, rel=1e-9, abs=1e-12)
         assert max(rank.waits.get("pp", 0.0) for rank in r.ranks) > 0      # the later stages wait for the first
+
+
+def test_check_memory_walks_the_templates_of_a_not_unrolled_pipeline(step):
+    """check_memory on a pipeline simulated section by section: each rank's memory walked from
+    its stage's template in schedule order, its peak that of the unrolled program's rank (within
+    a few bytes: docs/view.md), and a device too small is named with the rank."""
+    import dataclasses
+
+    from partita.cluster import load_cluster
+
+    prog = partita.parallelize(step, mesh="pp=2,dp=2", strategy="pp+dp", microbatches=4, unroll=False)
+    full = partita.parallelize(step, mesh="pp=2,dp=2", strategy="pp+dp", microbatches=4)
+    walked = simulate(prog, "selene", check_memory=True, trace=False)
+    unrolled = simulate(full, "selene", trace=False)
+    assert walked.program is prog and all(r.memory is not None for r in walked.ranks)
+    peak = {r.rank: r.memory.peak for r in unrolled.ranks}
+    for r in walked.ranks:
+        assert r.memory.peak == pytest.approx(peak[r.rank], abs=64), r.rank
+    assert simulate(prog, "selene", trace=False).ranks[0].memory is None     # not walked unless asked
+    selene = load_cluster("selene")
+    tiny = dataclasses.replace(selene, device=dataclasses.replace(selene.device, memory=1000))
+    with pytest.raises(SimulationError, match=r"rank \d+ does not fit in the memory"):
+        simulate(prog, tiny, check_memory=True, trace=False)
