@@ -39,6 +39,7 @@ MLAS does; see ``read_a_in_place`` for when.
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -687,6 +688,38 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, c
 _LOCK = threading.Lock()
 _COMPILED: dict[tuple[GemmConfig, str], Any] = {}
 
+# The parameter block of ``block_entry``, each an i64: what changes from call to call (A's,
+# the packed B's, the bias's and C's addresses, C's row stride), then what changes with A's
+# strides (they, the workspace, the block rows), then what is fixed (M, N, K, the panel range,
+# the kernel's address).
+_BLOCK_FIELDS = ["a", "bp", "bias", "c", "ldc", "lda", "sak", "ws", "mcx", "m", "n", "k", "lo", "hi", "fnv"]
+_PER_CALL = struct.Struct("=5q").pack_into   # the block's first five fields, written at every call
+_BLOCK_ENTRY: list = []   # [the compiled entry, or None where it did not compile]
+
+
+def block_entry_ir(name: str = "pt_gemm_block") -> str:
+    """The IR of ``name(ptr block)``: loads ``_BLOCK_FIELDS`` from the block and calls the
+    kernel at ``fnv`` with the first 14 (one ctypes argument a call instead of 14)."""
+    lines = [f"define void @{name}(ptr %d) nounwind {{", "entry:"]
+    for i, f in enumerate(_BLOCK_FIELDS):
+        lines += [f"  %{f}.p = getelementptr inbounds i64, ptr %d, i64 {i}", f"  %{f} = load i64, ptr %{f}.p, align 8"]
+    lines += [f"  %{f}x = inttoptr i64 %{f} to ptr" for f in ("a", "bp", "bias", "c", "ws", "fnv")]
+    lines += ["  call void %fnvx(ptr %ax, i64 %lda, i64 %sak, ptr %bpx, ptr %biasx, ptr %cx, i64 %ldc, i64 %m, "
+              "i64 %n, i64 %k, ptr %wsx, i64 %lo, i64 %hi, i64 %mcx)", "  ret void", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def block_entry() -> Any:
+    """The compiled ``pt_gemm_block(block)`` (compiled once a process), or None where it did
+    not compile (the kernel is then called with its 14 arguments)."""
+    with _LOCK:
+        if not _BLOCK_ENTRY:
+            try:
+                _BLOCK_ENTRY.append(jit().kernel("pt_gemm_block", block_entry_ir(), 0, argtypes=[ctypes.c_void_p]).fn)
+            except Exception:
+                _BLOCK_ENTRY.append(None)
+        return _BLOCK_ENTRY[0]
+
 # Below this many multiply-adds a call stays on one thread (handing work to a pool thread costs
 # some 20 microseconds).
 PARALLEL_MIN_MACS = 1 << 22
@@ -770,11 +803,14 @@ def gemm(a: Any, packed: Any, n: int, bias: Any = None, act: str = "none", out: 
 class PreparedGemm:
     """One node's GEMM, fixed when the executor prepares the node: the shape [m, k] x [k, n],
     the tile, the activation, the compiled kernel and its workspaces. A call does only what
-    depends on the operands (their addresses and strides), so the Python around the kernel
-    is a few microseconds; ``gemm`` is the same computation for any shape. Like the program
-    that holds it, one call at a time (the workspaces are reused)."""
+    depends on the operands (their addresses and strides): they are written into a parameter
+    block set up here (the shape, the panels, the kernel's address), and the kernel is entered
+    through ``block_entry`` with that block's one address, so the Python around the kernel is
+    about a microsecond; ``gemm`` is the same computation for any shape. Like the program that
+    holds it, one call at a time (the workspaces and the block are reused)."""
 
-    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd")
+    __slots__ = ("m", "n", "k", "act", "cfg", "fn", "np", "ws", "ws_ptr", "parallel", "direct", "mcd",
+                 "blk", "blk_addr", "entry", "strides")
 
     def __init__(self, m: int, n: int, k: int, act: str = "none", cfg: GemmConfig | None = None) -> None:
         if act not in ACTIVATIONS:
@@ -788,6 +824,12 @@ class PreparedGemm:
         self.parallel = m * n * k >= PARALLEL_MIN_MACS and self.np > 1
         self.direct = DIRECT_A != "0"
         self.mcd = direct_block_rows(cfg, k)
+        # The block: _BLOCK_FIELDS, the shape, the panel range and the kernel's address set here.
+        self.entry = block_entry() if self.fn is not None else None
+        fnv = 0 if self.fn is None else ctypes.cast(self.fn, ctypes.c_void_p).value or 0
+        self.blk = (ctypes.c_int64 * len(_BLOCK_FIELDS))(0, 0, 0, 0, 0, 0, 0, 0, 0, m, n, k, 0, self.np, fnv)
+        self.blk_addr = ctypes.addressof(self.blk)
+        self.strides: tuple = ()   # the A strides the block's workspace and block rows were set for
 
     def pack(self, b: Any) -> Any:
         """``b`` [k, n] as this GEMM's packed panels."""
@@ -797,24 +839,53 @@ class PreparedGemm:
         """``act(a @ B + bias)`` for ``a`` [m, k] (any strides) and ``packed = self.pack(B)``."""
         m, n = self.m, self.n
         c = torch.empty((m, n), dtype=torch.float32) if out is None else out
-        fn = self.fn
-        if fn is None:
+        if self.fn is None:
             return gemm(a, packed, n, bias, self.act, c, self.cfg)
         sa = a.stride()
-        bp = None if bias is None else bias.data_ptr()
+        self.call_kernel(a.data_ptr(), sa[0], sa[1], packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         c.data_ptr(), c.stride(0))
+        return c
+
+    def rows(self, x: Any, packed: Any, bias: Any, out: Any, out_shape: tuple) -> Any:
+        """``act(x @ B + bias)`` for ``x`` [..., k] (its leading dimensions the m rows) into
+        ``out`` (contiguous, ``out_shape`` = [..., n]) or a new tensor of ``out_shape``: the
+        linear step's call. A contiguous ``x`` is read where it is (no reshape); a contiguous
+        ``bias`` or none."""
+        if self.fn is None:
+            y = self(x.reshape(self.m, self.k), packed, bias, None if out is None else out.view(self.m, self.n))
+            return y.view(out_shape) if out is None else out
+        c = torch.empty(out_shape, dtype=torch.float32) if out is None else out
+        if x.is_contiguous():
+            ap, lda, sak = x.data_ptr(), self.k, 1
+        else:
+            x2 = x.reshape(self.m, self.k)
+            sa = x2.stride()
+            ap, lda, sak = x2.data_ptr(), sa[0], sa[1]
+        self.call_kernel(ap, lda, sak, packed.data_ptr(), 0 if bias is None else bias.data_ptr(), c.data_ptr(),
+                         self.n)
+        return c
+
+    def call_kernel(self, a: int, lda: int, sak: int, bp: int, bias: int, c: int, ldc: int) -> None:
+        """Run the kernel on these addresses and strides (bias 0: none): split between threads
+        where the work is large enough, else through the parameter block."""
         if self.parallel:
             nt = min(torch.get_num_threads(), self.np)
             if nt > 1:
-                self._parallel(nt, (a.data_ptr(), sa[0], sa[1], packed.data_ptr(), bp, c.data_ptr(), c.stride(0),
-                                    m, n, self.k))
-                return c
-        if self.direct and sa[1] == 1 and read_a_in_place(sa[0]):
-            fn(a.data_ptr(), sa[0], 1, packed.data_ptr(), bp, c.data_ptr(), c.stride(0), m, n, self.k,
-               None, 0, self.np, self.mcd)
+                self._parallel(nt, (a, lda, sak, bp, bias or None, c, ldc, self.m, self.n, self.k))
+                return
+        blk = self.blk
+        if self.strides != (lda, sak):
+            direct = self.direct and sak == 1 and read_a_in_place(lda)
+            blk[5], blk[6] = lda, sak
+            blk[7] = 0 if direct else self.ws_ptr
+            blk[8] = self.mcd if direct else self.cfg.mc
+            self.strides = (lda, sak)
+        entry = self.entry
+        if entry is not None:
+            _PER_CALL(blk, 0, a, bp, bias, c, ldc)
+            entry(self.blk_addr)
         else:
-            fn(a.data_ptr(), sa[0], sa[1], packed.data_ptr(), bp, c.data_ptr(), c.stride(0), m, n, self.k,
-               self.ws_ptr, 0, self.np, self.cfg.mc)
-        return c
+            self.fn(a, lda, sak, bp, bias, c, ldc, self.m, self.n, self.k, blk[7], 0, self.np, blk[8])
 
     def _parallel(self, nt: int, args: tuple) -> None:
         direct = self.direct and args[2] == 1 and read_a_in_place(args[1])
@@ -822,6 +893,7 @@ class PreparedGemm:
         if not direct and self.ws.numel() < nt * wsf:
             self.ws = torch.empty(nt * wsf, dtype=torch.float32)
             self.ws_ptr = self.ws.data_ptr()
+            self.strides = ()   # the block's workspace address is set again at its next use
         ws = 0 if direct else self.ws_ptr
         mc = self.mcd if direct else self.cfg.mc
         omp = _omp_launcher()

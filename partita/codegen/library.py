@@ -722,13 +722,18 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
         choice = LinearChoice(node, m, k, n, layout, has_bias, unary) if node is not None and choose_enabled() \
             else None
         aten = aten_linear_run(tuple(out_shape), k, kn, unary, out)
+        fast: list = [None, -1, None]  # the last generated call's weight (a weak reference), version, packed copy
 
         def gen_step(args: list, attrs: dict) -> Any:
             x = args[0]
-            if not x.is_cpu:
-                return fallback(args, attrs)
             w = args[1]
             bias = args[2] if has_bias else None
+            ref = fast[0]
+            if ref is not None and ref() is w and w._version == fast[1] and x.dtype is f32_ and x.is_cpu \
+                    and (bias is None or bias.is_contiguous()):
+                return run.rows(x, fast[2], bias, out, out_shape)  # the weight packed and chosen before
+            if not x.is_cpu:
+                return fallback(args, attrs)
             if choice is not None and choice.picked == "aten" and x.dtype is f32_:
                 return aten(x, w, bias)
             packed = get(w)
@@ -740,10 +745,9 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                     if picked == "aten":
                         gcache.packed = None   # the packed copy is not used again
                         return aten(x, w, bias)
-                if x.dim() == 2 and out2 is None:
-                    return run(x, packed, bias)
-                y = run(x.reshape(m, k), packed, bias, out2)
-                return y.view(out_shape) if out is None else out
+                if w._base is None:
+                    fast[:] = [weakref.ref(w), w._version, packed]
+                return run.rows(x, packed, bias, out, out_shape)
             _STATS["unpacked_calls"] += 1
             y = lin(x, w.t() if kn else w, bias, attr, scalars, alg)
             if out is not None:  # the memory plan's buffer holds the result at every call
