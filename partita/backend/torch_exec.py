@@ -133,6 +133,7 @@ class TorchProgram:
                                   for v in graph.outputs]
         self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
         self._bind_plan = _bind_plan(graph, self._input_dtypes, self._on_device)
+        self._bind = None if self._bind_plan is None else bind_function(self._bind_plan)
 
     @property
     def steps(self) -> list:
@@ -158,7 +159,8 @@ class TorchProgram:
         env: list = [None] * self.num_slots
         for s, t in self.hoisted:
             env[s] = t
-        if not _bind_ready(self._bind_plan, env, inputs, weights):
+        bind = self._bind
+        if bind is None or not bind(env, inputs, weights):
             self._bind_converting(env, inputs, weights)
         inflight: list = []  # result-less asynchronous ops (sends) still in flight
         run = self._run
@@ -270,6 +272,35 @@ def _bind_ready(plan: tuple[list, list] | None, env: list, inputs: Any, weights:
     return True
 
 
+def bind_function(plan: tuple[list, list]) -> Any:
+    """``_bind_ready`` for one plan as straight-line code, ``bind(env, inputs, weights) ->
+    bool``: each input's slot, dtype, shape and name are constants of the function (no loop,
+    no tuple unpacking), the same checks in the same order."""
+    data, params = plan
+    ns: dict[str, Any] = {"T": torch.Tensor, "M": _MISSING}
+    lines = ["def _bind(env, inputs, weights):",
+             "    if type(inputs) is not list and type(inputs) is not tuple: return False",
+             f"    if len(inputs) != {len(data)}: return False",
+             "    if weights is None:",
+             f"        {'return False' if params else 'weights = {}'}",
+             "    elif type(weights) is not dict: return False"]
+    for i, (s, want, shape) in enumerate(data):
+        ns[f"D{s}"], ns[f"S{s}"] = want, shape
+        lines += [f"    a = inputs[{i}]",
+                  f"    if not isinstance(a, T) or a.dtype is not D{s} or a.shape != S{s}: return False",
+                  f"    env[{s}] = a"]
+    if params:
+        lines.append("    get = weights.get")
+    for s, want, shape, name in params:
+        ns[f"D{s}"], ns[f"S{s}"] = want, shape
+        lines += [f"    a = get({name!r}, M)",
+                  f"    if not isinstance(a, T) or a.dtype is not D{s} or a.shape != S{s}: return False",
+                  f"    env[{s}] = a"]
+    lines.append("    return True")
+    exec(compile("\n".join(lines) + "\n", "<partita bind>", "exec"), ns)
+    return ns["_bind"]
+
+
 class _Steps(list):
     """``TorchProgram.steps``: replacing a step (the runtime wraps collectives, codegen binds
     planned buffers) drops the generated function, which is made again on the next call."""
@@ -316,7 +347,7 @@ def _generate(prog: "TorchProgram"):
     for sl in used:
         if sl not in made:
             lines.append(f"    s{sl} = env[{sl}]")
-    ns: dict[str, Any] = {"Pending": Pending}
+    ns: dict[str, Any] = {"Pending": Pending, "T": torch.Tensor}
     for k, (fn, args, attrs, outs, dtypes, frees, waits, node) in enumerate(steps):
         ns[f"F{k}"], ns[f"A{k}"] = fn, attrs
         for w in waits:
@@ -343,8 +374,8 @@ def _generate(prog: "TorchProgram"):
             ns[f"D{k}"] = dtypes[0]
             lines.append(f"    s{o} = {call}")
             line_step[len(lines)] = k
-            lines.append(f"    if type(s{o}) in (list, tuple): s{o} = s{o}[0]")
-            lines.append(f"    if type(s{o}) is not Pending and s{o}.dtype is not D{k}: s{o} = s{o}.to(D{k})")
+            if getattr(fn, "exact_result", False) is not True:
+                lines += result_checks(f"s{o}", f"D{k}")
         else:
             lines.append(f"    r = {call}")
             line_step[len(lines)] = k
@@ -362,6 +393,18 @@ def _generate(prog: "TorchProgram"):
     fn._line_step = line_step
     fn._source = "\n".join(lines)
     return fn
+
+
+def result_checks(v: str, d: str) -> list[str]:
+    """The generated lines that make a step's result ``v`` one value of the dtype ``d``: the
+    first of a list or tuple, converted where its dtype differs (a Pending is left as it is).
+    A plain tensor, the common case, takes one type test and one dtype test. A step function
+    whose attribute ``exact_result`` is True (it returns one tensor of the result's dtype)
+    gets none of these."""
+    return [f"    if type({v}) is not T:",
+            f"        if type({v}) in (list, tuple): {v} = {v}[0]",
+            f"        if type({v}) is not Pending and {v}.dtype is not {d}: {v} = {v}.to({d})",
+            f"    elif {v}.dtype is not {d}: {v} = {v}.to({d})"]
 
 
 def _inline_reshape(fn: Any, node: Node, outs: Sequence[int]) -> tuple[int, ...] | None:

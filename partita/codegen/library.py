@@ -755,6 +755,8 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                 return out
             return y
 
+        # one f32 tensor, the node's dtype: the executor's generated call skips its result checks
+        gen_step.exact_result = node is not None and _all_f32(*node.operands, *node.results)  # type: ignore[attr-defined]
         return gen_step
     # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a view, which
     # the library reads as it is) until the packed [N, K] copy exists.

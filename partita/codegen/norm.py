@@ -242,6 +242,7 @@ def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
 # --- the kernel ------------------------------------------------------------------------------
 
 _P = ["x", "r", "w", "b", "s", "y"]
+_PACK_P = struct.Struct(f"={len(_P)}q").pack_into   # the parameter block's addresses in one write
 
 
 def f32_hex(x: float) -> str:
@@ -519,34 +520,35 @@ class PreparedNorm:
         self.fn = _kernel(kind, self.c, _eps(eps), residual, weight, bias)
         self.parallel = self.rows > 1 and self.rows * self.c >= PARALLEL_MIN_ELEMENTS
         self.params = (ctypes.c_int64 * len(_P))()
+        self.params_addr = ctypes.addressof(self.params)
 
     def __call__(self, x: Any, r: Any = None, w: Any = None, b: Any = None, y: Any = None, s: Any = None) -> Any:
         """The norm of ``x`` (+ ``r``); written into ``y`` (and the sum into ``s``), contiguous
-        tensors of the input's shape, where given (the memory plan's buffers)."""
+        tensors of the input's shape, where given (the memory plan's buffers). The six
+        addresses go into the parameter block in one write and the kernel gets its address."""
         x = x if x.is_contiguous() else x.contiguous()
         if y is None:
             y = torch.empty(self.shape, dtype=torch.float32)
-        p = self.params
-        p[0] = x.data_ptr()
+        rp = sp = wp = bp = 0
         if self.residual:
             r = r if r.is_contiguous() else r.contiguous()
             if s is None:
                 s = torch.empty(self.shape, dtype=torch.float32)
-            p[1], p[4] = r.data_ptr(), s.data_ptr()
+            rp, sp = r.data_ptr(), s.data_ptr()
         if self.weight:
             w = w if w.is_contiguous() else w.contiguous()
-            p[2] = w.data_ptr()
+            wp = w.data_ptr()
         if self.bias:
             b = b if b.is_contiguous() else b.contiguous()
-            p[3] = b.data_ptr()
-        p[5] = y.data_ptr()
+            bp = b.data_ptr()
+        _PACK_P(self.params, 0, x.data_ptr(), rp, wp, bp, sp, y.data_ptr())
         nt = min(torch.get_num_threads(), self.rows) if self.parallel else 1
         if nt <= 1:
-            self.fn(p, 0, self.rows, 0)
+            self.fn(self.params_addr, 0, self.rows, 0)
         else:
             from .cpu import split_on_team
 
-            split_on_team(self.fn, p, self.rows, nt)
+            split_on_team(self.fn, self.params, self.rows, nt)
         return (y, s) if self.residual else y
 
 
@@ -600,4 +602,5 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
         w = args[w_at] if weight else None
         b = args[w_at + 1] if bias else None
         return pn(x, args[1] if residual else None, w, b, y_out, s_out)
+    step.exact_result = not residual  # type: ignore[attr-defined]  # one f32 tensor, the node's dtype
     return step
