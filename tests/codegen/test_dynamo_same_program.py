@@ -57,3 +57,38 @@ def test_program_built_under_inference_mode_packs_its_constant_weights() -> None
     assert after == before, "a convolution of the frozen program ran unpacked in the steady state"
     consts = [v for n in rec[0].program.graph.nodes if n.op == "constant" for v in n.results]
     assert consts, "the pool's ones weight is a constant of the program"
+
+
+class _NormHead(torch.nn.Module):
+    """A convolution, a GroupNorm with ReLU, a global mean and a linear head (BiT's pattern)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, 8)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.norm(self.conv(x))).mean((2, 3)))
+
+
+def test_frozen_program_matches_library_patterns_on_the_params_as_they_come() -> None:
+    """The library patterns run on the frozen graph before ``fold-params`` (the import path's
+    order): the group norm takes its [C] weight and bias (not [1, C, 1, 1] params reshaped back
+    at every call) and the linear layer its [N, K] weight (not a folded transpose)."""
+    torch.manual_seed(0)
+    model = _NormHead().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend="partita", options={"choose": "partita"})(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    (rec,) = pd.stats().graphs
+    assert rec.program is not None and rec.choice is not None and rec.choice.frozen
+    nodes = {n.op: n for n in rec.program.graph.nodes}
+    assert "group_norm" in nodes and "linear_pointwise" in nodes, sorted(nodes)
+    assert [v.type.shape for v in nodes["group_norm"].operands[1:]] == [(8,), (8,)]
+    assert nodes["linear_pointwise"].operands[1].type.shape == (5, 8)
