@@ -56,7 +56,8 @@ class CompiledProgram:
     ``freeze`` (default off): the params are constants, ``graph.weights`` holding their values at
     every call (torch's freezing; the torch.compile backend's frozen inference graphs): with
     ``library``, ``fold-constants`` and ``fold-params`` compute what depends on constants and
-    params alone once, and ``merge-linears`` makes linear layers on one input one GEMM. Without
+    params alone once, ``scale-fold`` folds per-feature scales (layer scales, norm weights)
+    into linear layers' weights, and ``merge-linears`` makes linear layers on one input one GEMM. Without
     it, new weight tensors passed at a call are used as they come.
 
     ``plan_memory`` (default on): the values that kernels and matmuls write live in one arena
@@ -77,9 +78,9 @@ class CompiledProgram:
         if fuse and library:
             from ..passes.manager import PassManager
 
-            from . import merge_linear  # noqa: F401: registers merge-linears
+            from . import merge_linear, scale_fold  # noqa: F401: registers merge-linears, scale-fold
 
-            frozen = ("fold-constants,fold-params,", ",merge-linears") if freeze else ("", "")
+            frozen = ("fold-constants,fold-params,", ",scale-fold,merge-linears") if freeze else ("", "")
             g = PassManager.parse(frozen[0] + "fold-batch-norm,fuse-library" + frozen[1]).run(g)
             g = _fold_movement(g)
             g = PassManager.parse("assign-layout").run(g)
