@@ -182,3 +182,29 @@ def test_gelu_epilogues_keep_relative_accuracy_in_the_negative_tail(act):
     big = want.abs() > 1e-30
     assert float(((y - want).abs()[big] / want.abs()[big]).max()) < 5e-5
     assert float((y - want).abs().max()) < 1e-6
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (37, 300, 70)])
+def test_rows_and_block_entry_match_torch_as_strides_change(m, k, n):
+    # The linear step's call (PreparedGemm.rows) on one prepared GEMM: a contiguous [2, m, k]
+    # read in place, a transposed view, a row slice, with and without bias and planned result,
+    # in turns (the block's stride fields are set again whenever A's strides change); then the
+    # same through the kernel's 14 arguments where the block entry is missing.
+    torch.manual_seed(0)
+    prepared = G.PreparedGemm(2 * m, n, k, "gelu")
+    w, b = torch.randn(k, n), torch.randn(n)
+    packed = prepared.pack(w)
+    for entry in (prepared.entry, None):
+        prepared.entry = entry
+        for _ in range(2):
+            x = torch.randn(2, m, k)
+            xt = torch.randn(k, 2 * m).t()
+            xs = torch.randn(2 * m, k + 3)[:, 1:k + 1]
+            for a, bias in ((x, b), (xt, None), (xs, b), (x, None)):
+                out = torch.empty(*a.shape[:-1], n)
+                for o in (out, None):
+                    y = prepared.rows(a, packed, bias, o, (*a.shape[:-1], n))
+                    assert o is None or y is o
+                    _check(y.reshape(-1, n), a.reshape(-1, k), w, bias, "gelu")
+                y = prepared(a.reshape(-1, k), packed, bias)
+                _check(y, a.reshape(-1, k), w, bias, "gelu")
