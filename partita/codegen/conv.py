@@ -44,6 +44,7 @@ from .gemm import GemmConfig, choose, gemm_configs, pack_b
 from .jit import jit
 from .lowering import vector_width
 from .mathlib import exp_neg_ir, f32
+from .nhwc import ToChannelsLast
 
 __all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS", "block_diagonal",
            "GROUPED_MAX_GROUPS", "GROUPED_MAX_CHANNELS",
@@ -802,6 +803,7 @@ class PreparedConv:
         self.addr = ctypes.addressof(self.params)
         self.other = other
         self.last: tuple | None = None   # the tensors the parameter block points at (``bound_call``)
+        self.to_cl = ToChannelsLast()   # an NCHW input (a stem's image) converted
 
     def pack(self, w: Any) -> Any:
         return pack_weight(block_diagonal(w, self.groups), self.cfg.nr)
@@ -818,7 +820,7 @@ class PreparedConv:
         self.last = None
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
-            x = x.contiguous(memory_format=cl)
+            x = self.to_cl(x)
         y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl) if out is None else out
         if self.m == 0:
             return y

@@ -45,6 +45,7 @@ from .cpu import split_on_team
 from .jit import jit
 from .lowering import vector_width
 from .mathlib import f32
+from .nhwc import ToChannelsLast
 
 __all__ = ["PARAMS", "ACTS", "CLAMP_ACTS", "depthwise_ir", "depthwise_dims", "column_blocks", "pixel_block", "kernel",
            "kernel_name", "kernel_source", "pack_weight", "PreparedDepthwise", "supported", "MAX_BORDER",
@@ -467,6 +468,7 @@ class PreparedDepthwise:
         self.zero_bias = torch.zeros(dims["c"], dtype=torch.float32)
         self.other = other
         self.last: tuple | None = None   # the tensors the parameter block points at (conv.bound_call)
+        self.to_cl = ToChannelsLast()   # an NCHW input (a stem's image) converted
 
     def pack(self, w: Any) -> Any:
         """The weight as the kernel reads it (``pack_weight``)."""
@@ -485,7 +487,7 @@ class PreparedDepthwise:
         self.last = None
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
-            x = x.contiguous(memory_format=cl)
+            x = self.to_cl(x)
         y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl) if out is None else out
         p = self.params
         b = self.zero_bias if bias is None else bias.contiguous()

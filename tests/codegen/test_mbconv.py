@@ -1,7 +1,7 @@
 """Inverted-residual (MobileNet v2/v3, EfficientNet) blocks on the generated convolutions:
 the prepared kernels' parameter block kept between calls with the same tensors (conv.py's
 ``bound_args``/``bound_call``), checked against torch when the tensors, their contents or
-their storage change; and the blocks through the import path with measuring on, where the
+their storage change; the generated NCHW -> NHWC copy of a stem's image (nhwc.py); and the blocks through the import path with measuring on, where the
 convolutions whose generated kernel is only a candidate write into the memory plan's
 buffers (library.py's ``writes_into``), against eager over several calls, on odd channel
 counts, stride 2 with odd sizes and 1 x 1 maps."""
@@ -17,6 +17,7 @@ import partita
 from partita.codegen import CompiledProgram, choose, library
 from partita.codegen.conv import PreparedConv
 from partita.codegen.depthwise import PreparedDepthwise
+from partita.codegen.nhwc import NhwcCopy, takes
 
 CL = torch.channels_last
 
@@ -135,3 +136,38 @@ def test_a_1x1_map_block_with_measuring_on(measuring):
             x = torch.randn(3, 19, 1, 1)
             torch.testing.assert_close(prog([x])[0], m.double()(x.double()).float(), rtol=1e-4, atol=1e-4)
             m.float()
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 32, 32), (2, 3, 15, 13), (1, 2, 5, 5), (3, 4, 7, 9), (2, 3, 4, 4), (1, 3, 1, 3)])
+def test_the_generated_nhwc_copy_equals_atens(shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    k = NhwcCopy(shape)
+    for _ in range(2):
+        y = k(x)
+        assert y.is_contiguous(memory_format=CL)
+        assert torch.equal(y, x.contiguous(memory_format=CL))
+        x = torch.randn(shape)
+
+
+def test_what_the_nhwc_copy_takes():
+    assert takes(torch.randn(2, 3, 8, 8))
+    assert not takes(torch.randn(2, 3, 8, 8).contiguous(memory_format=CL))   # channels-last already
+    assert not takes(torch.randn(2, 8, 8, 8))                                # more than MAX_CHANNELS
+    assert not takes(torch.randn(2, 3, 8, 8, dtype=torch.float64))
+    assert not takes(torch.randn(2, 3, 8, 16)[..., ::2])                     # not contiguous
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_stem_on_an_nchw_image_converts_it_with_the_generated_copy(stride):
+    torch.manual_seed(2)
+    xs, ws = (3, 3, 17, 11), (16, 3, 3, 3)
+    k = PreparedConv(xs, ws, [stride, stride], [1, 1], "silu")
+    w, b = torch.randn(ws), torch.randn(16)
+    packed = k.pack(w)
+    out = torch.empty(k.shape).contiguous(memory_format=CL)
+    for _ in range(3):
+        x = torch.randn(xs)                       # NCHW, as a user's image comes
+        torch.testing.assert_close(k(x, packed, b, None, out), _conv_ref(x, w, b, [stride, stride], [1, 1], 1, "silu"),
+                                   rtol=1e-4, atol=1e-5)
+    assert k.to_cl.copy is not None
