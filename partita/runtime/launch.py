@@ -114,6 +114,9 @@ class RunResult:
     # ``(kind, mb, chunk, start, end)`` in program order, seconds from the step's start
     # (partita/runtime/action_times.py); None for a rank whose program is not a pp rank's.
     action_times: list[list[list[tuple[str, int, int, float, float]]] | None] = field(default_factory=list)
+    # ``step_clock[rank][step]``: where that step started on the wall clock (seconds since the
+    # epoch), for the ranks with action times: their actions on one clock (action_times.align_clocks).
+    step_clock: list[list[float] | None] = field(default_factory=list)
 
     def step_seconds(self) -> list[float]:
         """Per step, the slowest filled rank's time: what one step costs the whole mesh."""
@@ -482,14 +485,15 @@ def _destroy_group() -> None:
 def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], tracker: _Tracker) -> tuple:
     """Join the process group, build the mesh groups, compile and run the steps of one rank;
     returns (outputs per step, final weights, seconds per step, setup seconds, recv seconds
-    per step, the schedule actions' times per step or None)."""
+    per step, and None or the schedule actions' times per step with each step's start on the
+    wall clock)."""
     import torch
     import torch.distributed as dist
 
     from ..backend.torch_exec import TorchProgram, to_numpy, to_tensor
     from ..ir.parser import parse
     from ..parallel import comm
-    from .action_times import action_timer
+    from .action_times import action_timer, carried_actions
 
     t0 = time.perf_counter()
     if job.threads is not None:
@@ -521,6 +525,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
                                lambda: comm.new_mesh_groups(mesh, timeout=timeout), only_timeouts=True)
     previous = comm.set_groups(groups)
     try:
+        timed, actions = graph, job.actions   # what the action timer reads the program's steps by
         if job.executor == "codegen":
             from ..codegen import CompiledProgram
 
@@ -528,11 +533,13 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             # with effects), and the plan's arena holds only this rank's temporaries.
             compiled = CompiledProgram(graph, donate=True, overlap=True)
             program = compiled.program
+            if actions is not None and len(actions) == len(graph):   # its steps run the rewritten graph
+                timed, actions = compiled.graph, carried_actions(graph, actions, compiled.graph)
         else:
             program = TorchProgram(graph, donate=True, overlap=True, device=device)
         wait_cell = [0.0]
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker, wait_cell)
-        timer = action_timer(program, graph, job.actions)
+        timer = action_timer(program, timed, actions)
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
@@ -544,6 +551,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         report(("ready", job.rank, setup))
         outputs, timings, waits = [], [], []
         acts: list[Any] = []
+        clocks: list[float] = []
         fault = job.fault if job.fault is not None and job.fault[0] == job.rank else None
         for s in range(job.steps):
             step_cell[0] = s
@@ -571,6 +579,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
             waits.append(wait_cell[0])
             if timer is not None:
                 acts.append(timer.collect(t))
+                clocks.append(timer.wall(t))
             # Copies: the next step may update an aliased output's buffer in place.
             outputs.append([np.array(to_numpy(o), copy=True) for o in outs])
             for i, name in aliases:
@@ -581,7 +590,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         # Every rank has finished its collectives before any leaves, so none tears down a
         # connection a peer still reads from.
         _world_collective(job, tracker, "the final barrier (every rank)", dist.barrier, only_timeouts=False)
-        return outputs, final, timings, setup, waits, (acts if timer is not None else None)
+        return outputs, final, timings, setup, waits, ((acts, clocks) if timer is not None else None)
     finally:
         comm.set_groups(previous)
 
@@ -984,11 +993,12 @@ class _Supervisor:
         init: list[Any] = [None] * n
         recv: list[Any] = [None] * n
         acts: list[Any] = [None] * n
+        clocks: list[Any] = [None] * n
         for r, (_, _, outs, w, t, setup, waits, a) in self.done.items():
             for s in range(steps):
                 outputs[s][r] = outs[s]
-            final[r], timings[r], init[r], recv[r], acts[r] = w, t, setup, waits, a
-        return RunResult(self.mesh, steps, tuple(range(n)), outputs, final, timings, init, recv, acts)
+            final[r], timings[r], init[r], recv[r], (acts[r], clocks[r]) = w, t, setup, waits, a or (None, None)
+        return RunResult(self.mesh, steps, tuple(range(n)), outputs, final, timings, init, recv, acts, clocks)
 
 
 def under_torchrun() -> bool:
@@ -1031,8 +1041,10 @@ def _join(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: li
     init: list[Any] = [None] * n
     recv: list[Any] = [None] * n
     act_all: list[Any] = [None] * n
-    final_all[rank], timing_all[rank], init[rank], recv[rank], act_all[rank] = final, timings, setup, waits, acts
-    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init, recv, act_all)
+    clock_all: list[Any] = [None] * n
+    final_all[rank], timing_all[rank], init[rank], recv[rank] = final, timings, setup, waits
+    act_all[rank], clock_all[rank] = acts or (None, None)
+    return RunResult(mesh, steps, (rank,), outputs, final_all, timing_all, init, recv, act_all, clock_all)
 
 
 def run_ranks(graphs: Graph | Sequence[Graph], mesh: Mesh | str, weights_by_rank: Sequence[Mapping[str, Any]],

@@ -349,18 +349,20 @@ def _gather_ranks(res: RunResult) -> None:
     (mine,) = res.ranks
     payload = ([res.outputs[s][mine] for s in range(res.steps)], res.weights[mine], res.timings[mine],
                res.recv_seconds[mine] if res.recv_seconds else None,
-               res.action_times[mine] if res.action_times else None)
+               res.action_times[mine] if res.action_times else None, res.step_clock[mine] if res.step_clock else None)
     got: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(got, payload)
     res.recv_seconds = [None] * len(got)
     res.action_times = [None] * len(got)
-    for r, (outs, w, t, waits, acts) in enumerate(got):
+    res.step_clock = [None] * len(got)
+    for r, (outs, w, t, waits, acts, clock) in enumerate(got):
         for s in range(res.steps):
             res.outputs[s][r] = outs[s]
         res.weights[r] = w
         res.timings[r] = t
         res.recv_seconds[r] = waits
         res.action_times[r] = acts
+        res.step_clock[r] = clock
     res.ranks = tuple(range(len(got)))
 
 

@@ -375,9 +375,7 @@ function ganttView(root, S) {
   if (M) root.lastChild.textContent += `; measured ${(M.bubble * 100).toFixed(1)}% (time in recv, averaged over ` +
     `the ranks and ${M.steps > 1 ? M.steps - 1 : 1} step(s) after the first; the slowest rank's step ${(M.span * 1e3).toFixed(1)} ms ` +
     "drawn as long as the predicted schedule)";
-  if (A) root.append(el("div", {class: "summary", id: "measured-actions"}, `under each rank: its actions as run in step ${A.step} ` +
-    `(the median step after the first; ${(A.span * 1e3).toFixed(1)} ms, the slowest rank's, drawn as long as the predicted ` +
-    "schedule), from each rank's own step start; red: waiting in a recv, grey ticks: sends"));
+  if (A) root.append(el("div", {class: "summary", id: "measured-actions"}, measuredCaption(A)));
   const W = 80 + end * U + 20, H = nrow * 34 + 30, label = b => b.k + b.mb + (S.virtual > 1 ? "." + b.c : "");
   const order = () => bars.map(row => row.map(b => b.k + b.mb));
   if (nb > 8000) {   // a big schedule: one canvas, not an element per bar
@@ -393,7 +391,8 @@ function ganttView(root, S) {
     const paint = (x, y, w, h, c, t) => {
       ctx.fillStyle = c; if (w > 0) ctx.fillRect(x, y, w, h); else { ctx.fillStyle = "#222"; ctx.fillText(t, x, y + 16); } };
     if (M) measuredRows(M, nbRows, end, U, paint);
-    if (A) measuredActions(A, py, end * U, (x, y, w, h, c, t) => paint(x, y, w, h, c, t));
+    if (A) measuredActions(A, py, end * U, (x, y, w, h, c, t) => paint(x, y, w, h, c, t), (x1, y1, x2, y2) => {
+      ctx.strokeStyle = "#555"; ctx.beginPath(); ctx.moveTo(x1, y1); ctx.lineTo(x2, y2); ctx.stroke(); });
     root.append(cv);
     return {order, measured: M ? M.per_rank.length : 0};
   }
@@ -421,6 +420,7 @@ function ganttView(root, S) {
   for (let t = 0; t <= end; t += Math.max(1, Math.round(end / 20))) svg.append(sv("text", {x: 80 + t * U, y: 14, class: "tick"}, t));
   svg.append(links);
   let measured = 0, actions = 0;
+  const mlinks = sv("g", {class: "mlinks"});
   if (M) measuredRows(M, nbRows, end, U, (x, y, w, h, c, t) => {
     if (w > 0) { const r = sv("rect", {x, y, width: w, height: h, fill: c, class: "mbar"}); r.append(sv("title", {}, t)); svg.append(r); measured++; }
     else svg.append(sv("text", {x, y: y + 16, class: "rowlabel"}, t)); });
@@ -430,26 +430,47 @@ function ganttView(root, S) {
       "data-c": a.c, "data-x": x});
     g.append(sv("rect", {x, y, width: w, height: h, fill: c}));
     if (w > 16 && "FBW".includes(a.k)) g.append(sv("text", {x: x + 2, y: y + 13, "font-size": 9, "font-family": "sans-serif"}, a.k + a.mb));
-    g.append(sv("title", {}, t)); svg.append(g); actions++; });
+    g.append(sv("title", {}, t)); svg.append(g); actions++; }, (x1, y1, x2, y2, t) => {
+    const l = sv("line", {x1, y1, x2, y2, class: "mlink", stroke: "#333", "stroke-width": 1}); l.append(sv("title", {}, t)); mlinks.append(l); });
+  svg.append(mlinks);
   root.append(svg);
-  return {order, links: links.children.length, measured, actions};
+  return {order, links: links.children.length, measured, actions, mlinks: mlinks.children.length};
+}
+
+function measuredCaption(A) {
+  const C = A.clock, us = t => (t * 1e6).toFixed(1) + " us";
+  return `under each rank: its actions as run in step ${A.step} (the median step after the first; ` + (C ?
+    `all ranks on one clock: each rank's step start on the wall clock, then a rank moved later where a recv would ` +
+    `end before its send started; send-after-recv violation ${us(C.before)} with the wall clock alone, ` +
+    `${us(C.after)} after` + (C.moved.length ? ` (moved: r${C.moved.join(", r")})` : "") + `; ${(C.common_span * 1e3).toFixed(1)} ms ` +
+    "from the first start to the last end drawn as long as the predicted schedule); lines join each send to its recv; "
+    : `${(A.span * 1e3).toFixed(1)} ms, the slowest rank's, drawn as long as the predicted schedule), from each rank's own ` +
+    "step start; ") + "red: waiting in a recv, grey ticks: sends";
 }
 
 // each pp rank's schedule actions as run, under its predicted bars: one rank of the stage in
-// one step, from that rank's step start, the slowest rank's step drawn ``width`` long
-function measuredActions(A, py, width, draw) {
-  const s = width / Math.max(A.span, 1e-12), ms = t => (t * 1e3).toFixed(2);
+// one step, on the ranks' common clock where the run recorded one (else from each rank's own
+// step start, the slowest rank's step drawn ``width`` long); ``link`` joins a send to its recv
+function measuredActions(A, py, width, draw, link) {
+  const C = A.clock, s = width / Math.max(C ? C.common_span : A.span, 1e-12), ms = t => (t * 1e3).toFixed(2);
+  const at = (p, i) => { const R = A.rows[p], b = R.bars[i]; return [80 + ((R.offset || 0) + b[3]) * s, 80 + ((R.offset || 0) + b[4]) * s]; };
+  for (const [p, i, q, j] of A.links || []) {
+    const [x1] = at(p, i), [, x2] = at(q, j), b = A.rows[q].bars[j];
+    link(x1, py(p) + 39, x2, py(q) + 39, `${A.rows[p].bars[i][0]} r${A.rows[p].rank} -> ${b[0]} microbatch ${b[1]} chunk ${b[2]} r${A.rows[q].rank}`);
+  }
   A.rows.forEach((R, p) => {
-    const y = py(p) + 30;
+    const y = py(p) + 30, o = R.offset || 0;
     if (R.rank === null) return;
     draw(4, y, 0, 0, "", "run r" + R.rank, null);
-    for (const [k, mb, c, a, b] of R.bars) {
+    for (let [k, mb, c, a, b] of R.bars) {
+      a += o; b += o;
       const recv = k.startsWith("recv"), send = k.startsWith("send"), once = mb < 0;
       const col = recv ? "#e05050" : send ? "#555" : once ? "#bbb" : (KCOL[k] || "#aaa");
       const x = 80 + a * s, w = send ? 2 : Math.max(1, (b - a) * s - (recv ? 0 : 1));
       const what = once ? k + " (once per step)" : `${k} microbatch ${mb} chunk ${c}`;
       draw(x, recv ? y + 4 : send ? y - 2 : y, w, recv ? 10 : send ? 22 : 18, col,
-           `${what}: ${ms(a)}-${ms(b)} ms of rank ${R.rank}'s step ${A.step} (${ms(R.step_s)} ms)` + (recv ? ", waiting" : ""),
+           `${what}: ${ms(a)}-${ms(b)} ms ` + (C ? `on the common clock (rank ${R.rank}'s step from ${ms(o)} ms, ` :
+             `of rank ${R.rank}'s step ${A.step} (`) + `${ms(R.step_s)} ms long)` + (recv ? ", waiting" : ""),
            {p, k, mb, c});
     }
   });
@@ -587,6 +608,8 @@ function runTest(D, views, show) {
       out.canvas = !svgBars.length; out.links = G.links; out.measured = G.measured;
       // the measured actions (F, B, W) per rank, ordered by where they are drawn; recv waits counted
       const acts = [...document.querySelectorAll("#gantt g.mact")];
+      out.mlinks = G.mlinks || 0;   // sends joined to their recvs; any drawn ending left of its start
+      out.mlinksBack = [...document.querySelectorAll("#gantt line.mlink")].filter(l => +l.getAttribute("x2") < +l.getAttribute("x1") - 0.01).length;
       out.actions = G.actions || 0; out.waits = acts.filter(a => a.classList.contains("mwait")).length;
       out.measuredRows = [...new Set(acts.map(a => a.dataset.rank))].map(r => acts.filter(a => a.dataset.rank === r &&
         "FBW".includes(a.dataset.k)).sort((a, b) => +a.dataset.x - +b.dataset.x).map(a => a.dataset.k + a.dataset.mb));
