@@ -163,3 +163,54 @@ def test_frozen_program_folds_and_matches_eager(monkeypatch):
     np.testing.assert_allclose(off([x])[0].numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
     unfrozen = CompiledProgram(g)
     assert not any(str(v.name).endswith(".scaled") for v in unfrozen.graph.inputs)
+
+
+class _GemmaNorm(nn.Module):
+    """Gemma's RMSNorm, ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, before a gate and an up projection."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d) * 0.3)
+        self.gate, self.up = nn.Linear(d, 10, bias=False), nn.Linear(d, 10, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.w)
+        return torch.nn.functional.gelu(self.gate(n), approximate="tanh") * self.up(n)
+
+
+def test_gemma_norm_weight_folds_once_its_one_plus_w_is_known():
+    torch.manual_seed(6)
+    m = _GemmaNorm(12).eval()
+    x = torch.randn(3, 4, 12)
+    g = verify(PassManager.parse("canonicalize,fold-params,fuse-library,dce").run(partita.import_torch(m, (x,))))
+    h = g.clone()
+    assert fold_scales(h) == 1
+    verify(h)
+    assert not any(v.type.shape == (12,) for v in h.inputs)   # (1 + w) is in the weights now
+    with torch.no_grad():
+        want = m(x).numpy()
+    np.testing.assert_allclose(numpy_ref.run(h, [x.numpy()])[0], want, rtol=2e-5, atol=2e-5)
+
+
+class _KnLayout(nn.Module):
+    """A LayerNorm, a weight laid out [K, N] (``x @ W``) and a per-column scale after it."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(k)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.rand(k) + 0.5)
+            self.norm.bias.copy_(torch.randn(k))
+        self.w = nn.Parameter(torch.randn(k, n))
+        self.s = nn.Parameter(torch.randn(1, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.norm(x) @ self.w) * self.s
+
+
+def test_weights_laid_out_k_by_n_fold_on_their_own_axes():
+    torch.manual_seed(7)
+    n, g, h = _folded(_KnLayout(9, 5).eval(), torch.randn(7, 9))
+    layouts = {x.attrs["weight_layout"] for x in g.nodes if x.op == "linear_pointwise"}
+    assert n == 2 and _count(h, "mul") == 0
+    assert layouts == {"kn"}, layouts
