@@ -4,7 +4,8 @@ For each zoo model (bench/zoo_models.py, imported as bench_zoo.py's import path 
 ``CompiledProgram(freeze=True)``): the median of a whole call; the same program with every
 step replaced by one returning its recorded result (the executor's own cost: its generated
 function, input binding, output list); and every step called alone on its recorded operands,
-by op (the median us a step). For the generated GEMM's steps (``library.linear_step``) the
+by op (the median us a step). Times are the thread's CPU time (a loaded machine's
+preemptions left out), medians of rounds. For the generated GEMM's steps (``library.linear_step``) the
 step is split into the step function, ``PreparedGemm.__call__`` and the compiled kernel's
 own entry (``PreparedGemm.call_kernel``), so the Python checks and the call's cost show
 apart from the kernel.
@@ -49,8 +50,9 @@ def build(name: str, tmp: Path) -> tuple[Any, Callable[[], Any]]:
 
 
 def per_call_us(fn: Callable[[], Any], reps: int) -> float:
-    """Median us of ``fn()`` over 7 rounds of ``reps`` calls."""
-    clock = time.perf_counter
+    """Median us of ``fn()`` over 7 rounds of ``reps`` calls, in this thread's CPU time (the
+    moments the machine gives the core to another process left out)."""
+    clock = time.thread_time
     rounds = []
     for _ in range(7):
         t0 = clock()

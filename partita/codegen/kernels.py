@@ -41,7 +41,7 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
     """The step function of a ``fused`` node. ``outs``: for each result, a tensor to write it
     into (from the memory plan), or None to allocate it on each call."""
     from .aten_fallback import record_fallback, run_body_on_aten
-    from .fused_body import block_call, body_graph
+    from .fused_body import body_graph
     from .jit import CodegenError, jit
     from .lowering import LoweringError, lower
 
@@ -69,7 +69,6 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
     given: list[Any] = list(outs) if outs is not None else [None] * len(shapes)
     fixed = [o.data_ptr() if o is not None else 0 for o in given]
     planned = all(o is not None for o in given)
-    one = block_call(fn, low.n_inputs + low.n_outputs, outer) if numel else None  # one-thread call, one address
 
     def step(args: list, attrs: dict) -> Any:
         ptrs = [(a if a.is_contiguous() else a.contiguous()) for a in args]
@@ -85,8 +84,6 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
             nt = get_threads()
             if nt > 1 and numel >= PARALLEL_MIN_ELEMENTS and outer > 1:
                 _run_parallel(fn, addrs, outer, min(nt, outer))
-            elif one is not None:
-                one(addrs)
             else:
                 fn(*addrs, 0, outer)
         return res[0] if single else list(res)

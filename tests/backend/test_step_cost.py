@@ -66,25 +66,3 @@ def test_a_step_declaring_an_exact_result_gets_no_checks_and_others_keep_them():
     out = prog([x])[0]
     assert out.dtype is torch.float32 and torch.allclose(out, want)
 
-
-def test_fused_kernel_through_its_block_matches_the_reference_on_one_thread(monkeypatch):
-    # a fused node of three operands and two results, odd sizes, one thread: the step enters
-    # the kernel through fused_body.BlockCall (one address); the reference interpreter agrees
-    from partita.codegen import CompiledProgram
-    from partita.codegen.fused_body import pointer_entry
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert pointer_entry(5) is not None
-    b = Builder()
-    x = b.input("x", TensorType((7, 13), F32))
-    y = b.input("y", TensorType((13,), F32))
-    z = b.input("z", TensorType((7, 13), F32))
-    u = b.tanh(b.add(b.mul(x, y), z))
-    g = verify(b.ret(u, b.exp(b.sub(u, x))))
-    prog = CompiledProgram(g)
-    assert [n.op for n in prog.graph.nodes] == ["fused"]
-    xs, ys, zs = torch.randn(7, 13), torch.randn(13), torch.randn(7, 13)
-    want = TorchProgram(g)([xs, ys, zs])
-    for _ in range(2):
-        got = prog([xs, ys, zs])
-        assert all(torch.allclose(a, w, atol=1e-6) for a, w in zip(got, want))
