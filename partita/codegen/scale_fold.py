@@ -20,7 +20,8 @@ The new weights are computed in float64 and stored in the layer's dtype, as new 
 nothing else reads it, so a param read elsewhere (T5's head tied to its embedding) stays as it
 was for its other readers. Nothing is folded where a scale is not known (a param or constant
 whose value the graph holds), where a value on the way is read by anything else or is a graph
-output, or where a scale is not finite. ``CompiledProgram(freeze=True)`` runs it after
+output, or where a scale is not finite. A weight read by something else too keeps its old
+value for that reader and the layer gets a scaled copy, only up to ``MAX_SHARED_COPY`` elements. ``CompiledProgram(freeze=True)`` runs it after
 ``fuse-library`` (every linear layer is a ``linear_pointwise`` then, on both the import and
 the torch.compile path) and before ``merge-linears``; ``PARTITA_SCALE_FOLD=0`` turns it off.
 The folded program computes the same function up to f32 rounding (the scale multiplies the
@@ -45,6 +46,11 @@ __all__ = ["ScaleFold", "fold_scales", "enabled", "ENV", "linear_readers"]
 ENV = "PARTITA_SCALE_FOLD"
 LINEAR = "linear_pointwise"
 NORMS = ("rms_norm", "layer_norm", "add_norm")
+
+# A weight also read by something that needs it unscaled (a head tied to its embedding) is
+# folded into a second copy only up to this many elements (4 MiB of f32): beyond it, the copy's
+# memory costs more than the elementwise step it saves.
+MAX_SHARED_COPY = 1 << 20
 
 
 def enabled() -> bool:
@@ -188,16 +194,22 @@ def drop_if_unused(graph: Graph, v: Value) -> None:
         erase_if_dead(graph, v.producer)
 
 
-def _weight(graph: Graph, node: Node) -> tuple[np.ndarray, int, np.ndarray | None] | None:
+def copy_allowed(v: Value, rewritten: list[Node]) -> bool:
+    """Whether a scaled copy of the known ``v`` may be made: nothing but ``rewritten`` reads it
+    (the old one goes), or it is small (``MAX_SHARED_COPY``)."""
+    return (all(u in rewritten for u in v.users) and not v.is_output) or v.type.numel <= MAX_SHARED_COPY
+
+
+def _weight(graph: Graph, node: Node, rewritten: list[Node]) -> tuple[np.ndarray, int, np.ndarray | None] | None:
     """(the layer's known 2-d weight, its output axis, its known bias or None) or None when
-    the weight or a bias it has is unknown."""
+    the weight or a bias it has is unknown, or a large one is read by more than ``rewritten``."""
     w = known_value(graph, node.operands[1])
-    if w is None or w.ndim != 2:
+    if w is None or w.ndim != 2 or not copy_allowed(node.operands[1], rewritten):
         return None
     b = None
     if len(node.operands) > 2:
         b = known_value(graph, node.operands[2])
-        if b is None:
+        if b is None or not copy_allowed(node.operands[2], rewritten):
             return None
     return w, (0 if node.attrs.get("weight_layout", "kn") == "nk" else 1), b
 
@@ -213,7 +225,7 @@ def fold_output_scale(graph: Graph, mul: Node) -> bool:
         return False
     x, s, vec = found
     node = producing_linear(x, mul)
-    parts = None if node is None else _weight(graph, node)
+    parts = None if node is None else _weight(graph, node, [node])
     if node is None or parts is None:
         return False
     w, out_axis, b = parts
@@ -234,7 +246,7 @@ def fold_into_columns(graph: Graph, layers: list[Node], scale: np.ndarray, shift
     """Each layer's input ``n`` becomes ``n * scale + shift`` inside it: the weight's input
     columns scaled, ``W shift`` added to the bias. False (nothing changed) where a layer's
     weight or bias is unknown or its width is not ``scale``'s."""
-    parts = [_weight(graph, n) for n in layers]
+    parts = [_weight(graph, n, layers) for n in layers]
     if not layers or any(p is None or p[0].shape[1 - p[1]] != scale.size for p in parts):
         return False
     for node, p in zip(layers, parts):

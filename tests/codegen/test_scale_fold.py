@@ -66,7 +66,8 @@ def test_layer_scale_folds_into_the_output_rows(bias):
 
 
 class _Head(nn.Module):
-    """A norm, a scalar scale and a head tied to the embedding (T5's end)."""
+    """A norm, a scalar scale and a head tied to the embedding (T5's end: the norm folds once
+    the scale has)."""
 
     def __init__(self, vocab: int, d: int, rms: bool) -> None:
         super().__init__()
@@ -79,7 +80,7 @@ class _Head(nn.Module):
         self.fc = nn.Linear(d, d)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.fc(self.norm(self.emb(ids)))
+        h = self.norm(self.fc(self.emb(ids)))
         return (h * self.emb.weight.shape[1] ** -0.5) @ self.emb.weight.t()
 
 
@@ -214,3 +215,12 @@ def test_weights_laid_out_k_by_n_fold_on_their_own_axes():
     layouts = {x.attrs["weight_layout"] for x in g.nodes if x.op == "linear_pointwise"}
     assert n == 2 and _count(h, "mul") == 0
     assert layouts == {"kn"}, layouts
+
+
+def test_a_large_tied_weight_is_not_copied(monkeypatch):
+    import partita.codegen.scale_fold as SF
+
+    monkeypatch.setattr(SF, "MAX_SHARED_COPY", 100)   # the tied [13, 11] table is over it
+    torch.manual_seed(8)
+    n, g, h = _folded(_Head(13, 11, rms=True).eval(), torch.randint(0, 13, (3, 5)))
+    assert n == 0 and h.structurally_equal(g)       # the head's scale stays a step, the norm its weight
