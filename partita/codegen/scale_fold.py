@@ -6,7 +6,8 @@ output by a known vector over its features is a change of the layer's weight, ma
 - a ``mul`` of a layer's output (through reshapes keeping the last axis, each value read by the
   next alone; the layer without an activation) by a known vector ``s`` over its N output
   features (a scalar, [N] or [1, ..., 1, N]): ``(x W^T + b) * s == x (W * s[:, None])^T + b * s``
-  (ConvNeXt's layer scale ``gamma * pwconv2(x)``);
+  (ConvNeXt's layer scale ``gamma * pwconv2(x)``); likewise a scale of an ``embedding``'s
+  rows into its table's columns (Gemma's ``embed_tokens(ids) * sqrt(d)``);
 - a ``mul`` of a value by such a vector over its last axis, where every reader of the product
   is a layer taking it as its input (through such reshapes): ``(x * s) W^T == x (W * s)^T``
   (T5's ``* d_model ** -0.5`` before its LM head);
@@ -123,9 +124,10 @@ def scaled_operand(graph: Graph, mul: Node) -> tuple[Value, Value, np.ndarray] |
     return None
 
 
-def producing_linear(v: Value, reader: Node) -> Node | None:
-    """The ``linear_pointwise`` without an activation whose result becomes ``v`` through
-    reshapes keeping the last axis, each value on the way read by the next alone; or None."""
+def producing_layer(v: Value, reader: Node) -> Node | None:
+    """The ``linear_pointwise`` without an activation, or the ``embedding``, whose result
+    becomes ``v`` through reshapes keeping the last axis, each value on the way read by the
+    next alone; or None."""
     c = v.type.shape[-1]
     while True:
         if v.is_output or len(v.users) != 1 or v.users.get(reader) != 1 or v.type.shape[-1] != c:
@@ -135,6 +137,8 @@ def producing_linear(v: Value, reader: Node) -> Node | None:
             return None
         if p.op == LINEAR:
             return p if p.attrs.get("unary", "none") == "none" else None
+        if p.op == "embedding":
+            return p
         if p.op != "reshape":
             return None
         reader, v = p, p.operands[0]
@@ -224,7 +228,9 @@ def fold_output_scale(graph: Graph, mul: Node) -> bool:
     if found is None:
         return False
     x, s, vec = found
-    node = producing_linear(x, mul)
+    node = producing_layer(x, mul)
+    if node is not None and node.op == "embedding":
+        return fold_into_table(graph, mul, node, x, s, vec)
     parts = None if node is None else _weight(graph, node, [node])
     if node is None or parts is None:
         return False
@@ -238,6 +244,21 @@ def fold_output_scale(graph: Graph, mul: Node) -> bool:
     graph.replace_all_uses(mul.results[0], x)
     graph.erase(mul)
     for v in dict.fromkeys([*old, s]):
+        drop_if_unused(graph, v)
+    return True
+
+
+def fold_into_table(graph: Graph, mul: Node, emb: Node, x: Value, s: Value, vec: np.ndarray) -> bool:
+    """``mul(embedding(T, ids), s)`` (through reshapes) into ``embedding(T * s, ids)`` (Gemma's
+    embedding scale); the table is copied only as ``copy_allowed`` says."""
+    table = emb.operands[0]
+    t = known_value(graph, table)
+    if t is None or t.ndim != 2 or t.shape[1] != vec.size or not copy_allowed(table, [emb]):
+        return False
+    graph.set_operand(emb, 0, new_known(graph, table, (t * vec.reshape(1, -1)).astype(t.dtype), emb))
+    graph.replace_all_uses(mul.results[0], x)
+    graph.erase(mul)
+    for v in dict.fromkeys([table, s]):
         drop_if_unused(graph, v)
     return True
 

@@ -224,3 +224,22 @@ def test_a_large_tied_weight_is_not_copied(monkeypatch):
     torch.manual_seed(8)
     n, g, h = _folded(_Head(13, 11, rms=True).eval(), torch.randint(0, 13, (3, 5)))
     assert n == 0 and h.structurally_equal(g)       # the head's scale stays a step, the norm its weight
+
+
+class _ScaledEmbedding(nn.Module):
+    """Gemma's embedding scale, the table tied to the head."""
+
+    def __init__(self, vocab: int, d: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.scale = d ** 0.5
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.emb(ids) * self.scale) @ self.emb.weight.t()
+
+
+def test_an_embedding_scale_folds_into_a_copy_of_its_tied_table():
+    torch.manual_seed(9)
+    n, g, h = _folded(_ScaledEmbedding(17, 6).eval(), torch.randint(0, 17, (2, 5)))
+    assert n == 1 and _count(h, "mul") == 0
+    assert "emb.weight" in {str(v.name) for v in h.inputs}   # the head reads it unscaled
