@@ -22,7 +22,6 @@ reference (golden tests in ``tests/codegen/test_convnext_grn.py``).
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -331,8 +330,6 @@ def grn_ir(name: str, hw: int, c: int, eps: float, lanes: int | None = None) -> 
     return "\n".join(out) + "\n"
 
 
-_COMPILED: dict = {}
-_LOCK = threading.Lock()
 
 
 def kernel_source(hw: int, c: int, eps: float) -> tuple[str, str]:
@@ -342,16 +339,9 @@ def kernel_source(hw: int, c: int, eps: float) -> tuple[str, str]:
 
 
 def _kernel(hw: int, c: int, eps: float) -> Any:
-    from .jit import jit
+    from .jit import range_kernel
 
-    key = (hw, c, f32_hex(eps), vector_width())
-    with _LOCK:
-        fn = _COMPILED.get(key)
-        if fn is None:
-            name, ir = kernel_source(hw, c, eps)
-            fn = _COMPILED[key] = jit().kernel(name, ir, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64,
-                                                                       ctypes.c_int64, ctypes.c_int64]).fn
-        return fn
+    return range_kernel(("grn", hw, c, f32_hex(eps), vector_width()), lambda: kernel_source(hw, c, eps))
 
 
 class PreparedGRN:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -542,26 +541,22 @@ def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, 
 PARALLEL_MIN_ELEMENTS = 1 << 17
 # The activations the generated kernel applies itself (the others run on ATen).
 KERNEL_UNARY = ("none", "relu")
-_COMPILED: dict = {}
-_LOCK = threading.Lock()
 
 
 def _compiled(shape: tuple, groups: int, eps: float, affine: bool, relu: bool) -> Any:
     """The compiled kernel of a GroupNorm of ``shape`` (cached per process and on disk)."""
-    from .jit import jit
+    from .jit import range_kernel
     from .lowering import vector_width
 
     c, hw = shape[1], math.prod(shape[2:])
     cg = c // groups
-    key = (cg, hw, groups, _f32_hex(eps), affine, relu, vector_width())
-    with _LOCK:
-        fn = _COMPILED.get(key)
-        if fn is None:
-            name = f"pt_group_norm_c{cg}_hw{hw}_g{groups}{'_a' if affine else ''}{'_relu' if relu else ''}"
-            ir = group_norm_ir(name, cg * hw, cg, hw, groups, eps, affine, relu, vector_width())
-            fn = _COMPILED[key] = jit().kernel(name, ir, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                                                      ctypes.c_int64]).fn
-        return fn
+    lanes = vector_width()
+
+    def source() -> tuple[str, str]:
+        name = f"pt_group_norm_c{cg}_hw{hw}_g{groups}{'_a' if affine else ''}{'_relu' if relu else ''}"
+        return name, group_norm_ir(name, cg * hw, cg, hw, groups, eps, affine, relu, lanes)
+
+    return range_kernel(("group_norm", cg, hw, groups, _f32_hex(eps), affine, relu, lanes), source)
 
 
 class PreparedGroupNorm:

@@ -25,11 +25,11 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..ir.diagnostics import PartitaError
 
-__all__ = ["CodegenError", "CompiledKernel", "Jit", "jit", "cache_dir", "CacheStats", "FORMAT"]
+__all__ = ["CodegenError", "CompiledKernel", "Jit", "jit", "cache_dir", "CacheStats", "FORMAT", "RANGE_ARGTYPES", "range_kernel"]
 
 FORMAT = "partita-kernel-1"
 _MAGIC = b"PARTITA-KERNEL-1\n"
@@ -223,3 +223,22 @@ def jit() -> Jit:
         if _JIT is None:
             _JIT = Jit()
         return _JIT
+
+
+# The signature of a kernel run over a range of work items: void NAME(ptr params, i64 lo, i64 hi, i64 tid).
+RANGE_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+_RANGE: dict[tuple, Any] = {}
+_RANGE_LOCK = threading.Lock()
+
+
+def range_kernel(key: tuple, source: Callable[[], tuple[str, str]]) -> Any:
+    """The ctypes function of a kernel of ``RANGE_ARGTYPES``, compiled once a process per ``key``
+    (a tuple naming the kernel family first, then every constant its IR depends on); ``source()``
+    gives its (name, LLVM IR) when it is not compiled yet (the disk cache may still hold it)."""
+    with _RANGE_LOCK:
+        fn = _RANGE.get(key)
+        if fn is None:
+            name, ir = source()
+            fn = _RANGE[key] = jit().kernel(name, ir, 0, argtypes=RANGE_ARGTYPES).fn
+        return fn
+

@@ -15,12 +15,11 @@ caller reads it before the next call).
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
 
 from ..ops._lazy import torch
 from .cpu import split_on_team
-from .jit import jit
+from .jit import range_kernel
 from .lowering import vector_width
 
 __all__ = ["MAX_CHANNELS", "NhwcCopy", "ToChannelsLast", "nhwc_ir", "takes"]
@@ -104,21 +103,10 @@ def nhwc_ir(name: str, lanes: int, c: int, hw: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-_LOCK = threading.Lock()
-_KERNELS: dict[tuple, Any] = {}
-
-
 def kernel(lanes: int, c: int, hw: int) -> Any:
     """The compiled copy (a ctypes function) for these constants, made once a process."""
-    key = (lanes, c, hw)
-    with _LOCK:
-        fn = _KERNELS.get(key)
-        if fn is None:
-            name = f"pt_nhwc_l{lanes}_c{c}_hw{hw}"
-            fn = jit().kernel(name, nhwc_ir(name, lanes, c, hw), 0,
-                              argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]).fn
-            _KERNELS[key] = fn
-        return fn
+    name = f"pt_nhwc_l{lanes}_c{c}_hw{hw}"
+    return range_kernel(("nhwc", lanes, c, hw), lambda: (name, nhwc_ir(name, lanes, c, hw)))
 
 
 class NhwcCopy:

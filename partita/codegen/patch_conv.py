@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from typing import Any
 
 from ..ops._lazy import torch
@@ -148,24 +147,16 @@ def patch_ir(name: str, dims: dict[str, int], channels_last: bool, lanes: int) -
     return "\n".join(out) + "\n"
 
 
-_COMPILED: dict = {}
-_LOCK = threading.Lock()
-
-
 def _kernel(dims: dict[str, int], channels_last: bool, lanes: int) -> Any:
-    from .jit import jit
+    from .jit import range_kernel
 
-    key = (tuple(sorted(dims.items())), channels_last, lanes)
-    with _LOCK:
-        fn = _COMPILED.get(key)
-        if fn is None:
-            d = dims
-            name = (f"pt_patch_conv_n{d['n']}_c{d['c']}_h{d['h']}_w{d['w']}_o{d['o']}_k{d['kh']}x{d['kw']}"
-                    f"{'_cl' if channels_last else ''}_l{lanes}")
-            fn = _COMPILED[key] = jit().kernel(name, patch_ir(name, dims, channels_last, lanes), 0,
-                                               argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                                         ctypes.c_int64]).fn
-        return fn
+    def source() -> tuple[str, str]:
+        d = dims
+        name = (f"pt_patch_conv_n{d['n']}_c{d['c']}_h{d['h']}_w{d['w']}_o{d['o']}_k{d['kh']}x{d['kw']}"
+                f"{'_cl' if channels_last else ''}_l{lanes}")
+        return name, patch_ir(name, dims, channels_last, lanes)
+
+    return range_kernel(("patch_conv", tuple(sorted(dims.items())), channels_last, lanes), source)
 
 
 class PreparedPatchConv:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 import weakref
 from typing import Any, Callable
 
@@ -237,10 +236,6 @@ def global_mean_ir(name: str, hw: int, c: int, channels_last: bool, lanes: int |
     return "\n".join(out) + "\n"
 
 
-_COMPILED: dict = {}
-_LOCK = threading.Lock()
-
-
 def kernel_source(kind: str, **dims: int) -> tuple[str, str]:
     """(name, LLVM IR) of a pool kernel: ``kind`` "max" (``max_pool_ir``'s dims) or "mean_cl" /
     "mean_nchw" (hw, c)."""
@@ -255,16 +250,10 @@ def kernel_source(kind: str, **dims: int) -> tuple[str, str]:
 
 
 def _kernel(kind: str, **dims: int) -> Any:
-    from .jit import jit
+    from .jit import range_kernel
 
-    key = (kind, vector_width(), tuple(sorted(dims.items())))
-    with _LOCK:
-        fn = _COMPILED.get(key)
-        if fn is None:
-            name, ir = kernel_source(kind, **dims)
-            fn = _COMPILED[key] = jit().kernel(name, ir, 0, argtypes=[ctypes.c_void_p, ctypes.c_int64,
-                                                                       ctypes.c_int64, ctypes.c_int64]).fn
-        return fn
+    return range_kernel(("pool", kind, vector_width(), tuple(sorted(dims.items()))),
+                        lambda: kernel_source(kind, **dims))
 
 
 def _run(fn: Any, params: Any, n: int) -> None:
