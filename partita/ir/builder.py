@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .diagnostics import PartitaError
+from .dtypes import DType
 from .graph import Graph, Node, Value
 from .types import Location, TensorType
 
@@ -66,8 +67,7 @@ class Builder:
         for i, v in enumerate(operands):
             if not isinstance(v, Value):
                 raise PartitaError(f"{op}: operand {i} is a {type(v).__name__}, not a Value")
-        norm = opdef.normalize_attrs(attrs)
-        types = opdef.infer_types([v.type for v in operands], norm)
+        norm, types = _typed(opdef, attrs, [v.type for v in operands])
         names = [name] * len(types) if name is not None and len(types) == 1 else None
         node = Node(op, operands, norm, types, loc or self.loc, names)
         g = self.graph
@@ -98,3 +98,43 @@ class Builder:
             return self.emit(op, *operands, loc=loc, name=name, **attrs)
 
         return emit_op
+
+
+# The normalized attributes and result types by (op record, attributes, operand types): the
+# passes emit the same few nodes by the thousand (every layer alike). Only attributes of plain
+# values are keyed (never a tensor constant's data; a float by its repr, so -0.0 is not 0.0).
+_TYPED: "dict[tuple, tuple[dict[str, Any], tuple]]" = {}
+_EXACT = (int, str, bool, type(None), DType)
+
+
+def _attr_key(attrs: "dict[str, Any] | None") -> "tuple | None":
+    """A key that tells apart every two attribute dicts a rule could tell apart, or None."""
+    out: list[tuple] = []
+    for k, v in (attrs or {}).items():
+        t = type(v)
+        if t is float:
+            out.append((k, t, repr(v)))
+        elif t in _EXACT:
+            out.append((k, t, v))
+        elif t is tuple and all(type(x) in _EXACT for x in v):
+            out.append((k, t, tuple([type(x) for x in v]), v))
+        else:
+            return None
+    return tuple(out)
+
+
+def _typed(opdef: Any, attrs: "dict[str, Any] | None", types: list) -> "tuple[dict[str, Any], tuple]":
+    """``opdef``'s normalized ``attrs`` (a fresh dict) and its result types on ``types``."""
+    items = _attr_key(attrs)
+    if items is None:
+        norm = opdef.normalize_attrs(attrs)
+        return norm, opdef.infer_types(types, norm)
+    key = (opdef, items, tuple(types))
+    got = _TYPED.get(key)
+    if got is None:
+        norm = opdef.normalize_attrs(attrs)
+        got = (norm, opdef.infer_types(types, norm))
+        if len(_TYPED) >= 1 << 14:
+            _TYPED.clear()
+        _TYPED[key] = got
+    return dict(got[0]), got[1]

@@ -86,7 +86,11 @@ class Mesh:
     # --- facts --------------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.axes)
+        got = self.__dict__.get("_names")
+        if got is None:  # asked for by every placement check: computed once
+            got = tuple(n for n, _ in self.axes)
+            object.__setattr__(self, "_names", got)
+        return got
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -98,6 +102,13 @@ class Mesh:
         return math.prod(self.shape)
 
     def axis_size(self, axis: str) -> int:
+        sizes = self.__dict__.get("_sizes")
+        if sizes is None:
+            sizes = dict(self.axes)
+            object.__setattr__(self, "_sizes", sizes)
+        got = sizes.get(axis) if isinstance(axis, str) else None
+        if got is not None:
+            return got
         for n, s in self.axes:
             if n == axis:
                 return s

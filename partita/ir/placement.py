@@ -61,12 +61,19 @@ class Placement:
     def __post_init__(self) -> None:
         d, p = self.dims, self.partial
         # Fast path: the passes build placements by the ten thousand, from tuples of axis
-        # names that were checked before.
-        if type(d) is tuple and type(p) is tuple and \
-                all(type(x) is tuple and all(a in _CHECKED for a in x) for x in d) and all(a in _CHECKED for a in p):
-            if len(p) > 1 and list(p) != sorted(p):
-                object.__setattr__(self, "partial", tuple(sorted(p)))
-            return
+        # names that were checked before (whole dims tuples seen before: one set lookup).
+        if type(d) is tuple and type(p) is tuple:
+            try:
+                seen = d in _CHECKED_DIMS
+            except TypeError:  # a list inside: the slow path below says what is wrong
+                seen = False
+            if seen or all(type(x) is tuple and all(a in _CHECKED for a in x) for x in d):
+                if all(a in _CHECKED for a in p):
+                    if not seen and len(_CHECKED_DIMS) < 4096:
+                        _CHECKED_DIMS.add(d)
+                    if len(p) > 1 and list(p) != sorted(p):
+                        object.__setattr__(self, "partial", tuple(sorted(p)))
+                    return
         dims = tuple(tuple(_axis_names(x, f"dim {i}")) for i, x in enumerate(_as_seq(d, "dims")))
         partial = tuple(sorted(_axis_names(p, "partial")))
         object.__setattr__(self, "dims", dims)
@@ -117,6 +124,16 @@ class Placement:
         its axes' sizes (uneven splits are not supported yet).
         """
         shape = tuple(shape)
+        key = (self, shape, mesh)
+        if key in _VALID:
+            return
+        self._validate(shape, mesh, what)
+        if len(_VALID) >= 1 << 16:
+            _VALID.clear()
+        _VALID.add(key)
+
+    def _validate(self, shape: tuple[int, ...], mesh: "Mesh", what: str) -> None:
+        """``validate``'s checks (not memoized)."""
         if len(self.dims) != len(shape):
             raise PlacementError(
                 f"the placement of {what} has {len(self.dims)} dim(s) but the tensor has rank "
@@ -186,6 +203,8 @@ def _as_seq(x, what: str) -> Sequence:
 
 
 _CHECKED: set[str] = set()  # axis names that passed the check below
+_VALID: "set[tuple]" = set()  # (placement, shape, mesh) that passed validate: it is asked again and again
+_CHECKED_DIMS: set[tuple] = set()  # dims tuples of such names (tuples of tuples of str)
 
 
 def _axis_names(axes, what: str) -> list[str]:

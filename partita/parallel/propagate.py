@@ -150,14 +150,31 @@ def reshard_cost(shape: tuple[int, ...], dtype, have: Placement, want: Placement
 def placement_from_labels(labels: Sequence, label_axes: dict[str, tuple[str, ...]], shape: Sequence[int],
                           mesh: Mesh, partial: tuple[str, ...] = ()) -> Placement:
     """The placement whose dim d takes the axes of its label ``labels[d]`` in ``label_axes``
-    (None, an unknown label, or axes that do not divide the dim: whole)."""
-    dims = []
-    for d, lab in enumerate(labels):
-        axes = label_axes.get(lab, ()) if lab is not None else ()
-        if axes and shape[d] % math.prod(mesh.axis_size(a) for a in axes):
-            axes = ()
-        dims.append(axes)
-    return Placement(tuple(dims), partial)
+    (None, an unknown label, or axes that do not divide the dim: whole). Memoized by the
+    labels' axes, the shape, the mesh and ``partial``: propagation asks the same few again
+    and again (every layer alike)."""
+    raw = tuple([label_axes.get(lab, ()) if lab is not None else () for lab in labels])
+    key = (raw, tuple(shape), mesh, partial)
+    keep = True
+    try:
+        got = _FROM_LABELS.get(key)
+    except TypeError:  # axes given as lists: not memoized
+        got, keep = None, False
+    if got is None:
+        dims = []
+        for d, axes in enumerate(raw):
+            if axes and shape[d] % math.prod(mesh.axis_size(a) for a in axes):
+                axes = ()
+            dims.append(axes)
+        got = Placement(tuple(dims), partial)
+        if keep:
+            if len(_FROM_LABELS) >= 1 << 16:
+                _FROM_LABELS.clear()
+            _FROM_LABELS[key] = got
+    return got
+
+
+_FROM_LABELS: dict[tuple, Placement] = {}
 
 
 class _Propagator:
@@ -385,6 +402,7 @@ class _Propagator:
                             maps.append(m)
         out: list[list[Placement]] = []
         seen: set[tuple] = set()
+        made: set[tuple[Placement, ...]] = set()   # the candidates in ``out``, for a hashed membership test
         for m in maps:
             key = tuple(sorted(m.items()))
             if key in seen:
@@ -394,9 +412,18 @@ class _Propagator:
             keeps: list[list[tuple[str, ...]]] = [[tuple(a for a in p.partial if a not in used) for p in have]]
             keeps += [[keeps[0][i] if j == i else () for j in range(len(have))] for i in range(len(have))]
             keeps.append([() for _ in have])
+            # Operand i takes one of two keeps at most: each placement built once for this map.
+            placed: dict[tuple[int, tuple[str, ...]], Placement] = {}
             for keep in keeps:
-                cand = [self.operand_placement(spec.operands[i], m, o, keep[i]) for i, o in enumerate(node.operands)]
-                if cand not in out:
+                cand = []
+                for i, o in enumerate(node.operands):
+                    p = placed.get((i, keep[i]))
+                    if p is None:
+                        p = placed[(i, keep[i])] = self.operand_placement(spec.operands[i], m, o, keep[i])
+                    cand.append(p)
+                t = tuple(cand)
+                if t not in made:
+                    made.add(t)
                     out.append(cand)
         return out
 

@@ -108,6 +108,24 @@ def plan_reshard(shape: Sequence[int], dtype: DType, have: Placement, want: Plac
     """
     mesh = Mesh.of(mesh)
     shape = tuple(shape)
+    key = (shape, dtype, have, want, mesh)
+    got = _PLANS.get(key)
+    if got is None:
+        got = _plan_reshard(shape, dtype, have, want, mesh, what)
+        if len(_PLANS) >= 1 << 14:
+            _PLANS.clear()
+        _PLANS[key] = got
+    return list(got)
+
+
+# plan_reshard's plans by (shape, dtype, have, want, mesh): a partition of a pipeline rank's
+# template asks for the same few hundred plans (every layer alike). Failures are not kept.
+_PLANS: "dict[tuple, list[Step]]" = {}
+
+
+def _plan_reshard(shape: tuple[int, ...], dtype: DType, have: Placement, want: Placement, mesh: Mesh,
+                  what: str) -> list[Step]:
+    """``plan_reshard``'s search (not memoized)."""
     have.validate(shape, mesh, f"{what} (placed as the reshard's source {have})")
     want.validate(shape, mesh, f"{what} (placed as the reshard's target {want})")
     new_partial = [a for a in want.partial if a not in have.partial]

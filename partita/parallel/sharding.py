@@ -84,6 +84,15 @@ class DimSpec:
     local_form: "Callable[[LocalForm], list] | None" = field(default=None, compare=False)
     made: frozenset[str] = frozenset()
 
+    def __hash__(self) -> int:
+        # Specs key result_placements' memo: the hash of the compared fields, computed once.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.operands, self.results, self.sums, self.linear, self.joint, self.averages,
+                      self.ranged, self.made))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def splittable(self) -> tuple[str, ...]:
         """Labels that may be split, in order of first appearance in the operands."""
         out: list[str] = []
@@ -112,6 +121,13 @@ class Conflict:
         return self.message
 
 
+# result_placements' answers by (spec, operand placements, shapes, mesh, result shapes, made):
+# a pipeline rank's template asks the same few hundred questions tens of thousands of times
+# (every layer alike). Emptied when full.
+_RESULTS_MEMO: "dict[tuple, list[Placement] | Conflict]" = {}
+_RESULTS_MEMO_MAX = 1 << 16
+
+
 def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | None],
                       types: Sequence[TensorType], mesh: Mesh,
                       result_types: Sequence[TensorType] | None = None,
@@ -122,8 +138,28 @@ def result_placements(spec: DimSpec, operand_placements: Sequence[Placement | No
     dim may not be split. With ``result_types``, the result placements are also checked to
     divide their shapes (a reshape that splits a dim into an odd leading factor). ``made``:
     the mesh axes of the rule's ``made`` labels (result dims a rank computes its piece of),
-    which the operands must not use.
+    which the operands must not use. The answers are memoized (they depend on nothing else).
     """
+    key = (spec, tuple(operand_placements), tuple([t.shape for t in types]), mesh,
+           None if result_types is None else tuple([t.shape for t in result_types]),
+           tuple(made.items()) if made else None)
+    try:
+        got = _RESULTS_MEMO.get(key)
+    except TypeError:  # an unhashable argument (made's axes as a list): not memoized
+        return _result_placements(spec, operand_placements, types, mesh, result_types, made)
+    if got is None:
+        got = _result_placements(spec, operand_placements, types, mesh, result_types, made)
+        if len(_RESULTS_MEMO) >= _RESULTS_MEMO_MAX:
+            _RESULTS_MEMO.clear()
+        _RESULTS_MEMO[key] = got
+    return got if isinstance(got, Conflict) else list(got)
+
+
+def _result_placements(spec: DimSpec, operand_placements: Sequence[Placement | None],
+                       types: Sequence[TensorType], mesh: Mesh,
+                       result_types: Sequence[TensorType] | None,
+                       made: "Mapping[str, tuple[str, ...]] | None") -> "list[Placement] | Conflict":
+    """``result_placements`` computed (not memoized)."""
     pls = [Placement.replicated(t.rank) if p is None else p for p, t in zip(operand_placements, types)]
     if len(pls) != len(spec.operands):
         return Conflict(f"the rule has {len(spec.operands)} operand(s) but {len(pls)} placements were given")
@@ -822,7 +858,27 @@ def sharding_spec(op: str, types: Sequence[TensorType], attrs: dict) -> DimSpec 
     """The DimSpec of ``op`` on operands of ``types`` (attrs normalized), or None when the op
     has no rule (the passes replicate it)."""
     fn = RULES.get(op) if op in OPS else None
-    return None if fn is None else fn(list(types), attrs)
+    if fn is None:
+        return None
+    # A float by its repr (-0.0 is not 0.0), every value with its type (True is not 1).
+    key = (fn, op, tuple(types), tuple([(k, type(v), repr(v) if type(v) is float else v) for k, v in attrs.items()]))
+    try:
+        got = _SPECS.get(key, _MISSING)
+    except TypeError:  # an unhashable attribute (a list): not memoized
+        return fn(list(types), attrs)
+    if got is _MISSING:
+        got = fn(list(types), attrs)
+        if len(_SPECS) >= 1 << 14:
+            _SPECS.clear()
+        _SPECS[key] = got
+    assert got is None or isinstance(got, DimSpec)
+    return got
+
+
+# sharding_spec's answers by (op, operand types, attributes): a rule is a function of these
+# alone, and the passes ask for the specs of every layer's alike nodes again and again.
+_SPECS: "dict[tuple, DimSpec | None]" = {}
+_MISSING = object()
 
 
 # --- scatter_elements and cumprod (ops/index_scan.py) ---------------------------------------------

@@ -228,17 +228,18 @@ class Schedule:
         share, after everything else (last -> first, then first -> last)."""
         tl = self.simulate(times)
         last = self.chunks - 1
+        S = self.stages
+        end = tl.end
         out: list[Transfer] = []
         for acts in self.actions:
             for a in acts:
-                if a.kind == "F" and a.chunk < last:
-                    b = Action("F", a.chunk + 1, a.mb)
-                    out.append(Transfer(self.rank_of(a.chunk), self.rank_of(b.chunk), "act", a, b, tl.end[a],
-                                        (tl.end[a], 0, a.chunk, a.mb)))
-                elif a.kind == "B" and a.chunk > 0:
-                    b = Action("B", a.chunk - 1, a.mb)
-                    out.append(Transfer(self.rank_of(a.chunk), self.rank_of(b.chunk), "grad", a, b, tl.end[a],
-                                        (tl.end[a], 1, a.chunk, a.mb)))
+                kind, c, mb = a.kind, a.chunk, a.mb
+                if kind == "F" and c < last:
+                    t = end[a]
+                    out.append(Transfer(c % S, (c + 1) % S, "act", a, Action("F", c + 1, mb), t, (t, 0, c, mb)))
+                elif kind == "B" and c > 0:
+                    t = end[a]
+                    out.append(Transfer(c % S, (c - 1) % S, "grad", a, Action("B", c - 1, mb), t, (t, 1, c, mb)))
         if tied and not self.forward_only:
             t = tl.makespan
             f, l_ = self.rank_of(0), self.rank_of(last)
