@@ -122,6 +122,8 @@ PASS_MODULES: dict[str, str] = {
     "assign-layout": "partita.codegen.layout",
     "fuse-kernels": "partita.codegen.fusion",
     "fuse-library": "partita.codegen.library",
+    "scale-fold": "partita.codegen.scale_fold",
+    "merge-linears": "partita.codegen.merge_linear",
 }
 
 
