@@ -58,7 +58,7 @@ from ..ir.types import TensorType
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import constant_array, erase_if_dead
 
-__all__ = ["FoldBatchNorm", "FoldParams", "fold_into_matmul", "fold_into_next_matmul", "known_value", "drop_identity_gathers", "MAX_GROWTH", "SHAPE_SOURCES"]
+__all__ = ["FoldBatchNorm", "FoldParams", "known_input_like", "fold_into_matmul", "fold_into_next_matmul", "known_value", "drop_identity_gathers", "MAX_GROWTH", "SHAPE_SOURCES"]
 
 # Ops without operands whose results depend on their attributes alone (the counts a mask or a
 # position index is built from): fold-params computes them, and what only they and params
@@ -332,7 +332,7 @@ def _weight_source(graph: Graph, rhs: Value, axis: int) -> tuple[Value, int, lis
     return u, axis, path
 
 
-def _known_input_like(graph: Graph, like: Value, name: str, value: np.ndarray, anchor: Node,
+def known_input_like(graph: Graph, like: Value, name: str, value: np.ndarray, anchor: Node,
                       type_: "Value | TensorType | None" = None) -> Value:
     """A new param named after ``like`` (when it is an input) or a constant before ``anchor``,
     holding ``value`` with the type ``type_`` (a value's; default ``like``'s)."""
@@ -378,8 +378,8 @@ def fold_into_matmul(graph: Graph, bn: Node) -> bool:
     shape = [1] * wv.ndim
     shape[axis] = -1
     w_new = (wv.astype(np.float64) * scale.reshape(shape)).astype(dt.np)
-    cur = _rebuild(graph, _known_input_like(graph, w, "bn_folded", w_new, mm), path, mm)
-    bias = _known_input_like(graph, w, "bn_folded_bias", shift.astype(dt.np), mm, bn.operands[2])
+    cur = _rebuild(graph, known_input_like(graph, w, "bn_folded", w_new, mm), path, mm)
+    bias = known_input_like(graph, w, "bn_folded_bias", shift.astype(dt.np), mm, bn.operands[2])
     new = Node("matmul", [mm.operands[0], cur], dict(mm.attrs), [out.type], mm.loc)
     graph.insert_before(mm, new)
     add = Node("add", [new.results[0], bias], {}, [out.type], bn.loc)
@@ -440,8 +440,8 @@ def fold_into_next_matmul(graph: Graph, bn: Node) -> bool:
     old_add, old_bias = _bias_add_after(graph, out)
     if old_add is not None and old_bias is not None:
         b_new = b_new + old_bias  # the linear layer's own bias joins the folded one
-    cur = _rebuild(graph, _known_input_like(graph, w, "bn_folded", w_new, mm), path, mm)
-    bias = _known_input_like(graph, w, "bn_folded_bias", b_new.astype(dt.np), mm, btype)
+    cur = _rebuild(graph, known_input_like(graph, w, "bn_folded", w_new, mm), path, mm)
+    bias = known_input_like(graph, w, "bn_folded_bias", b_new.astype(dt.np), mm, btype)
     new = Node("matmul", [bn.operands[0], cur], dict(mm.attrs), [out.type], mm.loc)
     graph.insert_before(mm, new)
     add = Node("add", [new.results[0], bias], {}, [out.type], bn.loc)

@@ -35,12 +35,11 @@ import os
 
 import numpy as np
 
-from ..ir.attrs import DenseAttr
 from ..ir.graph import Graph, Node, Value, input_name
 from ..ir.types import TensorType
 from ..passes.manager import Pass, register_pass
 from ..passes.rewrite import erase_if_dead
-from .inference import known_value
+from .inference import known_input_like, known_value
 
 __all__ = ["ScaleFold", "fold_scales", "enabled", "ENV", "linear_readers"]
 
@@ -165,25 +164,10 @@ def linear_readers(v: Value) -> list[Node] | None:
     return found
 
 
-def _unique_name(graph: Graph, name: str) -> str:
-    names = {input_name(v) for v in graph.inputs} | set(graph.weights)
-    i, out = 1, name
-    while out in names:
-        out, i = f"{name}.{i}", i + 1
-    return out
-
-
 def new_known(graph: Graph, like: Value, value: np.ndarray, anchor: Node, type_: TensorType | None = None) -> Value:
     """A new param ``<like's name>.scaled`` holding ``value`` (a constant before ``anchor``
     where ``like`` is not a graph input), of ``type_`` (default ``like``'s type)."""
-    t = type_ or like.type
-    if like.is_input:
-        v = graph.add_input(_unique_name(graph, f"{input_name(like)}.scaled"), t, "param")
-        graph.weights[input_name(v)] = value
-        return v
-    c = Node("constant", [], {"value": DenseAttr(value)}, [t], anchor.loc)
-    graph.insert_before(anchor, c)
-    return c.results[0]
+    return known_input_like(graph, like, "scaled", value, anchor, type_)
 
 
 def drop_if_unused(graph: Graph, v: Value) -> None:
