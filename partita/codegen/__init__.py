@@ -115,6 +115,7 @@ class CompiledProgram:
         from .attention import attention_kernel, rotary_attention_kernel
         from .group_norm import group_norm_kernel
         from .grn import grn_kernel
+        from .disentangled import rel_scores_kernel
         from .norm import norm_kernel
 
         self.attention_kernels: list = []  # the (rotary_)attention nodes run by the generated kernel
@@ -136,7 +137,7 @@ class CompiledProgram:
                                              "rotary_attention": attention_by(rotary_attention_kernel),
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,
                                              "add_norm": norm_kernel, "group_norm": group_norm_kernel,
-                                             "grn": grn_kernel})
+                                             "grn": grn_kernel, "rel_scores": rel_scores_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

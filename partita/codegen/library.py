@@ -64,6 +64,7 @@ from .epilogue import BINARY, CLAMPS, CONV_ATTRS, CONV_UNARY, UNARY, conv_paddin
 from .group_norm import fuse_mean
 from .norm import fuse_add_norm
 from .grn import fuse_grn
+from .disentangled import fuse_rel_scores
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
 from .rotary import fuse_rotary
@@ -1221,6 +1222,7 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     # terms) taken back into one attention node: codegen/attention_spelled.py.
     "softmax": fuse_spelled_attention,
     "sqrt": fuse_grn,           # ConvNeXt v2's global response norm (codegen/grn.py)
+    "gather": fuse_rel_scores,  # DeBERTa-v2's c2p / p2c terms (codegen/disentangled.py)
 }
 
 

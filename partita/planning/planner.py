@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
@@ -28,6 +30,31 @@ def plan(model: Graph, cluster: Cluster | str, memory: str | float | None = None
     ``price``: how many of the best estimated meshes the simulator prices. ``sharding``: the placements
     of a tp axis (no pipeline): "words" (the strategy words', megatron and sp), "milp" (the per-op
     sharding integer program's) or "both" (each priced, the faster kept). PlanError when nothing fits."""
+    with cyclic_gc_paused():
+        return search_plan(model, cluster, memory, devices, global_batch, recompute, price, loss, optimizer,
+                           master_weights, progress, sharding)
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic collector off while planning, as it was after. Planning allocates
+    millions of IR objects that live until a candidate is priced; each full collection walks
+    them all (about a sixth of a plan's CPU seconds, docs/plan.md), and what it would free is
+    freed when the caller's collector next runs."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None, devices: int | None,
+                global_batch: int | None, recompute: str | tuple[str, ...] | None, price: int, loss: str,
+                optimizer: str, master_weights: bool, progress: Callable[[str], None] | None,
+                sharding: str) -> Plan:
+    """``plan``'s search (its arguments as ``plan`` takes them)."""
     if sharding not in SHARDINGS:
         raise PlanError(f"plan: sharding={sharding!r:.40} is not one of {', '.join(SHARDINGS)}")
     t_start = time.perf_counter()
