@@ -97,7 +97,7 @@ class PropagationReport:
 
 def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Value]" = (), *, repeat: int = 1,
               once: "set[Value] | frozenset[Value]" = frozenset(),
-              accumulated: "set[Value] | frozenset[Value]" = frozenset()) -> PropagationReport:
+              accumulated: "set[Value] | frozenset[Value]" = frozenset(), resolve: bool = True) -> PropagationReport:
     """Give every value of ``graph`` a placement (in place) and report the decisions.
 
     ``mesh`` sets ``graph.mesh`` when the graph has none. ``sinks`` are annotated values that
@@ -110,7 +110,10 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
     ``repeat`` times; ``accumulated`` (the param gradients among them) are summed each
     microbatch at their local size, which is priced too (``ACCUMULATE_BYTES``). Raises
     PropagationError without a mesh,
-    or when an annotated placement does not fit its value.
+    or when an annotated placement does not fit its value. ``resolve=False``: place every
+    value but leave the reshards unrecorded (the report's ``reshards`` and ``replicated``
+    empty), for a caller that propagates again over the placed graph (``parallelize``'s
+    second run, which settles the late placements) and reads that run's report only.
     """
     if graph.mesh is None:
         if mesh is None:
@@ -120,7 +123,7 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
             graph.mesh = Mesh.of(mesh.replace(":", "=") if isinstance(mesh, str) else mesh)
         except MeshError as e:
             raise PropagationError(f"@{graph.name}: bad mesh for propagation: {e}") from e
-    return _Propagator(graph, graph.mesh, sinks, repeat, once, accumulated).run()
+    return _Propagator(graph, graph.mesh, sinks, repeat, once, accumulated).run(resolve)
 
 
 # A pipeline template's accumulated gradient is summed each microbatch at its local size (an
@@ -236,7 +239,7 @@ class _Propagator:
 
 
     # --- the fixed point -----------------------------------------------------------------------
-    def run(self) -> PropagationReport:
+    def run(self, resolve: bool = True) -> PropagationReport:
         for v in self.g.values():
             if v.placement is not None:
                 try:
@@ -257,7 +260,9 @@ class _Propagator:
                 continue
             break
         self.report.rounds = rounds
-        self.resolve_all()
+        if resolve:
+            # Reads the placements only (records reshards): skipped, they are the same.
+            self.resolve_all()
         for v in self.g.values():
             v.placement = self.pl[v]
             self.report.placements[self.name(v)] = str(self.pl[v])

@@ -346,7 +346,10 @@ def _propagate(g: Graph, ctx: AnnotationContext, s: ParsedStrategy, times: int, 
     """Propagate the annotated placements over ``g``; with late placements (updated params
     kept in their input's placement) a second run settles them."""
     try:
-        prop = propagate(g, sinks=list(ctx.sinks), repeat=times, once=once, accumulated=acc)
+        # With late placements the second run below records the reshards of every node: this
+        # run's would be dropped, so it only places the values.
+        prop = propagate(g, sinks=list(ctx.sinks), repeat=times, once=once, accumulated=acc,
+                         resolve=not ctx.late)
     except PropagationError as e:
         raise StrategyError(f"strategy {s}: {e}") from e
     if ctx.late:
