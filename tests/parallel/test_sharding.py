@@ -77,6 +77,7 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
                           {"padding": [1, 1], "binary": "add", "unary": "relu"})],
     "linear_pointwise": [([("f", (4, 6)), ("f", (2, 6)), ("f", (2,))], {"unary": "gelu", "weight_layout": "nk"})],
     "grn": [([("f", (2, 3, 3, 4)), ("f", (1, 1, 1, 4)), ("f", (1, 1, 1, 4))], {})],
+    "rel_scores": [([("f", (2, 3, 4)), ("f", (1, 5, 4)), ("idx", (3, 3), 5)], {"transpose": True})],
     "rotary_attention": [([("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (2, 3, 5, 4)), ("f", (1, 1, 5, 4)),
                            ("f", (1, 1, 5, 4))], {"causal": True})],
     "add_norm": [([("f", (4, 6)), ("f", (4, 6)), ("f", (6,)), ("f", (6,))], {"kind": "layer"}),
