@@ -20,7 +20,9 @@ causal masking (``--attention fused_softmax``, partita's ``masked_softmax``).
 TFLOP/s per GPU is the paper's Eq. (3), F = 96 B s l h^2 (1 + s/6h + V/16lh), over the
 simulated step time. Korthikanti et al. 2022, Table 5: MFU and HFU of 22B, 175B, 530B and
 1T with sequence parallelism and selective recomputation on tp=8 without data parallelism
-(their Table 3), by their Eq. (7) and (8) over the simulated step time. Dubey et al. 2024
+(their Table 3), by their Eq. (7) and (8) over the simulated step time, the pipelines' weight
+gradients summed over the microbatches in the GEMMs that compute them, as Megatron-LM of 2022
+ran them (``KORTHIKANTI_GRAD_SUMS``; Table 1's runs of 2021 added them apart). Dubey et al. 2024
 (The Llama 3 Herd of Models), Table 4: the 405B rows (8,192 GPUs TP8 PP16 DP64 and 16,384 GPUs
 TP8 PP16 DP128 at sequence 8,192; 16,384 GPUs TP8 CP16 PP16 DP8 at 131,072), each with the
 plan the paper describes (``LLAMA3_T4``'s comment quotes it), on the ``meta-h100-roce``
@@ -165,6 +167,16 @@ KORTHIKANTI = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 0.560, 0.570),
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 0.563, 0.570),
 ]
+# How the two papers' code summed a pipeline's per-microbatch weight gradients. Megatron-LM
+# of 2021 (Table 1's runs) added each gradient to its fp32 main_grad in a hook of its own
+# (megatron/model/distributed.py: ``param.main_grad.add_(param.grad.data)``): one add per
+# param per microbatch, partita's program as written (simulate's grad_sums="add"). Megatron-LM
+# of 2022 (Korthikanti et al.'s runs, May 2022) has gradient-accumulation fusion, on by default
+# since Feb 2022 (commit 83b1e42, --no-gradient-accumulation-fusion to turn it off): a linear
+# layer's weight-gradient GEMM accumulates into main_grad itself (cuBLAS with beta = 1,
+# fused_weight_gradient_dense.cu), and the hook skips those params; embeddings, layer norms and
+# biases keep their adds (grad_sums="gemm").
+KORTHIKANTI_GRAD_SUMS = "gemm"
 SEQ, VOCAB, A100_PEAK = 2048, 51200, 312e12
 # How the published runs computed attention (Narayanan et al. 2021, Sec. 4.2: "two custom
 # kernels to enable the fusion of scale, mask, and softmax ... another to support implicit
@@ -191,13 +203,13 @@ def _plan(tp: int, pp: int, gpus: int, batch: int, micro: int, chunks: int, sp: 
 
 
 def _simulate_row(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int, batch: int, micro: int,
-                  chunks: int, *, recompute: str, sp: bool) -> tuple[object, str, dict, float]:
+                  chunks: int, *, recompute: str, sp: bool, grad_sums: str = "add") -> tuple[object, str, dict, float]:
     from partita.cluster import simulate
 
     t0 = time.perf_counter()
     prog, plan, kw = _build_row(heads, hidden, layers, tp, pp, gpus, batch, micro, chunks, recompute=recompute,
                                 sp=sp)
-    res = simulate(prog, "selene", trace=False, memory=False)
+    res = simulate(prog, "selene", trace=False, memory=False, grad_sums=grad_sums)
     return res, plan, kw, time.perf_counter() - t0
 
 
@@ -236,7 +248,8 @@ def korthikanti(names: list[str] | None = None) -> list[dict]:
     for name, a, h, l, tp, pp, n, B, mb, v, mfu, hfu in KORTHIKANTI:
         if names and name not in names:
             continue
-        res, plan, kw, secs = _simulate_row(a, h, l, tp, pp, n, B, mb, v, recompute="selective", sp=True)
+        res, plan, kw, secs = _simulate_row(a, h, l, tp, pp, n, B, mb, v, recompute="selective", sp=True,
+                                            grad_sums=KORTHIKANTI_GRAD_SUMS)
         model = 72 * B * l * SEQ * h * h * (1 + SEQ / (6 * h) + VOCAB / (12 * h * l))
         hw = 72 * B * l * SEQ * h * h * (1 + SEQ / (3 * h) + VOCAB / (12 * h * l))
         m, hh = (f / (res.step_time * n * A100_PEAK) for f in (model, hw))

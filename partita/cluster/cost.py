@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..ir.graph import Node
+from ..ir.types import TensorType
 from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
 from ..ops.registry import OPS, Cost
 from .hardware import Cluster, ClusterError, Link
@@ -117,6 +118,19 @@ class CostModel:
             tc = c.flops / self.peak_for("f32")
             t, kind = (tm, "memory") if tm >= tc else (tc, "compute")
         return OpTime(t + self.eff.op_overhead, kind, c.flops, moved)
+
+    def sum_in_gemm(self, gemm: Node, ty: TensorType) -> OpTime:
+        """What adding ``gemm``'s product to a running sum of type ``ty`` costs when the
+        matrix product does it in its epilogue (beta = 1: it reads the sum and writes it back
+        in place of writing its product), over the product alone: the roofline of the fused
+        kernel, ``max(t_gemm, (its bytes + the sum read) / (bandwidth * memory))``, less
+        ``t_gemm``; no launch of its own. Zero wherever the product is compute-bound."""
+        if gemm.op not in GEMM_OPS:
+            raise ValueError(f"sum_in_gemm: {gemm.op} is not a matrix product (GEMM_OPS); price its sum as an add")
+        own = self.compute_time(gemm).seconds - self.eff.op_overhead
+        c = self.record_cost(gemm)
+        fused = (c.bytes_read + c.bytes_written + ty.nbytes) / (self.device.memory_bandwidth * self.eff.memory)
+        return OpTime(max(0.0, fused - own), "gemm", ty.numel, ty.nbytes)
 
     # --- communication ------------------------------------------------------------------------
     def collective_time(self, node: Node, ranks: Sequence[int]) -> OpTime:

@@ -35,6 +35,7 @@ from ..ir.mesh import Mesh
 from ..parallel.collective_order import grows_when_gathered, is_collective, kept_order
 from ..parallel.pipeline.chunk_templates import active_section_cache, node_value_map, section_digest
 from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
+from ..ops.kinds import GEMM_OPS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel, price_key
 from .hardware import Cluster
@@ -388,8 +389,12 @@ class SectionProgramBuilder:
     """Builds the simulator program (``program.Program``) of a rank of a pipeline built
     with ``unroll=False`` from its ``LocalTemplate``."""
 
-    def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, cache: dict) -> None:
+    def __init__(self, mesh: Mesh, cluster: Cluster, model: CostModel, cache: dict, *,
+                 sum_in_gemm: bool = False) -> None:
         self.mesh, self.cluster, self.model, self.cache = mesh, cluster, model, cache
+        # A gradient a matrix product computes is added to its sum in that product's epilogue
+        # (simulate's ``grad_sums="gemm"``), not by an add of its own.
+        self.sum_in_gemm = sum_in_gemm
         # Fragments by section digest (chunk_templates.py): alike sections are built once, and
         # with a planner's SectionCache active, once across its candidates too.
         self.protos: dict[tuple, tuple[_Fragment, list[Node]]] = {}
@@ -482,6 +487,19 @@ class SectionProgramBuilder:
         if got is None:
             ot = self.model.collective_time(n, group)
             got = self.comm_cache[key] = (ot.seconds, float(self.model.record_cost(n).bytes_written))
+        return got
+
+    def price_sum(self, gv: Value) -> Any:
+        """The priced adding of gradient ``gv`` to its sum: in the epilogue of the matrix
+        product that computes it where the builder sums in GEMMs (``CostModel.sum_in_gemm``),
+        else an add."""
+        gemm = gv.producer
+        if not self.sum_in_gemm or gemm is None or gemm.op not in GEMM_OPS:
+            return self.price_add(gv.type)
+        key = ("pp-sum-in-gemm", price_key(gemm), gv.type.shape, gv.type.dtype.name)
+        got = self.cache.get(key)
+        if got is None:
+            got = self.cache[key] = self.model.sum_in_gemm(gemm, gv.type)
         return got
 
     def price_add(self, ty: Any) -> Any:
@@ -782,7 +800,8 @@ class RankProgramBuild:
             self.run(total, "microbatch slices")
 
     def adds(self, pairs: list[tuple[Any, tuple | None, Any]], label: str) -> None:
-        """Price adds in a run: (type, copy key waited for first or None, callback(point))."""
+        """Price adds in a run: (type, or the gradient summed (``price_sum``), copy key waited
+        for first or None, callback(point))."""
         acc = 0.0
         for ty, waitkey, done in pairs:
             if waitkey is not None and waitkey in self.pending:
@@ -793,7 +812,7 @@ class RankProgramBuild:
             if ty is None:
                 done(None)
                 continue
-            p = self.owner.price_add(ty)
+            p = self.owner.price_sum(ty) if isinstance(ty, Value) else self.owner.price_add(ty)
             acc += p.seconds
             self.flops += p.flops
             self.kinds[p.kind] += p.seconds
@@ -809,7 +828,7 @@ class RankProgramBuild:
             offs, tot, fl = [], 0.0, 0.0
             kinds: dict[str, float] = defaultdict(float)
             for _, gv in gs:
-                p = self.owner.price_add(gv.type)
+                p = self.owner.price_sum(gv)
                 tot += p.seconds
                 fl += p.flops
                 kinds[p.kind] += p.seconds
@@ -845,7 +864,7 @@ class RankProgramBuild:
                     self.acc_point[nm] = pt
             first = nm not in self.acc_set
             self.acc_set.add(nm)
-            pairs.append((None if first else gv.type, ck, done))
+            pairs.append((None if first else gv, ck, done))
         self.adds(pairs, f"gradient sums of chunk {c}, microbatch {m}")
         self.last_acc[c] = (None, m)
 

@@ -398,9 +398,23 @@ def _check_simulate_options(tokens: Any, model_flops: Any, progress: Any, **flag
                               f"got {progress!r:.40}")
 
 
+GRAD_SUMS = ("add", "gemm")
+
+
+def _check_grad_sums(grad_sums: Any, program: Any, sections: bool) -> None:
+    """Refuse a ``grad_sums`` simulate cannot honour, naming the value and the fix."""
+    if grad_sums not in GRAD_SUMS:
+        raise SimulationError(f"simulate: grad_sums must be one of {', '.join(map(repr, GRAD_SUMS))}, got "
+                              f"{grad_sums!r:.40}")
+    if grad_sums == "gemm" and hasattr(program, "unrolled") and not sections:
+        raise SimulationError("simulate: grad_sums='gemm' prices the gradient sums of a pipeline built with "
+                              "parallelize(..., unroll=False); this pipeline is unrolled (its sums are plain adds "
+                              "among its nodes): parallelize it again with unroll=False, or use grad_sums='add'")
+
+
 def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
-             memory: bool = True, check_memory: bool = False,
+             memory: bool = True, check_memory: bool = False, grad_sums: str = "add",
              progress: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
     ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
@@ -411,11 +425,18 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     FLOPs less the nodes ``partita.autodiff.recompute`` marks as recomputed). ``dedup``: simulate
     alike ranks once. ``trace``: keep the timeline. ``memory``: each simulated rank's memory
     report; ``check_memory``: raise when a rank's peak exceeds the device's memory.
+    ``grad_sums``: how a pipeline's per-microbatch gradient sums run: ``"add"`` (default), an
+    add per gradient per microbatch, as the program writes them; ``"gemm"``, each gradient a
+    matrix product computes added to its sum in that product's epilogue (beta = 1), as
+    Megatron-LM's gradient-accumulation fusion runs a linear layer's weight gradient (other
+    gradients keep their adds); priced by ``CostModel.sum_in_gemm``. ``"gemm"`` needs a
+    pipeline built with ``unroll=False`` (the section-level simulation, which knows the sums).
     """
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
                             progress=progress)
-    cluster = load_cluster(cluster)
     sections = getattr(program, "unrolled", True) is False
+    _check_grad_sums(grad_sums, program, sections)
+    cluster = load_cluster(cluster)
     if sections:
         # A rank template's memory is walked in schedule order (template_memory.py; exact against
         # the unrolled program): as long as the simulation itself on a deep pipeline, so only
@@ -439,7 +460,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
         reps, rep_of, count = _representatives(mesh, cluster, graphs, [shells[p] for p in pp_of], dedup)
         from .pipeline_sim import SectionProgramBuilder
 
-        builder = SectionProgramBuilder(mesh, cluster, model, cache)
+        builder = SectionProgramBuilder(mesh, cluster, model, cache, sum_in_gemm=grad_sums == "gemm")
         built: dict[int, Program] = {}
         for r in reps:
             alone = frozenset(a for a in mesh.names if all(rep_of[x] == r for x in mesh.group_of(r, a)))
