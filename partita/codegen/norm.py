@@ -36,7 +36,7 @@ import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .aten_fallback import op_on_aten
@@ -185,6 +185,25 @@ def _other(node: Node, v) -> Any:
     return None
 
 
+# Ops a weight computed from params alone may be made with and still be moved up to the norm
+# (Gemma's ``1 + w``: an add of a ``full`` to the param, written after the statistics).
+_HOISTABLE = frozenset({"full", "constant", "add", "sub", "mul", "cast", "reshape"})
+
+
+def hoisted_before(graph: Graph, v: Value, anchor: Node, budget: int = 4) -> bool:
+    """Whether ``v`` exists before ``anchor``: made there already, or made from graph inputs
+    alone by at most ``budget`` pure nodes (``_HOISTABLE``), which are moved up before it."""
+    p = v.producer
+    if p is None or p.is_before(anchor):
+        return True
+    if budget <= 0 or p.op not in _HOISTABLE or len(p.results) != 1:
+        return False
+    if not all(hoisted_before(graph, o, anchor, budget - 1) for o in p.operands):
+        return False
+    graph.move_before(anchor, p)
+    return True
+
+
 def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
     """RMSNorm as transformers' Llama, Mistral and Qwen write it, on f32,
 
@@ -225,7 +244,7 @@ def fuse_rms_norm(graph: Graph, node: Node) -> Node | None:
         if cand is not None and cand.type.shape == (x.type.shape[-1],) and cand.type.dtype is f32 \
                 and m2.results[0].type == x.type:
             last, w = m2, cand
-    if w is not None and w.producer is not None and not w.producer.is_before(node):
+    if w is not None and not hoisted_before(graph, w, node):
         return None  # the weight must exist where the new node goes: made before the mean, it does
     new = Node("rms_norm", [x] + ([w] if w is not None else []),
                OPS["rms_norm"].normalize_attrs({"axes": (-1,), "eps": float(eps)}), [x.type], last.loc)
