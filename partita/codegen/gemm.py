@@ -163,10 +163,20 @@ def _act_lines(act: str) -> tuple[list[str], set[str]]:
                 "  %r = fdiv float 1.0, %d"], {"exp"}
     if act == "tanh":
         return ["  %r = call float @pt_tanhf(float %v)"], {"tanh"}
+    if act in ("relu6", "hardswish"):
+        # min(max(x, 0), 6) (ReLU6); hardswish x * min(max(x + 3, 0), 6) / 6, in torch's order
+        # of operations (epilogue.py's CLAMPS), a NaN kept as torch keeps it
+        src = "%v" if act == "relu6" else "%a3"
+        lines = [] if act == "relu6" else ["  %a3 = fadd float %v, 3.0"]
+        lines += [f"  %lo = fcmp olt float {src}, 0.0", f"  %m0 = select i1 %lo, float 0.0, float {src}",
+                  "  %hi = fcmp ogt float %m0, 6.0", "  %m6 = select i1 %hi, float 6.0, float %m0"]
+        if act == "relu6":
+            return lines + ["  %r = fadd float %m6, 0.0"], set()
+        return lines + ["  %p = fmul float %v, %m6", "  %r = fdiv float %p, 6.0"], set()
     raise ValueError(f"gemm: no activation {act!r}; one of {sorted(ACTIVATIONS)}")
 
 
-ACTIVATIONS = frozenset({"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"})
+ACTIVATIONS = frozenset({"none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "relu6", "hardswish"})
 
 
 def gemm_ir(name: str, cfg: GemmConfig, act: str = "none") -> str:

@@ -67,6 +67,7 @@ from .grn import fuse_grn
 from .disentangled import fuse_rel_scores
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
+from .levit_blocks import tidy_for_library
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -708,7 +709,7 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
     lin = torch.ops.mkldnn._linear_pointwise.default
     fallback = aten_step("linear_pointwise")
     kn = layout == "kn"
-    scalars: list = []
+    scalars: list = [] if u is None else list(u.scalars)
     n = out_shape[-1]
     m = math.prod(out_shape[:-1])
     cache: PackedWeight | None
@@ -820,7 +821,9 @@ KERNELS: dict[tuple[str, tuple[str, str]], Kernel] = {
 # The convolutions with a clamp (``CLAMPS``, ReLU6) after them: oneDNN's hardtanh post-op, the
 # generated kernels' clamp in their store.
 CLAMP_KERNELS: dict[tuple[str, tuple[str, str]], Kernel] = {
-    ("conv2d_pointwise", ("none", u)): _conv_kernel("none", u) for u in CLAMPS}
+    **{("conv2d_pointwise", ("none", u)): _conv_kernel("none", u) for u in CLAMPS},
+    # and the linear layers with one (LeViT's hardswish): the generated GEMM's epilogue
+    **{("linear_pointwise", ("none", u)): _linear_kernel(u) for u in CLAMPS}}
 
 
 def epilogue_of(attrs: dict) -> tuple[str, str]:
@@ -908,8 +911,8 @@ def _torch_linear(args, attrs):
     u = CONV_UNARY[attrs["unary"]]
     if attrs["weight_layout"] == "kn":
         w = w.t()
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none" if u is None else u.onednn, [],
-                                              None if u is None else u.algorithm)
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none" if u is None else u.onednn,
+                                              [] if u is None else list(u.scalars), None if u is None else u.algorithm)
 
 
 def _epilogue_flops(n: int, attrs: dict) -> int:
@@ -929,7 +932,6 @@ def _linear_cost(ins, outs, attrs):
     return Cost(2 * n * k + _epilogue_flops(n, attrs), sum(t.nbytes for t in ins), outs[0].nbytes)
 
 
-_UNARY_ATTR = AttrSpec("unary", "str", "none", choices=tuple(UNARY))
 _CONV_UNARY_ATTR = AttrSpec("unary", "str", "none", choices=tuple(CONV_UNARY))
 
 register(OpDef(
@@ -949,7 +951,7 @@ register(OpDef(
 
 register(OpDef(
     name="linear_pointwise", operands=("x", "weight", "bias?"),
-    attrs=(_UNARY_ATTR, AttrSpec("weight_layout", "str", "kn", choices=("kn", "nk"))),
+    attrs=(_CONV_UNARY_ATTR, AttrSpec("weight_layout", "str", "kn", choices=("kn", "nk"))),
     infer=_linear_infer, reference=_linear_reference, torch=_torch_linear, cost=_linear_cost,
     torch_prepare=_prepare,
     doc="matmul(x, W) + bias then unary, as one oneDNN inner product with a post-op (f32); x is [..., K], "
@@ -1194,16 +1196,16 @@ def _fuse_linear(graph: Graph, node: Node) -> Node | None:
         # the activation is elementwise, so it is taken before the reshape, which stays.
         r = sole_user(y)
         if r is not None and r.op == "reshape":
-            unary2, act = _take_unary("linear_pointwise", "none", r.results[0], [])
+            taken: list[Node] = []   # the activation's nodes (hardswish's five)
+            unary2, act = _take_unary("linear_pointwise", "none", r.results[0], taken)
             if unary2 != "none":
-                a = sole_user(r.results[0])
-                assert a is not None
                 new = Node("linear_pointwise", operands, OPS["linear_pointwise"].normalize_attrs(
                     {"unary": unary2, "weight_layout": layout}), [y.type], chain[0].loc)
                 graph.insert_before(r, new)
                 graph.set_operand(r, 0, new.results[0])
                 graph.replace_all_uses(act, r.results[0])
-                graph.erase(a)
+                for a in reversed(taken):
+                    graph.erase(a)
                 for old in reversed(chain):
                     graph.erase(old)
                 return new
@@ -1237,6 +1239,7 @@ class FuseLibrary(Pass):
     name = "fuse-library"
 
     def run(self, graph: Graph) -> Graph:
+        tidy_for_library(graph)   # reshape round trips and unit-axis means: codegen/levit_blocks.py
         for node in list(graph.nodes):
             if node.graph is not graph:
                 continue  # taken into an earlier node's epilogue
