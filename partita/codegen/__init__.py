@@ -114,6 +114,7 @@ class CompiledProgram:
 
         from .attention import attention_kernel, rotary_attention_kernel
         from .conv_preact import preact_group_norm_kernel   # group_norm.py's step, NHWC on channels-last input
+        from .conv_pad import pad_kernel   # a channels-last pad of H and W as one generated copy
         from .grn import grn_kernel
         from .disentangled import rel_scores_kernel
         from .norm import norm_kernel
@@ -136,7 +137,7 @@ class CompiledProgram:
                                              "attention": attention_by(attention_kernel),
                                              "rotary_attention": attention_by(rotary_attention_kernel),
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,
-                                             "add_norm": norm_kernel, "group_norm": preact_group_norm_kernel,
+                                             "add_norm": norm_kernel, "group_norm": preact_group_norm_kernel, "pad": pad_kernel,
                                              "grn": grn_kernel, "rel_scores": rel_scores_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
