@@ -239,6 +239,8 @@ class _AttentionEmitter:
         a("entry:")
         a(f"  %Pb = alloca [{MR * KB} x float], align 64")
         a(f"  %Ob = alloca [{MR * ev} x float], align 64")
+        if self.softcap:
+            a(f"  %Tb = alloca [{self.L} x float], align 64")
         if self.rope:
             a(f"  %Qb = alloca [{MR * e} x float], align 64")
             a(f"  %Kr = alloca [{e} x float], align 64")
@@ -507,15 +509,26 @@ class _AttentionEmitter:
             a(f"  %da{R} = fsub float %m{r}, %mu{R}")
 
     def capped(self, tag: str, sc: str, capv: str) -> str:
-        """cap * tanh(sc) lane by lane (mathlib's tanh, as a fused kernel computes it); the result's name."""
+        """cap * tanh(sc) (mathlib's tanh, as a fused kernel computes it); the result's name. The
+        vector goes through the ``Tb`` buffer and a loop over its lanes, which the loop vectorizer
+        turns into vector code, as in a fused kernel (lane by lane calls stayed scalar)."""
         a, L, vt = self.out.append, self.L, self.vt
-        prev = "poison"
-        for i in range(L):
-            a(f"  %tx{tag}_{i} = extractelement {vt} {sc}, i64 {i}")
-            a(f"  %ty{tag}_{i} = call float @pt_tanhf(float %tx{tag}_{i})")
-            a(f"  %tv{tag}_{i} = insertelement {vt} {prev}, float %ty{tag}_{i}, i64 {i}")
-            prev = f"%tv{tag}_{i}"
-        a(f"  %tc{tag} = fmul {vt} {prev}, {capv}")
+        a(f"  store {vt} {sc}, ptr %Tb, align 64")
+        a(f"  br label %thp{tag}")
+        a(f"thp{tag}:")
+        a(f"  br label %th{tag}")
+        a(f"th{tag}:")
+        a(f"  %thi{tag} = phi i64 [0, %thp{tag}], [%thn{tag}, %th{tag}]")
+        a(f"  %thq{tag} = getelementptr inbounds float, ptr %Tb, i64 %thi{tag}")
+        a(f"  %thx{tag} = load float, ptr %thq{tag}, align 4")
+        a(f"  %thy{tag} = call float @pt_tanhf(float %thx{tag})")
+        a(f"  store float %thy{tag}, ptr %thq{tag}, align 4")
+        a(f"  %thn{tag} = add nuw nsw i64 %thi{tag}, 1")
+        a(f"  %thc{tag} = icmp ult i64 %thn{tag}, {L}")
+        a(f"  br i1 %thc{tag}, label %th{tag}, label %the{tag}")
+        a(f"the{tag}:")
+        a(f"  %thv{tag} = load {vt}, ptr %Tb, align 64")
+        a(f"  %tc{tag} = fmul {vt} %thv{tag}, {capv}")
         return f"%tc{tag}"
 
     def block_softmax(self, nv: int) -> None:
