@@ -32,6 +32,7 @@ from . import fusion  # noqa: F401  (registers the fuse-kernels pass)
 from . import library  # noqa: F401  (registers conv2d_pointwise, linear_pointwise and the fuse-library pass)
 from . import inference  # noqa: F401  (registers the fold-batch-norm pass)
 from . import layout  # noqa: F401  (registers the assign-layout pass)
+from . import token_mixer  # noqa: F401  (registers the pool_mixer op)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
 from .aten_fallback import fallbacks
@@ -83,6 +84,9 @@ class CompiledProgram:
             frozen = ("fold-constants,fold-params,", ",scale-fold,merge-linears") if freeze else ("", "")
             g = PassManager.parse(frozen[0] + "fold-batch-norm,fuse-library" + frozen[1]).run(g)
             g = _fold_movement(g)
+            from .token_mixer import fuse_pool_mixers
+
+            fuse_pool_mixers(g)   # PoolFormer's norm, pool, sub, scale and residual as one step
             g = PassManager.parse("assign-layout").run(g)
             from .cnn_blocks import global_pools_flattened
 
@@ -130,6 +134,7 @@ class CompiledProgram:
             return make
 
         from .pool import max_pool_kernel, mean_kernel
+        from .token_mixer import pool_mixer_kernel
 
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
                                     kernels={"adamw_update": adamw, "matmul": matmul,
@@ -138,7 +143,8 @@ class CompiledProgram:
                                              "rotary_attention": attention_by(rotary_attention_kernel),
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,
                                              "add_norm": norm_kernel, "group_norm": preact_group_norm_kernel, "pad": pad_kernel,
-                                             "grn": grn_kernel, "rel_scores": rel_scores_kernel})
+                                             "grn": grn_kernel, "rel_scores": rel_scores_kernel,
+                                             "pool_mixer": pool_mixer_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

@@ -46,7 +46,8 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 from .epilogue import UNARY
 
-__all__ = ["fuse_group_norm", "fuse_mean", "group_norm_kernel", "GROUP_NORM_UNARY"]
+__all__ = ["fuse_group_norm", "fuse_mean", "group_norm_kernel", "GROUP_NORM_UNARY", "Emitter", "statistics_ir",
+           "f32_hex"]
 
 # The activations group_norm applies after its affine part (epilogue.UNARY's).
 GROUP_NORM_UNARY = tuple(UNARY)
@@ -333,7 +334,7 @@ def group_norm_kernel(node: Node, inplace: bool = False) -> Callable | None:
 
 # --- the generated kernel --------------------------------------------------------------------
 
-def _f32_hex(x: float) -> str:
+def f32_hex(x: float) -> str:
     """An f32 constant as LLVM writes it (the double with the same value, in hex)."""
     import struct
 
@@ -341,7 +342,7 @@ def _f32_hex(x: float) -> str:
     return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f))[0]
 
 
-class _Emitter:
+class Emitter:
     """LLVM IR of counted loops, written line by line."""
 
     def __init__(self, lanes: int) -> None:
@@ -387,7 +388,7 @@ class _Emitter:
         return None
 
 
-def _statistics_ir(e: "_Emitter", m: int, eps: float) -> None:
+def statistics_ir(e: "Emitter", m: int, eps: float) -> None:
     """Passes 1 and 2 over a block of ``m`` elements at ``%xb`` (from the block ``s1``): the mean
     (``%mean``, ``%meanv``) and 1 / sqrt(var + eps) (``%rstd``, ``%rstdv``); ends in block ``s3``."""
     a, L, vt, load = e.a, e.L, e.vt, e.load
@@ -412,7 +413,7 @@ def _statistics_ir(e: "_Emitter", m: int, eps: float) -> None:
 
     st = e.loop("p1t", "s1t", str(m - mv), 1, "float", tail_add)
     a(f"  %sum = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {st}, {vt} {sv})")
-    a(f"  %mean = fmul float %sum, {_f32_hex(1.0 / m)}")
+    a(f"  %mean = fmul float %sum, {f32_hex(1.0 / m)}")
     a(f"  %mean.0 = insertelement <1 x float> poison, float %mean, i64 0")
     a(f"  %meanv = shufflevector <1 x float> %mean.0, <1 x float> poison, <{L} x i32> zeroinitializer")
     a("  br label %s2")
@@ -432,8 +433,8 @@ def _statistics_ir(e: "_Emitter", m: int, eps: float) -> None:
     a("s2t:")
     dt = e.loop("p2t", "s2t", str(m - mv), 1, "float", dev("p2t", "float", "%xt1", "%mean"))
     a(f"  %ssd = call reassoc float @llvm.vector.reduce.fadd.v{L}f32(float {dt}, {vt} {dv})")
-    a(f"  %var = fmul float %ssd, {_f32_hex(1.0 / m)}")
-    a(f"  %ve = fadd float %var, {_f32_hex(eps)}")
+    a(f"  %var = fmul float %ssd, {f32_hex(1.0 / m)}")
+    a(f"  %ve = fadd float %var, {f32_hex(eps)}")
     a("  %sd = call float @llvm.sqrt.f32(float %ve)")
     a("  %rstd = fdiv float 1.0, %sd")
     a("  %rstd.0 = insertelement <1 x float> poison, float %rstd, i64 0")
@@ -441,7 +442,7 @@ def _statistics_ir(e: "_Emitter", m: int, eps: float) -> None:
     a("  br label %s3")
     a("s3:")
 
-def _scale_ir(e: "_Emitter", cg: int, hw: int, affine: bool, relu: bool) -> None:
+def _scale_ir(e: "Emitter", cg: int, hw: int, affine: bool, relu: bool) -> None:
     """Pass 3 (from the block ``s3``): per channel of the group, ((x - mean) * rstd) * w + b and
     the ReLU, stored at ``%yb``."""
     a, L, vt, load = e.a, e.L, e.vt, e.load
@@ -503,7 +504,7 @@ def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, 
     ``params`` holds the addresses of x, weight, bias and y. Per block: the sum, the mean, the
     sum of squared deviations about it (two passes, as the reference), 1 / sqrt(var + eps);
     then per channel ((x - mean) * rstd) * w + b, and ReLU where ``relu``."""
-    e = _Emitter(lanes)
+    e = Emitter(lanes)
     a, L, vt = e.a, lanes, e.vt
     a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
     a("declare float @llvm.sqrt.f32(float)")
@@ -524,7 +525,7 @@ def group_norm_ir(name: str, m: int, cg: int, hw: int, groups: int, eps: float, 
     a(f"  %c0 = mul i64 %grp, {cg}")
     a("  br label %s1")
     a("s1:")
-    _statistics_ir(e, m, eps)
+    statistics_ir(e, m, eps)
     _scale_ir(e, cg, hw, affine, relu)
     a("  br label %blkend")
     a("blkend:")
@@ -556,7 +557,7 @@ def _compiled(shape: tuple, groups: int, eps: float, affine: bool, relu: bool) -
         name = f"pt_group_norm_c{cg}_hw{hw}_g{groups}{'_a' if affine else ''}{'_relu' if relu else ''}"
         return name, group_norm_ir(name, cg * hw, cg, hw, groups, eps, affine, relu, lanes)
 
-    return range_kernel(("group_norm", cg, hw, groups, _f32_hex(eps), affine, relu, lanes), source)
+    return range_kernel(("group_norm", cg, hw, groups, f32_hex(eps), affine, relu, lanes), source)
 
 
 class PreparedGroupNorm:

@@ -337,6 +337,7 @@ def _replicated(op: str):
 for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm", "grn"):
     RULES[_n] = _replicated(_n)
 RULES["group_norm"] = _replicated("group_norm")   # codegen/group_norm.py: single-device inference too
+RULES["pool_mixer"] = _replicated("pool_mixer")   # codegen/token_mixer.py: single-device inference too
 RULES["rel_scores"] = _replicated("rel_scores")   # codegen/disentangled.py: single-device inference too
 
 
