@@ -57,6 +57,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--microbatches", type=int_arg(1), help="pipeline microbatches")
     s.add_argument("--schedule", help="gpipe, 1f1b (default), interleaved or zero-bubble")
     s.add_argument("--virtual-stages", type=int_arg(1), help="model chunks per pp rank (schedule interleaved)")
+    s.add_argument("--grad-sums", choices=("add", "gemm"), default="add",
+                   help="a pipeline's per-microbatch weight-gradient sums: a separate add (default, as "
+                        "Megatron-LM 2021 ran them) or in the epilogue of the GEMM computing each gradient "
+                        "(gradient-accumulation fusion, on by default in Megatron-LM since 2022); not with --unroll")
     s.add_argument("--every-rank", action="store_true", help="simulate every rank, not alike ranks once")
     s.add_argument("--check-memory", action="store_true",
                    help="fail when a rank exceeds its device's memory (a pipeline's stages walked in schedule order, "
@@ -313,7 +317,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"parallelize for {prog.mesh} with {prog.strategy}: {t2 - t1:.2f} s")
     res = simulate(prog, cluster, dedup=not args.every_rank,
                    trace=args.trace is not None or args.html is not None,
-                   check_memory=args.check_memory, progress=print)
+                   check_memory=args.check_memory, grad_sums=args.grad_sums, progress=print)
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
     if pp and not unroll and not args.check_memory:

@@ -215,3 +215,20 @@ def test_bad_plans_are_one_clear_message_before_the_model_is_built(argv, message
     rc, out, err = _run(["simulate", *argv], capsys)
     assert rc == 1 and re.search(message, err), err
     assert "built in" not in out
+
+
+def test_grad_sums_gemm_prices_a_pipelines_gradient_sums_in_the_gemm(capsys):
+    """--grad-sums gemm drops the per-microbatch gradient adds of a pipeline (a shorter step);
+    with --unroll it is refused with the reason."""
+    argv = ["simulate", "--gpt", "4,256,4,128,1000,8", "--mesh", "pp=2,dp=2", "--microbatches", "4"]
+
+    def step_ms(extra: list[str]) -> float:
+        assert main(argv + extra) == 0
+        out = capsys.readouterr().out
+        m = re.search(r"simulated step on .*: ([0-9.]+) ms", out)
+        assert m, out
+        return float(m.group(1))
+
+    assert step_ms(["--grad-sums", "gemm"]) < step_ms([])
+    assert main(argv + ["--unroll", "--grad-sums", "gemm"]) != 0
+    assert "unroll=False" in capsys.readouterr().err
