@@ -134,7 +134,9 @@ class _AttentionEmitter:
         self.chunks = [(c0, min(CH, ev - c0) // L) for c0 in range(0, ev, CH)]
         self.vt = f"<{L} x float>"
         self.vi = f"<{L} x i32>"
-        self.vec_rope = rope and self.rd == e and self.h % L == 0
+        # the rotation's vectors: the widest of at most L lanes (4 or more) that divides half a head
+        self.RL = next((w for w in (L, L // 2, L // 4) if w >= 4 and self.h % w == 0), 0)
+        self.vec_rope = rope and self.rd == e and self.RL > 0
         self.lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(self.NVS)]
         # the block that enters the key blocks
         self.tile = f"qrot{self.MR - 1}.end" if rope and not self.vec_rope else "qt"
@@ -199,14 +201,16 @@ class _AttentionEmitter:
     def vrot(self, tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
         """dst[0:E] = rope(row)[0:E] (times scale) with vectors: the low half x_lo c - x_hi s,
         the high half x_hi c + x_lo s, at position pos of the cos and sin tables."""
-        a, L, h, vt = self.out.append, self.L, self.h, self.vt
+        a, L, h = self.out.append, self.RL, self.h
+        vt = f"<{L} x float>"
         for t, st in (("c", "cr"), ("s", "sr")):
             src = "cosh" if t == "c" else "sinh"
             a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
             a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
         sp = None
         if scale is not None:
-            self.splat(f"%{tag}.sc", "float", scale)
+            a(f"  %{tag}.sc.0 = insertelement {vt} poison, float {scale}, i64 0")
+            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc.0, {vt} poison, <{L} x i32> zeroinitializer")
             sp = f"%{tag}.sc"
         for i in range(h // L):
             for part, off in (("lo", i * L), ("hi", h + i * L)):
