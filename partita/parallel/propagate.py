@@ -132,6 +132,10 @@ def propagate(graph: Graph, mesh: Mesh | str | None = None, sinks: "Sequence[Val
 # weight gradient is not taken for cheaper than gathering the activation it needs.
 ACCUMULATE_BYTES = 0.5
 
+# Whether ``choose`` answers a question asked before (same node structure and surroundings,
+# ``choice_key``) from its memo; off, every conflicting node is priced afresh (tests compare).
+MEMOIZE_CHOICES = True
+
 # How many floating-point operations a rank does in the time it sends one byte to a peer:
 # the exchange rate between repeated work and communication in the price of a placement
 # (CPU cores against gloo over loopback or a data-center network, roughly).
@@ -196,6 +200,8 @@ class _Propagator:
         self.specs: dict[Node, DimSpec | None] = {}
         self.report = PropagationReport(mesh)
         self.committed: set[tuple[Value, Placement]] = set()   # operand reshards resolve_all recorded
+        self.committed_to: dict[Value, set[Placement]] = {}    # the same, by value (for choice_key)
+        self.choices: dict[tuple, tuple[tuple[Placement, ...], tuple[Placement, ...], int]] = {}
         self.batch_axes: set[str] = set()   # the axes the data inputs are split over (run)
         # In a training step a param resharded where it is read is resharded back as its
         # gradient in the backward (an all_reduce or reduce_scatter of its size, about twice
@@ -434,7 +440,50 @@ class _Propagator:
 
     def choose(self, node: Node, spec: DimSpec) -> tuple[list[Placement], list[Placement], int]:
         """The cheapest accepted operand placements: (results, operand wants, bytes). A
-        result placed otherwise than produced adds its own reshard to the price."""
+        result placed otherwise than produced adds its own reshard to the price. Memoized by
+        ``choice_key`` (every layer of a template asks the same questions)."""
+        key = self.choice_key(node, spec)
+        if key is not None:
+            hit = self.choices.get(key)
+            if hit is not None:
+                return list(hit[0]), list(hit[1]), hit[2]
+        got, wants, total = self.choose_fresh(node, spec)
+        if key is not None:
+            self.choices[key] = (tuple(got), tuple(wants), total)
+        return list(got), list(wants), total
+
+    def choice_key(self, node: Node, spec: DimSpec) -> tuple | None:
+        """Everything ``choose_fresh`` reads of ``node`` and its surroundings (the op, types and
+        attributes; each operand's placement, reshards already recorded, reuse among the operands,
+        readers of the same op, whether it is a param or once per step; each result's placement,
+        once-per-step and accumulated marks, its param's placements, the placements of what its
+        readers read beside it); None when an attribute is not hashable (not memoized)."""
+        if not MEMOIZE_CHOICES:
+            return None
+        attrs = frozen_attrs(node.attrs)
+        if attrs is None:
+            return None
+        first: dict[Value, int] = {}
+        ops = []
+        partial = False
+        for i, o in enumerate(node.operands):
+            p = self.pl[o]
+            partial = partial or bool(p.partial)
+            done = self.committed_to.get(o)
+            ops.append((first.setdefault(o, i), o.type, p, o in self.once, o.producer is None and o.role == "param",
+                        sum(1 for u in o.users if u.op == node.op), frozenset(done) if done else None))
+        res = []
+        for r in node.results:
+            params = tuple(self.param_placements(r)) if (spec.made or r in self.accumulated) else ()
+            beside: tuple = ()
+            if partial:
+                beside = tuple((self.pl.get(o), o.type.shape == r.type.shape) for u in r.users for o in u.operands
+                               if o is not r)
+            res.append((r.type, self.pl.get(r), r in self.once, r in self.accumulated, params, beside))
+        return (node.op, attrs, tuple(ops), tuple(res))
+
+    def choose_fresh(self, node: Node, spec: DimSpec) -> tuple[list[Placement], list[Placement], int]:
+        """``choose`` without the memo."""
         best: tuple[float, int, list[Placement], list[Placement], int] | None = None
         flops = self.flops(node)
         made_options = self.made_options(node, spec)
@@ -592,6 +641,7 @@ class _Propagator:
                 if self.pl[o] != w:
                     self.need(o, node, i, self.pl[o], w)
                     self.committed.add((o, w))
+                    self.committed_to.setdefault(o, set()).add(w)
             for r, p in zip(node.results, got):
                 if self.pl[r] != p:
                     self.need(r, node, None, p, self.pl[r])
@@ -603,6 +653,36 @@ class _Propagator:
                 f"%{self.name(v)} is placed as {want}, but {self.describe(node)} produces it as {have} and no "
                 f"collective gets there (a pending sum cannot be created); change the annotation of %{self.name(v)}")
         self.report.reshards.append(ReshardNeed(self.name(v), self.describe(node), operand, have, want, c, node))
+
+
+def frozen_attrs(attrs: dict) -> tuple | None:
+    """``attrs`` as a hashable key (lists as tuples, a float by its repr so that -0.0 and
+    0.0 differ, every value with its type); None when a value is not hashable (an array)."""
+    out = []
+    for k in sorted(attrs):
+        v = frozen_value(attrs[k])
+        if v is None and attrs[k] is not None:
+            return None
+        out.append((k, v))
+    return tuple(out)
+
+
+def frozen_value(v: object) -> object:
+    """One attribute value as a hashable key (see ``frozen_attrs``); None when it is not one."""
+    if isinstance(v, bool) or v is None:
+        return ("b", v)
+    if isinstance(v, (int, str)):
+        return (type(v).__name__, v)
+    if isinstance(v, float):
+        return ("f", repr(v))
+    if isinstance(v, (list, tuple)):
+        items = [frozen_value(x) for x in v]
+        return None if any(x is None for x in items) else ("l", tuple(items))
+    try:
+        hash(v)
+    except TypeError:
+        return None
+    return ("o", type(v).__name__, v)
 
 
 @register_pass
