@@ -340,8 +340,8 @@ def _kernel(d: int) -> Any:
 class PreparedRelScores:
     """One ``rel_scores`` node's kernel for a of ``a_shape``, a table [H, R, D] and idx
     [rows, C]: ``__call__(a, table, idx)`` returns the scores. a is read in place when its last
-    dim is contiguous; the table and idx are copied first when they are not contiguous, and
-    every index is checked against the table once per idx tensor."""
+    dim is contiguous; the table and idx are copied when they are not contiguous, and every
+    index is checked against the table, when they are first seen (``bind``)."""
 
     def __init__(self, a_shape: tuple, table_shape: tuple, idx_shape: tuple, transpose: bool) -> None:
         self.a_shape = tuple(int(s) for s in a_shape)
@@ -353,36 +353,47 @@ class PreparedRelScores:
         self.fn = _kernel(self.d)
         self.parallel = self.n > 1 and self.n * self.rows * self.c * self.d >= PARALLEL_MIN_FLOPS
         self.params = (ctypes.c_int64 * len(_P))()
-        self.checked: tuple[int, int] | None = None
+        self.bound: tuple | None = None   # (a's strides, table, idx, their versions) the slots are set for
+        self.table: Any = None
+        self.idx: Any = None
         p = self.params
         p[4], p[8], p[9], p[10], p[11] = 1, self.h, self.r, self.rows, self.c
         p[12], p[13] = (1, self.rows) if transpose else (self.c, 1)
 
     def check_index(self, idx: Any) -> None:
-        """Every index inside the table's R positions (once for each idx tensor seen)."""
-        key = (idx.data_ptr(), idx._version)
-        if self.checked == key:
-            return
+        """Every index inside the table's R positions."""
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.r):
             raise IndexError(f"rel_scores: an index of idx is outside the table's {self.r} positions "
                              f"(min {int(idx.min())}, max {int(idx.max())})")
-        self.checked = key
+
+    def bind(self, a: Any, table: Any, idx: Any) -> None:
+        """The parameter slots for a's strides, the table and idx (checked; copies kept alive
+        while they are bound): a program's step sees the same ones at every call."""
+        p = self.params
+        self.bound = (a.stride(), table, idx, table._version, idx._version)
+        if table.is_contiguous():
+            self.table = table
+        else:
+            self.table = table.contiguous()
+        self.idx = idx if idx.dtype == torch.int64 and idx.is_contiguous() else idx.to(torch.int64).contiguous()
+        self.check_index(self.idx)
+        p[1], p[2] = self.table.data_ptr(), self.idx.data_ptr()
+        if a.dim() == 4:
+            p[4], p[5], p[6], p[7] = a.shape[1], a.stride(0), a.stride(1), a.stride(2)
+        else:
+            p[4], p[5], p[6], p[7] = 1, a.stride(0), 0, a.stride(1)
 
     def __call__(self, a: Any, table: Any, idx: Any) -> Any:
         """The scores for a, table and idx."""
         if a.stride(-1) != 1:
             a = a.contiguous()
-        table = table if table.is_contiguous() else table.contiguous()
-        if idx.dtype != torch.int64 or not idx.is_contiguous():
-            idx = idx.to(torch.int64).contiguous()
-        self.check_index(idx)
+        b = self.bound
+        if b is None or b[0] != a.stride() or b[1] is not table or b[2] is not idx or b[3] != table._version \
+                or b[4] != idx._version:
+            self.bind(a, table, idx)
         out = torch.empty(self.out_shape, dtype=torch.float32)
         p = self.params
-        p[0], p[1], p[2], p[3] = a.data_ptr(), table.data_ptr(), idx.data_ptr(), out.data_ptr()
-        if a.dim() == 4:
-            p[4], p[5], p[6], p[7] = a.shape[1], a.stride(0), a.stride(1), a.stride(2)
-        else:
-            p[4], p[5], p[6], p[7] = 1, a.stride(0), 0, a.stride(1)
+        p[0], p[3] = a.data_ptr(), out.data_ptr()
         nt = min(torch.get_num_threads(), self.n) if self.parallel else 1
         if nt <= 1:
             self.fn(p, 0, self.n, 0)
