@@ -5,6 +5,12 @@ as the linear layers and epilogues they are; run by fuse-library before its anch
   transformers' ``MLPLayerWithBN`` writes ``batch_norm(y.flatten(0, 1)).reshape_as(y)``; with
   the batch norm folded into the linear layer, ``y -> [B*T, N] -> [B, T, N]`` is left between
   the linear layer and its hardswish, which then cannot be taken as the GEMM's epilogue.
+- **Reshape chains** (after fuse-library): ``reshape(reshape(x))`` where the inner one has no
+  other reader is one reshape of ``x``.
+- **Unit dims dropped before a linear layer** (after fuse-library): ``linear(reshape(a))`` where
+  the reshape only drops or adds size-1 dims ahead of K (``[B, 1, K] -> [B, K]``, a residual
+  sum's) reads ``a`` and reshapes its result instead: the linear layer's result is a planned
+  buffer, whose reshape is a view made once, where the sum's reshape was a step on every call.
 - **Means over unit axes**: ``mean(x) {axes}`` where every axis reduced has size 1 is a reshape
   (LeViT's final token mean over one token).
 - **Subsampled tokens**: ``reshape(x [..., C] -> [B, H, W, C])``, strided slices of H and W,
@@ -27,7 +33,8 @@ from ..ir.types import TensorType
 from ..ops import OPS
 from ..passes.rewrite import erase_if_dead
 
-__all__ = ["tidy_for_library", "drop_reshape_round_trip", "unit_mean_as_reshape", "subsample_as_gather"]
+__all__ = ["tidy_for_library", "tidy_after_library", "drop_reshape_round_trip", "merge_reshape_chain",
+           "sink_unit_reshape", "unit_mean_as_reshape", "subsample_as_gather"]
 
 
 def drop_reshape_round_trip(graph: Graph, node: Node) -> bool:
@@ -43,6 +50,52 @@ def drop_reshape_round_trip(graph: Graph, node: Node) -> bool:
         return False
     graph.replace_all_uses(y, x)
     erase_if_dead(graph, node)
+    return True
+
+
+def merge_reshape_chain(graph: Graph, node: Node) -> bool:
+    """``node`` = reshape(reshape(x)), the inner one read by nothing else: one reshape of ``x``
+    (none where it is ``x``'s own type); True if rewritten."""
+    if drop_reshape_round_trip(graph, node):
+        return True
+    if node.op != "reshape":
+        return False
+    inner = node.operands[0].producer
+    if inner is None or inner.op != "reshape" or len(inner.results[0].users) != 1 or inner.results[0].is_output:
+        return False
+    graph.set_operand(node, 0, inner.operands[0])
+    erase_if_dead(graph, inner)
+    return True
+
+
+def _rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The dims ahead of the last, size-1 ones left out."""
+    return tuple(d for d in shape[:-1] if d != 1)
+
+
+def sink_unit_reshape(graph: Graph, node: Node) -> bool:
+    """``node`` = linear_pointwise(reshape(a), ...) whose reshape only drops or adds size-1 dims
+    ahead of K: the linear layer reads ``a``, its result reshaped back; True if rewritten."""
+    if node.op != "linear_pointwise":
+        return False
+    x = node.operands[0]
+    r = x.producer
+    if r is None or r.op != "reshape":
+        return False
+    a = r.operands[0]
+    y = node.results[0]
+    if a.type.rank < 2 or a.type.shape[-1] != x.type.shape[-1] or _rows(a.type.shape) != _rows(x.type.shape) \
+            or y.is_output:
+        return False   # (a graph output's reshape would be a step of its own)
+    t = TensorType(a.type.shape[:-1] + y.type.shape[-1:], y.type.dtype)
+    new = Node("linear_pointwise", [a, *node.operands[1:]], dict(node.attrs), [t], node.loc)
+    back = Node("reshape", [new.results[0]], OPS["reshape"].normalize_attrs({"shape": list(y.type.shape)}),
+                [y.type], node.loc)
+    graph.insert_before(node, new)
+    graph.insert_before(node, back)
+    graph.replace_all_uses(y, back.results[0])
+    graph.erase(node)
+    erase_if_dead(graph, r)
     return True
 
 
@@ -126,5 +179,18 @@ def tidy_for_library(graph: Graph) -> int:
             continue  # erased by an earlier rewrite
         if drop_reshape_round_trip(graph, node) or unit_mean_as_reshape(graph, node) or \
                 subsample_as_gather(graph, node):
+            made += 1
+    return made
+
+
+def tidy_after_library(graph: Graph) -> int:
+    """After fuse-library's anchors: unit dims sunk below linear layers, then reshape chains
+    merged; the number of rewrites made."""
+    made = 0
+    for node in list(graph.nodes):
+        if node.graph is graph and sink_unit_reshape(graph, node):
+            made += 1
+    for node in list(graph.nodes):
+        if node.graph is graph and merge_reshape_chain(graph, node):
             made += 1
     return made

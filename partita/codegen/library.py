@@ -67,7 +67,7 @@ from .grn import fuse_grn
 from .disentangled import fuse_rel_scores
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
-from .levit_blocks import tidy_for_library
+from .levit_blocks import tidy_after_library, tidy_for_library
 from .rotary import fuse_rotary
 
 __all__ = ["UNARY", "BINARY", "KERNELS", "ANCHORS", "Kernel", "PackedWeight", "FuseLibrary", "kernel_for",
@@ -1246,4 +1246,5 @@ class FuseLibrary(Pass):
             fuse = ANCHORS.get(node.op)
             if fuse is not None:
                 fuse(graph, node)
+        tidy_after_library(graph)   # unit dims sunk below linear layers, reshape chains merged
         return graph

@@ -181,3 +181,45 @@ def test_subsample_slice_read_elsewhere_stays():
     g = _subsample(2, 4, 4, 3, [(1, 0, None, 2), (2, 0, None, 2)], read_slice=True)
     out = verify(PassManager.parse("fuse-library,dce").run(g))
     assert [n.op for n in out.nodes].count("slice") == 2
+
+
+@pytest.mark.parametrize("shape,sunk", [((4, 1, 48), True), ((1, 3, 1, 5), True), ((2, 3, 5), False)])
+def test_unit_dims_sunk_below_the_linear(shape, sunk):
+    """linear(reshape(a)) where the reshape only drops unit dims reads ``a``; one that merges
+    rows ([2, 3, K] -> [6, K]) is left as it is."""
+    b = Builder()
+    a = b.input("a", T(*shape))
+    k = shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    y = b.add(b.matmul(b.reshape(b.neg(a), shape=(rows, k)), b.transpose(b.param("w", T(7, k)), perm=(1, 0))),
+              b.param("bias", T(7)))
+    g = verify(b.ret(b.neg(b.reshape(y, shape=(rows, 1, 7)))))
+    inputs = random_inputs(g, 7)
+    before = run_reference(g, inputs)
+    out = verify(PassManager.parse("fuse-library,dce").run(g))
+    lin = next(n for n in out.nodes if n.op == "linear_pointwise")
+    assert (lin.operands[0].type.shape == shape) is sunk
+    if sunk:   # the reshape after it and the one back merged into one (none: back to its own shape)
+        assert [n.op for n in out.nodes].count("reshape") == (0 if shape[:-1] == (rows, 1) else 1)
+    np.testing.assert_allclose(run_reference(out, inputs)[0], before[0], rtol=1e-6, atol=1e-6)
+    got = CompiledProgram(out)({k_: torch.from_numpy(v) for k_, v in inputs.items()})
+    np.testing.assert_allclose(got[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+def test_reshape_chain_merged_unless_read_elsewhere():
+    b = Builder()
+    x = b.input("x", T(2, 3, 4))
+    inner = b.reshape(x, shape=(6, 4))
+    r = b.reshape(b.reshape(x, shape=(3, 8)), shape=(4, 6))
+    s = b.reshape(inner, shape=(8, 3))
+    g = verify(b.ret(b.neg(r), b.neg(s), b.neg(inner)))
+    inputs = random_inputs(g, 8)
+    before = run_reference(g, inputs)
+    from partita.codegen.levit_blocks import merge_reshape_chain
+
+    outer = [n for n in g.nodes if n.op == "reshape" and n.operands[0].producer is not None
+             and n.operands[0].producer.op == "reshape"]
+    assert [merge_reshape_chain(g, n) for n in outer] == [True, False]
+    verify(g)
+    for a_, c in zip(before, run_reference(g, inputs)):
+        np.testing.assert_array_equal(a_, c)
