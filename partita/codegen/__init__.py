@@ -84,9 +84,11 @@ class CompiledProgram:
             frozen = ("fold-constants,fold-params,", ",scale-fold,merge-linears") if freeze else ("", "")
             g = PassManager.parse(frozen[0] + "fold-batch-norm,fuse-library" + frozen[1]).run(g)
             g = _fold_movement(g)
-            from .token_mixer import fuse_pool_mixers
+            from .token_mixer import fold_residual_scales, fuse_pool_mixers
 
             fuse_pool_mixers(g)   # PoolFormer's norm, pool, sub, scale and residual as one step
+            if freeze:
+                fold_residual_scales(g)   # r + s * conv(x): s into the weights, r the conv's epilogue
             g = PassManager.parse("assign-layout").run(g)
             from .cnn_blocks import global_pools_flattened
 

@@ -34,7 +34,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 
-__all__ = ["fuse_pool_mixers", "pool_mixer_kernel", "generated_for", "PreparedPoolMixer"]
+__all__ = ["fuse_pool_mixers", "fold_residual_scales", "pool_mixer_kernel", "generated_for", "PreparedPoolMixer"]
 
 
 # --- the op ----------------------------------------------------------------------------------
@@ -232,19 +232,115 @@ def fuse_pool_mixers(graph: Graph) -> int:
     return done
 
 
+
+# --- the MLP's scaled residual ---------------------------------------------------------------
+
+def _scaled_sum(mul: Node, resolve: Callable[[Value], Value | None], c: int) -> tuple[Value, Value, Node] | None:
+    """(the per-channel scale, the scaled value, the ``add``) of ``add(r, mul(s, v))`` from the
+    ``mul``, operands mapped to the outer graph by ``resolve``; None where it is not that."""
+    if mul.op != "mul" or len(mul.operands) != 2 or mul.operands[0] is mul.operands[1]:
+        return None
+    m = mul.results[0]
+    if m.is_output or len(m.users) != 1:
+        return None
+    add = next(iter(m.users))
+    if add.op != "add" or len(add.operands) != 2 or sum(o is m for o in add.operands) != 1:
+        return None
+    for i in (0, 1):
+        s_in, v_in = mul.operands[i], mul.operands[1 - i]
+        src = _through_reshapes(s_in, c) if _per_channel_shape(s_in, c) else None
+        scale, v = (None, None) if src is None else (resolve(src), resolve(v_in))
+        if scale is not None and v is not None and v_in.type == m.type:
+            return scale, v, add
+    return None
+
+
+def _residual_of(node: Node, conv: Node) -> tuple[Value, Value, Node] | None:
+    """(scale, residual, the last node) where ``node`` computes ``r + s * conv`` (a ``fused``
+    kernel of just that, or the ``mul`` of the ops written out)."""
+    out = conv.results[0]
+    c = out.type.shape[1]
+    if node.op == "fused":
+        from .fused_body import body_graph
+
+        body = body_graph(node.attrs["body"])
+        ops = sorted(n.op for n in body.nodes if n.op not in ("reshape", "unsqueeze"))
+        muls = [n for n in body.nodes if n.op == "mul"]
+        if ops != ["add", "mul"] or len(body.outputs) != 1 or len(node.results) != 1:
+            return None
+        outer = dict(zip(body.inputs, node.operands))
+        found = _scaled_sum(muls[0], outer.get, c)
+        if found is None or found[1] is not out or body.outputs[0] is not found[2].results[0]:
+            return None
+        other = next(o for o in found[2].operands if o is not muls[0].results[0])
+        r = outer.get(other)
+        return None if r is None else (found[0], r, node)
+    found = _scaled_sum(node, lambda v: v, c)
+    if found is None or found[1] is not out:
+        return None
+    r = next(o for o in found[2].operands if o is not node.results[0])
+    return found[0], r, found[2]
+
+
+def fold_residual_scales(graph: Graph) -> int:
+    """Frozen weights only: each ``r + s * conv(x)`` with ``s`` a known per-channel scale (the
+    layer scale after PoolFormer's MLP) becomes ``conv(x; W * s, b * s)`` with the residual
+    added as the convolution's epilogue (``binary="add"``); how many. The convolution must have
+    a known weight and bias read by it alone, no epilogue, and nothing else reading its result."""
+    from .inference import known_value
+    from .scale_fold import drop_if_unused, new_known
+
+    done = 0
+    for conv in list(graph.nodes):
+        if conv.graph is not graph or conv.op != "conv2d_pointwise" or len(conv.operands) != 3:
+            continue
+        out = conv.results[0]
+        if (conv.attrs["binary"] != "none" or conv.attrs["unary"] != "none" or out.is_output
+                or out.type.dtype is not f32 or len(out.users) != 1):
+            continue
+        found = _residual_of(next(iter(out.users)), conv)
+        if found is None:
+            continue
+        scale, r, last = found
+        w, b, s = (known_value(graph, v) for v in (conv.operands[1], conv.operands[2], scale))
+        if w is None or b is None or s is None or r is out or r.type != out.type:
+            continue
+        if any(len(v.users) != 1 or v.is_output for v in conv.operands[1:]):
+            continue
+        vec = s.astype(np.float64).reshape(-1)
+        if vec.size != w.shape[0] or not np.all(np.isfinite(vec)):
+            continue
+        if r.producer is not None and not r.producer.is_before(conv):
+            continue
+        nw = new_known(graph, conv.operands[1], (w * vec.reshape(-1, 1, 1, 1)).astype(w.dtype), conv)
+        nb = new_known(graph, conv.operands[2], (b * vec.reshape(b.shape)).astype(b.dtype), conv)
+        attrs = dict(conv.attrs, binary="add")
+        new = Node("conv2d_pointwise", [conv.operands[0], nw, nb, r], OPS["conv2d_pointwise"].normalize_attrs(attrs),
+                   [out.type], conv.loc)
+        graph.insert_before(last, new)
+        graph.replace_all_uses(last.results[0], new.results[0])
+        from ..passes.rewrite import erase_if_dead
+
+        old = list(conv.operands[1:]) + [scale]
+        erase_if_dead(graph, last)
+        for v in dict.fromkeys(old):
+            drop_if_unused(graph, v)
+        done += 1
+    return done
+
 # --- the generated kernel --------------------------------------------------------------------
 
 # The parameter block's slots (addresses), in order.
 _SLOTS = ("x", "w", "b", "s", "cnt", "t", "y")
 
 
-def _normalize_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
+def _normalize_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int) -> None:
     """The channel's plane ((x - mean) * rstd) * w + b into its scratch plane ``%tpc`` at row
-    ``r + ph``, column ``c + pw`` (from block ``nz``; ends in ``nz.x``-like blocks)."""
+    ``r + ph``, column ``c + pw`` (from block ``nz``); x's positions ``ps`` elements apart."""
     a, load = e.a, e.load
 
     def row(r: str, _acc: str | None) -> None:
-        a(f"  %nr.xo = mul i64 {r}, {w}")
+        a(f"  %nr.xo = mul i64 {r}, {w * ps}")
         a(f"  %nr.rr = add i64 {r}, {ph}")
         a(f"  %nr.to0 = mul i64 %nr.rr, {wp}")
         a(f"  %nr.to = add i64 %nr.to0, {pw}")
@@ -254,7 +350,8 @@ def _normalize_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
         a("nc0:")
 
         def col(j: str, _a: str | None) -> None:
-            v = load("%nr.xp", j, "float", "nc.v")
+            a(f"  %nc.xj = mul i64 {j}, {ps}")
+            v = load("%nr.xp", "%nc.xj", "float", "nc.v")
             a(f"  %nc.d = fsub float {v}, %mean")
             a("  %nc.n = fmul float %nc.d, %rstd")
             a("  %nc.w = fmul float %nc.n, %wc")
@@ -283,8 +380,9 @@ def _window_sums_ir(e: Any, n: int, wp: int, kh: int, kw: int) -> None:
     e.loop("ws", "ws0", str(n), 1, None, body)
 
 
-def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
-    """``out = x + s * (sums / count - y)`` over the channel's plane (from block ``mx0``)."""
+def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int) -> None:
+    """``out = x + s * (sums / count - y)`` over the channel's plane (from block ``mx0``); x's
+    positions ``ps`` elements apart."""
     a, load = e.a, e.load
 
     def row(r: str, _acc: str | None) -> None:
@@ -293,7 +391,8 @@ def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
         a(f"  %mr.rr = add i64 {r}, {ph}")
         a(f"  %mr.to0 = mul i64 %mr.rr, {wp}")
         a(f"  %mr.to = add i64 %mr.to0, {pw}")
-        a("  %mr.xp = getelementptr inbounds float, ptr %xd, i64 %mr.xo")
+        a(f"  %mr.xq = mul i64 %mr.xo, {ps}")
+        a("  %mr.xp = getelementptr inbounds float, ptr %xd, i64 %mr.xq")
         a("  %mr.op = getelementptr inbounds float, ptr %oc, i64 %mr.xo")
         a("  %mr.cp = getelementptr inbounds float, ptr %cnt, i64 %mr.xo")
         a("  %mr.sq = getelementptr inbounds float, ptr %sp, i64 %mr.so")
@@ -305,7 +404,8 @@ def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
             sm = load("%mr.sq", j, "float", "mc.sm")
             ct = load("%mr.cp", j, "float", "mc.ct")
             yv = load("%mr.tq", j, "float", "mc.yv")
-            xv = load("%mr.xp", j, "float", "mc.xv")
+            a(f"  %mc.xj = mul i64 {j}, {ps}")
+            xv = load("%mr.xp", "%mc.xj", "float", "mc.xv")
             a(f"  %mc.pool = fdiv float {sm}, {ct}")
             a(f"  %mc.d = fsub float %mc.pool, {yv}")
             a("  %mc.m = fmul float %sc, %mc.d")
@@ -317,8 +417,9 @@ def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int) -> None:
 
 
 def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, kh: int, kw: int,
-                  scratch: int, lanes: int) -> str:
-    """The LLVM IR of the mixer over contiguous NCHW f32 memory: ``void NAME(ptr params, i64 lo,
+                  scratch: int, lanes: int, channels_last: bool = False) -> str:
+    """The LLVM IR of the mixer over contiguous NCHW f32 memory (x channels-last where
+    ``channels_last``, one group: a sample's statistics are over its block either way): ``void NAME(ptr params, i64 lo,
     i64 hi, i64 tid)`` for the (sample, group) blocks [lo, hi); ``params`` holds the addresses
     of ``_SLOTS``; thread ``tid`` uses ``scratch`` floats at ``t + tid * scratch`` (a
     zero-bordered plane per channel of a group, then one plane of window sums), whose borders
@@ -329,6 +430,9 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
     wp = w + 2 * pw
     hw = h * w
     plane = (h + 2 * ph) * wp + kw - 1     # a zero-bordered plane and the sums' overreach
+    if channels_last and groups != 1:
+        raise ValueError("pool_mixer_ir: a channels-last x needs one group")
+    cs, ps = (1, cg) if channels_last else (hw, 1)   # x's strides: channel, position
     e = Emitter(lanes)
     a, L, vt = e.a, lanes, e.vt
     a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
@@ -359,14 +463,15 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
         a(f"  %chn = add i64 %c0, {c}")
         a(f"  %co = mul i64 {c}, {hw}")
         a(f"  %tco = mul i64 {c}, {plane}")
-        a("  %xc = getelementptr inbounds float, ptr %xb, i64 %co")
+        a(f"  %xco = mul i64 {c}, {cs}")
+        a("  %xc = getelementptr inbounds float, ptr %xb, i64 %xco")
         a("  %tpc = getelementptr inbounds float, ptr %tp, i64 %tco")
         for p in ("w", "b"):
             a(f"  %{p}cp = getelementptr inbounds float, ptr %{p}, i64 %chn")
             a(f"  %{p}c = load float, ptr %{p}cp, align 4")
         a("  br label %nz")
         a("nz:")
-        _normalize_ir(e, h, w, wp, ph, pw)
+        _normalize_ir(e, h, w, wp, ph, pw, ps)
         a("  br label %nzend")
         a("nzend:")
 
@@ -374,7 +479,8 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
         a(f"  %chd = add i64 %c0, {c}")
         a(f"  %do = mul i64 {c}, {hw}")
         a(f"  %tdo = mul i64 {c}, {plane}")
-        a("  %xd = getelementptr inbounds float, ptr %xb, i64 %do")
+        a(f"  %xdo = mul i64 {c}, {cs}")
+        a("  %xd = getelementptr inbounds float, ptr %xb, i64 %xdo")
         a("  %oc = getelementptr inbounds float, ptr %yb, i64 %do")
         a("  %tpd = getelementptr inbounds float, ptr %tp, i64 %tdo")
         a("  %scp = getelementptr inbounds float, ptr %s, i64 %chd")
@@ -384,7 +490,7 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
         _window_sums_ir(e, h * wp, wp, kh, kw)
         a("  br label %mx0")
         a("mx0:")
-        _mix_ir(e, h, w, wp, ph, pw)
+        _mix_ir(e, h, w, wp, ph, pw, ps)
         a("  br label %chend")
         a("chend:")
 
@@ -411,29 +517,19 @@ PARALLEL_MIN_ELEMENTS = 1 << 17
 
 class PreparedPoolMixer:
     """One pool_mixer node's generated kernel: ``__call__(x, w, b, s)`` returns the mixer's
-    result (contiguous NCHW); an input in another layout is copied to contiguous first."""
+    result (contiguous NCHW). A channels-last x is read as it is with one group (a kernel of
+    its own, made at its first such call); any other layout is copied to contiguous first."""
 
     def __init__(self, shape: tuple, groups: int, eps: float, kernel: tuple, include_pad: bool) -> None:
         from .cnn_blocks import window_counts
-        from .group_norm import f32_hex
-        from .jit import range_kernel
-        from .lowering import vector_width
 
-        self.shape = tuple(shape)
+        self.shape, self.groups, self.eps, self.kernel = tuple(shape), groups, eps, tuple(kernel)
         n, c, h, w = self.shape
         kh, kw = kernel
-        cg = c // groups
         wp = w + kw - 1
-        need = cg * ((h + kh - 1) * wp + kw - 1) + h * wp
+        need = c // groups * ((h + kh - 1) * wp + kw - 1) + h * wp
         self.scratch_floats = need + (-need) % 16
-        lanes = vector_width()
-
-        def source() -> tuple[str, str]:
-            name = f"pt_pool_mixer_c{cg}_h{h}_w{w}_g{groups}_k{kh}x{kw}"
-            return name, pool_mixer_ir(name, cg, h, w, groups, eps, kh, kw, self.scratch_floats, lanes)
-
-        self.fn = range_kernel(("pool_mixer", cg, h, w, groups, f32_hex(eps), kh, kw, self.scratch_floats, lanes),
-                               source)
+        self.fns: dict[bool, Any] = {False: self._compiled(False)}
         counts = window_counts((h, w), (h, w), (kh, kw), (1, 1), (kh // 2, kw // 2), include_pad)
         self.counts = torch.from_numpy(np.ascontiguousarray(counts, dtype=np.float32))
         self.blocks = n * groups
@@ -442,8 +538,32 @@ class PreparedPoolMixer:
         self.scratch = torch.zeros(self.threads * self.scratch_floats, dtype=torch.float32)
         self.params = (ctypes.c_int64 * len(_SLOTS))()
 
+    def _compiled(self, channels_last: bool) -> Any:
+        """The kernel reading x in NCHW or channels-last memory (cached per process and on disk)."""
+        from .group_norm import f32_hex
+        from .jit import range_kernel
+        from .lowering import vector_width
+
+        _, c, h, w = self.shape
+        kh, kw = self.kernel
+        cg, g, eps, lanes = c // self.groups, self.groups, self.eps, vector_width()
+        cl = "_cl" if channels_last else ""
+
+        def source() -> tuple[str, str]:
+            name = f"pt_pool_mixer_c{cg}_h{h}_w{w}_g{g}_k{kh}x{kw}{cl}"
+            return name, pool_mixer_ir(name, cg, h, w, g, eps, kh, kw, self.scratch_floats, lanes, channels_last)
+
+        return range_kernel(("pool_mixer", cg, h, w, g, f32_hex(eps), kh, kw, self.scratch_floats, lanes, cl),
+                            source)
+
     def __call__(self, x: Any, w: Any, b: Any, s: Any) -> Any:
-        x = x if x.is_contiguous() else x.contiguous()
+        cl = (self.groups == 1 and not x.is_contiguous()
+              and x.is_contiguous(memory_format=torch.channels_last))
+        if not cl and not x.is_contiguous():
+            x = x.contiguous()
+        fn = self.fns.get(cl)
+        if fn is None:
+            fn = self.fns[cl] = self._compiled(cl)
         y = torch.empty(self.shape, dtype=torch.float32)
         vecs = [v if v.dim() == 1 and v.is_contiguous() else v.reshape(-1).contiguous() for v in (w, b, s)]
         p = self.params
@@ -452,11 +572,11 @@ class PreparedPoolMixer:
         p[4], p[5] = self.counts.data_ptr(), self.scratch.data_ptr()
         nt = min(torch.get_num_threads(), self.blocks, self.threads)
         if nt <= 1:
-            self.fn(p, 0, self.blocks, 0)
+            fn(p, 0, self.blocks, 0)
         else:
             from .cpu import split_on_team
 
-            split_on_team(self.fn, p, self.blocks, nt)
+            split_on_team(fn, p, self.blocks, nt)
         return y
 
 

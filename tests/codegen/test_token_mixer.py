@@ -14,7 +14,7 @@ import partita
 import partita.codegen.dynamo as pd
 from partita.backend import numpy_ref
 from partita.codegen import CompiledProgram
-from partita.codegen.token_mixer import fuse_pool_mixers, generated_for, pool_mixer_kernel
+from partita.codegen.token_mixer import fold_residual_scales, fuse_pool_mixers, generated_for, pool_mixer_kernel
 from partita.ir import verify
 from partita.ir.dtypes import f32
 from partita.ir.graph import Graph, Node
@@ -160,3 +160,44 @@ def test_backend_path_takes_the_mixer_and_matches_eager() -> None:
     assert s.fallbacks == 0, s.report()
     ops = [n.op for g in s.graphs if g.program is not None for n in g.program.graph.nodes]
     assert ops.count("pool_mixer") == 1, ops
+
+
+@pytest.mark.parametrize("pipeline", ["canonicalize,fuse-library,fuse-kernels,cse,dce", "canonicalize,fuse-library"])
+def test_mlp_layer_scale_folds_into_the_convolution_under_freezing(pipeline: str) -> None:
+    torch.manual_seed(3)
+    m = _Mixer(6, 2).eval()
+    x = torch.randn(2, 6, 5, 4)
+    g = partita.optimize(partita.import_torch(m, (x,)), pipeline)
+    before = numpy_ref.run(g, [x.numpy()])[0]
+    folded = g.clone()
+    assert fold_residual_scales(folded) == 1
+    folded = verify(PassManager.parse("dce").run(folded))
+    convs = [n for n in folded.nodes if n.op == "conv2d_pointwise"]
+    assert [n.attrs["binary"] for n in convs] == ["none", "add"]
+    assert folded.outputs[0].producer is convs[1]   # the scale and the residual are the convolution's
+    after = numpy_ref.run(folded, [x.numpy()])[0]
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        want = m(x)
+    for freeze in (False, True):
+        prog = CompiledProgram(g, freeze=freeze)
+        adds = [n for n in prog.graph.nodes if n.op == "conv2d_pointwise" and n.attrs["binary"] == "add"]
+        assert len(adds) == (1 if freeze else 0)
+        for _ in range(2):
+            torch.testing.assert_close(prog([x])[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_scale_not_known_or_a_convolution_read_twice_is_not_folded() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Conv2d(4, 4, 1)
+            self.s = nn.Parameter(torch.randn(4))
+
+        def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple:
+            h = self.fc(x)
+            return x + scale.reshape(-1, 1, 1) * self.fc(x + 1), x + self.s.reshape(-1, 1, 1) * h, h
+
+    x = torch.randn(2, 4, 3, 3)
+    g = partita.optimize(partita.import_torch(Twice().eval(), (x, torch.randn(4))), "canonicalize,fuse-library")
+    assert fold_residual_scales(g) == 0
