@@ -378,6 +378,12 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
 
         def step(args: list, attrs: dict) -> Any:
             x = args[0]
+            fast = st.fast   # (weight's weakref, its version, packed) of the generated kernel's last call
+            if fast is not None and fast[0]() is args[1] and args[1]._version == fast[1] and x.is_cpu:
+                _STATS["generated_conv_calls"] += 1   # run_generated, inlined: every call of the program
+                _STATS["winograd_calls"] += st.winograd
+                y = st.gen(x, fast[2], args[2] if has_bias else None, args[-1] if has_other else None, out)
+                return y.contiguous() if to_caller else y
             if not x.is_cpu:
                 return fallback(args, attrs)
             picked = st.picked
@@ -388,6 +394,8 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
             other = args[-1] if has_other else None
             gp = st.gcache.get(w) if st.gcache is not None else None
             if gp is not None and picked is not None:
+                # the same weight tensor unchanged next time: PackedWeight.get's answer again
+                st.fast = (weakref.ref(w), w._version, gp) if w._base is None else None
                 return run_generated(x, gp, bias, other, out)
             op = st.cache.get(w) if st.cache is not None else None
             if picked is None and (gp is not None or st.gcache is None) and op is not None:
@@ -430,12 +438,13 @@ class _ConvState:
     ``default``: the kernel a candidate must beat ("onednn" where the generated kernel is only
     a candidate, one the rules do not prefer)."""
 
-    __slots__ = ("gen", "gcache", "cache", "winograd", "picked", "key", "where", "node", "default")
+    __slots__ = ("gen", "gcache", "cache", "winograd", "picked", "key", "where", "node", "default", "fast")
 
     def __init__(self, gen: Any, cache: "PackedWeight | None", node: Any, default: str = "generated") -> None:
         from . import choose
 
         self.default = default
+        self.fast: tuple | None = None   # the steady state's generated call (ConvLibrary's step)
         self.gen = gen
         self.gcache = PackedWeight(gen.pack) if gen is not None else None
         self.cache = cache
