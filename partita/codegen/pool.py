@@ -272,7 +272,7 @@ class PreparedMaxPool:
     channels-last result (x in other memory is converted first)."""
 
     def __init__(self, shape: tuple, out: tuple, kernel: tuple, stride: tuple, padding: tuple,
-                 dilation: tuple) -> None:
+                 dilation: tuple, keep: bool = False) -> None:
         n, c, h, w = (int(v) for v in shape)
         ho, wo = int(out[0]), int(out[1])
         dims = dict(n=n, c=c, h=h, w=w, ho=ho, wo=wo, kh=kernel[0], kw=kernel[1], sh=stride[0], sw=stride[1],
@@ -281,12 +281,14 @@ class PreparedMaxPool:
         self.shape = (n, c, ho, wo)
         self.rows = n * ho
         self.params = (ctypes.c_int64 * 2)()
+        # one result buffer for every call where the result dies in the call (conv_pad.py)
+        self.kept = torch.empty(self.shape, dtype=torch.float32, memory_format=torch.channels_last) if keep else None
 
     def __call__(self, x: Any) -> Any:
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
             x = x.contiguous(memory_format=cl)
-        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl)
+        y = self.kept if self.kept is not None else torch.empty(self.shape, dtype=torch.float32, memory_format=cl)
         p = self.params
         p[0], p[1] = x.data_ptr(), y.data_ptr()
         _run(self.fn, p, self.rows)
@@ -374,7 +376,10 @@ def max_pool_kernel(node: Any, inplace: bool = False) -> Callable | None:
     s = k if a["stride"] is None else tuple(a["stride"])
     shape, out = tuple(node.operands[0].type.shape), tuple(node.results[0].type.shape)
     try:
-        prepared = PreparedMaxPool(shape, out[2:], k, s, tuple(a["padding"]), tuple(a["dilation"]))
+        from .conv_pad import result_dies_in_call   # a fresh result each call faulted its pages in
+
+        prepared = PreparedMaxPool(shape, out[2:], k, s, tuple(a["padding"]), tuple(a["dilation"]),
+                                   keep=result_dies_in_call(node))
     except Exception as e:  # no code generator here, or CodegenError: ATen runs it
         import warnings
 

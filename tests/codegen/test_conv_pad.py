@@ -105,3 +105,38 @@ def test_pads_it_does_not_take_run_the_ops_own_step() -> None:
     y = torch.randn(2, 8, 3, 3)   # NCHW memory: the op's torch form
     out = step([y], dict(_pad_node(g2).attrs))
     assert torch.equal(out, F.pad(y, (1, 1, 1, 1)))
+
+
+class PoolThenConv(nn.Module):
+    """ResNet's stem: convolution, max pool (its result read by the next convolution only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.next = nn.Conv2d(3, 16, 7, stride=2, padding=3), nn.Conv2d(16, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.next(F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1))
+
+
+def test_a_max_pool_read_by_a_convolution_keeps_its_buffer_and_stays_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    from partita.codegen.pool import PreparedMaxPool
+
+    kept: list[bool] = []
+    run = PreparedMaxPool.__call__
+
+    def counted(self: PreparedMaxPool, x: torch.Tensor) -> torch.Tensor:
+        kept.append(self.kept is not None)
+        return run(self, x)
+
+    monkeypatch.setattr(PreparedMaxPool, "__call__", counted)
+    torch.manual_seed(1)
+    m = PoolThenConv().eval()
+    x = torch.randn(2, 3, 23, 23)
+    g = partita.optimize(partita.import_torch(m, (x,)), PIPELINE)
+    assert result_dies_in_call(next(n for n in g.nodes if n.op == "max_pool2d"))
+    prog = CompiledProgram(g, freeze=True)
+    for seed in range(3):
+        xi = torch.randn(2, 3, 23, 23, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(prog([xi])[0], m(xi), rtol=1e-5, atol=1e-5)
+    assert kept and all(kept)
