@@ -188,6 +188,9 @@ class CompiledProgram:
         from .norm import NORM_OPS, norm_kernel, takes as norm_takes
 
         unplanned |= {n for n in nodes if n.op in NORM_OPS and not norm_takes(n)}
+        from .token_mixer import pool_mixer_kernel, takes as mixer_takes
+
+        unplanned |= {n for n in nodes if n.op == "pool_mixer" and not mixer_takes(n)}
         attention_kernels = set(self.attention_kernels)
         unplanned |= {n for n in nodes if n.op in ("attention", "rotary_attention") and n not in attention_kernels}
         # a generated convolution's residual add reads each element of `other` just before it
@@ -219,6 +222,8 @@ class CompiledProgram:
                 fn = step_into(node, outs[0])
             elif node.op in NORM_OPS:
                 fn = norm_kernel(node, False, outs)
+            elif node.op == "pool_mixer":
+                fn = pool_mixer_kernel(node, False, outs)
             elif node.op in ("attention", "rotary_attention") and node in attention_kernels:
                 fn = (attention_kernel if node.op == "attention" else rotary_attention_kernel)(node, False, outs)
                 if fn.written[0] is None:   # one of its results is not planned: it allocates both

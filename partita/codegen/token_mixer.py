@@ -34,7 +34,8 @@ from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, register
 
-__all__ = ["fuse_pool_mixers", "fold_residual_scales", "pool_mixer_kernel", "generated_for", "PreparedPoolMixer"]
+__all__ = ["fuse_pool_mixers", "fold_residual_scales", "pool_mixer_kernel", "generated_for", "PreparedPoolMixer",
+           "takes"]
 
 
 # --- the op ----------------------------------------------------------------------------------
@@ -556,7 +557,8 @@ class PreparedPoolMixer:
         return range_kernel(("pool_mixer", cg, h, w, g, f32_hex(eps), kh, kw, self.scratch_floats, lanes, cl),
                             source)
 
-    def __call__(self, x: Any, w: Any, b: Any, s: Any) -> Any:
+    def __call__(self, x: Any, w: Any, b: Any, s: Any, out: Any = None) -> Any:
+        """The result, written into ``out`` where given (contiguous, of the result's shape)."""
         cl = (self.groups == 1 and not x.is_contiguous()
               and x.is_contiguous(memory_format=torch.channels_last))
         if not cl and not x.is_contiguous():
@@ -564,7 +566,7 @@ class PreparedPoolMixer:
         fn = self.fns.get(cl)
         if fn is None:
             fn = self.fns[cl] = self._compiled(cl)
-        y = torch.empty(self.shape, dtype=torch.float32)
+        y = torch.empty(self.shape, dtype=torch.float32) if out is None else out
         vecs = [v if v.dim() == 1 and v.is_contiguous() else v.reshape(-1).contiguous() for v in (w, b, s)]
         p = self.params
         p[0], p[6] = x.data_ptr(), y.data_ptr()
@@ -580,11 +582,17 @@ class PreparedPoolMixer:
         return y
 
 
-def generated_for(node: Node) -> PreparedPoolMixer | None:
-    """The generated kernel for a ``pool_mixer`` node, or None where it takes no such node (not
-    f32, a dynamic or empty shape) or no code can be generated here."""
+def takes(node: Node) -> bool:
+    """Whether the generated kernel takes ``node`` (f32, a static shape, not empty)."""
     x = node.operands[0].type
-    if x.dtype is not f32 or any(not isinstance(d, int) for d in x.shape) or x.numel == 0:
+    return x.dtype is f32 and all(isinstance(d, int) for d in x.shape) and x.numel > 0
+
+
+def generated_for(node: Node) -> PreparedPoolMixer | None:
+    """The generated kernel for a ``pool_mixer`` node, or None where it takes no such node
+    (``takes``) or no code can be generated here."""
+    x = node.operands[0].type
+    if not takes(node):
         return None
     try:
         return PreparedPoolMixer(tuple(x.shape), int(node.attrs["groups"]), float(node.attrs["eps"]),
@@ -597,21 +605,24 @@ def generated_for(node: Node) -> PreparedPoolMixer | None:
         return None
 
 
-def pool_mixer_kernel(node: Node, inplace: bool = False) -> Callable | None:
+def pool_mixer_kernel(node: Node, inplace: bool = False, outs: list | None = None) -> Any:
     """The step running a ``pool_mixer`` node: the generated kernel or ATen's ops in turn,
     whichever measured faster at the node's first call (codegen/choose.py; the generated kernel
-    where measuring is off)."""
+    where measuring is off). ``outs``: the memory plan's buffer for the result (or None), which
+    the step writes at every call."""
     del inplace
     gen = generated_for(node)
     attrs = dict(node.attrs)
+    out = None if outs is None else outs[0]
     picked: list[str] = []
 
     def run_aten(args: list) -> Any:
-        return _torch(args, attrs)
+        r = _torch(args, attrs)
+        return r if out is None else out.copy_(r)
 
     def run_gen(args: list) -> Any:
         assert gen is not None
-        return gen(*args)
+        return gen(args[0], args[1], args[2], args[3], out=out)
 
     def step(args: list, _attrs: dict) -> Any:
         if gen is None or not args[0].is_cpu:
