@@ -189,12 +189,15 @@ def fuse_rel_scores(graph: Graph, node: Node) -> Node | None:
     n, rows, cols = (int(s) for s in node.results[0].type.shape)
     if any(not isinstance(s, int) for s in (*x.type.shape, *idx.type.shape)):
         return None
+    m = tr.operands[0]
+    if int(a.type.shape[0]) != n or m.type.rank != 3 or int(m.type.shape[0]) != n or m.type.dtype is not f32:
+        return None   # a matmul broadcasting one side over the rows of heads
     if _producer(idx, "broadcast_to") is None:
         return None
     ix = _index(graph, idx, rows, cols, node)
     if ix is None:
         return None
-    table = _table(graph, tr.operands[0], n, node)
+    table = _table(graph, m, n, node)
     if table is None:
         return None
     last, transpose = node, False

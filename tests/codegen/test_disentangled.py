@@ -129,3 +129,13 @@ def test_bad_operands_get_clear_errors():
     bad = torch.full((6, 6), 10, dtype=torch.int64)
     with pytest.raises(IndexError, match="outside the table's 10 positions"):
         pr(torch.randn(4, 6, 8), torch.randn(2, 10, 8), bad)
+
+
+def test_a_matmul_broadcasting_its_rows_of_heads_is_left_alone():
+    b = Builder()
+    x = b.input("x", TensorType((1, 6, 8), F32))          # one row of heads for all four
+    m = b.input("m", TensorType((4, 10, 8), F32))
+    i2 = b.input("i2", TensorType((1, 6, 6), I64))
+    s = b.matmul(x, b.transpose(m, perm=(0, 2, 1)))
+    g = verify(b.ret(b.gather(s, b.broadcast_to(i2, shape=(4, 6, 6)), axis=2)))
+    assert "rel_scores" not in [n.op for n in PassManager.parse("fuse-library,dce").run(g).nodes]
