@@ -407,6 +407,174 @@ def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUST
     return rows
 
 
+# TorchTitan's published FSDP2 rows (pytorch/torchtitan, docs/performance.md): (row, model, GPUs,
+# local batch, activation checkpointing, cluster file, published tokens/s per GPU, published MFU
+# or None, published memory GiB or None, torchtitan commit of the configs).
+# - 64 A100 (80GB), FSDP2 (1D), "Llama 3 performance numbers" (docs/performance.md at 1ea476e9,
+#   2024-04-24, unchanged through 4d88a8a4, 2024-12-03): local batch 1, global 64; "8B | 1 |
+#   selective layer | 2904 | 56.8%", "8B | 1 | selective op | 2973 | 58.2%", "70B | 1 | full | 331
+#   | 51.7%". Configs at 1ea476e9 (train_configs/llama3_8b.toml; llama3_70b.toml is a TP8 preset,
+#   so the 70B row's dp=64, batch 1 and full AC come from the table): seq_len 8192, compile false,
+#   AdamW (foreach, not fused), FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32),
+#   each block fully_shard'ed with reshard_after_forward except the last, flash SDPA.
+#   "selective layer": selective_ac_option's default "2", full AC on every second block
+#   (``recompute_every_other_layer``); "selective op": every op's output recomputed except mm,
+#   SDPA and reduce_scatter, and of the mm every second one recomputed too
+#   (``recompute_torchtitan_op_policy``).
+# - Grand Teton H100 (d4c86e37, 2025-01-30; runs with torchtitan 9dec370, 2024-12-26), Table 1:
+#   "1D Parallelism (FSDP). Llama 3.1 8B model. 8 GPUs. Local batch size 2, global batch size
+#   16. Selective activation checkpointing." "FSDP | 5,762 | 82.4" (TPS/GPU, Memory GiB: the
+#   caching allocator's max_reserved). llama3_8b.toml at 9dec370: seq_len 8192, selective op,
+#   compile false; the same mixed precision. Llama 3.1 8B is Llama 3 8B's architecture. Table 3,
+#   the same on 128 GPUs (16 hosts; global batch 256): "FSDP | 5,605 | 67.0".
+TORCHTITAN = [
+    ("8b-a100-layer", "llama3-8b", 64, 1, "layer", "dgx-a100-80gb", 2904, 0.568, None, "1ea476e9"),
+    ("8b-a100-op", "llama3-8b", 64, 1, "op", "dgx-a100-80gb", 2973, 0.582, None, "1ea476e9"),
+    ("70b-a100-full", "llama3-70b", 64, 1, "full", "dgx-a100-80gb", 331, 0.517, None, "1ea476e9"),
+    ("8b-h100-op", "llama3-8b", 8, 2, "op", "grand-teton-h100-500w", 5762, None, 82.4, "9dec370"),
+    ("8b-h100x128-op", "llama3-8b", 128, 2, "op", "grand-teton-h100-500w", 5605, None, 67.0, "9dec370"),
+]
+TORCHTITAN_SEQ = 8192
+# The peak TorchTitan's MFU divides by (torchtitan/utils.py get_peak_flops at 1ea476e9).
+TORCHTITAN_PEAK = {"dgx-a100-80gb": 312e12, "grand-teton-h100-500w": 989e12}
+
+
+def recompute_every_other_layer(step: object) -> int:
+    """TorchTitan's selective layer AC with its default option 2, in place on a step built
+    without recomputation: every second block (the 2nd, 4th, ...) recomputed whole, as
+    ``recompute="full"`` does to every block; the others keep their activations."""
+    from partita.autodiff.recompute import backward_start, recompute_layers
+    from partita.ir.layers import node_layer
+
+    nodes = list(step.nodes)   # type: ignore[attr-defined]
+    start = nodes.index(backward_start(step))     # type: ignore[arg-type]
+    order: list[str] = []
+    for n in nodes[:start]:
+        lay = node_layer(n)
+        if lay and lay not in order:
+            order.append(lay)
+    chosen = set(order[1::2])
+    return recompute_layers(step, "full", backward={n for n in nodes[start:] if node_layer(n) in chosen})  # type: ignore[arg-type]
+
+
+def recompute_torchtitan_op_policy(step: object) -> int:
+    """TorchTitan's selective op AC, in place on a step built without recomputation: in each
+    block, what its backward reads is recomputed except the outputs of the attention kernel
+    and of the odd-numbered matrix products (q, v, gate and down of a Llama block; k, o and up
+    are recomputed, with the norms, rotary and activation ops). Clones are marked as
+    ``recompute="selective"`` marks them, so the model FLOPs leave them out."""
+    from dataclasses import replace as dc_replace
+
+    from partita.autodiff.recompute import backward_start
+    from partita.ir.graph import Node
+    from partita.ir.layers import node_layer
+    from partita.ir.types import Location
+    from partita.ops.registry import OPS
+
+    nodes = list(step.nodes)   # type: ignore[attr-defined]
+    pos = {n: i for i, n in enumerate(nodes)}
+    start = pos[backward_start(step)]   # type: ignore[index]
+    layer_of = {n: node_layer(n) for n in nodes}
+    blocks: dict[str, list] = {}
+    for n in nodes[:start]:
+        if layer_of[n]:
+            blocks.setdefault(layer_of[n], []).append(n)
+    count = 0
+    for lay, fwd in blocks.items():
+        products = [n for n in fwd if n.op == "matmul"]
+        saved = set(products[0::2]) | {n for n in fwd if n.op == "attention"}
+        members = {n for n in fwd if n not in saved and not OPS[n.op].effects_of(n.attrs)}
+        reads = [(u, i, v) for u in nodes[start:] if layer_of[u] == lay
+                 for i, v in enumerate(u.operands) if v.producer in members]
+        if not reads:
+            continue
+        cone: set = set()
+        stack = [v.producer for _, _, v in reads]
+        while stack:
+            top = stack.pop()
+            if top is None or top in cone or top not in members:
+                continue
+            cone.add(top)
+            stack.extend(o.producer for o in top.operands)
+        first = min((u for u, _, _ in reads), key=lambda u: pos[u])
+        vmap: dict = {}
+        for n in sorted(cone, key=lambda x: pos[x]):
+            loc = n.loc or n.text_loc
+            mark = dc_replace(loc, recompute="selective") if loc is not None else Location("", 0, recompute="selective")
+            m = Node(n.op, [vmap.get(o, o) for o in n.operands], dict(n.attrs), [r.type for r in n.results], mark,
+                     [None] * len(n.results))
+            step.insert_before(first, m)     # type: ignore[attr-defined]
+            vmap.update(zip(n.results, m.results))
+        for u, i, v in reads:
+            step.set_operand(u, i, vmap[v])     # type: ignore[attr-defined]
+        count += len(cone)
+    return count
+
+
+def build_torchtitan_row(row: tuple, ac: str | None = None) -> object:
+    """The zero3 program of a ``TORCHTITAN`` row (``ac`` overrides its checkpointing: "none",
+    "layer", "op", "full", "selective")."""
+    from partita.ir.verifier import verify
+    from partita.models.named import named_model
+
+    _name, model, gpus, local, row_ac, _cluster, *_ = row
+    ac = ac or row_ac
+    fwd = named_model(model).build(seq=TORCHTITAN_SEQ, batch=gpus * local)
+    policy = ac if ac in ("full", "selective", "none") else "none"
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True, recompute=policy)
+    if ac == "layer":
+        recompute_every_other_layer(step)
+    elif ac == "op":
+        recompute_torchtitan_op_policy(step)
+    verify(step)   # type: ignore[arg-type]
+    return partita.parallelize(step, mesh=f"dp={gpus}", strategy="zero3", prefetch=1)
+
+
+def torchtitan_flops_per_token(model: str) -> float:
+    """TorchTitan's FLOPs a token (get_num_flop_per_token at 1ea476e9): 6N + 12 L H Q T, N every
+    parameter (embeddings and the untied output included)."""
+    from partita.models.named import named_model
+
+    m = named_model(model)
+    return 6 * m.params() + 12 * m.layers * m.hidden * TORCHTITAN_SEQ
+
+
+def torchtitan_table(names: list[str] | None = None) -> list[dict]:
+    """TorchTitan's FSDP2 rows simulated on their cluster files: tokens/s per GPU (and MFU by
+    TorchTitan's formula) published vs simulated, the simulated peak memory of a rank."""
+    from partita.cluster import load_cluster, simulate
+
+    rows = []
+    for row in TORCHTITAN:
+        name, model, gpus, local, ac, cluster_name, pub, pub_mfu, pub_mem, commit = row
+        if names and name not in names:
+            continue
+        t0 = time.perf_counter()
+        prog = build_torchtitan_row(row)
+        cluster = load_cluster(cluster_name)
+        cluster = cluster.with_nodes(max(1, gpus // cluster.gpus_per_node))
+        res = simulate(prog, cluster, trace=False, memory=True)
+        tps = local * TORCHTITAN_SEQ / res.step_time
+        mfu = tps * torchtitan_flops_per_token(model) / TORCHTITAN_PEAK[cluster_name]
+        rank = max(res.ranks, key=lambda r: r.end)
+        peak = max(r.memory.peak for r in res.ranks if r.memory is not None) / 2 ** 30
+        out = {"row": name, "model": model, "gpus": gpus, "local_batch": local, "ac": ac, "cluster": cluster_name,
+               "torchtitan_commit": commit, "published_tps": pub, "simulated_tps": round(tps, 1),
+               "error": tps / pub - 1, "published_mfu": pub_mfu, "simulated_mfu": mfu,
+               "published_memory_GiB": pub_mem, "simulated_peak_GiB": peak,
+               "memory_error": (peak / pub_mem - 1) if pub_mem else None, "step_s": res.step_time,
+               "compute_s": rank.compute, "waits_s": dict(rank.waits), "streams_s": dict(rank.comm),
+               "kinds_s": dict(rank.kinds), "seconds": time.perf_counter() - t0}
+        rows.append(out)
+        mem = f", peak {peak:.1f} GiB vs {pub_mem} ({peak / pub_mem - 1:+.1%})" if pub_mem else f", peak {peak:.1f} GiB"
+        mfu_s = f", MFU {mfu:.1%} vs {pub_mfu:.1%}" if pub_mfu else ""
+        print(f"{name:>14} dp={gpus} zero3 AC {ac:<5} on {cluster_name}: published {pub:,} tokens/s/GPU, simulated "
+              f"{tps:7.0f} ({tps / pub - 1:+.1%}){mfu_s}{mem}; step {res.step_time:.2f} s (compute {rank.compute:.2f}, "
+              f"waits {sum(rank.waits.values()):.2f}, dp stream {sum(rank.comm.values()):.2f}) "
+              f"[{out['seconds']:.0f} s]", flush=True)
+    return rows
+
+
 # The grid of the meta-h100-roce fit (--fit-llama3), the point it starts from (the efficiencies
 # the dgx-h100 file prices with: partita's defaults, unfitted) and the band within which a point
 # counts as matching the fitted row. attention (0.6) and op_overhead (5 us) are not fitted.
@@ -530,7 +698,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_simulate.json"))
     ap.add_argument("--speed", action="store_true", help="time the simulation of the 1T and 175B pipeline plans")
     ap.add_argument("--only", action="append", choices=sorted(SPEED_PLANS), help="with --speed: this plan only")
-    ap.add_argument("--table", choices=["zero", "megatron", "korthikanti", "llama3"], action="append",
+    ap.add_argument("--table", choices=["zero", "megatron", "korthikanti", "llama3", "torchtitan"], action="append",
                     help="run only these tables (repeatable; default all four)")
     ap.add_argument("--rows", help="comma-separated model names of the Megatron/Korthikanti rows (default all)")
     ap.add_argument("--attention", choices=["fused_softmax", "eager"], default=ATTENTION,
@@ -566,7 +734,7 @@ def main() -> None:
         path.write_text(json.dumps(rows, indent=1))
         print(f"wrote {path}")
         return
-    tables = set(args.table or ["zero", "megatron", "korthikanti", "llama3"])
+    tables = set(args.table or ["zero", "megatron", "korthikanti", "llama3", "torchtitan"])
     names = args.rows.split(",") if args.rows else None
     out: dict = {}
     if "zero" in tables:
@@ -577,6 +745,8 @@ def main() -> None:
         out["korthikanti_table5"] = korthikanti(names)
     if "llama3" in tables:
         out["llama3_table4"] = llama3_table4(names, breakdown=args.breakdown)
+    if "torchtitan" in tables:
+        out["torchtitan_fsdp2"] = torchtitan_table(names)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -152,8 +152,30 @@ class Cluster:
 
     def link(self, ranks: list[int] | tuple[int, ...]) -> Link:
         """The slowest path a group of ranks communicates over: NVLink inside one node, the
-        network once the group spans nodes."""
-        return self.intra_node if len({self.node_of(r) for r in ranks}) <= 1 else self.inter_node
+        network once the group spans nodes.
+
+        A group with m > 1 members in every node it spans crosses the network on m of the
+        node's links at once: NCCL splits a collective over several rings (channels), each
+        leaving the node through a different NIC ("AllReduce ... will form multiple rings so
+        that it can utilize all the available NICs", NVIDIA/nccl-tests#277; a DGX A100's 8 x
+        200 Gb/s give a measured 192 GB/s all-reduce bus bandwidth, NVIDIA/nccl#812), so a
+        rank's share of the traffic moves at ``min(m x network, NVLink)`` (the rings still pass
+        every byte through NVLink inside the node). FSDP's and plain data parallelism's groups
+        hold all of a node's devices (m = gpus_per_node); a tensor-parallel-inner layout's dp
+        groups hold one device a node and keep the network's bandwidth. A link with measured
+        figures (``collectives``, ``measured``) is kept as measured.
+        """
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            node = self.node_of(r)
+            per_node[node] = per_node.get(node, 0) + 1
+        if len(per_node) <= 1:
+            return self.intra_node
+        rails = min(per_node.values())
+        net = self.inter_node
+        if rails <= 1 or net.collectives or net.measured:
+            return net
+        return replace(net, bandwidth=min(rails * net.bandwidth, self.intra_node.bandwidth))
 
     def with_nodes(self, nodes: int) -> "Cluster":
         """The same machines, ``nodes`` of them."""
