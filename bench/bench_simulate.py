@@ -511,6 +511,22 @@ def recompute_torchtitan_op_policy(step: object) -> int:
     return count
 
 
+def logits_in_f32(fwd: object) -> None:
+    """The forward's logits cast to f32 before the loss, in place, as TorchTitan's loss does
+    (``cross_entropy(pred.flatten(0, 1).float(), ...)``, train.py at 1ea476e9 and 9dec370): the
+    loss and its gradient over the vocabulary are f32 (what the memory report then holds)."""
+    from partita.ir.dtypes import parse_dtype
+    from partita.ir.graph import Node
+    from partita.ir.types import TensorType
+
+    out = fwd.outputs[0]    # type: ignore[attr-defined]
+    f32 = parse_dtype("f32")
+    cast = Node("cast", [out], {"dtype": f32, "saturate": True, "round_mode": "up"},
+                [TensorType(out.type.shape, f32)], out.producer.loc, [None])
+    fwd.append(cast)    # type: ignore[attr-defined]
+    fwd.set_outputs([cast.results[0]])    # type: ignore[attr-defined]
+
+
 def build_torchtitan_row(row: tuple, ac: str | None = None) -> object:
     """The zero3 program of a ``TORCHTITAN`` row (``ac`` overrides its checkpointing: "none",
     "layer", "op", "full", "selective")."""
@@ -520,6 +536,7 @@ def build_torchtitan_row(row: tuple, ac: str | None = None) -> object:
     _name, model, gpus, local, row_ac, _cluster, *_ = row
     ac = ac or row_ac
     fwd = named_model(model).build(seq=TORCHTITAN_SEQ, batch=gpus * local)
+    logits_in_f32(fwd)
     policy = ac if ac in ("full", "selective", "none") else "none"
     step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True, recompute=policy)
     if ac == "layer":
