@@ -11,8 +11,9 @@ Accuracy (checked by tests/codegen/test_mathlib.py over the whole float range):
 - ``log``: Cephes' ``logf`` (frexp, a degree-8 polynomial around 1, ln 2 split in two);
   denormals scaled first; 0 -> -inf, negative -> NaN, inf -> inf.
 - ``tanh``: below |x| = 0.625 the odd 13/6 rational minimax used by Eigen and ONNX Runtime's
-  MLAS (``x`` itself below 4e-4); above, ``1 - 2 / (exp(2|x|) + 1)``, so that ``1 + tanh(x)``
-  near -1 (GELU's tanh form) keeps its accuracy.
+  MLAS (``x`` itself below 4e-4); above, ``1 - 2e / (1 + e)`` with ``e = exp(-2|x|)``, so that
+  ``1 + tanh(x)`` near -1 (GELU's tanh form) keeps its accuracy; one division a lane serves
+  both branches (their numerators and denominators are selected first).
 - ``erf``: Eigen's 13/8 rational approximation below |x| = 0.5; above, ``1 - erfc(|x|)`` with
   erfc from the Chebyshev fit of Numerical Recipes (fractional error 1.05e-7), so that
   ``1 + erf(x)`` near -1 (GELU's exact form) keeps its accuracy.
@@ -214,32 +215,43 @@ def _rational(name: str, clamp: float, num: list[float], den: list[float], small
 
 
 def _tanh() -> str:
-    """Below |x| = 0.625 the rational approximation (accurate to a few ulp, no cancellation);
-    above it ``1 - 2 / (exp(2|x|) + 1)`` with the sign of x, which keeps ``1 + tanh(x)`` (GELU's
-    tanh form near -1) accurate: the rational's few ulp near -1 become a large relative error
-    there."""
-    small = _rational("pt_tanhf_small", 7.90531110763549805,
-                      [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
-                       1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03],
-                      [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03],
-                      0.0004)
-    return small + f"""
-
-define internal float @pt_tanhf(float %x) alwaysinline {{
-  %s = call float @pt_tanhf_small(float %x)
+    """One division a lane. Below |x| = 0.625 the odd 13/6 rational ``x P(x^2) / Q(x^2)``
+    (accurate to a few ulp, no cancellation; ``x`` itself below 4e-4); above it
+    ``1 - 2e / (1 + e)``, ``e = exp(-2|x|)``, with the sign of x, which keeps ``1 + tanh(x)``
+    (GELU's tanh form near -1) accurate: the rational's few ulp near -1 become a large relative
+    error there. Both numerators and both denominators are computed, the branch's pair is
+    selected, and a single division serves both (the vectorized loop computes every lane's two
+    branches anyway); ``exp`` is ``pt_expf_neg``, its argument never positive."""
+    n_lines, n = _horner("%x2", _TANH_NUM, "n")
+    d_lines, d = _horner("%x2", _TANH_DEN, "d")
+    return f"""define internal float @pt_tanhf(float %x) alwaysinline {{
   %ax = call float @llvm.fabs.f32(float %x)
-  %a2 = fmul float %ax, 2.0
-  %e = call float @pt_expf(float %a2)
+  %m2 = fmul float %ax, -2.0
+  %e = call float @pt_expf_neg(float %m2)
+  %x2 = fmul float %x, %x
+{chr(10).join(n_lines)}
+  %p = fmul float {n}, %x
+{chr(10).join(d_lines)}
+  %e2 = fmul float %e, 2.0
   %e1 = fadd float %e, 1.0
-  %q = fdiv float 2.0, %e1
-  %t = fsub float 1.0, %q
   %big = fcmp oge float %ax, {f32(0.625)}
-  %neg = fcmp olt float %x, 0.0
-  %tn = fneg float %t
-  %l = select i1 %neg, float %tn, float %t
+  %num = select i1 %big, float %e2, float %p
+  %den = select i1 %big, float %e1, float {d}
+  %q = fdiv float %num, %den
+  %t = fsub float 1.0, %q
+  %l = call float @llvm.copysign.f32(float %t, float %x)
+  %tiny = fcmp olt float %ax, {f32(0.0004)}
+  %s = select i1 %tiny, float %x, float %q
   %r = select i1 %big, float %l, float %s
   ret float %r
 }}"""
+
+
+# tanh's odd rational below |x| = 0.625 (Eigen's and MLAS's minimax): numerator and denominator
+# coefficients in x^2, highest power first.
+_TANH_NUM = [-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+             1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03]
+_TANH_DEN = [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03]
 
 
 def _erf() -> str:
@@ -304,6 +316,7 @@ declare double @llvm.maximum.f64(double, double)
 declare double @llvm.minimum.f64(double, double)
 declare float @llvm.rint.f32(float)
 declare float @llvm.fabs.f32(float)
+declare float @llvm.copysign.f32(float, float)
 declare double @llvm.fabs.f64(double)
 declare float @llvm.sqrt.f32(float)
 declare double @llvm.sqrt.f64(double)
