@@ -27,11 +27,17 @@ ran them (``KORTHIKANTI_GRAD_SUMS``; Table 1's runs of 2021 added them apart). D
 TP8 PP16 DP128 at sequence 8,192; 16,384 GPUs TP8 CP16 PP16 DP8 at 131,072), each with the
 plan the paper describes (``LLAMA3_T4``'s comment quotes it), on the ``meta-h100-roce``
 cluster file; TFLOP/s per GPU by PaLM's 6N + 12LHQT a token over the simulated step time.
+TorchTitan's published FSDP2 rows (pytorch/torchtitan docs/performance.md): Llama 3 8B and 70B
+on 64 A100 80GB (``dgx-a100-80gb``) and Llama 3.1 8B on 8 and 128 Grand Teton H100s at 500 W
+(``grand-teton-h100-500w``), zero3 at sequence 8,192 with TorchTitan's checkpointing (selective
+layer, selective op, full) and its f32 loss; tokens/s per GPU and the peak memory of a rank
+beside the published ones (``TORCHTITAN``'s comment quotes the sources); checks, not fitted.
 
     .venv/bin/python bench/bench_simulate.py                     # everything (about 3 minutes)
     .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
     .venv/bin/python bench/bench_simulate.py --table megatron --rows 1.7B,18.4B
     .venv/bin/python bench/bench_simulate.py --table llama3       # about a minute
+    .venv/bin/python bench/bench_simulate.py --table torchtitan   # about 2 minutes
 
 ``--speed``: how long partita takes to simulate one step of Megatron-LM's largest pipeline
 plans (Narayanan et al. 2021, Table 1), the graph built from the config and parallelized with
