@@ -75,3 +75,19 @@ def test_planning_restores_the_collector() -> None:
             assert not gc.isenabled()
         assert gc.isenabled() == start
     gc.enable()
+
+
+def test_copied_templates_report_the_memory_of_their_source() -> None:
+    from partita.parallel.pipeline.pipeline_report import build_pipeline_plan
+
+    fwd = partita.models.gpt(layers=8, hidden=32, heads=4, seq=8, vocab=64, batch=16, dtype="f32")
+    step = partita.training_step(fwd, loss="cross_entropy", optimizer="adamw")
+    prog = partita.parallelize(step, "pp=4,dp=2", "pp+dp", microbatches=4, schedule="interleaved",
+                               virtual_stages=2, unroll=False)
+    assert prog.copied_from, "the middle pp ranks' templates are copies"
+    reused = prog.plan.to_dict()
+    prog.copied_from = {}
+    each = build_pipeline_plan(prog).to_dict()
+    reused.pop("timings_s")
+    each.pop("timings_s")
+    assert each == reused

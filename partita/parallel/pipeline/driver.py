@@ -107,7 +107,8 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     timings["stages"] = time.perf_counter() - t1 - made.unroll_s
     timings["unroll"] = made.unroll_s
     out = PipelineProgram(graph, mesh, axis, strategy, pipe, made.progs, submesh, timings=timings,
-                          unrolled=unroll, templates=made.templates if not unroll else None, batch_ranks=dp)
+                          unrolled=unroll, templates=made.templates if not unroll else None, batch_ranks=dp,
+                          copied_from=dict(made.copied_from))
     t2 = time.perf_counter()
     if unroll:
         check_program(out)
@@ -192,6 +193,7 @@ class _StagePrograms:
         self.unroll_s = 0.0
         self.alike: dict[tuple, tuple[int, Any, LocalTemplate]] = {}
         self.by_rank: dict[int, tuple[Any, LocalTemplate]] = {}
+        self.copied_from: dict[int, int] = {}
 
     def notes(self, rp: Any) -> dict[str, Any]:
         """The placements rank ``rp``'s stage is parallelized with: its boundary's, then the user's of its inputs."""
@@ -264,6 +266,7 @@ class _StagePrograms:
         self.templates.append(tmpl)
         self.progs.append(st_p)
         self.by_rank[p] = (st_p, tmpl)
+        self.copied_from[p] = q
         self.unroll_s += time.perf_counter() - t
 
     def parallelize(self, rp: Any) -> tuple[Any, Graph, Any]:

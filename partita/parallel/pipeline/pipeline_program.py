@@ -77,6 +77,9 @@ class PipelineProgram:
     # rank) for the section-level simulation; nothing here can run.
     unrolled: bool = True
     templates: list[Any] | None = None
+    # unroll=False: pp rank p's template copied from pp rank q's (alike but for names and the
+    # transfers' peers), as {p: q}; the report analyzes q's memory once for both.
+    copied_from: dict[int, int] = field(default_factory=dict)
 
     def _runnable(self, what: str) -> None:
         if not self.unrolled:

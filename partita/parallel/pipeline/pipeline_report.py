@@ -164,6 +164,9 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
     dp_axis = prog.strategy.dp_axis if prog.strategy is not None else None
     scale = prog.submesh.axis_size(dp_axis) if prog.submesh is not None and dp_axis is not None else 1
     per = []
+    # A template copied from another rank's (unroll=False) has its memory: analyzed once.
+    copied = getattr(prog, "copied_from", {})
+    mems: dict[int, Any] = {}
     for p, st in enumerate(prog.stages):
         local: Graph = st.local
         chunks = sched.chunks_of(p)
@@ -171,7 +174,9 @@ def build_pipeline_plan(prog: Any) -> PipelinePlan:
         params = sum(_nbytes(v) for v in local.inputs if v.role == "param")
         state = sum(_nbytes(v) for v in local.inputs if v.role == "state")
         per_mb = sum(_saved_bytes(pipe.chunks[c]) for c in chunks) // scale
-        mem = analyze(local)
+        q = copied.get(p)
+        mem = mems[q] if q is not None and q in mems else analyze(local)
+        mems[p] = mem
         sends = [n for n in local.nodes if is_point_to_point(n) and n.operands]
         recvs = [n for n in local.nodes if is_point_to_point(n) and not n.operands]
         if not getattr(prog, "unrolled", True):
