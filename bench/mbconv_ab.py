@@ -4,7 +4,10 @@ interleaved rounds of ``--calls`` calls each, the order alternating; printed: th
 call of each and the median of the rounds' ratios (partita / ORT).
 
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/mbconv_ab.py mobilenet_v2 mobilenet_v3 efficientnet regnet
-(``PYTHONPATH=<an export of another commit>`` times that commit's partita the same way).
+(``PARTITA_SRC=<an export of another commit>`` times that commit's partita the same way: it is
+loaded ahead of the editable install's finder, which ``PYTHONPATH`` does not override;
+``--cpu`` times the calling thread's CPU time instead of the wall clock, so that a machine
+loaded by other processes does not land on one candidate).
 """
 from __future__ import annotations
 
@@ -21,6 +24,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+if os.environ.get("PARTITA_SRC"):   # another commit's partita, ahead of the editable install's finder
+    import importlib.util
+
+    _src = Path(os.environ["PARTITA_SRC"]) / "partita"
+    _spec = importlib.util.spec_from_file_location("partita", _src / "__init__.py",
+                                                   submodule_search_locations=[str(_src)])
+    assert _spec is not None and _spec.loader is not None
+    sys.modules["partita"] = _mod = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)
+
 import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
 import zoo_profile as P  # noqa: E402
@@ -34,21 +47,28 @@ def rounds_of(cands: dict[str, Callable[[], Any]], rounds: int, calls: int) -> t
     for r in range(rounds):
         got = {}
         for k, fn in (order if r % 2 else order[::-1]):
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for _ in range(calls):
                 fn()
-            got[k] = (time.perf_counter() - t0) / calls * 1e3
+            got[k] = (CLOCK() - t0) / calls * 1e3
             ms[k].append(got[k])
         ratios.append(got["partita"] / got["ort"])
     return ms, ratios
 
 
+CLOCK = time.perf_counter
+
+
 def main() -> None:
+    global CLOCK
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--cpu", action="store_true", help="the thread's CPU time, not the wall clock")
     a = ap.parse_args()
+    if a.cpu:
+        CLOCK = time.thread_time
     for name in a.models:
         with tempfile.TemporaryDirectory() as d:
             prog, call, sess, _ = P.build(name, Path(d))
