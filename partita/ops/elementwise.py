@@ -431,10 +431,10 @@ def _torch_remainder_float(a, b):
 
 
 _binary("remainder", _np_mod("remainder", np.remainder),
-        _torch_mod("remainder", torch.remainder, _torch_remainder_float), "numeric",
+        _torch_mod("remainder", lambda x, y: torch.remainder(x, y), _torch_remainder_float), "numeric",
         "lhs mod rhs with the divisor's sign (Python's %); integers: exact, a zero divisor raises "
         "IntegerDivisionByZeroError at run time, INT_MIN % -1 is 0; floats: x % 0 is NaN")
-_binary("fmod", _np_mod("fmod", np.fmod), _torch_mod("fmod", torch.fmod, torch.fmod), "numeric",
+_binary("fmod", _np_mod("fmod", np.fmod), _torch_mod("fmod", lambda x, y: torch.fmod(x, y), lambda x, y: torch.fmod(x, y)), "numeric",
         "C's fmod: lhs - trunc(lhs / rhs) * rhs, with the dividend's sign; integers: exact, a zero "
         "divisor raises IntegerDivisionByZeroError at run time, fmod(INT_MIN, -1) is 0; floats: "
         "fmod(x, 0) is NaN")

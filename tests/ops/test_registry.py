@@ -197,3 +197,16 @@ def test_linearity_is_a_fact_of_the_elementwise_records():
     spec = RULES.get("sub")([t, t], {})
     assert spec.linear == frozenset({0, 1}) and spec.joint
     assert RULES.get("exp")([t], {}).linear == frozenset()
+
+
+def test_importing_partita_does_not_import_torch():
+    """`import partita` (and its op registry) leaves torch unloaded: a command that never runs
+    torch (plan, simulate) does not pay its import. A registry entry that reads an attribute
+    of torch at import time (`torch.fmod` rather than a lambda calling it) loads it."""
+    import subprocess
+    import sys
+
+    code = "import sys, partita, partita.ops, partita.planning; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "importing partita loaded torch"
