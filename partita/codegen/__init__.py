@@ -197,7 +197,10 @@ class CompiledProgram:
         # writes the same element of its result: the result may take other's buffer
         in_place = {n: len(n.operands) - 1 for n in nodes if n.op == "conv2d_pointwise"
                     and n.attrs.get("binary", "none") != "none" and n not in unplanned}
-        plan = plan_memory(self.graph, nodes, names, unplanned=unplanned, in_place=in_place)
+        from .arena import into_steps
+
+        takers = into_steps(prog, torch)   # node -> its step, which can write into a given buffer
+        plan = plan_memory(self.graph, nodes, names, unplanned=unplanned, in_place=in_place, into=set(takers))
         self.memory_plan = plan
         if not plan.planned():
             return
@@ -208,7 +211,11 @@ class CompiledProgram:
             outs = [views.get(plan.buffer_of(r)) for r in node.results]
             if all(o is None for o in outs):
                 continue
-            if node.op == "fused" and st[0] is not aten_fused:  # a kernel (not the ATen fallback)
+            if node in takers:   # declared (arena.declare_into): it keeps the buffer, maybe not every call
+                if outs[0] is not None and getattr(takers[node], "write_into")(outs[0]):
+                    prog.steps[i] = (takers[node], *st[1:])
+                continue
+            elif node.op == "fused" and st[0] is not aten_fused:  # a kernel (not the ATen fallback)
                 fn = prepare_fused(node, outs)
             elif node.op == "matmul":
                 fn = _matmul_into(outs[0], torch)

@@ -7,7 +7,14 @@ generated kernel runs (``conv2d_pointwise``, a channels-last result: the buffer'
 [N, H, W, C]), the norms the generated norm kernel runs (``layer_norm``, ``rms_norm``,
 ``add_norm``) and the attention the generated attention kernel runs (``attention``,
 ``rotary_attention``: the result's buffer seen as [B, T, H, E] behind its [B, H, T, E] view, and
-the log-sum-exp); those oneDNN or ATen runs allocate their own.
+the log-sum-exp); those oneDNN or ATen runs allocate their own. Besides these, any step that
+declares it can write its one result into a given buffer (``declare_into``: the step carries a
+``write_into(out)`` that keeps ``out``, a tensor of the result's type over the planned bytes, as
+its result buffer): the generated pad, max pool, global mean and channels-last GroupNorm, and
+the ATen ops with an ``out=`` form (``out_form_step``: add, sub, mul, div, maximum, minimum,
+where, embedding) on operands whose natural result is contiguous. Such a step may still
+allocate on a call that takes another path (an input in other memory, ATen picked by the
+measured choice); its result is then simply a new tensor that call.
 Everything else is allocated by ATen when it runs, and the plan still counts it, so the
 peak it reports covers the whole program.
 
@@ -28,12 +35,13 @@ an input it is still reading.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..ir.graph import Graph, Node, Value
 from ..ops.registry import OPS, movement_cost
 
-__all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN"]
+__all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN", "declare_into", "takes_buffer",
+           "channels_last_over", "out_form_step", "OUT_FORMS"]
 
 ALIGN = 64
 # Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
@@ -116,14 +124,16 @@ class MemoryPlan:
 
 
 def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | None = None,
-                unplanned: set[Node] | None = None, in_place: dict[Node, int] | None = None) -> MemoryPlan:
+                unplanned: set[Node] | None = None, in_place: dict[Node, int] | None = None,
+                into: set[Node] | None = None) -> MemoryPlan:
     """The plan for ``graph`` run as ``step_nodes`` in this order (the torch executor's steps).
     ``unplanned``: nodes of a planned op whose step allocates its own result after all (a
     matmul that oneDNN runs). ``in_place``: nodes whose one result may be written over their
     operand of that index, each element read just before its own is written (the residual of
     a convolution); where that operand is a planned buffer of its own (not a view), of the
     result's size, read by the node through no other operand, and this node is its last
-    reader, the result takes its buffer (``shared``)."""
+    reader, the result takes its buffer (``shared``). ``into``: nodes of other ops whose step
+    declared that it writes its one result into a given buffer (``declare_into``)."""
     order = {n: i for i, n in enumerate(step_nodes)}
     # alias classes: a view (or possibly the same tensor) shares its base's memory
     parent: dict[Value, Value] = {}
@@ -134,7 +144,7 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
         return v
 
     for n in step_nodes:
-        if _may_alias(n):
+        if _may_alias(n) and not (into and n in into):   # a declared step makes a new tensor
             for r in n.results:
                 for o in n.operands:
                     ra, ro = root(r), root(o)
@@ -190,7 +200,7 @@ def plan_memory(graph: Graph, step_nodes: list[Node], names: dict[Value, str] | 
             if rt is not r:
                 continue  # a view: its base's buffer holds it
             why = ""
-            if n.op not in PLANNED_OPS:
+            if n.op not in PLANNED_OPS and not (into and n in into and len(n.results) == 1):
                 why = "ATen allocates it"
             elif unplanned is not None and n in unplanned:
                 why = "oneDNN allocates it"
@@ -244,3 +254,94 @@ def arena_views(plan: MemoryPlan, torch: Any) -> tuple[Any, dict[Value, Any]]:
         chunk = arena[b.offset:b.offset + n * t.dtype.itemsize]
         views[b.value] = chunk.view(dt).view(tuple(t.shape))
     return arena, views
+
+
+def declare_into(step: Callable, write_into: Callable[[Any], bool]) -> Callable:
+    """``step``, declared able to write its one result into a given buffer: the memory plan
+    then gives its result a place in the arena and calls ``write_into(out)`` once with ``out``,
+    a tensor of the result's type over those bytes (row-major); True: the step keeps ``out`` as
+    its result buffer (it may view the same bytes in another layout)."""
+    setattr(step, "write_into", write_into)
+    return step
+
+
+def takes_buffer(step: Any) -> bool:
+    """Whether ``step`` declared ``write_into`` (``declare_into``)."""
+    return callable(getattr(step, "write_into", None))
+
+
+def channels_last_over(out: Any) -> Any:
+    """The [N, C, H, W] tensor in channels-last memory over the bytes of ``out`` (4-d, row-major)."""
+    nb, c, h, w = out.shape
+    return out.view(-1).view(nb, h, w, c).permute(0, 3, 1, 2)
+
+
+def _embedding_out(a: list, o: Any, torch: Any) -> Any:
+    """table[indices] into ``o``: the rows gathered by index_select."""
+    torch.index_select(a[0], 0, a[1].reshape(-1), out=o.view(-1, o.shape[-1]))
+    return o
+
+
+# The ATen forms with out= of ops whose step is their plain torch form: (args, out, torch) -> out.
+OUT_FORMS: dict[str, Callable[[list, Any, Any], Any]] = {
+    "add": lambda a, o, t: t.add(a[0], a[1], out=o),
+    "sub": lambda a, o, t: t.sub(a[0], a[1], out=o),
+    "mul": lambda a, o, t: t.mul(a[0], a[1], out=o),
+    "div": lambda a, o, t: t.div(a[0], a[1], out=o),
+    "maximum": lambda a, o, t: t.maximum(a[0], a[1], out=o),
+    "minimum": lambda a, o, t: t.minimum(a[0], a[1], out=o),
+    "where": lambda a, o, t: t.where(a[0], a[1], a[2], out=o),
+    "embedding": _embedding_out,
+}
+
+
+def out_form_step(node: Node, step: Callable, torch: Any) -> Callable | None:
+    """A step for ``node`` (an op of ``OUT_FORMS`` run by its torch form ``step``) that, once
+    given a buffer (``declare_into``), runs the op's ATen form with ``out=`` into it where every
+    operand is contiguous and of the result's dtype (the step's own result would then be
+    contiguous of that dtype too); any other call runs ``step``. None where the op has no such
+    form, the result is not one floating value of static shape, or an operand's dtype differs
+    (a promotion ATen's out= form would not make the same way)."""
+    form = OUT_FORMS.get(node.op)
+    if form is None or len(node.results) != 1:
+        return None
+    rt = node.results[0].type
+    if not rt.dtype.is_float or rt.numel == 0 or any(not isinstance(d, int) for d in rt.shape):
+        return None
+    data = node.operands[1:] if node.op == "where" else node.operands[:1] if node.op == "embedding" else node.operands
+    if any(v.type.dtype != rt.dtype for v in data):
+        return None
+    held: list[Any] = []
+    data_at = [i for i, v in enumerate(node.operands) if any(v is d for d in data)]
+
+    def into(args: list, attrs: dict) -> Any:
+        if held:
+            o = held[0]
+            if all(a.is_contiguous() for a in args) and all(args[i].dtype is o.dtype for i in data_at):
+                return form(args, o, torch)
+        return step(args, attrs)
+
+    def write_into(out: Any) -> bool:
+        held[:] = [out]
+        return True
+    return declare_into(into, write_into)
+
+
+def into_steps(prog: Any, torch: Any) -> dict[Node, Callable]:
+    """The steps of ``prog`` (a torch executor's program) that can write their one result into
+    a given buffer: those that declared it (``declare_into``) and, for ops of ``OUT_FORMS`` run
+    by their plain torch form, the ``out_form_step`` around it."""
+    found: dict[Node, Callable] = {}
+    for st in prog.steps:
+        fn, node = st[0], st[7]
+        if node.op in PLANNED_OPS or len(node.results) != 1:
+            continue
+        if takes_buffer(fn):
+            found[node] = fn
+            continue
+        opdef = OPS.get(node.op)
+        if opdef is not None and fn is opdef.torch:
+            made = out_form_step(node, fn, torch)
+            if made is not None:
+                found[node] = made
+    return found

@@ -128,6 +128,13 @@ class PreparedPad:
         # ``keep``: one result buffer for every call (only where the result dies in the call)
         self.kept = torch.empty(self.out, dtype=torch.float32, memory_format=torch.channels_last) if keep else None
 
+    def write_into(self, out: Any) -> bool:
+        """Keep ``out``'s bytes (the memory plan's) as the result buffer (arena.declare_into)."""
+        from .arena import channels_last_over
+
+        self.kept = channels_last_over(out)
+        return True
+
     def __call__(self, x: Any) -> Any:
         y = self.kept
         if y is None:
@@ -177,4 +184,6 @@ def pad_kernel(node: Node, inplace: bool = False) -> Callable | None:
             picked.append(choose(key, {"generated": lambda: gen(x), "aten": lambda: aten(args, attrs)},
                                  where=f"pad at {node.loc}", default="generated", node=node))
         return gen(x) if picked[0] == "generated" else aten(args, attrs)
-    return step
+    from .arena import declare_into
+
+    return declare_into(step, gen.write_into)

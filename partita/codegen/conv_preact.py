@@ -155,9 +155,19 @@ class NhwcGroupNorm:
         self.params = (ctypes.c_int64 * 4)()
         self.addr = ctypes.addressof(self.params)
         self.parallel = n > 1 and math.prod(shape) >= PARALLEL_MIN_ELEMENTS
+        self.kept: Any = None   # the memory plan's buffer (arena.declare_into)
+
+    def write_into(self, out: Any) -> bool:
+        """Keep ``out``'s bytes (the memory plan's) as the result buffer (arena.declare_into)."""
+        from .arena import channels_last_over
+
+        self.kept = channels_last_over(out)
+        return True
 
     def __call__(self, x: Any, w: Any = None, b: Any = None) -> Any:
-        y = torch.empty(self.shape, dtype=torch.float32, memory_format=torch.channels_last)
+        y = self.kept
+        if y is None:
+            y = torch.empty(self.shape, dtype=torch.float32, memory_format=torch.channels_last)
         p = self.params
         p[0], p[3] = x.data_ptr(), y.data_ptr()
         if self.affine:
@@ -222,4 +232,6 @@ def preact_group_norm_kernel(node: Node, inplace: bool = False) -> Callable | No
             picked.append(choose(key, {"nhwc": lambda: gen(*args), "nchw": lambda: inner(args, attrs)},
                                  where=f"group_norm at {node.loc}", default="nhwc", node=node))
         return gen(*args) if picked[0] == "nhwc" else inner(args, attrs)
-    return step
+    from .arena import declare_into
+
+    return declare_into(step, gen.write_into)

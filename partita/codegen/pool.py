@@ -284,6 +284,13 @@ class PreparedMaxPool:
         # one result buffer for every call where the result dies in the call (conv_pad.py)
         self.kept = torch.empty(self.shape, dtype=torch.float32, memory_format=torch.channels_last) if keep else None
 
+    def write_into(self, out: Any) -> bool:
+        """Keep ``out``'s bytes (the memory plan's) as the result buffer (arena.declare_into)."""
+        from .arena import channels_last_over
+
+        self.kept = channels_last_over(out)
+        return True
+
     def __call__(self, x: Any) -> Any:
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
@@ -307,11 +314,17 @@ class PreparedMean:
         self.out = tuple(int(v) for v in out)
         self.fmt = torch.channels_last if channels_last else torch.contiguous_format
         self.params = (ctypes.c_int64 * 2)()
+        self.kept: Any = None   # the memory plan's buffer (arena.declare_into)
+
+    def write_into(self, out: Any) -> bool:
+        """Keep ``out`` (the memory plan's) as the result buffer (arena.declare_into)."""
+        self.kept = out
+        return True
 
     def __call__(self, x: Any) -> Any:
         if not x.is_contiguous(memory_format=self.fmt):
             x = x.contiguous(memory_format=self.fmt)
-        y = torch.empty(self.out, dtype=torch.float32)
+        y = self.kept if self.kept is not None else torch.empty(self.out, dtype=torch.float32)
         p = self.params
         p[0], p[1] = x.data_ptr(), y.data_ptr()
         _run(self.fn, p, self.n)
@@ -388,7 +401,9 @@ def max_pool_kernel(node: Any, inplace: bool = False) -> Callable | None:
         return None
     key = (f"max_pool2d x={'x'.join(map(str, shape))} k={k} s={s} p={tuple(a['padding'])} "
            f"d={tuple(a['dilation'])} ceil={bool(a['ceil_mode'])}")
-    return _chosen_step(node, key, lambda cl: prepared, op_on_aten("max_pool2d"))
+    from .arena import declare_into
+
+    return declare_into(_chosen_step(node, key, lambda cl: prepared, op_on_aten("max_pool2d")), prepared.write_into)
 
 
 def global_mean_axes(node: Any) -> bool:
@@ -417,7 +432,10 @@ def mean_kernel(node: Any, inplace: bool = False) -> Callable | None:
                       stacklevel=2)
         return None
     key = f"mean x={'x'.join(map(str, shape))} out={'x'.join(map(str, out))}"
-    return _chosen_step(node, key, made.__getitem__, op_on_aten("mean"))
+    from .arena import declare_into
+
+    return declare_into(_chosen_step(node, key, made.__getitem__, op_on_aten("mean")),
+                        lambda out: all([m.write_into(out) for m in made.values()]))
 
 
 def nhwc_mean_axes(node: Any) -> bool:
@@ -458,4 +476,6 @@ def _nhwc_mean_step(node: Any) -> Callable | None:
                                  default="generated", node=ref())
             picked.append(gen if name == "generated" else (lambda t: aten([t], attrs)))
         return picked[0](x)
-    return step
+    from .arena import declare_into
+
+    return declare_into(step, gen.write_into)
