@@ -441,6 +441,12 @@ TORCHTITAN = [
     ("8b-h100x128-op", "llama3-8b", 128, 2, "op", "grand-teton-h100-500w", 5605, None, 67.0, "9dec370"),
 ]
 TORCHTITAN_SEQ = 8192
+# Rows also priced as eager PyTorch runs them (simulate(fusion="eager"): RMSNorm, cross-entropy
+# and the foreach AdamW as their chains of kernels): the H100 rows' config at 9dec370 says
+# compile = false and norm_type = "rmsnorm" (torchtitan/models/norms.py: x.float(), pow, mean,
+# rsqrt, mul, type_as, * weight, each its own kernel). (The A100 8B config at 1ea476e9 names the
+# fused Triton RMSNorm, so the eager chain would overprice it.)
+TORCHTITAN_EAGER = {"8b-h100-op", "8b-h100x128-op"}
 # The peak TorchTitan's MFU divides by (torchtitan/utils.py get_peak_flops at 1ea476e9).
 TORCHTITAN_PEAK = {"dgx-a100-80gb": 312e12, "grand-teton-h100-500w": 989e12}
 
@@ -578,6 +584,8 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
         cluster = cluster.with_nodes(max(1, gpus // cluster.gpus_per_node))
         res = simulate(prog, cluster, trace=False, memory=True)
         tps = local * TORCHTITAN_SEQ / res.step_time
+        eager = simulate(prog, cluster, trace=False, memory=False, fusion="eager") if name in TORCHTITAN_EAGER else None
+        eager_tps = local * TORCHTITAN_SEQ / eager.step_time if eager is not None else None
         mfu = tps * torchtitan_flops_per_token(model) / TORCHTITAN_PEAK[cluster_name]
         rank = max(res.ranks, key=lambda r: r.end)
         peak = max(r.memory.peak for r in res.ranks if r.memory is not None) / 2 ** 30
@@ -587,10 +595,14 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
                "published_memory_GiB": pub_mem, "simulated_peak_GiB": peak,
                "memory_error": (peak / pub_mem - 1) if pub_mem else None, "step_s": res.step_time,
                "compute_s": rank.compute, "waits_s": dict(rank.waits), "streams_s": dict(rank.comm),
-               "kinds_s": dict(rank.kinds), "seconds": time.perf_counter() - t0}
+               "kinds_s": dict(rank.kinds), "eager_tps": eager_tps,
+               "eager_error": (eager_tps / pub - 1) if eager_tps else None,
+               "eager_step_s": eager.step_time if eager is not None else None, "seconds": time.perf_counter() - t0}
         rows.append(out)
         mem = f", peak {peak:.1f} GiB vs {pub_mem} ({peak / pub_mem - 1:+.1%})" if pub_mem else f", peak {peak:.1f} GiB"
         mfu_s = f", MFU {mfu:.1%} vs {pub_mfu:.1%}" if pub_mfu else ""
+        if eager_tps:
+            mfu_s += f", eager {eager_tps:.0f} ({eager_tps / pub - 1:+.1%})"
         print(f"{name:>14} dp={gpus} zero3 AC {ac:<5} on {cluster_name}: published {pub:,} tokens/s/GPU, simulated "
               f"{tps:7.0f} ({tps / pub - 1:+.1%}){mfu_s}{mem}; step {res.step_time:.2f} s (compute {rank.compute:.2f}, "
               f"waits {sum(rank.waits.values()):.2f}, dp stream {sum(rank.comm.values()):.2f}) "

@@ -18,7 +18,9 @@ machine and written in the cluster file, never tuned per model):
   memory), flops / peak(f32))``; ops that only view their operand (``VIEW_OPS``: reshape,
   squeeze, unsqueeze) cost nothing;
 
-and every op that runs a kernel adds ``op_overhead`` (its launch). The dtype of an op is its
+and every op that runs a kernel adds ``op_overhead`` (its launch). ``fusion="eager"`` prices the
+ops eager PyTorch runs as several kernels (RMSNorm, cross-entropy, AdamW; partita/cluster/eager.py)
+as that chain: each kernel's bytes at the memory roofline, each with its launch. The dtype of an op is its
 first floating-point operand's (its result's when it has none); a dtype the device file has no
 peak for is priced at the nearest one it has (``peak_for``).
 
@@ -45,6 +47,7 @@ from ..ir.graph import Node
 from ..ir.types import TensorType
 from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
 from ..ops.registry import OPS, Cost
+from .eager import FUSIONS, eager_kernels
 from .hardware import Cluster, ClusterError, Link
 
 # The op groups priced alike (gemm, attention, views, collectives, free) live beside the op
@@ -70,8 +73,11 @@ class OpTime:
 class CostModel:
     """Prices the ops of per-rank programs on ``cluster``'s devices and links."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, fusion: str = "fused") -> None:
+        if fusion not in FUSIONS:
+            raise ClusterError(f"CostModel: fusion must be one of {', '.join(FUSIONS)}, got {fusion!r:.40}")
         self.cluster = cluster
+        self.fusion = fusion
         self.device = cluster.device
         self.eff = cluster.efficiency
         self._peaks: dict[str, float] = {}
@@ -110,6 +116,11 @@ class CostModel:
         elif op in ATTENTION_OPS:
             t = c.flops / (self.peak_for(dtype) * self.eff.attention)
             kind = "attention"
+        elif self.fusion == "eager" and (kernels := eager_kernels(node)) is not None:
+            # eager PyTorch's chain of kernels for this fused op (eager.py), each its own pass
+            t = sum(b for b in kernels) / (self.device.memory_bandwidth * self.eff.memory)
+            t += (len(kernels) - 1) * self.eff.op_overhead
+            return OpTime(t + self.eff.op_overhead, "memory", c.flops, int(sum(kernels)))
         else:
             d = self.device
             bw = d.cache_bandwidth if d.cache is not None and d.cache_bandwidth is not None and moved <= d.cache \

@@ -415,7 +415,7 @@ def _check_grad_sums(grad_sums: Any, program: Any, sections: bool) -> None:
 def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
              memory: bool = True, check_memory: bool = False, grad_sums: str = "add",
-             progress: Callable[[str], None] | None = None) -> SimResult:
+             progress: Callable[[str], None] | None = None, fusion: str = "fused") -> SimResult:
     """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
     ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
 
@@ -431,6 +431,9 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     Megatron-LM's gradient-accumulation fusion runs a linear layer's weight gradient (other
     gradients keep their adds); priced by ``CostModel.sum_in_gemm``. ``"gemm"`` needs a
     pipeline built with ``unroll=False`` (the section-level simulation, which knows the sums).
+    ``fusion``: ``"fused"`` (default) prices each op of the program as one kernel; ``"eager"``
+    prices the ops uncompiled PyTorch runs as a chain of kernels (RMSNorm, cross-entropy, a
+    foreach AdamW) as that chain (partita/cluster/eager.py).
     """
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
                             progress=progress)
@@ -450,7 +453,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     shared = _shares_cores(mesh, cluster)
     if shared:
         dedup = False
-    model = CostModel(cluster)
+    model = CostModel(cluster, fusion)
     say = progress or (lambda s: None)
     n = mesh.size
     cache: dict = {}

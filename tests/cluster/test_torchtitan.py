@@ -38,7 +38,9 @@ def test_the_cluster_files_hold_the_published_figures():
     h = load_cluster("grand-teton-h100-500w")
     assert h.gpus_per_node == 8 and h.device.memory == 96 * 2 ** 30 and h.device.memory_bandwidth == 2.4e12
     assert h.inter_node.bandwidth == 400e9 / 8                          # "400 Gb/s per GPU"
-    assert h.efficiency == load_cluster("meta-h100-roce").efficiency
+    # meta-h100-roce's efficiencies carried over, but attention: FlashAttention-2's published
+    # H100 figures (the kernel TorchTitan's SDPA ran there), 322 of 989.4 TFLOP/s.
+    assert h.efficiency == replace(load_cluster("meta-h100-roce").efficiency, attention=0.33)
 
 
 def test_a_group_on_every_device_of_its_nodes_uses_every_nic():

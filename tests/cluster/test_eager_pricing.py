@@ -1,0 +1,50 @@
+"""simulate(fusion="eager"): the ops eager PyTorch runs as several kernels priced as that chain."""
+
+from __future__ import annotations
+
+import pytest
+
+import partita
+from partita.cluster import load_cluster, simulate
+from partita.cluster.cost import CostModel
+from partita.cluster.eager import eager_kernels
+from partita.cluster.hardware import ClusterError
+
+
+def _step() -> object:
+    fwd = partita.models.llama(2, 64, 4, 32, 256, kv_heads=2, ffn=128, batch=2, dtype="bf16")
+    return partita.training_step(fwd, loss="cross_entropy", optimizer="adamw", master_weights=True)
+
+
+def test_eager_prices_the_chains_and_nothing_else():
+    step = _step()
+    c = load_cluster("grand-teton-h100-500w")
+    fused, eager = CostModel(c), CostModel(c, "eager")
+    seen = set()
+    for n in step.nodes:     # type: ignore[attr-defined]
+        if n.op in ("input", "output", "constant"):
+            continue
+        f, e = fused.compute_time(n), eager.compute_time(n)
+        if eager_kernels(n) is None:
+            assert e == f, n.op
+        else:
+            seen.add(n.op)
+            assert e.seconds > f.seconds, n.op
+    assert {"rms_norm", "rms_norm_grad", "cross_entropy", "cross_entropy_grad", "adamw_update"} <= seen
+
+
+def test_rms_norm_chain_bytes():
+    fwd = partita.models.llama(1, 64, 4, 32, 256, kv_heads=2, ffn=128, batch=2, dtype="bf16")
+    norm = next(n for n in fwd.nodes if n.op == "rms_norm")    # type: ignore[attr-defined]
+    e = norm.operands[0].type.numel
+    # bf16: cast 6E, pow 8E, mean 4E, mul 8E, cast back 6E, weight 4E (+ a row's bytes)
+    assert 36 * e <= sum(eager_kernels(norm) or []) < 37 * e
+
+
+def test_eager_step_is_slower_and_bad_fusion_is_refused():
+    step = _step()
+    a = simulate(step, "grand-teton-h100-500w", trace=False, memory=False)
+    b = simulate(step, "grand-teton-h100-500w", trace=False, memory=False, fusion="eager")
+    assert b.step_time > a.step_time
+    with pytest.raises(ClusterError, match="fusion must be one of fused, eager"):
+        CostModel(load_cluster("grand-teton-h100-500w"), "compiled")
