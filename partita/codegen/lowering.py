@@ -27,6 +27,7 @@ from typing import Any
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node, Value
 from .mathlib import F32_FUNCTIONS, F64_LIBM, declarations, f32 as f32c, f64 as f64c
+from . import gelu_form
 
 __all__ = ["LoweringError", "Lowered", "lower", "supported", "KERNEL_DTYPES"]
 
@@ -323,6 +324,9 @@ def _lower_node(e: _Emitter, op: str, attrs: dict, args: list[tuple[str, DType]]
         return e.op(f"fdiv {t} {x}, {d}")
     if op == "gelu":
         if attrs.get("approximate", "none") == "tanh":
+            if out.name == "f32" and gelu_form.enabled():  # x / (1 + exp(-2u)): gelu_form.py
+                return gelu_form.gelu_tanh_ir(e.op, lambda v: _call_math(e, "exp", v, out),
+                                              lambda v: _const(v, out), x, t)
             # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))), ATen's order
             x3 = e.op(f"fmul {t} {x}, {x}")
             x3 = e.op(f"fmul {t} {x3}, {x}")
@@ -660,6 +664,7 @@ def lower(body: Graph, name: str) -> Lowered:
     Every computed value and every output has the outputs' element count N; they are walked by
     one flat index (reshapes are free). Inputs with fewer elements are read through broadcast
     strides in the shape of the op that reads them; scalar fills are immediates."""
+    body = gelu_form.spelled_gelu_to_op(body)  # GELU's tanh form written out: one op
     outs = list(body.outputs)
     if not outs:
         raise LoweringError("a kernel body without outputs")
