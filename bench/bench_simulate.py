@@ -432,13 +432,18 @@ def llama3_table4(names: list[str] | None = None, cluster: object = LLAMA3_CLUST
 #   16. Selective activation checkpointing." "FSDP | 5,762 | 82.4" (TPS/GPU, Memory GiB: the
 #   caching allocator's max_reserved). llama3_8b.toml at 9dec370: seq_len 8192, selective op,
 #   compile false; the same mixed precision. Llama 3.1 8B is Llama 3 8B's architecture. Table 3,
-#   the same on 128 GPUs (16 hosts; global batch 256): "FSDP | 5,605 | 67.0".
+#   the same on 128 GPUs (16 hosts; global batch 256): "FSDP | 5,605 | 67.0". The compiled rows of
+#   the same tables, "FSDP + torch.compile | 6,667 | 77.0" (8 GPUs) and "| 6,514 | 62.0" (128):
+#   the same program (SDPA still FlashAttention-2), its RMSNorm, SwiGLU and rotary fused by
+#   Inductor, so priced as partita's fused program (the default ``fusion``).
 TORCHTITAN = [
     ("8b-a100-layer", "llama3-8b", 64, 1, "layer", "dgx-a100-80gb", 2904, 0.568, None, "1ea476e9"),
     ("8b-a100-op", "llama3-8b", 64, 1, "op", "dgx-a100-80gb", 2973, 0.582, None, "1ea476e9"),
     ("70b-a100-full", "llama3-70b", 64, 1, "full", "dgx-a100-80gb", 331, 0.517, None, "1ea476e9"),
     ("8b-h100-op", "llama3-8b", 8, 2, "op", "grand-teton-h100-500w", 5762, None, 82.4, "9dec370"),
     ("8b-h100x128-op", "llama3-8b", 128, 2, "op", "grand-teton-h100-500w", 5605, None, 67.0, "9dec370"),
+    ("8b-h100-compile", "llama3-8b", 8, 2, "op", "grand-teton-h100-500w", 6667, None, 77.0, "9dec370"),
+    ("8b-h100x128-compile", "llama3-8b", 128, 2, "op", "grand-teton-h100-500w", 6514, None, 62.0, "9dec370"),
 ]
 TORCHTITAN_SEQ = 8192
 # Rows also priced as eager PyTorch runs them (simulate(fusion="eager"): RMSNorm, cross-entropy
