@@ -207,26 +207,39 @@ def _masked_fill(x: Value) -> tuple[Value, Value | None, Value | None]:
     return s, cond, fill
 
 
-def _scores(x: Value) -> tuple[tuple, float | None, float, Value | None] | None:
-    """(_qk's match, cap, scale, the term added to the scores or None) for the softmax's input
-    x [B, H, T, S]: ``(cap(scale * q k^T)) + term``, the sum also in [B * H, T, S] under a
-    reshape (the term then of that whole shape)."""
-    b, h, t, sk = x.type.shape
-    cands: list[tuple[Value, Value | None, Node | None]] = [(x, None, None)]
-    add = _through(x, "add")
-    r = _through(x, "reshape")
-    if r is not None and r.operands[0].type.shape == (b * h, t, sk):
-        add = _through(r.operands[0], "add")
+def _sum_parts(v: Value, flat: bool, budget: int) -> list[tuple[Value, list[tuple[Value, bool]]]]:
+    """The ways to read v as ``s + term + ...`` (at most ``budget`` terms, each add's result
+    read only once and of s's type): (s, [(term, added to the [B * H, T, S] form)])."""
+    out: list[tuple[Value, list[tuple[Value, bool]]]] = []
+    add = _through(v, "add") if budget > 0 else None
     if add is not None:
-        cands = [(add.operands[0], add.operands[1], add), (add.operands[1], add.operands[0], add)] + cands
-    for s, term, node in cands:
-        if node is not None and (s is term or node.results[0].type != s.type):  # the term must not grow s
-            continue
+        a, b = add.operands
+        for s, term in ((a, b), (b, a)):
+            if s is term or add.results[0].type != s.type:   # the term must not grow s
+                continue
+            out += [(x, ts + [(term, flat)]) for x, ts in _sum_parts(s, flat, budget - 1)]
+    return out + [(v, [])]
+
+
+def _scores(x: Value) -> tuple[tuple, float | None, float, list[tuple[Value, bool]]] | None:
+    """(_qk's match, cap, scale, the terms added to the scores) for the softmax's input
+    x [B, H, T, S]: ``(cap(scale * q k^T)) + term + ...`` (up to two terms: BLOOM's ALiBi bias
+    and its mask), each sum in [B, H, T, S] or in [B * H, T, S] under a reshape (a term's flag
+    says which)."""
+    b, h, t, sk = x.type.shape
+    cands: list[tuple[Value, list[tuple[Value, bool]]]] = []
+    for y, outer in _sum_parts(x, False, 2):
+        cands.append((y, outer))
+        r = _through(y, "reshape")
+        if r is not None and r.operands[0].type.shape == (b * h, t, sk):
+            cands += [(s, outer + inner) for s, inner in _sum_parts(r.operands[0], True, 2 - len(outer))
+                      if inner]
+    for s, terms in cands:
         pre, cap = _cap_of(s)
         raw, scale = _scale_of(pre)
         qk = _qk(raw, b, h)
         if qk is not None:
-            return qk, cap, scale * qk[4], term
+            return qk, cap, scale * qk[4], terms
     return None
 
 
@@ -248,27 +261,49 @@ def _k_from_bshe(graph: Graph, reader: Node, at: Node) -> Node | None:
     return tr
 
 
-def _mask_operand(graph: Graph, at: Node, x: Value, term: Value | None, cond: Value | None,
-                  fill: Value | None) -> Value | None:
-    """The attention's mask for the term added to the scores (reshaped to x's [B, H, T, S])
-    and a masked fill (``where(cond, fill, term)``: the fill's score, not -inf, as before);
-    the nodes made inserted before ``at``. None where a fill has no f32 term to go on."""
-    if term is not None and term.type.rank == 3 and not _broadcasts(term.type.shape, x.type.shape):
-        ra = OPS["reshape"].normalize_attrs({"shape": list(x.type.shape)})
-        rs = Node("reshape", [term], ra, OPS["reshape"].infer_types([term.type], ra), at.loc)
-        graph.insert_before(at, rs)
-        term = rs.results[0]
-    if cond is None:
-        return term
-    if term is None or term.type.dtype is not f32 or fill is None:
-        return None
+def _made(graph: Graph, at: Node, op: str, operands: list[Value], attrs: dict, made: list[Node]) -> Value:
+    """One node ``op`` inserted before ``at`` (listed in ``made``); its result."""
+    a = OPS[op].normalize_attrs(attrs)
+    n = Node(op, operands, a, OPS[op].infer_types([o.type for o in operands], a), at.loc)
+    graph.insert_before(at, n)
+    made.append(n)
+    return n.results[0]
+
+
+def _term_4d(graph: Graph, at: Node, x: Value, term: Value, flat: bool, made: list[Node]) -> Value | None:
+    """A term added to the scores, as one that broadcasts to x's [B, H, T, S]: one added to the
+    [B * H, T, S] form with B * H leading (DeBERTa's [B * H, T, S], BLOOM's ALiBi bias
+    [B * H, 1, S]) reshaped to [B, H, ...]; None where it cannot be."""
+    b, h = x.type.shape[:2]
+    shape = term.type.shape
+    if flat and len(shape) == 3 and shape[0] != 1 and not _broadcasts(shape, x.type.shape):
+        if shape[0] != b * h:
+            return None
+        return _made(graph, at, "reshape", [term], {"shape": [b, h, *shape[1:]]}, made)
+    return term if _broadcasts(shape, x.type.shape) else None
+
+
+def _mask_operand(graph: Graph, at: Node, x: Value, terms: list[tuple[Value, bool]], cond: Value | None,
+                  fill: Value | None, made: list[Node]) -> Value | None:
+    """The attention's mask: the sum of the terms added to the scores (each as one that
+    broadcasts to x's [B, H, T, S]) and a masked fill (``where(cond, fill, term)``: the fill's
+    score, not -inf, as before); the nodes made inserted before ``at`` and listed in ``made``.
+    None where there is nothing to mask, a term does not broadcast, or a fill has no f32 term
+    to go on."""
+    mask: Value | None = None
     try:
-        types = OPS["where"].infer_types([cond.type, fill.type, term.type], {})
+        for term, flat in terms:
+            t4 = _term_4d(graph, at, x, term, flat, made)
+            if t4 is None:
+                return None
+            mask = t4 if mask is None else _made(graph, at, "add", [mask, t4], {}, made)
+        if cond is None:
+            return mask
+        if mask is None or mask.type.dtype is not f32 or fill is None:
+            return None
+        return _made(graph, at, "where", [cond, fill, mask], {}, made)
     except TypeRuleError:
         return None
-    w = Node("where", [cond, fill, term], {}, types, at.loc)
-    graph.insert_before(at, w)
-    return w.results[0]
 
 
 def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
@@ -280,7 +315,7 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     found = _scores(filled)
     if found is None or (cond is not None and found[1] is not None):
         return None
-    (q, k, q_reader, k_reader, _), cap, scale, term = found
+    (q, k, q_reader, k_reader, _), cap, scale, terms = found
     pv = _pv(sm.results[0])
     if pv is None:
         return None
@@ -299,7 +334,8 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
         graph.insert_before(rv, rs)
         graph.set_operand(rv, 0, rs.results[0])
         v = rs.results[0]
-    mask = _mask_operand(graph, at, x, term, cond, fill)
+    made: list[Node] = []
+    mask = _mask_operand(graph, at, x, terms, cond, fill, made)
     operands = [q, k, v] + ([mask] if mask is not None else [])
     attrs = OPS["attention"].normalize_attrs({"scale": scale, "causal": False})
     try:
@@ -309,12 +345,9 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     plan = (match_rotary(q, k, v, q_reader, k_reader) if cap is not None and types is not None and made_k is None
             else None)
     if (types is None or types[0] != out.type or (cap is not None and plan is None)
-            or (mask is None and (term is not None or cond is not None))):
-        if mask is not None and mask is not term and mask.producer is not None:   # the nodes made, dropped
-            erase_if_dead(graph, mask.producer)
-        if term is not None and term.users and all(u.op == "reshape" and not u.results[0].users for u in term.users):
-            for u in list(term.users):
-                graph.erase(u)
+            or (mask is None and (terms or cond is not None))):
+        for n in reversed(made):   # the nodes made, dropped
+            graph.erase(n)
         if v5 is not None and rv is not None and v.producer is not None:   # as it was
             graph.set_operand(rv, 0, v5)
             graph.erase(v.producer)
