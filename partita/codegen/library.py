@@ -68,6 +68,7 @@ from .disentangled import fuse_rel_scores
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
 from .levit_blocks import tidy_after_library, tidy_for_library
+from .mix_ffn import hoist_activations
 from .empty_parts import drop_empty_parts
 from .rotary import fuse_rotary
 
@@ -1251,6 +1252,7 @@ class FuseLibrary(Pass):
     def run(self, graph: Graph) -> Graph:
         drop_empty_parts(graph)   # empty concat parts, whole-axis slices: codegen/empty_parts.py
         tidy_for_library(graph)   # reshape round trips and unit-axis means: codegen/levit_blocks.py
+        hoist_activations(graph)  # activations moved across layout moves onto a conv: codegen/mix_ffn.py
         for node in list(graph.nodes):
             if node.graph is not graph:
                 continue  # taken into an earlier node's epilogue
