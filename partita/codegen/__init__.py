@@ -300,11 +300,11 @@ class CompiledProgram:
 
 # Movement ops whose step on a tensor in the arena is a view of it that can be made once: the
 # views and the strided views of partita/ops/kinds.py, and ``split`` (its pieces are views).
-_VIEW_OPS = VIEW_OPS | STRIDED_VIEW_OPS | {"split"}
+_VIEW_OPS = VIEW_OPS | STRIDED_VIEW_OPS | {"split", "slice"}   # a slice: a view in torch (BLOOM's fused q, k, v)
 
 
 def _bind_arena_views(prog: Any, bound: dict, arena: Any) -> int:
-    """Make the reshapes, transposes and splits of values in the arena (and of their views)
+    """Make the reshapes, transposes, slices and splits of values in the arena (and of their views)
     once: each such step becomes a ``ConstantStep`` holding the view (a split's: the list of its
     pieces), which the generated function reads as a constant (a torch view costs about 2 us a
     call on the CPUs measured; ViT has 61 of them). The memory plan keeps a buffer alive while
