@@ -80,7 +80,7 @@ _COS, _SIN = _P.index("cos"), _P.index("sin")
 
 
 def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "", rope: bool = False,
-                 rot_dim: int = 0, softcap: bool = False) -> str:
+                 rot_dim: int = 0, softcap: bool = False, pairs: bool = False) -> str:
     """The LLVM IR of one attention kernel for head sizes ``e`` (q, k) and ``ev`` (v, a multiple
     of the lanes), with no mask (``mask=""``), an additive f32 one (``"f32"``) or a bool one
     that keeps the true scores (``"bool"``); ``rope``: q and k are rotated first, row i by
@@ -94,10 +94,12 @@ def attention_ir(name: str, cfg: AttentionConfig, e: int, ev: int, mask: str = "
     head are rotated (h = rot_dim / 2), the rest read as they are. ``softcap``: each scaled score
     s becomes ``cap * tanh(s)`` before the mask (the caller folds 1 / cap into the scale; cap is
     the ``cap`` parameter). The k/v head of pair (b1, b2) is b2 / ``grp`` (grouped-query
-    attention reads each key/value head for ``grp`` query heads in a row)."""
+    attention reads each key/value head for ``grp`` query heads in a row). ``pairs`` (rope): the
+    rotated elements pair up as (2i, 2i + 1) instead of (i, i + h) (GPT-J's rotate_every_two,
+    ``rotate_pairs(x)[2i] = -x[2i + 1]``, ``[2i + 1] = x[2i]``; the tables as repeat_interleave'd)."""
     rd = rot_dim or e
     assert ev % cfg.lanes == 0 and e > 0 and mask in ("", "f32", "bool") and (not rope or (rd % 2 == 0 and rd <= e))
-    out = _AttentionEmitter(name, cfg, e, ev, mask, rope, rd, softcap).emit()
+    out = _AttentionEmitter(name, cfg, e, ev, mask, rope, rd, softcap, pairs).emit()
     return "\n\n".join(_attention_declarations(cfg.lanes)) + "\n\n" + "\n".join(out) + "\n"
 
 
@@ -122,8 +124,9 @@ class _AttentionEmitter:
     NINF = "0xFFF0000000000000"    # -inf
 
     def __init__(self, name: str, cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool, rd: int = 0,
-                 softcap: bool = False) -> None:
+                 softcap: bool = False, pairs: bool = False) -> None:
         self.name, self.e, self.ev, self.mask, self.rope = name, e, ev, mask, rope
+        self.pairs = pairs
         self.L, self.MR, self.NVS, self.KB = cfg.lanes, cfg.mr, cfg.nvs, cfg.kb
         L = self.L
         self.rd = rd or e
@@ -136,7 +139,7 @@ class _AttentionEmitter:
         self.vi = f"<{L} x i32>"
         # the rotation's vectors: the widest of at most L lanes (4 or more) that divides half a head
         self.RL = next((w for w in (L, L // 2, L // 4) if w >= 4 and self.h % w == 0), 0)
-        self.vec_rope = rope and self.rd == e and self.RL > 0
+        self.vec_rope = rope and self.rd == e and self.RL > 0 and not pairs
         self.lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(self.NVS)]
         # the block that enters the key blocks
         self.tile = f"qrot{self.MR - 1}.end" if rope and not self.vec_rope else "qt"
@@ -176,10 +179,15 @@ class _AttentionEmitter:
             a(f"  %{tag}.in = icmp ult i64 {ei}, {self.rd}")
             a(f"  %{tag}.ei = select i1 %{tag}.in, i64 {ei}, i64 0")
             ei = f"%{tag}.ei"
-        a(f"  %{tag}.lo = icmp ult i64 {ei}, {h}")
-        a(f"  %{tag}.pi0 = add i64 {ei}, {h}")
-        a(f"  %{tag}.pi1 = sub i64 {ei}, {h}")
-        a(f"  %{tag}.pi = select i1 %{tag}.lo, i64 %{tag}.pi0, i64 %{tag}.pi1")
+        if self.pairs:   # the partner of 2i is 2i + 1 and back; the even one takes the negation
+            a(f"  %{tag}.odd = and i64 {ei}, 1")
+            a(f"  %{tag}.lo = icmp eq i64 %{tag}.odd, 0")
+            a(f"  %{tag}.pi = xor i64 {ei}, 1")
+        else:
+            a(f"  %{tag}.lo = icmp ult i64 {ei}, {h}")
+            a(f"  %{tag}.pi0 = add i64 {ei}, {h}")
+            a(f"  %{tag}.pi1 = sub i64 {ei}, {h}")
+            a(f"  %{tag}.pi = select i1 %{tag}.lo, i64 %{tag}.pi0, i64 %{tag}.pi1")
         a(f"  %{tag}.pp = getelementptr float, ptr {row}, i64 %{tag}.pi")
         a(f"  %{tag}.pv = load float, ptr %{tag}.pp, align 4")
         a(f"  %{tag}.pn = fneg float %{tag}.pv")
@@ -683,15 +691,16 @@ PARALLEL_MIN_MACS = 1 << 21
 
 
 def _kernel(cfg: AttentionConfig, e: int, ev: int, mask: str, rope: bool = False, rot_dim: int = 0,
-            softcap: bool = False) -> Any:
+            softcap: bool = False, pairs: bool = False) -> Any:
     rd = (rot_dim or e) if rope else 0
-    key = (cfg, e, ev, mask, rope, rd, softcap)
+    pairs = pairs and rope
+    key = (cfg, e, ev, mask, rope, rd, softcap, pairs)
     with _LOCK:
         fn = _COMPILED.get(key)
         if fn is None:
             name = (f"pt_attention_{cfg.mr}x{cfg.kb}_e{e}_v{ev}{'_' + mask if mask else ''}{'_rope' if rope else ''}"
-                    f"{f'{rd}' if rope and rd != e else ''}{'_softcap' if softcap else ''}")
-            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask, rope, rd, softcap), 0,
+                    f"{f'{rd}' if rope and rd != e else ''}{'_pairs' if pairs else ''}{'_softcap' if softcap else ''}")
+            fn = _COMPILED[key] = jit().kernel(name, attention_ir(name, cfg, e, ev, mask, rope, rd, softcap, pairs), 0,
                                                argtypes=[ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                                          ctypes.c_int64]).fn
         return fn
@@ -745,11 +754,11 @@ class PreparedAttention:
     that holds it, one call at a time (the workspaces are reused). ``group``: k and v have
     1 / group of q's heads (the last leading dim); ``rot_dim``: with rope, the rotated part of a
     head (0 for all of it); ``softcap``: scores become ``softcap * tanh(score / softcap)``
-    before the mask."""
+    before the mask; ``rotary_pairs``: rope rotates pairs (2i, 2i + 1) (``attention_ir``'s ``pairs``)."""
 
     def __init__(self, lead: tuple, t: int, s: int, e: int, ev: int, scale: float | None, causal: bool,
                  mask: str = "", cfg: AttentionConfig | None = None, rope: bool = False, group: int = 1,
-                 rot_dim: int = 0, softcap: float | None = None) -> None:
+                 rot_dim: int = 0, softcap: float | None = None, rotary_pairs: bool = False) -> None:
         if len(lead) > 2:
             raise ValueError("partita.codegen.attention: at most two leading dims")
         self.lead, self.t, self.s, self.e, self.ev = tuple(lead), t, s, e, ev
@@ -772,7 +781,7 @@ class PreparedAttention:
             raise ValueError("partita.codegen.attention: rotary embedding needs an even rotated size within the "
                              "head and T = S")
         self.rope, self.rot_dim = rope, rd if rope else 0
-        self.fn = _kernel(cfg, e, ev, mask, rope, self.rot_dim, self.softcap is not None)
+        self.fn = _kernel(cfg, e, ev, mask, rope, self.rot_dim, self.softcap is not None, rotary_pairs)
         self.wsn = -(-s // cfg.kb) * cfg.kb * e + 16    # floats of one thread's packed k^T
         self.pairs = math.prod(self.lead)
         self.ws = torch.empty(self.wsn, dtype=torch.float32)
@@ -897,7 +906,7 @@ def _prepared(node: Any, rope: bool) -> "PreparedAttention | None":
         return None
     kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
     extra = {"group": group, "rot_dim": node.attrs.get("rotary_dim") or 0,
-             "softcap": node.attrs.get("softcap")} if rope else {}
+             "softcap": node.attrs.get("softcap"), "rotary_pairs": bool(node.attrs.get("rotary_pairs"))} if rope else {}
     return PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
                              bool(node.attrs.get("causal")), kind, rope=rope, **extra)
 

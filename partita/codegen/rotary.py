@@ -41,7 +41,7 @@ from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OPS, OpDef, normalize_axis, register
 from ..passes.rewrite import erase_if_dead, sole_user
 
-__all__ = ["fuse_rotary", "rope_parts", "repeat_of", "partial_rope_parts", "any_rope_parts", "match_rotary",
+__all__ = ["fuse_rotary", "same_value", "rope_parts", "repeat_of", "partial_rope_parts", "any_rope_parts", "match_rotary",
            "apply_rotary", "RotaryPlan"]
 
 
@@ -56,6 +56,23 @@ def _slice_of(v: Value, last: int) -> tuple[Value, int, int] | None:
     n = x.type.shape[last]
     start, end, _ = slice(p.attrs["start"], p.attrs["end"]).indices(n)
     return x, start, end
+
+
+_VIEW_OPS = frozenset({"reshape", "transpose", "slice", "unsqueeze", "squeeze", "broadcast_to"})
+
+
+def same_value(a: Value, b: Value, depth: int = 6) -> bool:
+    """Whether a and b hold the same data: the same value, or made by the same view op (reshape,
+    transpose, slice, unsqueeze, squeeze, broadcast_to) with the same attributes from the same data (an
+    importer may spell ``x.view(...).transpose(...)`` once per reader; up to ``depth`` ops)."""
+    if a is b:
+        return True
+    pa, pb = a.producer, b.producer
+    if depth == 0 or pa is None or pb is None or pa.op != pb.op or pa.op not in _VIEW_OPS:
+        return False
+    if pa.attrs != pb.attrs or len(pa.operands) != len(pb.operands) or a.type != b.type:
+        return False
+    return all(same_value(x, y, depth - 1) for x, y in zip(pa.operands, pb.operands))
 
 
 def _last_axis_concat(v: Value) -> tuple[Node, Value, Value] | None:
@@ -80,7 +97,7 @@ def _rotate_half_of(v: Value) -> Value | None:
     if na is None or na.op != "neg" or sole_user(a) is not p:
         return None
     hi, lo = _slice_of(na.operands[0], last), _slice_of(b, last)
-    if hi is None or lo is None or hi[0] is not lo[0] or sole_user(na.operands[0]) is not na or sole_user(b) is not p:
+    if hi is None or lo is None or not same_value(hi[0], lo[0]) or sole_user(na.operands[0]) is not na or sole_user(b) is not p:
         return None
     x = hi[0]
     e = x.type.shape[last]
@@ -89,9 +106,59 @@ def _rotate_half_of(v: Value) -> Value | None:
     return x
 
 
-def rope_parts(v: Value) -> tuple[Value, Value, Value] | None:
-    """(x, cos, sin) when v = x * cos + rotate_half(x) * sin, each intermediate value read only
-    on the way."""
+def _strided_slice_of(v: Value, last: int) -> tuple[Value, int, int, int] | None:
+    """(x, start, end, step) when v = slice(x) along the last axis (bounds resolved)."""
+    p = v.producer
+    if p is None or p.op != "slice":
+        return None
+    x = p.operands[0]
+    if normalize_axis(p.attrs["axis"], x.type.rank, "slice") != last:
+        return None
+    start, end, step = slice(p.attrs["start"], p.attrs["end"], p.attrs["step"]).indices(x.type.shape[last])
+    return x, start, end, step
+
+
+def _unsqueezed_last(v: Value, into: Node) -> Value | None:
+    """u when v = unsqueeze(u) adds a last axis and is read only by ``into``."""
+    p = v.producer
+    if p is None or p.op != "unsqueeze" or sole_user(v) is not into:
+        return None
+    u = p.operands[0]
+    return u if tuple(v.type.shape) == tuple(u.type.shape) + (1,) else None
+
+
+def _rotate_pairs_of(v: Value) -> Value | None:
+    """x when v = reshape(concat(unsqueeze(neg(x[..., 1::2])), unsqueeze(x[..., 0::2]), axis=-1))
+    (GPT-J's rotate_every_two: pairs (2i, 2i + 1) become (-x[2i + 1], x[2i])), each part read
+    only there."""
+    r = v.producer
+    if r is None or r.op != "reshape" or v.type.rank < 1:
+        return None
+    c = r.operands[0]
+    halves = _last_axis_concat(c)
+    if halves is None or sole_user(c) is not r:
+        return None
+    p, a, b = halves
+    n, xb = _unsqueezed_last(a, p), _unsqueezed_last(b, p)
+    if n is None or xb is None or n.producer is None or n.producer.op != "neg" or sole_user(n) is not a.producer:
+        return None
+    last = v.type.rank - 1
+    xo = n.producer.operands[0]
+    odd, even = _strided_slice_of(xo, last), _strided_slice_of(xb, last)
+    if odd is None or even is None or not same_value(odd[0], even[0]):
+        return None
+    if sole_user(xo) is not n.producer or sole_user(xb) is not b.producer:
+        return None
+    x = odd[0]
+    e = x.type.shape[last]
+    if tuple(x.type.shape) != tuple(v.type.shape) or e % 2 or odd[1:] != (1, e, 2) or even[1:] != (0, e, 2):
+        return None
+    return x
+
+
+def rope_parts(v: Value, pairs: bool = False) -> tuple[Value, Value, Value] | None:
+    """(x, cos, sin) when v = x * cos + rotate_half(x) * sin (``pairs``: rotate_every_two(x),
+    ``_rotate_pairs_of``), each intermediate value read only on the way."""
     add = v.producer
     if add is None or add.op != "add" or len(add.operands) != 2:
         return None
@@ -102,18 +169,18 @@ def rope_parts(v: Value) -> tuple[Value, Value, Value] | None:
         if sole_user(m1) is not add or sole_user(m2) is not add:
             continue
         for rh, sin in (n2.operands, n2.operands[::-1]):
-            x = _rotate_half_of(rh)
+            x = (_rotate_pairs_of if pairs else _rotate_half_of)(rh)
             if x is None or sole_user(rh) is not n2:
                 continue
             for xx, cos in (n1.operands, n1.operands[::-1]):
-                if xx is x and cos is not x:
-                    return x, cos, sin
+                if same_value(xx, x) and not same_value(cos, x):
+                    return xx, cos, sin
     return None
 
 
-def partial_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
+def partial_rope_parts(v: Value, pairs: bool = False) -> tuple[Value, Value, Value, int] | None:
     """(x, cos, sin, rd) when v = concat(rope(x[..., :rd]), x[..., rd:]) on the last axis (a
-    partial rotary embedding), each intermediate value read only on the way."""
+    partial rotary embedding; ``pairs`` as ``rope_parts``), each intermediate value read only on the way."""
     halves = _last_axis_concat(v)
     if halves is None:
         return None
@@ -121,11 +188,11 @@ def partial_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
     last = v.type.rank - 1
     if a is b or sole_user(a) is not p or sole_user(b) is not p:
         return None
-    parts = rope_parts(a)
+    parts = rope_parts(a, pairs)
     if parts is None:
         return None
     rot, rest = _slice_of(parts[0], last), _slice_of(b, last)
-    if rot is None or rest is None or rot[0] is not rest[0]:
+    if rot is None or rest is None or not same_value(rot[0], rest[0]):
         return None
     x = rot[0]
     e = x.type.shape[last]
@@ -135,13 +202,13 @@ def partial_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
     return x, parts[1], parts[2], rd
 
 
-def any_rope_parts(v: Value) -> tuple[Value, Value, Value, int] | None:
+def any_rope_parts(v: Value, pairs: bool = False) -> tuple[Value, Value, Value, int] | None:
     """(x, cos, sin, rd) for a whole (rd = E) or partial rotary embedding of x (``rope_parts``,
-    ``partial_rope_parts``)."""
-    whole = rope_parts(v)
+    ``partial_rope_parts``; ``pairs`` as ``rope_parts``)."""
+    whole = rope_parts(v, pairs)
     if whole is not None:
         return (*whole, v.type.shape[-1])
-    return partial_rope_parts(v)
+    return partial_rope_parts(v, pairs)
 
 
 def _table_ok(t, q, rd: int | None = None) -> bool:
@@ -220,6 +287,8 @@ class RotaryPlan:
     sin: Value
     rd: int
     rotated: Value | None
+    pairs: bool = False
+    perm: tuple[int, ...] | None = None   # q, k and the tables to be transposed first (``_match_moved``)
 
 
 def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -> RotaryPlan | None:
@@ -231,7 +300,7 @@ def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -
         return None
     rq = any_rope_parts(q)
     if rq is None:
-        return None
+        return _match_moved(q, k, v)
     group = _kv_group(k, v, q.type.shape[-3]) if q.type.rank >= 3 else None
     rotated, rk = None, None
     if group is not None and len(group[0].users) == 1 and not group[0].is_output:
@@ -255,6 +324,65 @@ def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -
     return RotaryPlan(rq[0], rk[0], group[1] if group is not None else v, cos, sin, rd, None)
 
 
+def _under_transpose(v: Value) -> tuple[Value, tuple[int, ...] | None]:
+    """(u, perm) when v = transpose(u) keeps the last axis in place and u is read only there;
+    (v, None) otherwise."""
+    p = v.producer
+    if p is None or p.op != "transpose":
+        return v, None
+    perm = tuple(int(i) for i in p.attrs["perm"])
+    u = p.operands[0]
+    if perm[-1] != len(perm) - 1 or sole_user(u) is not p:
+        return v, None
+    return u, perm
+
+
+def _rope_either(v: Value) -> tuple[Value, Value, Value, int, bool] | None:
+    """(x, cos, sin, rd, pairs) for a rotation of x in halves or in pairs (``any_rope_parts``)."""
+    for pairs in (False, True):
+        found = any_rope_parts(v, pairs)
+        if found is not None:
+            return (*found, pairs)
+    return None
+
+
+def _permuted(t, perm: tuple[int, ...] | None):
+    """t's type transposed by perm (t itself without one)."""
+    from ..ir.types import TensorType
+
+    return t if perm is None else TensorType(tuple(t.shape[i] for i in perm), t.dtype)
+
+
+def _match_moved(q: Value, k: Value, v: Value) -> RotaryPlan | None:
+    """The plan for q and k rotated in pairs (GPT-J's rotate_every_two) and/or before one transpose
+    that keeps the last axis (q = transpose(rope(x)), GPT-J's and CodeGen's [B, T, H, E] rotation):
+    transpose(rope(x)) = rope'(transpose(x)) with the tables transposed alike, so the node reads
+    transpose(x) and the transposed tables. Tables of q and k the same data (``same_value``)."""
+    xq, pq = _under_transpose(q)
+    xk, pk = _under_transpose(k)
+    rq, rk = _rope_either(xq), _rope_either(xk)
+    if rq is None or rk is None or pq != pk or rq[4] != rk[4] or rq[3] != rk[3] or rq[0] is rk[0]:
+        return None
+    if pq is None and not rq[4]:
+        return None   # the plain form, which match_rotary has refused already
+    if not (same_value(rq[1], rk[1]) and same_value(rq[2], rk[2])):
+        return None
+    cos, sin, rd = rq[1], rq[2], rq[3]
+    if pq is not None and (cos.type.rank != len(pq) or sin.type.rank != len(pq)):
+        return None
+    if not (_table_ok(_permuted(cos.type, pq), q.type, rd) and _table_ok(_permuted(sin.type, pq), q.type, rd)):
+        return None
+    return RotaryPlan(rq[0], rk[0], v, cos, sin, rd, None, rq[4], pq)
+
+
+def _transposed(graph: Graph, x: Value, perm: tuple[int, ...], at: Node) -> Value:
+    """A transpose of x by perm inserted before ``at``."""
+    attrs = OPS["transpose"].normalize_attrs({"perm": list(perm)})
+    node = Node("transpose", [x], attrs, OPS["transpose"].infer_types([x.type], attrs), at.loc)
+    graph.insert_before(at, node)
+    return node.results[0]
+
+
 def apply_rotary(graph: Graph, plan: RotaryPlan, at: Node, attrs: dict, rest: list,
                  results: list[Value | None]) -> Node:
     """A ``rotary_attention`` node of ``plan`` (attention's ``attrs``, the operands after v
@@ -267,7 +395,12 @@ def apply_rotary(graph: Graph, plan: RotaryPlan, at: Node, attrs: dict, rest: li
     attrs = dict(attrs)
     if plan.rd != plan.q.type.shape[-1]:
         attrs["rotary_dim"] = plan.rd
-    operands = [plan.q, plan.k, plan.v, plan.cos, plan.sin] + list(rest)
+    if plan.pairs:
+        attrs["rotary_pairs"] = True
+    qkt = [plan.q, plan.k, plan.cos, plan.sin]
+    if plan.perm is not None:   # rotate after the transpose: q, k and the tables moved alike
+        qkt = [_transposed(graph, x, plan.perm, at) for x in qkt]
+    operands = [qkt[0], qkt[1], plan.v, qkt[2], qkt[3]] + list(rest)
     attrs = OPS["rotary_attention"].normalize_attrs(attrs)
     types = OPS["rotary_attention"].infer_types([o.type for o in operands], attrs)
     new = Node("rotary_attention", operands, attrs, types, at.loc)
@@ -340,11 +473,14 @@ def _rotary_infer(ts, attrs):
     return attention_infer([q, k, v] + list(ts[5:]), attrs)
 
 
-def _np_rope(x, cos, sin):
+def _np_rope(x, cos, sin, pairs: bool = False):
     rd = cos.shape[-1]
     h = rd // 2
     xr = x[..., :rd]
-    rh = np.concatenate([-xr[..., h:], xr[..., :h]], axis=-1)
+    if pairs:
+        rh = np.stack([-xr[..., 1::2], xr[..., 0::2]], axis=-1).reshape(xr.shape)
+    else:
+        rh = np.concatenate([-xr[..., h:], xr[..., :h]], axis=-1)
     rot = (xr * cos + rh * sin).astype(x.dtype)   # rounded as the unfused ops in x's dtype
     return np.concatenate([rot, x[..., rd:]], axis=-1) if rd < x.shape[-1] else rot
 
@@ -378,15 +514,20 @@ def _rotary_reference(args, attrs):
     g = q.shape[-3] // k.shape[-3] if q.ndim >= 3 and k.shape[-3] != q.shape[-3] else 1
     if g != 1:
         k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    parts = [_np_rope(q, cos, sin), _np_rope(k, cos, sin), v] + list(args[5:])
+    pairs = bool(attrs.get("rotary_pairs"))
+    parts = [_np_rope(q, cos, sin, pairs), _np_rope(k, cos, sin, pairs), v] + list(args[5:])
     return (_np_capped_attention if attrs.get("softcap") else np_attention)(parts, attrs)
 
 
-def _torch_rope(x, cos, sin):
+def _torch_rope(x, cos, sin, pairs: bool = False):
     rd = cos.shape[-1]
     h = rd // 2
     xr = x[..., :rd]
-    rot = xr * cos + torch.cat((-xr[..., h:], xr[..., :h]), -1) * sin
+    if pairs:
+        rh = torch.stack((-xr[..., 1::2], xr[..., 0::2]), -1).reshape(xr.shape)
+    else:
+        rh = torch.cat((-xr[..., h:], xr[..., :h]), -1)
+    rot = xr * cos + rh * sin
     return torch.cat((rot, x[..., rd:]), -1) if rd < x.shape[-1] else rot
 
 
@@ -420,7 +561,8 @@ def _rotary_torch(args, attrs):
     if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
         g = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
-    parts = [_torch_rope(q, cos, sin), _torch_rope(k, cos, sin), v] + list(args[5:])
+    pairs = bool(attrs.get("rotary_pairs"))
+    parts = [_torch_rope(q, cos, sin, pairs), _torch_rope(k, cos, sin, pairs), v] + list(args[5:])
     return (_torch_capped_attention if attrs.get("softcap") else torch_attention)(parts, attrs)
 
 
@@ -439,13 +581,15 @@ def _rotary_cost(ins, outs, attrs):
 
 register(OpDef(
     name="rotary_attention", operands=("q", "k", "v", "cos", "sin", "mask?"),
-    attrs=OPS["attention"].attrs + (AttrSpec("rotary_dim", "int", None), AttrSpec("softcap", "float", None)),
+    attrs=OPS["attention"].attrs + (AttrSpec("rotary_dim", "int", None), AttrSpec("softcap", "float", None),
+                                    AttrSpec("rotary_pairs", "bool", False)),
     infer=_rotary_infer, reference=_rotary_reference, torch=_rotary_torch, cost=_rotary_cost,
     doc="attention(rope(q), rope(k), v, mask) with rope(x) = x * cos + rotate_half(x) * sin, "
         "rotate_half(x) = concat(-x[..., E/2:], x[..., :E/2]) on the last axis; cos and sin broadcast "
         "to q's [..., T, E] and serve k too (self-attention, T = S). Results and attrs as attention's. "
         "rotary_dim (optional, even): only x[..., :rotary_dim] is rotated (cos and sin [..., T, rotary_dim]), "
-        "the rest passed through. softcap (optional, > 0): the scaled scores s become softcap * "
+        "the rest passed through. rotary_pairs (optional): rotate_half is rotate_every_two instead "
+        "(pairs (2i, 2i + 1) become (-x[2i + 1], x[2i]), GPT-J's form; cos and sin repeat_interleave'd). softcap (optional, > 0): the scaled scores s become softcap * "
         "tanh(s / softcap) before the causal condition and the mask. k and v may have 1/g of q's heads "
         "(dim -3; grouped-query attention): query head h reads key/value head h // g. "
         "Made by the fuse-library pass for inference (codegen/rotary.py); the generated attention kernel "
