@@ -1,0 +1,117 @@
+"""In-place writes into a view, read back through the same view, taken as the values written;
+run by fuse-library before its anchors.
+
+Funnel Transformer's relative-position attention ends with ``positional_attn *= cls_mask`` on a
+view (``_relative_shift_gather``'s slice, reshape, slice of the scores). Functionalized, the
+write becomes scatters of the new values back into each base along the view chain, and the
+later read takes the same view of the scattered base again:
+
+    v = slice(reshape(slice(s, axis=2, start=1)), axis=3, end=8)
+    s2 = scatter_elements(s, iota(axis=2) + 1, reshape(scatter_elements(r, iota(axis=3), v * m)))
+    out = slice(reshape(slice(s2, axis=2, start=1)), axis=3, end=8)     # == v * m
+
+Each ``slice(scatter_elements(x, iota + k, u), axis, start=k, end=k + len)``, the index an iota
+along the scatter's axis that covers ``u`` whole and the slice taking exactly the rows written,
+is ``u`` (so is a scatter by ``iota`` that writes every element of ``x``: ``whole_scatter``,
+what is left where the shift is 0); a reshape back to the type the chain had is its operand (``drop_reshape_round_trip``).
+The read then needs no scatter, and the scatters, with nothing left reading them, are dead: six
+scatters, six slices and six reshapes fewer in the zoo's Funnel (three layers), one copy of the
+scores each.
+
+The rewrite keeps the graph's meaning exactly (the elements read are the ones written);
+tests/codegen/test_funnel_blocks.py checks it against the reference interpreter.
+"""
+
+from __future__ import annotations
+
+from ..ir.graph import Graph, Node, Value
+from ..passes.rewrite import erase_if_dead
+from .levit_blocks import drop_reshape_round_trip
+
+__all__ = ["iota_offset", "read_back_scatter", "whole_scatter", "tidy_view_writes"]
+
+
+def _scalar_int(v: Value) -> int | None:
+    """The value of a rank-0 integer ``full``, or None."""
+    p = v.producer
+    if p is None or p.op != "full" or v.type.rank != 0 or not v.type.dtype.is_int:
+        return None
+    value = p.attrs["value"]
+    return int(value) if float(value) == int(value) else None
+
+
+def iota_offset(index: Value, axis: int) -> int | None:
+    """``k`` where ``index`` is ``iota(axis) + k`` (k a scalar integer ``full``; 0 without the
+    add) of ``index``'s own shape, else None."""
+    p = index.producer
+    if p is None:
+        return None
+    k = 0
+    if p.op == "add" and len(p.operands) == 2:
+        a, b = p.operands
+        for it, c in ((a, b), (b, a)):
+            off = _scalar_int(c)
+            if off is not None and it.type == index.type:
+                p, k = it.producer, off
+                break
+        else:
+            return None
+        if p is None:
+            return None
+    if p.op != "iota" or tuple(p.attrs["shape"]) != index.type.shape or p.attrs["axis"] != axis:
+        return None
+    return k
+
+
+def read_back_scatter(graph: Graph, node: Node) -> bool:
+    """``node`` = slice(scatter_elements(x, iota + k, u)) taking exactly the rows written: its
+    uses read ``u``; True if rewritten."""
+    if node.op != "slice" or node.attrs["step"] != 1:
+        return False
+    s = node.operands[0]
+    sc = s.producer
+    if sc is None or sc.op != "scatter_elements" or sc.attrs["reduction"] != "none" or s.is_output:
+        return False
+    x, index, u = sc.operands
+    rank = x.type.rank
+    axis = sc.attrs["axis"] % rank if rank else 0
+    if node.attrs["axis"] % rank != axis or index.type.shape != u.type.shape:
+        return False
+    if any(u.type.shape[d] != x.type.shape[d] for d in range(rank) if d != axis):
+        return False   # u covers only part of another dim: the read takes more than was written
+    k = iota_offset(index, axis)
+    if k is None:
+        return False
+    start, stop, _ = slice(node.attrs["start"], node.attrs["end"], 1).indices(x.type.shape[axis])
+    if (start, stop) != (k, k + u.type.shape[axis]) or u.type != node.results[0].type:
+        return False
+    graph.replace_all_uses(node.results[0], u)
+    erase_if_dead(graph, node)
+    return True
+
+
+def whole_scatter(graph: Graph, node: Node) -> bool:
+    """``node`` = scatter_elements(x, iota, u) with ``u`` of ``x``'s type (every element
+    written, each at its own place): its uses read ``u``; True if rewritten."""
+    if node.op != "scatter_elements" or node.attrs["reduction"] != "none":
+        return False
+    x, index, u = node.operands
+    if u.type != x.type or index.type.shape != u.type.shape or node.results[0].is_output:
+        return False
+    axis = node.attrs["axis"] % x.type.rank if x.type.rank else 0
+    if iota_offset(index, axis) != 0:
+        return False
+    graph.replace_all_uses(node.results[0], u)
+    erase_if_dead(graph, node)
+    return True
+
+
+def tidy_view_writes(graph: Graph) -> int:
+    """``read_back_scatter``, ``whole_scatter`` (and the reshape round trips they leave) over ``graph`` in one walk;
+    the number of rewrites made."""
+    made = 0
+    for node in list(graph.nodes):
+        if node.graph is graph and (read_back_scatter(graph, node) or whole_scatter(graph, node)
+                                    or drop_reshape_round_trip(graph, node)):
+            made += 1
+    return made
