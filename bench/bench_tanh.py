@@ -7,7 +7,13 @@ and ``2 / (exp(2|x|) + 1)``), kept here only to compare; "new" is mathlib's ``pt
 "old" is ATen's order ``0.5 x (1 + tanh(u))`` on the old tanh and "new" the fused body's
 ``x / (1 + exp(-2u))`` (partita/codegen/gelu_form.py).
 
+With ``--models gpt2,gemma2,gptj`` it also times each zoo model's ``fused`` steps that hold a
+tanh (the import path's program; each body compiled old and new, called on random inputs of
+its shapes) and the whole frozen program built with old and new math, interleaved, thread
+CPU time, with each one's largest error against eager.
+
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/bench_tanh.py [--n 65536] [--rounds 15] [--calls 200]
+      [--models gpt2,gemma2,gptj] [--no-accuracy]
 """
 from __future__ import annotations
 
@@ -168,17 +174,83 @@ def timing(n: int, rounds: int, calls: int) -> None:
               f"new {statistics.median(times['new']):.1f} us, new / old {ratio:.2f}")
 
 
+def interleave(cands: dict[str, Callable[[], object]], rounds: int, calls: int) -> tuple[dict[str, float], float]:
+    """Median thread CPU time (us) per call of each candidate (old, new), and the median of the
+    per-round ratios new / old."""
+    times: dict[str, list[float]] = {k: [] for k in cands}
+    for _ in range(rounds):
+        for k, f in cands.items():
+            for _ in range(3):
+                f()
+            t0 = time.thread_time()
+            for _ in range(calls):
+                f()
+            times[k].append((time.thread_time() - t0) / calls * 1e6)
+    ratio = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
+    return {k: statistics.median(v) for k, v in times.items()}, ratio
+
+
+def models(names: str, rounds: int, calls: int) -> None:
+    """Each model's tanh-bearing fused steps and whole program, old against new math."""
+    import tempfile
+    from pathlib import Path
+
+    import partita
+    from partita.codegen.fused_body import body_graph
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_zoo as Z
+    import zoo_models as ZM
+
+    for name in names.split(","):
+        case = Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
+        with Z.quiet():
+            g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
+        weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+        args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
+        want = case.eager()
+        whole: dict[str, Callable[[], object]] = {}
+        steps: dict[str, dict[str, Callable[[], object]]] = {}
+        for which in ("old", "new"):
+            with old_math() if which == "old" else contextlib.nullcontext():
+                prog = CompiledProgram(g, freeze=True)
+                with torch.inference_mode():
+                    out = prog(args, weights)[0]
+                err = float((out - want).abs().max() / want.abs().max())
+                print(f"{name} {which}: largest error against eager {err:.1e}")
+                whole[which] = (lambda p=prog: p(args, weights))
+                for n in prog.graph.nodes:
+                    if n.op != "fused" or "tanh" not in n.attrs["body"]:
+                        continue
+                    body = body_graph(n.attrs["body"])
+                    sub = CompiledProgram(body.clone(), min_ops=1)
+                    xs = [torch.randn(tuple(v.type.shape)) * 2 for v in body.inputs]
+                    sub(xs)
+                    key = f"{[list(v.type.shape) for v in body.inputs]}"
+                    steps.setdefault(key, {})[which] = (lambda p=sub, a=xs: p(a))
+        with torch.inference_mode():
+            for key, cands in steps.items():
+                med, ratio = interleave(cands, rounds, calls)
+                print(f"  {name} fused step with tanh, inputs {key}: old {med['old']:.1f} us, "
+                      f"new {med['new']:.1f} us, new / old {ratio:.2f}")
+            med, ratio = interleave(whole, rounds, max(calls // 20, 5))
+            print(f"  {name} whole program: old {med['old']:.0f} us, new {med['new']:.0f} us, new / old {ratio:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=65536)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--models", default="")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if not a.no_accuracy:
         accuracy()
     timing(a.n, a.rounds, a.calls)
+    if a.models:
+        models(a.models, a.rounds, a.calls)
 
 
 if __name__ == "__main__":
