@@ -446,12 +446,16 @@ TORCHTITAN = [
     ("8b-h100x128-compile", "llama3-8b", 128, 2, "op", "grand-teton-h100-500w", 6514, None, 62.0, "9dec370"),
 ]
 TORCHTITAN_SEQ = 8192
-# Rows also priced as eager PyTorch runs them (simulate(fusion="eager"): RMSNorm, cross-entropy
-# and the foreach AdamW as their chains of kernels): the H100 rows' config at 9dec370 says
-# compile = false and norm_type = "rmsnorm" (torchtitan/models/norms.py: x.float(), pow, mean,
-# rsqrt, mul, type_as, * weight, each its own kernel). (The A100 8B config at 1ea476e9 names the
-# fused Triton RMSNorm, so the eager chain would overprice it.)
-TORCHTITAN_EAGER = {"8b-h100-op", "8b-h100x128-op"}
+# Rows also priced as eager PyTorch runs them (simulate's ``fusion``: the ops eager runs as a
+# chain of kernels priced as that chain, partita/cluster/eager.py). Every uncompiled row runs
+# F.cross_entropy (log_softmax, nll_loss) and AdamW(foreach=True) eagerly. Its RMSNorm: the H100
+# rows' config (9dec370) and the 70B A100 config (1ea476e9) say norm_type = "rmsnorm"
+# (torchtitan/models/norms.py: x.float(), pow, mean, rsqrt, mul, type_as, * weight, each its own
+# kernel); the 8B A100 config (1ea476e9) says "fused_rmsnorm" (one Triton kernel each way).
+_EAGER_BUT_NORM = ("cross_entropy", "cross_entropy_grad", "adamw_update")
+TORCHTITAN_EAGER: dict[str, str | tuple[str, ...]] = {
+    "8b-a100-layer": _EAGER_BUT_NORM, "8b-a100-op": _EAGER_BUT_NORM, "70b-a100-full": "eager",
+    "8b-h100-op": "eager", "8b-h100x128-op": "eager"}
 # The peak TorchTitan's MFU divides by (torchtitan/utils.py get_peak_flops at 1ea476e9).
 TORCHTITAN_PEAK = {"dgx-a100-80gb": 312e12, "grand-teton-h100-500w": 989e12}
 
@@ -589,7 +593,8 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
         cluster = cluster.with_nodes(max(1, gpus // cluster.gpus_per_node))
         res = simulate(prog, cluster, trace=False, memory=True)
         tps = local * TORCHTITAN_SEQ / res.step_time
-        eager = simulate(prog, cluster, trace=False, memory=False, fusion="eager") if name in TORCHTITAN_EAGER else None
+        eager = (simulate(prog, cluster, trace=False, memory=False, fusion=TORCHTITAN_EAGER[name])
+                 if name in TORCHTITAN_EAGER else None)
         eager_tps = local * TORCHTITAN_SEQ / eager.step_time if eager is not None else None
         mfu = tps * torchtitan_flops_per_token(model) / TORCHTITAN_PEAK[cluster_name]
         rank = max(res.ranks, key=lambda r: r.end)

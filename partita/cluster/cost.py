@@ -20,7 +20,8 @@ machine and written in the cluster file, never tuned per model):
 
 and every op that runs a kernel adds ``op_overhead`` (its launch). ``fusion="eager"`` prices the
 ops eager PyTorch runs as several kernels (RMSNorm, cross-entropy, AdamW; partita/cluster/eager.py)
-as that chain: each kernel's bytes at the memory roofline, each with its launch. The dtype of an op is its
+as that chain: each kernel's bytes at the memory roofline, each with its launch (a collection of
+op names prices only those so). The dtype of an op is its
 first floating-point operand's (its result's when it has none); a dtype the device file has no
 peak for is priced at the nearest one it has (``peak_for``).
 
@@ -41,13 +42,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..ir.graph import Node
 from ..ir.types import TensorType
 from ..ops.kinds import ATTENTION_OPS, COLLECTIVE_OPS, FREE_OPS, GEMM_OPS, P2P_OPS, VIEW_OPS
 from ..ops.registry import OPS, Cost
-from .eager import FUSIONS, eager_kernels
+from .eager import eager_kernels, eager_ops
 from .hardware import Cluster, ClusterError, Link
 
 # The op groups priced alike (gemm, attention, views, collectives, free) live beside the op
@@ -73,11 +74,12 @@ class OpTime:
 class CostModel:
     """Prices the ops of per-rank programs on ``cluster``'s devices and links."""
 
-    def __init__(self, cluster: Cluster, fusion: str = "fused") -> None:
-        if fusion not in FUSIONS:
-            raise ClusterError(f"CostModel: fusion must be one of {', '.join(FUSIONS)}, got {fusion!r:.40}")
+    def __init__(self, cluster: Cluster, fusion: str | Collection[str] = "fused") -> None:
+        try:
+            self.eager_ops = eager_ops(fusion)
+        except ValueError as e:
+            raise ClusterError(f"CostModel: {e}") from None
         self.cluster = cluster
-        self.fusion = fusion
         self.device = cluster.device
         self.eff = cluster.efficiency
         self._peaks: dict[str, float] = {}
@@ -116,7 +118,7 @@ class CostModel:
         elif op in ATTENTION_OPS:
             t = c.flops / (self.peak_for(dtype) * self.eff.attention)
             kind = "attention"
-        elif self.fusion == "eager" and (kernels := eager_kernels(node)) is not None:
+        elif op in self.eager_ops and (kernels := eager_kernels(node)) is not None:
             # eager PyTorch's chain of kernels for this fused op (eager.py), each its own pass
             t = sum(b for b in kernels) / (self.device.memory_bandwidth * self.eff.memory)
             t += (len(kernels) - 1) * self.eff.op_overhead

@@ -26,7 +26,7 @@ input, ``E`` its elements, f32 compute as ``x.float()`` does):
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from ..ir.graph import Node
 from ..ir.types import TensorType
@@ -105,6 +105,27 @@ EAGER_KERNELS: dict[str, Callable[[Node], list[int]]] = {
     "cross_entropy_grad": cross_entropy_grad_kernels,
     "adamw_update": adamw_kernels,
 }
+
+
+def eager_ops(fusion: Any) -> frozenset[str]:
+    """The ops priced as eager chains under ``fusion``: ``"fused"`` none, ``"eager"`` all of
+    ``EAGER_KERNELS``, or a collection of their names (a run that fused some of them: e.g. a
+    fused RMSNorm kernel in an otherwise eager loop). Anything else raises ValueError."""
+    if isinstance(fusion, str):
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {', '.join(FUSIONS)} or a collection of op names "
+                             f"({', '.join(sorted(EAGER_KERNELS))}), got {fusion!r:.40}")
+        return frozenset(EAGER_KERNELS) if fusion == "eager" else frozenset()
+    try:
+        names = frozenset(fusion)
+    except TypeError:
+        raise ValueError(f"fusion must be one of {', '.join(FUSIONS)} or a collection of op names, "
+                         f"got {fusion!r:.40}") from None
+    unknown = sorted(str(n) for n in names - frozenset(EAGER_KERNELS))
+    if unknown:
+        raise ValueError(f"fusion: no eager chain is known for {', '.join(unknown)}; the ops with one are "
+                         f"{', '.join(sorted(EAGER_KERNELS))}")
+    return names
 
 
 def eager_kernels(node: Node) -> list[int] | None:

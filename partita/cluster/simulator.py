@@ -38,12 +38,13 @@ import math
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 from ..ir.diagnostics import PartitaError
 from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
 from .cost import ATTENTION_OPS, COLLECTIVE_OPS, GEMM_OPS, P2P_OPS, CostModel, price_key
+from .eager import eager_ops
 from .hardware import Cluster, load_cluster
 from .memory_report import MemoryReport, memory_report
 from .steps import ASYNC_OPS, Comm, Issue, Piece, Program, Run, SectionRun, Step, Wait, is_hoisted
@@ -415,7 +416,8 @@ def _check_grad_sums(grad_sums: Any, program: Any, sections: bool) -> None:
 def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
              memory: bool = True, check_memory: bool = False, grad_sums: str = "add",
-             progress: Callable[[str], None] | None = None, fusion: str = "fused") -> SimResult:
+             progress: Callable[[str], None] | None = None,
+             fusion: str | Collection[str] = "fused") -> SimResult:
     """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
     ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
 
@@ -433,10 +435,15 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     pipeline built with ``unroll=False`` (the section-level simulation, which knows the sums).
     ``fusion``: ``"fused"`` (default) prices each op of the program as one kernel; ``"eager"``
     prices the ops uncompiled PyTorch runs as a chain of kernels (RMSNorm, cross-entropy, a
-    foreach AdamW) as that chain (partita/cluster/eager.py).
+    foreach AdamW) as that chain (partita/cluster/eager.py); a collection of those op names
+    prices only them so (a loop that ran, say, a fused RMSNorm kernel).
     """
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
                             progress=progress)
+    try:
+        eager_ops(fusion)
+    except ValueError as e:
+        raise SimulationError(f"simulate: {e}") from None
     sections = getattr(program, "unrolled", True) is False
     _check_grad_sums(grad_sums, program, sections)
     cluster = load_cluster(cluster)

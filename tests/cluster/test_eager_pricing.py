@@ -46,5 +46,22 @@ def test_eager_step_is_slower_and_bad_fusion_is_refused():
     a = simulate(step, "grand-teton-h100-500w", trace=False, memory=False)
     b = simulate(step, "grand-teton-h100-500w", trace=False, memory=False, fusion="eager")
     assert b.step_time > a.step_time
-    with pytest.raises(ClusterError, match="fusion must be one of fused, eager"):
+    with pytest.raises(ClusterError, match="fusion must be one of fused, eager or a collection"):
         CostModel(load_cluster("grand-teton-h100-500w"), "compiled")
+
+
+def test_a_collection_prices_only_those_ops_and_unknown_names_are_refused():
+    step = _step()
+    c = load_cluster("grand-teton-h100-500w")
+    some = CostModel(c, ("cross_entropy", "adamw_update"))
+    fused, eager = CostModel(c), CostModel(c, "eager")
+    for n in step.nodes:     # type: ignore[attr-defined]
+        if n.op in ("rms_norm", "rms_norm_grad"):
+            assert some.compute_time(n) == fused.compute_time(n)
+        elif n.op in ("cross_entropy", "adamw_update"):
+            assert some.compute_time(n) == eager.compute_time(n)
+    with pytest.raises(ClusterError, match="no eager chain is known for softmax; the ops with one are"):
+        CostModel(c, ["softmax"])
+    from partita.cluster.simulator import SimulationError
+    with pytest.raises(SimulationError, match="simulate: fusion must be one of fused, eager"):
+        simulate(step, c, trace=False, memory=False, fusion="compiled")
