@@ -67,6 +67,7 @@ from .grn import fuse_grn
 from .disentangled import fuse_rel_scores
 from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
+from .factored_gelu import take_factored_gelu
 from .levit_blocks import tidy_after_library, tidy_for_library
 from .mix_ffn import hoist_activations
 from .funnel_blocks import tidy_view_writes
@@ -1253,6 +1254,7 @@ class FuseLibrary(Pass):
     def run(self, graph: Graph) -> Graph:
         drop_empty_parts(graph)   # empty concat parts, whole-axis slices: codegen/empty_parts.py
         tidy_for_library(graph)   # reshape round trips and unit-axis means: codegen/levit_blocks.py
+        take_factored_gelu(graph)  # BLOOM's GELU as the op, for the GEMM's epilogue: codegen/factored_gelu.py
         hoist_activations(graph)  # activations moved across layout moves onto a conv: codegen/mix_ffn.py
         tidy_view_writes(graph)   # in-place writes into views read back: codegen/funnel_blocks.py
         for node in list(graph.nodes):

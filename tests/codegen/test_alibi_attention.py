@@ -106,3 +106,63 @@ def test_a_bloom_model_runs_one_attention_step_per_layer_and_equals_eager(pad):
         want = model(**kwargs).last_hidden_state
     got = prog([ids, am])[0]
     assert float((got - want).abs().max()) <= 1e-4
+
+
+def _factored_gelu(b, x, assoc: int, square: int):
+    """BLOOM's ``x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))``, the outer
+    product and the square in the association asked."""
+    c = lambda v: b.full(shape=(), value=v)  # noqa: E731
+    sq = b.mul(b.mul(x, c(0.044715)), x) if square == 0 else b.mul(c(0.044715), b.mul(x, x))
+    core = b.add(c(1.0), b.tanh(b.mul(b.mul(c(0.79788456), x), b.add(sq, c(1.0)))))
+    if assoc == 0:
+        return b.mul(b.mul(x, c(0.5)), core)
+    if assoc == 1:
+        return b.mul(x, b.mul(c(0.5), core))
+    return b.mul(b.mul(x, core), c(0.5))
+
+
+@pytest.mark.parametrize("assoc,square", [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)])
+def test_a_factored_gelu_after_a_linear_layer_becomes_its_epilogue(assoc, square):
+    from partita.codegen.factored_gelu import take_factored_gelu
+
+    b = Builder()
+    x = b.input("x", T(3, 7, 24))
+    w, bias = b.param("w", T(37, 24)), b.param("bias", T(37))
+    h = b.reshape(b.add(b.matmul(b.reshape(x, shape=(21, 24)), b.transpose(w, perm=(1, 0))), bias), shape=(3, 7, 37))
+    g = verify(b.ret(_factored_gelu(b, h, assoc, square)))
+    inputs = random_inputs(g, 7)
+    before = run_reference(g, inputs)
+    probe = g.clone()
+    assert take_factored_gelu(probe) == 1 and "tanh" not in [n.op for n in probe.nodes]
+    out = verify(PassManager.parse("fuse-library,fuse-kernels,dce").run(g))
+    lin = [n for n in out.nodes if n.op == "linear_pointwise"]
+    assert len(lin) == 1 and lin[0].attrs["unary"] == "gelu_tanh" and "tanh" not in [n.op for n in out.nodes]
+    np.testing.assert_allclose(run_reference(out, inputs)[0], before[0], rtol=1e-5, atol=1e-5)
+    prog = CompiledProgram(out)
+    got = prog({k: torch.from_numpy(v) for k, v in inputs.items() if k == "x"},
+               {k: torch.from_numpy(v) for k, v in inputs.items() if k != "x"})
+    np.testing.assert_allclose(got[0].numpy(), before[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_gelu_with_another_constant_is_left_spelled_out_and_a_shared_tanh_stays():
+    from partita.codegen.factored_gelu import take_factored_gelu
+
+    b = Builder()
+    x = b.input("x", T(5, 9))
+    c = lambda v: b.full(shape=(), value=v)  # noqa: E731
+    core = b.add(c(1.0), b.tanh(b.mul(b.mul(c(0.8), x), b.add(b.mul(b.mul(x, c(0.044715)), x), c(1.0)))))
+    y = b.mul(b.mul(x, c(0.5)), core)
+    assert take_factored_gelu(verify(b.ret(y))) == 0
+    b2 = Builder()
+    x2 = b2.input("x", T(5, 9))
+    t = b2.tanh(b2.mul(b2.mul(b2.full(shape=(), value=0.79788456), x2),
+                       b2.add(b2.mul(b2.mul(x2, b2.full(shape=(), value=0.044715)), x2), b2.full(shape=(), value=1.0))))
+    y2 = b2.mul(b2.mul(x2, b2.full(shape=(), value=0.5)), b2.add(t, b2.full(shape=(), value=1.0)))
+    g2 = verify(b2.ret(y2, t))   # the tanh is read by the graph's outputs too
+    inputs = random_inputs(g2, 3)
+    before = run_reference(g2, inputs)
+    assert take_factored_gelu(g2) == 1
+    ops = [n.op for n in g2.nodes]
+    assert "gelu" in ops and "tanh" in ops
+    for a, c in zip(before, run_reference(verify(g2), inputs)):
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
