@@ -28,7 +28,13 @@ of it, in interleaved rounds of CPU time: the whole entry; the frozen program's 
 the frozen-params check; the program alone; a fixed result (dynamo's frame alone); and the import
 path's program called from the same frame (what the frame's memory traffic costs any program).
 
-Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend] [--programs [--dump DIR]] [--pieces]
+``--split`` times each piece of one backend call inside that call (the thread's clock around the
+entry, with the entry swapped in turn for the whole entry, the runner without the frozen check, the
+program alone and a fixed result; medians over ``--calls`` calls): dynamo's frame, the frozen check,
+the runner, the program; beside them the program, the import path and eager called alone, and the
+graphs, graph breaks and guards ``torch._dynamo.explain`` finds.
+
+Run:  .venv/bin/python bench/zoo_profile.py mobilenet_v1 [--calls 100] [-v] [--dispatch] [--backend] [--programs [--dump DIR]] [--pieces] [--split]
 (one thread; PARTITA_CACHE_DIR=<a copy of the kernel cache without choices.json> makes the
 convolutions measure their kernel choice afresh).
 """
@@ -472,6 +478,98 @@ def backend_pieces(name: str, tmp: Path, rounds: int = 21, calls: int = 30) -> d
     return {k: median(v) * 1e6 for k, v in times.items()}
 
 
+def dynamo_shape(name: str, tmp: Path) -> dict[str, int]:
+    """The graphs, graph breaks, ops and guards dynamo makes of the zoo model
+    (``torch._dynamo.explain``, which resets dynamo's caches; run it before compiling)."""
+    case = Z.Case(ZM.BY_NAME[name], tmp)
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(case.wrapped())(*case.tensors.values())
+    torch._dynamo.reset()
+    return {"graphs": ex.graph_count, "breaks": ex.graph_break_count, "ops": ex.op_count,
+            "guards": len(ex.out_guards or [])}
+
+
+def backend_split(name: str, tmp: Path, calls: int = 400) -> dict[str, float]:
+    """Median CPU us of each piece of one backend call, each timed inside the call it belongs to
+    (``--split``): the entry swapped in turn for the whole entry, the runner without the frozen
+    check, the program alone and a fixed result, the time inside the entry read with the
+    thread's clock around it; beside them the same program, the import path and eager called
+    alone, after them. Each timed call follows an untimed one of its own kind, as in a loop of
+    calls, and the swaps' order turns each round. Unlike ``--pieces`` (rounds of calls, differences of their means) a piece is never
+    charged for what another costs more after it (the frame's own cache misses)."""
+    import gc
+
+    import partita.codegen.dynamo as D
+
+    shape = dynamo_shape(name, tmp)
+    D.reset_stats()
+    cands, _ = backend_candidates(name, tmp)
+    with torch.inference_mode():
+        for _ in range(2 * (D.WARMUP_CALLS + D.TIMED_CALLS) + 4):
+            cands["backend"]()
+    unboxed = [o for o in gc.get_objects() if type(o).__name__ == "_Unboxed" and type(o).__module__ == D.__name__]
+    real = unboxed[0].boxed if len(unboxed) == 1 else None
+    inner = real.runner if isinstance(real, D._Chooser) else real
+    if real is None or not isinstance(inner, D._FrozenRunner) or inner.run is None:
+        raise SystemExit(f"zoo_profile --split: {name} has {len(unboxed)} direct entries; the split needs one "
+                         "frozen graph that dynamo calls partita's runner for")
+    entry, run, kept, whole = unboxed[0], inner.run, inner.pick_kept, real
+    seen: list = []
+
+    def record(a: list) -> Any:
+        seen.append(list(a))
+        return whole(a)
+
+    entry.boxed = record
+    with torch.inference_mode():
+        cands["backend"]()
+    args = seen[0]
+    fixed = tuple(run(list(kept(args))))
+    ns, inside = time.thread_time_ns, [0]
+
+    def timed(fn: Callable[[list], Any]) -> Callable[[list], Any]:
+        def call(a: list) -> Any:
+            c0 = ns()
+            out = fn(a)
+            inside[0] = ns() - c0
+            return out
+        return call
+
+    swaps = {"entry": timed(whole), "runner": timed(lambda a: run(list(kept(a)))),
+             "program": timed(lambda a: tuple(run.program(list(kept(a))))), "fixed": timed(lambda a: fixed)}
+    alone = {"program alone": lambda: run.program(list(kept(args))), "import alone": cands["import"],
+             "eager": cands["eager"]}
+    times: dict[str, list[float]] = defaultdict(list)
+    try:
+        with torch.inference_mode():
+            names = list(swaps)
+            for r in range(calls):
+                # each timed call follows an untimed one of its own kind, and the order turns each
+                # round: the first call after other work pays for the caches that work emptied
+                for k in names[r % len(names):] + names[:r % len(names)]:
+                    entry.boxed = swaps[k]
+                    cands["backend"]()
+                    c0 = ns()
+                    cands["backend"]()
+                    times[k + " call"].append(ns() - c0)
+                    times[k + " inside"].append(inside[0])
+            entry.boxed = whole
+            for k, f in alone.items():      # apart: eager's call empties the caches the most
+                for _ in range(calls // 2):
+                    f()
+                    c0 = ns()
+                    f()
+                    times[k].append(ns() - c0)
+    finally:
+        entry.boxed = whole
+    us = {k: median(v) / 1e3 for k, v in times.items()}
+    return {**{k: float(v) for k, v in shape.items()}, "frozen": float(len(inner.frozen)),
+            "call": us["entry call"], "frame": us["fixed call"] - us["fixed inside"],
+            "frozen check": us["entry inside"] - us["runner inside"],
+            "runner": us["runner inside"] - us["program inside"], "program in the call": us["program inside"],
+            "program alone": us["program alone"], "import alone": us["import alone"], "eager": us["eager"]}
+
+
 def report(name: str, prog: Any, walls: dict, steps: dict, nodes: list, verbose: bool) -> None:
     from partita.backend.torch_exec import ConstantStep
 
@@ -513,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --backend: also the backend and the frame with the nn-module guards filtered")
     ap.add_argument("--pieces", action="store_true",
                     help="the backend's call split by swapping its entry for less of it (CPU us)")
+    ap.add_argument("--split", action="store_true",
+                    help="the backend's call split into pieces each timed inside the call (CPU us, medians)")
     ap.add_argument("--programs", action="store_true",
                     help="the import path's program beside the backend's: steps by op, each program called alone")
     ap.add_argument("--dump", help="with --programs: write both programs' graphs here")
@@ -520,6 +620,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the torch.compile backend against the import path, call and steps")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.split:
+        for name in args.model.split(","):
+            with tempfile.TemporaryDirectory() as work:
+                us = backend_split(name, Path(work), max(args.calls, 100))
+            print(f"{name} (CPU us a call, medians): " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+                  + f"; call / import {us['call'] / us['import alone']:.2f}, call / eager {us['call'] / us['eager']:.2f}")
+        return 0
     if args.pieces:
         for name in args.model.split(","):
             with tempfile.TemporaryDirectory() as work:
