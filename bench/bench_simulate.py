@@ -593,8 +593,10 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
         cluster = cluster.with_nodes(max(1, gpus // cluster.gpus_per_node))
         res = simulate(prog, cluster, trace=False, memory=True)
         tps = local * TORCHTITAN_SEQ / res.step_time
-        eager = (simulate(prog, cluster, trace=False, memory=False, fusion=TORCHTITAN_EAGER[name])
+        eager = (simulate(prog, cluster, trace=False, memory=True, fusion=TORCHTITAN_EAGER[name])
                  if name in TORCHTITAN_EAGER else None)
+        eager_peak = (max(r.memory.peak for r in eager.ranks if r.memory is not None) / 2 ** 30
+                      if eager is not None else None)
         eager_tps = local * TORCHTITAN_SEQ / eager.step_time if eager is not None else None
         mfu = tps * torchtitan_flops_per_token(model) / TORCHTITAN_PEAK[cluster_name]
         rank = max(res.ranks, key=lambda r: r.end)
@@ -607,12 +609,14 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
                "compute_s": rank.compute, "waits_s": dict(rank.waits), "streams_s": dict(rank.comm),
                "kinds_s": dict(rank.kinds), "eager_tps": eager_tps,
                "eager_error": (eager_tps / pub - 1) if eager_tps else None,
-               "eager_step_s": eager.step_time if eager is not None else None, "seconds": time.perf_counter() - t0}
+               "eager_step_s": eager.step_time if eager is not None else None, "eager_peak_GiB": eager_peak,
+               "eager_memory_error": (eager_peak / pub_mem - 1) if eager_peak and pub_mem else None,
+               "seconds": time.perf_counter() - t0}
         rows.append(out)
         mem = f", peak {peak:.1f} GiB vs {pub_mem} ({peak / pub_mem - 1:+.1%})" if pub_mem else f", peak {peak:.1f} GiB"
         mfu_s = f", MFU {mfu:.1%} vs {pub_mfu:.1%}" if pub_mfu else ""
         if eager_tps:
-            mfu_s += f", eager {eager_tps:.0f} ({eager_tps / pub - 1:+.1%})"
+            mfu_s += f", eager {eager_tps:.0f} ({eager_tps / pub - 1:+.1%}; peak {eager_peak:.1f} GiB)"
         print(f"{name:>14} dp={gpus} zero3 AC {ac:<5} on {cluster_name}: published {pub:,} tokens/s/GPU, simulated "
               f"{tps:7.0f} ({tps / pub - 1:+.1%}){mfu_s}{mem}; step {res.step_time:.2f} s (compute {rank.compute:.2f}, "
               f"waits {sum(rank.waits.values()):.2f}, dp stream {sum(rank.comm.values()):.2f}) "

@@ -107,6 +107,34 @@ EAGER_KERNELS: dict[str, Callable[[Node], list[int]]] = {
 }
 
 
+def transient_bytes(node: Node) -> int:
+    """Bytes eager PyTorch's chain for ``node`` holds while it runs beyond the op's own operands
+    and results (its largest set of intermediates live at once), 0 for an op without a chain:
+
+    - ``rms_norm``: ``x.float()`` beside ``pow``'s or the product's f32 result, 8E;
+    - ``rms_norm_grad``: the f32 gradient of x accumulating over its two paths beside a step's
+      f32 operand and result, 12E;
+    - ``cross_entropy``: ``log_softmax``'s result beside the logits, V (it is what the backward
+      keeps, in place of the logits partita's program keeps: the same size);
+    - ``cross_entropy_grad``: ``nll_loss_backward``'s zeroed gradient beside the kept
+      ``log_softmax`` result and ``log_softmax_backward``'s result, V;
+    - ``adamw_update``: ``_foreach_sqrt``'s copy of the second moment, 4P (the foreach call
+      allocates it for every param of the group at once; counted here a param at a time).
+    """
+    op = node.op
+    if op == "rms_norm" and (x := _operand(node, 0)) is not None:
+        return 8 * x.numel
+    if op == "rms_norm_grad" and (x := _operand(node, 1)) is not None:
+        return 12 * x.numel
+    if op == "cross_entropy" and (lg := _operand(node, 0)) is not None:
+        return lg.nbytes
+    if op == "cross_entropy_grad" and (lg := _operand(node, 1)) is not None:
+        return lg.nbytes
+    if op == "adamw_update" and (p := _operand(node, 0)) is not None:
+        return 4 * p.numel
+    return 0
+
+
 def eager_ops(fusion: Any) -> frozenset[str]:
     """The ops priced as eager chains under ``fusion``: ``"fused"`` none, ``"eager"`` all of
     ``EAGER_KERNELS``, or a collection of their names (a run that fused some of them: e.g. a

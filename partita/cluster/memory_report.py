@@ -20,7 +20,9 @@ optimizer state) and the peak of everything live as the program runs in order.
 - constants the runtime computes once are counted for the whole step.
 
 The **peak** is the largest total of live bytes at any node; the report also gives what was
-live at that point by category.
+live at that point by category. ``eager``: ops priced as eager PyTorch's chains of kernels
+(``simulate(fusion=...)``, partita/cluster/eager.py): while one runs, the intermediates its chain
+holds (``eager.transient_bytes``) count too, as "activations and temporaries".
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Iterator
 from ..ir.graph import Graph, Value
 from ..ops.kinds import COLLECTIVE_OPS, UPDATE_OPS as UPDATES, VIEW_OPS as VIEWS
 from ..ops.registry import OPS
+from .eager import transient_bytes
 from .hardware import Device, format_quantity
 
 # What a gradient passes through between its reduction and the update that reads it.
@@ -150,8 +153,9 @@ def constant_bytes(graph: Graph) -> int:
                and n.results[0] not in outputs)
 
 
-def memory_report(graph: Graph) -> MemoryReport:
-    """The memory of one run of ``graph`` on one rank (see the module docstring)."""
+def memory_report(graph: Graph, eager: frozenset[str] = frozenset()) -> MemoryReport:
+    """The memory of one run of ``graph`` on one rank (see the module docstring); ``eager``: the
+    ops whose eager chains' intermediates count while they run."""
     params = sum(v.type.nbytes for v in graph.inputs if v.role == "param")
     optimizer = sum(v.type.nbytes for v in graph.inputs if v.role == "state")
     batch = sum(v.type.nbytes for v in graph.inputs if v.role not in ("param", "state"))
@@ -161,9 +165,11 @@ def memory_report(graph: Graph) -> MemoryReport:
     peak, peak_node = base, ""
     peak_at = {"activations and temporaries": 0, "communication": 0, "gradients": 0}
     for _, n, consts, live in live_bytes(graph, grads_v):
-        total = base + consts + sum(live.values())
+        extra = transient_bytes(n) if n.op in eager else 0
+        total = base + consts + sum(live.values()) + extra
         if total > peak:
             peak, peak_at, peak_node = total, dict(live), where_of(n)
+            peak_at["activations and temporaries"] += extra
     at_peak = {"params": params, "optimizer state": optimizer, "batch": batch,
                "constants": constant_bytes(graph), **peak_at}
     return MemoryReport(params, grads, optimizer, batch, peak, at_peak, peak_node)

@@ -441,7 +441,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
                             progress=progress)
     try:
-        eager_ops(fusion)
+        eager = eager_ops(fusion)
     except ValueError as e:
         raise SimulationError(f"simulate: {e}") from None
     sections = getattr(program, "unrolled", True) is False
@@ -508,7 +508,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     for r in reps:
         p = prog_of[r]
         st = sim.state[r]
-        mem = (template_memory(r) if sections else memory_report(p.graph)) if memory else None
+        mem = (template_memory(r) if sections else memory_report(p.graph, eager)) if memory else None
         ranks.append(RankResult(r, count[r], st.clock, st.busy, st.waiting, dict(st.comm_busy), p.flops,
                                 p.kinds, mem, dict(st.waits)))
         hw += p.flops * count[r]

@@ -65,3 +65,16 @@ def test_a_collection_prices_only_those_ops_and_unknown_names_are_refused():
     from partita.cluster.simulator import SimulationError
     with pytest.raises(SimulationError, match="simulate: fusion must be one of fused, eager"):
         simulate(step, c, trace=False, memory=False, fusion="compiled")
+
+
+def test_eager_memory_counts_the_chains_intermediates():
+    from partita.cluster.eager import transient_bytes
+    from partita.cluster.memory_report import memory_report
+
+    step = _step()
+    fused = memory_report(step)     # type: ignore[arg-type]
+    eager = memory_report(step, frozenset({"cross_entropy", "cross_entropy_grad"}))    # type: ignore[arg-type]
+    ce = [n for n in step.nodes if n.op in ("cross_entropy", "cross_entropy_grad")]    # type: ignore[attr-defined]
+    assert all(transient_bytes(n) == n.operands[0 if n.op == "cross_entropy" else 1].type.nbytes for n in ce)
+    assert fused.peak <= eager.peak <= fused.peak + max(transient_bytes(n) for n in ce)
+    assert memory_report(step, frozenset()).peak == fused.peak     # type: ignore[arg-type]
