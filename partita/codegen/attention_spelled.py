@@ -279,6 +279,9 @@ def _term_4d(graph: Graph, at: Node, x: Value, term: Value, flat: bool, made: li
     if flat and len(shape) == 3 and shape[0] != 1 and not _broadcasts(shape, x.type.shape):
         if shape[0] != b * h:
             return None
+        src = term.producer   # a reshape of a reshape is one reshape: the fuser then sees the
+        if src is not None and src.op == "reshape":   # bias's own producer (BLOOM's [B, H, S])
+            term = src.operands[0]
         return _made(graph, at, "reshape", [term], {"shape": [b, h, *shape[1:]]}, made)
     return term if _broadcasts(shape, x.type.shape) else None
 
