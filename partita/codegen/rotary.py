@@ -25,7 +25,13 @@ Also taken (issue 37):
 - **grouped-query attention's k/v repeat** (``repeat_of``: unsqueeze, broadcast, reshape) of
   both k and v by the same group: the node reads the unrepeated k and v (heads H / group) and
   the kernel reads key/value head h / group for query head h, so the repeated copies never
-  exist.
+  exist;
+- **rotation in pairs** (GPT-J, CodeGen: ``rotate_every_two``, pairs (2i, 2i + 1)) becomes
+  ``rotary_pairs``, and a rotation in the [B, T, H, E] layout before a transpose that keeps the
+  last axis is moved after it, the tables transposed alike (``_match_moved``);
+- **x or the tables spelled once per reader** (OLMo's views of the clamped projection, CodeGen's
+  tables made per tensor): values made by the same view ops from the same data count as one
+  (``same_value``).
 """
 
 from __future__ import annotations
