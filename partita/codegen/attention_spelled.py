@@ -23,6 +23,11 @@ terms added to the 3-d scores (``q k^T + c2p + p2c``) become the additive mask, 
 fill ``where(cond, lowest, s)`` before the softmax becomes ``where(cond, lowest, term)``: the
 masked scores round to the same lowest value, so a row with every key masked still gets equal
 weights as before.
+
+BLOOM's ALiBi attention (``baddbmm(alibi, q, k^T, alpha=scale)`` in the batched 3-d form, viewed
+as [B, H, T, S], plus the mask) carries two terms: up to two are taken, each added to the 4-d
+scores or to their [B * H, T, S] form, and the mask is their sum, a [B * H, ...] term reshaped
+to [B, H, ...] (``_term_4d``).
 """
 
 from __future__ import annotations
