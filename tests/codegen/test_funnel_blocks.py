@@ -99,3 +99,34 @@ def test_exact_rows_are_taken():
     assert tidy_view_writes(g) == 1
     np.testing.assert_allclose(run_reference(g, inputs)[0], before[0])
     np.testing.assert_allclose(before[0], inputs["u"])
+
+
+@pytest.mark.parametrize("shape,axes,perm,out", [
+    ((4, 7, 3, 5), (4,), (0, 2, 3, 1, 4), (12, 5, 7)),          # einsum's "bind,bjnd->bnij" operand
+    ((2, 3, 5), (0, 3), (3, 2, 0, 1, 4), (5, 6)),
+    ((3, 4), (1,), (2, 1, 0), (4, 3)),
+])
+def test_unit_axes_before_a_transpose_read_by_reshapes(shape, axes, perm, out):
+    b = Builder()
+    x = b.input("x", T(*shape))
+    t = b.transpose(b.unsqueeze(b.mul(x, x), axes=axes), perm=perm)
+    g = verify(b.ret(b.reshape(t, shape=out), b.reshape(t, shape=(-1,))))
+    inputs = random_inputs(g, len(shape))
+    before = run_reference(g, inputs)
+    want = (torch.from_numpy(inputs["x"]) ** 2).unsqueeze(axes[0])
+    if len(axes) > 1:
+        want = want.unsqueeze(axes[1])
+    np.testing.assert_allclose(before[0], want.permute(perm).reshape(out).numpy(), rtol=1e-6)
+    assert tidy_view_writes(g) == 1
+    verify(g)
+    assert "unsqueeze" not in [n.op for n in g.nodes]
+    for got, ref in zip(run_reference(g, inputs), before):
+        np.testing.assert_allclose(got, ref)
+
+
+def test_unit_axes_stay_where_the_transpose_is_read_otherwise():
+    b = Builder()
+    x = b.input("x", T(2, 3))
+    t = b.transpose(b.unsqueeze(x, axes=(2,)), perm=(2, 1, 0))
+    g = verify(b.ret(b.mul(t, t)))
+    assert tidy_view_writes(g) == 0
