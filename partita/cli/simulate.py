@@ -61,6 +61,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="a pipeline's per-microbatch weight-gradient sums: a separate add (default, as "
                         "Megatron-LM 2021 ran them) or in the epilogue of the GEMM computing each gradient "
                         "(gradient-accumulation fusion, on by default in Megatron-LM since 2022); not with --unroll")
+    s.add_argument("--fusion", default="fused", metavar="fused|eager|OP,OP",
+                   help="how the run being priced fuses: fused (default: each op one kernel, as partita "
+                        "runs it), eager (uncompiled PyTorch: RMSNorm, cross-entropy and a foreach AdamW as "
+                        "their chains of kernels), or a comma list of those ops priced eager")
     s.add_argument("--every-rank", action="store_true", help="simulate every rank, not alike ranks once")
     s.add_argument("--check-memory", action="store_true",
                    help="fail when a rank exceeds its device's memory (a pipeline's stages walked in schedule order, "
@@ -262,6 +266,11 @@ def _model(args: argparse.Namespace, strategy: str, cp: int | None = None) -> An
     return training_step(fwd, loss=loss, optimizer=args.train, **opts)
 
 
+def _fusion_arg(text: str) -> str | tuple[str, ...]:
+    """``--fusion``: ``fused``, ``eager`` or a comma list of op names (checked by ``simulate``)."""
+    return text if text in ("fused", "eager") else tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster, simulate
     from ..cluster.hardware import ClusterError
@@ -317,7 +326,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"parallelize for {prog.mesh} with {prog.strategy}: {t2 - t1:.2f} s")
     res = simulate(prog, cluster, dedup=not args.every_rank,
                    trace=args.trace is not None or args.html is not None,
-                   check_memory=args.check_memory, grad_sums=args.grad_sums, progress=print)
+                   check_memory=args.check_memory, grad_sums=args.grad_sums,
+                   fusion=_fusion_arg(args.fusion), progress=print)
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
     if pp and not unroll and not args.check_memory:

@@ -232,3 +232,21 @@ def test_grad_sums_gemm_prices_a_pipelines_gradient_sums_in_the_gemm(capsys):
     assert step_ms(["--grad-sums", "gemm"]) < step_ms([])
     assert main(argv + ["--unroll", "--grad-sums", "gemm"]) != 0
     assert "unroll=False" in capsys.readouterr().err
+
+
+def test_fusion_eager_prices_the_uncompiled_chains_and_bad_names_are_refused(capsys):
+    """--fusion eager prices what uncompiled PyTorch runs as chains of kernels (a longer step);
+    an op with no known chain is one clear error naming the ops that have one."""
+    argv = ["simulate", "--gpt", "4,256,4,128,1000,8", "--mesh", "dp=2"]
+
+    def step_ms(extra: list[str]) -> float:
+        assert main(argv + extra) == 0
+        out = capsys.readouterr().out
+        m = re.search(r"simulated step on .*: ([0-9.]+) ms", out)
+        assert m, out
+        return float(m.group(1))
+
+    assert step_ms(["--fusion", "eager"]) > step_ms([])
+    assert main(argv + ["--fusion", "rms_norm,bogus"]) != 0
+    err = capsys.readouterr().err
+    assert "bogus" in err and "rms_norm" in err and "Traceback" not in err
