@@ -247,14 +247,14 @@ def repeat_of(v: Value) -> Value | None:
     return x if vs == xs[:-3] + (xs[-3] * bs[-3],) + xs[-2:] else None
 
 
-def _rope_before_repeat(k: Value) -> tuple[tuple[Value, Value, Value], Value] | None:
+def _rope_before_repeat(k: Value, pairs: bool = False) -> tuple[tuple[Value, Value, Value], Value] | None:
     """((xk, cos, sin), the rotated value) when k = repeat(rope(xk)) (``repeat_of``) with cos and
     sin the same for every head: then rope(repeat(xk)) = repeat(rope(xk)), and the kernel may
-    rotate the repeated xk."""
+    rotate the repeated xk (``pairs`` as ``rope_parts``)."""
     rotated = repeat_of(k)
     if rotated is None or len(rotated.users) != 1 or rotated.is_output:
         return None
-    parts = rope_parts(rotated)
+    parts = rope_parts(rotated, pairs)
     if parts is None:
         return None
     for t in parts[1:]:
@@ -304,21 +304,24 @@ def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -
         return None
     if q.type.shape[-2] != k.type.shape[-2]:
         return None
-    rq = any_rope_parts(q)
+    rq = _rope_either(q)
     if rq is None:
         return _match_moved(q, k, v)
+    pairs = rq[4]
     group = _kv_group(k, v, q.type.shape[-3]) if q.type.rank >= 3 else None
     rotated, rk = None, None
     if group is not None and len(group[0].users) == 1 and not group[0].is_output:
-        rk = any_rope_parts(group[0])
+        rk = any_rope_parts(group[0], pairs)
     if rk is None:
         group = None
-        rk = any_rope_parts(k)
+        rk = any_rope_parts(k, pairs)
         if rk is None:
-            before = _rope_before_repeat(k)
+            before = _rope_before_repeat(k, pairs)
             if before is not None:
                 rk, rotated = (*before[0], q.type.shape[-1]), before[1]
-    if rk is None or rq[1] is not rk[1] or rq[2] is not rk[2] or rq[0] is rk[0] or rq[3] != rk[3]:
+    if rk is None or rq[0] is rk[0] or rq[3] != rk[3]:
+        return None
+    if not (same_value(rq[1], rk[1]) and same_value(rq[2], rk[2])):
         return None
     cos, sin, rd = rq[1], rq[2], rq[3]
     if not (_table_ok(cos.type, q.type, rd) and _table_ok(sin.type, q.type, rd)):
@@ -326,8 +329,8 @@ def match_rotary(q: Value, k: Value, v: Value, q_reader: Node, k_reader: Node) -
     if group is not None and not (_heads_shared(cos) and _heads_shared(sin)):
         return None
     if rotated is not None:   # the repeat of the rotated k stays, reading the unrotated k
-        return RotaryPlan(rq[0], k, v, cos, sin, rd, rotated)
-    return RotaryPlan(rq[0], rk[0], group[1] if group is not None else v, cos, sin, rd, None)
+        return RotaryPlan(rq[0], k, v, cos, sin, rd, rotated, pairs)
+    return RotaryPlan(rq[0], rk[0], group[1] if group is not None else v, cos, sin, rd, None, pairs)
 
 
 def _under_transpose(v: Value) -> tuple[Value, tuple[int, ...] | None]:
@@ -360,8 +363,7 @@ def _permuted(t, perm: tuple[int, ...] | None):
 
 
 def _match_moved(q: Value, k: Value, v: Value) -> RotaryPlan | None:
-    """The plan for q and k rotated in pairs (GPT-J's rotate_every_two) and/or before one transpose
-    that keeps the last axis (q = transpose(rope(x)), GPT-J's and CodeGen's [B, T, H, E] rotation):
+    """The plan for q and k rotated (in halves or pairs) before one transpose that keeps the last axis (q = transpose(rope(x)), GPT-J's and CodeGen's [B, T, H, E] rotation):
     transpose(rope(x)) = rope'(transpose(x)) with the tables transposed alike, so the node reads
     transpose(x) and the transposed tables. Tables of q and k the same data (``same_value``)."""
     xq, pq = _under_transpose(q)
@@ -369,8 +371,8 @@ def _match_moved(q: Value, k: Value, v: Value) -> RotaryPlan | None:
     rq, rk = _rope_either(xq), _rope_either(xk)
     if rq is None or rk is None or pq != pk or rq[4] != rk[4] or rq[3] != rk[3] or rq[0] is rk[0]:
         return None
-    if pq is None and not rq[4]:
-        return None   # the plain form, which match_rotary has refused already
+    if pq is None:
+        return None   # no transpose: match_rotary's forms, refused already
     if not (same_value(rq[1], rk[1]) and same_value(rq[2], rk[2])):
         return None
     cos, sin, rd = rq[1], rq[2], rq[3]
@@ -395,7 +397,7 @@ def apply_rotary(graph: Graph, plan: RotaryPlan, at: Node, attrs: dict, rest: li
     ``rest``) inserted before ``at``, its results read where the values ``results`` (out, lse;
     None for one not there) were; the old nodes are left for the caller to erase."""
     if plan.rotated is not None:   # the repeat reads the unrotated k; the kernel rotates what it repeats
-        graph.replace_all_uses(plan.rotated, _unrotated(plan.rotated))
+        graph.replace_all_uses(plan.rotated, _unrotated(plan.rotated, plan.pairs))
         assert plan.rotated.producer is not None
         erase_if_dead(graph, plan.rotated.producer)
     attrs = dict(attrs)
@@ -417,9 +419,9 @@ def apply_rotary(graph: Graph, plan: RotaryPlan, at: Node, attrs: dict, rest: li
     return new
 
 
-def _unrotated(rotated: Value) -> Value:
-    """x of a whole-head rotation ``rotated`` = rope(x)."""
-    parts = rope_parts(rotated)
+def _unrotated(rotated: Value, pairs: bool = False) -> Value:
+    """x of a whole-head rotation ``rotated`` = rope(x) (``pairs`` as ``rope_parts``)."""
+    parts = rope_parts(rotated, pairs)
     assert parts is not None
     return parts[0]
 

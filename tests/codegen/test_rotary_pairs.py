@@ -3,7 +3,7 @@ the interleaved rotation (``rotate_every_two``: pairs (2i, 2i + 1)) of a partial
 in the [B, T, H, E] layout before a transpose becomes ``rotary_attention {rotary_pairs}`` on the
 transposed q and k, and a rotation whose x the importer spelled once per reader (OLMo: views of
 a clamped projection) is taken as one. Reference interpreter before and after the pass, the
-compiled program against it, odd shapes, and GPT-J, CodeGen and OLMo against eager."""
+compiled program against it, odd shapes, and GPT-J, CodeGen, Cohere and OLMo against eager."""
 
 from __future__ import annotations
 
@@ -99,6 +99,34 @@ def test_gptj_interleaved_rotation_before_a_transpose_becomes_one_rotary_attenti
     assert len(prog.attention_kernels) == 1
 
 
+@pytest.mark.parametrize("t,e,rd", [(7, 16, 16), (3, 16, 6)])
+def test_pairs_after_the_transpose_with_grouped_k_and_v_read_unrepeated(t, e, rd):
+    """Cohere's form: [B, H, T, E] rotated in pairs, k and v repeated for grouped-query heads."""
+    b = Builder()
+    heads, kv = 4, 2
+    q, k = b.input("q", T(2, heads, t, e)), b.input("k", T(2, kv, t, e))
+    v = b.input("v", T(2, kv, t, 16))
+    cos, sin = b.input("cos", T(1, 1, t, rd)), b.input("sin", T(1, 1, t, rd))
+
+    def rot(x):
+        if rd == e:
+            return _rope_pairs(b, x, cos, sin)
+        return b.concat(_rope_pairs(b, b.slice(x, axis=3, end=rd), cos, sin), b.slice(x, axis=3, start=rd), axis=3)
+
+    def repeat(x):
+        n, h, tt, ee = x.type.shape
+        return b.reshape(b.broadcast_to(b.unsqueeze(x, axes=(2,)), shape=(n, h, heads // kv, tt, ee)),
+                         shape=(n, heads, tt, ee))
+
+    out, _ = b.attention(rot(q), repeat(rot(k)), repeat(v), causal=True)
+    fused, prog = _fuse_and_run(verify(b.ret(out)))
+    ops = [n.op for n in fused.nodes]
+    assert ops == ["rotary_attention"], ops
+    node = list(fused.nodes)[0]
+    assert node.attrs["rotary_pairs"] is True and node.operands[1].type.shape[1] == kv
+    assert len(prog.attention_kernels) == 1
+
+
 def test_pairs_with_different_tables_for_q_and_k_stay_as_they_are():
     out, _ = _fuse_and_run(_gptj_graph(same_tables=False))
     assert not any(n.op == "rotary_attention" for n in out.nodes)
@@ -140,10 +168,13 @@ def test_the_op_torch_form_equals_its_reference_in_pairs(rd):
 @pytest.mark.parametrize("name,cls,cfg", [
     ("gptj", "GPTJForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=32)),
     ("codegen", "CodeGenForCausalLM", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=32, n_ctx=32)),
+    ("cohere", "CohereForCausalLM", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, use_qk_norm=False,
+                                         max_position_embeddings=32)),
     ("olmo", "OlmoForCausalLM", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2, clip_qkv=8.0, max_position_embeddings=32)),
 ])
-def test_gptj_codegen_and_olmo_run_one_rotary_attention_step_and_equal_eager(name, cls, cfg):
+def test_gptj_codegen_cohere_and_olmo_run_one_rotary_attention_step_and_equal_eager(name, cls, cfg):
     transformers = pytest.importorskip("transformers")
     from lm_helpers import compiled_lm
 
