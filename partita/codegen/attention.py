@@ -139,7 +139,7 @@ class _AttentionEmitter:
         self.vi = f"<{L} x i32>"
         # the rotation's vectors: the widest of at most L lanes (4 or more) that divides half a head
         self.RL = next((w for w in (L, L // 2, L // 4) if w >= 4 and self.h % w == 0), 0)
-        self.vec_rope = rope and self.rd == e and self.RL > 0 and not pairs
+        self.vec_rope = rope and self.rd == e and self.RL > 0
         self.lanes_i32 = [f"<{', '.join(f'i32 {v * L + i}' for i in range(L))}>" for v in range(self.NVS)]
         # the block that enters the key blocks
         self.tile = f"qrot{self.MR - 1}.end" if rope and not self.vec_rope else "qt"
@@ -211,6 +211,9 @@ class _AttentionEmitter:
         the high half x_hi c + x_lo s, at position pos of the cos and sin tables."""
         a, L, h = self.out.append, self.RL, self.h
         vt = f"<{L} x float>"
+        if self.pairs:
+            self.vrot_pairs(tag, row, pos, dst, scale)
+            return
         for t, st in (("c", "cr"), ("s", "sr")):
             src = "cosh" if t == "c" else "sinh"
             a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
@@ -241,6 +244,41 @@ class _AttentionEmitter:
                 off = i * L if part == "lo" else h + i * L
                 a(f"  %{tag}.{part}d{i} = getelementptr inbounds float, ptr {dst}, i64 {off}")
                 a(f"  store {vt} {res}, ptr %{tag}.{part}d{i}, align 4")
+
+    def vrot_pairs(self, tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
+        """dst[0:E] = rope(row)[0:E] (times scale) for pairs (2i, 2i + 1) with vectors of RL lanes:
+        x c + rotate_pairs(x) s, rotate_pairs(x) a shuffle of x and -x."""
+        a, L = self.out.append, self.RL
+        vt = f"<{L} x float>"
+        mask = ", ".join(f"i32 {j + 1 if j % 2 == 0 else L + j - 1}" for j in range(L))
+        for t, st in (("c", "cr"), ("s", "sr")):
+            src = "cosh" if t == "c" else "sinh"
+            a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
+            a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
+        sp = None
+        if scale is not None:
+            a(f"  %{tag}.sc.0 = insertelement {vt} poison, float {scale}, i64 0")
+            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc.0, {vt} poison, <{L} x i32> zeroinitializer")
+            sp = f"%{tag}.sc"
+        for i in range(self.e // L):
+            off = i * L
+            a(f"  %{tag}.xp{i} = getelementptr float, ptr {row}, i64 {off}")
+            a(f"  %{tag}.x{i} = load {vt}, ptr %{tag}.xp{i}, align 4")
+            for t in ("c", "s"):
+                a(f"  %{tag}.{t}p{i} = getelementptr float, ptr %{tag}.{t}r, i64 {off}")
+                a(f"  %{tag}.{t}{i} = load {vt}, ptr %{tag}.{t}p{i}, align 4")
+            # rh[2j] = -x[2j + 1], rh[2j + 1] = x[2j]: lanes of (-x, x)
+            a(f"  %{tag}.n{i} = fneg {vt} %{tag}.x{i}")
+            a(f"  %{tag}.rh{i} = shufflevector {vt} %{tag}.n{i}, {vt} %{tag}.x{i}, <{L} x i32> <{mask}>")
+            a(f"  %{tag}.m1_{i} = fmul {vt} %{tag}.x{i}, %{tag}.c{i}")
+            a(f"  %{tag}.m2_{i} = fmul {vt} %{tag}.rh{i}, %{tag}.s{i}")
+            a(f"  %{tag}.r{i} = fadd {vt} %{tag}.m1_{i}, %{tag}.m2_{i}")
+            res = f"%{tag}.r{i}"
+            if sp is not None:
+                a(f"  %{tag}.rs{i} = fmul {vt} {res}, {sp}")
+                res = f"%{tag}.rs{i}"
+            a(f"  %{tag}.d{i} = getelementptr inbounds float, ptr {dst}, i64 {off}")
+            a(f"  store {vt} {res}, ptr %{tag}.d{i}, align 4")
 
     # --- the parts of the kernel, in order ---------------------------------------------------
 

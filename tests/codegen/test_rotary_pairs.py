@@ -185,3 +185,26 @@ def test_gptj_codegen_cohere_and_olmo_run_one_rotary_attention_step_and_equal_ea
     assert ops.count("rotary_attention") == 2 and "neg" not in ops, (name, ops)
     got = prog([ids])[0]
     assert float((got - want).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("e", [8, 12, 16, 24, 32, 64])
+@pytest.mark.parametrize("rd_part", [False, True])
+def test_the_kernel_in_pairs_equals_the_op_torch_form_for_head_sizes(e, rd_part):
+    """The generated kernel's rotation in pairs (vectors for a whole head, scalars for a part)."""
+    from partita.codegen.attention import PreparedAttention
+    from partita.ops.registry import OPS
+
+    rd = e // 2 - (e // 2) % 2 if rd_part else e
+    if rd == 0:
+        pytest.skip("no rotated part")
+    g = torch.Generator().manual_seed(e)
+    t = 11
+    q, k = (torch.randn(2, 3, t, e, generator=g) for _ in range(2))
+    v = torch.randn(2, 3, t, 16, generator=g)
+    cos, sin = (torch.randn(1, 1, t, rd, generator=g) for _ in range(2))
+    pa = PreparedAttention((2, 3), t, t, e, 16, None, True, rope=True, rot_dim=rd if rd < e else 0,
+                           rotary_pairs=True)
+    got = pa(q, k, v, None, cos, sin)[0]
+    attrs = OPS["rotary_attention"].normalize_attrs({"causal": True, "rotary_dim": rd, "rotary_pairs": True})
+    want = OPS["rotary_attention"].torch([q, k, v, cos, sin], attrs)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
