@@ -60,6 +60,7 @@ RULES["rotary_attention"] = NOT_DIFFERENTIABLE
 RULES["add_norm"] = NOT_DIFFERENTIABLE
 RULES["group_norm"] = NOT_DIFFERENTIABLE   # codegen/group_norm.py: made for inference by fuse-library
 RULES["pool_mixer"] = NOT_DIFFERENTIABLE   # codegen/token_mixer.py: made for inference by CompiledProgram
+RULES["se_block"] = NOT_DIFFERENTIABLE   # codegen/se_block.py: made for inference by CompiledProgram
 RULES["grn"] = NOT_DIFFERENTIABLE          # codegen/grn.py: ConvNeXt v2's response norm, made for inference by fuse-library
 RULES["rel_scores"] = NOT_DIFFERENTIABLE   # codegen/disentangled.py: DeBERTa-v2's c2p / p2c terms, for inference
 # Quantized forms are for inference (partita.passes.quantize runs after any training; a QDQ

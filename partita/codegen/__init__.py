@@ -33,6 +33,7 @@ from . import library  # noqa: F401  (registers conv2d_pointwise, linear_pointwi
 from . import inference  # noqa: F401  (registers the fold-batch-norm pass)
 from . import layout  # noqa: F401  (registers the assign-layout pass)
 from . import token_mixer  # noqa: F401  (registers the pool_mixer op)
+from . import se_block  # noqa: F401  (registers the se_block op)
 from .fusion import FuseKernels, body_of, plan_groups
 from .jit import CodegenError, cache_dir, jit
 from .aten_fallback import fallbacks
@@ -93,6 +94,9 @@ class CompiledProgram:
             from .cnn_blocks import global_pools_flattened
 
             global_pools_flattened(g)   # a global mean's flatten folded into it
+            from .se_block import fuse_se_blocks
+
+            fuse_se_blocks(g)   # squeeze-excitation's mean, two 1 x 1 convolutions, gate and product as one step
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)
@@ -137,6 +141,7 @@ class CompiledProgram:
 
         from .pool import max_pool_kernel, mean_kernel
         from .token_mixer import pool_mixer_kernel
+        from .se_block import se_block_kernel
 
         self.program = TorchProgram(g, donate=donate, overlap=overlap,
                                     kernels={"adamw_update": adamw, "matmul": matmul,
@@ -146,7 +151,7 @@ class CompiledProgram:
                                              "layer_norm": norm_kernel, "rms_norm": norm_kernel,
                                              "add_norm": norm_kernel, "group_norm": preact_group_norm_kernel, "pad": pad_kernel,
                                              "grn": grn_kernel, "rel_scores": rel_scores_kernel,
-                                             "pool_mixer": pool_mixer_kernel})
+                                             "pool_mixer": pool_mixer_kernel, "se_block": se_block_kernel})
         after = _stats()
         self.kernels = [n for n in g.nodes if n.op == "fused"]
         self._weights: Any = None

@@ -338,6 +338,7 @@ for _n in ("conv2d_pointwise", "linear_pointwise", "rotary_attention", "add_norm
     RULES[_n] = _replicated(_n)
 RULES["group_norm"] = _replicated("group_norm")   # codegen/group_norm.py: single-device inference too
 RULES["pool_mixer"] = _replicated("pool_mixer")   # codegen/token_mixer.py: single-device inference too
+RULES["se_block"] = _replicated("se_block")   # codegen/se_block.py: single-device inference too
 RULES["rel_scores"] = _replicated("rel_scores")   # codegen/disentangled.py: single-device inference too
 
 
