@@ -88,15 +88,14 @@ class CompiledProgram:
             from .token_mixer import fold_residual_scales, fuse_pool_mixers
 
             fuse_pool_mixers(g)   # PoolFormer's norm, pool, sub, scale and residual as one step
+            from .se_block import fuse_se_blocks
+            fuse_se_blocks(g)   # squeeze-excitation's mean, two 1 x 1 convolutions, gate and product as one step
             if freeze:
                 fold_residual_scales(g)   # r + s * conv(x): s into the weights, r the conv's epilogue
             g = PassManager.parse("assign-layout").run(g)
             from .cnn_blocks import global_pools_flattened
 
             global_pools_flattened(g)   # a global mean's flatten folded into it
-            from .se_block import fuse_se_blocks
-
-            fuse_se_blocks(g)   # squeeze-excitation's mean, two 1 x 1 convolutions, gate and product as one step
         if fuse:
             g = FuseKernels(FuseKernels.Options(min_ops=min_ops)).run(g)
             g = DeadCodeElimination().run(g)

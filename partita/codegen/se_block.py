@@ -10,13 +10,14 @@ two ``conv2d_pointwise`` of a 1 x 1 map, the gate's elementwise ops, the ``mul``
     %y = se_block(%x, %w1, %b1, %w2, %b2) {act="relu", gate="hardsigmoid"}
 
 whose reference is the ops' references in order. The step (``se_block_kernel``) measures two
-candidates at its first call (codegen/choose.py): the generated global mean (pool.py's kernel
-over channels-last or NCHW memory), the two matvecs and activations on the [N, C] means in
-place, and the scaling written in x's memory format, against ATen's ops in turn.
+candidates at its first call (codegen/choose.py): the generated kernel (``se_ir``: per image
+the mean over the channels-last map, the two matvecs and activations on the stack, the scaling
+pass into a channels-last result) against ATen's ops in turn.
 """
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node, Value
 from ..ops._lazy import torch
 from ..ops.registry import AttrSpec, Cost, OpDef, register
+from .norm import f32_hex
 
 __all__ = ["fuse_se_blocks", "se_block_kernel", "ACTS", "GATES"]
 
@@ -149,8 +151,18 @@ def _binary_const(n: Node | None, v: Value, op: str, value: float) -> Node | Non
 
 
 def _gate(g: Value) -> tuple[str, Value] | None:
-    """(the gate's kind, its result) of the elementwise ops after the second convolution."""
+    """(the gate's kind, its result) of the elementwise ops after the second convolution (written
+    out, or a ``fused`` kernel of just them, fuse-library's)."""
     n = _only_user(g)
+    if n is not None and n.op == "fused" and len(n.operands) == 1 and len(n.results) == 1:
+        from .fused_body import body_graph
+
+        body = body_graph(n.attrs["body"])
+        inner = _gate(body.inputs[0]) if len(body.inputs) == 1 and len(body.outputs) == 1 else None
+        others = [b for b in body.nodes if b.op not in ("full", "sigmoid", "add", "maximum", "minimum", "div")]
+        if inner is None or inner[1] is not body.outputs[0] or others or body.outputs[0].type != g.type:
+            return None
+        return inner[0], n.results[0]
     if n is not None and n.op == "sigmoid" and len(n.operands) == 1:
         return "sigmoid", n.results[0]
     add = _binary_const(n, g, "add", 3.0)
@@ -218,31 +230,35 @@ def fuse_se_blocks(graph: Graph) -> int:
 # --- the step --------------------------------------------------------------------------------
 
 class PreparedSE:
-    """One node's block on x [N, C, H, W]: the generated mean in x's memory format, the matvecs
-    on the [N, C] means in preallocated buffers, the scaling into a result of x's format."""
+    """One node's block on x [N, C, H, W] in channels-last memory: ``se_ir``'s kernel (the mean,
+    the two matvecs and activations on the stack, the scaling pass) into a channels-last result."""
 
     def __init__(self, shape: tuple, act: str, gate: str, cr: int) -> None:
-        from .pool import PreparedMean
+        from .jit import range_kernel
+        from .lowering import vector_width
 
-        n, c = int(shape[0]), int(shape[1])
-        self.shape = tuple(int(v) for v in shape)
-        self.means = {cl: PreparedMean(self.shape, (n, c), cl) for cl in (True, False)}
-        self.act, self.gate = act, gate
-        self.h = torch.empty((n, cr), dtype=torch.float32)
-        self.s = torch.empty((n, c), dtype=torch.float32)
-        self.w: Any = None   # the weights transposed once: (w1t, b1, w2t, b2)
+        n, c, h, w = (int(v) for v in shape)
+        self.shape = (n, c, h, w)
+        name = f"pt_se_l{vector_width()}_hw{h * w}_c{c}_r{cr}_{act}_{gate}"
+        self.fn = range_kernel(("se_block", vector_width(), h * w, c, cr, act, gate),
+                               lambda: (name, se_ir(name, h * w, c, cr, act, gate)))
+        self.params = (ctypes.c_int64 * 6)()
+        self.w: Any = None   # the weights as contiguous tensors, with the tensor they came from
 
     def __call__(self, args: list) -> Any:
         x = args[0]
+        cl = torch.channels_last
+        if not x.is_contiguous(memory_format=cl):
+            x = x.contiguous(memory_format=cl)
         w = self.w
         if w is None or w[4] is not args[1]:
-            w = self.w = (args[1].flatten(1).t().contiguous(), args[2].reshape(-1),
-                          args[3].flatten(1).t().contiguous(), args[4].reshape(-1), args[1])
-        cl = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        m = self.means[cl](x)
-        _act_torch(torch.addmm(w[1], m, w[0], out=self.h), self.act)
-        _act_torch(torch.addmm(w[3], self.h, w[2], out=self.s), self.gate)
-        return x * self.s.view(self.shape[0], self.shape[1], 1, 1)
+            w = self.w = (*(t.contiguous() for t in args[1:]), args[1])
+        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl)
+        p = self.params
+        p[0], p[1], p[2], p[3], p[4], p[5] = (x.data_ptr(), y.data_ptr(), w[0].data_ptr(), w[1].data_ptr(),
+                                              w[2].data_ptr(), w[3].data_ptr())
+        self.fn(p, 0, self.shape[0], 0)
+        return y
 
 
 def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
@@ -262,7 +278,7 @@ def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
         warnings.warn(f"partita: the generated squeeze-excitation did not compile ({e}); ATen runs it",
                       RuntimeWarning, stacklevel=2)
         return None
-    key = f"se_block x={'x'.join(map(str, shape))} cr={node.operands[1].type.shape[0]} {node.attrs['act']} " \
+    key = f"se_block v2 x={'x'.join(map(str, shape))} cr={node.operands[1].type.shape[0]} {node.attrs['act']} " \
           f"{node.attrs['gate']}"
     ref = weakref.ref(node)
     where = describe_node(node)
@@ -270,7 +286,7 @@ def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
 
     def step(args: list, attrs: dict) -> Any:
         x = args[0]
-        if not x.is_cpu or x.dtype is not torch.float32:
+        if not x.is_cpu or any(a.dtype is not torch.float32 for a in args):
             return _torch(args, attrs)
         if not picked:
             name = choose.choose(key, {"generated": lambda: gen(args), "aten": lambda: _torch(args, attrs)},
@@ -278,3 +294,161 @@ def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
             picked.append(gen if name == "generated" else (lambda a: _torch(a, attrs)))
         return picked[0](args)
     return step
+
+
+# --- the generated kernel --------------------------------------------------------------------
+
+def _act_ir(a: Callable[[str], None], v: str, out: str, kind: str) -> None:
+    """IR computing ``out`` = the activation or gate ``kind`` of the float ``v``."""
+    if kind == "relu":
+        a(f"  {out} = call float @llvm.maxnum.f32(float {v}, float 0.0)")
+    elif kind in ("sigmoid", "silu"):
+        a(f"  {out}.n = fneg float {v}")
+        a(f"  {out}.e = call float @llvm.exp.f32(float {out}.n)")
+        a(f"  {out}.d = fadd float {out}.e, 1.0")
+        a(f"  {out} = fdiv float {'1.0' if kind == 'sigmoid' else v}, {out}.d")
+    elif kind == "hardsigmoid":
+        a(f"  {out}.a = fadd float {v}, 3.0")
+        a(f"  {out}.b = call float @llvm.maxnum.f32(float {out}.a, float 0.0)")
+        a(f"  {out}.c = call float @llvm.minnum.f32(float {out}.b, float 6.0)")
+        a(f"  {out} = fdiv float {out}.c, 6.0")
+    else:
+        a(f"  {out} = fadd float {v}, 0.0")
+
+
+def _matvec_ir(a: Callable[[str], None], tag: str, rows: int, cols: int, src: str, w: str, b: str, dst: str,
+               kind: str, after: str) -> None:
+    """IR of ``dst[r] = kind(b[r] + sum_k w[r, k] src[k])`` for r < rows, then a branch to ``after``."""
+    a(f"  br label %{tag}.r")
+    a(f"{tag}.r:")
+    a(f"  %{tag}.i = phi i64 [ 0, %{tag}.start ], [ %{tag}.i1, %{tag}.k.end ]")
+    a(f"  %{tag}.bp = getelementptr inbounds float, ptr %{b}, i64 %{tag}.i")
+    a(f"  %{tag}.b0 = load float, ptr %{tag}.bp, align 4")
+    a(f"  %{tag}.wo = mul i64 %{tag}.i, {cols}")
+    a(f"  br label %{tag}.k")
+    a(f"{tag}.k:")
+    a(f"  %{tag}.j = phi i64 [ 0, %{tag}.r ], [ %{tag}.j1, %{tag}.k ]")
+    a(f"  %{tag}.acc = phi float [ %{tag}.b0, %{tag}.r ], [ %{tag}.acc1, %{tag}.k ]")
+    a(f"  %{tag}.wi = add i64 %{tag}.wo, %{tag}.j")
+    a(f"  %{tag}.wp = getelementptr inbounds float, ptr %{w}, i64 %{tag}.wi")
+    a(f"  %{tag}.wv = load float, ptr %{tag}.wp, align 4")
+    a(f"  %{tag}.sp = getelementptr inbounds float, ptr %{src}, i64 %{tag}.j")
+    a(f"  %{tag}.sv = load float, ptr %{tag}.sp, align 4")
+    a(f"  %{tag}.acc1 = call reassoc float @llvm.fmuladd.f32(float %{tag}.wv, float %{tag}.sv, float %{tag}.acc)")
+    a(f"  %{tag}.j1 = add i64 %{tag}.j, 1")
+    a(f"  %{tag}.jm = icmp ult i64 %{tag}.j1, {cols}")
+    a(f"  br i1 %{tag}.jm, label %{tag}.k, label %{tag}.k.end")
+    a(f"{tag}.k.end:")
+    _act_ir(a, f"%{tag}.acc1", f"%{tag}.o", kind)
+    a(f"  %{tag}.dp = getelementptr inbounds float, ptr %{dst}, i64 %{tag}.i")
+    a(f"  store float %{tag}.o, ptr %{tag}.dp, align 4")
+    a(f"  %{tag}.i1 = add i64 %{tag}.i, 1")
+    a(f"  %{tag}.im = icmp ult i64 %{tag}.i1, {rows}")
+    a(f"  br i1 %{tag}.im, label %{tag}.r, label %{after}")
+
+
+def _pixels_ir(a: Callable[[str], None], tag: str, hw: int, c: int, lanes: int, body: Callable[[str], None],
+               after: str) -> None:
+    """IR of a loop over the ``hw`` pixels and, inside, the ``c`` channels of one image (element
+    offset ``%{tag}.o``, channel ``%{tag}.ch``, ``lanes`` channels a time), ``body`` emitting
+    their work, then a branch to ``after``."""
+    a(f"  br label %{tag}.px")
+    a(f"{tag}.px:")
+    a(f"  %{tag}.p = phi i64 [ 0, %{tag}.start ], [ %{tag}.p1, %{tag}.l ]")
+    a(f"  %{tag}.po0 = mul i64 %{tag}.p, {c}")
+    a(f"  %{tag}.po = add i64 %xo, %{tag}.po0")
+    a(f"  br label %{tag}.c")
+    a(f"{tag}.c:")
+    a(f"  %{tag}.ch = phi i64 [ 0, %{tag}.px ], [ %{tag}.ch1, %{tag}.c ]")
+    a(f"  %{tag}.o = add i64 %{tag}.po, %{tag}.ch")
+    body(tag)
+    a(f"  %{tag}.ch1 = add i64 %{tag}.ch, {lanes}")
+    a(f"  %{tag}.chm = icmp ult i64 %{tag}.ch1, {c}")
+    a(f"  br i1 %{tag}.chm, label %{tag}.c, label %{tag}.l")
+    a(f"{tag}.l:")
+    a(f"  %{tag}.p1 = add i64 %{tag}.p, 1")
+    a(f"  %{tag}.pm = icmp ult i64 %{tag}.p1, {hw}")
+    a(f"  br i1 %{tag}.pm, label %{tag}.px, label %{after}")
+
+
+def _lanes(c: int, width: int) -> int:
+    """The widest vector of at most ``width`` lanes that divides ``c`` (1 for odd counts)."""
+    lanes = width
+    while c % lanes:
+        lanes //= 2
+    return lanes
+
+
+def se_ir(name: str, hw: int, c: int, cr: int, act: str, gate: str) -> str:
+    """The LLVM IR of one squeeze-excitation over images [lo, hi) of x [N, H, W, C] memory:
+    ``params`` holds the i64 addresses of x, y, w1 [Cr, C], b1, w2 [C, Cr], b2."""
+    from .lowering import vector_width
+
+    L = _lanes(c, vector_width())
+    vt = f"<{L} x float>"
+    out: list[str] = []
+    a = out.append
+    for f in ("exp", "maxnum", "minnum"):
+        a(f"declare float @llvm.{f}.f32(float{', float' if f != 'exp' else ''})")
+    a("declare float @llvm.fmuladd.f32(float, float, float)")
+    a(f"define void @{name}(ptr noalias %pp, i64 %lo, i64 %hi, i64 %tid) nounwind {{")
+    a("entry:")
+    for i, p in enumerate(["x", "y", "w1", "b1", "w2", "b2"]):
+        a(f"  %{p}.p = getelementptr inbounds i64, ptr %pp, i64 {i}")
+        a(f"  %{p}.i = load i64, ptr %{p}.p, align 8")
+        a(f"  %{p} = inttoptr i64 %{p}.i to ptr")
+    a(f"  %m = alloca [{c} x float], align 64")
+    a(f"  %h = alloca [{cr} x float], align 64")
+    a(f"  %s = alloca [{c} x float], align 64")
+    a("  %empty = icmp sge i64 %lo, %hi")
+    a("  br i1 %empty, label %exit, label %img")
+    a("img:")
+    a("  %n = phi i64 [ %lo, %entry ], [ %n1, %sc.end ]")
+    a(f"  %xo = mul i64 %n, {hw * c}")
+    a(f"  call void @llvm.memset.p0.i64(ptr align 64 %m, i8 0, i64 {4 * c}, i1 false)")
+    a("  br label %sum.start")
+    a("sum.start:")
+
+    def add_in(t: str) -> None:
+        a(f"  %{t}.xp = getelementptr inbounds float, ptr %x, i64 %{t}.o")
+        a(f"  %{t}.xv = load {vt}, ptr %{t}.xp, align 4")
+        a(f"  %{t}.mp = getelementptr inbounds float, ptr %m, i64 %{t}.ch")
+        a(f"  %{t}.mv = load {vt}, ptr %{t}.mp, align 4")
+        a(f"  %{t}.mv1 = fadd {vt} %{t}.mv, %{t}.xv")
+        a(f"  store {vt} %{t}.mv1, ptr %{t}.mp, align 4")
+    _pixels_ir(a, "sum", hw, c, L, add_in, "div.start")
+    a("div.start:")
+    a("  br label %div.l")
+    a("div.l:")
+    a("  %dv.i = phi i64 [ 0, %div.start ], [ %dv.i1, %div.l ]")
+    a("  %dv.p = getelementptr inbounds float, ptr %m, i64 %dv.i")
+    a("  %dv.v = load float, ptr %dv.p, align 4")
+    a(f"  %dv.r = fdiv float %dv.v, {f32_hex(float(hw))}")
+    a("  store float %dv.r, ptr %dv.p, align 4")
+    a("  %dv.i1 = add i64 %dv.i, 1")
+    a(f"  %dv.im = icmp ult i64 %dv.i1, {c}")
+    a("  br i1 %dv.im, label %div.l, label %fc1.start")
+    a("fc1.start:")
+    _matvec_ir(a, "fc1", cr, c, "m", "w1", "b1", "h", act, "fc2.start")
+    a("fc2.start:")
+    _matvec_ir(a, "fc2", c, cr, "h", "w2", "b2", "s", gate, "sc.start")
+    a("sc.start:")
+
+    def scale(t: str) -> None:
+        a(f"  %{t}.xp = getelementptr inbounds float, ptr %x, i64 %{t}.o")
+        a(f"  %{t}.xv = load {vt}, ptr %{t}.xp, align 4")
+        a(f"  %{t}.sp = getelementptr inbounds float, ptr %s, i64 %{t}.ch")
+        a(f"  %{t}.sv = load {vt}, ptr %{t}.sp, align 4")
+        a(f"  %{t}.yv = fmul {vt} %{t}.xv, %{t}.sv")
+        a(f"  %{t}.yp = getelementptr inbounds float, ptr %y, i64 %{t}.o")
+        a(f"  store {vt} %{t}.yv, ptr %{t}.yp, align 4")
+    _pixels_ir(a, "sc", hw, c, L, scale, "sc.end")
+    a("sc.end:")
+    a("  %n1 = add i64 %n, 1")
+    a("  %nm = icmp slt i64 %n1, %hi")
+    a("  br i1 %nm, label %img, label %exit")
+    a("exit:")
+    a("  ret void")
+    a("}")
+    a("declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)")
+    return "\n".join(out) + "\n"

@@ -47,3 +47,23 @@ def test_se_block_against_torch(n: int, c: int, cr: int, hw: int, act: str, gate
     if all(a is not None for a in args):
         ref = OPS["se_block"].reference([m.conv(x).detach().numpy()] + args[1:], node.attrs)
         np.testing.assert_allclose(ref, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,c,cr,hw,act,gate,cl", [
+    (1, 13, 5, 1, "silu", "sigmoid", True), (3, 13, 5, 7, "relu", "hardsigmoid", False),
+    (2, 24, 6, 5, "none", "sigmoid", True), (4, 32, 8, 16, "relu", "hardsigmoid", True)])
+def test_generated_kernel_against_aten(n: int, c: int, cr: int, hw: int, act: str, gate: str, cl: bool) -> None:
+    from partita.codegen.se_block import PreparedSE
+    from partita.ops.registry import OPS
+
+    torch.manual_seed(1)
+    x = torch.randn(n, c, hw, hw)
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last)
+    args = [x, torch.randn(cr, c, 1, 1), torch.randn(cr), torch.randn(c, cr, 1, 1), torch.randn(c)]
+    attrs = {"act": act, "gate": gate}
+    got = PreparedSE(tuple(x.shape), act, gate, cr)(args)
+    want = OPS["se_block"].torch(args, attrs)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    ref = OPS["se_block"].reference([a.numpy() for a in args], attrs)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-5)
