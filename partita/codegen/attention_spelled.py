@@ -28,6 +28,11 @@ BLOOM's ALiBi attention (``baddbmm(alibi, q, k^T, alpha=scale)`` in the batched 
 as [B, H, T, S], plus the mask) carries two terms: up to two are taken, each added to the 4-d
 scores or to their [B * H, T, S] form, and the mask is their sum, a [B * H, ...] term reshaped
 to [B, H, ...] (``_term_4d``).
+
+Funnel's relative attention adds three: ``content + positional + token_type - INF * (1 - mask)``
+(a term subtracted is taken with its sign), q k^T from einsum's ``bnij`` (its unit-axis moves made
+reshapes by codegen/funnel_blocks.py), the product with v written to [B, H, T, 1, Ev] (the
+attention's result is reshaped to it).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import math
 from ..ir.diagnostics import TypeRuleError
 from ..ir.dtypes import f32
 from ..ir.graph import Graph, Node, Value
+from ..ir.types import TensorType
 from ..ops.registry import OPS
 from ..passes.rewrite import erase_if_dead, sole_user, splat_value
 from .rotary import apply_rotary, fuse_rotary, match_rotary
@@ -181,10 +187,11 @@ def _pv(p: Value) -> tuple[Value, Value, Node | None] | None:
     v3, o = r.operands[1], r.results[0]
     if o.type.rank == 3:
         ro = sole_user(o)
-        if ro is None or ro.op != "reshape" or ro.results[0].type.rank != 4:
+        if ro is None or ro.op != "reshape" or ro.results[0].type.rank < 4:
             return None
         o = ro.results[0]
-        if tuple(o.type.shape[:2]) != (b, h):
+        if tuple(o.type.shape[:2]) != (b, h) or (o.type.rank > 4 and _unit_free(o.type.shape) != _unit_free(
+                (b, h, p.type.shape[2], o.type.shape[-1]))):   # Funnel's [B, H, T, 1, Ev]
             return None
     if v3.type.rank == 4:
         return v3, o, None
@@ -197,6 +204,16 @@ def _pv(p: Value) -> tuple[Value, Value, Node | None] | None:
     if x.type.shape[0] != b or x.type.shape[1] * x.type.shape[2] != h:
         return None
     return x, o, rv
+
+
+def _unit_free(shape: tuple) -> tuple:
+    """``shape`` without its size-1 dims."""
+    return tuple(d for d in shape if d != 1)
+
+
+def _same_but_unit_axes(t: TensorType, out: TensorType) -> bool:
+    """Whether ``t`` is ``out`` (or ``out`` with unit axes added: a reshape of it)."""
+    return t == out or (out.rank > 4 and t.dtype == out.dtype and _unit_free(t.shape) == _unit_free(out.shape))
 
 
 def _masked_fill(x: Value) -> tuple[Value, Value | None, Value | None]:
@@ -212,32 +229,36 @@ def _masked_fill(x: Value) -> tuple[Value, Value | None, Value | None]:
     return s, cond, fill
 
 
-def _sum_parts(v: Value, flat: bool, budget: int) -> list[tuple[Value, list[tuple[Value, bool]]]]:
-    """The ways to read v as ``s + term + ...`` (at most ``budget`` terms, each add's result
-    read only once and of s's type): (s, [(term, added to the [B * H, T, S] form)])."""
-    out: list[tuple[Value, list[tuple[Value, bool]]]] = []
-    add = _through(v, "add") if budget > 0 else None
+Term = tuple[Value, bool, bool]   # (term, added to the [B * H, T, S] form, subtracted)
+
+
+def _sum_parts(v: Value, flat: bool, budget: int) -> list[tuple[Value, list[Term]]]:
+    """The ways to read v as ``s + term - term ...`` (at most ``budget`` terms, each add's or
+    sub's result read only once and of s's type): (s, [(term, flat, subtracted)])."""
+    out: list[tuple[Value, list[Term]]] = []
+    add = _through(v, "add") or _through(v, "sub") if budget > 0 else None
     if add is not None:
         a, b = add.operands
-        for s, term in ((a, b), (b, a)):
+        neg = add.op == "sub"
+        for s, term in ((a, b),) if neg else ((a, b), (b, a)):
             if s is term or add.results[0].type != s.type:   # the term must not grow s
                 continue
-            out += [(x, ts + [(term, flat)]) for x, ts in _sum_parts(s, flat, budget - 1)]
+            out += [(x, ts + [(term, flat, neg)]) for x, ts in _sum_parts(s, flat, budget - 1)]
     return out + [(v, [])]
 
 
-def _scores(x: Value) -> tuple[tuple, float | None, float, list[tuple[Value, bool]]] | None:
+def _scores(x: Value) -> tuple[tuple, float | None, float, list[Term]] | None:
     """(_qk's match, cap, scale, the terms added to the scores) for the softmax's input
-    x [B, H, T, S]: ``(cap(scale * q k^T)) + term + ...`` (up to two terms: BLOOM's ALiBi bias
-    and its mask), each sum in [B, H, T, S] or in [B * H, T, S] under a reshape (a term's flag
+    x [B, H, T, S]: ``(cap(scale * q k^T)) + term + ...`` (up to three terms: BLOOM's ALiBi bias
+    and its mask, Funnel's position, token-type and mask terms), each sum in [B, H, T, S] or in [B * H, T, S] under a reshape (a term's flag
     says which)."""
     b, h, t, sk = x.type.shape
-    cands: list[tuple[Value, list[tuple[Value, bool]]]] = []
-    for y, outer in _sum_parts(x, False, 2):
+    cands: list[tuple[Value, list[Term]]] = []
+    for y, outer in _sum_parts(x, False, 3):
         cands.append((y, outer))
         r = _through(y, "reshape")
         if r is not None and r.operands[0].type.shape == (b * h, t, sk):
-            cands += [(s, outer + inner) for s, inner in _sum_parts(r.operands[0], True, 2 - len(outer))
+            cands += [(s, outer + inner) for s, inner in _sum_parts(r.operands[0], True, 3 - len(outer))
                       if inner]
     for s, terms in cands:
         pre, cap = _cap_of(s)
@@ -291,7 +312,7 @@ def _term_4d(graph: Graph, at: Node, x: Value, term: Value, flat: bool, made: li
     return term if _broadcasts(shape, x.type.shape) else None
 
 
-def _mask_operand(graph: Graph, at: Node, x: Value, terms: list[tuple[Value, bool]], cond: Value | None,
+def _mask_operand(graph: Graph, at: Node, x: Value, terms: list[Term], cond: Value | None,
                   fill: Value | None, made: list[Node]) -> Value | None:
     """The attention's mask: the sum of the terms added to the scores (each as one that
     broadcasts to x's [B, H, T, S]) and a masked fill (``where(cond, fill, term)``: the fill's
@@ -300,11 +321,14 @@ def _mask_operand(graph: Graph, at: Node, x: Value, terms: list[tuple[Value, boo
     to go on."""
     mask: Value | None = None
     try:
-        for term, flat in terms:
+        for term, flat, neg in terms:
             t4 = _term_4d(graph, at, x, term, flat, made)
             if t4 is None:
                 return None
-            mask = t4 if mask is None else _made(graph, at, "add", [mask, t4], {}, made)
+            if mask is None:
+                mask = _made(graph, at, "neg", [t4], {}, made) if neg else t4
+            else:
+                mask = _made(graph, at, "sub" if neg else "add", [mask, t4], {}, made)
         if cond is None:
             return mask
         if mask is None or mask.type.dtype is not f32 or fill is None:
@@ -352,7 +376,8 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
         types = None
     plan = (match_rotary(q, k, v, q_reader, k_reader) if cap is not None and types is not None and made_k is None
             else None)
-    if (types is None or types[0] != out.type or (cap is not None and plan is None)
+    if (types is None or not _same_but_unit_axes(types[0], out.type) or (cap is not None and plan is None)
+            or (cap is not None and out.type.rank != 4)
             or (mask is None and (terms or cond is not None))):
         for n in reversed(made):   # the nodes made, dropped
             graph.erase(n)
@@ -367,7 +392,10 @@ def fuse_spelled_attention(graph: Graph, sm: Node) -> Node | None:
     else:
         new = Node("attention", operands, attrs, types, sm.loc)
         graph.insert_before(at, new)
-        graph.replace_all_uses(out, new.results[0])
+        res = new.results[0]
+        if out.type.rank != 4:   # the result's unit axes (Funnel's [B, H, T, 1, Ev])
+            res = _made(graph, at, "reshape", [res], {"shape": list(out.type.shape)}, [])
+        graph.replace_all_uses(out, res)
     erase_if_dead(graph, at)
     if new.op == "attention":
         return fuse_rotary(graph, new) or new

@@ -21,7 +21,11 @@ scores each.
 Also here, as the same walk: einsum's lowering writes ``reshape(transpose(unsqueeze(x)))`` (a
 unit axis added for the batched product, then moved); where the transpose is read by reshapes
 only, the unit axes change no element's order and are dropped (``unit_axes_before_transpose``):
-one view step fewer each, ten in the zoo's Funnel.
+one view step fewer each, ten in the zoo's Funnel. A transpose that moves unit axes only, between
+reshapes (``unit_axis_transpose``), and an unsqueeze read by a reshape (``reshape_of_unsqueeze``)
+are reshapes too: the reshapes reading them read the value before (einsum's ``bnij`` outputs and
+the softmax's ``unsqueeze`` before the product with v), so the spelled attention's matcher sees
+``reshape(matmul)`` and ``reshape(softmax)`` (codegen/attention_spelled.py).
 
 The rewrites keep the graph's meaning exactly (the elements read are the ones written);
 tests/codegen/test_funnel_blocks.py checks it against the reference interpreter.
@@ -36,7 +40,8 @@ from ..ops.shape import unsqueeze_axes
 from ..passes.rewrite import erase_if_dead, sole_user
 from .levit_blocks import drop_reshape_round_trip
 
-__all__ = ["iota_offset", "read_back_scatter", "whole_scatter", "unit_axes_before_transpose", "tidy_view_writes"]
+__all__ = ["iota_offset", "read_back_scatter", "whole_scatter", "unit_axes_before_transpose", "unit_axis_transpose",
+           "reshape_of_unsqueeze", "tidy_view_writes"]
 
 
 def _scalar_int(v: Value) -> int | None:
@@ -138,14 +143,49 @@ def unit_axes_before_transpose(graph: Graph, node: Node) -> bool:
     return True
 
 
+def unit_axis_transpose(graph: Graph, node: Node) -> bool:
+    """``node`` = transpose(reshape(x)) moving only unit axes (the other axes in their order),
+    read by reshapes only: the reshapes read ``x`` (the same elements in the same order); True
+    if rewritten."""
+    if node.op != "transpose" or node.results[0].is_output or not node.results[0].users:
+        return False
+    r = node.operands[0].producer
+    if r is None or r.op != "reshape" or any(u.op != "reshape" for u in node.results[0].users):
+        return False
+    shape = node.operands[0].type.shape
+    kept = [p for p in node.attrs["perm"] if shape[p] != 1]
+    if kept != sorted(kept):
+        return False
+    x = r.operands[0]
+    for u in list(node.results[0].users):
+        graph.set_operand(u, 0, x)
+    erase_if_dead(graph, node)
+    erase_if_dead(graph, r)
+    return True
+
+
+def reshape_of_unsqueeze(graph: Graph, node: Node) -> bool:
+    """``node`` = reshape(unsqueeze(x)): the reshape reads ``x``; True if rewritten."""
+    if node.op != "reshape":
+        return False
+    u = node.operands[0].producer
+    if u is None or u.op != "unsqueeze":
+        return False
+    graph.set_operand(node, 0, u.operands[0])
+    erase_if_dead(graph, u)
+    return True
+
+
 def tidy_view_writes(graph: Graph) -> int:
     """``read_back_scatter``, ``whole_scatter`` (and the reshape round trips they leave) and
-    ``unit_axes_before_transpose`` over ``graph`` in one walk;
+    ``unit_axes_before_transpose``, ``unit_axis_transpose``, ``reshape_of_unsqueeze`` over
+    ``graph`` in one walk;
     the number of rewrites made."""
     made = 0
     for node in list(graph.nodes):
         if node.graph is graph and (read_back_scatter(graph, node) or whole_scatter(graph, node)
                                     or drop_reshape_round_trip(graph, node)
-                                    or unit_axes_before_transpose(graph, node)):
+                                    or unit_axes_before_transpose(graph, node)
+                                    or unit_axis_transpose(graph, node) or reshape_of_unsqueeze(graph, node)):
             made += 1
     return made
