@@ -1,7 +1,8 @@
 """A/B of Funnel's relative attention as one ``attention`` node on one zoo model's import path.
 
 The import path (bench_zoo's IMPORT_PIPELINE, ``CompiledProgram(freeze=True)``) built twice:
-with ``funnel_blocks.unit_axis_transpose`` and ``reshape_of_unsqueeze`` replaced by no-ops
+with ``funnel_blocks.unit_axis_transpose`` and ``reshape_of_unsqueeze`` (or the rules named by
+``--rules``) replaced by no-ops
 ("before": einsum's unit-axis moves stay, so the spelled attention is not matched) and with them
 ("after"); each checked against eager, then called in turn in interleaved rounds of thread CPU
 time (one thread), medians printed with the ratio.
@@ -27,20 +28,25 @@ import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
 
 
+RULES = ["unit_axis_transpose", "reshape_of_unsqueeze"]   # --rules replaces them
+
+
 def build(case: Any, after: bool) -> tuple[Any, list, dict]:
     """The import path's program of ``case`` with or without the two view rules, checked."""
     import partita
     import partita.codegen.funnel_blocks as F
     from partita.codegen import CompiledProgram
 
-    saved = (F.unit_axis_transpose, F.reshape_of_unsqueeze)
+    saved = {r: getattr(F, r) for r in RULES}
     if not after:
-        F.unit_axis_transpose, F.reshape_of_unsqueeze = (lambda g, n: False), (lambda g, n: False)
+        for r in RULES:
+            setattr(F, r, lambda g, n: False)
     try:
         with Z.quiet():
             g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
     finally:
-        F.unit_axis_transpose, F.reshape_of_unsqueeze = saved
+        for r, f in saved.items():
+            setattr(F, r, f)
     prog = CompiledProgram(g, freeze=True)
     weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
     args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
@@ -60,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", nargs="?", default="funnel")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--rules", help="comma-separated funnel_blocks rules turned off for 'before' "
+                    "(default: unit_axis_transpose,reshape_of_unsqueeze)")
     a = ap.parse_args(argv)
+    if a.rules:
+        RULES[:] = a.rules.split(",")
     torch.set_num_threads(1)
     case = Z.Case(ZM.BY_NAME[a.model], tempfile.mkdtemp())
     progs = {"before": build(case, False), "after": build(case, True)}
