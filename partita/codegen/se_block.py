@@ -40,8 +40,10 @@ GATES = ("sigmoid", "hardsigmoid")
 
 def _infer(ts: list, attrs: dict) -> Any:
     x, w1, b1, w2, b2 = ts
-    if x.rank != 4 or x.dtype is not f32:
-        raise TypeRuleError(f"se_block: x must be an f32 [N, C, H, W], got {x}")
+    if x.rank != 4 or not x.dtype.is_float:
+        raise TypeRuleError(f"se_block: x must be a float [N, C, H, W], got {x}")
+    if any(t.dtype != x.dtype for t in ts[1:]):
+        raise TypeRuleError(f"se_block: weights and biases must be {x.dtype} as x is, got {[str(t) for t in ts[1:]]}")
     c = x.shape[1]
     if w1.rank != 4 or w1.shape[1] != c or tuple(w1.shape[2:]) != (1, 1):
         raise TypeRuleError(f"se_block: w1 must be [Cr, {c}, 1, 1], got {w1}")

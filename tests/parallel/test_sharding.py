@@ -84,6 +84,8 @@ SAMPLES: dict[str, list[tuple[list, dict]]] = {
                  ([("f", (2, 3, 6)), ("f", (2, 3, 6)), ("f", (6,))], {"kind": "rms", "eps": 1e-6})],
     "group_norm": [([("f", (2, 6, 3, 3)), ("f", (6,)), ("f", (6,))], {"groups": 2, "unary": "relu"})],
     "pool_mixer": [([("f", (2, 6, 4, 5)), ("f", (6,)), ("f", (6,)), ("f", (6,))], {"groups": 2, "kernel": [3, 3]})],
+    "se_block": [([("f", (2, 6, 4, 5)), ("f", (3, 6, 1, 1)), ("f", (3,)), ("f", (6, 3, 1, 1)), ("f", (6,))],
+                  {"act": "relu", "gate": "hardsigmoid"})],
     "where": [([("bool", (4, 6)), ("f", (4, 6)), ("f", (6,))], {}), ([("bool", (4, 1)), ("f", (4, 6)), ("f", (4, 6))], {})],
     **{n: [([("f", (4, 2))], {})] for n in ("neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu",
                                              "silu", "erf", "sign")},
