@@ -103,9 +103,11 @@ def test_gelu_tanh_form_over_a_dense_sweep():
     assert np.all(np.abs(out) < 1e-30) and np.all(np.signbit(out))
 
 
-def newgelu_program(cube: str) -> tuple[CompiledProgram, torch.nn.Module, torch.Tensor]:
+def newgelu_program(cube: str, after_linear: bool = False) -> tuple[CompiledProgram, torch.nn.Module, torch.Tensor]:
     """A linear layer and HF's NewGELU written out (the cube as pow or x * x * x), imported and
-    compiled as the zoo's import path does."""
+    compiled as the zoo's import path does. The GELU reads ``lin(x) * 2 + 1`` (so it runs in a
+    fused kernel), or with ``after_linear`` the linear layer itself (so it runs in the linear's
+    epilogue, after factored_gelu turned the chain into the one op)."""
 
     class NewGELU(torch.nn.Module):
         def forward(self, x):
@@ -119,7 +121,9 @@ def newgelu_program(cube: str) -> tuple[CompiledProgram, torch.nn.Module, torch.
             self.act = NewGELU()
 
         def forward(self, x):
-            return self.act(self.lin(x)) * 2.0 + 1.0
+            if after_linear:
+                return self.act(self.lin(x)) * 2.0 + 1.0
+            return self.act(self.lin(x) * 2.0 + 1.0)
 
     torch.manual_seed(0)
     m = M().eval()
@@ -142,6 +146,16 @@ def test_written_out_gelu_runs_as_the_one_op(cube, monkeypatch):
     torch.testing.assert_close(prog([x])[0], ref, rtol=1e-5, atol=1e-6)
     monkeypatch.setenv(ENV, "0")                             # off: ATen's order, on mathlib's tanh
     assert all("pt_tanhf" in ir for ir in fused_irs(prog))
+
+
+@pytest.mark.parametrize("cube", ["pow", "mul"])
+def test_written_out_gelu_after_a_linear_is_its_epilogue(cube):
+    prog, m, x = newgelu_program(cube, after_linear=True)
+    assert [n.attrs.get("unary") for n in prog.graph.nodes if n.op == "linear_pointwise"] == ["gelu_tanh"]
+    assert all("pt_tanhf" not in ir for ir in fused_irs(prog))
+    with torch.no_grad():
+        ref = m(x)
+    torch.testing.assert_close(prog([x])[0], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_rewrite_leaves_other_bodies_and_shared_intermediates():
