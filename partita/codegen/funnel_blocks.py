@@ -152,6 +152,10 @@ def unit_axis_transpose(graph: Graph, node: Node) -> bool:
     r = node.operands[0].producer
     if r is None or r.op != "reshape" or any(u.op != "reshape" for u in node.results[0].users):
         return False
+    if tuple(node.attrs["perm"]) == (0, 2, 1, 3):
+        # [B, T, H, E] <-> [B, H, T, E] stays a transpose even with one token: the attention
+        # matchers (LeViT's last stage, T = 1) read the heads' move from it.
+        return False
     shape = node.operands[0].type.shape
     kept = [p for p in node.attrs["perm"] if shape[p] != 1]
     if kept != sorted(kept):

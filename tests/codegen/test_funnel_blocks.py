@@ -130,3 +130,25 @@ def test_unit_axes_stay_where_the_transpose_is_read_otherwise():
     t = b.transpose(b.unsqueeze(x, axes=(2,)), perm=(2, 1, 0))
     g = verify(b.ret(b.mul(t, t)))
     assert tidy_view_writes(g) == 0
+
+
+def test_the_heads_transpose_stays_with_one_token():
+    """reshape [B, T*H*E] -> [B, T, H, E] then the heads' transpose (0, 2, 1, 3) with T = 1
+    moves unit axes only, but stays a transpose: the attention matchers read the heads' move
+    from it (LeViT's last stage has one token). Another unit-axis transpose between reshapes
+    becomes a reshape of the value before."""
+    b = Builder()
+    x = b.input("x", T(4, 16))
+    t = b.transpose(b.reshape(x, shape=(4, 1, 2, 8)), perm=(0, 2, 1, 3))
+    g = verify(b.ret(b.reshape(t, shape=(8, 1, 8))))
+    assert tidy_view_writes(g) == 0
+    assert [n.op for n in g.nodes].count("transpose") == 1
+    b = Builder()
+    x = b.input("x", T(16, 8, 8))
+    t = b.transpose(b.reshape(x, shape=(4, 4, 8, 1, 8)), perm=(0, 1, 2, 4, 3))
+    g = verify(b.ret(b.reshape(t, shape=(4, 4, 8, 8))))
+    inputs = random_inputs(g, seed=0)
+    want = run_reference(g, inputs)
+    assert tidy_view_writes(g) == 1
+    assert "transpose" not in [n.op for n in g.nodes]
+    np.testing.assert_array_equal(run_reference(g, inputs)[0], want[0])
