@@ -214,15 +214,7 @@ class _AttentionEmitter:
         if self.pairs:
             self.vrot_pairs(tag, row, pos, dst, scale)
             return
-        for t, st in (("c", "cr"), ("s", "sr")):
-            src = "cosh" if t == "c" else "sinh"
-            a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
-            a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
-        sp = None
-        if scale is not None:
-            a(f"  %{tag}.sc.0 = insertelement {vt} poison, float {scale}, i64 0")
-            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc.0, {vt} poison, <{L} x i32> zeroinitializer")
-            sp = f"%{tag}.sc"
+        sp = self.vrot_tables(tag, pos, scale)
         for i in range(h // L):
             for part, off in (("lo", i * L), ("hi", h + i * L)):
                 a(f"  %{tag}.{part}p{i} = getelementptr float, ptr {row}, i64 {off}")
@@ -245,21 +237,28 @@ class _AttentionEmitter:
                 a(f"  %{tag}.{part}d{i} = getelementptr inbounds float, ptr {dst}, i64 {off}")
                 a(f"  store {vt} {res}, ptr %{tag}.{part}d{i}, align 4")
 
+    def vrot_tables(self, tag: str, pos: str, scale: str | None) -> str | None:
+        """The cos and sin rows at position ``pos`` (``%tag.cr``, ``%tag.sr``) and, with a
+        ``scale``, its splat over RL lanes: the splat's name, else None."""
+        a, L = self.out.append, self.RL
+        vt = f"<{L} x float>"
+        for t, st in (("c", "cr"), ("s", "sr")):
+            src = "cosh" if t == "c" else "sinh"
+            a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
+            a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
+        if scale is None:
+            return None
+        a(f"  %{tag}.sc.0 = insertelement {vt} poison, float {scale}, i64 0")
+        a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc.0, {vt} poison, <{L} x i32> zeroinitializer")
+        return f"%{tag}.sc"
+
     def vrot_pairs(self, tag: str, row: str, pos: str, dst: str, scale: str | None) -> None:
         """dst[0:E] = rope(row)[0:E] (times scale) for pairs (2i, 2i + 1) with vectors of RL lanes:
         x c + rotate_pairs(x) s, rotate_pairs(x) a shuffle of x and -x."""
         a, L = self.out.append, self.RL
         vt = f"<{L} x float>"
         mask = ", ".join(f"i32 {j + 1 if j % 2 == 0 else L + j - 1}" for j in range(L))
-        for t, st in (("c", "cr"), ("s", "sr")):
-            src = "cosh" if t == "c" else "sinh"
-            a(f"  %{tag}.{t}o = mul i64 {pos}, %{st}")
-            a(f"  %{tag}.{t}r = getelementptr float, ptr %{src}, i64 %{tag}.{t}o")
-        sp = None
-        if scale is not None:
-            a(f"  %{tag}.sc.0 = insertelement {vt} poison, float {scale}, i64 0")
-            a(f"  %{tag}.sc = shufflevector {vt} %{tag}.sc.0, {vt} poison, <{L} x i32> zeroinitializer")
-            sp = f"%{tag}.sc"
+        sp = self.vrot_tables(tag, pos, scale)
         for i in range(self.e // L):
             off = i * L
             a(f"  %{tag}.xp{i} = getelementptr float, ptr {row}, i64 {off}")
