@@ -331,8 +331,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
     if pp and not unroll and not args.check_memory:
-        print("(memory per rank: not computed for a pipeline simulated section by section; --check-memory walks "
-              "each stage's program in schedule order for it)")
+        print("(peak memory -: not computed for a pipeline simulated section by section; --check-memory walks "
+              "each stage's program in schedule order for it" + (", and so does the page (--html): below)"
+                                                                  if args.html else ")"))
     if args.trace:
         try:
             res.chrome_trace(args.trace, detail=args.trace_detail)
@@ -342,5 +343,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.html:
         from .view import write_view
 
-        write_view(prog, args.html, sim=res)
+        data = write_view(prog, args.html, sim=res)
+        if pp and not unroll and not args.check_memory:
+            print("\n".join(stage_memory_lines(data)))
     return 0
+
+
+def stage_memory_lines(data: dict) -> list[str]:
+    """Each pp stage's peak memory, as the page walked it from the stage's template."""
+    from ..cluster.simulator import format_bytes
+
+    curves = (data.get("memory") or {}).get("ranks") or []
+    out = ["peak memory per stage (walked for the page, from each stage's template):"]
+    for k, c in enumerate(curves):
+        if k == 16 and len(curves) > 17:
+            out.append(f"  ... {len(curves) - 16} more stages")
+            break
+        out.append(f"  stage {k:>3} (rank {c['rank']}, {c['count']} alike): {format_bytes(c['peak'])} at {c['peak_node']}")
+    return out if curves else []

@@ -48,16 +48,18 @@ def open_page(path: str) -> None:
         print(f"note: no browser found to open {path}; open it yourself")
 
 
-def write_view(obj: Any, path: str, *, sim: Any = None, open_it: bool = False, **kw: Any) -> None:
-    """Write the page of ``obj`` (and ``sim``) to ``path``, print its size, open it if asked."""
+def write_view(obj: Any, path: str, *, sim: Any = None, open_it: bool = False, **kw: Any) -> dict:
+    """Write the page of ``obj`` (and ``sim``) to ``path``, print its size, open it if asked;
+    the page's data."""
     import os
 
-    from ..view import view
+    from ..view import write_page
 
-    view(obj, path, sim=sim, **kw)
+    data = write_page(obj, path, sim=sim, **kw)
     print(f"wrote the view to {path} ({os.path.getsize(path) / 1e6:.2f} MB; open it in a browser)")
     if open_it:
         open_page(path)
+    return data
 
 
 def planned_program(graph: Any, path: str) -> Any:

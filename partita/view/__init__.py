@@ -15,7 +15,7 @@ from ..ir.diagnostics import PartitaError
 from .data import DETAIL_LIMIT, page_data
 from .page import render_page
 
-__all__ = ["view", "ViewError", "DETAIL_LIMIT", "page_data", "render_page"]
+__all__ = ["view", "write_page", "ViewError", "DETAIL_LIMIT", "page_data", "render_page"]
 
 KNOWN = "a Graph (a .pir file), a pair of Graphs (before, after), a ParallelProgram or PipelineProgram (partita.parallelize) or a SimResult " \
         "(partita.cluster.simulate)"
@@ -31,6 +31,13 @@ def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, run: Any = None,
     ``obj`` shown as its timeline; ``run``: a pipeline's launch result (``partita.launch``),
     its measured bubble drawn under the predicted schedule; ``detail_limit``: graphs with more
     nodes show their layers only (the page says so)."""
+    write_page(obj, path, sim=sim, run=run, title=title, detail_limit=detail_limit)
+    return os.fspath(path)
+
+
+def write_page(obj: Any, path: str | os.PathLike, *, sim: Any = None, run: Any = None, title: str | None = None,
+               detail_limit: int = DETAIL_LIMIT) -> dict:
+    """``view``, returning the page's data (``page_data``) instead of the path."""
     if run is not None and not hasattr(getattr(run, "run", run), "recv_seconds"):
         raise ViewError(f"view: run= takes what partita.launch returns (a LaunchResult or its RunResult), "
                         f"not a {type(run).__name__}")
@@ -49,7 +56,7 @@ def view(obj: Any, path: str | os.PathLike, *, sim: Any = None, run: Any = None,
             f.write(text)
     except OSError as e:
         raise ViewError(f"view: cannot write {p}: {e.strerror or e} (give a path in a folder you can write)") from None
-    return p
+    return data
 
 
 def _title(obj: Any) -> str:

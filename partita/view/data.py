@@ -74,9 +74,10 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
             flops, moved = node_cost(n)
             cols["flops"].append(flops)
             cols["bytes"].append(moved)
+    shown_in = {str(i): scopes(sc) for i, sc in borrowed_scopes(nodes, where).items()}
     out: dict[str, Any] = {"title": title or f"@{graph.name}", "n": len(nodes), "detail": detail,
                            "detail_limit": detail_limit, "ops": ops.items, "scopes": scopes.items,
-                           "files": files.items, **cols}
+                           "files": files.items, **cols, "shown_in": shown_in}
     if detail:
         out["inputs"] = [{"name": names.get(v, v.name or ""), "role": v.role,
                           "type": format_placed_type(v.type, v.placement)} for v in graph.inputs]
@@ -85,6 +86,29 @@ def graph_json(graph: Graph, *, detail_limit: int = DETAIL_LIMIT, title: str = "
         out["input_placements"] = {str(i): p for i, v in enumerate(graph.inputs)
                                    for p in [placement_json(v)] if p is not None}
     return out
+
+
+def borrowed_scopes(nodes: list, where: dict[Value, int]) -> dict[int, str]:
+    """The module each node without one is drawn in: the scope of the value it moves (its
+    first operand's producer, through chains of such nodes), else of its first consumer; so a
+    layer's collectives, the slices and reshapes around them and its weights' optimizer
+    updates are found in the layer. Nodes whose neighbours have no module either are left out."""
+    own = [n.loc.scope if n.loc is not None and n.loc.scope else "" for n in nodes]
+    if all(own):
+        return {}
+    eff = list(own)
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for o in n.operands:
+            j = where.get(o, -1)
+            if j >= 0:
+                users.setdefault(j, []).append(i)
+                if not eff[i] and eff[j]:
+                    eff[i] = eff[j]
+    for i in range(len(nodes) - 1, -1, -1):
+        if not eff[i]:
+            eff[i] = next((eff[u] for u in users.get(i, ()) if eff[u]), "")
+    return {i: eff[i] for i in range(len(nodes)) if not own[i] and eff[i]}
 
 
 def strip_loc(line: str) -> str:

@@ -65,11 +65,13 @@ class GraphView {
     };
     const loose = []; let noScope = -1;
     const scopeGroup = g.scopes.map(s => s ? getGroup(s) : -1);
-    for (let i = 0; i < g.n; i++) { const s = scopeGroup[g.scope[i]]; if (s < 0) loose.push(i); }
+    const shownIn = g.shown_in || {};
+    const groupScope = i => { const s = g.scope[i]; return g.scopes[s] ? s : (shownIn[i] ?? s); };
+    for (let i = 0; i < g.n; i++) { const s = scopeGroup[groupScope(i)]; if (s < 0) loose.push(i); }
     if (loose.length > 8) { noScope = getGroup("(no scope)"); }
     this.nodeGroup = new Int32Array(g.n);
     for (let i = 0; i < g.n; i++) {
-      let s = scopeGroup[g.scope[i]]; if (s < 0) s = noScope < 0 ? 0 : noScope;
+      let s = scopeGroup[groupScope(i)]; if (s < 0) s = noScope < 0 ? 0 : noScope;
       this.nodeGroup[i] = s; groups[s].nodes.push(i);
       for (let q = s; q >= 0; q = groups[q].parent) { groups[q].count++; if (i < groups[q].first) groups[q].first = i; }
     }
@@ -213,7 +215,8 @@ class GraphView {
     const sc = g.scopes[g.scope[i]], loc = g.file[i] >= 0 ?
       ` loc("${g.files[g.file[i]]}":${g.lineno[i]}${sc ? ` in "${sc}"` : ""}${g.rc[i] ? ` recompute "${g.rc[i]}"` : ""})` : "";
     d.append(el("pre", {class: "pirline"}, g.line[i] + loc));
-    const rows = [["type", g.type[i]], ["op", g.ops[g.op[i]]], ["module", g.scopes[g.scope[i]] || "(none)"],
+    const rows = [["type", g.type[i]], ["op", g.ops[g.op[i]]], ["module", g.scopes[g.scope[i]] ||
+      (g.shown_in && g.shown_in[i] !== undefined ? `(none; drawn in ${g.scopes[g.shown_in[i]]}, the module of the value it moves)` : "(none)")],
       ["source", g.file[i] >= 0 ? g.files[g.file[i]] + ":" + g.lineno[i] : "(unknown)"]];
     if (g.rc[i]) rows.push(["recomputed", g.rc[i]]);
     if (this.extra) rows.push(...this.extra(i));
@@ -234,13 +237,18 @@ class GraphView {
     this.draw();
     if (this.onSelect) this.onSelect(i);
   }
+  borrowed(i) {
+    // the module a node without one is drawn in (that of the value it moves), or ""
+    const g = this.g, s = g.shown_in && g.shown_in[i];
+    return s === undefined || g.scopes[g.scope[i]] ? "" : g.scopes[s];
+  }
   find(q) {
     q = q.trim().toLowerCase(); const g = this.g, out = [];
     if (!q) return out;
     for (let i = 0; i < g.n && out.length < 200; i++) {
       const nm = g.name ? g.name[i].toLowerCase() : "";
       if (nm.split(" ").includes(q.replace(/^%/, "")) || g.ops[g.op[i]].toLowerCase() === q ||
-          (g.scopes[g.scope[i]] || "").toLowerCase().includes(q) || (nm && nm.includes(q.replace(/^%/, "")))) out.push(i);
+          (g.scopes[g.scope[i]] || "").toLowerCase().includes(q) || this.borrowed(i).toLowerCase().includes(q) || (nm && nm.includes(q.replace(/^%/, "")))) out.push(i);
     }
     return out;
   }
@@ -251,7 +259,7 @@ class GraphView {
     for (const i of hits.slice(0, 200)) {
       const g = this.g;
       const a = el("a", {href: "javascript:void 0", class: "hit"},
-        (g.name && g.name[i] ? "%" + g.name[i].split(" ")[0] + " " : "") + g.ops[g.op[i]] + "  " + (g.scopes[g.scope[i]] || ""));
+        (g.name && g.name[i] ? "%" + g.name[i].split(" ")[0] + " " : "") + g.ops[g.op[i]] + "  " + (g.scopes[g.scope[i]] || this.borrowed(i)));
       a.addEventListener("click", () => this.reveal(i)); r.append(a);
     }
     return hits;

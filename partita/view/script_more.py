@@ -39,7 +39,10 @@ function compareTest(V, out) {
   const C = V.P.compare, lv = V.lv, gv = V.gv, g = lv.g;
   out.summary = document.getElementById("compare-summary").textContent;
   const added = C.local_mark.findIndex((m, j) => m === 1 && C.kinds[g.ops[g.op[j]]] === "collective");
-  if (added >= 0) { lv.reveal(added); out.addedDetail = lv.detail.textContent; out.addedOp = g.ops[g.op[added]]; }
+  if (added >= 0) { lv.reveal(added); out.addedDetail = lv.detail.textContent; out.addedOp = g.ops[g.op[added]];
+    out.addedGroup = lv.groups[lv.nodeGroup[added]].id; }
+  const loose = lv.groups.find(c => c.id === "(no scope)");
+  out.noScope = loose ? loose.nodes.length : 0;
   const rs = C.local_mark.findIndex(m => m === 2);
   if (rs >= 0) { lv.reveal(rs); out.resizedLeftSel = gv.sel === C.local_match[rs]; out.resizedDetail = lv.detail.textContent;
     out.resizedLeftDetail = gv.detail.textContent; }

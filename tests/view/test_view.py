@@ -165,6 +165,12 @@ def test_simulate_and_run_write_the_page(tmp_path, capsys):
                  "--html", str(page)]) == 0
     d = blob(page)
     assert d["kind"] == "pipeline" and d["sim"]["ranks"] and d["sim"]["streams"]
+    # the table's peak memory of a pipeline simulated section by section: the reason it is "-", and
+    # each stage's peak as the page walked it
+    out = capsys.readouterr().out
+    assert "(peak memory -: not computed" in out and "--check-memory walks" in out
+    for k, c in enumerate(d["memory"]["ranks"]):
+        assert f"stage {k:>3} (rank {c['rank']}, {c['count']} alike): " in out
     assert main(["simulate", "--gpt", "2,64,4,16,128,8", "--html", str(tmp_path / "no" / "x.html")]) == 1
     assert "--html" in capsys.readouterr().err
     example = Path(partita.__file__).parent / "examples" / "block.pir"
@@ -187,6 +193,8 @@ def test_rank_program_beside_the_single_device_graph(step, tmp_path, mesh, strat
     assert len(matched) == len(set(matched))
     assert all(single[i].op == local[j].op for j, i in enumerate(c["local_match"]) if i >= 0)
     assert all(c["local_mark"][j] == ADDED for j, n in enumerate(local) if n.op in COLLECTIVE_OPS)
+    shown_in = page_data(prog)["plan"]["local"]["shown_in"]
+    assert all(str(j) in shown_in for j, n in enumerate(local) if n.op in COLLECTIVE_OPS and not n.loc)
     assert c["counts"]["added collective"] == sum(n.op in COLLECTIVE_OPS for n in local)
     # the shapes the rank holds are pieces of the global ones; gone nodes have no match
     resized = [j for j, m in enumerate(c["local_mark"]) if m == RESIZED]
@@ -196,6 +204,9 @@ def test_rank_program_beside_the_single_device_graph(step, tmp_path, mesh, strat
     assert r["errors"] == []
     assert f"{c['counts']['added collective']} added collective" in r["summary"]
     assert "added by the rewrite (collective)" in r["addedDetail"] and r["addedOp"] in COLLECTIVE_OPS
+    # a collective (and the glue around it) is drawn in the layer of the value it moves
+    assert r["addedGroup"].startswith("transformer.") and "the module of the value it moves" in r["addedDetail"]
+    assert r["noScope"] == 0
     assert r["resizedLeftSel"] and "global shape; this rank" in r["resizedDetail"]
     assert "the rank's piece; global" in r["resizedLeftDetail"] and r["rightSel"]
     assert r["markedLeft"] > 0 and r["markedRight"] > 0
