@@ -71,6 +71,7 @@ from .factored_gelu import take_factored_gelu
 from .levit_blocks import tidy_after_library, tidy_for_library
 from .mix_ffn import hoist_activations
 from .funnel_blocks import tidy_view_writes
+from .fx_spelling import respell_folded_indices
 from .empty_parts import drop_empty_parts
 from .rotary import fuse_rotary
 
@@ -1253,6 +1254,7 @@ class FuseLibrary(Pass):
 
     def run(self, graph: Graph) -> Graph:
         drop_empty_parts(graph)   # empty concat parts, whole-axis slices: codegen/empty_parts.py
+        respell_folded_indices(graph)   # folded gather/scatter indices as matched: codegen/fx_spelling.py
         tidy_for_library(graph)   # reshape round trips and unit-axis means: codegen/levit_blocks.py
         take_factored_gelu(graph)  # BLOOM's GELU as the op, for the GEMM's epilogue: codegen/factored_gelu.py
         hoist_activations(graph)  # activations moved across layout moves onto a conv: codegen/mix_ffn.py
