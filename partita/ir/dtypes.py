@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ class DType:
 
     @property
     def np(self) -> np.dtype:
-        return _TO_NUMPY[self.name]
+        return to_numpy(self.name)
 
     def __repr__(self) -> str:
         return self.name
@@ -107,26 +106,46 @@ _TO_NUMPY: dict[str, np.dtype] = {
     "i32": np.dtype(np.int32),
     "i64": np.dtype(np.int64),
     "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
-    "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "f8e4m3fnuz": np.dtype(ml_dtypes.float8_e4m3fnuz),
-    "f8e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    "f8e5m2fnuz": np.dtype(ml_dtypes.float8_e5m2fnuz),
-    "f8e8m0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "f4e2m1": np.dtype(ml_dtypes.float4_e2m1fn),
-    "i4": np.dtype(ml_dtypes.int4),
-    "u4": np.dtype(ml_dtypes.uint4),
-    "i2": np.dtype(ml_dtypes.int2),
-    "u2": np.dtype(ml_dtypes.uint2),
 }
+# The types NumPy lacks come from ml_dtypes, imported at the first use of one (its import
+# costs half a second; planning and simulating never touch an array of them).
+_ML_DTYPES = {"bf16": "bfloat16", "f8e4m3fn": "float8_e4m3fn", "f8e4m3fnuz": "float8_e4m3fnuz",
+              "f8e5m2": "float8_e5m2", "f8e5m2fnuz": "float8_e5m2fnuz", "f8e8m0": "float8_e8m0fnu",
+              "f4e2m1": "float4_e2m1fn", "i4": "int4", "u4": "uint4", "i2": "int2", "u2": "uint2"}
 _FROM_NUMPY: dict[np.dtype, DType] = {v: DTYPES[k] for k, v in _TO_NUMPY.items()}
+
+
+def _load_ml_dtypes() -> None:
+    """Add ml_dtypes' NumPy types (bf16 and the storage types) to the two tables."""
+    import ml_dtypes
+
+    for name, attr in _ML_DTYPES.items():
+        _TO_NUMPY[name] = np.dtype(getattr(ml_dtypes, attr))
+        _FROM_NUMPY[_TO_NUMPY[name]] = DTYPES[name]
+
+
+def to_numpy(name: str) -> np.dtype:
+    """The NumPy dtype of the partita dtype named ``name``."""
+    try:
+        return _TO_NUMPY[name]
+    except KeyError:
+        if name not in _ML_DTYPES or name in _TO_NUMPY:
+            raise
+        _load_ml_dtypes()
+        return _TO_NUMPY[name]
 
 
 def from_numpy(dtype: np.dtype | type) -> DType:
     """The partita dtype of a NumPy dtype; raises ``KeyError`` for one partita lacks."""
-    return _FROM_NUMPY[np.dtype(dtype)]
+    try:
+        return _FROM_NUMPY[np.dtype(dtype)]
+    except (KeyError, TypeError):  # one of ml_dtypes' types (or its name) before they were loaded
+        if "bf16" in _TO_NUMPY:
+            raise
+        _load_ml_dtypes()
+        return _FROM_NUMPY[np.dtype(dtype)]
 
 
 def parse_dtype(name: str) -> DType:

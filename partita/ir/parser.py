@@ -14,7 +14,6 @@ import math
 import re
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .attrs import DenseAttr, check_size
@@ -947,6 +946,8 @@ def _float_range(dt) -> str:
     """The finite values of float dtype ``dt``, for messages: ``-448.0..448.0``."""
     if dt.name == "f8e8m0":
         return "powers of two 2**-127..2**127"
+    import ml_dtypes  # imported on first use: planning never parses such a literal
+
     mx = float(ml_dtypes.finfo(dt.np).max)
     # As the printer writes values: the shortest f32 text below 64 bits (3.4028235e+38).
     s = repr(mx) if dt.bits == 64 else str(np.float32(mx))
@@ -962,6 +963,8 @@ def _saturating_limit(dt) -> float | None:
     with np.errstate(all="ignore"):
         if not np.isfinite(np.array(np.inf).astype(dt.np).astype(np.float64)):
             return None
+    import ml_dtypes
+
     fi = ml_dtypes.finfo(dt.np)
     mx = float(fi.max)
     return mx + 2.0 ** (math.floor(math.log2(mx)) - fi.nmant) / 2

@@ -27,6 +27,9 @@ class _LazyModule(ModuleType):
 
 torch = _LazyModule("torch")
 F = _LazyModule("torch.nn.functional")
+# bf16's and the storage types' NumPy home: its import costs half a second, which a command that
+# holds no array of them (plan, simulate) does not pay.
+ml_dtypes = _LazyModule("ml_dtypes")
 
 
 _TORCH_DTYPE_NAMES = {"bool": "bool", "u8": "uint8", "i8": "int8", "i16": "int16", "i32": "int32",

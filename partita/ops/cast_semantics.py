@@ -26,10 +26,10 @@ a cast depends only on the value and on whether the source is a float.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.dtypes import SATURATING_DTYPES, DType, f4e2m1, f8e8m0, u64
+from ._lazy import ml_dtypes
 
 ROUND_MODES = ("up", "down", "nearest")
 F4E2M1_MAX = 6.0

@@ -52,19 +52,19 @@ import time
 
 from typing import Any, Callable
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.dtypes import i64
 from ..ir.types import TensorType
+from .numeric import LOW_PRECISION
 from ._lazy import carrier_dtype, torch
 from .process_groups import group
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axis, register
 
 REDUCE_OPS = ("sum", "max", "min", "avg")
 
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_LOW_PRECISION = LOW_PRECISION
 
 _GROUP_ATTRS = (AttrSpec("axis", "str"), AttrSpec("group_size", "int"))
 

@@ -14,15 +14,15 @@ rounds once.
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import TypeRuleError
 from ..ir.types import TensorType
+from .numeric import LOW_PRECISION
 from ._lazy import torch
 from .registry import Cost, OpDef, broadcast_shapes, register
 
-_LOW_PRECISION = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+_LOW_PRECISION = LOW_PRECISION
 
 
 def _mark(t: TensorType, k_index: int) -> str:

@@ -36,13 +36,12 @@ import functools
 import math
 from math import prod
 
-import ml_dtypes
 import numpy as np
 
 from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.dtypes import DType, f8e8m0, f32, i64, promote_all
 from ..ir.types import TensorType
-from ._lazy import from_torch_dtype, to_torch_dtype, torch
+from ._lazy import from_torch_dtype, ml_dtypes, to_torch_dtype, torch
 from .cast_semantics import int_range
 from .registry import AttrSpec, OpDef, movement_cost, normalize_axes, normalize_axis, register
 

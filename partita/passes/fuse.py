@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import ml_dtypes
 
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Value
@@ -54,6 +53,8 @@ def _tolerance(dtype: DType) -> float:
     the rounding to that dtype (an f16 or bf16 model holds 0.044715 as its nearest value)."""
     if not dtype.is_float:
         return _REL_TOL
+    import ml_dtypes  # on first use: its import is half a second that planning does not need
+
     return max(_REL_TOL, float(ml_dtypes.finfo(dtype.np).eps))
 
 
