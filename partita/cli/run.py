@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.html:
         from .view import write_view
 
-        write_view(graph, args.html)
+        write_view(graph, args.html, open_it=args.open)
     require_weights(graph, args.file)
     inputs = random_inputs(graph, args.seed)
     if args.backend == "torch":

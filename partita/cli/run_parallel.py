@@ -44,6 +44,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     g.add_argument("--plan-json", metavar="FILE", help="write the plan as JSON")
     g.add_argument("--html", metavar="OUT.html", help="write one HTML page of the graph (with --mesh: of the parallel "
                                                      "program and its schedule; partita view, docs/view.md)")
+    g.add_argument("--open", action="store_true", help="with --html: open the page in a browser when one exists")
     g.add_argument("--show-rank", type=int_arg(0), metavar="R", help="print the per-rank program (every rank runs it)")
     g.add_argument("--checkpoint", metavar="DIR", help="save the final params as a sharded checkpoint in DIR")
     g.add_argument("--resume", metavar="DIR", help="start from the latest checkpoint in DIR (any mesh)")
@@ -190,7 +191,7 @@ def _run_parallel(args: argparse.Namespace) -> int:
         from .view import write_view
 
         # After the launch, so that a pipeline's page draws the measured bubble under the predicted one.
-        write_view(prog, args.html, run=res if hasattr(prog, "rank_graphs") else None)
+        write_view(prog, args.html, run=res if hasattr(prog, "rank_graphs") else None, open_it=args.open)
     if args.check:
         print(f"\n{'step':>4}  {'loss (' + str(n) + ' ranks)':>16}  {'loss (1 device)':>16}  {'worst rel. error':>16}")
         for c in res.checks:

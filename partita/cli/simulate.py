@@ -78,6 +78,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("--trace-detail", action="store_true", help="with --trace: one span per op")
     s.add_argument("--html", metavar="OUT.html", help="write one HTML page of the program, its schedule and the "
                                                      "simulated timeline (partita view; docs/view.md)")
+    s.add_argument("--open", action="store_true", help="with --html: open the page in a browser when one exists")
     s.set_defaults(handler=cmd_simulate)
 
 
@@ -343,7 +344,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.html:
         from .view import write_view
 
-        data = write_view(prog, args.html, sim=res)
+        data = write_view(prog, args.html, sim=res, open_it=args.open)
         if pp and not unroll and not args.check_memory:
             print("\n".join(stage_memory_lines(data)))
     return 0

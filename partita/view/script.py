@@ -163,6 +163,18 @@ class GraphView {
     if (kind === 2) return (G.id || "(top)") + ": " + G.nodes.length + " ops";
     return "\u25B8 " + G.id + " (" + G.count + ")";
   }
+  shortLabel(it, t) {
+    // what fits a box (21 characters of 11px monospace): a collapsed group keeps its path's
+    // end and its count (h.11.attn.c_proj is told apart from h.1.attn.c_proj), a node its start
+    if (t.length <= 21) return t;
+    const [kind, id] = this.items[it];
+    if (kind !== 1) return t.slice(0, 20) + "\u2026";
+    const G = this.groups[id], tail = " (" + G.count + ")", room = 21 - 3 - tail.length;
+    let end = G.id.slice(Math.max(0, G.id.length - room));
+    const dot = end.indexOf(".");
+    if (dot >= 0 && dot < end.length - 1) end = end.slice(dot + 1);   // whole path parts where one fits
+    return "\u25B8 \u2026" + end + tail;
+  }
   draw() {
     const top = this.scroll.scrollTop - 400, bot = this.scroll.scrollTop + this.scroll.clientHeight + 400;
     const svg = this.svg; svg.textContent = "";
@@ -184,7 +196,7 @@ class GraphView {
       const gr = sv("g", {class: cls, transform: `translate(${x},${y})`, "data-item": it});
       gr.append(sv("rect", {width: BW, height: BH, rx: kind ? 8 : 3}));
       const t = this.label(it);
-      gr.append(sv("text", {x: 6, y: 19}, t.length > 23 ? t.slice(0, 22) + "\u2026" : t));
+      gr.append(sv("text", {x: 6, y: 19}, this.shortLabel(it, t)));
       gr.append(sv("title", {}, t));
       gr.addEventListener("click", () => this.clickItem(it));
       svg.append(gr);
@@ -486,7 +498,7 @@ function measuredActions(A, py, width, draw, link) {
 
 // ---------- simulated timeline ----------
 function timelineView(root, T) {
-  root.append(el("div", {class: "summary"}, `simulated step ${(T.step * 1e3).toFixed(3)} ms on ${T.cluster}, mesh ${T.mesh}; ` +
+  root.append(el("div", {class: "summary"}, `simulated step ${(T.step * 1e3).toFixed(3)} ms on ${T.cluster}, ${String(T.mesh).replace(/^mesh\(([^)]*)\)$/, "mesh $1")}; ` +
     "alike ranks shown once with their count; red: the compute stream waiting" + (T.truncated ? " (neighbouring spans merged to keep the page small)" : "")));
   const W = 1100, LX = 150, RH = 18, scale = (W - LX) / Math.max(T.step, 1e-12);
   const rows = [];
@@ -531,6 +543,8 @@ function memoryView(T) {
   box.append(el("b", {}, "memory at the peak per rank (% of the device's memory)"));
   const cats = [...new Set(ranks.flatMap(r => Object.keys(r.memory.at_peak)))];
   const cols = ["#6b9bd1", "#7fbf7f", "#e0a050", "#b58fd0", "#d07f7f", "#8fd0c8", "#c8c870", "#999"];
+  // the memory tab's colours for the same kinds ("activations and temporaries": activations)
+  const color = (c, k) => MCOL[c] || MCOL[c.split(" ")[0]] || cols[k % cols.length];
   const max = Math.max(...ranks.map(r => r.memory.peak)) || 1, W = 700;
   const svg = sv("svg", {width: 150 + W + 10, height: ranks.length * 24 + 30});
   ranks.forEach((r, i) => {
@@ -539,14 +553,14 @@ function memoryView(T) {
     svg.append(sv("text", {x: 2, y: y + 14}, `rank ${r.rank}${r.count > 1 ? " \u00D7" + r.count : ""} ${fmtBytes(r.memory.peak)}${pct}`));
     cats.forEach((c, k) => {
       const w = (r.memory.at_peak[c] || 0) / max * W; if (w <= 0) return;
-      const rc = sv("rect", {x, y, width: w, height: 18, fill: cols[k % cols.length]}); rc.append(sv("title", {}, c + " " + fmtBytes(r.memory.at_peak[c])));
+      const rc = sv("rect", {x, y, width: w, height: 18, fill: color(c, k)}); rc.append(sv("title", {}, c + " " + fmtBytes(r.memory.at_peak[c])));
       svg.append(rc); x += w;
     });
   });
   const ly = ranks.length * 24 + 20; let lx = 150;
   cats.forEach((c, k) => {
-    svg.append(sv("rect", {x: lx, y: ly - 9, width: 10, height: 10, fill: cols[k % cols.length]}));
-    svg.append(sv("text", {x: lx + 13, y: ly}, c)); lx += 24 + c.length * 7.5;
+    svg.append(sv("rect", {x: lx, y: ly - 9, width: 10, height: 10, fill: color(c, k)}));
+    svg.append(sv("text", {x: lx + 13, y: ly}, c)); lx += 26 + c.length * 6.2;
   });
   svg.setAttribute("width", Math.max(150 + W + 10, lx));
   box.append(svg);

@@ -65,6 +65,23 @@ def test_the_command_writes_the_page(step, tmp_path, capsys):
     assert "--strategy goes with --mesh" in capsys.readouterr().err
 
 
+def test_open_opens_the_page_when_a_browser_exists(step, tmp_path, capsys, monkeypatch):
+    import partita.cli.view as cli_view
+
+    pir, page, opened = tmp_path / "step.pir", tmp_path / "s.html", []
+    partita.save(step, pir)
+    monkeypatch.setattr(cli_view.webbrowser, "open", lambda url: opened.append(url) or True)
+    monkeypatch.setattr(cli_view.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert main(["view", str(pir), "-o", str(page), "--open"]) == 0
+    assert opened == ["file://" + str(page.resolve())]
+    example = Path(partita.__file__).parent / "examples" / "block.pir"
+    assert main(["run", str(example), "--html", str(tmp_path / "run.html"), "--open"]) == 0
+    assert opened[-1].endswith("run.html")
+    monkeypatch.setattr(cli_view.shutil, "which", lambda name: None)
+    assert main(["view", str(pir), "-o", str(page), "--open"]) == 0
+    assert len(opened) == 2 and "no browser found to open" in capsys.readouterr().out
+
+
 def test_the_schedule_bars_follow_1f1b():
     prog = partita.parallelize(small_step(), "pp=2,dp=2", "pp+dp", microbatches=4)
     bars = schedule_bars(prog.schedule)
