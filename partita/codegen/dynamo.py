@@ -25,6 +25,7 @@ import. ``import partita`` does not import this module (dynamo is slow to import
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import threading
@@ -242,7 +243,7 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
     from torch._dynamo.backends.common import aot_autograd
 
     from ..frontend.fx import decomposition_table
-    from ..frontend.fx_moe import dispatch_form
+    from ..frontend.fx_interpolate import keep_interpolations
 
     options = _Options.parse(kwargs.get("options"))
     made: list[tuple[str, Any]] = []     # (kind, what compile_fx_graph returned) of each graph
@@ -256,12 +257,20 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
 
     aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                        inference_compiler=compiler("inference"), decompositions=decomposition_table())
-    # partita's program gets transformers' grouped-GEMM experts in the dispatch form; the
-    # measured choice's ATen candidate stays dynamo's own graph (``gm``).
-    compiled = aot(dispatch_form(gm)[0], example_inputs)
+    # An inference graph's interpolations stay whole (the import path's program has them so).
+    with keep_interpolations(gm) if not needs_grad(example_inputs) else contextlib.nullcontext():
+        compiled = aot(gm, example_inputs)
     if len(made) != 1 or made[0][0] != "inference":
         return compiled
     return _inference_entry(compiled, gm, made[0][1], len(example_inputs))
+
+
+def needs_grad(example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd makes a training graph of these inputs (as its own test: grad mode
+    on and an input that requires a gradient)."""
+    import torch
+
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
 
 
 def _inference_entry(compiled: Callable[..., Any], gm: Any, made: Any, n_inputs: int) -> Callable[..., Any]:

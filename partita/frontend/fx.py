@@ -37,6 +37,7 @@ from . import FrontendError
 from .torch_export import ATEN_TO_PARTITA, AtenConverter, Conv, Unsupported, convert_call, tensor_type_of, wrap_dim
 from .torch_export import emit_concat, emit_layer_norm, ntuple, repeat_kv
 from .torch_export import decomposition_table as _export_decompositions, linearize_index
+from .fx_interpolate import INTERPOLATE_OP, convert_interpolate
 
 aten = torch.ops.aten
 
@@ -323,6 +324,7 @@ def _grouped_mm_backward(cx: _FxConverter, x: Value, w: Value, offs: Value, dy: 
 _CUSTOM_OPS: dict[str, Conv] = {
     "transformers::grouped_mm_fallback": _grouped_mm,
     "transformers::grouped_mm_fallback_backward": _grouped_mm_backward,
+    INTERPOLATE_OP: convert_interpolate,
 }
 
 
