@@ -69,6 +69,7 @@ from .attention_spelled import fuse_spelled_attention
 from .batched_weight import unbroadcast_weight
 from .factored_gelu import take_factored_gelu
 from .levit_blocks import tidy_after_library, tidy_for_library
+from .move_chain import fold_move_chains
 from .mix_ffn import hoist_activations
 from .funnel_blocks import tidy_view_writes
 from .fx_spelling import respell_folded_indices
@@ -1266,4 +1267,5 @@ class FuseLibrary(Pass):
             if fuse is not None:
                 fuse(graph, node)
         tidy_after_library(graph)   # unit dims sunk below linear layers, reshape chains merged
+        fold_move_chains(graph)   # reshape/transpose chains as one transpose: codegen/move_chain.py
         return graph
