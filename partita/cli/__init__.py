@@ -37,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("partita: error: a command is required (import, opt, verify, run, train, demo, ops, simulate, plan, cluster, calibrate, view); "
               "see 'partita --help'", file=sys.stderr)
         return EXIT_USAGE
+    args.process_exits = argv is None  # the process's own command line: it ends after the command
     return run_command(args.handler, args, bool(args.debug))
 
 

@@ -74,7 +74,10 @@ def load_model(args: argparse.Namespace) -> Any:
 def cmd_plan(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..planning import plan, report_text
+    from ..planning.planner import leave_garbage_to_exit
 
+    if getattr(args, "process_exits", False):
+        leave_garbage_to_exit()
     if args.output:
         check_output_path(args.output, "-o")
     graph = load_model(args)

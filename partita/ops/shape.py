@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from math import prod
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -322,6 +323,11 @@ _NO_INF = frozenset({"f8e4m3fn", "f8e4m3fnuz", "f8e5m2fnuz", "f8e8m0", "f4e2m1"}
 _NO_NAN = frozenset({"f4e2m1"})
 
 
+# bf16's finfo as ml_dtypes gives it (8 exponent bits, 7 mantissa bits), written out so that a
+# bf16 fill value is checked without importing ml_dtypes (half a second of import).
+BF16_FINFO = SimpleNamespace(max=(2.0 - 2.0 ** -7) * 2.0 ** 127, tiny=2.0 ** -126, nmant=7)
+
+
 @functools.cache
 def _float_limits(dt: DType) -> tuple[float, float, str]:
     """For float dtype ``dt``: the smallest magnitude that rounds (to nearest even) beyond its
@@ -329,7 +335,8 @@ def _float_limits(dt: DType) -> tuple[float, float, str]:
     positive powers of two),
     and its finite values as messages write them (the shortest f32 text below 64 bits, as
     the printer and the parser's dense literals do)."""
-    fi = ml_dtypes.finfo(dt.np)
+    fi = BF16_FINFO if dt.name == "bf16" else np.finfo(dt.np) if dt.name in ("f16", "f32", "f64") else \
+        ml_dtypes.finfo(dt.np)
     big = float(fi.max)
     text = repr(big) if dt.bits == 64 else str(np.float32(big))
     if dt is f8e8m0:

@@ -22,3 +22,41 @@ def test_from_numpy_loads_ml_dtypes_by_name():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_command_line_plan_equals_in_process_plan(tmp_path):
+    """`python -m partita plan` (which leaves its garbage to the exit, uncollected) writes the plan that
+    `main([...])` in a process that goes on writes, and leaves the caller's collector as it was."""
+    import gc
+    import json
+
+    import partita
+    from partita.cli import main
+
+    g = partita.models.gpt(layers=2, hidden=64, heads=4, seq=16, vocab=128, batch=8, dtype="bf16")
+    model = tmp_path / "gpt.pir"
+    partita.save(g, model)
+    args = ["plan", str(model), "--nodes", "1", "--devices", "4", "--price", "2"]
+    was = gc.isenabled()
+    assert main(args + ["-o", str(tmp_path / "in.json")]) == 0
+    assert gc.isenabled() == was
+    out = subprocess.run([sys.executable, "-m", "partita"] + args + ["-o", str(tmp_path / "cmd.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+
+    def plan_fields(name: str) -> dict:
+        data = json.loads((tmp_path / name).read_text())
+        data["report"].pop("seconds")
+        return data
+
+    assert plan_fields("cmd.json") == plan_fields("in.json")
+
+
+def test_bf16_limits_written_out_match_ml_dtypes():
+    """The bf16 finfo the fill-value check uses without ml_dtypes is ml_dtypes' own."""
+    import ml_dtypes
+
+    from partita.ops.shape import BF16_FINFO
+
+    fi = ml_dtypes.finfo(ml_dtypes.bfloat16)
+    assert (BF16_FINFO.max, BF16_FINFO.tiny, BF16_FINFO.nmant) == (float(fi.max), float(fi.tiny), fi.nmant)
