@@ -31,7 +31,8 @@ TorchTitan's published FSDP2 rows (pytorch/torchtitan docs/performance.md): Llam
 on 64 A100 80GB (``dgx-a100-80gb``) and Llama 3.1 8B on 8 and 128 Grand Teton H100s at 500 W
 (``grand-teton-h100-500w``), zero3 at sequence 8,192 with TorchTitan's checkpointing (selective
 layer, selective op, full) and its f32 loss; tokens/s per GPU and the peak memory of a rank
-beside the published ones (``TORCHTITAN``'s comment quotes the sources); checks, not fitted.
+beside the published ones (``TORCHTITAN``'s comment quotes the sources); checks, but for the
+8-GPU eager row, on which grand-teton-h100-500w's 500 W clock is fitted (``--fit-500w``).
 
     .venv/bin/python bench/bench_simulate.py                     # everything (about 3 minutes)
     .venv/bin/python bench/bench_simulate.py --table zero         # about 15 s
@@ -64,6 +65,11 @@ that departs least from partita's unfitted defaults wins. The other rows are the
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_simulate.py --fit-llama3 --workers 2   # about 20 minutes here
 
+``--fit-llama3-gemm``: meta-h100-roce's gemm efficiency alone refitted on that row (its other
+efficiencies as the file holds them); ``--fit-500w``: grand-teton-h100-500w's sustained clock (its
+peaks as a fraction of the H100 SXM datasheet's) fitted on TorchTitan's 8-GPU eager row
+(``TORCHTITAN_FIT_ROW``). Each finds one number by regula falsi (``fit_scalar``), about 2 minutes.
+
 Attention is priced as the kernels run it: the materialized scores of the Megatron-LM and
 Korthikanti rows at every pair (their own FLOP formulas, used for the figures, count the full
 scores too), the Llama rows' flash attention, causal, at the tiles on and below the diagonal
@@ -78,7 +84,9 @@ import dataclasses
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import partita
 from partita.cluster import memory_report
@@ -611,7 +619,7 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
                "eager_error": (eager_tps / pub - 1) if eager_tps else None,
                "eager_step_s": eager.step_time if eager is not None else None, "eager_peak_GiB": eager_peak,
                "eager_memory_error": (eager_peak / pub_mem - 1) if eager_peak and pub_mem else None,
-               "seconds": time.perf_counter() - t0}
+               "fitted": torchtitan_fitted(name), "seconds": time.perf_counter() - t0}
         rows.append(out)
         mem = f", peak {peak:.1f} GiB vs {pub_mem} ({peak / pub_mem - 1:+.1%})" if pub_mem else f", peak {peak:.1f} GiB"
         mfu_s = f", MFU {mfu:.1%} vs {pub_mfu:.1%}" if pub_mfu else ""
@@ -620,7 +628,7 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
         print(f"{name:>14} dp={gpus} zero3 AC {ac:<5} on {cluster_name}: published {pub:,} tokens/s/GPU, simulated "
               f"{tps:7.0f} ({tps / pub - 1:+.1%}){mfu_s}{mem}; step {res.step_time:.2f} s (compute {rank.compute:.2f}, "
               f"waits {sum(rank.waits.values()):.2f}, dp stream {sum(rank.comm.values()):.2f}) "
-              f"[{out['seconds']:.0f} s]", flush=True)
+              f"[{out['seconds']:.0f} s]" + (f" (fitted: {out['fitted']})" if out["fitted"] else ""), flush=True)
     return rows
 
 
@@ -682,6 +690,98 @@ def fit_llama3(workers: int) -> dict:
     return {"row": LLAMA3_FIT_ROW, "published_tflops": pub, "best": dict(zip(LLAMA3_FIT_GRID, best)),
             "error": err, "in_band": len(band), "grid": LLAMA3_FIT_GRID, "from": LLAMA3_FIT_FROM,
             "points": [{"point": dict(zip(LLAMA3_FIT_GRID, pt)), "error": e} for pt, e in sorted(results)]}
+
+
+def fit_scalar(price: Callable[[float], float], lo: float, hi: float, band: float = 0.002,
+               steps: int = 8) -> tuple[float, float, list[tuple[float, float]]]:
+    """The value in [lo, hi] at which ``price`` (a row's relative error, rising with the value)
+    is within ``band`` of zero, by regula falsi on the bracket (the Illinois step), with every
+    point priced: (value, error, [(value, error), ...])."""
+    tried = [(lo, price(lo)), (hi, price(hi))]
+    (a, fa), (b, fb) = tried
+    if fa > 0 or fb < 0:
+        raise ValueError(f"fit_scalar: the bracket [{lo}, {hi}] does not hold the published figure "
+                         f"(errors {fa:+.2%}, {fb:+.2%}); widen it")
+    side = 0
+    for _ in range(steps):
+        x = b - fb * (b - a) / (fb - fa)
+        fx = price(x)
+        tried.append((x, fx))
+        print(f"  {x:.4f}: {fx:+.2%}", flush=True)
+        if abs(fx) <= band:
+            return x, fx, tried
+        if fx < 0:
+            a, fa = x, fx
+            fb = fb / 2 if side == -1 else fb
+            side = -1
+        else:
+            b, fb = x, fx
+            fa = fa / 2 if side == 1 else fa
+            side = 1
+    x, fx = min(tried, key=lambda t: abs(t[1]))
+    return x, fx, tried
+
+
+def fit_llama3_gemm() -> dict:
+    """Refit meta-h100-roce's ``gemm`` alone on ``LLAMA3_FIT_ROW`` (its other efficiencies as the
+    file holds them): the value at which the row simulates the published TFLOP/s per GPU."""
+    from partita.cluster import load_cluster, simulate
+
+    row = next(r for r in LLAMA3_T4 if r[0] == LLAMA3_FIT_ROW)
+    _name, gpus, _tp, _cp, _pp, dp, seq, per_dp, pub, _mfu = row
+    prog, _t = build_llama3_row(row)
+    flops = llama3_flops(seq, dp * per_dp * seq)
+    base = load_cluster(LLAMA3_CLUSTER)
+
+    def price(gemm: float) -> float:
+        cl = dataclasses.replace(base, efficiency=dataclasses.replace(base.efficiency, gemm=gemm))
+        return flops / (simulate(prog, cl, trace=False, memory=False).step_time * gpus) / 1e12 / pub - 1
+
+    x, err, tried = fit_scalar(price, 0.55, base.efficiency.gemm)
+    return {"row": LLAMA3_FIT_ROW, "cluster": LLAMA3_CLUSTER, "factor": "gemm", "was": base.efficiency.gemm,
+            "fitted": x, "error": err, "tried": tried}
+
+
+# The one TorchTitan row the 500 W clock is fitted on (--fit-500w); the other H100 rows check it.
+TORCHTITAN_FIT_ROW = "8b-h100-op"
+
+
+def torchtitan_fitted(name: str) -> str | None:
+    """Which price of TorchTitan row ``name`` a fit was made on ("eager" for the 500 W clock's
+    row), or None for a check."""
+    return "eager" if name == TORCHTITAN_FIT_ROW else None
+
+
+def scaled_peaks(cluster: Any, clock: float) -> Any:
+    """``cluster`` with every dense peak of its device times ``clock`` (a sustained clock as a
+    fraction of the one the datasheet's peaks are quoted at)."""
+    dev = cluster.device
+    peaks = {k: v * clock for k, v in dev.peak_flops.items()}
+    return dataclasses.replace(cluster, device=dataclasses.replace(dev, peak_flops=peaks))
+
+
+def fit_500w_clock() -> dict:
+    """Fit grand-teton-h100-500w's sustained clock (its peaks as a fraction of the H100 SXM
+    datasheet's) on ``TORCHTITAN_FIT_ROW`` as it ran (eager), the file's peaks read at the
+    datasheet's figures: the fraction at which the row simulates the published tokens/s per GPU."""
+    from partita.cluster import load_cluster, simulate
+
+    row = next(r for r in TORCHTITAN if r[0] == TORCHTITAN_FIT_ROW)
+    name, _model, gpus, local, _ac, cluster_name, pub, *_ = row
+    prog = build_torchtitan_row(row)
+    base = load_cluster(cluster_name)
+    base = base.with_nodes(max(1, gpus // base.gpus_per_node))
+    now = base.device.peak_flops["bf16"] / H100_PEAK
+    datasheet = scaled_peaks(base, 1 / now)
+
+    def price(clock: float) -> float:
+        res = simulate(prog, scaled_peaks(datasheet, clock), trace=False, memory=False,
+                       fusion=TORCHTITAN_EAGER.get(name, "fused"))
+        return local * TORCHTITAN_SEQ / res.step_time / pub - 1
+
+    x, err, tried = fit_scalar(price, 0.6, 1.0)
+    return {"row": TORCHTITAN_FIT_ROW, "cluster": cluster_name, "factor": "clock (peak FLOP/s / H100 SXM datasheet)",
+            "was": now, "fitted": x, "error": err, "tried": tried}
 
 
 # The grid and the rows of the fit (--fit): the Table 1 rows whose simulation takes under a
@@ -759,8 +859,20 @@ def main() -> None:
                     help="with --table llama3: print each simulated rank's compute, waits by axis and stream time")
     ap.add_argument("--fit-llama3", action="store_true",
                     help="fit meta-h100-roce's gemm efficiency on Llama 3 Table 4's 8,192-GPU row")
+    ap.add_argument("--fit-llama3-gemm", action="store_true",
+                    help="refit meta-h100-roce's gemm efficiency alone on Table 4's 8,192-GPU row")
+    ap.add_argument("--fit-500w", action="store_true",
+                    help="fit grand-teton-h100-500w's sustained clock on TorchTitan's 8-GPU eager row")
     args = ap.parse_args()
     ATTENTION = args.attention
+    if args.fit_llama3_gemm or args.fit_500w:
+        one = fit_llama3_gemm() if args.fit_llama3_gemm else fit_500w_clock()
+        path = Path(args.out).with_name(f"bench_simulate_fit_{'llama3_gemm' if args.fit_llama3_gemm else '500w'}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(one, indent=1))
+        print(f"{one['cluster']} {one['factor']}: {one['was']:.4f} -> {one['fitted']:.4f} ({one['error']:+.2%} on "
+              f"{one['row']}); wrote {path}")
+        return
     if args.fit:
         out = fit(args.rows.split(",") if args.rows else FIT_ROWS, args.workers)
         path = Path(args.out).with_name("bench_simulate_fit.json")
