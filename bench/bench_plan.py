@@ -279,11 +279,11 @@ def planning_seconds(args: argparse.Namespace) -> int:
             fwd, n = named_model(row[0]).build(seq=8192, batch=row[3]), row[1]
         else:
             fwd, cluster, n = t1_model(next(r for r in MEGATRON_T1 if r[0] == name))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         p = partita.plan(fwd, cluster, "80GiB", devices=n, price=args.price)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         secs = " ".join(f"{k} {v:.2f}" for k, v in p.report["seconds"].items())
-        print(f"{name}: {dt:.2f} s | {p.describe()} | step {p.step_time:.4f} s | {p.report['priced']} priced | {secs}",
+        print(f"{name}: {dt:.2f} s ({cpu:.2f} CPU s) | {p.describe()} | step {p.step_time:.4f} s | {p.report['priced']} priced | {secs}",
               flush=True)
     return 0
 
