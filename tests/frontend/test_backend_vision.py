@@ -120,3 +120,19 @@ def test_dynamo_graph_restored_and_unsupported_calls_left_alone() -> None:
     x = torch.randn(1, 2, 4, 4)
     torch.testing.assert_close(torch.compile(M(), backend=backend)(x), M()(x))
     assert seen == [(1, 0)]
+
+
+def test_graph_on_aten_runs_the_kept_interpolation() -> None:
+    """A graph that falls back to its own FX code (an op partita does not convert) runs the
+    custom op's own kernel, ``F.interpolate``: eager's results."""
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = F.interpolate(torch.lgamma(x.abs() + 1), scale_factor=1.5, mode="bilinear")
+            return F.interpolate(y, size=(4, 3), mode="nearest")
+
+    x = torch.randn(2, 3, 5, 6)
+    with torch.no_grad(), pytest.warns(pd.PartitaFallbackWarning, match="lgamma"):
+        got = torch.compile(M(), backend="partita")(x)
+    torch.testing.assert_close(got, M()(x))
+    assert pd.stats().fallbacks == 1
