@@ -1,7 +1,8 @@
 """Headless Chromium for the view tests: load a page with an in-page self-test selected by
 the URL fragment (``#test=search:attn``) and read its result back from the DOM
 (``--dump-dom``); screenshots with ``--screenshot``. No Python package beyond the standard
-library."""
+library. ``tests/view/cdp.py`` drives the same browser from outside through the DevTools
+protocol (clicks, typing, screenshots between them) and uses ``need_browser`` from here."""
 
 from __future__ import annotations
 
