@@ -254,10 +254,35 @@ class Page:
 
     def click(self, selector: str) -> None:
         """Click the element's centre with the mouse, as a user does."""
+        self.mouse(*self.centre(selector))
+
+    def click_at(self, selector: str, dx: float, dy: float) -> None:
+        """Click at (dx, dy) from the element's top left corner (a point on a canvas)."""
         x, y = self.centre(selector)
+        w, h = self.evaluate(f"(r => [r.width, r.height])(document.querySelector({json.dumps(selector)})"
+                             ".getBoundingClientRect())")
+        if not (0 <= dx <= w and 0 <= dy <= h):
+            raise CDPError(f"({dx}, {dy}) is outside {selector!r} ({w}x{h})")
+        self.mouse(x - w / 2 + dx, y - h / 2 + dy)
+
+    def mouse(self, x: float, y: float) -> None:
+        """Move the mouse to (x, y) in the viewport and click the left button there."""
         self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
         for t in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", {"type": t, "x": x, "y": y, "button": "left", "clickCount": 1})
+
+    KEYS = {"ArrowDown": 40, "ArrowUp": 38, "Enter": 13, "Escape": 27, "Tab": 9}
+
+    def press(self, key: str) -> None:
+        """Press and release a named key (``ArrowDown``, ``Enter``, ...) where the focus is."""
+        code = self.KEYS[key]
+        down = {"type": "rawKeyDown", "key": key, "code": key, "windowsVirtualKeyCode": code,
+                "nativeVirtualKeyCode": code}
+        if key == "Enter":
+            down.update(type="keyDown", text="\r")
+        self.call("Input.dispatchKeyEvent", down)
+        self.call("Input.dispatchKeyEvent", {"type": "keyUp", "key": key, "code": key, "windowsVirtualKeyCode": code,
+                                             "nativeVirtualKeyCode": code})
 
     def type(self, selector: str, text: str, replace: bool = True) -> None:
         """Click into a text field and type ``text`` (an ``input`` event as a keyboard would give);

@@ -196,3 +196,55 @@ def test_the_client_sees_errors_and_never_hangs(browser, tmp_path):
             q.call("Runtime.evaluate", {"expression": "while (true) {}"}, timeout=2)
         assert time.monotonic() - t0 < 10
     assert hung.proc.poll() is not None
+
+
+def test_the_axis_filter_by_keyboard_and_a_rank_programs_collective_by_search(page, pages):
+    page.open(pages["parallel"])
+    assert page.evaluate("[...document.querySelectorAll('#axis-filter option')].map(o => o.value)") == ["", "tp", "dp"]
+    every = page.evaluate("document.querySelectorAll('.clist a.coll').length")
+    page.click("#axis-filter")   # the first axis chosen with the keyboard, as a user picks it
+    page.press("ArrowDown")
+    page.press("Enter")
+    assert page.evaluate("document.querySelector('#axis-filter').value") == "tp"
+    tp = page.evaluate("[...document.querySelectorAll('.clist a.coll')].map(a => a.textContent)")
+    assert 0 < len(tp) < every and all(" over tp of " in t for t in tp)
+    # the rank's program (right): its collectives found by op, each added by the rewrite
+    page.type(".side:last-child input.gsearch", "all_reduce")
+    assert page.text(".side:last-child .gresults .count").endswith(" matches")
+    page.click(".side:last-child .gresults a.hit")
+    assert page.text(".side:last-child .gdetail pre.pirline").split(" = ")[1].startswith("all_reduce(")
+    assert "added by the rewrite (collective)" in page.text(".side:last-child .gdetail")
+    assert page.errors() == []
+
+
+def test_a_pass_s_changes_found_by_clicking_the_marked_boxes(page, pages):
+    page.open(pages["diff"])
+    assert "node(s) only before" in page.text("#diff-summary")
+    for side in ("first", "last"):   # open a marked layer, then click a marked node in it
+        sel = f".side:{side}-child"
+        for _ in range(6):   # layers inside layers: open marked ones until a marked node shows
+            if page.evaluate(f"!!document.querySelector('{sel} g.node.changed')"):
+                break
+            page.click(f"{sel} g.group.changed")
+        page.click(f"{sel} g.node.changed")
+        assert page.evaluate(f"document.querySelector('{sel} g.node.changed.sel') !== null")
+        assert " = " in page.text(f"{sel} .gdetail pre.pirline")
+    assert page.errors() == []
+
+
+def test_clicking_a_span_of_the_timeline_says_what_ran(page, pages):
+    page.open(pages["pipeline"])
+    page.click('#tabs button[data-view="timeline"]')
+    assert page.text("#span-info") == "click a span"
+    T = page.evaluate("(D => ({step: D.sim.step, ranks: D.sim.ranks.map(r => r.rank), "
+                      "streams: Object.keys(D.sim.streams), c0: D.sim.streams['0|compute']}))(PARTITA.D)")
+    # where the timeline draws it (its layout: rows of 18 px every 22 px from y=10, spans from x=150 to 1100):
+    # rank 0's longest compute span
+    rows = [(r, s) for r in T["ranks"] for s in sorted(k.split("|")[1] for k in T["streams"] if int(k.split("|")[0]) == r)]
+    row = rows.index((0, "compute"))
+    s, e, name = max(T["c0"], key=lambda q: q[1] - q[0])[:3]
+    scale = (1100 - 150) / T["step"]
+    page.click_at("#timeline", 150 + (s + e) / 2 * scale, 10 + row * 22 + 9)
+    assert page.text("#span-info").startswith(f"rank 0 compute: {name} ")
+    assert page.text("#span-info").endswith(f"{s * 1e3:.3f}-{e * 1e3:.3f} ms")
+    assert page.errors() == []
