@@ -57,6 +57,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "parallel": Path(view(partita.parallelize(step, "dp=2,tp=2", "dp+megatron"), tmp / "par.html")),
         "diff": Path(view((fwd, after), tmp / "diff.html")),
         "pipeline": Path(view(pp, tmp / "pp.html", sim=simulate(pp, "selene", trace=True))),
+        "mesh3d": Path(view(partita.parallelize(step, "dp=2,cp=2,tp=2", "dp+megatron+cp"), tmp / "m3.html")),
     }
 
 
@@ -142,7 +143,7 @@ SHOWN_JS = """(() => { const v = [...document.querySelectorAll('section.view')].
 
 @pytest.mark.parametrize("kind,tabs", [
     ("graph", ["graph"]), ("layers", ["graph"]), ("parallel", ["parallel", "memory"]), ("diff", ["before / after"]),
-    ("pipeline", ["schedule", "stage 0", "memory", "timeline"])])
+    ("pipeline", ["schedule", "stage 0", "memory", "timeline"]), ("mesh3d", ["parallel", "memory"])])
 def test_every_view_of_each_kind_of_page_opens_without_a_console_error(page, pages, kind, tabs):
     page.open(pages[kind])
     assert page.evaluate(TABS_JS) == tabs
@@ -247,4 +248,33 @@ def test_clicking_a_span_of_the_timeline_says_what_ran(page, pages):
     page.click_at("#timeline", 150 + (s + e) / 2 * scale, 10 + row * 22 + 9)
     assert page.text("#span-info").startswith(f"rank 0 compute: {name} ")
     assert page.text("#span-info").endswith(f"{s * 1e3:.3f}-{e * 1e3:.3f} ms")
+    assert page.errors() == []
+
+
+def test_a_3d_mesh_collective_clicked_draws_a_grid_of_grids(page, pages):
+    page.open(pages["mesh3d"])
+    page.click('.clist a.coll[data-i="0"]')
+    assert " partial(tp) where " in page.text("#why .whyhead")
+    count = "document.querySelectorAll('#why {}').length"
+    assert page.evaluate(count.format(".pgrid")) == 2 * 2        # have and want: one 2x2 grid per dp coordinate
+    assert page.evaluate(count.format("td.rank")) == 2 * 8
+    assert page.evaluate(count.format("td.partial")) == 8        # the producer's partial sums, on every rank
+    assert page.errors() == []
+
+
+def test_the_memory_curves_peak_line_stands_where_the_stack_is_highest(page, pages):
+    page.open(pages["pipeline"])
+    page.click('#tabs button[data-view="memory"]')
+    curves = page.evaluate("""[...document.querySelectorAll('#view-memory .mcurve')].map(c => {
+      const areas = [...c.querySelectorAll('polygon.marea')], top = areas[areas.length - 1];
+      const pts = top.getAttribute('points').split(' ').map(p => p.split(',').map(Number));
+      const upper = pts.slice(0, pts.length / 2), y = Math.min(...upper.map(p => p[1]));
+      const line = c.querySelector('line.mpeak');
+      return [c.dataset.rank, areas.length, upper.filter(p => p[1] === y).map(p => p[0]), +line.getAttribute('x1'),
+              c.querySelector('b').textContent];
+    })""")
+    assert [c[0] for c in curves] == ["0", "2"]   # alike ranks once: one curve per stage
+    for rank, areas, highest, x, head in curves:
+        assert areas >= 5 and head.startswith(f"rank {rank} \u00d72: peak ")
+        assert any(abs(h - x) <= 1.5 for h in highest), (rank, highest, x)
     assert page.errors() == []
