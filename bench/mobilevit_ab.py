@@ -1,13 +1,16 @@
-"""A/B of ``move_chain.fold_move_chains`` (reshape/transpose chains as one transpose) on a zoo
-model's import path (MobileViT's patch unfold and fold).
+"""A/B of ``move_chain``'s rules on a zoo model's import path (MobileViT's patch unfold and fold).
+
+``fold_move_chains`` (reshape/transpose chains as one transpose) and any rule of
+``codegen/library.py`` called by name in fuse-library; ``--rules`` names those "before" goes
+without (default ``fold_move_chains``).
 
 The import path (bench_zoo's IMPORT_PIPELINE, ``CompiledProgram(freeze=True)``) is built twice:
-with ``fold_move_chains`` replaced by a no-op ("before") and with it ("after"); each is checked
+with the rules replaced by no-ops ("before") and with it ("after"); each is checked
 against eager, then the two are called in turn in interleaved rounds of thread CPU time (one
 thread), medians printed with the ratio. ``--count`` only builds both graphs of each named model
 and prints their node and transpose counts (no timing).
 
-Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/mobilevit_ab.py mobilevit [--rounds 11]
+Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/mobilevit_ab.py mobilevit [--rounds 11] [--rules fold_move_chains]
       .venv/bin/python bench/mobilevit_ab.py mobilevit,mobilevit_v2,swin --count
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,18 +33,24 @@ import torch  # noqa: E402
 import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
 
+RULES = ("fold_move_chains",)
+OFF: list[str] = list(RULES)   # the rules "before" goes without (--rules)
+
+
 @contextlib.contextmanager
 def folding(after: bool) -> Iterator[None]:
-    """``fold_move_chains`` as it is (``after``) or a no-op, for the passes run inside."""
+    """The rules of ``OFF`` as they are (``after``) or no-ops, for the passes run inside."""
     import partita.codegen.library as L
 
-    saved = L.fold_move_chains
+    saved = {r: getattr(L, r) for r in OFF}
     if not after:
-        L.fold_move_chains = lambda g: 0
+        for r in OFF:
+            setattr(L, r, lambda g: 0)
     try:
         yield
     finally:
-        L.fold_move_chains = saved
+        for r, f in saved.items():
+            setattr(L, r, f)
 
 
 def graph(case: Any, after: bool) -> Any:
@@ -74,7 +84,7 @@ def build(case: Any, after: bool) -> tuple[Any, list, dict]:
 def count(names: list[str]) -> None:
     """Node and transpose counts of each model's graph, before and after."""
     for name in names:
-        case = Z.Case(ZM.BY_NAME[name], tempfile.mkdtemp())
+        case = Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
         row = []
         for after in (False, True):
             nodes = list(graph(case, after).nodes)
@@ -89,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--count", action="store_true", help="node counts only, no timing")
+    ap.add_argument("--rules", default=",".join(RULES), help="the rules 'before' goes without")
     a = ap.parse_args(argv)
+    OFF[:] = a.rules.split(",")
     torch.set_num_threads(1)
     if a.count:
         count(a.model.split(","))
         return 0
-    case = Z.Case(ZM.BY_NAME[a.model], tempfile.mkdtemp())
+    case = Z.Case(ZM.BY_NAME[a.model], Path(tempfile.mkdtemp()))
     progs = {"before": build(case, False), "after": build(case, True)}
     res: dict[str, list[float]] = {k: [] for k in progs}
     for _ in range(a.rounds):
