@@ -35,11 +35,18 @@ class Candidate:
     schedule: str | None
     virtual_stages: int
     recompute: str
+    fsdp: int = 1           # hsdp: the zero3 group inside a node (``dp`` counts every data-parallel rank)
+    cp: int = 1             # context parallelism: ranks that split the sequence
 
     def family(self) -> str:
         """The family a rejected candidate is reported under: its axes and recomputation."""
-        axes = "x".join(a for a, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp)) if n > 1) or "one device"
+        sizes = (("pp", self.pp), ("dp", self.dp // self.fsdp), ("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp))
+        axes = "x".join(a for a, n in sizes if n > 1) or "one device"
         return f"{axes} {self.zero if self.dp > 1 else ''} recompute={self.recompute}".replace("  ", " ")
+
+    def kind(self) -> str:
+        """The search family: "hsdp", "cp" or "base" (the pp x dp x tp meshes)."""
+        return "hsdp" if self.zero == "hsdp" else "cp" if self.cp > 1 else "base"
 
 
 def stage_layers(shape: ModelShape, pp: int) -> int:
@@ -49,7 +56,7 @@ def stage_layers(shape: ModelShape, pp: int) -> int:
 
 def layer_activation_bytes(shape: ModelShape, c: Candidate, recompute: str | None = None) -> float:
     """Bytes one layer keeps for the backward of one microbatch (Korthikanti et al. 2022, Table 2)."""
-    s, b, h, a, t = shape.seq, c.micro, shape.hidden, shape.heads, c.tp
+    s, b, h, a, t = shape.seq // c.cp, c.micro, shape.hidden, shape.heads, c.tp
     base = s * b * h * (15 + 19 * shape.ffn / (4 * h))          # 34sbh at ffn = 4h
     scores = 0.0 if shape.fused_attention else 5.0 * a * s * s * b
     rc = c.recompute if recompute is None else recompute
@@ -59,7 +66,9 @@ def layer_activation_bytes(shape: ModelShape, c: Candidate, recompute: str | Non
         kept = base / t
     else:
         kept = s * b * h * (10 + (base / (s * b * h) - 10) / t)
-    return kept + (scores / t if rc == "none" else 0.0)
+    # cp: the keys and values gathered over the whole sequence, which attention's backward reads again.
+    gathered = 4.0 * shape.seq * b * h / t if c.cp > 1 else 0.0
+    return kept + gathered + (scores / t if rc == "none" else 0.0)
 
 
 def in_flight(c: Candidate) -> float:
@@ -84,12 +93,12 @@ def memory_bytes(shape: ModelShape, c: Candidate) -> float:
     """Peak bytes per device of ``c`` (see the module docstring)."""
     p = stage_params(shape, c)
     states = p * (4 + 12 / c.dp) if c.zero == "zero1" else p * 16
-    if c.zero == "zero3":             # every state sharded; two layers' bf16 params and grads gathered at once
-        states = p * 16 / c.dp + 2 * 4 * shape.layer_params / c.tp
+    if c.zero in ("zero3", "hsdp"):   # every state sharded; two layers' bf16 params and grads gathered at once
+        states = p * 16 / (c.fsdp if c.zero == "hsdp" else c.dp) + 2 * 4 * shape.layer_params / c.tp
     acts = in_flight(c) * stage_layers(shape, c.pp) * layer_activation_bytes(shape, c)
     if c.recompute == "full":                     # one layer rebuilt whole during its backward
         acts += layer_activation_bytes(shape, c, "none")
-    logits = 16.0 * shape.seq * c.micro * shape.vocab / c.tp       # bf16 logits, f32 softmax, grads
+    logits = 16.0 * (shape.seq // c.cp) * c.micro * shape.vocab / c.tp       # bf16 logits, f32 softmax, grads
     return states + acts + logits
 
 
@@ -99,17 +108,17 @@ def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
 
 
 def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, float]:
-    """The estimate's parts (seconds): compute, recompute, memory, bubble, tp, p2p, dp."""
+    """The estimate's parts (seconds): compute, recompute, memory, bubble, tp, p2p, dp (and cp with a cp axis)."""
     eff = cluster.efficiency
     flops = cluster.device.flops("bf16") * eff.gemm
     mem_bw = cluster.device.memory_bandwidth * eff.memory
-    gpn = cluster.gpus_per_node
     intra, inter = cluster.intra_node, cluster.inter_node
     ls = shape.layers / c.pp
-    fwd = (ls * shape.layer_flops(c.micro) + shape.head_flops(c.micro) / c.pp) / c.tp
-    s, b, h = shape.seq, c.micro, shape.hidden
+    ranks = c.tp * c.cp               # cp: a rank's share of the tokens (balanced, so of the attention too)
+    fwd = (ls * shape.layer_flops(c.micro) + shape.head_flops(c.micro) / c.pp) / ranks
+    s, b, h = shape.seq // c.cp, c.micro, shape.hidden
     scores = 0.0 if shape.fused_attention else 4.0 * s * s * h * b
-    extra = {"none": 0.0, "selective": ls * scores / c.tp, "full": ls * shape.layer_flops(c.micro) / c.tp}[c.recompute]
+    extra = {"none": 0.0, "selective": ls * scores / c.tp, "full": ls * shape.layer_flops(c.micro) / ranks}[c.recompute]
     traffic = ls * 3 * (layer_activation_bytes(shape, c, "none") if c.tp == 1 or c.sp else 34 * s * b * h / c.tp)
     t_mb = (3 * fwd + extra) / flops + traffic / mem_bw
     bubble = {"1f1b": c.pp - 1, "gpipe": c.pp - 1, "interleaved": (c.pp - 1) / c.virtual_stages,
@@ -117,10 +126,7 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
     ar = allreduce_seconds(2.0 * s * b * h, c.tp, intra.bandwidth * eff.network)
     tp_per_layer = (6 if c.recompute == "full" else 4) * ar
     grads = 2.0 * stage_params(shape, c)
-    dp_link = intra if c.dp * c.tp <= gpn else inter
-    dp_time = allreduce_seconds(grads, c.dp, dp_link.bandwidth * eff.network)
-    if c.zero == "zero3":             # params gathered for the forward and the backward, grads reduce-scattered
-        dp_time *= 1.5
+    dp_time = dp_seconds(grads, c, cluster)
     compute = c.microbatches * 3 * fwd / flops
     parts = {"compute": compute, "recompute": c.microbatches * extra / flops,
              "memory": c.microbatches * traffic / mem_bw, "bubble": bubble * (t_mb + ls * tp_per_layer),
@@ -129,7 +135,35 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
              # zero1's parameter all-gather follows the optimizer step: exposed, as after a pipeline's flush;
              # zero3's gathers and scatters run beside the layers' compute (prefetched), as dp's all-reduce does.
              "dp": dp_time if c.pp > 1 or c.zero == "zero1" else max(0.1 * dp_time, dp_time - 0.6 * compute)}
+    if c.cp > 1:
+        parts["cp"] = c.microbatches * ls * cp_seconds_per_layer(shape, c, cluster)
     return parts
+
+
+def dp_seconds(grads: float, c: Candidate, cluster: Cluster) -> float:
+    """The data-parallel gradient traffic of ``grads`` bytes a step: an all-reduce over dp (and cp,
+    which sums the weight gradients over the tokens too); zero3 moves 1.5 times as much (params
+    gathered for the forward and the backward, grads reduce-scattered); hsdp does that inside its
+    fsdp group and all-reduces 1/fsdp of the gradient across the groups."""
+    eff, gpn = cluster.efficiency, cluster.gpus_per_node
+    intra, inter = cluster.intra_node, cluster.inter_node
+    if c.zero == "hsdp":
+        inside = intra if c.fsdp * c.tp <= gpn else inter
+        return 1.5 * allreduce_seconds(grads, c.fsdp, inside.bandwidth * eff.network) + \
+            allreduce_seconds(grads / c.fsdp, c.dp // c.fsdp, inter.bandwidth * eff.network)
+    n = c.dp * c.cp
+    link = intra if n * c.tp <= gpn else inter
+    t = allreduce_seconds(grads, n, link.bandwidth * eff.network)
+    return 1.5 * t if c.zero == "zero3" else t
+
+
+def cp_seconds_per_layer(shape: ModelShape, c: Candidate, cluster: Cluster) -> float:
+    """cp's exposed traffic of one layer and microbatch: the keys and values all-gathered over cp
+    for the forward (again with full recomputation) and their gradients reduce-scattered back."""
+    link = cluster.intra_node if c.cp * c.tp <= cluster.gpus_per_node else cluster.inter_node
+    kv = 2.0 * 2.0 * shape.seq * c.micro * shape.hidden / c.tp          # bf16 k and v, whole sequence
+    times = 3 if c.recompute == "full" else 2
+    return times * (c.cp - 1) / c.cp * kv / (link.bandwidth * cluster.efficiency.network)
 
 
 def lower_bound(shape: ModelShape, c: Candidate, cluster: Cluster) -> float:

@@ -126,7 +126,9 @@ def op_floor(model: Any, cluster: Cluster, n: Any) -> tuple[bool, float] | None:
 def step_floor(costs: LayerCosts, shape: ModelShape, c: Candidate, stages: list[int] | None = None) -> float:
     """Seconds the simulated step of ``c`` takes at least (see the module docstring); ``stages``:
     the layers of each pipeline stage when the cut is known (1F1B)."""
-    share = c.micro / shape.batch / c.tp         # the global batch's work one rank does for one microbatch
+    # The global batch's work one rank does for one microbatch (cp: its share of the tokens and,
+    # balanced, of the attention's query-key pairs).
+    share = c.micro / shape.batch / c.tp / c.cp
     fwd = (costs.layer + costs.layer_rest) * share + (costs.layer_ops + costs.layer_rest_ops) * costs.overhead
     again = fwd if c.recompute == "full" else 0.0
     bwd = costs.layer * share * BACKWARD + costs.layer_ops * costs.overhead

@@ -14,7 +14,8 @@ from ..ir import Graph, PartitaError
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts
 from .floor import LayerCosts, layer_costs, step_floor
 from .plan import RECOMPUTE, Plan
-from .search import CAUSES, GIB, SHARDINGS, Pricer, candidate_plan, enumerate_candidates, milp_variant
+from .search import (CAUSES, GIB, SHARDINGS, Pricer, candidate_plan, cp_candidates, cp_reason, enumerate_candidates,
+                     milp_variant)
 from .shape import ModelShape, PlanError, model_shape
 
 # A mesh is not priced when its estimate, scaled by the least simulated/estimated ratio of the
@@ -77,10 +78,16 @@ def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None
                         "build the graph at the global batch (partita.models.gpt(..., batch=...))")
     recomputes = recompute_choices(recompute, training)
     cands, invalid = enumerate_candidates(shape, cl, n, recomputes)
+    mems = {c: memory_bytes(shape, c) for c in cands}
+    # cp when the sequence is long, or when meshes without it exist but none fits the cap.
+    cp_why = cp_reason(shape, not mems or any(m <= cap for m in mems.values()))
+    if cp_why is None:
+        more = cp_candidates(shape, cl, n, recomputes)
+        cands += more
+        mems.update((c, memory_bytes(shape, c)) for c in more)
     if not cands:
         raise PlanError(f"plan: {n} devices factor into no valid mesh for @{graph.name}: " + "; ".join(invalid[:4]) +
                         ". Use a device count that a power-of-two tp dividing the heads and a dp dividing the batch make")
-    mems = {c: memory_bytes(shape, c) for c in cands}
     fit = [c for c in cands if mems[c] <= cap]
     if not fit:
         raise PlanError(no_fit_message(graph, shape, cl, cap, n, recomputes, min(mems.values())))
@@ -101,6 +108,7 @@ def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None
         "skipped_by_bound": pricer.skipped,
         "next": [summary(p) for p in priced[1:]], "invalid": invalid[:10],
         "rejected": rejected_families(shape, cands, fit, mems, est, chosen, cap, cl),
+        "families": family_verdicts(shape, cands, mems, est, priced, pricer, chosen, cap, cl, cp_why),
         "failed": pricer_failures(pricer), "sharding": pricer.sharding_notes,
         "seconds": {"search": t_search, **pricer.seconds, "total": time.perf_counter() - t_start}}
     return best
@@ -152,6 +160,8 @@ def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: 
     size = cl.nodes * cl.gpus_per_node
     while k <= max(size, n) * 64:
         cands, _ = enumerate_candidates(shape, cl, k, recomputes)
+        if cp_reason(shape, False) is None:
+            cands += cp_candidates(shape, cl, k, recomputes)
         if any(memory_bytes(shape, c) <= cap for c in cands):
             more = k
             break
@@ -165,35 +175,70 @@ def no_fit_message(graph: Graph, shape: ModelShape, cl: Cluster, cap: float, n: 
 def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, pricer: Pricer, cap: float, n: int,
                cl: Cluster, price: int, say: Callable[[str], None], costs: LayerCosts | None = None,
                sharding: str = "words") -> list[Plan]:
-    """Simulate the best estimated candidate of each of the ``price`` best meshes; the plans that fit.
-    ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot win;
-    ``sharding``: whose placements a tp axis takes (``price_candidate``)."""
-    seen: set = set()
-    out: list[Plan] = []
+    """Simulate the best estimated candidate of each of the ``price`` best meshes of each search
+    family (the pp x dp x tp meshes first, then hsdp's, then cp's: ``Candidate.kind``); the plans that
+    fit. ``costs``: the layer costs of the step-time floor (floor.py), which skips a mesh that cannot
+    win; ``sharding``: whose placements a tp axis takes (``price_candidate``)."""
     pricer.failures, pricer.skipped, pricer.sharding_notes = [], 0, []
-    best_time, ratio = float("inf"), 0.0
-    fitting = set(fit)
-    for c in sorted(fit, key=lambda c: est[c]):
-        key = (c.pp, c.dp, c.tp, c.recompute)
-        if key in seen or dominated(c, fitting):
-            continue
-        if len(seen) >= price:
-            break
-        seen.add(key)
-        # The lower bounds, and the estimate scaled by the least simulated/estimated ratio seen.
-        p = candidate_plan(shape, c, n, cl)
-        floor = step_floor(costs, shape, c, p.stages) if costs is not None else 0.0
-        if max(lower_bound(shape, c, cl), floor) > best_time or est[c] * ratio > best_time * CALIBRATED_MARGIN:
-            pricer.skipped += 1
-            continue
-        for q in price_candidate(shape, c, p, est, mems, pricer, cap, sharding, say):
-            pricer.origin[id(q)] = c
-            assert q.step_time is not None and q.memory is not None
-            if q.memory <= cap:
-                out.append(q)
-                best_time = min(best_time, q.step_time)
-            ratio = q.step_time / est[c] if not ratio else min(ratio, q.step_time / est[c])
-    return out
+    run = PricingRun(shape, est, mems, pricer, cap, n, cl, say, costs, sharding, set(fit))
+    for kind in FAMILIES:
+        run.price_family([c for c in fit if c.kind() == kind], price if kind == "base" else EXTRA_PRICE)
+    return run.out
+
+
+# The search families, priced in this order, each with its own budget of meshes: ``price`` for
+# the pp x dp x tp meshes, EXTRA_PRICE for hsdp's and cp's (whose best estimated mesh is what a
+# family's gain rests on; a second costs planning time, docs/plan.md).
+FAMILIES = ("base", "hsdp", "cp")
+EXTRA_PRICE = 1
+
+
+@dataclasses.dataclass
+class PricingRun:
+    """``price_best``'s state: the best priced step and the least simulated/estimated ratio so far,
+    shared by the families, and the plans that fit."""
+
+    shape: ModelShape
+    est: dict
+    mems: dict
+    pricer: Pricer
+    cap: float
+    n: int
+    cl: Cluster
+    say: Callable[[str], None]
+    costs: LayerCosts | None
+    sharding: str
+    fitting: set
+    best_time: float = float("inf")
+    ratio: float = 0.0
+    out: list = dataclasses.field(default_factory=list)
+
+    def price_family(self, members: list[Candidate], budget: int) -> None:
+        """Price the best estimated candidate of each of the ``budget`` best meshes of ``members``,
+        skipping those the bounds say cannot win."""
+        seen: set = set()
+        shape, cl, est = self.shape, self.cl, self.est
+        for c in sorted(members, key=lambda c: est[c]):
+            key = (c.pp, c.dp, c.tp, c.recompute) + ((c.cp, c.fsdp) if c.kind() != "base" else ())
+            if key in seen or dominated(c, self.fitting):
+                continue
+            if len(seen) >= budget:
+                break
+            seen.add(key)
+            # The lower bounds, and the estimate scaled by the least simulated/estimated ratio seen.
+            p = candidate_plan(shape, c, self.n, cl)
+            floor = step_floor(self.costs, shape, c, p.stages) if self.costs is not None else 0.0
+            if max(lower_bound(shape, c, cl), floor) > self.best_time or \
+                    est[c] * self.ratio > self.best_time * CALIBRATED_MARGIN:
+                self.pricer.skipped += 1
+                continue
+            for q in price_candidate(shape, c, p, est, self.mems, self.pricer, self.cap, self.sharding, self.say):
+                self.pricer.origin[id(q)] = c
+                assert q.step_time is not None and q.memory is not None
+                if q.memory <= self.cap:
+                    self.out.append(q)
+                    self.best_time = min(self.best_time, q.step_time)
+                self.ratio = q.step_time / est[c] if not self.ratio else min(self.ratio, q.step_time / est[c])
 
 
 def price_plan(shape: ModelShape, c: Candidate, p: Plan, est: dict, mems: dict, pricer: Pricer, cap: float,
@@ -266,12 +311,53 @@ def rejected_families(shape: ModelShape, cands: list[Candidate], fit: list[Candi
             out.append({"family": fam, "why": f"over the cap by {(least - cap) / GIB:.1f} GiB at best", "slower": None})
             continue
         b = min(ok, key=lambda c: est[c])
-        parts = time_parts(shape, b, cl)
-        cause = max(parts, key=lambda k: parts[k] - mine[k])
         slower = est[b] / base - 1
-        out.append({"family": fam, "slower": slower, "why": f"{slower:+.0%} estimated, because of {CAUSES[cause]}"})
+        out.append({"family": fam, "slower": slower,
+                    "why": f"{slower:+.0%} estimated, because of {CAUSES[main_cause(shape, b, mine, cl)]}"})
     out.sort(key=lambda r: (r["slower"] is None, r["slower"] or 0.0))
     return out
+
+
+def main_cause(shape: ModelShape, c: Candidate, mine: dict[str, float], cl: Cluster) -> str:
+    """The estimate's part by which ``c`` loses most against the chosen plan's parts ``mine``."""
+    parts = time_parts(shape, c, cl)
+    return max(parts, key=lambda k: parts[k] - mine.get(k, 0.0))
+
+
+def family_verdicts(shape: ModelShape, cands: list[Candidate], mems: dict, est: dict, priced: list[Plan],
+                    pricer: Pricer, chosen: Candidate, cap: float, cl: Cluster, cp_why: str | None) -> dict[str, str]:
+    """For hsdp and cp: why the family won, lost (over the cap, slower when simulated, or skipped by
+    the bounds, with the estimate's main cause) or was not searched."""
+    mine = time_parts(shape, chosen, cl)
+    out: dict[str, str] = {}
+    for kind in FAMILIES[1:]:
+        members = [c for c in cands if c.kind() == kind]
+        if kind == chosen.kind():
+            out[kind] = f"won: {chosen.family()}"
+        elif not members:
+            out[kind] = f"not searched: {cp_why}" if kind == "cp" and cp_why else \
+                "not searched: no mesh without a pipeline has dp over more than one node's group " \
+                f"({cl.gpus_per_node} devices a node, after tp)"
+        elif not any(c in est for c in members):
+            least = min(mems[c] for c in members)
+            out[kind] = f"lost: over the cap by {(least - cap) / GIB:.1f} GiB at best"
+        else:
+            out[kind] = family_loss(shape, kind, members, est, priced, pricer, mine, cl)
+    return out
+
+
+def family_loss(shape: ModelShape, kind: str, members: list[Candidate], est: dict, priced: list[Plan],
+                pricer: Pricer, mine: dict[str, float], cl: Cluster) -> str:
+    """Why a family that fits lost: its best simulated plan against the chosen one, or the bounds' skip."""
+    ours = [p for p in priced if pricer.origin[id(p)].kind() == kind]
+    best = min(ours, key=lambda p: p.step_time or 0.0) if ours else None
+    c = pricer.origin[id(best)] if best is not None else min((c for c in members if c in est), key=lambda c: est[c])
+    cause = CAUSES[main_cause(shape, c, mine, cl)]
+    if best is not None and priced[0].step_time:
+        slower = (best.step_time or 0.0) / priced[0].step_time - 1
+        return f"lost: {best.describe()} simulated {slower:+.0%} slower, because of {cause}"
+    slower = est[c] / max(sum(mine.values()), 1e-30) - 1
+    return f"lost: not simulated (the bounds skipped it); its best estimate {slower:+.0%}, because of {cause}"
 
 
 def report_text(p: Plan) -> str:
@@ -289,6 +375,8 @@ def report_text(p: Plan) -> str:
     if r.get("rejected"):
         lines.append("rejected families:")
         lines += [f"  {x['family']}: {x['why']}" for x in r["rejected"][:12]]
+    for kind, why in r.get("families", {}).items():
+        lines.append(f"{kind}: {why}")
     for x in r.get("sharding", []):
         lines.append(sharding_line(x))
     for f in r.get("failed", []):

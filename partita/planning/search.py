@@ -30,7 +30,9 @@ from .shape import ModelShape, PlanError, model_shape
 
 GIB = 1024.0 ** 3
 SHARDINGS = ("words", "milp", "both")
-CAUSES = {"bubble": "the pipeline bubble", "dp": "exposed dp traffic", "recompute": "recomputation",
+# Context parallelism is searched from this sequence length on (or when nothing fits without it).
+CP_MIN_SEQ = 16384
+CAUSES = {"cp": "cp's key and value gathers", "bubble": "the pipeline bubble", "dp": "exposed dp traffic", "recompute": "recomputation",
           "tp": "tp all-reduces", "memory": "memory-bound ops", "p2p": "pipeline sends", "compute": "smaller matmuls"}
 
 
@@ -94,13 +96,65 @@ def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
                 for zero in dp_kinds(pp, dp):
                     for rc in recomputes:
                         out.append(Candidate(pp, dp, tp, zero, tp > 1, micro, m, sched, v, rc))
+            out += hsdp_candidates(shape, cluster, pp, dp, tp, recomputes)
     return out, invalid
+
+
+def hsdp_candidates(shape: ModelShape, cluster: Cluster, pp: int, dp: int, tp: int,
+                    recomputes: tuple[str, ...]) -> list[Candidate]:
+    """Hybrid sharding of a mesh without a pipeline: zero3 inside a group of the node's devices
+    left after tp (mesh ``dp=dp/F,fsdp=F``), replicated across the groups; only where dp spans
+    more than one group. Megatron without sp (hsdp's sp splits the tokens over dp alone)."""
+    fsdp = cluster.gpus_per_node // tp
+    if pp > 1 or fsdp < 2 or dp <= fsdp or dp % fsdp:
+        return []
+    return [Candidate(1, dp, tp, "hsdp", False, shape.batch // dp, 1, None, 1, rc, fsdp=fsdp) for rc in recomputes]
+
+
+def cp_reason(shape: ModelShape, fits_without: bool) -> str | None:
+    """Why the search leaves context parallelism out (None: it is enumerated): it needs fused
+    attention and pays for long sequences (16K tokens or more) or when no plan without it fits."""
+    if not shape.fused_attention:
+        return "cp needs fused attention (build the model with attention=\"fused\")"
+    if shape.seq % 4:
+        return f"the sequence {shape.seq} is not a multiple of 2 x cp = 4"
+    if shape.seq < CP_MIN_SEQ and fits_without:
+        return f"the sequence {shape.seq} is under {CP_MIN_SEQ} tokens and plans without cp fit the cap"
+    return None
+
+
+def cp_candidates(shape: ModelShape, cluster: Cluster, devices: int,
+                  recomputes: tuple[str, ...]) -> list[Candidate]:
+    """Context-parallel candidates: a power-of-two cp (2 x cp dividing the sequence, for the
+    balanced split) beside a tp inside the node, with pp and dp as partita's strategies compose
+    them (dp, zero1, zero3 without a pipeline; no sp, which cp refuses; no hsdp)."""
+    out: list[Candidate] = []
+    for tp in pow2_divisors(devices, cluster.gpus_per_node):
+        if shape.heads % tp or shape.hidden % tp:
+            continue
+        for cp in pow2_divisors(devices // tp, devices)[1:]:
+            if shape.seq % (2 * cp):
+                break
+            for pp in divisors(devices // (tp * cp)):
+                dp = devices // (tp * cp * pp)
+                if pp > shape.layers or shape.batch % dp:
+                    continue
+                for micro, m, sched, v in pipeline_options(shape, pp, shape.batch // dp):
+                    for zero in dp_kinds(pp, dp):
+                        out += [Candidate(pp, dp, tp, zero, False, micro, m, sched, v, rc, cp=cp) for rc in recomputes]
+    return out
 
 
 def candidate_plan(shape: ModelShape, c: Candidate, devices: int, cluster: Cluster) -> Plan:
     """The Plan of a candidate (without prices): mesh text, strategy words, pipeline options, cut."""
-    axes = [f"pp={c.pp}"] * (c.pp > 1) + [f"dp={c.dp}"] * (c.dp > 1 or c.pp == c.tp == 1) + [f"tp={c.tp}"] * (c.tp > 1)
-    words = ["pp"] * (c.pp > 1) + [c.zero] * (c.dp > 1 or c.pp == c.tp == 1) + ["megatron"] * (c.tp > 1) + ["sp"] * c.sp
+    alone = c.pp == c.tp == c.cp == 1
+    if c.zero == "hsdp":
+        data = [f"dp={c.dp // c.fsdp}", f"fsdp={c.fsdp}"]
+    else:
+        data = [f"dp={c.dp}"] * (c.dp > 1 or alone)
+    axes = [f"pp={c.pp}"] * (c.pp > 1) + data + [f"cp={c.cp}"] * (c.cp > 1) + [f"tp={c.tp}"] * (c.tp > 1)
+    words = ["pp"] * (c.pp > 1) + [c.zero] * (c.dp > 1 or alone) + ["cp"] * (c.cp > 1) + \
+        ["megatron"] * (c.tp > 1) + ["sp"] * c.sp
     stages = None
     if c.pp > 1 and c.virtual_stages == 1:
         lf = shape.layer_flops(1)
