@@ -181,8 +181,11 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
     win; ``sharding``: whose placements a tp axis takes (``price_candidate``)."""
     pricer.failures, pricer.skipped, pricer.sharding_notes = [], 0, []
     run = PricingRun(shape, est, mems, pricer, cap, n, cl, say, costs, sharding, set(fit))
+    base_fits = any(c.kind() == "base" for c in fit)
     for kind in FAMILIES:
-        run.price_family([c for c in fit if c.kind() == kind], price if kind == "base" else EXTRA_PRICE)
+        # A family that is all there is (cp when no pp x dp x tp mesh fits) gets the whole budget.
+        run.price_family([c for c in fit if c.kind() == kind],
+                         price if kind == "base" or not base_fits else EXTRA_PRICE)
     return run.out
 
 
