@@ -243,6 +243,7 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
     from torch._dynamo.backends.common import aot_autograd
 
     from ..frontend.fx import decomposition_table
+    from ..frontend.fx_moe import dispatch_form
     from ..frontend.fx_interpolate import keep_interpolations
 
     options = _Options.parse(kwargs.get("options"))
@@ -259,7 +260,9 @@ def partita_backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
                        inference_compiler=compiler("inference"), decompositions=decomposition_table())
     # An inference graph's interpolations stay whole (the import path's program has them so).
     with keep_interpolations(gm) if not needs_grad(example_inputs) else contextlib.nullcontext():
-        compiled = aot(gm, example_inputs)
+        # partita's program gets transformers' grouped-GEMM experts in the dispatch form; the
+        # measured choice's ATen candidate stays dynamo's own graph (``gm``).
+        compiled = aot(dispatch_form(gm)[0], example_inputs)
     if len(made) != 1 or made[0][0] != "inference":
         return compiled
     return _inference_entry(compiled, gm, made[0][1], len(example_inputs))
