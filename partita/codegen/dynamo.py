@@ -182,6 +182,10 @@ CHOICES = ("measure", "partita", "aten")
 # The measured choice: calls of each candidate before timing starts, then timed calls of each.
 WARMUP_CALLS = 3
 TIMED_CALLS = 5
+# While the two candidates' timings overlap (the faster one's median call is no faster than the
+# slower one's fastest: a busy machine can slow every call of one of them), another
+# ``TIMED_CALLS`` of each are timed, up to this many of each.
+MAX_TIMED_CALLS = 15
 
 
 @dataclass(frozen=True)
@@ -627,11 +631,21 @@ class _FrozenRunner:
         self.record = rec
 
 
+def timings_overlap(a_ms: Sequence[float], b_ms: Sequence[float]) -> bool:
+    """Whether two candidates' timed calls leave their order in doubt: the faster one's median
+    call is no faster than the slower one's fastest (on a loaded machine every timed call of one
+    candidate can land in a lost time slice; more calls of each then decide)."""
+    fast, slow = (a_ms, b_ms) if min(a_ms) < min(b_ms) else (b_ms, a_ms)
+    return _median(fast) >= min(slow)
+
+
 class _Chooser:
     """A compiled graph's two candidates, partita's ``_Runner`` and the FX code on ATen, in the
     boxed convention; runs the one ``choice`` picks. While it measures (``choose="measure"``),
     calls alternate between them, partita first: ``WARMUP_CALLS`` untimed calls of each, then
-    ``TIMED_CALLS`` timed calls of each; then the one with the fastest call is kept for good.
+    ``TIMED_CALLS`` timed calls of each (more, in rounds of ``TIMED_CALLS`` up to
+    ``MAX_TIMED_CALLS``, while ``timings_overlap``); then the one with the fastest call is kept
+    for good.
     Both compute the graph's function, so the caller sees the same results whichever runs."""
 
     def __init__(self, runner: Callable[[list], Any], aten: Callable[[list], Any], choice: Choice) -> None:
@@ -657,7 +671,9 @@ class _Chooser:
         ms = (time.perf_counter() - t0) * 1e3
         if k >= 2 * WARMUP_CALLS:
             (self.choice.partita_ms if use_partita else self.choice.aten_ms).append(ms)
-        if len(self.choice.aten_ms) >= TIMED_CALLS:
+        n = len(self.choice.aten_ms)
+        if n >= TIMED_CALLS and n % TIMED_CALLS == 0 and not use_partita \
+                and not (n < MAX_TIMED_CALLS and timings_overlap(self.choice.partita_ms, self.choice.aten_ms)):
             # The fastest call of each: what the machine's other work adds to a call (a time
             # slice given to another process) only ever adds, and would decide a median of five.
             faster_aten = min(self.choice.aten_ms) < min(self.choice.partita_ms)

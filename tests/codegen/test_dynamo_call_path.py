@@ -58,12 +58,13 @@ def test_measured_inference_graph_matches_eager_on_every_call(mode):
     compiled = torch.compile(model, backend="partita")
     with mode():
         ref = model(x)
-        for _ in range(2 * (pd.WARMUP_CALLS + pd.TIMED_CALLS) + 2):
+        for _ in range(2 * (pd.WARMUP_CALLS + pd.MAX_TIMED_CALLS) + 2):
             out = compiled(x)
             assert torch.allclose(out, ref, atol=1e-5)
     (rec,) = pd.stats().graphs
     assert rec.choice is not None and rec.choice.picked in ("partita", "aten")
-    assert len(rec.choice.partita_ms) == len(rec.choice.aten_ms) == pd.TIMED_CALLS
+    assert len(rec.choice.partita_ms) == len(rec.choice.aten_ms)
+    assert pd.TIMED_CALLS <= len(rec.choice.aten_ms) <= pd.MAX_TIMED_CALLS
     assert f"runs {rec.choice.picked}" in pd.stats().report()
 
 

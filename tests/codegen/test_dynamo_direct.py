@@ -122,7 +122,7 @@ def test_dynamo_calls_the_runner_directly_and_matches_eager():
     with torch.no_grad():
         ref = model(x)
     with _aot_wrapper_calls() as wrapped:
-        outs = _run_backend(model, x, 2 * (pd.WARMUP_CALLS + pd.TIMED_CALLS) + 3)
+        outs = _run_backend(model, x, 2 * (pd.WARMUP_CALLS + pd.MAX_TIMED_CALLS) + 3)
     for out in outs:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     (rec,) = pd.stats().graphs
@@ -161,7 +161,7 @@ def _settled(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.nn.Module, 
     """The model compiled with the measured choice, called until its choice is made; its output."""
     compiled = torch.compile(model, backend="partita")
     with torch.no_grad():
-        for _ in range(2 * (pd.WARMUP_CALLS + pd.TIMED_CALLS) + 1):
+        for _ in range(2 * (pd.WARMUP_CALLS + pd.MAX_TIMED_CALLS) + 1):
             out = compiled(x)
     return compiled, out
 
