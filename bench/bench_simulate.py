@@ -585,6 +585,13 @@ def torchtitan_flops_per_token(model: str) -> float:
     return 6 * m.params() + 12 * m.layers * m.hidden * TORCHTITAN_SEQ
 
 
+def reserved_GiB(res: object) -> float | None:
+    """The largest reserved peak of a simulation's ranks (the caching allocator model,
+    partita/cluster/allocator.py), GiB; None where no rank has one."""
+    got = [r.memory.reserved for r in res.ranks if r.memory is not None and r.memory.reserved is not None]  # type: ignore[attr-defined]
+    return max(got) / 2 ** 30 if got else None
+
+
 def torchtitan_table(names: list[str] | None = None) -> list[dict]:
     """TorchTitan's FSDP2 rows simulated on their cluster files: tokens/s per GPU (and MFU by
     TorchTitan's formula) published vs simulated, the simulated peak memory of a rank."""
@@ -609,6 +616,8 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
         mfu = tps * torchtitan_flops_per_token(model) / TORCHTITAN_PEAK[cluster_name]
         rank = max(res.ranks, key=lambda r: r.end)
         peak = max(r.memory.peak for r in res.ranks if r.memory is not None) / 2 ** 30
+        reserved = reserved_GiB(res)
+        eager_reserved = reserved_GiB(eager) if eager is not None else None
         out = {"row": name, "model": model, "gpus": gpus, "local_batch": local, "ac": ac, "cluster": cluster_name,
                "torchtitan_commit": commit, "published_tps": pub, "simulated_tps": round(tps, 1),
                "error": tps / pub - 1, "published_mfu": pub_mfu, "simulated_mfu": mfu,
@@ -619,8 +628,17 @@ def torchtitan_table(names: list[str] | None = None) -> list[dict]:
                "eager_error": (eager_tps / pub - 1) if eager_tps else None,
                "eager_step_s": eager.step_time if eager is not None else None, "eager_peak_GiB": eager_peak,
                "eager_memory_error": (eager_peak / pub_mem - 1) if eager_peak and pub_mem else None,
+               "simulated_reserved_GiB": reserved, "eager_reserved_GiB": eager_reserved,
+               "reserved_error": (reserved / pub_mem - 1) if reserved and pub_mem else None,
+               "eager_reserved_error": (eager_reserved / pub_mem - 1) if eager_reserved and pub_mem else None,
                "fitted": torchtitan_fitted(name), "seconds": time.perf_counter() - t0}
         rows.append(out)
+        if reserved:
+            mem_r = f", reserved {reserved:.1f} GiB" + (f" ({reserved / pub_mem - 1:+.1%})" if pub_mem else "")
+            if eager_reserved:
+                mem_r += f", eager reserved {eager_reserved:.1f} GiB" + (
+                    f" ({eager_reserved / pub_mem - 1:+.1%})" if pub_mem else "")
+            print(f"{name:>14} caching allocator model: live peak {peak:.1f} GiB{mem_r}")
         mem = f", peak {peak:.1f} GiB vs {pub_mem} ({peak / pub_mem - 1:+.1%})" if pub_mem else f", peak {peak:.1f} GiB"
         mfu_s = f", MFU {mfu:.1%} vs {pub_mfu:.1%}" if pub_mfu else ""
         if eager_tps:

@@ -33,6 +33,7 @@ from typing import Any, Iterator
 from ..ir.graph import Graph, Value
 from ..ops.kinds import COLLECTIVE_OPS, UPDATE_OPS as UPDATES, VIEW_OPS as VIEWS
 from ..ops.registry import OPS
+from .allocator import reserved_peak
 from .eager import transient_bytes
 from .hardware import Device, format_quantity
 
@@ -54,6 +55,7 @@ class MemoryReport:
     peak: int                                     # the most bytes live at once
     at_peak: dict[str, int] = field(default_factory=dict)   # category -> bytes live at the peak
     peak_node: str = ""                           # where the peak is
+    reserved: int | None = None                   # the caching allocator's peak reserved (allocator.py)
 
     @property
     def model_states(self) -> int:
@@ -68,6 +70,8 @@ class MemoryReport:
                  ", ".join(f"{k} {fq(v, 'B')}" for k, v in self.at_peak.items() if v)]
         if capacity is not None:
             lines[-1] += f" ({self.peak / capacity:.0%} of {fq(capacity, 'B')})"
+        if self.reserved is not None:
+            lines.append(f"reserved {fq(self.reserved, 'B')} at its peak (PyTorch's caching allocator, modelled)")
         return "\n".join(lines)
 
     def over_message(self, rank: int, device: Device) -> str:
@@ -153,9 +157,10 @@ def constant_bytes(graph: Graph) -> int:
                and n.results[0] not in outputs)
 
 
-def memory_report(graph: Graph, eager: frozenset[str] = frozenset()) -> MemoryReport:
+def memory_report(graph: Graph, eager: frozenset[str] = frozenset(), capacity: float | None = None) -> MemoryReport:
     """The memory of one run of ``graph`` on one rank (see the module docstring); ``eager``: the
-    ops whose eager chains' intermediates count while they run."""
+    ops whose eager chains' intermediates count while they run; ``capacity``: the device's
+    memory, given to price the caching allocator's reserved bytes too (``allocator.py``)."""
     params = sum(v.type.nbytes for v in graph.inputs if v.role == "param")
     optimizer = sum(v.type.nbytes for v in graph.inputs if v.role == "state")
     batch = sum(v.type.nbytes for v in graph.inputs if v.role not in ("param", "state"))
@@ -172,7 +177,10 @@ def memory_report(graph: Graph, eager: frozenset[str] = frozenset()) -> MemoryRe
             peak_at["activations and temporaries"] += extra
     at_peak = {"params": params, "optimizer state": optimizer, "batch": batch,
                "constants": constant_bytes(graph), **peak_at}
-    return MemoryReport(params, grads, optimizer, batch, peak, at_peak, peak_node)
+    reserved = None
+    if capacity is not None:
+        reserved = reserved_peak(graph, eager, capacity).reserved_peak
+    return MemoryReport(params, grads, optimizer, batch, peak, at_peak, peak_node, reserved)
 
 
 def where_of(n: Any) -> str:

@@ -508,7 +508,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     for r in reps:
         p = prog_of[r]
         st = sim.state[r]
-        mem = (template_memory(r) if sections else memory_report(p.graph, eager)) if memory else None
+        mem = (template_memory(r) if sections else memory_report(p.graph, eager, cluster.device.memory)) if memory else None
         ranks.append(RankResult(r, count[r], st.clock, st.busy, st.waiting, dict(st.comm_busy), p.flops,
                                 p.kinds, mem, dict(st.waits)))
         hw += p.flops * count[r]
