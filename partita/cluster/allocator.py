@@ -47,6 +47,8 @@ SMALL_BUFFER = 2 << 20          # kSmallBuffer: the small pool's segment size
 LARGE_BUFFER = 20 << 20         # kLargeBuffer: the large pool's segment for requests under ...
 MIN_LARGE_ALLOC = 10 << 20      # kMinLargeAlloc: ... 10 MiB
 ROUND_LARGE = 2 << 20           # kRoundLarge: larger requests' segments are rounded up to 2 MiB
+# The stream each kind of collective allocates its result on with ``streams`` (0: compute).
+STREAMS = {"all_gather": 1, "reduce_scatter": 2, "all_reduce": 2}
 
 
 def round_size(size: int) -> int:
@@ -67,10 +69,11 @@ def segment_size(size: int) -> int:
 class Block:
     """A piece of a segment: its place, its size, whether it is allocated, its neighbours."""
 
-    __slots__ = ("segment", "offset", "size", "used", "prev", "next")
+    __slots__ = ("segment", "offset", "size", "used", "prev", "next", "pool")
 
-    def __init__(self, segment: int, offset: int, size: int) -> None:
+    def __init__(self, segment: int, offset: int, size: int, pool: tuple[int, bool]) -> None:
         self.segment, self.offset, self.size, self.used = segment, offset, size, False
+        self.pool = pool                  # (stream, small): the pool it belongs to
         self.prev: Block | None = None
         self.next: Block | None = None
 
@@ -96,21 +99,25 @@ class CachingAllocator:
 
     def __init__(self, capacity: float = float("inf")) -> None:
         self.capacity = capacity
-        self.pools: tuple[list[tuple[int, int, int, Block]], list[tuple[int, int, int, Block]]] = ([], [])
+        self.pools: dict[tuple[int, bool], list[tuple[int, int, int, Block]]] = {}
         self.stats = AllocatorStats()
         self.allocated = 0
 
-    def pool(self, size: int) -> list[tuple[int, int, int, Block]]:
-        """The free blocks of the pool a rounded size belongs to (``get_pool``)."""
-        return self.pools[0] if size <= SMALL_SIZE else self.pools[1]
+    def pool(self, key: tuple[int, bool]) -> list[tuple[int, int, int, Block]]:
+        """The free blocks of pool ``(stream, small)`` (``get_pool``; a block is reused on the
+        stream that allocated it only)."""
+        got = self.pools.get(key)
+        if got is None:
+            got = self.pools[key] = []
+        return got
 
     def cache(self, b: Block) -> None:
         """Put free block ``b`` in its pool."""
-        insort(self.pools[0] if self.small(b) else self.pools[1], (*b.key(), b))
+        insort(self.pool(b.pool), (*b.key(), b))
 
     def uncache(self, b: Block) -> None:
         """Take free block ``b`` out of its pool."""
-        pool = self.pools[0] if self.small(b) else self.pools[1]
+        pool = self.pool(b.pool)
         del pool[self.index(pool, b)]
 
     @staticmethod
@@ -122,22 +129,19 @@ class CachingAllocator:
             i += 1
         return i
 
-    def small(self, b: Block) -> bool:
-        """Whether ``b``'s segment belongs to the small pool."""
-        return b.segment < 0
-
-    def malloc(self, size: int) -> Block:
-        """Allocate ``size`` bytes; the block that holds them."""
+    def malloc(self, size: int, stream: int = 0) -> Block:
+        """Allocate ``size`` bytes on ``stream``; the block that holds them."""
         size = round_size(size)
-        pool = self.pool(size)
+        key = (stream, size <= SMALL_SIZE)
+        pool = self.pool(key)
         i = bisect_left(pool, (size,))
         if i < len(pool):
             b = pool.pop(i)[3]
         else:
-            b = self.new_segment(size)
+            b = self.new_segment(size, key)
         remaining = b.size - size
         if remaining >= MIN_BLOCK if size <= SMALL_SIZE else remaining > SMALL_SIZE:
-            rest = Block(b.segment, b.offset + size, remaining)
+            rest = Block(b.segment, b.offset + size, remaining, key)
             rest.prev, rest.next = b, b.next
             if b.next is not None:
                 b.next.prev = rest
@@ -149,7 +153,7 @@ class CachingAllocator:
             self.stats.allocated_peak = self.allocated
         return b
 
-    def new_segment(self, size: int) -> Block:
+    def new_segment(self, size: int, key: tuple[int, bool]) -> Block:
         """A new segment for a rounded request no cached block holds, released cached segments
         first if it would not fit (``alloc_block``, then ``release_cached_blocks``)."""
         st = self.stats
@@ -163,11 +167,11 @@ class CachingAllocator:
         st.reserved += seg
         if st.reserved > st.reserved_peak:
             st.reserved_peak = st.reserved
-        return Block(-st.segments if size <= SMALL_SIZE else st.segments, 0, seg)
+        return Block(st.segments, 0, seg, key)
 
     def release_cached(self) -> None:
         """Give back every cached segment that is wholly free (``release_cached_blocks``)."""
-        for pool in self.pools:
+        for pool in self.pools.values():
             keep = []
             for entry in pool:
                 b = entry[3]
@@ -199,24 +203,28 @@ class CachingAllocator:
         self.cache(b)
 
 
-def run_allocator(events: Iterable[tuple[int, int]], capacity: float = float("inf")) -> AllocatorStats:
-    """Run the model over ``events``: ``(key, size)`` allocates ``size`` bytes as ``key``,
-    ``(key, -1)`` frees what ``key`` holds. An empty tensor allocates nothing, as in torch."""
+def run_allocator(events: Iterable[tuple[int, int, int]], capacity: float = float("inf")) -> AllocatorStats:
+    """Run the model over ``events``: ``(key, size, stream)`` allocates ``size`` bytes as ``key``
+    on ``stream``, ``(key, -1, stream)`` frees what ``key`` holds. An empty tensor allocates
+    nothing, as in torch."""
     a = CachingAllocator(capacity)
     held: dict[int, Block] = {}
-    for key, size in events:
+    for key, size, stream in events:
         if size < 0:
             b = held.pop(key, None)
             if b is not None:
                 a.free(b)
         elif size:
-            held[key] = a.malloc(size)
+            held[key] = a.malloc(size, stream)
     return a.stats
 
 
-def allocation_events(graph: Graph, eager: frozenset[str] = frozenset()) -> Iterator[tuple[int, int]]:
+def allocation_events(graph: Graph, eager: frozenset[str] = frozenset(),
+                      streams: bool = False) -> Iterator[tuple[int, int, int]]:
     """The allocations and frees of one run of ``graph`` on one rank, in the order
-    ``memory_report.live_bytes`` walks them: ``(key, bytes)`` or ``(key, -1)``."""
+    ``memory_report.live_bytes`` walks them: ``(key, bytes, stream)`` or ``(key, -1, stream)``.
+    ``streams``: a collective's result is allocated on that collective's own stream (FSDP2
+    runs its all-gathers and reduce-scatters each on a stream of its own), else all on one."""
     nodes = list(graph.nodes)
     outputs = set(graph.outputs)
     aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
@@ -234,38 +242,40 @@ def allocation_events(graph: Graph, eager: frozenset[str] = frozenset()) -> Iter
     key = 0
     for v in graph.inputs:        # params, optimizer state and batch: held through the step
         key += 1
-        yield key, v.type.nbytes
-    frees: dict[int, list[int]] = {}
+        yield key, v.type.nbytes, 0
+    frees: dict[int, list[tuple[int, int]]] = {}
     for i, n in enumerate(nodes):
         if n.op in VIEWS:
             continue
         if not n.operands and len(n.results) == 1 and not OPS[n.op].effects_of(n.attrs) and n.results[0] not in outputs:
             key += 1
-            yield key, n.results[0].type.nbytes     # a constant: computed once, held
+            yield key, n.results[0].type.nbytes, 0     # a constant: computed once, held
             continue
+        stream = STREAMS.get(n.op, 0) if streams else 0
         here = []
         for r in n.results:
             if r in aliased:
                 continue
             key += 1
-            yield key, r.type.nbytes
-            frees.setdefault(max(last.get(r, i), i), []).append(key)
+            yield key, r.type.nbytes, stream
+            frees.setdefault(max(last.get(r, i), i), []).append((key, stream))
         if n.op == "send":
             key += 1
-            yield key, n.operands[0].type.nbytes
-            here.append(key)
+            yield key, n.operands[0].type.nbytes, 0
+            here.append((key, 0))
         if n.op in eager and (t := transient_bytes(n)):
             key += 1
-            yield key, t
-            here.append(key)
-        for k in here:
-            yield k, -1
-        for k in frees.pop(i, ()):
-            yield k, -1
+            yield key, t, 0
+            here.append((key, 0))
+        for k, st in here:
+            yield k, -1, st
+        for k, st in frees.pop(i, ()):
+            yield k, -1, st
 
 
-def reserved_peak(graph: Graph, eager: frozenset[str] = frozenset(),
-                  capacity: float = float("inf")) -> AllocatorStats:
+def reserved_peak(graph: Graph, eager: frozenset[str] = frozenset(), capacity: float = float("inf"),
+                  streams: bool = False) -> AllocatorStats:
     """The caching allocator model run over one rank's step (see the module docstring);
-    ``capacity``: the device's memory, where cached segments are released to retry."""
-    return run_allocator(allocation_events(graph, eager), capacity)
+    ``capacity``: the device's memory, where cached segments are released to retry;
+    ``streams``: collectives allocate on streams of their own (``allocation_events``)."""
+    return run_allocator(allocation_events(graph, eager, streams), capacity)
