@@ -4,7 +4,10 @@ Each of the ``cp`` ranks holds ``S / cp`` tokens of every sequence: everything t
 (embeddings, projections, norms, the MLP, the loss per token) runs on the rank's tokens only,
 and attention, which needs every key and value, all-gathers ``k`` and ``v`` over ``cp``
 before it (their gradients are reduce-scattered back in the backward), as Llama 3 trains
-its long-context stage.
+its long-context stage. Of grouped-query attention, whose k and v are a repeat of fewer
+heads (any chain of views), the k/v heads are gathered and the repeat replayed after, and the
+repeated heads' gradients are summed onto them before the reduce-scatter (``cp-ring`` passes
+the k/v heads and their folded gradients around the ring likewise).
 
 The causal load is balanced as Llama 3 does: the sequence is cut into ``2 * cp`` chunks and
 rank ``i`` holds chunks ``i`` and ``2*cp-1-i`` (one early, one late), so every rank scores
@@ -63,6 +66,22 @@ _ROW_OPS = frozenset({"layer_norm", "rms_norm", "gelu", "silu", "relu", "softmax
                       "where", "max", "min"})
 # Ops whose results that lack the seq dim sum over the tokens (a partial sum over cp).
 _TOKEN_SUMS = frozenset({"layer_norm_grad", "rms_norm_grad", "embedding_grad", "sum"})
+
+# Ops that only view or repeat their operand (the spellings of a repeat of k/v heads).
+_VIEWS = frozenset({"reshape", "broadcast_to", "unsqueeze", "squeeze"})
+
+
+def reshaped_dim(old_in: Sequence[int], old_out: Sequence[int], d: int, inner: int,
+                 seq: int) -> tuple[int, int] | None:
+    """The (dim, inner stride) of the sequence in a reshape's result whose operand has it at
+    ``d`` with inner stride ``inner``; None when the reshape splits the sequence."""
+    stride = inner * math.prod(old_in[d + 1:])
+    for k in range(len(old_out)):
+        below = math.prod(old_out[k + 1:])
+        if below <= stride and stride % below == 0 and stride * seq <= below * old_out[k] \
+                and (old_out[k] * below) % (stride * seq) == 0:
+            return k, stride // below
+    return None
 
 
 def balanced_positions(seq: int, cp: int) -> np.ndarray:
@@ -169,7 +188,8 @@ class SeqRewrite:
         self.blocks: dict[int, tuple[Value, Value]] = {}  # ring step -> (mask, rows with a key)
         self.tokens: set[Value] = set()  # the batch inputs ([batch, seq, ...])
         self.pieced: dict[Value, str] = {}  # a value reduce-scattered along the sequence -> the axis
-        self.skip: dict[Node, Value | None] = {}  # an old node made already -> what its result stands for
+        # an old node made already -> what its result stands for and its sequence dim
+        self.skip: dict[Node, tuple[Value, tuple[int, int]] | None] = {}
         self.positional: dict[Value, bool] = {}  # an old value -> whether it depends on positions alone
         self.rows_taken: dict[tuple[Value, int], Value] = {}  # (value, dim) -> this rank's rows of it
 
@@ -277,7 +297,7 @@ class SeqRewrite:
         if node in self.skip:
             done = self.skip[node]
             if done is not None:
-                self.bind(node, [done], [(done.type.rank - 2, 1)])
+                self.bind(node, [done[0]], [done[1]])
             return
         ins = [self.get(v) for v in node.operands]
         seqd = [self.dim.get(v) for v in ins]
@@ -590,14 +610,11 @@ class SeqRewrite:
     def op_reshape(self, node: Node, ins, seqd, attrs) -> None:
         (d, inner), = seqd
         old_in, old_out = node.operands[0].type.shape, node.results[0].type.shape
-        stride = inner * math.prod(old_in[d + 1:])
-        for k in range(len(old_out)):
-            below = math.prod(old_out[k + 1:])
-            if below <= stride and stride % below == 0 and stride * self.seq <= below * old_out[k] \
-                    and (old_out[k] * below) % (stride * self.seq) == 0:
-                attrs["shape"] = self.local_shape(old_out, k)
-                self.bind(node, self.emit_like(node, ins, attrs), [(k, stride // below)])
-                return
+        found = reshaped_dim(old_in, old_out, d, inner, self.seq)
+        if found is not None:
+            attrs["shape"] = self.local_shape(old_out, found[0])
+            self.bind(node, self.emit_like(node, ins, attrs), [found])
+            return
         raise StrategyError(f"strategy cp: reshape {old_in} -> {old_out} splits the sequence dim {d}")
 
     def op_broadcast_to(self, node: Node, ins, seqd, attrs) -> None:
@@ -664,75 +681,116 @@ class SeqRewrite:
         nv = self.emit_like(node, ins, attrs)[0]
         self.bind(node, [self.scale(nv) if attrs["reduction"] == "mean" else nv], [d])
 
-    @staticmethod
-    def repeat_source(old: Value) -> tuple[Value, int] | None:
-        """``(x, rep)`` when ``old`` is grouped-query attention's repeat of the k/v heads of
-        ``x`` ``[B, kv, S, E]``: ``reshape(broadcast_to(unsqueeze(x, 2), [B, kv, rep, S, E]),
-        [B, kv * rep, S, E])``; None otherwise."""
-        r = old.producer
-        b = r.operands[0].producer if r is not None and r.op == "reshape" else None
-        u = b.operands[0].producer if b is not None and b.op == "broadcast_to" else None
-        if u is None or u.op != "unsqueeze" or tuple(u.attrs["axes"]) != (2,) or u.operands[0].type.rank != 4:
+    def repeat_chain(self, old: Value) -> tuple[Value, list[Node]] | None:
+        """``(x, chain)`` when the k or v operand ``old`` is a repeat of fewer heads: the views
+        (``unsqueeze``, ``broadcast_to``, ``reshape``, ``squeeze``) from the smallest value
+        ``x`` before it that is split along its sequence dim to ``old``, in order (grouped-
+        query attention's repeat of the k/v heads, in any spelling); None otherwise."""
+        chain: list[Node] = []
+        best: tuple[Value, int] | None = None   # the smallest split value so far, its place
+        x = old
+        while True:
+            nv = self.env.get(x)
+            d = self.dim.get(nv) if nv is not None else None
+            if d is not None and d[1] == 1 and (best is None or x.type.numel <= best[0].type.numel):
+                best = (x, len(chain))
+            p = x.producer
+            if p is None or p.op not in _VIEWS or len(p.operands) != 1:
+                break
+            chain.append(p)
+            x = p.operands[0]
+        if best is None or best[0].type.numel * 2 > old.type.numel:
             return None
-        x = u.operands[0]
-        bs, kv, seq, e = x.type.shape
-        assert b is not None   # u was found through b
-        rep = b.results[0].type.shape[2]
-        if tuple(b.results[0].type.shape) != (bs, kv, rep, seq, e) or tuple(old.type.shape) != (bs, kv * rep, seq, e):
-            return None
-        return x, rep
+        return best[0], list(reversed(chain[:best[1]]))
+
+    def replay(self, chain: list[Node], x: Value, local: bool) -> Value:
+        """The views of ``chain`` applied to ``x``: with their attrs as this rank emitted them
+        (``local``: this rank's tokens) or as the single-device program has them (all tokens)."""
+        for n in chain:
+            src = self.made[n] if local and n in self.made else n
+            x = self.emit(n.op, x, **dict(src.attrs))
+        return x
 
     def gathered(self, old: Value, new: Value, what: str) -> Value:
         """The copy of ``new`` (k or v) all-gathered over cp along the sequence, made once; of
-        grouped-query attention's repeated heads, the k/v heads are gathered and repeated
-        after (``rep`` times fewer bytes)."""
+        a repeat of fewer heads (grouped-query attention), the source heads are gathered and
+        the repeat applied after (``rep`` times fewer bytes)."""
         if old in self.kv:
             return self.kv[old]
-        src = self.repeat_source(old)
-        xs = self.env.get(src[0]) if src is not None else None
-        if src is None or xs is None or self.dim.get(xs) != (2, 1):
+        found = self.repeat_chain(old)
+        if found is None:
             self.kv[old] = self.coll("all_gather", new, f"attention reads every {what} of the sequence",
                                      dim=new.type.rank - 2)
             return self.kv[old]
-        rep = src[1]
-        bs, kv, _, e = xs.type.shape
+        x, chain = found
+        xs = self.env[x]
+        d = self.dim[xs][0]
         xg = self.coll("all_gather", xs, f"attention reads every {what} of the sequence (its k/v heads, before they "
-                                         "are repeated)", dim=2)
-        wide = self.emit("broadcast_to", self.emit("unsqueeze", xg, axes=(2,)), shape=(bs, kv, rep, self.seq, e))
-        self.kv[old] = self.emit("reshape", wide, shape=(bs, kv * rep, self.seq, e))
+                                         "are repeated)", dim=d)
+        self.kv[old] = self.replay(chain, xg, local=False)
         return self.kv[old]
 
-    def head_sum(self, old: Value) -> tuple[Node, Node] | None:
-        """The reshape and sum that fold the gradient ``old`` of repeated k/v heads back onto
-        the k/v heads (the repeat's backward), when they are its only readers."""
-        users = list(old.users)
-        if len(users) != 1 or users[0].op != "reshape":
-            return None
-        r = users[0]
-        shape = r.results[0].type.shape
-        sums = list(r.results[0].users)
-        if len(shape) != 5 or shape[3] != self.seq or len(sums) != 1 or sums[0].op != "sum":
-            return None
-        sm = sums[0]
-        if tuple(sm.attrs["axes"] or ()) != (2,) or sm.attrs.get("keepdim"):
-            return None
-        return r, sm
+    def fold_chain(self, old: Value) -> tuple[list[tuple[Node, dict, dict]], int] | None:
+        """The repeat's backward that reads the gradient ``old`` of repeated heads: the chain of
+        ``reshape``/``sum``/``squeeze``/``unsqueeze`` nodes, each the only reader of the one
+        before, that sums it onto fewer heads without summing over the sequence, as ``(node,
+        attrs on all tokens, attrs on this rank's tokens)`` with the sequence dim of its end;
+        None when there is none."""
+        d, inner = old.type.rank - 2, 1
+        x, chain = old, []
+        found: tuple[list[tuple[Node, dict, dict]], int] | None = None
+        while len(x.users) == 1:
+            n = next(iter(x.users))
+            if n.op not in ("reshape", "sum", "squeeze", "unsqueeze") or len(n.results) != 1:
+                break
+            y = n.results[0]
+            attrs = dict(n.attrs)
+            local = dict(attrs)
+            if n.op == "reshape":
+                k = reshaped_dim(x.type.shape, y.type.shape, d, inner, self.seq)
+                if k is None:
+                    break
+                d, inner = k
+                local["shape"] = self.local_shape(attrs["shape"], d)
+            elif n.op == "sum":
+                axes = [a % x.type.rank for a in (attrs.get("axes") or range(x.type.rank))]
+                if d in axes:
+                    break
+                d = d if attrs.get("keepdim") else d - sum(1 for a in axes if a < d)
+            elif n.op == "squeeze":
+                axes = attrs.get("axes") or [i for i, s in enumerate(x.type.shape) if s == 1]
+                d -= sum(1 for a in axes if a % x.type.rank < d)
+            else:
+                r = y.type.rank
+                for a in sorted(a % r for a in attrs["axes"]):
+                    d += a <= d
+            chain.append((n, attrs, local))
+            x = y
+            if inner == 1 and x.type.numel * 2 <= old.type.numel and any(c[0].op == "sum" for c in chain):
+                found = (list(chain), d)
+        return found
 
-    def scattered_grad(self, old: Value, full: Value, what: str) -> Value:
+    def scattered_grad(self, old: Value, full: Value, what: str) -> tuple[Value, bool]:
         """The gradient of gathered keys or values sent back to the ranks that hold those
         tokens: folded onto the k/v heads first where the repeat's backward does it next
-        (then that reshape and sum are made here), else as it is."""
+        (then those nodes are made here; True), else as it is (False)."""
         why = f"the gradient of the gathered {what} goes back to the rank that holds those tokens"
-        r = full.type.rank
-        hs = self.head_sum(old)
-        if hs is None:
-            return self.coll("reduce_scatter", full, why, dim=r - 2, op="sum")
-        reshape, sm = hs
-        folded = self.emit("sum", self.emit("reshape", full, shape=tuple(reshape.results[0].type.shape)), axes=(2,),
-                           keepdim=False)
-        out = self.coll("reduce_scatter", folded, why + " (summed over the repeated heads first)", dim=2, op="sum")
-        self.skip[reshape], self.skip[sm] = None, out
-        return out
+        found = self.fold_chain(old)
+        if found is None:
+            return self.coll("reduce_scatter", full, why, dim=full.type.rank - 2, op="sum"), False
+        chain, d = found
+        folded = full
+        for n, attrs, _ in chain:
+            folded = self.emit(n.op, folded, **attrs)
+        out = self.coll("reduce_scatter", folded, why + " (summed over the repeated heads first)", dim=d, op="sum")
+        self.skip_chain(chain, out, d)
+        return out, True
+
+    def skip_chain(self, chain: list[tuple[Node, dict, dict]], out: Value, d: int) -> None:
+        """The nodes of ``chain`` are made already; its last result stands for ``out``."""
+        for n, _, _ in chain[:-1]:
+            self.skip[n] = None
+        self.skip[chain[-1][0]] = (out, (d, 1))
 
     def check_attention(self, node: Node, seqd, first: int) -> None:
         for i in range(first, first + 3):
@@ -769,12 +827,12 @@ class SeqRewrite:
         attrs["causal"] = False
         dq, dk, dv = self.emit_like(node, [dout, q, kf, vf, out, lse, *mask], attrs)
         r = q.type.rank
-        dk = self.scattered_grad(node.results[1], dk, "keys")
-        dv = self.scattered_grad(node.results[2], dv, "values")
+        dk, fk = self.scattered_grad(node.results[1], dk, "keys")
+        dv, fv = self.scattered_grad(node.results[2], dv, "values")
         # A gradient folded onto the k/v heads stands for the repeat's backward (its sum), not
         # for attention_grad's result, which nothing else reads.
-        for old, nv in zip(node.results, (dq, dk, dv)):
-            if nv.type.shape[:-2] == old.type.shape[:-2]:
+        for old, nv, folded in zip(node.results, (dq, dk, dv), (False, fk, fv)):
+            if not folded:
                 self.bind_one(old, nv, (r - 2, 1))
 
     # --- ring attention ------------------------------------------------------------------
@@ -788,12 +846,13 @@ class SeqRewrite:
         their log-sum-exp; a block whose keys all come after a query row counts for nothing
         in that row."""
         q, k, v = ins
+        (k, kc), (v, vc) = self.ring_source(node.operands[1], k), self.ring_source(node.operands[2], v)
         attrs["causal"] = False
         out: Value | None = None
         lse: Value | None = None
         for j in range(self.cp):
             mask, rows = self.ring_block(j)
-            kj, vj = k, v
+            kj, vj = self.replay(kc, k, local=True), self.replay(vc, v, local=True)
             if j + 1 < self.cp:
                 # The next block is on its way while this one is attended to.
                 k = self.shifted(k, "ring attention hands each rank's keys to the next rank")
@@ -833,11 +892,13 @@ class SeqRewrite:
         (out, lse) gives this rank's share of dq and of that block's dk and dv; the dk and
         dv sums travel with their block and are handed home at the end."""
         dout, q, k, v, out, lse = ins[:6]
+        (k, kc), (v, vc) = self.ring_source(node.operands[2], k), self.ring_source(node.operands[3], v)
+        folds = [self.fold_chain(r) if c else None for r, c in ((node.results[1], kc), (node.results[2], vc))]
         attrs["causal"] = False
         grads: tuple[Value, Value, Value] | None = None   # (dq, dk, dv) so far
         for j in range(self.cp):
             mask, _ = self.ring_block(j)
-            kj, vj = k, v
+            kj, vj = self.replay(kc, k, local=True), self.replay(vc, v, local=True)
             if j + 1 < self.cp:
                 k = self.shifted(k, "ring attention's backward hands each rank's keys to the next rank")
                 v = self.shifted(v, "ring attention's backward hands each rank's values to the next rank")
@@ -845,6 +906,7 @@ class SeqRewrite:
                 grads = (grads[0], self.shifted(grads[1], "the key gradients travel with their block around the ring"),
                          self.shifted(grads[2], "the value gradients travel with their block around the ring"))
             dq_j, dk_j, dv_j = self.emit_like(node, [dout, q, kj, vj, out, lse, mask], dict(attrs))
+            dk_j, dv_j = (self.fold_local(g, f) for g, f in ((dk_j, folds[0]), (dv_j, folds[1])))
             if grads is not None:
                 dq, dk, dv = grads
                 dq_j, dk_j, dv_j = (self.emit("add", a, b) for a, b in ((dq, dq_j), (dk, dk_j), (dv, dv_j)))
@@ -855,7 +917,29 @@ class SeqRewrite:
             dk = self.shifted(dk, "the key gradients travel with their block around the ring")
             dv = self.shifted(dv, "the value gradients travel with their block around the ring")
         r = q.type.rank
-        self.bind(node, [dq, dk, dv], [(r - 2, 1)] * 3)
+        self.bind_one(node.results[0], dq, (r - 2, 1))
+        for old, nv, f in zip(node.results[1:], (dk, dv), folds):
+            if f is None:
+                self.bind_one(old, nv, (r - 2, 1))
+            else:   # folded onto the k/v heads: it stands for the repeat's backward
+                self.skip_chain(f[0], nv, f[1])
+
+    def ring_source(self, old: Value, new: Value) -> tuple[Value, list[Node]]:
+        """What goes around the ring for the k or v operand ``old`` (``new`` on this rank), and
+        the views that make the operand from it: of a repeat of fewer heads, the source heads
+        and the repeat (``rep`` times fewer bytes per shift); else ``new`` itself."""
+        found = self.repeat_chain(old)
+        if found is None:
+            return new, []
+        return self.env[found[0]], found[1]
+
+    def fold_local(self, g: Value, fold: tuple[list[tuple[Node, dict, dict]], int] | None) -> Value:
+        """A block's gradient of repeated heads summed onto the k/v heads (this rank's tokens)."""
+        if fold is None:
+            return g
+        for n, _, local in fold[0]:
+            g = self.emit(n.op, g, **local)
+        return g
 
 
 register(ContextParallel)
