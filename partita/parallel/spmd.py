@@ -116,7 +116,8 @@ def parallelize(graph: Graph, mesh: Mesh | str | None = None, strategy: str | No
                 first_bucket_mb: float | None = 1.0, order: bool = True, prefetch: int = 1,
                 gather_mb: float | None = 4.0, microbatches: int | None = None, schedule: str | None = None,
                 virtual_stages: int | None = None, stages: "Sequence[str] | Sequence[int] | None" = None,
-                recompute: bool | str | None = None, unroll: bool = True, plan: Any = None) -> Any:
+                recompute: "bool | str | Sequence[str] | None" = None, unroll: bool = True,
+                plan: Any = None) -> Any:
     """Rewrite ``graph`` (forward or training step; not changed) for ``mesh``.
 
     ``plan``: a ``partita.Plan`` (``partita.plan``, docs/plan.md) in place of ``mesh``,
@@ -147,7 +148,8 @@ def parallelize(graph: Graph, mesh: Mesh | str | None = None, strategy: str | No
     (``[3, 3, 2]``); by default the cut balances the stages' work; ``recompute``
     (``"full"``, ``"selective"``, ``"cheap"``/True, ``"none"``/False) is the activation
     recomputation of every chunk's backward (default: the step's own, from
-    ``training_step(..., recompute=...)``). A forward graph gets a forward-only (inference)
+    ``training_step(..., recompute=...)``), or a list of one per pp stage (``["full", "none"]``:
+    a chunk takes its rank's; the step built without recomputation). A forward graph gets a forward-only (inference)
     pipeline. ``unroll=False`` (pipelines only) keeps each stage's one-microbatch template and
     its schedule without unrolling them into per-rank programs: enough for
     ``partita.cluster.simulate`` (section by section, docs/cluster.md), in a time that does not

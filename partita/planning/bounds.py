@@ -37,15 +37,26 @@ class Candidate:
     recompute: str
     fsdp: int = 1           # hsdp: the zero3 group inside a node (``dp`` counts every data-parallel rank)
     cp: int = 1             # context parallelism: ranks that split the sequence
+    # One recomputation per pipeline stage (1F1B; ``recompute`` is then "none"); empty: ``recompute`` on every stage.
+    stage_recompute: tuple[str, ...] = ()
+    # Set on the memory family's candidates (zero3 beside a pipeline), offered where zero1 does not fit.
+    saves_memory: bool = False
 
     def family(self) -> str:
         """The family a rejected candidate is reported under: its axes and recomputation."""
         sizes = (("pp", self.pp), ("dp", self.dp // self.fsdp), ("fsdp", self.fsdp), ("cp", self.cp), ("tp", self.tp))
         axes = "x".join(a for a, n in sizes if n > 1) or "one device"
-        return f"{axes} {self.zero if self.dp > 1 else ''} recompute={self.recompute}".replace("  ", " ")
+        return f"{axes} {self.zero if self.dp > 1 else ''} recompute={self.recompute_text()}".replace("  ", " ")
+
+    def recompute_text(self) -> str:
+        """The recomputation as the report writes it: one policy, or one per stage joined with commas."""
+        return ",".join(self.stage_recompute) if self.stage_recompute else self.recompute
 
     def kind(self) -> str:
-        """The search family: "hsdp", "cp" or "base" (the pp x dp x tp meshes)."""
+        """The search family: "hsdp", "cp", "memory" (per-stage recomputation, zero3 beside a
+        pipeline) or "base" (the pp x dp x tp meshes)."""
+        if self.stage_recompute or self.saves_memory:
+            return "memory"
         return "hsdp" if self.zero == "hsdp" else "cp" if self.cp > 1 else "base"
 
 
@@ -90,13 +101,25 @@ def stage_params(shape: ModelShape, c: Candidate) -> float:
 
 
 def memory_bytes(shape: ModelShape, c: Candidate) -> float:
-    """Peak bytes per device of ``c`` (see the module docstring)."""
-    p = stage_params(shape, c)
+    """Peak bytes per device of ``c`` (see the module docstring); with a policy per stage, the
+    most loaded stage's (stage i of p holds min(M, p - i) microbatches under 1F1B)."""
+    if c.stage_recompute:
+        cut = recompute_stage_cut(shape, c)
+        outer = shape.params - shape.layers * shape.layer_params
+        return max(stage_memory_bytes(shape, c, (n * shape.layer_params + outer) / c.tp, n,
+                                      float(min(c.microbatches, c.pp - i)), rc)
+                   for i, (n, rc) in enumerate(zip(cut, c.stage_recompute)))
+    return stage_memory_bytes(shape, c, stage_params(shape, c), stage_layers(shape, c.pp), in_flight(c), c.recompute)
+
+
+def stage_memory_bytes(shape: ModelShape, c: Candidate, p: float, layers: int, held: float, recompute: str) -> float:
+    """Peak bytes of a stage of ``layers`` layers and ``p`` parameters per device that holds
+    ``held`` microbatches' activations, recomputing with ``recompute``."""
     states = p * (4 + 12 / c.dp) if c.zero == "zero1" else p * 16
     if c.zero in ("zero3", "hsdp"):   # every state sharded; two layers' bf16 params and grads gathered at once
         states = p * 16 / (c.fsdp if c.zero == "hsdp" else c.dp) + 2 * 4 * shape.layer_params / c.tp
-    acts = in_flight(c) * stage_layers(shape, c.pp) * layer_activation_bytes(shape, c)
-    if c.recompute == "full":                     # one layer rebuilt whole during its backward
+    acts = held * layers * layer_activation_bytes(shape, c, recompute)
+    if recompute == "full":                       # one layer rebuilt whole during its backward
         acts += layer_activation_bytes(shape, c, "none")
     logits = 16.0 * (shape.seq // c.cp) * c.micro * shape.vocab / c.tp       # bf16 logits, f32 softmax, grads
     return states + acts + logits
@@ -118,13 +141,19 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
     fwd = (ls * shape.layer_flops(c.micro) + shape.head_flops(c.micro) / c.pp) / ranks
     s, b, h = shape.seq // c.cp, c.micro, shape.hidden
     scores = 0.0 if shape.fused_attention else 4.0 * s * s * h * b
-    extra = {"none": 0.0, "selective": ls * scores / c.tp, "full": ls * shape.layer_flops(c.micro) / ranks}[c.recompute]
+    per_layer = {"none": 0.0, "selective": scores / c.tp, "full": shape.layer_flops(c.micro) / ranks}
+    extra = ls * per_layer[c.recompute]
+    if c.stage_recompute:
+        # The slowest stage paces 1F1B's steady state: its excess over an even share without recomputation.
+        lf = 3 * shape.layer_flops(c.micro) / ranks
+        extra = max(n * (lf + per_layer[rc]) for n, rc in zip(recompute_stage_cut(shape, c), c.stage_recompute)) \
+            - ls * lf
     traffic = ls * 3 * (layer_activation_bytes(shape, c, "none") if c.tp == 1 or c.sp else 34 * s * b * h / c.tp)
     t_mb = (3 * fwd + extra) / flops + traffic / mem_bw
     bubble = {"1f1b": c.pp - 1, "gpipe": c.pp - 1, "interleaved": (c.pp - 1) / c.virtual_stages,
               "zero-bubble": (c.pp - 1) / 3}.get(c.schedule or "", 0.0)
     ar = allreduce_seconds(2.0 * s * b * h, c.tp, intra.bandwidth * eff.network)
-    tp_per_layer = (6 if c.recompute == "full" else 4) * ar
+    tp_per_layer = (6 if "full" in (c.recompute,) + c.stage_recompute else 4) * ar
     grads = 2.0 * stage_params(shape, c)
     dp_time = dp_seconds(grads, c, cluster)
     compute = c.microbatches * 3 * fwd / flops
@@ -193,6 +222,39 @@ def stage_cut(costs: list[float], stages: int, last_extra: float = 0.0, first_ex
                 if v < best[k][i]:
                     best[k][i], arg[k][i] = v, j
     cut, i = [], n
+    for k in range(stages, 0, -1):
+        j = arg[k][i]
+        cut.append(i - j)
+        i = j
+    return cut[::-1]
+
+
+def recompute_stage_cut(shape: ModelShape, c: Candidate) -> list[int]:
+    """Layers per stage of a candidate with a recomputation per stage: the stages that recompute
+    get fewer layers (a layer costs 4/3 of its work there with full recomputation)."""
+    scores = 0.0 if shape.fused_attention else 4.0 * shape.seq * shape.seq * shape.hidden * c.micro
+    lf = shape.layer_flops(c.micro)
+    factor = {"none": 1.0, "selective": 1.0 + scores / (3 * lf), "full": 4.0 / 3.0}
+    return weighted_stage_cut(shape.layers, [factor[rc] for rc in c.stage_recompute],
+                              last_extra=shape.head_flops(c.micro) / lf)
+
+
+def weighted_stage_cut(layers: int, factors: list[float], last_extra: float = 0.0) -> list[int]:
+    """Layers per stage minimizing the most loaded stage when stage k's layers cost ``factors[k]``
+    each (and the last stage ``last_extra`` more), every stage holding a layer at least."""
+    stages = len(factors)
+    inf = float("inf")
+    best = [[inf] * (layers + 1) for _ in range(stages + 1)]
+    arg = [[0] * (layers + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, layers + 1):
+            for j in range(k - 1, i):
+                cost = (i - j) * factors[k - 1] + (last_extra if k == stages else 0.0)
+                v = max(best[k - 1][j], cost)
+                if v < best[k][i]:
+                    best[k][i], arg[k][i] = v, j
+    cut, i = [], layers
     for k in range(stages, 0, -1):
         j = arg[k][i]
         cut.append(i - j)

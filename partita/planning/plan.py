@@ -46,6 +46,8 @@ class Plan:
     # Placements by value name, a layer number written "#" ("transformer.h.#.mlp.c_fc.weight"):
     # one entry stands for that value of every layer (``annotations_for`` names them per graph).
     annotations: dict[str, str] = field(default_factory=dict)
+    # One recomputation per pipeline stage (the step is built with ``recompute``, "none"); None: ``recompute`` on all.
+    stage_recompute: list[str] | None = None
 
     @property
     def axes(self) -> dict[str, int]:
@@ -63,7 +65,7 @@ class Plan:
         if self.pipelined:
             words.append(f"M={self.microbatches} {self.schedule}" +
                          (f" V={self.virtual_stages}" if self.virtual_stages > 1 else ""))
-        words.append(f"recompute={self.recompute}")
+        words.append(f"recompute={','.join(self.stage_recompute) if self.stage_recompute else self.recompute}")
         if self.sharding != "words":
             words.append(f"placements={self.sharding}")
         return " ".join(words)
@@ -90,7 +92,8 @@ class Plan:
         kw: dict[str, Any] = {"mesh": self.mesh, "strategy": self.strategy or None}
         if self.pipelined:
             kw.update(microbatches=self.microbatches, schedule=self.schedule or "1f1b",
-                      virtual_stages=self.virtual_stages, recompute=self.recompute, unroll=unroll)
+                      virtual_stages=self.virtual_stages,
+                      recompute=list(self.stage_recompute) if self.stage_recompute else self.recompute, unroll=unroll)
             if self.stages is not None and self.virtual_stages == 1:
                 kw["stages"] = list(self.stages)
         return kw
@@ -104,7 +107,10 @@ class Plan:
 
     def to_json(self) -> str:
         """The plan as JSON text (``Plan.from_json`` reads it back)."""
-        return json.dumps({"partita_plan": 1, **asdict(self)}, indent=1, sort_keys=True)
+        data = asdict(self)
+        if data["stage_recompute"] is None:     # plans without it read as they did before it existed
+            del data["stage_recompute"]
+        return json.dumps({"partita_plan": 1, **data}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -131,4 +137,8 @@ class Plan:
             raise PlanError(f"Plan.from_json: sharding={data['sharding']!r:.40} is not one of {', '.join(SHARDING)}")
         if data.get("recompute", "none") not in RECOMPUTE:
             raise PlanError(f"Plan.from_json: recompute={data['recompute']!r:.40} is not one of {', '.join(RECOMPUTE)}")
+        per = data.get("stage_recompute")
+        if per is not None and (not isinstance(per, list) or not all(r in RECOMPUTE for r in per)):
+            raise PlanError(f"Plan.from_json: field 'stage_recompute' must be a list of {', '.join(RECOMPUTE)} (one "
+                            f"per pipeline stage) or null, got {per!r:.60}")
         return cls(**data)

@@ -13,6 +13,7 @@ from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
 from .bounds import Candidate, lower_bound, memory_bytes, time_parts
 from .floor import LayerCosts, layer_costs, step_floor
+from .memory_family import pipeline_zero3_candidates, stage_recompute_candidates
 from .plan import RECOMPUTE, Plan
 from .search import (CAUSES, GIB, SHARDINGS, Pricer, candidate_plan, cp_candidates, cp_reason, enumerate_candidates,
                      milp_variant)
@@ -85,6 +86,11 @@ def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None
         more = cp_candidates(shape, cl, n, recomputes)
         cands += more
         mems.update((c, memory_bytes(shape, c)) for c in more)
+    # The memory family: per-stage recomputation and zero3 beside a pipeline, where they alone fit.
+    saving = stage_recompute_candidates(shape, cands, mems, cap, recomputes) + \
+        pipeline_zero3_candidates(shape, cands, mems, cap)
+    cands += saving
+    mems.update((c, memory_bytes(shape, c)) for c in saving)
     if not cands:
         raise PlanError(f"plan: {n} devices factor into no valid mesh for @{graph.name}: " + "; ".join(invalid[:4]) +
                         ". Use a device count that a power-of-two tp dividing the heads and a dp dividing the batch make")
@@ -192,7 +198,7 @@ def price_best(shape: ModelShape, fit: list[Candidate], est: dict, mems: dict, p
 # The search families, priced in this order, each with its own budget of meshes: ``price`` for
 # the pp x dp x tp meshes, EXTRA_PRICE for hsdp's and cp's (whose best estimated mesh is what a
 # family's gain rests on; a second costs planning time, docs/plan.md).
-FAMILIES = ("base", "hsdp", "cp")
+FAMILIES = ("base", "hsdp", "cp", "memory")
 EXTRA_PRICE = 1
 
 
@@ -222,7 +228,8 @@ class PricingRun:
         seen: set = set()
         shape, cl, est = self.shape, self.cl, self.est
         for c in sorted(members, key=lambda c: est[c]):
-            key = (c.pp, c.dp, c.tp, c.recompute) + ((c.cp, c.fsdp) if c.kind() != "base" else ())
+            key = (c.pp, c.dp, c.tp, c.recompute) + ((c.cp, c.fsdp) if c.kind() != "base" else ()) + \
+                ((c.stage_recompute, c.zero) if c.kind() == "memory" else ())
             if key in seen or dominated(c, self.fitting):
                 continue
             if len(seen) >= budget:
@@ -337,6 +344,8 @@ def family_verdicts(shape: ModelShape, cands: list[Candidate], mems: dict, est: 
         members = [c for c in cands if c.kind() == kind]
         if kind == chosen.kind():
             out[kind] = f"won: {chosen.family()}"
+        elif not members and kind == "memory":
+            out[kind] = "not searched: no pipelined mesh fits only with recomputation on some stages or zero3"
         elif not members:
             out[kind] = f"not searched: {cp_why}" if kind == "cp" and cp_why else \
                 "not searched: no mesh without a pipeline has dp over more than one node's group " \

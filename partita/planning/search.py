@@ -23,7 +23,7 @@ from ..cluster.hardware import Cluster, load_cluster, parse_quantity
 from ..ir import Graph, PartitaError
 from ..parallel.pipeline.build import StepCache, using_step_cache
 from ..parallel.pipeline.chunk_templates import SectionCache, using_section_cache
-from .bounds import Candidate, lower_bound, memory_bytes, time_parts, stage_cut
+from .bounds import Candidate, lower_bound, memory_bytes, recompute_stage_cut, stage_cut, time_parts
 from .plan import RECOMPUTE, Plan
 from .reduce import scale, truncate_layers
 from .shape import ModelShape, PlanError, model_shape
@@ -156,12 +156,14 @@ def candidate_plan(shape: ModelShape, c: Candidate, devices: int, cluster: Clust
     words = ["pp"] * (c.pp > 1) + [c.zero] * (c.dp > 1 or alone) + ["cp"] * (c.cp > 1) + \
         ["megatron"] * (c.tp > 1) + ["sp"] * c.sp
     stages = None
-    if c.pp > 1 and c.virtual_stages == 1:
+    if c.stage_recompute:
+        stages = recompute_stage_cut(shape, c)
+    elif c.pp > 1 and c.virtual_stages == 1:
         lf = shape.layer_flops(1)
         stages = stage_cut([lf] * shape.layers, c.pp, last_extra=shape.head_flops(1))
     return Plan(mesh=",".join(axes), strategy="+".join(words), recompute=c.recompute, microbatches=c.microbatches,
                 schedule=c.schedule, virtual_stages=c.virtual_stages, stages=stages, devices=devices,
-                cluster=cluster.name)
+                cluster=cluster.name, stage_recompute=list(c.stage_recompute) or None)
 
 
 def milp_variant(p: Plan, step: Graph, choice: Any) -> Plan:

@@ -844,9 +844,10 @@ def using_step_cache(cache: StepCache) -> Iterator[StepCache]:
 
 
 def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedule, *,
-                   axis: str = "pp", cut: Any = None, recompute: str = "none", distinct: bool = False) -> Pipeline:
+                   axis: str = "pp", cut: Any = None, recompute: str | tuple[str, ...] = "none",
+                   distinct: bool = False) -> Pipeline:
     """The pipeline of ``step`` (see the module docstring); ``recompute``: the activation
-    recomputation policy of every chunk's backward; ``distinct``: build only the pp ranks
+    recomputation policy of every chunk's backward, or one per stage (a chunk takes its rank's); ``distinct``: build only the pp ranks
     whose templates differ but for names (``Pipeline.alike`` maps the others), for the
     driver's ``unroll=False`` templates, which copy the alike ones."""
     cache = _STEP_CACHE.get()
@@ -862,7 +863,9 @@ def build_pipeline(step: Graph, stages: int, microbatches: int, schedule: Schedu
     # One program per distinct chunk (first, middle, last), copied into the alike ones.
     digests: list[tuple] = []
     chunks = chunk_programs(sc.chunks, mbg.loss, forward_only=not training,
-                            outputs=None if training else mbg.outputs, recompute=recompute, digests=digests)
+                            outputs=None if training else mbg.outputs,
+                            recompute=recompute if isinstance(recompute, str) else
+                            tuple(recompute[schedule.rank_of(c)] for c in range(schedule.chunks)), digests=digests)
     assert [cp.index for cp in chunks] == list(range(last + 1))
     if schedule.split:
         for cp in chunks[1:]:

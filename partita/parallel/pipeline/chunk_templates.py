@@ -224,23 +224,25 @@ def copy_chunk_program(proto: ChunkProgram, proto_chunk: Chunk, chunk: Chunk) ->
 
 
 def chunk_programs(chunks: list[Chunk], loss: Value | None, *, forward_only: bool, outputs: list[Value] | None,
-                   recompute: str, digests: list[tuple] | None = None) -> list[ChunkProgram]:
+                   recompute: str | tuple[str, ...], digests: list[tuple] | None = None) -> list[ChunkProgram]:
     """The program of every chunk (``build_chunk_program``; the last takes ``loss`` and
-    ``outputs``), built once per distinct chunk and copied into the alike ones; ``digests``
-    (a list) receives each chunk's ``chunk_digest`` in order."""
+    ``outputs``), built once per distinct chunk and copied into the alike ones; ``recompute``:
+    one policy, or one per chunk; ``digests`` (a list) receives each chunk's ``chunk_digest``
+    (with its policy where chunks differ) in order."""
     last = chunks[-1].index if chunks else -1
     made: dict[tuple, tuple[ChunkProgram, Chunk]] = {}
     out: list[ChunkProgram] = []
     for ch in chunks:
         i = ch.index
-        key = chunk_digest(ch, i == last)
+        policy = recompute if isinstance(recompute, str) else recompute[i]
+        key = chunk_digest(ch, i == last) + ((policy,) if not isinstance(recompute, str) else ())
         if digests is not None:
             digests.append(key)
         got = made.get(key)
         cp = copy_chunk_program(got[0], got[1], ch) if got is not None else None
         if cp is None:
             cp = build_chunk_program(ch, i == last, loss if i == last else None, forward_only=forward_only,
-                                     outputs=None if i != last else outputs, recompute=recompute)
+                                     outputs=None if i != last else outputs, recompute=policy)
             made.setdefault(key, (cp, ch))
         out.append(cp)
     return out

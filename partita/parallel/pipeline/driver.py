@@ -35,15 +35,18 @@ def _check_stages(stages: Any) -> None:
                             f"{type(stages).__name__} {stages!r:.60}")
 
 
-def _recompute_policy(graph: Graph, recompute: bool | str | None, training: bool) -> str:
+def _recompute_policy(graph: Graph, recompute: Any, training: bool, stages: int = 1) -> str | tuple[str, ...]:
     """The recomputation policy of the chunks' backward. The pipeline derives each chunk's
     backward again from the step's forward, so a step's own recomputation would be lost:
     the step's policy (read from its recomputed nodes' locations) is taken, and an explicit
-    ``recompute`` that contradicts it is refused."""
+    ``recompute`` that contradicts it is refused. A list or tuple gives each pp stage its
+    own policy (``stage_recompute_policies``)."""
     from ...autodiff.grad import AutodiffError
     from ...autodiff.recompute import recompute_policy, recompute_policy_of
 
     own = recompute_policy_of(graph) if training else "none"
+    if isinstance(recompute, (list, tuple)):
+        return stage_recompute_policies(graph, recompute, own, training, stages)
     if recompute is None:
         return own
     try:
@@ -61,11 +64,38 @@ def _recompute_policy(graph: Graph, recompute: bool | str | None, training: bool
     return asked
 
 
+def stage_recompute_policies(graph: Graph, recompute: Sequence[Any], own: str, training: bool,
+                             stages: int) -> tuple[str, ...]:
+    """One recomputation policy per pp stage (``recompute=["full", "none"]``): early stages hold
+    more microbatches' activations under 1F1B, so they may recompute while later ones do not.
+    The step must be built without recomputation of its own (or with the policy every stage
+    gets), since each chunk's backward is derived again with its stage's policy."""
+    from ...autodiff.grad import AutodiffError
+    from ...autodiff.recompute import recompute_policy
+
+    if not training:
+        raise PipelineError(f"parallelize: recompute={list(recompute)!r:.80}, but @{graph.name} is a forward graph: "
+                            "a forward-only pipeline has no backward to recompute for; leave recompute out")
+    if len(recompute) != stages:
+        raise PipelineError(f"parallelize: recompute has {len(recompute)} policies, but the pipeline has {stages} "
+                            f"stages; give one per stage (e.g. {['full'] + ['none'] * (stages - 1)!r}) or one "
+                            "policy for all")
+    try:
+        asked = tuple(recompute_policy(r, f"parallelize: recompute[{i}]") for i, r in enumerate(recompute))
+    except AutodiffError as e:
+        raise PipelineError(str(e)) from None
+    if own != "none" and any(a != own for a in asked):
+        raise PipelineError(f"parallelize: recompute={list(asked)!r}, but the step @{graph.name} was built with "
+                            f"recompute={own!r}; per-stage policies need a step built without recomputation: "
+                            "training_step(..., recompute='none')")
+    return asked
+
+
 def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
                          annotations: Mapping[str, Any] | None = None, *, microbatches: int = 1,
                          schedule: str = "1f1b", virtual_stages: int = 1,
-                         stages: Sequence[str] | Sequence[int] | None = None, recompute: bool | str | None = None,
-                         unroll: bool = True, parallelize_stage: Callable[..., Any], **spmd: Any) -> PipelineProgram:
+                         stages: Sequence[str] | Sequence[int] | None = None,
+                         recompute: bool | str | Sequence[str] | None = None, unroll: bool = True, parallelize_stage: Callable[..., Any], **spmd: Any) -> PipelineProgram:
     """The pipeline program of ``graph`` (a training step, or a forward graph for inference)
     on ``mesh`` with ``strategy`` (which includes ``pp``); see ``partita.parallelize``, which
     checks ``unroll``. ``unroll=False``: keep each rank's local template
@@ -82,7 +112,7 @@ def parallelize_pipeline(graph: Graph, mesh: Mesh, strategy: ParsedStrategy,
     if not unroll and not training:
         raise PipelineError("parallelize: unroll=False simulates a training pipeline; a forward-only (inference) "
                             "pipeline is small enough to unroll: leave unroll out")
-    policy = _recompute_policy(graph, recompute, training)
+    policy = _recompute_policy(graph, recompute, training, S)
     sched = make_schedule(schedule, S, M, v, forward_only=not training)
     sched.validate()
     dp_axis = rest.dp_axis
