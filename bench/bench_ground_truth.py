@@ -19,6 +19,16 @@ error, and Spearman's rank correlation of the two orders.
     .venv/bin/python bench/bench_ground_truth.py --cluster this.toml   # with a cluster file
     .venv/bin/python bench/bench_ground_truth.py --simulate-only --cluster this.toml
     .venv/bin/python bench/bench_ground_truth.py --quick               # quick calibration, 1 round
+    .venv/bin/python bench/bench_ground_truth.py --planner --cluster this.toml   # issue 39 item 5
+
+``--planner`` (issue 39, item 5): ``partita.plan(step, cluster, devices=4)`` plans the same
+step; its plan is mapped to one of the six when it is one, else run as a seventh candidate
+("planner"), and the report gives the planner's choice measured / the fastest measured (target
+<= 1.10). Then each candidate runs once more, in its own launch, with each rank's peak of live
+tensor bytes measured (partita/runtime/memory_peak.py: params, optimizer state and batch as
+given, plus the largest running sum of the step's allocations), set beside each rank's
+``memory_report`` peak from ``simulate`` (target: within 15% on each rank). The MLP of the
+training-step benchmark is planned too: the planner plans transformers only, and says so.
 
 Run it on a quiet machine: 4 ranks share this machine's cores.
 """
@@ -83,6 +93,165 @@ def build() -> tuple[partita.Graph, dict, dict]:
     return step, weights, feed
 
 
+PLANNER = "planner"
+
+
+def plan_key(options: dict) -> tuple:
+    """The parts of ``parallelize``'s keywords that make two plans the same run (mesh axes in
+    order, strategy words as a set, and for a pipeline its microbatches, schedule, virtual stages,
+    even stage cut and recomputation)."""
+    mesh = tuple(a.strip() for a in str(options["mesh"]).split(",") if a.strip())
+    words = frozenset(w for w in str(options.get("strategy") or "").split("+") if w)
+    if "pp" not in words:
+        return mesh, words
+    stages = options.get("stages")
+    even = stages is None or len(set(stages)) == 1
+    return (mesh, words, int(options.get("microbatches", 1)), options.get("schedule") or "1f1b",
+            int(options.get("virtual_stages", 1)), even, str(options.get("recompute", "none")))
+
+
+def map_plan(plan: "partita.Plan", plans: dict[str, dict]) -> str | None:
+    """The name of the hand plan in ``plans`` that ``plan`` is, or None when it is none of them."""
+    if plan.sharding != "words" or plan.annotations or plan.stage_recompute or plan.recompute != "none":
+        return None
+    mine = plan_key(plan.parallelize_options())
+    return next((name for name, kw in plans.items() if plan_key(kw) == mine), None)
+
+
+def planner_candidates(step: partita.Graph, cluster, memory, names: list[str]) -> tuple[str, "partita.Plan", dict]:
+    """Plan ``step`` on 4 devices; returns (the name it maps to, or PLANNER; the plan; the programs
+    of the candidates, the planner's added when it is none of the six)."""
+    t0 = time.perf_counter()
+    plan = partita.plan(step, cluster, memory, devices=4)
+    print(f"planned in {time.perf_counter() - t0:.1f} s: {plan.describe()} (simulated "
+          f"{(plan.step_time or 0) * 1e3:.1f} ms, {(plan.memory or 0) / 2**20:.1f} MiB per device)", flush=True)
+    for nxt in plan.report.get("next", [])[:3]:
+        print(f"  next: {nxt['plan']} (simulated {nxt['step_s'] * 1e3:.1f} ms)", flush=True)
+    name = map_plan(plan, {n: PLANS[n] for n in names})
+    progs = {n: partita.parallelize(step, **PLANS[n]) for n in names}
+    if name is None:
+        name = PLANNER
+        progs[PLANNER] = partita.parallelize(step, plan=plan)
+        print(f"the planner's plan is none of {', '.join(names)}: run as a seventh candidate", flush=True)
+    else:
+        print(f"the planner's plan is {name}", flush=True)
+    return name, plan, progs
+
+
+def measure_times(progs: dict, feed: dict, weights: dict, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Each program's median step per launch, the programs interleaved round after round, after one
+    launch that is not counted."""
+    names = list(progs)
+    # One launch not counted: the first of a session pays for starting up (seen 30-50% slower).
+    partita.launch(progs[names[0]], inputs=feed, weights=weights, steps=3, timeout_s=300)
+    got: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names:
+            res = partita.launch(progs[name], inputs=feed, weights=weights, steps=steps, timeout_s=300)
+            t = statistics.median(res.step_seconds[2:])
+            got[name].append(t)
+            print(f"round {r + 1}/{rounds} {name:>8}: measured {t * 1e3:8.1f} ms "
+                  f"(steps {', '.join(f'{x * 1e3:.0f}' for x in res.step_seconds)})", flush=True)
+    return got
+
+
+def predicted_peaks(prog, cluster) -> list[int]:
+    """Each rank's ``memory_report`` peak (bytes) as ``simulate`` gives it, in rank order."""
+    from partita.cluster import simulate
+
+    res = simulate(prog, cluster, trace=False, memory=True, dedup=False)
+    ranks = sorted(res.ranks, key=lambda r: r.rank)
+    return [int(r.memory.peak) if r.memory is not None else 0 for r in ranks]
+
+
+def measure_memory(prog, feed: dict, weights: dict, steps: int = 3) -> list[int]:
+    """Each rank's measured peak (bytes) in a launch of its own with ``PARTITA_MEMORY_DIR`` set:
+    per rank the largest peak of the steps after the first (which computes the constants)."""
+    import tempfile
+
+    from partita.runtime.memory_peak import ENV, read_peaks
+
+    with tempfile.TemporaryDirectory(prefix="partita-mem-") as folder:
+        was = os.environ.get(ENV)
+        os.environ[ENV] = folder
+        try:
+            res = partita.launch(prog, inputs=feed, weights=weights, steps=steps, timeout_s=300)
+        finally:
+            if was is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = was
+        per_rank = read_peaks(folder, res.run.mesh.size)
+    return [max(s["peak"] for s in (steps_[1:] or steps_)) for steps_ in per_rank]
+
+
+def memory_rows(progs: dict, feed: dict, weights: dict, cluster) -> list[dict]:
+    """Per candidate and rank: predicted and measured peak bytes and the relative error."""
+    rows = []
+    for name, prog in progs.items():
+        pred, got = predicted_peaks(prog, cluster), measure_memory(prog, feed, weights)
+        for r, (p, m) in enumerate(zip(pred, got)):
+            rows.append({"plan": name, "rank": r, "predicted_MiB": p / 2**20, "measured_MiB": m / 2**20,
+                         "error": p / m - 1 if m else None})
+        worst = max(abs(p / m - 1) for p, m in zip(pred, got) if m)
+        print(f"{name:>8}: predicted {', '.join(f'{p / 2**20:.1f}' for p in pred)} MiB; measured "
+              f"{', '.join(f'{m / 2**20:.1f}' for m in got)} MiB; worst error {worst:.1%}", flush=True)
+    return rows
+
+
+def build_mlp(batch: int = 256, widths: tuple[int, ...] = (1024, 4096, 4096, 1024)) -> partita.Graph:
+    """The training-step benchmark's MLP (linear layers with GELU between them), MSE and AdamW."""
+    dims = list(widths)
+    params = ", ".join(f"%w{i}: f32[{a}, {b}] param" for i, (a, b) in enumerate(zip(dims, dims[1:])))
+    lines, x = [], "%x"
+    for i, (a, b) in enumerate(zip(dims, dims[1:])):
+        lines.append(f"  %h{i} = matmul({x}, %w{i}) : f32[{batch}, {b}]")
+        x = f"%h{i}"
+        if i < len(dims) - 2:
+            lines.append(f"  %g{i} = gelu({x}) : f32[{batch}, {b}]")
+            x = f"%g{i}"
+    text = (f"graph @mlp(%x: f32[{batch}, {dims[0]}] input, {params}) -> (f32[{batch}, {dims[-1]}]) {{\n"
+            + "\n".join(lines) + f"\n  return {x}\n}}")
+    return partita.training_step(partita.parse(text), loss="mse", optimizer="adamw")
+
+
+def plan_mlp(cluster, memory) -> str:
+    """What the planner says of the MLP (its plan, or why it has none)."""
+    from partita.planning.shape import PlanError
+
+    try:
+        return "planned: " + partita.plan(build_mlp(), cluster, memory, devices=4).describe()
+    except PlanError as e:
+        return f"no plan: {e}"
+
+
+def run_planner(args, cluster, step, weights, feed, names: list[str]) -> dict:
+    """``--planner``: the planner's choice against the candidates measured, and memory measured."""
+    from partita.cluster import simulate
+
+    chosen, plan, progs = planner_candidates(step, cluster, args.memory, names)
+    sim = {n: simulate(p, cluster, memory=False).step_time for n, p in progs.items()}
+    got = measure_times(progs, feed, weights, 1 if args.quick else args.rounds, args.steps)
+    med = {n: statistics.median(v) for n, v in got.items()}
+    fastest = min(med, key=lambda n: med[n])
+    ratio = med[chosen] / med[fastest]
+    print("\n| plan | simulated ms | measured ms |\n|---|---:|---:|")
+    for n in progs:
+        print(f"| {n}{' (planner)' if n == chosen else ''} | {sim[n] * 1e3:.1f} | {med[n] * 1e3:.1f} |")
+    print(f"\nplanner's choice {chosen}: measured / fastest ({fastest}) = {ratio:.3f} (target <= 1.10)", flush=True)
+    mem = memory_rows(progs, feed, weights, cluster) if not args.no_memory else []
+    chosen_mem = [r for r in mem if r["plan"] == chosen]
+    if chosen_mem:
+        worst = max(abs(r["error"]) for r in chosen_mem if r["error"] is not None)
+        print(f"planner's choice: memory predicted / measured worst rank error {worst:.1%} (target <= 15%); "
+              f"plan.memory {(plan.memory or 0) / 2**20:.1f} MiB", flush=True)
+    mlp = plan_mlp(cluster, args.memory)
+    print(f"the MLP: {mlp}", flush=True)
+    return {"plan": plan.describe(), "plan_json": json.loads(plan.to_json()), "chosen": chosen, "fastest": fastest,
+            "ratio": ratio, "simulated_ms": {n: v * 1e3 for n, v in sim.items()},
+            "measured_ms": {n: [x * 1e3 for x in v] for n, v in got.items()}, "memory": mem, "mlp": mlp}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cluster", help="a cluster file of this machine (default: calibrate now)")
@@ -93,22 +262,43 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per launch (the first two are not counted)")
     ap.add_argument("--plans", nargs="*", choices=sorted(PLANS), help="only these plans")
     ap.add_argument("--simulate-only", action="store_true", help="no launches: the simulated steps alone")
+    ap.add_argument("--planner", action="store_true", help="the planner's choice against the candidates, measured")
+    ap.add_argument("--memory", default=None, help="--planner: the memory cap per device (default: the cluster's)")
+    ap.add_argument("--no-memory", action="store_true", help="--planner: no memory measurement")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_ground_truth.json"))
     args = ap.parse_args()
 
-    from partita.cluster import load_cluster, simulate
+    cluster = load_or_calibrate(args)
+    step, weights, feed = build()
+    names = args.plans or list(PLANS)
+    if args.planner:
+        out = run_planner(args, cluster, step, weights, feed, names)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"cluster": cluster.name, "planner": out}, indent=1))
+        print(f"wrote {args.out}")
+        return
+    simulate_and_measure(args, cluster, step, weights, feed, names)
+
+
+def load_or_calibrate(args):
+    """The cluster file given, or this machine calibrated now as 4 gloo ranks (written to --save-cluster)."""
+    from partita.cluster import load_cluster
     from partita.cluster.calibrate import calibrate, write_cluster
 
     if args.cluster:
-        cluster = load_cluster(args.cluster)
-    else:
-        t0 = time.perf_counter()
-        cluster = calibrate(nproc=4, threads=1, quick=args.quick, progress=lambda s: print(s, flush=True))
-        Path(args.save_cluster).parent.mkdir(parents=True, exist_ok=True)
-        write_cluster(cluster, args.save_cluster)
-        print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {args.save_cluster}", flush=True)
-    step, weights, feed = build()
-    names = args.plans or list(PLANS)
+        return load_cluster(args.cluster)
+    t0 = time.perf_counter()
+    cluster = calibrate(nproc=4, threads=1, quick=args.quick, progress=lambda s: print(s, flush=True))
+    Path(args.save_cluster).parent.mkdir(parents=True, exist_ok=True)
+    write_cluster(cluster, args.save_cluster)
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {args.save_cluster}", flush=True)
+    return cluster
+
+
+def simulate_and_measure(args, cluster, step, weights, feed, names: list[str]) -> None:
+    """The six plans simulated and measured (the simulator against real runs)."""
+    from partita.cluster import simulate
+
     progs, sim = {}, {}
     for name in names:
         progs[name] = partita.parallelize(step, **PLANS[name])
@@ -117,17 +307,7 @@ def main() -> None:
         print(f"{name:>8}: simulated {res.step_time * 1e3:8.1f} ms", flush=True)
     if args.simulate_only:
         return
-    rounds = 1 if args.quick else args.rounds
-    # One launch not counted: the first of a session pays for starting up (seen 30-50% slower).
-    partita.launch(progs[names[0]], inputs=feed, weights=weights, steps=3, timeout_s=300)
-    got: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names:
-            res = partita.launch(progs[name], inputs=feed, weights=weights, steps=args.steps, timeout_s=300)
-            t = statistics.median(res.step_seconds[2:])
-            got[name].append(t)
-            print(f"round {r + 1}/{rounds} {name:>8}: measured {t * 1e3:8.1f} ms "
-                  f"(steps {', '.join(f'{x * 1e3:.0f}' for x in res.step_seconds)})", flush=True)
+    got = measure_times(progs, feed, weights, 1 if args.quick else args.rounds, args.steps)
     rows = []
     for name in names:
         m = statistics.median(got[name])

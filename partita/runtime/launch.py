@@ -494,6 +494,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
     from ..ir.parser import parse
     from ..parallel import comm
     from .action_times import action_timer, carried_actions
+    from .memory_peak import StepMemory, memory_dir
 
     t0 = time.perf_counter()
     if job.threads is not None:
@@ -540,6 +541,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
         wait_cell = [0.0]
         _instrument(program, mesh, job.rank, job.timeout_s, job.fault, step_cell, tracker, wait_cell)
         timer = action_timer(program, timed, actions)
+        meter = StepMemory(job.rank, folder) if (folder := memory_dir()) else None   # opt-in, memory_peak.py
         aliases = [(i, input_name(a)) for i, a in enumerate(graph.output_aliases) if a is not None]
         aliased = {n for _, n in aliases}
         # Donated buffers are updated in place: the rank owns a copy of each aliased array,
@@ -574,7 +576,7 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
                 timer.reset()
             t = time.perf_counter()
             wait_cell[0] = 0.0
-            outs = program(feed, {})
+            outs = program(feed, {}) if meter is None else meter.run(program, feed)
             timings.append(time.perf_counter() - t)
             waits.append(wait_cell[0])
             if timer is not None:
@@ -586,6 +588,8 @@ def _run_rank(job: _Job, report: Callable[[tuple], None], step_cell: list[int], 
                 carried[name] = outs[i]
             report(("step", job.rank, s, timings[-1]))
         final = {k: np.array(to_numpy(carried[k]), copy=True) for k in job.weights}
+        if meter is not None:
+            meter.write()
         step_cell[0] = job.steps
         # Every rank has finished its collectives before any leaves, so none tears down a
         # connection a peer still reads from.
