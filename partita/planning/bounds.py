@@ -14,6 +14,7 @@ simulator prices the survivors.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -235,28 +236,42 @@ def recompute_stage_cut(shape: ModelShape, c: Candidate) -> list[int]:
     scores = 0.0 if shape.fused_attention else 4.0 * shape.seq * shape.seq * shape.hidden * c.micro
     lf = shape.layer_flops(c.micro)
     factor = {"none": 1.0, "selective": 1.0 + scores / (3 * lf), "full": 4.0 / 3.0}
-    return weighted_stage_cut(shape.layers, [factor[rc] for rc in c.stage_recompute],
-                              last_extra=shape.head_flops(c.micro) / lf)
+    return list(weighted_stage_cut(shape.layers, tuple(factor[rc] for rc in c.stage_recompute),
+                                   last_extra=shape.head_flops(c.micro) / lf))
 
 
-def weighted_stage_cut(layers: int, factors: list[float], last_extra: float = 0.0) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def weighted_stage_cut(layers: int, factors: tuple[float, ...], last_extra: float = 0.0) -> tuple[int, ...]:
     """Layers per stage minimizing the most loaded stage when stage k's layers cost ``factors[k]``
-    each (and the last stage ``last_extra`` more), every stage holding a layer at least."""
+    each (and the last stage ``last_extra`` more), every stage holding a layer at least. Dynamic
+    programming over contiguous cuts; the best previous cut point found by bisection, since the
+    first k - 1 stages' least maximum grows with their layers while stage k's cost falls."""
     stages = len(factors)
     inf = float("inf")
     best = [[inf] * (layers + 1) for _ in range(stages + 1)]
     arg = [[0] * (layers + 1) for _ in range(stages + 1)]
     best[0][0] = 0.0
     for k in range(1, stages + 1):
+        f, prev = factors[k - 1], best[k - 1]
         for i in range(k, layers + 1):
-            for j in range(k - 1, i):
-                cost = (i - j) * factors[k - 1] + (last_extra if k == stages else 0.0)
-                v = max(best[k - 1][j], cost)
-                if v < best[k][i]:
-                    best[k][i], arg[k][i] = v, j
+            extra = last_extra if k == stages else 0.0
+            lo, hi = k - 1, i - 1                   # the first j whose prev[j] >= stage k's cost
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if prev[mid] >= (i - mid) * f + extra:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            j = lo
+            v = max(prev[j], (i - j) * f + extra)
+            if j > k - 1:
+                w = max(prev[j - 1], (i - j + 1) * f + extra)
+                if w <= v:
+                    j, v = j - 1, w
+            best[k][i], arg[k][i] = v, j
     cut, i = [], layers
     for k in range(stages, 0, -1):
         j = arg[k][i]
         cut.append(i - j)
         i = j
-    return cut[::-1]
+    return tuple(cut[::-1])

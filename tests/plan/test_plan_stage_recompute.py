@@ -167,3 +167,19 @@ def test_report_says_what_the_memory_family_did():
     p = partita.plan(partita.models.gpt(layers=2, hidden=64, heads=4, seq=64, vocab=128, batch=8), one_node(),
                      devices=2)
     assert p.report["families"]["memory"].startswith("not searched")
+
+
+def test_weighted_stage_cut_is_the_least_maximum():
+    import itertools
+
+    from partita.planning.bounds import weighted_stage_cut
+
+    def load(cut, factors, extra):
+        return max(n * f + (extra if k == len(cut) - 1 else 0.0) for k, (n, f) in enumerate(zip(cut, factors)))
+
+    for layers, factors, extra in [(8, (4 / 3, 1.0, 1.0, 1.0), 0.5), (12, (4 / 3, 4 / 3, 1.0), 2.0),
+                                   (7, (1.0, 1.0), 0.0), (10, (1.1, 4 / 3, 1.0, 1.0, 1.0), 1.7), (5, (1.0,) * 5, 3.0)]:
+        cut = weighted_stage_cut(layers, factors, extra)
+        assert sum(cut) == layers and min(cut) >= 1 and len(cut) == len(factors)
+        every = [c for c in itertools.product(range(1, layers + 1), repeat=len(factors)) if sum(c) == layers]
+        assert load(cut, factors, extra) == pytest.approx(min(load(c, factors, extra) for c in every))
