@@ -173,7 +173,8 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
 def dp_seconds(grads: float, c: Candidate, cluster: Cluster) -> float:
     """The data-parallel gradient traffic of ``grads`` bytes a step: an all-reduce over dp (and cp,
     which sums the weight gradients over the tokens too); zero3 moves 1.5 times as much (params
-    gathered for the forward and the backward, grads reduce-scattered); hsdp does that inside its
+    gathered for the forward and the backward, grads reduce-scattered), and beside a pipeline
+    gathers the params again for every microbatch; hsdp does that inside its
     fsdp group and all-reduces 1/fsdp of the gradient across the groups."""
     eff, gpn = cluster.efficiency, cluster.gpus_per_node
     intra, inter = cluster.intra_node, cluster.inter_node
@@ -184,6 +185,8 @@ def dp_seconds(grads: float, c: Candidate, cluster: Cluster) -> float:
     n = c.dp * c.cp
     link = intra if n * c.tp <= gpn else inter
     t = allreduce_seconds(grads, n, link.bandwidth * eff.network)
+    if c.zero == "zero3" and c.pp > 1:     # a stage's params gathered again for each microbatch's forward and backward
+        return (0.5 + c.microbatches) * t
     return 1.5 * t if c.zero == "zero3" else t
 
 

@@ -183,3 +183,17 @@ def test_weighted_stage_cut_is_the_least_maximum():
         assert sum(cut) == layers and min(cut) >= 1 and len(cut) == len(factors)
         every = [c for c in itertools.product(range(1, layers + 1), repeat=len(factors)) if sum(c) == layers]
         assert load(cut, factors, extra) == pytest.approx(min(load(c, factors, extra) for c in every))
+
+
+def test_pipeline_zero3_estimate_gathers_the_params_every_microbatch():
+    import dataclasses
+
+    from partita.planning import model_shape
+    from partita.planning.bounds import Candidate, time_parts
+
+    shape, cl = model_shape(mid_gpt()), one_node()
+    c = Candidate(2, 4, 1, "zero1", False, 1, 4, "1f1b", 1, "none")
+    z = dataclasses.replace(c, zero="zero3", saves_memory=True)
+    more = dataclasses.replace(z, micro=1, microbatches=8)
+    assert time_parts(shape, z, cl)["dp"] > 3 * time_parts(shape, c, cl)["dp"]
+    assert time_parts(shape, more, cl)["dp"] > time_parts(shape, z, cl)["dp"]
