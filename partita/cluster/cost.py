@@ -11,9 +11,11 @@ machine and written in the cluster file, never tuned per model):
   than a square one;
 - **attention** (the fused ``attention`` op and its backward; ``ATTENTION_OPS``):
   ``flops / (peak(dtype) * attention)``, a causal one's FLOPs those of the tiles a flash
-  kernel scores (about half; ``attention_pairs`` in partita/ops/nn.py). An attention made
-  causal by an explicit mask (context parallelism's) is priced at every pair, as the kernel
-  that takes a mask tensor computes it;
+  kernel scores (about half; ``attention_pairs`` in partita/ops/nn.py). An attention that
+  context parallelism gave its balanced causal mask (``causal_cp``) is priced at the pairs
+  that mask keeps, as a flash kernel run per query chunk against the keys up to it
+  (``masked_attention_pairs``); any other explicit mask at every pair, as the kernel that
+  takes a mask tensor computes it;
 - **everything else** is memory-bound or nearly so: the roofline ``max(bytes / (bandwidth *
   memory), flops / peak(f32))``; ops that only view their operand (``VIEW_OPS``: reshape,
   squeeze, unsqueeze) cost nothing;

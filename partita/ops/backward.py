@@ -27,7 +27,7 @@ from ..ir.diagnostics import ExecutionError, TypeRuleError
 from ..ir.types import TensorType
 from ._lazy import F, torch
 from .elementwise import _unary, np_erf, np_sigmoid
-from .nn import (attention_compute_dtype, attention_pairs, attention_scale, flash_kernel_args, flash_kernel_applies,
+from .nn import (attention_compute_dtype, attention_scale, flash_kernel_args, flash_kernel_applies, masked_attention_pairs,
                  np_attention_scores, torch_attention_scores, ce_padded_classes)
 from .numeric import compute_np
 from .registry import OPS, AttrSpec, Cost, OpDef, normalize_axes, normalize_axis, register
@@ -1074,7 +1074,7 @@ def _torch_attention_grad(args, a):
 
 def _attention_grad_cost(ins, outs, attrs):
     q, k, v = ins[1:4]
-    pairs = attention_pairs(q, k, bool(attrs.get("causal")))     # causal: the tiles the forward scored
+    pairs = masked_attention_pairs(q, k, attrs)     # causal (or causal_cp): the tiles the forward scored
     # Scores recomputed (E), dv and dp (Ev each), dq and dk (E each), plus the softmax terms.
     return Cost(2 * pairs * (3 * q.shape[-1] + 2 * v.shape[-1]) + 6 * pairs,
                 sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
@@ -1082,7 +1082,7 @@ def _attention_grad_cost(ins, outs, attrs):
 
 register(OpDef(
     name="attention_grad", operands=("dout", "q", "k", "v", "out", "lse", "mask?"),
-    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
+    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False), AttrSpec("causal_cp", "int", None)),
     infer=_attention_grad_infer, reference=_np_attention_grad, torch=_torch_attention_grad,
     cost=_attention_grad_cost,
     doc="gradients dq, dk, dv of attention (scale, causal and the optional mask as the "
@@ -1092,5 +1092,5 @@ register(OpDef(
         "aten._scaled_dot_product_flash_attention_for_cpu_backward where the forward used the "
         "flash kernel (the same test), else that formula in torch ops (f16/bf16 in f32). "
         "Cost: 2 * P * (3E + 2Ev) + 6 * P FLOPs, P the (query, key) pairs the forward scores "
-        "(attention's cost: about half of B*Tq*Tk with causal=true).",
+        "(attention's cost: about half of B*Tq*Tk with causal=true; causal_cp as the forward's).",
 ))

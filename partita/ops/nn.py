@@ -1024,8 +1024,20 @@ def attention_infer(ts, attrs):
         if not ok:
             raise TypeRuleError(f"attention: the mask {m} does not broadcast to the scores' shape "
                                 f"{_shape(scores)} ([..., Tq, Tk]); each dim must be 1 or equal")
+    check_causal_cp("attention", tq, tk, attrs)
     lse_dtype = f64 if q.dtype == f64 else f32
     return [TensorType(q.shape[:-1] + (v.shape[-1],), q.dtype), TensorType(q.shape[:-1], lse_dtype)]
+
+
+def check_causal_cp(op: str, tq: int, tk: int, attrs) -> None:
+    """The ``causal_cp`` hint fits the shapes: Tk = cp * Tq keys, cut into 2 * cp equal chunks."""
+    cp = attrs.get("causal_cp")
+    if cp is None:
+        return
+    if cp < 1 or tk != cp * tq or tk % (2 * cp):
+        raise TypeRuleError(f"{op}: causal_cp={cp} says the mask is context parallelism's balanced causal mask "
+                            f"(Tk = cp x Tq keys in 2 x cp equal chunks) but Tq is {tq} and Tk {tk}; drop the "
+                            f"attribute or give the cp the keys were gathered over")
 
 
 def attention_scale(attrs, e: int) -> float:
@@ -1177,9 +1189,43 @@ def attention_pairs(q: TensorType, k: TensorType, causal: bool) -> int:
     return heads * pairs
 
 
+@functools.lru_cache(maxsize=4096)
+def chunk_causal_pairs(offset: int, rows: int, tk: int) -> int:
+    """The pairs a flash kernel scores for the query rows at positions ``[offset, offset +
+    rows)`` against keys at positions ``[0, tk)``, each query keeping the keys at or before its
+    position: per FLASH_TILE-row query tile (tiles from ``offset``), its rows times the keys up
+    to its last row rounded up to whole FLASH_TILE key tiles (tiles from 0), at most ``tk``."""
+    b = FLASH_TILE
+    pairs = 0
+    for start in range(0, rows, b):
+        end = min(start + b, rows)
+        last = offset + end                  # keys 0 .. last - 1 are kept by the tile's last row
+        pairs += (end - start) * min(tk, -(-last // b) * b)
+    return pairs
+
+
+def balanced_causal_pairs(tq: int, tk: int, cp: int, rank: int) -> int:
+    """The pairs cp rank ``rank`` scores (per batch-and-head) under context parallelism's
+    balanced causal mask: its queries are chunks ``rank`` and ``2*cp-1-rank`` of ``2*cp``
+    equal chunks of the ``tk`` gathered keys, each chunk run against the keys up to it."""
+    c = tk // (2 * cp)
+    return sum(chunk_causal_pairs(j * c, c, tk) for j in (rank, 2 * cp - 1 - rank)) if tq == 2 * c else tq * tk
+
+
+def masked_attention_pairs(q: TensorType, k: TensorType, attrs) -> int:
+    """The pairs an attention (or its backward) scores: ``attention_pairs`` by its causal
+    flag, or with ``causal_cp`` the slowest cp rank's pairs under the balanced causal mask."""
+    cp = attrs.get("causal_cp")
+    if cp is None:
+        return attention_pairs(q, k, bool(attrs.get("causal")))
+    tq, tk = q.shape[-2], k.shape[-2]
+    heads = q.numel // (q.shape[-1] * tq) if q.numel else 0
+    return heads * max(balanced_causal_pairs(tq, tk, cp, r) for r in range(cp))
+
+
 def _attention_cost(ins, outs, attrs):
     q, k, v = ins[:3]
-    pairs = attention_pairs(q, k, bool(attrs.get("causal")))
+    pairs = masked_attention_pairs(q, k, attrs)
     # Bytes: q, k, v (and a mask) read and out, lse written once each, causal or not; no scores.
     return Cost(2 * pairs * (q.shape[-1] + v.shape[-1]) + 5 * pairs,
                 sum(t.nbytes for t in ins), sum(t.nbytes for t in outs))
@@ -1187,7 +1233,7 @@ def _attention_cost(ins, outs, attrs):
 
 register(OpDef(
     name="attention", operands=("q", "k", "v", "mask?"),
-    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False)),
+    attrs=(AttrSpec("scale", "float", None), AttrSpec("causal", "bool", False), AttrSpec("causal_cp", "int", None)),
     infer=attention_infer, reference=np_attention, torch=torch_attention, cost=_attention_cost,
     doc="Scaled dot-product attention as torch.nn.functional.scaled_dot_product_attention "
         "(no dropout): softmax(q k^T * scale + mask) v for q [..., Tq, E], k [..., Tk, E], "
@@ -1203,7 +1249,11 @@ register(OpDef(
         "ranks reshaped to 4-d, a bool mask made additive), else the same formula in torch ops. "
         "Cost: 2 * P * (E + Ev) + 5 * P FLOPs, P = B*Tq*Tk (B: batch x heads) the (query, key) "
         "pairs, or with causal=true those of the 128-square tiles on and below the diagonal (a "
-        "flash kernel skips the tiles above it: about half).",
+        "flash kernel skips the tiles above it: about half). causal_cp (absent by default) prices "
+        "the mask as context parallelism's balanced causal mask over that many ranks (queries: "
+        "chunks r and 2*cp-1-r of 2*cp equal chunks of the Tk = cp*Tq keys): P is then the "
+        "slowest rank's pairs, each query chunk against the keys up to it in 128-square tiles; "
+        "the semantics ignore it (the mask says what is kept).",
 ))
 
 

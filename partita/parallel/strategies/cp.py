@@ -19,7 +19,9 @@ alone (a rotary cos/sin table, a constant, a mask built from shapes), whole alon
 sequence, takes the rows of the rank's positions where it meets the rank's tokens, and so
 does one a pipeline stage sends to the next (``token_dim``: both ends cut the same dim). Attention then runs on the gathered (permuted) keys with an
 explicit mask ``key position <= query position`` built from the original positions, which
-is exactly the causal attention of one device.
+is exactly the causal attention of one device. The attention and its backward are marked
+``causal_cp=cp`` (the semantics ignore it): the cost prices a rank at the pairs this mask
+keeps, as a flash kernel run on each query chunk against the keys up to it (Llama 3's).
 
 ``cp-ring`` splits the sequence the same way and runs ring attention instead: ``cp`` steps,
 in each the rank's queries attend to the block of keys and values it holds (its own first),
@@ -802,6 +804,15 @@ class SeqRewrite:
             raise StrategyError(f"strategy cp: {node.op} with a mask operand is not supported; cp builds the causal "
                                 "mask itself")
 
+    def mark_causal(self, attrs: dict) -> None:
+        """A causal attention's attributes on the gathered keys: the mask (``causal_mask``)
+        replaces the causal flag, and ``causal_cp`` tells the cost it is the balanced causal
+        mask, so a rank is priced by the pairs it keeps (as a flash kernel run per query chunk
+        against the keys up to it), not by every (query, key) pair."""
+        if attrs["causal"]:
+            attrs["causal_cp"] = self.cp
+        attrs["causal"] = False
+
     def op_attention(self, node: Node, ins, seqd, attrs) -> None:
         self.check_attention(node, seqd, 0)
         if self.ring:
@@ -811,7 +822,7 @@ class SeqRewrite:
         kf = self.gathered(node.operands[1], k, "key")
         vf = self.gathered(node.operands[2], v, "value")
         mask = [self.causal_mask()] if attrs["causal"] else []
-        attrs["causal"] = False
+        self.mark_causal(attrs)
         r = q.type.rank
         self.bind(node, self.emit_like(node, [q, kf, vf, *mask], attrs), [(r - 2, 1), (r - 2, 1)])
 
@@ -824,7 +835,7 @@ class SeqRewrite:
         kf = self.gathered(node.operands[2], k, "key")
         vf = self.gathered(node.operands[3], v, "value")
         mask = [self.causal_mask()] if attrs["causal"] else []
-        attrs["causal"] = False
+        self.mark_causal(attrs)
         dq, dk, dv = self.emit_like(node, [dout, q, kf, vf, out, lse, *mask], attrs)
         r = q.type.rank
         dk, fk = self.scattered_grad(node.results[1], dk, "keys")
