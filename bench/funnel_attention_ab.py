@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +24,7 @@ import torch  # noqa: E402
 
 import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
+from zoo_rewrite_ab import report_ab  # noqa: E402
 
 
 RULES = ["unit_axis_transpose", "reshape_of_unsqueeze"]   # --rules replaces them
@@ -74,18 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     case = Z.Case(ZM.BY_NAME[a.model], tempfile.mkdtemp())
     progs = {"before": build(case, False), "after": build(case, True)}
-    res: dict[str, list[float]] = {k: [] for k in progs}
-    for _ in range(a.rounds):
-        for k, (p, args, w) in progs.items():
-            for _ in range(20):
-                p(args, w)
-            t = time.thread_time()
-            for _ in range(a.calls):
-                p(args, w)
-            res[k].append((time.thread_time() - t) / a.calls * 1e3)
-    b, af = statistics.median(res["before"]), statistics.median(res["after"])
-    print(f"{a.model}: before {b:.3f} ms, after {af:.3f} ms CPU (median of {a.rounds} rounds), "
-          f"after/before {af / b:.3f}")
+    report_ab(a.model, progs, a.rounds, a.calls)
     return 0
 
 

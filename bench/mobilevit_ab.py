@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,6 +30,7 @@ import torch  # noqa: E402
 
 import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
+from zoo_rewrite_ab import report_ab  # noqa: E402
 
 RULES = ("fold_move_chains",)
 OFF: list[str] = list(RULES)   # the rules "before" goes without (--rules)
@@ -108,18 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     case = Z.Case(ZM.BY_NAME[a.model], Path(tempfile.mkdtemp()))
     progs = {"before": build(case, False), "after": build(case, True)}
-    res: dict[str, list[float]] = {k: [] for k in progs}
-    for _ in range(a.rounds):
-        for k, (p, args, w) in progs.items():
-            for _ in range(20):
-                p(args, w)
-            t = time.thread_time()
-            for _ in range(a.calls):
-                p(args, w)
-            res[k].append((time.thread_time() - t) / a.calls * 1e3)
-    b, af = statistics.median(res["before"]), statistics.median(res["after"])
-    print(f"{a.model}: before {b:.3f} ms, after {af:.3f} ms CPU (median of {a.rounds} rounds), "
-          f"after/before {af / b:.3f}")
+    report_ab(a.model, progs, a.rounds, a.calls)
     return 0
 
 

@@ -51,6 +51,23 @@ def build(case: Any, with_rewrites: bool) -> tuple[Any, list, dict]:
     return prog, args, weights
 
 
+def report_ab(model: str, progs: dict[str, tuple[Any, list, dict]], rounds: int, calls: int) -> None:
+    """Time the "before" and "after" programs in interleaved rounds of ``calls`` calls each (20
+    untimed first), in the thread's CPU time, and print the medians and their ratio."""
+    res: dict[str, list[float]] = {k: [] for k in progs}
+    for _ in range(rounds):
+        for k, (p, args, w) in progs.items():
+            for _ in range(20):
+                p(args, w)
+            t = time.thread_time()
+            for _ in range(calls):
+                p(args, w)
+            res[k].append((time.thread_time() - t) / calls * 1e3)
+    b, af = statistics.median(res["before"]), statistics.median(res["after"])
+    print(f"{model}: before {b:.3f} ms, after {af:.3f} ms CPU (median of {rounds} rounds), "
+          f"after/before {af / b:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build both programs, time them in interleaved rounds, print the medians."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,18 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     case = Z.Case(ZM.BY_NAME[a.model], tempfile.mkdtemp())
     progs = {"before": build(case, False), "after": build(case, True)}
-    res: dict[str, list[float]] = {k: [] for k in progs}
-    for _ in range(a.rounds):
-        for k, (p, args, w) in progs.items():
-            for _ in range(20):
-                p(args, w)
-            t = time.thread_time()
-            for _ in range(a.calls):
-                p(args, w)
-            res[k].append((time.thread_time() - t) / a.calls * 1e3)
-    b, af = statistics.median(res["before"]), statistics.median(res["after"])
-    print(f"{a.model}: before {b:.3f} ms, after {af:.3f} ms CPU (median of {a.rounds} rounds), "
-          f"after/before {af / b:.3f}")
+    report_ab(a.model, progs, a.rounds, a.calls)
     return 0
 
 

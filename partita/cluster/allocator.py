@@ -36,7 +36,7 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Node, Value
 from ..ops.kinds import VIEW_OPS as VIEWS
 from ..ops.registry import OPS
 from .eager import transient_bytes
@@ -219,15 +219,10 @@ def run_allocator(events: Iterable[tuple[int, int, int]], capacity: float = floa
     return a.stats
 
 
-def allocation_events(graph: Graph, eager: frozenset[str] = frozenset(),
-                      streams: bool = False) -> Iterator[tuple[int, int, int]]:
-    """The allocations and frees of one run of ``graph`` on one rank, in the order
-    ``memory_report.live_bytes`` walks them: ``(key, bytes, stream)`` or ``(key, -1, stream)``.
-    ``streams``: a collective's result is allocated on that collective's own stream (FSDP2
-    runs its all-gathers and reduce-scatters each on a stream of its own), else all on one."""
-    nodes = list(graph.nodes)
-    outputs = set(graph.outputs)
-    aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
+def last_reads(graph: Graph, nodes: list[Node]) -> dict[Value, int]:
+    """The index in ``nodes`` (the graph's nodes in order) of the last node that reads each
+    buffer, a view counting as a read of the buffer it views; ``len(nodes)`` for a buffer the
+    graph returns (held past the step)."""
     root: dict[Value, Value] = {}
     last: dict[Value, int] = {}
     for i, n in enumerate(nodes):
@@ -237,8 +232,21 @@ def allocation_events(graph: Graph, eager: frozenset[str] = frozenset(),
             src = root.get(n.operands[0], n.operands[0])
             for r in n.results:
                 root[r] = src
-    for v in outputs:
+    for v in graph.outputs:
         last[root.get(v, v)] = len(nodes)
+    return last
+
+
+def allocation_events(graph: Graph, eager: frozenset[str] = frozenset(),
+                      streams: bool = False) -> Iterator[tuple[int, int, int]]:
+    """The allocations and frees of one run of ``graph`` on one rank, in the order
+    ``memory_report.live_bytes`` walks them: ``(key, bytes, stream)`` or ``(key, -1, stream)``.
+    ``streams``: a collective's result is allocated on that collective's own stream (FSDP2
+    runs its all-gathers and reduce-scatters each on a stream of its own), else all on one."""
+    nodes = list(graph.nodes)
+    outputs = set(graph.outputs)
+    aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
+    last = last_reads(graph, nodes)
     key = 0
     for v in graph.inputs:        # params, optimizer state and batch: held through the step
         key += 1

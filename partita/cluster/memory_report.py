@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from ..ir.graph import Graph, Value
 from ..ops.kinds import COLLECTIVE_OPS, UPDATE_OPS as UPDATES, VIEW_OPS as VIEWS
 from ..ops.registry import OPS
-from .allocator import reserved_peak
+from .allocator import last_reads, reserved_peak
 from .eager import transient_bytes
 from .hardware import Device, format_quantity
 
@@ -109,19 +109,7 @@ def live_bytes(graph: Graph, grads: set[Value]) -> Iterator[tuple[int, Any, int,
     nodes = list(graph.nodes)
     outputs = set(graph.outputs)
     aliased = {v for v, a in zip(graph.outputs, graph.output_aliases or []) if a is not None}
-    root: dict[Value, Value] = {}
-    last: dict[Value, int] = {}
-    end = len(nodes)
-    for i, n in enumerate(nodes):
-        for v in n.operands:
-            last[root.get(v, v)] = i
-        if n.op in VIEWS and n.operands:
-            src = root.get(n.operands[0], n.operands[0])
-            for r in n.results:
-                root[r] = src
-    for v in outputs:
-        rv = root.get(v, v)
-        last[rv] = end
+    last = last_reads(graph, nodes)
     consts = 0
     live = {"activations and temporaries": 0, "communication": 0, "gradients": 0}
     frees: dict[int, list[tuple[str, int]]] = {}
