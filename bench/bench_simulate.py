@@ -755,7 +755,7 @@ def fit_llama3_gemm() -> dict:
         cl = dataclasses.replace(base, efficiency=dataclasses.replace(base.efficiency, gemm=gemm))
         return flops / (simulate(prog, cl, trace=False, memory=False).step_time * gpus) / 1e12 / pub - 1
 
-    x, err, tried = fit_scalar(price, 0.55, base.efficiency.gemm)
+    x, err, tried = fit_scalar(price, 0.55, 0.95)
     return {"row": LLAMA3_FIT_ROW, "cluster": LLAMA3_CLUSTER, "factor": "gemm", "was": base.efficiency.gemm,
             "fitted": x, "error": err, "tried": tried}
 
