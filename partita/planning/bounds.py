@@ -68,10 +68,12 @@ def stage_layers(shape: ModelShape, pp: int) -> int:
 
 def layer_activation_bytes(shape: ModelShape, c: Candidate, recompute: str | None = None) -> float:
     """Bytes one layer keeps for the backward of one microbatch (Korthikanti et al. 2022, Table 2)."""
+    rc = c.recompute if recompute is None else recompute
+    if shape.row_activation_bytes:              # a chain of linear layers: its input and output per row
+        return (2.0 if rc == "full" else shape.row_activation_bytes) * c.micro / c.tp
     s, b, h, a, t = shape.seq // c.cp, c.micro, shape.hidden, shape.heads, c.tp
     base = s * b * h * (15 + 19 * shape.ffn / (4 * h))          # 34sbh at ffn = 4h
     scores = 0.0 if shape.fused_attention else 5.0 * a * s * s * b
-    rc = c.recompute if recompute is None else recompute
     if rc == "full":
         return 2.0 * s * b * h / (t if c.sp else 1)
     if c.sp or t == 1:
@@ -155,6 +157,8 @@ def time_parts(shape: ModelShape, c: Candidate, cluster: Cluster) -> dict[str, f
               "zero-bubble": (c.pp - 1) / 3}.get(c.schedule or "", 0.0)
     ar = allreduce_seconds(2.0 * s * b * h, c.tp, intra.bandwidth * eff.network)
     tp_per_layer = (6 if "full" in (c.recompute,) + c.stage_recompute else 4) * ar
+    if shape.row_activation_bytes:   # megatron pairs the linears: a pair all-reduces once forward, once backward
+        tp_per_layer = allreduce_seconds(shape.param_bytes * b * h, c.tp, intra.bandwidth * eff.network)
     grads = 2.0 * stage_params(shape, c)
     dp_time = dp_seconds(grads, c, cluster)
     compute = c.microbatches * 3 * fwd / flops

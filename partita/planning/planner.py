@@ -117,7 +117,18 @@ def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None
         "families": family_verdicts(shape, cands, mems, est, priced, pricer, chosen, cap, cl, cp_why),
         "failed": pricer_failures(pricer), "sharding": pricer.sharding_notes,
         "seconds": {"search": t_search, **pricer.seconds, "total": time.perf_counter() - t_start}}
+    refused = refused_families(shape, n)
+    if refused:
+        best.report["refused"] = refused
     return best
+
+
+def refused_families(shape: ModelShape, devices: int) -> list[str]:
+    """The families the search leaves out for this model, with why (empty for a transformer)."""
+    if shape.pipeline or shape.layers < 2 or devices < 2:
+        return []
+    return [f"pp: partita's pipeline cuts between layers named <prefix>.<i>.<name> (or module scopes ending in a "
+            f"number); the {shape.layers} linear layers of this model are not so named, so no mesh has a pp axis"]
 
 
 def pricer_failures(pricer: Pricer) -> list[str]:
@@ -238,8 +249,11 @@ class PricingRun:
             # The lower bounds, and the estimate scaled by the least simulated/estimated ratio seen.
             p = candidate_plan(shape, c, self.n, cl)
             floor = step_floor(self.costs, shape, c, p.stages) if self.costs is not None else 0.0
+            # A chain of linear layers has few meshes and the transformer estimate's tp traffic
+            # does not hold for it: each is priced unless its lower bound loses.
+            calibrated = 0.0 if shape.row_activation_bytes else self.ratio
             if max(lower_bound(shape, c, cl), floor) > self.best_time or \
-                    est[c] * self.ratio > self.best_time * CALIBRATED_MARGIN:
+                    est[c] * calibrated > self.best_time * CALIBRATED_MARGIN:
                 self.pricer.skipped += 1
                 continue
             for q in price_candidate(shape, c, p, est, self.mems, self.pricer, self.cap, self.sharding, self.say):
@@ -391,6 +405,8 @@ def report_text(p: Plan) -> str:
         lines.append(f"{kind}: {why}")
     for x in r.get("sharding", []):
         lines.append(sharding_line(x))
+    for why in r.get("refused", []):
+        lines.append(f"refused: {why}")
     for f in r.get("failed", []):
         lines.append(f"  could not build: {f}")
     s = r.get("seconds", {})

@@ -83,11 +83,16 @@ def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
     invalid: list[str] = []
     for tp in pow2_divisors(devices, cluster.gpus_per_node):
         if shape.heads % tp or shape.hidden % tp:
-            invalid.append(f"tp={tp}: {shape.heads} heads are not divisible by {tp}")
+            invalid.append(f"tp={tp}: the layer widths (their divisor {shape.heads}) are not divisible by {tp}"
+                           if shape.row_activation_bytes else f"tp={tp}: {shape.heads} heads are not divisible by {tp}")
             continue
         for pp in divisors(devices // tp):
             dp = devices // (tp * pp)
             if pp > shape.layers:
+                continue
+            if pp > 1 and not shape.pipeline:
+                invalid.append(f"pp={pp},dp={dp},tp={tp}: partita's pipeline cuts between layers named "
+                               "<prefix>.<i>.<name>; this model's linear layers are not so named")
                 continue
             if shape.batch % dp:
                 invalid.append(f"pp={pp},dp={dp},tp={tp}: the global batch {shape.batch} is not divisible by dp={dp}")
@@ -95,7 +100,8 @@ def enumerate_candidates(shape: ModelShape, cluster: Cluster, devices: int,
             for micro, m, sched, v in pipeline_options(shape, pp, shape.batch // dp):
                 for zero in dp_kinds(pp, dp):
                     for rc in recomputes:
-                        out.append(Candidate(pp, dp, tp, zero, tp > 1, micro, m, sched, v, rc))
+                        # sp splits a sequence: none in a chain of linear layers.
+                        out.append(Candidate(pp, dp, tp, zero, tp > 1 and shape.seq > 1, micro, m, sched, v, rc))
             out += hsdp_candidates(shape, cluster, pp, dp, tp, recomputes)
     return out, invalid
 
@@ -114,6 +120,8 @@ def hsdp_candidates(shape: ModelShape, cluster: Cluster, pp: int, dp: int, tp: i
 def cp_reason(shape: ModelShape, fits_without: bool) -> str | None:
     """Why the search leaves context parallelism out (None: it is enumerated): it needs fused
     attention and pays for long sequences (16K tokens or more) or when no plan without it fits."""
+    if shape.seq == 1:
+        return "the model has no sequence to split"
     if not shape.fused_attention:
         return "cp needs fused attention (build the model with attention=\"fused\")"
     if shape.seq % 4:
