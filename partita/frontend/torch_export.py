@@ -1389,8 +1389,11 @@ def core_aten_missing() -> list[str]:
     with the reason for each, is in docs/frontend.md and a test keeps the two equal."""
     table = decomposition_table()
     missing = []
-    for name in dir(aten):
-        packet = getattr(aten, name)
+    # Every aten operator registered, not only those some code has looked up already
+    # (``torch.ops.aten`` makes its packets on first access, so ``dir`` alone depends on what ran).
+    names = {s.name.split("::", 1)[1] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}
+    for name in sorted(names | set(dir(aten))):
+        packet = getattr(aten, name, None)
         if not isinstance(packet, torch._ops.OpOverloadPacket):
             continue
         for overload in packet.overloads():
