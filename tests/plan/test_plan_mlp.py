@@ -14,12 +14,14 @@ from partita.planning import PlanError, model_shape
 from partita.planning.search import candidate_plan, enumerate_candidates
 
 
-def mlp_step(batch: int = 32, widths: tuple[int, ...] = (16, 64, 64, 16)) -> partita.Graph:
-    """An MLP (linear layers, GELU between them) as a training step, MSE and AdamW."""
-    params = ", ".join(f"%w{i}: f32[{a}, {b}] param" for i, (a, b) in enumerate(zip(widths, widths[1:])))
+def mlp_step(batch: int = 32, widths: tuple[int, ...] = (16, 64, 64, 16), weight: str = "w{i}") -> partita.Graph:
+    """An MLP (linear layers, GELU between them) as a training step, MSE and AdamW; layer i's
+    weight is named ``weight.format(i=i)``."""
+    names = [weight.format(i=i) for i in range(len(widths) - 1)]
+    params = ", ".join(f"%{n}: f32[{a}, {b}] param" for n, a, b in zip(names, widths, widths[1:]))
     lines, x = [], "%x"
     for i, b in enumerate(widths[1:]):
-        lines.append(f"  %h{i} = matmul({x}, %w{i}) : f32[{batch}, {b}]")
+        lines.append(f"  %h{i} = matmul({x}, %{names[i]}) : f32[{batch}, {b}]")
         x = f"%h{i}"
         if i < len(widths) - 2:
             lines.append(f"  %g{i} = gelu({x}) : f32[{batch}, {b}]")
@@ -85,17 +87,7 @@ def test_biases_between_layers_are_read():
 
 def named_mlp_step(batch: int = 32, widths: tuple[int, ...] = (16, 64, 64, 64, 16)) -> partita.Graph:
     """An MLP whose weights are named fc.<i>.w: partita's pipeline can cut it between layers."""
-    params = ", ".join(f"%fc.{i}.w: f32[{a}, {b}] param" for i, (a, b) in enumerate(zip(widths, widths[1:])))
-    lines, x = [], "%x"
-    for i, b in enumerate(widths[1:]):
-        lines.append(f"  %h{i} = matmul({x}, %fc.{i}.w) : f32[{batch}, {b}]")
-        x = f"%h{i}"
-        if i < len(widths) - 2:
-            lines.append(f"  %g{i} = gelu({x}) : f32[{batch}, {b}]")
-            x = f"%g{i}"
-    text = (f"graph @mlp(%x: f32[{batch}, {widths[0]}] input, {params}) -> (f32[{batch}, {widths[-1]}]) {{\n"
-            + "\n".join(lines) + f"\n  return {x}\n}}")
-    return partita.training_step(partita.parse(text), loss="mse", optimizer="adamw")
+    return mlp_step(batch, widths, weight="fc.{i}.w")
 
 
 def test_pipelined_mlp_meshes_compute_what_one_device_does():
