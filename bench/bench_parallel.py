@@ -59,7 +59,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import queue  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -332,9 +331,9 @@ class RankJob:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from partita.runtime.launch import free_port
+
+    return free_port()
 
 
 def run_on_ranks(jobs: list[Any], timeout_s: float, target: Any = None, name: str = "bench-rank"

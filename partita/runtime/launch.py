@@ -649,10 +649,33 @@ def _worker_main(rank: int, jobs, conn, beats, entered) -> None:
 # --- the parent ----------------------------------------------------------------------------
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that is free now. It is drawn below the kernel's ephemeral range
+    (where the source ports of outgoing connections come from: gloo opens many, and one of them
+    could take a port the OS had just handed out as free); if none of a few draws is free, the
+    OS picks one. It can still be taken before it is bound: ``_spawn`` then tries another."""
+    import random
+
+    low = _ephemeral_low()
+    for _ in range(8):
+        port = random.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return max(13_024, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _exit_text(code: int | None) -> str:
@@ -749,15 +772,30 @@ def _read_results(conn, rank: int, events: "queue.Queue") -> None:
 def _spawn(mesh: Mesh, graph_list: list[Graph], weights: list[dict], per_rank: list[list[dict]], steps: int,
            backend: str, timeout_s: float, threads: int | None, fault, progress, executor: str = "torch") -> RunResult:
     """Run the ranks on spawned processes and watch them (``_Supervisor``); raises RankFailure on a failure."""
-    sup = _Supervisor(mesh, graph_list, steps, timeout_s, progress)
-    try:
-        sup.start(weights, per_rank, backend, threads, fault, executor)
-        sup.watch()
-    finally:
-        sup.stop()
-    if sup.failures:
-        sup.raise_failure()
-    return sup.result()
+    for attempt in range(PORT_ATTEMPTS):
+        sup = _Supervisor(mesh, graph_list, steps, timeout_s, progress)
+        try:
+            sup.start(weights, per_rank, backend, threads, fault, executor)
+            sup.watch()
+        finally:
+            sup.stop()
+        if sup.failures and attempt + 1 < PORT_ATTEMPTS and sup.port_was_taken():
+            # The free port was taken (by any process on the machine) between choosing it and
+            # rank 0 binding it; nothing ran yet, so run again on another port.
+            continue
+        if sup.failures:
+            sup.raise_failure()
+        return sup.result()
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+# How many ports a spawned run tries when the one chosen is taken before rank 0 binds it.
+PORT_ATTEMPTS = 3
+
+
+def _port_taken(message: str) -> bool:
+    text = message.lower()
+    return "eaddrinuse" in text or "address already in use" in text
 
 
 class _Supervisor:
@@ -791,6 +829,12 @@ class _Supervisor:
         self.ready: set[int] = set()
         self.first_failure_at: float | None = None
         self.spawned_at = 0.0
+
+    def port_was_taken(self) -> bool:
+        """Whether the run failed only because rank 0 could not listen on the chosen port: the
+        first failure is a setup error saying the address is in use, and no rank got past setup."""
+        _, _, step, kind, message, _ = _first(self.failures)
+        return kind == "error" and step is None and _port_taken(message) and not self.ready
 
     # --- the ranks' state ----------------------------------------------------------------------
     def current(self, r: int) -> int | None:

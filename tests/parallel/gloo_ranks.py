@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import socket
 from typing import Callable
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from partita.runtime.launch import free_port
 
 
 def run_on_gloo_ranks(worker: Callable, nranks: int = 2, timeout: float = 90.0) -> dict[int, list[str]]:
     """Start ``nranks`` processes running ``worker`` and return each rank's failures; ranks
-    that hang or die are missing from the result (the caller asserts on that)."""
+    that hang or die are missing from the result (the caller asserts on that). A run whose
+    port was taken before rank 0 bound it is run again on another port."""
+    for _ in range(3):
+        got = _run_once(worker, nranks, timeout)
+        taken = any("address already in use" in m.lower() or "eaddrinuse" in m.lower()
+                    for msgs in got.values() for m in msgs)
+        if not taken:
+            break
+    return got
+
+
+def _run_once(worker: Callable, nranks: int, timeout: float) -> dict[int, list[str]]:
     port = free_port()
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()

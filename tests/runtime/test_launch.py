@@ -26,6 +26,7 @@ from partita.ir.mesh import MeshError
 from partita.parallel.partition import local_piece, partition_with_report, shard_weights
 from partita.parallel.propagate import propagate
 from partita.parallel.interpreter import run_mesh
+from partita.runtime.launch import free_port
 from partita.runtime import CollectiveFailure, LaunchError, RankFailure, RunResult, run_ranks
 
 MLP = """graph @mlp(%x: f32[8{x},16], %w1: f32[16,32{tp}] param, %b1: f32[32{tp}] param,
@@ -98,10 +99,6 @@ def assert_same(res: RunResult, want_outputs, want_weights, n: int, steps: int) 
     assert all(len(res.timings[r]) == steps and all(t > 0 for t in res.timings[r]) for r in range(n))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- runs that agree with the simulated mesh ---------------------------------------------------
@@ -301,3 +298,52 @@ def test_bad_arguments(dp_step):
         run_ranks(local, "dp=2", weights, feed, timeout_s=0)
     with pytest.raises(MeshError):
         run_ranks(local, "dp=0", weights, feed)
+
+
+def test_a_port_taken_before_rank_0_binds_it_is_chosen_again(dp_step, monkeypatch):
+    """The port is free when the parent picks it, and another process takes it before rank 0
+    listens on it (gloo's own connections use the same ephemeral range): the run starts again on
+    another port instead of failing with EADDRINUSE."""
+    import partita.runtime.launch as launch
+
+    local, weights, inputs = dp_step
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    taken = held.getsockname()[1]
+    handed: list[int] = []
+    real = launch.free_port
+
+    def first_one_taken() -> int:
+        handed.append(taken if not handed else real())
+        return handed[-1]
+
+    monkeypatch.setattr(launch, "free_port", first_one_taken)
+    try:
+        res = run_ranks(local, "dp=2", weights, inputs[0], steps=1, timeout_s=30)
+    finally:
+        held.close()
+    assert len(handed) == 2 and handed[0] == taken
+    assert res.steps == 1 and res.ranks == (0, 1)
+
+
+def test_a_port_taken_every_time_is_reported(dp_step, monkeypatch):
+    """If every port tried is taken, the run fails with the rank's own error naming the address."""
+    import partita.runtime.launch as launch
+
+    local, weights, inputs = dp_step
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    taken = held.getsockname()[1]
+    calls: list[int] = []
+    monkeypatch.setattr(launch, "free_port", lambda: calls.append(taken) or taken)
+    try:
+        with pytest.raises(RankFailure) as e:
+            run_ranks(local, "dp=2", weights, inputs[0], steps=1, timeout_s=30)
+    finally:
+        held.close()
+    assert len(calls) == launch.PORT_ATTEMPTS
+    assert e.value.rank == 0 and e.value.step is None
+    assert "address already in use" in str(e.value).lower() or "eaddrinuse" in str(e.value).lower()
