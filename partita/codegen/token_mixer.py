@@ -381,9 +381,9 @@ def _window_sums_ir(e: Any, n: int, wp: int, kh: int, kw: int) -> None:
     e.loop("ws", "ws0", str(n), 1, None, body)
 
 
-def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int) -> None:
+def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int, os: int = 1) -> None:
     """``out = x + s * (sums / count - y)`` over the channel's plane (from block ``mx0``); x's
-    positions ``ps`` elements apart."""
+    positions ``ps`` elements apart, the result's ``os`` apart."""
     a, load = e.a, e.load
 
     def row(r: str, _acc: str | None) -> None:
@@ -394,7 +394,8 @@ def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int) -> None:
         a(f"  %mr.to = add i64 %mr.to0, {pw}")
         a(f"  %mr.xq = mul i64 %mr.xo, {ps}")
         a("  %mr.xp = getelementptr inbounds float, ptr %xd, i64 %mr.xq")
-        a("  %mr.op = getelementptr inbounds float, ptr %oc, i64 %mr.xo")
+        a(f"  %mr.oq = mul i64 %mr.xo, {os}")
+        a("  %mr.op = getelementptr inbounds float, ptr %oc, i64 %mr.oq")
         a("  %mr.cp = getelementptr inbounds float, ptr %cnt, i64 %mr.xo")
         a("  %mr.sq = getelementptr inbounds float, ptr %sp, i64 %mr.so")
         a("  %mr.tq = getelementptr inbounds float, ptr %tpd, i64 %mr.to")
@@ -411,16 +412,18 @@ def _mix_ir(e: Any, h: int, w: int, wp: int, ph: int, pw: int, ps: int) -> None:
             a(f"  %mc.d = fsub float %mc.pool, {yv}")
             a("  %mc.m = fmul float %sc, %mc.d")
             a(f"  %mc.o = fadd float {xv}, %mc.m")
-            a(f"  %mc.p = getelementptr inbounds float, ptr %mr.op, i64 {j}")
+            a(f"  %mc.oj = mul i64 {j}, {os}")
+            a("  %mc.p = getelementptr inbounds float, ptr %mr.op, i64 %mc.oj")
             a("  store float %mc.o, ptr %mc.p, align 4")
         e.loop("mc", "mc0", str(w), 1, None, col)
     e.loop("mr", "mx0", str(h), 1, None, row)
 
 
 def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, kh: int, kw: int,
-                  scratch: int, lanes: int, channels_last: bool = False) -> str:
+                  scratch: int, lanes: int, channels_last: bool = False, out_channels_last: bool = False) -> str:
     """The LLVM IR of the mixer over contiguous NCHW f32 memory (x channels-last where
-    ``channels_last``, one group: a sample's statistics are over its block either way): ``void NAME(ptr params, i64 lo,
+    ``channels_last``, the result where ``out_channels_last``; one group for either: a sample's
+    statistics are over its block either way): ``void NAME(ptr params, i64 lo,
     i64 hi, i64 tid)`` for the (sample, group) blocks [lo, hi); ``params`` holds the addresses
     of ``_SLOTS``; thread ``tid`` uses ``scratch`` floats at ``t + tid * scratch`` (a
     zero-bordered plane per channel of a group, then one plane of window sums), whose borders
@@ -431,9 +434,10 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
     wp = w + 2 * pw
     hw = h * w
     plane = (h + 2 * ph) * wp + kw - 1     # a zero-bordered plane and the sums' overreach
-    if channels_last and groups != 1:
-        raise ValueError("pool_mixer_ir: a channels-last x needs one group")
+    if (channels_last or out_channels_last) and groups != 1:
+        raise ValueError("pool_mixer_ir: a channels-last x or result needs one group")
     cs, ps = (1, cg) if channels_last else (hw, 1)   # x's strides: channel, position
+    ocs, ops = (1, cg) if out_channels_last else (hw, 1)   # the result's
     e = Emitter(lanes)
     a, L, vt = e.a, lanes, e.vt
     a(f"declare float @llvm.vector.reduce.fadd.v{L}f32(float, {vt})")
@@ -478,7 +482,7 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
 
     def mix(c: str, _acc: str | None) -> None:
         a(f"  %chd = add i64 %c0, {c}")
-        a(f"  %do = mul i64 {c}, {hw}")
+        a(f"  %do = mul i64 {c}, {ocs}")
         a(f"  %tdo = mul i64 {c}, {plane}")
         a(f"  %xdo = mul i64 {c}, {cs}")
         a("  %xd = getelementptr inbounds float, ptr %xb, i64 %xdo")
@@ -491,7 +495,7 @@ def pool_mixer_ir(name: str, cg: int, h: int, w: int, groups: int, eps: float, k
         _window_sums_ir(e, h * wp, wp, kh, kw)
         a("  br label %mx0")
         a("mx0:")
-        _mix_ir(e, h, w, wp, ph, pw, ps)
+        _mix_ir(e, h, w, wp, ph, pw, ps, ops)
         a("  br label %chend")
         a("chend:")
 
@@ -518,8 +522,10 @@ PARALLEL_MIN_ELEMENTS = 1 << 17
 
 class PreparedPoolMixer:
     """One pool_mixer node's generated kernel: ``__call__(x, w, b, s)`` returns the mixer's
-    result (contiguous NCHW). A channels-last x is read as it is with one group (a kernel of
-    its own, made at its first such call); any other layout is copied to contiguous first."""
+    result. A channels-last x is read as it is with one group (a kernel of its own, made at its
+    first such call) and gives a channels-last result (what the block's norm and convolutions
+    after it read without a copy); any other layout is copied to contiguous first and gives a
+    contiguous NCHW result."""
 
     def __init__(self, shape: tuple, groups: int, eps: float, kernel: tuple, include_pad: bool) -> None:
         from .cnn_blocks import window_counts
@@ -531,6 +537,7 @@ class PreparedPoolMixer:
         need = c // groups * ((h + kh - 1) * wp + kw - 1) + h * wp
         self.scratch_floats = need + (-need) % 16
         self.fns: dict[bool, Any] = {False: self._compiled(False)}
+        self.view: tuple[Any, Any] | None = None   # (a given buffer, its channels-last view)
         counts = window_counts((h, w), (h, w), (kh, kw), (1, 1), (kh // 2, kw // 2), include_pad)
         self.counts = torch.from_numpy(np.ascontiguousarray(counts, dtype=np.float32))
         self.blocks = n * groups
@@ -540,7 +547,8 @@ class PreparedPoolMixer:
         self.params = (ctypes.c_int64 * len(_SLOTS))()
 
     def _compiled(self, channels_last: bool) -> Any:
-        """The kernel reading x in NCHW or channels-last memory (cached per process and on disk)."""
+        """The kernel reading x and writing the result in NCHW or channels-last memory (cached
+        per process and on disk)."""
         from .group_norm import f32_hex
         from .jit import range_kernel
         from .lowering import vector_width
@@ -548,17 +556,19 @@ class PreparedPoolMixer:
         _, c, h, w = self.shape
         kh, kw = self.kernel
         cg, g, eps, lanes = c // self.groups, self.groups, self.eps, vector_width()
-        cl = "_cl" if channels_last else ""
+        cl = "_clo" if channels_last else ""
 
         def source() -> tuple[str, str]:
             name = f"pt_pool_mixer_c{cg}_h{h}_w{w}_g{g}_k{kh}x{kw}{cl}"
-            return name, pool_mixer_ir(name, cg, h, w, g, eps, kh, kw, self.scratch_floats, lanes, channels_last)
+            return name, pool_mixer_ir(name, cg, h, w, g, eps, kh, kw, self.scratch_floats, lanes, channels_last,
+                                       channels_last)
 
         return range_kernel(("pool_mixer", cg, h, w, g, f32_hex(eps), kh, kw, self.scratch_floats, lanes, cl),
                             source)
 
     def __call__(self, x: Any, w: Any, b: Any, s: Any, out: Any = None) -> Any:
-        """The result, written into ``out`` where given (contiguous, of the result's shape)."""
+        """The result, written into ``out`` where given (contiguous, of the result's shape; a
+        channels-last result is written over its bytes)."""
         cl = (self.groups == 1 and not x.is_contiguous()
               and x.is_contiguous(memory_format=torch.channels_last))
         if not cl and not x.is_contiguous():
@@ -566,7 +576,17 @@ class PreparedPoolMixer:
         fn = self.fns.get(cl)
         if fn is None:
             fn = self.fns[cl] = self._compiled(cl)
-        y = torch.empty(self.shape, dtype=torch.float32) if out is None else out
+        if out is None:
+            y = torch.empty(self.shape, dtype=torch.float32,
+                            memory_format=torch.channels_last if cl else torch.contiguous_format)
+        elif cl:
+            if self.view is None or self.view[0] is not out:
+                from .arena import channels_last_over
+
+                self.view = (out, channels_last_over(out))
+            y = self.view[1]
+        else:
+            y = out
         vecs = [v if v.dim() == 1 and v.is_contiguous() else v.reshape(-1).contiguous() for v in (w, b, s)]
         p = self.params
         p[0], p[6] = x.data_ptr(), y.data_ptr()
