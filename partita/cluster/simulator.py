@@ -538,8 +538,11 @@ def _slowdowns(spans: Mapping[int, list[tuple[float, float]]], node_of: Callable
                cores: int, comm: Mapping[int, list[tuple[float, float]]] | None = None) -> dict[int, float]:
     """Each rank's mean slowdown over the time it computes, when the ranks of a node that
     compute at once share its ``cores``: k > cores of them run at cores / k of their speed.
-    ``comm``: spans in which a rank's collectives or transfers run; they take a core too (gloo
-    copies and sums on the CPU) but are not slowed (their figures were measured so)."""
+    ``comm``: spans in which a rank's collectives or transfers run, whole; they take a core too
+    but are not slowed (their figures were measured so). Ranks share cores only on a node of
+    CPU ranks joined by loopback (gloo), where no wire carries the bytes: the whole measured
+    time of a collective, its latency terms included, is the gloo stack's work and the peers'
+    turns on these cores."""
     by_node: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
     for r, ss in spans.items():
         for a, b in ss:
@@ -901,8 +904,8 @@ class _Sim:
             if km not in sm.done:
                 sm.done[km] = end
                 if self.scale is not None:
-                    # The CPU copies and sums the bytes: the span after the latency terms.
-                    self.cspans[m].append((min(end, start + self.model.latency_part(c.node, group)), end))
+                    # Shared cores: the collective keeps a core busy from start to end.
+                    self.cspans[m].append((start, end))
                 mc = self.progs[m].comms[km]
                 sm.comm_busy[c.axis] += dur
                 sm.comm_bytes[c.axis] += self._sent_bytes(mc.node, len(group))
@@ -951,9 +954,9 @@ class _Sim:
             end = start + ot.seconds
             self.p2p_done[key] = end
             if self.scale is not None:
-                busy_from = min(end, start + self.model.latency_part(node, [r, peer_rank]))
-                self.cspans[src].append((busy_from, end))
-                self.cspans[dst].append((busy_from, end))
+                # Shared cores: the transfer keeps a core of each end busy from start to end.
+                self.cspans[src].append((start, end))
+                self.cspans[dst].append((start, end))
             self.state[src].comm_busy[c.axis] += ot.seconds
             self.state[src].comm_bytes[c.axis] += ot.bytes
             if self.trace:
