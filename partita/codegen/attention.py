@@ -40,6 +40,7 @@ from ..ops._lazy import torch
 from .jit import jit
 from .lowering import vector_width
 from .mathlib import declarations, exp_neg_ir
+from .narrow_attention import narrow_config
 
 __all__ = ["AttentionConfig", "attention_config", "attention_ir", "PreparedAttention", "supported", "MAX_KEYS"]
 
@@ -939,13 +940,17 @@ def _prepared(node: Any, rope: bool) -> "PreparedAttention | None":
     if any(not isinstance(d, int) for d in (*qs, *ks, *vs)):
         return None
     group = qs[-3] // ks[-3] if rope and len(qs) >= 3 and len(ks) == len(qs) and ks[-3] else 1
+    cfg = None
     if supported(qs, ks, vs, group) is not None:
-        return None
+        narrow = None if rope else narrow_config(qs, ks, vs, group, supported)
+        if narrow is None:
+            return None
+        cfg = AttentionConfig(*narrow)   # a head the machine's lanes do not divide (narrow_attention.py)
     kind = "" if mask is None else ("bool" if mask.type.dtype is _bool else "f32")
     extra = {"group": group, "rot_dim": node.attrs.get("rotary_dim") or 0,
              "softcap": node.attrs.get("softcap"), "rotary_pairs": bool(node.attrs.get("rotary_pairs"))} if rope else {}
     return PreparedAttention(tuple(qs[:-2]), qs[-2], ks[-2], qs[-1], vs[-1], node.attrs.get("scale"),
-                             bool(node.attrs.get("causal")), kind, rope=rope, **extra)
+                             bool(node.attrs.get("causal")), kind, cfg=cfg, rope=rope, **extra)
 
 
 def _written_into(pa: "PreparedAttention", outs: list | None) -> tuple[Any, Any]:
