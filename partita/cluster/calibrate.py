@@ -327,6 +327,13 @@ def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[s
                              + ", ".join(f"{k} {v:.2f}" for k, v in fractions.items()) + ")"))
     progress(f"  memory-bound ops: {memory:.3g} of the bandwidth (" +
              ", ".join(f"{k} {v:.2f}" for k, v in fractions.items()) + ")")
+    stream_n = 2 ** 20       # 4 MB a tensor, 28 MB a step: beyond one rank's share of the cache
+    stream, stream_spread = measure_stream(torch, stream_n, reps, min_s, bandwidth)
+    found.append(Measurement("efficiency.stream", stream, "", stream_spread,
+                             f"an in-place AdamW step (as the executor runs it) of f32 [{stream_n}], 28 B an element "
+                             "read + written per second over the memory bandwidth, median; prices adamw_update, "
+                             "sgd_update, concat, split"))
+    progress(f"  streaming ops (AdamW step): {stream:.3g} of the bandwidth")
 
     # Attention: scaled_dot_product_attention's forward FLOP/s over the f32 peak.
     attn_shapes = ((1, 8, 256, 64), (1, 8, 512, 64)) if quick else ((1, 8, 512, 64), (1, 16, 1024, 64), (2, 8, 512, 128))
@@ -347,8 +354,23 @@ def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[s
                              "(TorchProgram)"))
     progress(f"  op overhead: {format_quantity(overhead, 's')} per node (torch executor)")
     eff = Efficiency(gemm=knee.gemm, gemm_knee=knee.knee, attention=attention, memory=memory, op_overhead=overhead,
-                     network=1.0)
+                     network=1.0, stream=stream)
     return peak, eff, bandwidth, found
+
+
+def measure_stream(torch: Any, n_el: int, reps: int, min_s: float, bandwidth: float) -> tuple[float, float]:
+    """``Efficiency.stream``: an in-place AdamW step of ``n_el`` f32 elements (as the executor
+    runs it: param, grad and both moments read, the three states written, 28 B an element),
+    bytes per second over ``bandwidth`` (at most 1); returns it and its samples' spread. The
+    optimizer's step is most of a training step's streamed bytes; the gradient bucket's concat
+    and split, priced alike, run nearer the bandwidth (so they are priced on the safe side)."""
+    from ..ops.optim import torch_adamw_inplace
+
+    attrs = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2)
+    p, g, m = (torch.randn(n_el) for _ in range(3))
+    v = torch.rand(n_el)
+    samples = _samples(lambda: torch_adamw_inplace([p, g, m, v, 3], attrs), reps, min_s)
+    return min(1.0, 28 * n_el / statistics.median(samples) / bandwidth), _spread(samples)
 
 
 def _relative_range(xs: Sequence[float]) -> float:
@@ -834,6 +856,8 @@ def cluster_toml(cluster: Cluster) -> str:
     lines += ["", "[efficiency]", f"gemm = {_number(e.gemm)}", f"gemm_knee = {_number(e.gemm_knee)}",
               f"attention = {_number(e.attention)}", f"memory = {_number(e.memory)}",
               q("op_overhead", e.op_overhead, "s"), f"network = {_number(e.network)}"]
+    if e.stream is not None:
+        lines.append(f"stream = {_number(e.stream)}")
     return "\n".join(lines) + "\n"
 
 
@@ -850,5 +874,5 @@ def write_cluster(cluster: Cluster, path: "str | os.PathLike[str]") -> Path:
 __all__ = ["AlphaBetaFit", "COLLECTIVE_MODELS", "Calibration", "CalibrationError", "KneeFit", "MAX_NPROC", "MAX_THREADS",
            "Measurement",
            "calibrate", "cluster_toml", "cpu_model", "fit_alpha_beta", "fit_collectives", "fit_gemm_knee",
-           "gemm_model", "measure", "measure_gloo", "message_sizes", "summary_rows", "write_cluster"]
+           "gemm_model", "measure", "measure_gloo", "measure_stream", "message_sizes", "summary_rows", "write_cluster"]
 

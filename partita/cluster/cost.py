@@ -17,8 +17,10 @@ machine and written in the cluster file, never tuned per model):
   (``masked_attention_pairs``); any other explicit mask at every pair, as the kernel that
   takes a mask tensor computes it;
 - **everything else** is memory-bound or nearly so: the roofline ``max(bytes / (bandwidth *
-  memory), flops / peak(f32))``; ops that only view their operand (``VIEW_OPS``: reshape,
-  squeeze, unsqueeze) cost nothing;
+  memory), flops / peak(f32))``, with ``stream`` in place of ``memory`` for the streaming ops
+  (``STREAM_OPS``: optimizer updates, concat, split) where the cluster file measured it (a CPU
+  thread streams an AdamW step 4x nearer its bandwidth than a norm); ops that only view their
+  operand (``VIEW_OPS``: reshape, squeeze, unsqueeze) cost nothing;
 
 and every op that runs a kernel adds ``op_overhead`` (its launch). ``fusion="eager"`` prices the
 ops eager PyTorch runs as several kernels (RMSNorm, cross-entropy, AdamW; partita/cluster/eager.py)
@@ -60,6 +62,9 @@ from .hardware import Cluster, ClusterError, Link
 _PEAK_OF = {"f64": "f64", "f32": "f32", "bf16": "bf16", "f16": "f16", "f8e4m3fn": "f8", "f8e5m2": "f8",
             "f8e4m3fnuz": "f8", "f8e5m2fnuz": "f8", "i8": "i8", "u8": "i8"}
 _FALLBACK = ("f32", "tf32", "bf16", "f16", "f64")
+# Ops that stream their bytes with little arithmetic a byte (the optimizer's updates, the
+# gradient bucket's concat and split): priced at ``Efficiency.stream`` where the file gives it.
+STREAM_OPS = frozenset({"adamw_update", "sgd_update", "concat", "split"})
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,16 @@ class CostModel:
             d = self.device
             bw = d.cache_bandwidth if d.cache is not None and d.cache_bandwidth is not None and moved <= d.cache \
                 else d.memory_bandwidth
-            tm = moved / (bw * self.eff.memory)
+            tm = moved / (bw * self.memory_efficiency(op))
             tc = c.flops / self.peak_for("f32")
             t, kind = (tm, "memory") if tm >= tc else (tc, "compute")
         return OpTime(t + self.eff.op_overhead, kind, c.flops, moved)
+
+    def memory_efficiency(self, op: str) -> float:
+        """The fraction of the memory bandwidth ``op`` reaches: ``stream`` for the streaming ops
+        (``STREAM_OPS``) where the cluster file gives it, else ``memory``."""
+        stream = self.eff.stream
+        return stream if stream is not None and op in STREAM_OPS else self.eff.memory
 
     def sum_in_gemm(self, gemm: Node, ty: TensorType) -> OpTime:
         """What adding ``gemm``'s product to a running sum of type ``ty`` costs when the

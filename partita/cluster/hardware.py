@@ -108,6 +108,10 @@ class Efficiency:
     - ``attention``: fraction of peak FLOP/s of fused (flash) attention, forward and backward;
     - ``memory``: fraction of the memory bandwidth a memory-bound op (elementwise, norms,
       reductions, copies) reaches;
+    - ``stream``: fraction of the memory bandwidth the streaming ops reach (the optimizer's
+      updates, concat, split: ``STREAM_OPS`` in partita/cluster/cost.py); None (the file gives
+      none): ``memory``. On a CPU thread the two differ by 4x: a norm or a GELU is bound by its
+      arithmetic, an AdamW step by its bytes;
     - ``op_overhead``: seconds each op costs beyond its work (a kernel launch);
     - ``network``: fraction of a link's bandwidth a collective's transfers reach.
     """
@@ -118,6 +122,7 @@ class Efficiency:
     memory: float = 0.8
     op_overhead: float = 5e-6
     network: float = 0.8
+    stream: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,7 @@ class Cluster:
             f"{format_quantity(self.inter_node.latency, 's')} latency",
             "  efficiency: " + ", ".join(
                 f"{k} {format_quantity(v, 's') if k == 'op_overhead' else f'{v:g}'}"
-                for k, v in vars(self.efficiency).items()),
+                for k, v in vars(self.efficiency).items() if v is not None),
         ])
 
 
@@ -298,7 +303,8 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
     "inter_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False),
                    "measured": ("table", False)},
     "efficiency": {"gemm": ("fraction", False), "gemm_knee": ("count", False), "attention": ("fraction", False),
-                   "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False)},
+                   "memory": ("fraction", False), "op_overhead": ("time", False), "network": ("fraction", False),
+                   "stream": ("fraction", False)},
 }
 _OPTIONAL_TABLES = ("efficiency",)
 

@@ -119,7 +119,8 @@ def op_floor(model: Any, cluster: Cluster, n: Any) -> tuple[bool, float] | None:
         return True, max(model.compute_time(n).seconds - cluster.efficiency.op_overhead, 0.0)
     c = model.record_cost(n)
     d = cluster.device
-    bw = max(d.memory_bandwidth, d.cache_bandwidth or 0.0) * cluster.efficiency.memory
+    e = cluster.efficiency
+    bw = max(d.memory_bandwidth, d.cache_bandwidth or 0.0) * max(e.memory, e.stream or 0.0)
     return False, max((c.bytes_read + c.bytes_written) / bw, c.flops / model.peak_for("f32"))
 
 
