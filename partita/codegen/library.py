@@ -65,7 +65,7 @@ from .group_norm import fuse_mean
 from .norm import fuse_add_norm
 from .grn import fuse_grn
 from .disentangled import fuse_rel_scores
-from .attention_spelled import fuse_spelled_attention
+from .one_key_attention import fuse_attention_one_key
 from .batched_weight import unbroadcast_weight
 from .factored_gelu import take_factored_gelu
 from .levit_blocks import tidy_after_library, tidy_for_library
@@ -1237,7 +1237,7 @@ ANCHORS: dict[str, Callable[[Graph, Node], "Node | None"]] = {
     "mean": fuse_mean,          # RMSNorm, else GroupNorm written out (codegen/group_norm.py)
     # Attention written out in ops (Gemma2's soft-capped scores, DeBERTa-v2's disentangled
     # terms) taken back into one attention node: codegen/attention_spelled.py.
-    "softmax": fuse_spelled_attention,
+    "softmax": fuse_attention_one_key,   # and MobileViT's one-key rows (codegen/one_key_attention.py)
     "sqrt": fuse_grn,           # ConvNeXt v2's global response norm (codegen/grn.py)
     "gather": fuse_rel_scores,  # DeBERTa-v2's c2p / p2c terms (codegen/disentangled.py)
 }
