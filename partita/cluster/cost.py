@@ -173,14 +173,6 @@ class CostModel:
         size = max(t.nbytes for t in ins + outs) if ins or outs else 0
         return OpTime(self.collective(op, size, n, link), "collective", 0, size)
 
-    def latency_part(self, node: Node, ranks: Sequence[int]) -> float:
-        """The part of ``collective_time(node, ranks)`` that is latency (the alpha terms: the
-        same collective on an empty buffer), in which no bytes are copied or summed."""
-        link = self.cluster.link(list(ranks))
-        if node.op in P2P_OPS:
-            return self.transfer(link, 0)
-        return self.collective(node.op, 0, len(ranks), link)
-
     def _measured(self, op: str, nbytes: float, n: int, link: Link) -> float | None:
         """``op`` on ``n`` ranks from the times measured for it (``Link.measured``): log-log
         interpolation between the measured sizes (below the smallest: its time; above the
