@@ -70,6 +70,7 @@ from .batched_weight import unbroadcast_weight
 from .factored_gelu import take_factored_gelu
 from .levit_blocks import tidy_after_library, tidy_for_library
 from .move_chain import fold_move_chains
+from .row_gather import fold_row_gathers
 from .mix_ffn import hoist_activations
 from .funnel_blocks import tidy_view_writes
 from .fx_spelling import respell_folded_indices
@@ -518,6 +519,12 @@ def _depthwise(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     return PreparedDepthwise(xs, ws, list(a["stride"]), list(a["padding"]), unary, other, list(a["dilation"]), end)
 
 
+def _grouped(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
+    from .grouped_conv import prepare
+
+    return prepare(xs, ws, a, unary, other, conv_padding_end(a))
+
+
 def _patch(xs: tuple, ws: tuple, a: dict, unary: str, other: bool) -> Any:
     from .patch_conv import PreparedPatchConv, supported
 
@@ -573,9 +580,11 @@ def _generated_conv(node: Any, binary: str, unary: str, candidate: bool = False)
     xs, ws = tuple(ops[0].type.shape), tuple(ops[1].type.shape)
     if any(not isinstance(d, int) for d in (*xs, *ws)) or not _generated_gemm():
         return None
-    kernels = (("direct", partial(_direct, candidate=True)),) if candidate else CONV_KERNELS
+    # a candidate: a grouped convolution per group (codegen/grouped_conv.py) where its groups are wide
+    kernels = (("grouped", _grouped), ("direct", partial(_direct, candidate=True))) if candidate else CONV_KERNELS
     for name, make in kernels:
-        if unary not in (DEPTHWISE_ACTS if name == "depthwise" else DIRECT_ACTS if name == "direct" else ("none", "relu")):
+        if unary not in (DEPTHWISE_ACTS if name == "depthwise" else DIRECT_ACTS if name in ("direct", "grouped")
+                         else ("none", "relu")):
             continue
         try:
             gen = make(xs, ws, node.attrs, unary, binary == "add")
@@ -1267,5 +1276,6 @@ class FuseLibrary(Pass):
             if fuse is not None:
                 fuse(graph, node)
         tidy_after_library(graph)   # unit dims sunk below linear layers, reshape chains merged
+        fold_row_gathers(graph)   # rolls and window moves as one gather of rows: codegen/row_gather.py
         fold_move_chains(graph)   # reshape/transpose chains as one transpose: codegen/move_chain.py
         return graph
