@@ -640,9 +640,12 @@ def pool_mixer_kernel(node: Node, inplace: bool = False, outs: list | None = Non
         r = _torch(args, attrs)
         return r if out is None else out.copy_(r)
 
+    to_caller = node.results[0].is_output   # a result the caller gets back is contiguous
+
     def run_gen(args: list) -> Any:
         assert gen is not None
-        return gen(args[0], args[1], args[2], args[3], out=out)
+        y = gen(args[0], args[1], args[2], args[3], out=out)
+        return y.contiguous() if to_caller else y
 
     def step(args: list, _attrs: dict) -> Any:
         if gen is None or not args[0].is_cpu:

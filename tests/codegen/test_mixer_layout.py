@@ -45,3 +45,30 @@ def test_contiguous_input_keeps_contiguous_result() -> None:
     y = PreparedPoolMixer(tuple(x.shape), 1, 1e-5, (3, 3), False)(x, w, b, s)
     assert y.is_contiguous()
     torch.testing.assert_close(y, reference(x, w, b, s, (3, 3), False), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mixer_result_returned_to_the_caller_is_contiguous() -> None:
+    import torch.nn as nn
+
+    from partita.codegen import CompiledProgram
+    from partita import import_torch, optimize
+
+    class Mixer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.GroupNorm(1, 8)
+            self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+            self.scale = nn.Parameter(torch.randn(8, 1, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.norm(x)
+            return x + self.scale * (self.pool(y) - y)
+
+    m = Mixer().eval()
+    x = torch.randn(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    g = optimize(import_torch(m, (x,)), "canonicalize,fuse-library,fuse-kernels,cse,dce")
+    prog = CompiledProgram(g)
+    assert any(n.op == "pool_mixer" for n in prog.graph.nodes), "the pattern should become one pool_mixer"
+    y = prog([x])[0]
+    assert torch.as_tensor(y).is_contiguous()
+    torch.testing.assert_close(torch.as_tensor(y), m(x), rtol=1e-5, atol=1e-5)
