@@ -1,12 +1,14 @@
-"""Before and after of the narrow-vector attention kernel and the one-key attention rewrite, in one
+"""Before and after of the narrow-vector attention kernel and the one-key attention rewrite (or, with
+``--change rows``, of ``flatten_sibling_linears``, codegen/sibling_rows.py, alone), in one
 process: each zoo model's import path (bench_zoo's ``import_candidate``: ``import_torch``,
 IMPORT_PIPELINE, ``CompiledProgram(freeze=True)``) built twice, with both off (heads the lanes do
 not divide on the library's flash kernel, softmax anchored on ``fuse_spelled_attention`` alone)
 and with both on, and ONNX Runtime on the TorchScript export; the three called in interleaved
 rounds (bench_codegen's ``time_rounds``) on one thread, the medians of the per-round ratios
-printed, with each program's error against eager.
+printed, with each program's error against eager. ``--cpu`` times the thread's CPU time instead of
+the wall clock (leaving out the moments a loaded machine gives the core to another process).
 
-Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/attention_heads_ab.py mobilevit,swin [--rounds 21] [--calls 30]
+Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/attention_heads_ab.py mobilevit,swin [--rounds 21] [--calls 30] [--change rows] [--cpu]
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,15 +31,19 @@ import bench_zoo as Z  # noqa: E402
 import zoo_models as ZM  # noqa: E402
 
 
-def build(case: Any, on: bool) -> tuple[Callable[[], Any], float]:
-    """The import path's call with this session's two changes on or off, and its error against eager."""
+def build(case: Any, on: bool, change: str) -> tuple[Callable[[], Any], float]:
+    """The import path's call with ``change`` on or off, and its error against eager."""
     import partita
     from partita.codegen import CompiledProgram, library, narrow_attention
     from partita.codegen.attention_spelled import fuse_spelled_attention
     from partita.codegen.one_key_attention import fuse_attention_one_key
+    from partita.codegen.sibling_rows import flatten_sibling_linears
 
-    narrow_attention.ENABLED = on
-    library.ANCHORS["softmax"] = fuse_attention_one_key if on else fuse_spelled_attention
+    if change == "rows":
+        library.flatten_sibling_linears = flatten_sibling_linears if on else (lambda g: 0)  # type: ignore[assignment]
+    else:
+        narrow_attention.ENABLED = on
+        library.ANCHORS["softmax"] = fuse_attention_one_key if on else fuse_spelled_attention
     try:
         with Z.quiet():
             g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
@@ -47,6 +54,7 @@ def build(case: Any, on: bool) -> tuple[Callable[[], Any], float]:
     finally:
         narrow_attention.ENABLED = True
         library.ANCHORS["softmax"] = fuse_attention_one_key
+        library.flatten_sibling_linears = flatten_sibling_linears  # type: ignore[assignment]
     return (lambda: prog(args, weights)), err
 
 
@@ -55,12 +63,17 @@ def main() -> None:
     ap.add_argument("models", help="comma-separated zoo model names")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--change", choices=("attention", "rows"), default="attention",
+                    help="attention: the narrow kernel and the one-key rewrite; rows: flatten_sibling_linears")
+    ap.add_argument("--cpu", action="store_true", help="the thread's CPU time, not the wall clock")
     a = ap.parse_args()
+    if a.cpu:
+        B.time = type("CpuClock", (), {"perf_counter": staticmethod(time.thread_time)})  # time_rounds' clock
     tmp = Path(tempfile.mkdtemp(prefix="attention-ab-"))
     for name in a.models.split(","):
         case = Z.Case(ZM.BY_NAME[name], tmp)
-        before, e0 = build(case, on=False)
-        after, e1 = build(case, on=True)
+        before, e0 = build(case, on=False, change=a.change)
+        after, e1 = build(case, on=True, change=a.change)
         ort = Z.ort_session(case, 1)
         cands = {"before": before, "after": after, "ort": ort}
         with torch.inference_mode():
