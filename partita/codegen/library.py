@@ -66,6 +66,7 @@ from .norm import fuse_add_norm
 from .grn import fuse_grn
 from .disentangled import fuse_rel_scores
 from .one_key_attention import fuse_attention_one_key
+from .trailing_slice import fold_trailing_slices
 from .sibling_rows import flatten_sibling_linears
 from .batched_weight import unbroadcast_weight
 from .factored_gelu import take_factored_gelu
@@ -1276,6 +1277,7 @@ class FuseLibrary(Pass):
             fuse = ANCHORS.get(node.op)
             if fuse is not None:
                 fuse(graph, node)
+        fold_trailing_slices(graph)   # a conv's dropped last columns as its padding: codegen/trailing_slice.py
         tidy_after_library(graph)   # unit dims sunk below linear layers, reshape chains merged
         flatten_sibling_linears(graph)   # q, k, v layers on a 3-d input as 2-d rows: codegen/sibling_rows.py
         fold_row_gathers(graph)   # rolls and window moves as one gather of rows: codegen/row_gather.py

@@ -1,6 +1,7 @@
 """Grouped convolutions of wide groups as one generated direct kernel per group
 (codegen/grouped_conv.py): the kernel against torch's grouped conv2d on odd shapes, and
-HuBERT's positional convolution through the program with each kernel the measured choice picks."""
+HuBERT's positional convolution through the program with each kernel the measured choice picks;
+a convolution's dropped last columns folded into its padding (codegen/trailing_slice.py)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,46 @@ def test_the_positional_convolution_gives_eagers_results_with_each_kernel(measur
     grouped = [c for c in prog.kernel_choices() if "groups 4" in str(c)]
     assert len(grouped) == 1
     assert "generated" in grouped[0].micros and grouped[0].picked == winner
+
+
+class _TrailingSlice(nn.Module):
+    """A 2-d convolution whose last ``drop`` output columns are dropped, then an activation."""
+
+    def __init__(self, padding: int, drop: int, act: str) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(6, 10, (3, 5), padding=(1, padding))
+        self.drop, self.act = drop, act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)[..., :-self.drop]
+        return {"relu": torch.relu, "gelu": F.gelu, "none": lambda t: t * 2.0}[self.act](y)
+
+
+@pytest.mark.parametrize("padding,drop,act,folded", [(3, 2, "relu", True), (2, 2, "gelu", True),
+                                                     (1, 2, "relu", False), (2, 1, "none", True)])
+def test_a_trailing_slice_folds_into_the_padding_and_keeps_the_values(padding, drop, act, folded) -> None:
+    from partita.backend.numpy_ref import run as ref_run
+
+    torch.manual_seed(0)
+    m = _TrailingSlice(padding, drop, act).eval()
+    x = torch.randn(2, 6, 5, 11)
+    imported = partita.import_torch(m, (x,))
+    g = partita.optimize(imported, "canonicalize,fuse-library,cse,dce")
+    ops = [n.op for n in g.nodes]
+    assert ("slice" not in ops) == folded
+    with torch.inference_mode():
+        want = m(x)
+    got_ref = ref_run(g, [x.numpy()], dict(g.weights))
+    torch.testing.assert_close(torch.as_tensor(got_ref[0]), want, rtol=1e-4, atol=1e-5)
+    prog = CompiledProgram(g)
+    for _ in range(3):
+        torch.testing.assert_close(prog([x])[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_positional_convolution_takes_its_gelu_across_the_slice() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 31, 64)
+    g = partita.optimize(partita.import_torch(_PositionalConv().eval(), (x,)), "canonicalize,fuse-library,cse,dce")
+    convs = [n for n in g.nodes if n.op == "conv2d_pointwise"]
+    assert len(convs) == 1 and convs[0].attrs["unary"] == "gelu" and list(convs[0].attrs["padding_end"]) == [0, 3]
+    assert not [n for n in g.nodes if n.op in ("slice", "gelu")]
