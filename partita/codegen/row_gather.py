@@ -9,6 +9,11 @@ that keeps the last axis last, a slice or a constant ``index_select`` of another
 gather of ``x``'s rows by a constant index: the index is the chain run over the row numbers.
 ``fold_row_gathers`` makes that rewrite where a chain holds an ``index_select`` and two or more
 copying moves: x reshaped to [rows, C] (a view), one ``embedding`` of its rows.
+
+Swin's patch merging is the same moves joined: ``concat`` on the last axis of strided slices of
+one feature map ([B, H, W, C] -> x[:, 0::2, 0::2], x[:, 1::2, 0::2], ... -> [B, H/2, W/2, 4C]),
+six slice steps and a concat. Each part is a gather of x's rows, so the concat is one gather
+by an index [..., parts] (``fold_row_concat``), its result [..., parts, C] read as [..., parts * C].
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from ..ir.types import TensorType
 from ..ops import OPS
 from ..passes.rewrite import erase_if_dead
 
-__all__ = ["row_move", "row_chain", "fold_row_gather", "fold_row_gathers"]
+__all__ = ["row_move", "row_chain", "fold_row_gather", "fold_row_concat", "fold_row_gathers"]
 
 RowMove = Callable[[np.ndarray], np.ndarray]
 
@@ -134,11 +139,61 @@ def fold_row_gather(graph: Graph, end: Node) -> bool:
     return True
 
 
+def _row_source(v: Value, c: int) -> tuple[Value, list[Node]]:
+    """The value whose rows ``v`` is made of by row moves, and those moves (first to last)."""
+    chain: list[Node] = []
+    while v.producer is not None and len(v.producer.results) == 1 and row_move(v.producer, c) is not None:
+        chain.insert(0, v.producer)
+        v = v.producer.operands[0]
+    return v, chain
+
+
+def fold_row_concat(graph: Graph, node: Node) -> bool:
+    """``node`` = concat on the last axis of parts that are each row moves of one tensor x:
+    one gather of x's rows (index [..., parts]) read as the concat's shape; True if rewritten."""
+    if node.graph is not graph or node.op != "concat" or len(node.operands) < 2 or node.results[0].is_output:
+        return False
+    y = node.results[0]
+    rank = y.type.rank
+    if rank < 2 or node.attrs["axis"] % rank != rank - 1:
+        return False
+    c = node.operands[0].type.shape[-1]
+    found = [_row_source(v, c) for v in node.operands]
+    x = found[0][0]
+    if any(src is not x for src, _ in found) or not any(ch for _, ch in found) or x.type.rank < 2 \
+            or x.type.shape[-1] != c or not x.type.dtype.is_float:
+        return False
+    n_rows = math.prod(x.type.shape[:-1])
+    parts = []
+    for _, chain in found:
+        rows = np.arange(n_rows, dtype=np.int64).reshape(x.type.shape[:-1])
+        for n in chain:
+            move = row_move(n, c)
+            assert move is not None
+            rows = move(rows)
+        parts.append(rows)
+    if any(p.shape != tuple(y.type.shape[:-1]) for p in parts):
+        return False
+    idx = np.ascontiguousarray(np.stack(parts, axis=-1))
+    flat = Node("reshape", [x], OPS["reshape"].normalize_attrs({"shape": [n_rows, c]}),
+                [TensorType((n_rows, c), x.type.dtype)], node.loc)
+    const = Node("constant", [], {"value": DenseAttr(idx)}, [TensorType(idx.shape, i64)], node.loc)
+    gather = Node("embedding", [flat.results[0], const.results[0]], {},
+                  [TensorType(idx.shape + (c,), x.type.dtype)], node.loc)
+    back = Node("reshape", [gather.results[0]], OPS["reshape"].normalize_attrs({"shape": list(y.type.shape)}),
+                [y.type], node.loc)
+    for n in (flat, const, gather, back):
+        graph.insert_before(node, n)
+    graph.replace_all_uses(y, back.results[0])
+    erase_if_dead(graph, node)
+    return True
+
+
 def fold_row_gathers(graph: Graph) -> int:
     """Every chain of row moves with an ``index_select`` and two copies or more in ``graph`` as
-    one gather of rows; the number rewritten."""
+    one gather of rows, and every concat of row moves of one tensor as one; the number rewritten."""
     made = 0
     for node in list(graph.nodes):
-        if node.graph is graph and fold_row_gather(graph, node):
+        if node.graph is graph and (fold_row_gather(graph, node) or fold_row_concat(graph, node)):
             made += 1
     return made

@@ -98,3 +98,36 @@ def test_swin_block_through_the_import_pipeline():
     assert "index_select" not in ops, ops
     got = CompiledProgram(out, freeze=True)({k: torch.from_numpy(v) for k, v in inputs.items()})
     np.testing.assert_array_equal(got[0].numpy(), before[0])
+
+
+@pytest.mark.parametrize("B,H,W,C", [(2, 6, 10, 5), (1, 2, 2, 3), (3, 8, 4, 7)])
+def test_patch_merging_concat_is_one_gather(B, H, W, C):
+    """Swin's patch merging: four strided slices of [B, H, W, C] joined on channels."""
+    b = Builder()
+    x = b.input("x", T(B, H * W, C))
+    g = b.reshape(x, shape=(B, H, W, C))
+    r0, r1 = b.slice(g, axis=1, step=2), b.slice(g, axis=1, start=1, step=2)
+    parts = [b.slice(r0, axis=2, step=2), b.slice(r1, axis=2, step=2),
+             b.slice(r0, axis=2, start=1, step=2), b.slice(r1, axis=2, start=1, step=2)]
+    out = b.reshape(b.concat(*parts, axis=3), shape=(B, -1, 4 * C))
+    g = verify(b.ret(b.neg(out)))
+    inputs = random_inputs(g, B * C)
+    before = run_reference(g, inputs)
+    assert fold_row_gathers(g) == 1
+    verify(g)
+    ops = [n.op for n in g.nodes]
+    assert "concat" not in ops and "slice" not in ops and ops.count("embedding") == 1, ops
+    np.testing.assert_array_equal(run_reference(g, inputs)[0], before[0])
+    got = CompiledProgram(g)({k: torch.from_numpy(v) for k, v in inputs.items()})
+    np.testing.assert_array_equal(got[0].numpy(), before[0])
+
+
+def test_concat_of_two_sources_or_of_channels_left_alone():
+    b = Builder()
+    x = b.input("x", T(2, 4, 3))
+    z = b.input("z", T(2, 4, 3))
+    two = b.concat(b.slice(x, axis=1, step=2), b.slice(z, axis=1, step=2), axis=2)      # two sources
+    mid = b.concat(b.slice(x, axis=1, step=2), b.slice(x, axis=1, start=1, step=2), axis=1)  # not the last axis
+    chans = b.concat(b.slice(x, axis=2, end=2), b.slice(x, axis=2, start=1), axis=2)   # cut inside rows
+    g = verify(b.ret(b.neg(two), b.neg(mid), b.neg(chans)))
+    assert fold_row_gathers(g) == 0
