@@ -28,6 +28,7 @@ from ..ops.cast_semantics import int_range
 from ..ops.nn import avg_pool_mean_axes
 from ..ops.registry import OPS
 from .manager import Pass, register_pass
+from .pool_windows import pool_as_window_mean
 from .rewrite import Match, Op, RewriteDriver, RewriteEvent, Rule, Splat, Var, emit_splat, rule
 
 X, Y, C, B = Var("x"), Var("y"), Var("c"), Var("b")
@@ -304,6 +305,10 @@ RULES: list[Rule] = [
     rule(f"pool-as-mean[{op}]", Op(op, X), _pool_as_mean, requires=(op, "mean"),
          doc="an average pool that is the identity is its input; one whose windows cover whole axes "
              "is a mean over them")
+    for op in ("avg_pool2d", "avg_pool3d")
+] + [
+    rule(f"pool-windows-as-mean[{op}]", Op(op, X), pool_as_window_mean, requires=(op, "mean", "reshape"),
+         doc="an average pool whose windows tile its input exactly is a reshape and a mean: passes/pool_windows.py")
     for op in ("avg_pool2d", "avg_pool3d")
 ] + [
     rule(f"reduce-nothing[{r}]", Op(r, X, where=_reduces_nothing), X, fix=("cast",),
