@@ -283,12 +283,13 @@ def bind_function(plan: tuple[list, list]) -> Any:
     bool``: each input's slot, dtype, shape and name are constants of the function (no loop,
     no tuple unpacking), the same checks in the same order. A param that is the very tensor the
     previous call checked (a weak reference), at the same version (``resize_`` and ``set_``
-    bump it, as any in-place write), is bound without its checks again: reading a tensor's
+    bump it, as any in-place write) and at the same address (``.data =`` swaps the storage and
+    shape without a new version), is bound without its checks again: reading a tensor's
     shape is about half of its binding, and a compiled model's weights are the same tensors at
     every call (ResNet's 29 params: 15 -> 9 us a call on a loaded machine)."""
     data, params = plan
     ns: dict[str, Any] = {"T": torch.Tensor, "M": _MISSING, "R": [_dead_ref] * len(params),
-                          "V": [-1] * len(params), "ref": weakref.ref}
+                          "V": [-1] * len(params), "P": [0] * len(params), "ref": weakref.ref}
     lines = ["def _bind(env, inputs, weights):",
              "    if type(inputs) is not list and type(inputs) is not tuple: return False",
              f"    if len(inputs) != {len(data)}: return False",
@@ -305,10 +306,10 @@ def bind_function(plan: tuple[list, list]) -> Any:
     for k, (s, want, shape, name) in enumerate(params):
         ns[f"D{s}"], ns[f"S{s}"] = want, shape
         lines += [f"    a = get({name!r}, M)",
-                  f"    if R[{k}]() is not a or a._version != V[{k}]:",
+                  f"    if R[{k}]() is not a or a._version != V[{k}] or a.data_ptr() != P[{k}]:",
                   f"        if not isinstance(a, T) or a.dtype is not D{s} or a.shape != S{s}: return False",
                   "        if not a.is_inference():",   # an inference tensor has no version counter
-                  f"            R[{k}], V[{k}] = ref(a), a._version",
+                  f"            R[{k}], V[{k}], P[{k}] = ref(a), a._version, a.data_ptr()",
                   f"    env[{s}] = a"]
     lines.append("    return True")
     exec(compile("\n".join(lines) + "\n", "<partita bind>", "exec"), ns)

@@ -39,6 +39,21 @@ def test_a_resized_or_reset_param_is_checked_again():
     assert not bind([None] * 3, [x], weights)
 
 
+def test_a_param_whose_data_is_swapped_is_checked_again():
+    """``.data =`` gives the same tensor another storage and shape without a new version."""
+    bind, plan = _bind()
+    x, w, ab = torch.randn(2, 3), torch.randn(3), torch.randn(3, 3)
+    weights = {"w": w, "a.b": ab}
+    assert bind([None] * 3, [x], weights)
+    version = w._version
+    w.data = torch.randn(5)
+    assert w._version == version   # nothing but the address says it changed
+    assert not bind([None] * 3, [x], weights)
+    w.data = torch.randn(3)
+    env = [None] * 3
+    assert bind(env, [x], weights) and env[1] is w
+
+
 def test_other_tensors_and_inference_tensors_are_checked_every_call():
     bind, _ = _bind()
     x = torch.randn(2, 3)
