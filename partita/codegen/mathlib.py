@@ -14,9 +14,9 @@ Accuracy (checked by tests/codegen/test_mathlib.py over the whole float range):
   MLAS (``x`` itself below 4e-4); above, ``1 - 2e / (1 + e)`` with ``e = exp(-2|x|)``, so that
   ``1 + tanh(x)`` near -1 (GELU's tanh form) keeps its accuracy; one division a lane serves
   both branches (their numerators and denominators are selected first).
-- ``erf``: Eigen's 13/8 rational approximation below |x| = 0.5; above, ``1 - erfc(|x|)`` with
-  erfc from the Chebyshev fit of Numerical Recipes (fractional error 1.05e-7), so that
-  ``1 + erf(x)`` near -1 (GELU's exact form) keeps its accuracy.
+- ``erf``: no division. Below |x| = 0.921875 an odd polynomial ``x P(x^2)``; above,
+  ``1 - exp(Q(|x|))`` with ``Q`` a polynomial fit of ``log erfc`` and |x| clamped at 3.925 (erf
+  rounds to +-1 beyond), so that ``1 + erf(x)`` near -1 (GELU's exact form) keeps its accuracy.
 
 f64 kernels call libm (``exp``, ``log``, ``tanh``, ``erf``), exact to the ulp but scalar.
 """
@@ -255,49 +255,43 @@ _TANH_DEN = [1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4
 
 
 def _erf() -> str:
-    """Below |x| = 0.5 Eigen's rational approximation; above, ``1 - erfc(|x|)`` with the sign of
-    x, erfc from the Chebyshev fit of Numerical Recipes (``t exp(-x^2 + P(t))``,
-    ``t = 1 / (1 + x/2)``, fractional error 1.05e-7 everywhere, checked in float64), so erf near
-    +-1, where GELU computes ``1 + erf``, is within about an ulp."""
-    p_lines, p = _horner("%t", [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806,
-                               0.09678418, 0.37409196, 1.00002368, -1.26551223], "c")
-    small = _erf_small()
-    return small + f"""
-
-define internal float @pt_erff(float %x) alwaysinline {{
-  %s = call float @pt_erff_small(float %x)
-  %a = call float @llvm.fabs.f32(float %x)
-  %h = fmul float %a, 0.5
-  %h1 = fadd float %h, 1.0
-  %t = fdiv float 1.0, %h1
+    """No division. Below |x| = 0.921875 the odd polynomial ``x P(x^2)`` (its constant term
+    split in two floats, so small x is within half an ulp); above, ``1 - exp(Q(|x|))`` with the
+    sign of x, ``Q`` a degree-6 fit of ``log erfc`` on [0.921875, 3.925] (erfc's absolute error
+    1.5e-9 in float64), |x| clamped at 3.925 where erf rounds to +-1; ``exp`` is
+    ``pt_expf_neg`` (its argument is never positive). ``1 + erf(x)`` near -1 (GELU's exact
+    form) stays within about an ulp of 1. NaN goes through the polynomial branch, unchanged."""
+    p_lines, p = _horner("%s", _ERF_SMALL, "p")
+    q_lines, q = _horner("%ac", _ERF_LOG_ERFC, "q")
+    return f"""define internal float @pt_erff(float %x) alwaysinline {{
+  %s = fmul float %x, %x
 {chr(10).join(p_lines)}
-  %aa = fmul float %a, %a
-  %na = fneg float %aa
-  %ex = fadd float %na, {p}
-  %e = call float @pt_expf(float %ex)
-  %erfc = fmul float %t, %e
-  %one = fsub float 1.0, %erfc
-  %neg = fcmp olt float %x, 0.0
-  %mone = fneg float %one
-  %big = select i1 %neg, float %mone, float %one
-  %small_x = fcmp olt float %a, 0.5
-  %r0 = select i1 %small_x, float %s, float %big
-  %lin = fmul float %x, {f32(1.1283791670955126)}
-  %tiny = fcmp olt float %a, {f32(1e-4)}
-  %r = select i1 %tiny, float %lin, float %r0
-  %nan = fcmp uno float %x, 0.0
-  %res = select i1 %nan, float %x, float %r
-  ret float %res
+  %pl = call float @llvm.fma.f32(float {p}, float %s, float {f32(_ERF_C0_LO)})
+  %xp = fmul float %x, %pl
+  %small = call float @llvm.fma.f32(float %x, float {f32(_ERF_C0_HI)}, float %xp)
+  %a = call float @llvm.fabs.f32(float %x)
+  %ac = call float @llvm.minnum.f32(float %a, float {f32(_ERF_CLAMP)})
+{chr(10).join(q_lines)}
+  %e = call float @pt_expf_neg(float {q})
+  %one = fsub float 1.0, %e
+  %big = call float @llvm.copysign.f32(float %one, float %x)
+  %sm = fcmp ult float %a, {f32(_ERF_SPLIT)}
+  %r = select i1 %sm, float %small, float %big
+  ret float %r
 }}"""
 
 
-def _erf_small() -> str:
-    return _rational("pt_erff_small", 4.0,
-                     [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-                      -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02],
-                     [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-                      -1.42647390514189e-02],
-                     None)
+# erf's fits (float64 minimax by Lawson's iteration on Chebyshev nodes, coefficients then rounded
+# to f32). Below the split: erf(x) / x = C0 + x^2 P(x^2), P highest power first, C0 = HI + LO.
+_ERF_SPLIT = 0.921875
+_ERF_CLAMP = 3.925
+_ERF_SMALL = [-0.0005990952486172318, 0.004993203561753035, -0.026766635477542877, 0.1128181666135788,
+              -0.37612494826316833]
+_ERF_C0_HI = 1.1283791065216064
+_ERF_C0_LO = 4.3085652379204475e-08
+# Above it: log(erfc(x)) as a polynomial in x, highest power first.
+_ERF_LOG_ERFC = [0.00019473429711069912, -0.0030315988697111607, 0.022181391716003418, -0.10383889079093933,
+                 -0.6372857689857483, -1.1276154518127441, -0.00020991572819184512]
 
 
 # name -> (the function's IR, the functions it calls)
