@@ -23,9 +23,10 @@ f64 kernels call libm (``exp``, ``log``, ``tanh``, ``erf``), exact to the ulp bu
 
 from __future__ import annotations
 
+import math
 import struct
 
-__all__ = ["f32", "f64", "F32_FUNCTIONS", "F64_LIBM", "declarations", "exp_neg_ir"]
+__all__ = ["f32", "f64", "F32_FUNCTIONS", "F64_LIBM", "declarations", "exp_neg_ir", "gelu_vector_lines"]
 
 
 def f32(value: float) -> str:
@@ -280,6 +281,44 @@ def _erf() -> str:
   ret float %r
 }}"""
 
+
+
+def gelu_vector_lines(tag: str, v: str, lanes: int) -> list[str]:
+    """IR giving ``tag`` = GELU(``v``) = v / 2 * (1 + erf(v / sqrt 2)) on ``<lanes x float>``,
+    erf as ``pt_erff`` computes it (no division); NaN stays NaN. The module declares
+    ``llvm.fma``, ``llvm.fabs`` and ``llvm.minnum`` on that vector type and ``pt_vexpf_neg{lanes}``
+    (``exp_neg_ir(lanes)``): a drop-in for the direct convolutions' GELU epilogue."""
+    vt, vb, fma = f"<{lanes} x float>", f"<{lanes} x i1>", f"@llvm.fma.v{lanes}f32"
+
+    def c(x: float) -> str:
+        return f"splat (float {f32(x)})"
+
+    def horner(name: str, var: str, coeffs: list[float]) -> tuple[list[str], str]:
+        lines, acc = [], c(coeffs[0])
+        for i, k in enumerate(coeffs[1:]):
+            lines.append(f"  {tag}.{name}{i} = call {vt} {fma}({vt} {acc}, {vt} {var}, {vt} {c(k)})")
+            acc = f"{tag}.{name}{i}"
+        return lines, acc
+
+    out = [f"  {tag}.z = fmul {vt} {v}, {c(math.sqrt(0.5))}", f"  {tag}.s = fmul {vt} {tag}.z, {tag}.z"]
+    p_lines, p = horner("p", f"{tag}.s", _ERF_SMALL)
+    out += p_lines + [f"  {tag}.pl = call {vt} {fma}({vt} {p}, {vt} {tag}.s, {vt} {c(_ERF_C0_LO)})",
+                      f"  {tag}.xp = fmul {vt} {tag}.z, {tag}.pl",
+                      f"  {tag}.sm = call {vt} {fma}({vt} {tag}.z, {vt} {c(_ERF_C0_HI)}, {vt} {tag}.xp)",
+                      f"  {tag}.a = call {vt} @llvm.fabs.v{lanes}f32({vt} {tag}.z)",
+                      f"  {tag}.ac = call {vt} @llvm.minnum.v{lanes}f32({vt} {tag}.a, {vt} {c(_ERF_CLAMP)})"]
+    q_lines, q = horner("q", f"{tag}.ac", _ERF_LOG_ERFC)
+    out += q_lines + [f"  {tag}.e = call {vt} @pt_vexpf_neg{lanes}({vt} {q})",
+                      f"  {tag}.one = fsub {vt} {c(1.0)}, {tag}.e",
+                      f"  {tag}.neg = fcmp olt {vt} {tag}.z, zeroinitializer",
+                      f"  {tag}.mone = fneg {vt} {tag}.one",
+                      f"  {tag}.big = select {vb} {tag}.neg, {vt} {tag}.mone, {vt} {tag}.one",
+                      f"  {tag}.in = fcmp ult {vt} {tag}.a, {c(_ERF_SPLIT)}",
+                      f"  {tag}.erf = select {vb} {tag}.in, {vt} {tag}.sm, {vt} {tag}.big",
+                      f"  {tag}.e1 = fadd {vt} {tag}.erf, {c(1.0)}",
+                      f"  {tag}.hv = fmul {vt} {v}, {c(0.5)}",
+                      f"  {tag} = fmul {vt} {tag}.hv, {tag}.e1"]
+    return out
 
 # erf's fits (float64 minimax by Lawson's iteration on Chebyshev nodes, coefficients then rounded
 # to f32). Below the split: erf(x) / x = C0 + x^2 P(x^2), P highest power first, C0 = HI + LO.

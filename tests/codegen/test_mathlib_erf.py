@@ -95,3 +95,30 @@ def test_gelu_grad_against_torch():
     assert xt.grad is not None
     ref = xt.grad.numpy()
     assert np.abs(got - ref).max() <= 1e-6 + 1e-5 * np.abs(ref).max()
+
+
+def test_gelu_vector_lines_in_a_direct_convolution(monkeypatch):
+    """``mathlib.gelu_vector_lines`` as the direct convolution's GELU epilogue (in place of
+    ``conv.gelu_lines``): the result against float64 GELU of the float64 convolution, outputs
+    spread over [-12, 12] so both erf branches and the clamp are reached."""
+    import torch.nn.functional as F
+
+    from partita.codegen import conv as K
+    from partita.codegen import mathlib
+
+    monkeypatch.setattr(K, "gelu_lines", mathlib.gelu_vector_lines)
+    monkeypatch.setattr(K, "_KERNELS", {})
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 7, 5, 3, generator=g).contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(19, 7, 1, 1, generator=g) * 2.5
+    b = torch.randn(19, generator=g)
+    for lanes in (8, 16):
+        pc = K.PreparedConv(tuple(x.shape), tuple(wt.shape), [1, 1], [0, 0], "gelu", False,
+                            cfg=K.conv_configs(lanes)[0])
+        y = pc(x, pc.pack(wt), b, None)
+        pre = F.conv2d(x.double(), wt.double(), b.double())
+        assert float(pre.abs().max()) > 4.0
+        ref = F.gelu(pre)
+        assert float((y.double() - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+        yn = pc(torch.full_like(x, float("nan")), pc.pack(wt), b, None)
+        assert torch.isnan(yn).all()
