@@ -8,7 +8,13 @@ only to compare; "new" is mathlib's ``pt_erff``. Timed: ``gelu(x)`` over 2**16 a
 and Swin's MLP shape ``gelu(x @ w + b)``, x [1024, 16], w [16, 64] (the GELU as the product's
 epilogue), each compiled with the old and the new erf.
 
+With ``--models convnext,vit,swin`` it also times each zoo model's whole frozen program (the
+import path's) built with the old and the new erf, interleaved, thread CPU time, with each
+one's largest error against eager. (The direct convolutions' GELU epilogue, ``conv.gelu_lines``,
+has its own vector erf and is the same in both.)
+
 Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/gelu_ab.py [--rounds 15] [--calls 100] [--no-accuracy]
+      [--models convnext,vit,poolformer,swin]
 """
 from __future__ import annotations
 
@@ -208,16 +214,51 @@ def _linear_graph(m: int = 1024, k: int = 16, n: int = 64) -> Graph:
     return verify(b.ret(b.emit("add", b.emit("matmul", x, w), bias)))
 
 
+def models(names: str, rounds: int, calls: int) -> None:
+    """Each model's whole program, old against new erf."""
+    import tempfile
+    from pathlib import Path
+
+    import partita
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_zoo as Z
+    import zoo_models as ZM
+
+    for name in names.split(","):
+        case = Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
+        with Z.quiet():
+            g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
+        weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
+        args = [case.tensors[str(v.name)] for v in g.inputs if v.role == "input"]
+        want = case.eager()
+        whole: dict[str, Callable[[], object]] = {}
+        for which in ("old", "new"):
+            with old_math() if which == "old" else contextlib.nullcontext():
+                prog = CompiledProgram(g, freeze=True)
+                with torch.inference_mode():
+                    out = prog(args, weights)[0]
+            err = float((out - want).abs().max() / want.abs().max())
+            print(f"{name} {which}: largest error against eager {err:.1e}")
+            whole[which] = (lambda p=prog: p(args, weights))
+        with torch.inference_mode():
+            med, ratio = interleave(whole, rounds, max(calls // 20, 5))
+        print(f"  {name} whole program: old {med['old']:.0f} us, new {med['new']:.0f} us, new / old {ratio:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--models", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if not args.no_accuracy:
         accuracy()
     timing(args.rounds, args.calls)
+    if args.models:
+        models(args.models, args.rounds, args.calls)
 
 
 if __name__ == "__main__":
