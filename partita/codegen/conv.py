@@ -43,7 +43,7 @@ from .cpu import split_on_team
 from .gemm import GemmConfig, choose, gemm_configs, pack_b
 from .jit import CodegenError, jit
 from .lowering import vector_width
-from .mathlib import exp_neg_ir, f32
+from .mathlib import exp_neg_ir, f32, gelu_vector_lines
 from .nhwc import ToChannelsLast
 
 __all__ = ["PARAMS", "ACTS", "conv_ir", "segments", "conv_configs", "conv_dims", "kernel_source", "kernel", "kernels", "whole_entry", "WHOLE_SUFFIX", "pack_weight", "PreparedConv", "supported", "MAX_CHANNELS", "block_diagonal",
@@ -521,63 +521,10 @@ def activation_lines(act: str, tag: str, v: str, lanes: int) -> tuple[list[str],
     return sigmoid_lines(tag, v, lanes, act == "silu"), tag
 
 
-def _vhorner(tag: str, var: str, coeffs: list[float], lanes: int) -> tuple[list[str], str]:
-    """Lines computing ``coeffs[0] * var**k + ... + coeffs[-1]`` on ``lanes`` floats, one
-    fused multiply-add a step."""
-    vt = f"<{lanes} x float>"
-    lines, acc = [], f"splat (float {f32(coeffs[0])})"
-    for i, c in enumerate(coeffs[1:]):
-        lines.append(f"  {tag}{i} = call {vt} @llvm.fma.v{lanes}f32({vt} {acc}, {vt} {var}, {vt} splat (float {f32(c)}))")
-        acc = f"{tag}{i}"
-    return lines, acc
-
-
-# erf's approximations, as codegen/mathlib.py's scalar ``pt_erff``: below |z| = 0.5 a rational
-# of z (numerator, denominator in z**2); above, 1 - erfc(|z|), erfc = t exp(-z**2 + P(t)),
-# t = 1 / (1 + |z| / 2) (fractional error 1.05e-7), which keeps GELU's 1 + erf accurate near -1.
-ERF_NUM = [-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02]
-ERF_DEN = [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-           -1.42647390514189e-02]
-ERFC_P = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
-          1.00002368, -1.26551223]
-
-
 def gelu_lines(tag: str, v: str, lanes: int) -> list[str]:
-    """IR giving ``tag`` = GELU(``v``) = v / 2 * (1 + erf(v / sqrt(2))) on ``lanes`` floats (erf
-    as ``ERF_NUM``/``ERFC_P`` say, on the vector exp of mathlib); NaN stays NaN."""
-    vt, vb = f"<{lanes} x float>", f"<{lanes} x i1>"
-
-    def c(x: float) -> str:
-        return f"splat (float {f32(x)})"
-
-    out = [f"  {tag}.z = fmul {vt} {v}, {c(0.7071067811865476)}",
-           f"  {tag}.a = call {vt} @llvm.fabs.v{lanes}f32({vt} {tag}.z)",
-           f"  {tag}.lo = call {vt} @llvm.maxnum.v{lanes}f32({vt} {tag}.z, {vt} {c(-4.0)})",
-           f"  {tag}.zc = call {vt} @llvm.minnum.v{lanes}f32({vt} {tag}.lo, {vt} {c(4.0)})",
-           f"  {tag}.z2 = fmul {vt} {tag}.zc, {tag}.zc"]
-    nl, num = _vhorner(f"{tag}.n", f"{tag}.z2", ERF_NUM, lanes)
-    dl, den = _vhorner(f"{tag}.d", f"{tag}.z2", ERF_DEN, lanes)
-    out += nl + dl + [f"  {tag}.p = fmul {vt} {num}, {tag}.zc", f"  {tag}.s = fdiv {vt} {tag}.p, {den}",
-                      f"  {tag}.h = call {vt} @llvm.fma.v{lanes}f32({vt} {tag}.a, {vt} {c(0.5)}, {vt} {c(1.0)})",
-                      f"  {tag}.t = fdiv {vt} {c(1.0)}, {tag}.h"]
-    pl, poly = _vhorner(f"{tag}.c", f"{tag}.t", ERFC_P, lanes)
-    out += pl + [f"  {tag}.aa = fmul {vt} {tag}.a, {tag}.a",
-                 f"  {tag}.ex = fsub {vt} {poly}, {tag}.aa",
-                 f"  {tag}.e = call {vt} @pt_vexpf_neg{lanes}({vt} {tag}.ex)",
-                 f"  {tag}.erfc = fmul {vt} {tag}.t, {tag}.e",
-                 f"  {tag}.one = fsub {vt} {c(1.0)}, {tag}.erfc",
-                 f"  {tag}.neg = fcmp olt {vt} {tag}.z, zeroinitializer",
-                 f"  {tag}.mone = fneg {vt} {tag}.one",
-                 f"  {tag}.big = select {vb} {tag}.neg, {vt} {tag}.mone, {vt} {tag}.one",
-                 f"  {tag}.sm = fcmp olt {vt} {tag}.a, {c(0.5)}",
-                 f"  {tag}.erf = select {vb} {tag}.sm, {vt} {tag}.s, {vt} {tag}.big",
-                 f"  {tag}.e1 = fadd {vt} {tag}.erf, {c(1.0)}",
-                 f"  {tag}.hv = fmul {vt} {v}, {c(0.5)}",
-                 f"  {tag}.g = fmul {vt} {tag}.hv, {tag}.e1",
-                 f"  {tag}.nan = fcmp uno {vt} {v}, {v}",
-                 f"  {tag} = select {vb} {tag}.nan, {vt} {v}, {vt} {tag}.g"]
-    return out
+    """IR giving ``tag`` = GELU(``v``) = v / 2 * (1 + erf(v / sqrt(2))) on ``lanes`` floats, erf
+    as mathlib's division-free ``pt_erff`` computes it; NaN stays NaN."""
+    return gelu_vector_lines(tag, v, lanes)
 
 
 def sigmoid_lines(tag: str, v: str, lanes: int, times_v: bool) -> list[str]:
