@@ -120,7 +120,33 @@ def search_plan(model: Graph, cluster: Cluster | str, memory: str | float | None
     refused = refused_families(shape, n)
     if refused:
         best.report["refused"] = refused
+    unruled = replicated_for_lack_of_rule(graph)
+    if unruled:
+        best.report["replicated"] = unruled
     return best
+
+
+def replicated_for_lack_of_rule(graph: Graph) -> list[str]:
+    """The graph's nodes that have no sharding rule, each with why: the passes replicate them
+    (every rank computes them whole), whatever the plan; one line per op and source place."""
+    from ..ir.printer import value_names
+    from ..parallel.sharding import WITHOUT_RULE, sharding_spec
+
+    names = value_names(graph)
+    out: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for node in graph.nodes:
+        if sharding_spec(node.op, [v.type for v in node.operands], node.attrs) is not None:
+            continue
+        where = str(node.loc) if node.loc is not None else ""
+        if (node.op, where) in seen:
+            continue
+        seen.add((node.op, where))
+        res = ", ".join(f"%{names.get(r, '?')}" for r in node.results)
+        why = WITHOUT_RULE.get(node.op, "no sharding rule: every rank computes it whole, and a consumer that "
+                                        "wants a split slices it")
+        out.append(f"{res} = {node.op}{' at ' + where if where else ''}: {why}")
+    return out
 
 
 def refused_families(shape: ModelShape, devices: int) -> list[str]:
@@ -407,6 +433,9 @@ def report_text(p: Plan) -> str:
         lines.append(sharding_line(x))
     for why in r.get("refused", []):
         lines.append(f"refused: {why}")
+    if r.get("replicated"):
+        lines.append("replicated (no sharding rule):")
+        lines += [f"  {x}" for x in r["replicated"][:12]]
     for f in r.get("failed", []):
         lines.append(f"  could not build: {f}")
     s = r.get("seconds", {})

@@ -159,3 +159,23 @@ def test_a_training_step_is_planned_with_its_own_recomputation(node):
     p = partita.plan(step, node, devices=2, price=1)
     assert p.recompute == "none" and p.step_time > 0
     assert partita.parallelize(step, plan=p) is not None
+
+
+def test_the_report_names_the_ops_replicated_for_lack_of_a_sharding_rule(node, monkeypatch):
+    """An op without a sharding rule is replicated whatever the plan, and the report says which
+    and why: the GPT's position iota (a documented reason), and an op whose rule is taken away
+    (as a user's op registered without one would be)."""
+    from partita.parallel import sharding
+    from partita.planning.planner import report_text
+
+    p = partita.plan(tiny(), node, devices=2, price=1)
+    assert any(" = iota" in x and "global positions" in x for x in p.report["replicated"]), p.report
+    assert "replicated (no sharding rule):" in report_text(p)
+
+    from partita.planning.planner import replicated_for_lack_of_rule
+    real = sharding.sharding_spec
+    monkeypatch.setattr(sharding, "sharding_spec",
+                        lambda op, types, attrs: None if op == "matmul" else real(op, types, attrs))
+    lines = replicated_for_lack_of_rule(tiny())
+    soft = [x for x in lines if " = matmul" in x]
+    assert soft and "every rank computes it whole" in soft[0]
