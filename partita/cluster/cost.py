@@ -81,15 +81,22 @@ class OpTime:
 class CostModel:
     """Prices the ops of per-rank programs on ``cluster``'s devices and links."""
 
-    def __init__(self, cluster: Cluster, fusion: str | Collection[str] = "fused") -> None:
+    def __init__(self, cluster: Cluster, fusion: str | Collection[str] = "fused",
+                 groups: bool = False) -> None:
         try:
             self.eager_ops = eager_ops(fusion)
         except ValueError as e:
             raise ClusterError(f"CostModel: {e}") from None
+        if not isinstance(groups, bool):
+            raise ClusterError(f"CostModel: groups={groups!r}; give True or False")
         self.cluster = cluster
         self.device = cluster.device
         self.eff = cluster.efficiency
         self._peaks: dict[str, float] = {}
+        # Elementwise chains priced as the fusion pass groups them (fused_groups.py), when asked.
+        self.groups = groups
+        self.group_cache: dict[int, tuple[object, dict]] = {}   # id(graph) -> (graph, node -> OpTime)
+        self.groupings = 0                                      # graphs grouped so far
 
     # --- compute ------------------------------------------------------------------------------
     def peak_for(self, dtype_name: str) -> float:
@@ -131,13 +138,19 @@ class CostModel:
             t += (len(kernels) - 1) * self.eff.op_overhead
             return OpTime(t + self.eff.op_overhead, "memory", c.flops, int(sum(kernels)))
         else:
-            d = self.device
-            bw = d.cache_bandwidth if d.cache is not None and d.cache_bandwidth is not None and moved <= d.cache \
-                else d.memory_bandwidth
-            tm = moved / (bw * self.memory_efficiency(op))
-            tc = c.flops / self.peak_for("f32")
-            t, kind = (tm, "memory") if tm >= tc else (tc, "compute")
+            t, kind = self.roofline(moved, c.flops, op)
         return OpTime(t + self.eff.op_overhead, kind, c.flops, moved)
+
+    def roofline(self, moved: float, flops: float, op: str) -> tuple[float, str]:
+        """A memory-bound kernel's seconds (without its launch) and what bound it: ``max(moved /
+        (bandwidth * memory_efficiency(op)), flops / peak(f32))``, the cache's bandwidth where
+        the bytes fit in it."""
+        d = self.device
+        bw = d.cache_bandwidth if d.cache is not None and d.cache_bandwidth is not None and moved <= d.cache \
+            else d.memory_bandwidth
+        tm = moved / (bw * self.memory_efficiency(op))
+        tc = flops / self.peak_for("f32")
+        return (tm, "memory") if tm >= tc else (tc, "compute")
 
     def memory_efficiency(self, op: str) -> float:
         """The fraction of the memory bandwidth ``op`` reaches: ``stream`` for the streaming ops

@@ -38,6 +38,7 @@ from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.kinds import GEMM_OPS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel, price_key
+from .fused_groups import fused_time
 from .hardware import Cluster
 from .steps import ASYNC_OPS, Comm, Hoisted, Issue, Piece, Program, SectionRun, Step, Wait, is_hoisted
 
@@ -197,10 +198,12 @@ def build_fragment(key: tuple, nodes: list[Node], model: CostModel, cache: dict,
             entries.append(CollectiveMark())
         if is_hoisted(n, outputs):
             continue
-        k2 = price_key(n)
-        priced = cache.get(k2)
+        priced = fused_time(model, n)
         if priced is None:
-            priced = cache[k2] = model.compute_time(n)
+            k2 = price_key(n)
+            priced = cache.get(k2)
+            if priced is None:
+                priced = cache[k2] = model.compute_time(n)
         flops += priced.flops
         kinds[priced.kind] += priced.seconds
         entries.append(OpRun(priced.seconds, n))

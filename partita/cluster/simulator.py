@@ -45,6 +45,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir.mesh import Mesh
 from .cost import ATTENTION_OPS, COLLECTIVE_OPS, GEMM_OPS, P2P_OPS, CostModel, price_key
 from .eager import eager_ops
+from .fused_groups import fused_time
 from .hardware import Cluster, load_cluster
 from .memory_report import MemoryReport, memory_report
 from .steps import ASYNC_OPS, Comm, Issue, Piece, Program, Run, SectionRun, Step, Wait, is_hoisted
@@ -101,10 +102,12 @@ def prepare(graph: Graph, model: CostModel, cache: dict | None = None) -> Progra
             continue
         if is_hoisted(n, outputs):
             continue
-        key2 = price_key(n)
-        priced = cache.get(key2)
+        priced = fused_time(model, n)
         if priced is None:
-            priced = cache[key2] = model.compute_time(n)
+            key2 = price_key(n)
+            priced = cache.get(key2)
+            if priced is None:
+                priced = cache[key2] = model.compute_time(n)
         durations[i] = priced.seconds
         flops += priced.flops
         kinds[priced.kind] += priced.seconds
@@ -417,7 +420,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
              memory: bool = True, check_memory: bool = False, grad_sums: str = "add",
              progress: Callable[[str], None] | None = None,
-             fusion: str | Collection[str] = "fused") -> SimResult:
+             fusion: str | Collection[str] = "fused", fuse_groups: bool = False) -> SimResult:
     """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
     ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
 
@@ -437,9 +440,12 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     prices the ops uncompiled PyTorch runs as a chain of kernels (RMSNorm, cross-entropy, a
     foreach AdamW) as that chain (partita/cluster/eager.py); a collection of those op names
     prices only them so (a loop that ran, say, a fused RMSNorm kernel).
+    ``fuse_groups``: price each group of elementwise ops the code generator's fusion pass would
+    form as one memory pass (partita/cluster/fused_groups.py); off by default, every op priced
+    alone (docs/cluster.md says what stands in the way of turning it on).
     """
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
-                            progress=progress)
+                            progress=progress, fuse_groups=fuse_groups)
     try:
         eager = eager_ops(fusion)
     except ValueError as e:
@@ -460,7 +466,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     shared = _shares_cores(mesh, cluster)
     if shared:
         dedup = False
-    model = CostModel(cluster, fusion)
+    model = CostModel(cluster, fusion, fuse_groups)
     say = progress or (lambda s: None)
     n = mesh.size
     cache: dict = {}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from ..ir.dtypes import DType, f32
 from ..ir.graph import Graph, Node, Value
 from ..ir.printer import print_graph
 from ..ops.registry import OPS
@@ -68,7 +69,7 @@ class Group:
                                       and n.results[0].type.numel != size)
 
 
-def _fusible(n: Node) -> bool:
+def _fusible(n: Node, any_float: bool = False) -> bool:
     if len(n.results) != 1:
         return False
     opdef = OPS.get(n.op)
@@ -82,7 +83,14 @@ def _fusible(n: Node) -> bool:
     if not (opdef.elementwise or n.op in _FREE):
         return False
     op = "reshape" if n.op in _RESHAPES else n.op   # body_of writes them as reshapes
-    return supported(op, [v.type.dtype for v in n.operands], [n.results[0].type.dtype], n.attrs) is None
+    ins, outs = [v.type.dtype for v in n.operands], [n.results[0].type.dtype]
+    if any_float:   # pricing only: bf16/f16 checked as f32 (a GPU's kernels take them)
+        ins, outs = [_as_f32(d) for d in ins], [_as_f32(d) for d in outs]
+    return supported(op, ins, outs, n.attrs) is None
+
+
+def _as_f32(d: DType) -> DType:
+    return f32 if d.name in ("bf16", "f16") else d
 
 
 def _index_map(p: Node, members: set[Node]) -> bool:
@@ -94,15 +102,18 @@ def _index_map(p: Node, members: set[Node]) -> bool:
             and (q is None or q.op not in _SPLATS))
 
 
-def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group]:
-    """The groups ``fuse-kernels`` makes of ``graph``, roots last first."""
+def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96, any_float: bool = False,
+                segment: dict[Node, int] | None = None) -> list[Group]:
+    """The groups ``fuse-kernels`` makes of ``graph``, roots last first. For pricing only
+    (partita/cluster/fused_groups.py): ``any_float``, bf16 and f16 pass the support check as
+    f32; ``segment``, a group takes only ops of its root's segment."""
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
-    fusible = {n: _fusible(n) for n in nodes}
+    fusible = {n: _fusible(n, any_float) for n in nodes}
     taken: set[Node] = set()
     groups: list[Group] = []
     for red in reversed(nodes):
-        g = _reduction_group(red, nodes, pos, fusible, taken, min_ops, max_ops)
+        g = _reduction_group(red, nodes, pos, fusible, taken, min_ops, max_ops, segment)
         if g is not None:
             taken |= set(n for n in g.members if n.op not in _SPLATS)
             groups.append(g)
@@ -128,7 +139,7 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
             if p.op in _SPLATS:
                 splats.add(p)
                 continue
-            if len(members) >= max_ops:
+            if len(members) >= max_ops or (segment is not None and segment[p] != segment[root]):
                 continue
             if r.type.numel != size and not _index_map(p, members):
                 continue  # a smaller value: computed outside, read through broadcast strides
@@ -150,7 +161,8 @@ def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96) -> list[Group
 
 
 def _reduction_group(red: Node, nodes: list[Node], pos: dict[Node, int], fusible: dict[Node, bool],
-                     taken: set[Node], min_ops: int, max_ops: int) -> Group | None:
+                     taken: set[Node], min_ops: int, max_ops: int,
+                     segment: dict[Node, int] | None = None) -> Group | None:
     """A row-reduction kernel around ``red`` (sum/mean/max/min over trailing axes): the
     elementwise prologue that only it reads, and the row-size elementwise ops after it
     (``rsqrt(mean + eps)``), each reading nothing made after the reduction but the chain."""
@@ -181,7 +193,8 @@ def _reduction_group(red: Node, nodes: list[Node], pos: dict[Node, int], fusible
             splats.add(p)
             continue
         pr = p.results[0]
-        if len(members) >= max_ops or pr.type.numel != size or pr.is_output or any(u not in members for u in pr.users):
+        if len(members) >= max_ops or pr.type.numel != size or pr.is_output or any(u not in members for u in pr.users) \
+                or (segment is not None and segment[p] != segment[red]):
             continue  # the prologue is full size: a value read elsewhere stays outside
         members.add(p)
         for v in p.operands:
@@ -194,7 +207,8 @@ def _reduction_group(red: Node, nodes: list[Node], pos: dict[Node, int], fusible
         if len(users) != 1:
             break
         u = users[0]
-        if u in taken or not fusible[u] or u.op in _SPLATS or u.results[0].type.numel != r.type.numel:
+        if u in taken or not fusible[u] or u.op in _SPLATS or u.results[0].type.numel != r.type.numel \
+                or (segment is not None and segment[u] != segment[red]):
             break
         ok = True
         for v in u.operands:
