@@ -22,9 +22,7 @@ import argparse
 import contextlib
 import math
 import os
-import statistics
 import sys
-import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -35,6 +33,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from partita.codegen import CompiledProgram, mathlib  # noqa: E402
 from partita.ir import Builder, Graph, TensorType, verify  # noqa: E402
 from partita.ir.dtypes import DTYPES  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_tanh import interleave, ulps  # noqa: E402  (the same ulp measure and interleaved timing)
 
 OLD_ERF = """\
 define internal float @pt_erff_small(float %x) alwaysinline {
@@ -115,14 +116,14 @@ def gelu_graph(n: int, fn: str = "gelu") -> Graph:
     return verify(b.ret(y))
 
 
-def linear_gelu_graph(m: int = 1024, k: int = 16, n: int = 64) -> Graph:
-    """Swin's MLP shape: gelu(x @ w + b)."""
+def linear_gelu_graph(m: int = 1024, k: int = 16, n: int = 64, gelu: bool = True) -> Graph:
+    """Swin's MLP shape: gelu(x @ w + b), or without its GELU (the floor the epilogue adds to)."""
     b = Builder()
     x = b.input("x", TensorType((m, k), DTYPES["f32"]))
     w = b.input("w", TensorType((k, n), DTYPES["f32"]))
     bias = b.input("b", TensorType((n,), DTYPES["f32"]))
-    y = b.emit("gelu", b.emit("add", b.emit("matmul", x, w), bias), approximate="none")
-    return verify(b.ret(y))
+    y = b.emit("add", b.emit("matmul", x, w), bias)
+    return verify(b.ret(b.emit("gelu", y, approximate="none") if gelu else y))
 
 
 def compiled(g: Graph, inputs: list[torch.Tensor], old: bool) -> Callable[[], torch.Tensor]:
@@ -131,11 +132,6 @@ def compiled(g: Graph, inputs: list[torch.Tensor], old: bool) -> Callable[[], to
         prog = CompiledProgram(g, min_ops=1)
         prog(inputs)
     return lambda: prog(inputs)[0]
-
-
-def ulps(got: np.ndarray, ref64: np.ndarray) -> np.ndarray:
-    """|got - ref| in units of the f32 spacing at ref."""
-    return np.abs(got.astype(np.float64) - ref64) / np.spacing(np.abs(ref64.astype(np.float32))).astype(np.float64)
 
 
 def sweep() -> np.ndarray:
@@ -173,21 +169,6 @@ def accuracy() -> None:
               f"vs torch max abs {np.abs(gl - torch_gelu).max():.2e}")
 
 
-def interleave(cands: dict[str, Callable[[], object]], rounds: int, calls: int) -> tuple[dict[str, float], float]:
-    """Median thread CPU time (us) per call of each candidate, and the median per-round ratio new / old."""
-    times: dict[str, list[float]] = {k: [] for k in cands}
-    for _ in range(rounds):
-        for k, f in cands.items():
-            for _ in range(3):
-                f()
-            t0 = time.thread_time()
-            for _ in range(calls):
-                f()
-            times[k].append((time.thread_time() - t0) / calls * 1e6)
-    ratio = statistics.median(a / b for a, b in zip(times["new"], times["old"]))
-    return {k: statistics.median(v) for k, v in times.items()}, ratio
-
-
 def timing(rounds: int, calls: int) -> None:
     """gelu over 2**16 and 2**20 f32 and the Swin-shaped linear + GELU, old against new."""
     torch.manual_seed(0)
@@ -196,22 +177,13 @@ def timing(rounds: int, calls: int) -> None:
         cases.append((f"gelu over {n} f32", gelu_graph(n), [torch.randn(n) * 3], max(1, calls * 65536 // n)))
     cases.append(("linear [1024,16]x[16,64] + gelu", linear_gelu_graph(),
                   [torch.randn(1024, 16), torch.randn(16, 64) / 4, torch.randn(64)], calls))
-    cases.append(("linear [1024,16]x[16,64] (no gelu)", _linear_graph(),
+    cases.append(("linear [1024,16]x[16,64] (no gelu)", linear_gelu_graph(gelu=False),
                   [torch.randn(1024, 16), torch.randn(16, 64) / 4, torch.randn(64)], calls))
     for what, g, inputs, n_calls in cases:
         cands = {"old": compiled(g, inputs, True), "new": compiled(g, inputs, False)}
         assert torch.allclose(cands["old"](), cands["new"](), rtol=1e-5, atol=1e-6), what
         med, ratio = interleave(cands, rounds, n_calls)
         print(f"{what}: old {med['old']:.1f} us, new {med['new']:.1f} us, new / old {ratio:.2f}")
-
-
-def _linear_graph(m: int = 1024, k: int = 16, n: int = 64) -> Graph:
-    """The same product without its GELU (the floor the epilogue adds to)."""
-    b = Builder()
-    x = b.input("x", TensorType((m, k), DTYPES["f32"]))
-    w = b.input("w", TensorType((k, n), DTYPES["f32"]))
-    bias = b.input("b", TensorType((n,), DTYPES["f32"]))
-    return verify(b.ret(b.emit("add", b.emit("matmul", x, w), bias)))
 
 
 def models(names: str, rounds: int, calls: int) -> None:
@@ -221,7 +193,6 @@ def models(names: str, rounds: int, calls: int) -> None:
 
     import partita
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_zoo as Z
     import zoo_models as ZM
 

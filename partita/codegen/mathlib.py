@@ -190,31 +190,6 @@ def _log() -> str:
 }}"""
 
 
-def _rational(name: str, clamp: float, num: list[float], den: list[float], small: float | None) -> str:
-    n_lines, n = _horner("%x2", num, "n")
-    d_lines, d = _horner("%x2", den, "d")
-    small_lines = ""
-    if small is not None:
-        small_lines = f"""  %ax = call float @llvm.fabs.f32(float %x)
-  %tiny = fcmp olt float %ax, {f32(small)}
-  %q1 = select i1 %tiny, float %x, float %q
-"""
-    else:
-        small_lines = "  %q1 = select i1 true, float %q, float %q\n"
-    return f"""define internal float @{name}(float %x) alwaysinline {{
-  %lo = call float @llvm.maxnum.f32(float %x, float {f32(-clamp)})
-  %xc = call float @llvm.minnum.f32(float %lo, float {f32(clamp)})
-  %x2 = fmul float %xc, %xc
-{chr(10).join(n_lines)}
-  %p = fmul float {n}, %xc
-{chr(10).join(d_lines)}
-  %q = fdiv float %p, {d}
-{small_lines}  %nan = fcmp uno float %x, 0.0
-  %res = select i1 %nan, float %x, float %q1
-  ret float %res
-}}"""
-
-
 def _tanh() -> str:
     """One division a lane. Below |x| = 0.625 the odd 13/6 rational ``x P(x^2) / Q(x^2)``
     (accurate to a few ulp, no cancellation; ``x`` itself below 4e-4); above it
