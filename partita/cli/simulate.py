@@ -65,6 +65,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="how the run being priced fuses: fused (default: each op one kernel, as partita "
                         "runs it), eager (uncompiled PyTorch: RMSNorm, cross-entropy and a foreach AdamW as "
                         "their chains of kernels), or a comma list of those ops priced eager")
+    s.add_argument("--fused-groups", choices=("auto", "on", "off"), default="auto",
+                   help="price each chain of elementwise ops the code generator's fusion pass groups as one "
+                        "memory pass: auto (default) on for --fusion fused unless the cluster file says its "
+                        "runtime runs no fused groups (fused_groups = false, as partita calibrate writes), "
+                        "on, or off (every op its own kernel)")
     s.add_argument("--every-rank", action="store_true", help="simulate every rank, not alike ranks once")
     s.add_argument("--check-memory", action="store_true",
                    help="fail when a rank exceeds its device's memory (a pipeline's stages walked in schedule order, "
@@ -328,7 +333,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     res = simulate(prog, cluster, dedup=not args.every_rank,
                    trace=args.trace is not None or args.html is not None,
                    check_memory=args.check_memory, grad_sums=args.grad_sums,
-                   fusion=_fusion_arg(args.fusion), progress=print)
+                   fusion=_fusion_arg(args.fusion), progress=print,
+                   fuse_groups={"auto": None, "on": True, "off": False}[args.fused_groups])
     print(f"simulated in {time.perf_counter() - t2:.2f} s\n")
     print(res.text())
     if pp and not unroll and not args.check_memory:

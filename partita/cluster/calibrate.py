@@ -661,7 +661,7 @@ def measure(nproc: int = 4, threads: int = 1, quick: bool = False,
                     cache[0] if cache is not None else None, cache[1] if cache is not None else None)
     cluster = Cluster("this-machine", device, 1, nproc, link, link,
                       description=f"this machine ({cpu}) as {nproc} gloo ranks on loopback, measured {when}",
-                      sources=tuple(sources), efficiency=eff, cores_per_node=shared)
+                      sources=tuple(sources), efficiency=eff, cores_per_node=shared, fused_groups=False)
     return Calibration(cluster, tuple(found), fits, time.perf_counter() - start)
 
 
@@ -828,6 +828,8 @@ def cluster_toml(cluster: Cluster) -> str:
     lines += [f"nodes = {cluster.nodes}", f"gpus_per_node = {cluster.gpus_per_node}"]
     if cluster.cores_per_node is not None:
         lines.append(f"cores_per_node = {cluster.cores_per_node}    # ranks that compute at full speed at once")
+    if not cluster.fused_groups:
+        lines.append("fused_groups = false    # the runtime runs each op as its own kernel (no fused groups)")
     if cluster.sources:
         lines.append("sources = [")
         lines += [f"  {_toml_string(s)}," for s in cluster.sources]

@@ -16,25 +16,37 @@ the runs).
 
 from __future__ import annotations
 
+from typing import Hashable, Mapping
+
 from ..codegen.fusion import Group, plan_groups
 from ..ir.graph import Graph, Node
 from ..ops.kinds import FREE_OPS, P2P_OPS, VIEW_OPS
+from ..parallel.pipeline.local_unroll import microbatch_sums, schedule_actions
 from .cost import CostModel, OpTime
 
-__all__ = ["fused_time", "group_prices", "group_time", "pricing_groups"]
+__all__ = ["fused_time", "group_prices", "group_sections", "group_time", "pricing_groups"]
 
 
-def pricing_groups(graph: Graph) -> list[Group]:
+def pricing_groups(graph: Graph, sections: Mapping[Node, Hashable] | None = None) -> list[Group]:
     """The groups ``fuse-kernels`` would make of ``graph``, bf16 and f16 accepted as f32, each
-    inside one stretch between sends and recvs: a pipeline's microbatches run apart, each when
-    its data has arrived (a gradient's sum over them is one add per microbatch), and its
-    section templates never group across them."""
+    inside one stretch between sends and recvs and, in an unrolled pp rank program, inside one
+    schedule action: a pipeline's microbatches run apart, each when its data has arrived. The
+    adds that sum a gradient or the loss shares over the microbatches (``microbatch_sums``)
+    join no group: they are one add per microbatch where the pipeline runs them (under
+    zero-bubble schedules the last stage's W passes run back to back, and their sums would
+    otherwise chain into one group). The section templates the pipeline simulation prices
+    are one action each, and it prices those sums alone, so the two group alike. ``sections`` (a pipeline template's nodes -> the section each is priced in)
+    keeps each group inside one section the same way."""
+    actions: Mapping[Node, Hashable] = sections if sections is not None else (schedule_actions(graph) or {})
+    sums = microbatch_sums(graph)
+    keys: dict[tuple, int] = {}
     segment: dict[Node, int] = {}
     k = 0
     for n in graph.nodes:
         if n.op in P2P_OPS:
             k += 1
-        segment[n] = k
+        # A sum over the microbatches is priced alone: a segment of its own (negative ids).
+        segment[n] = -1 - len(segment) if n in sums else keys.setdefault((k, actions.get(n)), len(keys))
     return plan_groups(graph, any_float=True, segment=segment)
 
 
@@ -48,11 +60,12 @@ def group_time(model: CostModel, group: Group) -> OpTime:
     return OpTime(t + model.eff.op_overhead, kind, flops, moved)
 
 
-def group_prices(model: CostModel, graph: Graph) -> dict[Node, OpTime]:
+def group_prices(model: CostModel, graph: Graph,
+                 sections: Mapping[Node, Hashable] | None = None) -> dict[Node, OpTime]:
     """Every grouped node of ``graph`` -> its price: a group's root the whole group's time, its
     other members (constants copied in as immediates aside) nothing."""
     out: dict[Node, OpTime] = {}
-    for g in pricing_groups(graph):
+    for g in pricing_groups(graph, sections):
         whole = group_time(model, g)
         none = OpTime(0.0, whole.kind)
         for n in g.members:
@@ -60,6 +73,15 @@ def group_prices(model: CostModel, graph: Graph) -> dict[Node, OpTime]:
                 out[n] = none
         out[g.root] = whole
     return out
+
+
+def group_sections(model: CostModel, graph: Graph, sections: Mapping[Node, Hashable]) -> None:
+    """Group ``graph`` (a pipeline template) once with each group inside one of ``sections``
+    (node -> the section it is priced in), for ``fused_time`` to answer from; nothing when
+    ``model.groups`` is off."""
+    if model.groups:
+        model.group_cache[id(graph)] = (graph, group_prices(model, graph, sections))
+        model.groupings += 1
 
 
 def fused_time(model: CostModel, node: Node) -> OpTime | None:

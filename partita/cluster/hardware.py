@@ -143,6 +143,11 @@ class Cluster:
     # this many of a node's ranks compute at full speed at once; k > cores_per_node computing
     # together each run at cores_per_node / k of their speed. None: devices share nothing.
     cores_per_node: int | None = None
+    # Whether the runtime on this cluster runs the code generator's fused elementwise groups
+    # (simulate's fuse_groups default): True for an accelerator cluster priced as a compiled
+    # step; False in a file partita calibrate wrote, whose ranks ran each op as its own ATen
+    # call (TorchProgram), as the runs it was measured on did.
+    fused_groups: bool = True
 
     @property
     def devices(self) -> int:
@@ -295,7 +300,8 @@ def format_quantity(x: float, unit: str) -> str:
 # section -> field -> (kind, required)
 _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
     "": {"name": ("text", True), "description": ("text", False), "nodes": ("count", True),
-         "gpus_per_node": ("count", True), "cores_per_node": ("count", False), "sources": ("texts", False)},
+         "gpus_per_node": ("count", True), "cores_per_node": ("count", False), "sources": ("texts", False),
+         "fused_groups": ("flag", False)},
     "device": {"name": ("text", True), "memory": ("bytes", True), "memory_bandwidth": ("bandwidth", True),
                "peak_flops": ("table", True), "cache": ("bytes", False), "cache_bandwidth": ("bandwidth", False)},
     "intra_node": {"bandwidth": ("bandwidth", True), "latency": ("time", True), "collectives": ("table", False),
@@ -486,11 +492,12 @@ def parse_cluster(text: str, where: str = "<cluster>") -> Cluster:
                    links["intra_node"], links["inter_node"],
                    top.get("description", ""), where, tuple(top.get("sources", ())),
                    Efficiency(**values["efficiency"]),
-                   int(top["cores_per_node"]) if "cores_per_node" in top else None)
+                   int(top["cores_per_node"]) if "cores_per_node" in top else None,
+                   top.get("fused_groups", True))
 
 
 def _describe(kind: str) -> str:
-    fixed = {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s",
+    fixed = {"text": "a string", "texts": "a list of strings", "table": "a table of dtype = FLOP/s", "flag": "true or false",
              "count": "a positive whole number", "fraction": "a fraction in (0, 1] such as 0.75"}
     return fixed[kind] if kind in fixed else f"a {kind} quantity such as {_example(kind)}"
 
@@ -567,6 +574,10 @@ def _value(v: Any, kind: str, table: str, key: str, loc: _Located) -> Any:
     if kind == "texts":
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ClusterError(f"{loc.at(table, key)}: {name} must be a list of strings")
+        return v
+    if kind == "flag":
+        if not isinstance(v, bool):
+            raise ClusterError(f"{loc.at(table, key)}: {name} must be true or false, got {v!r:.60}")
         return v
     if kind == "table":
         if not isinstance(v, dict):

@@ -38,7 +38,7 @@ from ..parallel.pipeline.local_unroll import ONCE_SECTIONS
 from ..ops.kinds import GEMM_OPS
 from ..ops.registry import OPS
 from .cost import COLLECTIVE_OPS, P2P_OPS, CostModel, price_key
-from .fused_groups import fused_time
+from .fused_groups import fused_time, group_sections
 from .hardware import Cluster
 from .steps import ASYNC_OPS, Comm, Hoisted, Issue, Piece, Program, SectionRun, Step, Wait, is_hoisted
 
@@ -416,11 +416,17 @@ class SectionProgramBuilder:
         if got is None:
             by: dict[tuple, list[Node]] = defaultdict(list)
             split = t.sched.split
+            section_of: dict[Node, tuple] = {}
             for n in t.local.nodes:
                 k = t.sections[n]
                 # Unsplit, a W section follows its B section in the unrolled program, and the
                 # weight gradients move into it (collective_order.overlap_linear_backward).
-                by[("B", k[1]) if k[0] == "W" and not split else k].append(n)
+                k = ("B", k[1]) if k[0] == "W" and not split else k
+                by[k].append(n)
+                section_of[n] = k
+            # Fused groups stay inside a section, as they stay inside an action of the unrolled
+            # program (fused_groups.pricing_groups).
+            group_sections(self.model, t.local, section_of)
             outs = set(t.local.outputs)
             got = self.frags[id(t)] = {k: self.fragment(k, ns, outs, not split) for k, ns in by.items()}
         return got

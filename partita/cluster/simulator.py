@@ -420,7 +420,7 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
              model_flops: float | None = None, dedup: bool = True, trace: bool = True,
              memory: bool = True, check_memory: bool = False, grad_sums: str = "add",
              progress: Callable[[str], None] | None = None,
-             fusion: str | Collection[str] = "fused", fuse_groups: bool = False) -> SimResult:
+             fusion: str | Collection[str] = "fused", fuse_groups: bool | None = None) -> SimResult:
     """Simulate one step of ``program`` (a ParallelProgram, PipelineProgram or Graph) on
     ``cluster`` (a Cluster or a cluster file name/path); global rank r runs on device r.
 
@@ -441,18 +441,26 @@ def simulate(program: Any, cluster: Cluster | str, *, tokens: int | None = None,
     foreach AdamW) as that chain (partita/cluster/eager.py); a collection of those op names
     prices only them so (a loop that ran, say, a fused RMSNorm kernel).
     ``fuse_groups``: price each group of elementwise ops the code generator's fusion pass would
-    form as one memory pass (partita/cluster/fused_groups.py); off by default, every op priced
-    alone (docs/cluster.md says what stands in the way of turning it on).
+    form as one memory pass (partita/cluster/fused_groups.py); by default (None) on where
+    ``fusion`` is ``"fused"`` (a compiled step) and off where any op is priced as an eager
+    chain (an uncompiled loop runs each elementwise op as its own kernel) or the cluster file
+    says its runtime runs no fused groups (``fused_groups = false``, as ``partita calibrate``
+    writes: its gloo ranks run each op as its own ATen call); True or False forces it.
     """
     _check_simulate_options(tokens, model_flops, dedup=dedup, trace=trace, memory=memory, check_memory=check_memory,
-                            progress=progress, fuse_groups=fuse_groups)
+                            progress=progress)
     try:
         eager = eager_ops(fusion)
     except ValueError as e:
         raise SimulationError(f"simulate: {e}") from None
+    if fuse_groups is not None and not isinstance(fuse_groups, bool):
+        raise SimulationError(f"simulate: fuse_groups must be True, False or None (on for a compiled step, off "
+                              f"for an eager one), got {fuse_groups!r:.40}")
     sections = getattr(program, "unrolled", True) is False
     _check_grad_sums(grad_sums, program, sections)
     cluster = load_cluster(cluster)
+    if fuse_groups is None:
+        fuse_groups = cluster.fused_groups and not eager
     if sections:
         # A rank template's memory is walked in schedule order (template_memory.py; exact against
         # the unrolled program): as long as the simulation itself on a deep pipeline, so only

@@ -247,6 +247,9 @@ def test_fusion_eager_prices_the_uncompiled_chains_and_bad_names_are_refused(cap
         return float(m.group(1))
 
     assert step_ms(["--fusion", "eager"]) > step_ms([])
+    # Fused elementwise groups: on by default for a compiled step, off on request.
+    assert step_ms(["--fused-groups", "off"]) > step_ms([]) == step_ms(["--fused-groups", "on"])
+    assert step_ms(["--fusion", "eager"]) == step_ms(["--fusion", "eager", "--fused-groups", "off"])
     assert main(argv + ["--fusion", "rms_norm,bogus"]) != 0
     err = capsys.readouterr().err
     assert "bogus" in err and "rms_norm" in err and "Traceback" not in err

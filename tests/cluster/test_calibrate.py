@@ -125,6 +125,19 @@ def test_write_cluster_reads_back_equal(tmp_path: Path):
     assert "# how: one" in text and "# gloo all_reduce: alpha 1 us" in text   # the sources as comments too
 
 
+def test_a_calibrated_file_says_its_runtime_runs_no_fused_groups(tmp_path: Path):
+    # The gloo ranks partita calibrate measures run each op as its own ATen call, so their
+    # file turns simulate's fused-group pricing off by default; it reads back so.
+    c = replace(_cluster(), fused_groups=False)
+    text = cluster_toml(c)
+    assert "fused_groups = false" in text
+    back = load_cluster(write_cluster(c, tmp_path / "m.toml"))
+    assert back.fused_groups is False and replace(back, source="") == c
+    assert "fused_groups" not in cluster_toml(replace(c, fused_groups=True))
+    with pytest.raises(ClusterError, match="fused_groups must be true or false"):
+        parse_cluster(text.replace("fused_groups = false", 'fused_groups = "no"'))
+
+
 def test_cores_per_node_and_cache_read_back_equal(tmp_path: Path):
     c = _cluster()
     c = replace(c, cores_per_node=2, device=replace(c.device, cache=8.25e6, cache_bandwidth=9.125e10))

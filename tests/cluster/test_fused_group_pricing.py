@@ -4,6 +4,8 @@ priced alone, the grouping computed once per graph."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from partita.cluster import load_cluster
@@ -73,8 +75,16 @@ def test_the_grouping_is_computed_once_per_graph():
 def test_simulate_takes_the_option_and_refuses_a_bad_one():
     g, _ = chain()
     on = simulate(g, "selene", fuse_groups=True, memory=False)
-    off = simulate(g, "selene", memory=False)
+    off = simulate(g, "selene", memory=False, fuse_groups=False)
     assert on.step_time < off.step_time
+    # On by default for a compiled step; off where an eager loop is priced (each op its kernel).
+    assert simulate(g, "selene", memory=False).step_time == on.step_time
+    assert simulate(g, "selene", memory=False, fusion="eager").step_time == \
+        simulate(g, "selene", memory=False, fusion="eager", fuse_groups=False).step_time
+    # Off by default on a cluster whose runtime runs no fused groups (a calibrated CPU file).
+    plain = dataclasses.replace(load_cluster("selene"), fused_groups=False)
+    assert simulate(g, plain, memory=False).step_time == simulate(g, plain, memory=False, fuse_groups=False).step_time
+    assert simulate(g, plain, memory=False, fuse_groups=True).step_time == on.step_time
     with pytest.raises(SimulationError, match="fuse_groups"):
         simulate(g, "selene", fuse_groups="yes")
 

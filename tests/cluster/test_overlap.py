@@ -61,7 +61,7 @@ def one_program(mesh: str, text: str):
 
 
 def test_a_reduce_scatter_overlaps_the_compute_until_its_result_is_read():
-    r = simulate(one_program("dp=2", SCATTER), toy(), memory=False)
+    r = simulate(one_program("dp=2", SCATTER), toy(), memory=False, fuse_groups=False)    # exp and add apart
     rs = 1e-6 + 0.5 * 4096 / 1e9            # 3.048 us on the dp stream
     exp_t, add_t = 2 * 2048 / 1e9, 3 * 2048 / 1e9
     assert rs < exp_t

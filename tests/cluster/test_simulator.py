@@ -132,7 +132,8 @@ DP_ASYNC = """graph @g(%x: f32[1024], %w: f32[1024]) -> (f32[1024]) mesh(dp=2) {
 
 
 def test_an_async_all_reduce_overlaps_the_compute_until_its_result_is_read():
-    r = simulate(ranks_program("dp=2", DP_ASYNC), toy(), memory=False)
+    # Each op priced alone (fuse_groups=False): exp runs while the all_reduce does.
+    r = simulate(ranks_program("dp=2", DP_ASYNC), toy(), memory=False, fuse_groups=False)
     exp_t = 2 * 4096 / 1e9                      # 8.192 us
     ar = 2 * 1e-6 + 4096 / 1e9                 # ring on 2 ranks: 6.096 us, under exp's
     add_t = 3 * 4096 / 1e9
@@ -140,7 +141,7 @@ def test_an_async_all_reduce_overlaps_the_compute_until_its_result_is_read():
     assert r.ranks[0].waiting == pytest.approx(0.0)
     # A slower network: the add waits for the all_reduce.
     slow = dataclasses.replace(toy(), intra_node=dataclasses.replace(toy().intra_node, latency=20e-6))
-    r2 = simulate(ranks_program("dp=2", DP_ASYNC), slow, memory=False)
+    r2 = simulate(ranks_program("dp=2", DP_ASYNC), slow, memory=False, fuse_groups=False)
     ar2 = 2 * 20e-6 + 4096 / 1e9
     assert r2.step_time == pytest.approx(ar2 + add_t)
     assert r2.ranks[0].waiting == pytest.approx(ar2 - exp_t)
@@ -148,12 +149,22 @@ def test_an_async_all_reduce_overlaps_the_compute_until_its_result_is_read():
     assert ar < exp_t
 
 
+def test_a_fused_group_waits_for_every_input_it_reads():
+    # By default exp and add are one fused kernel (fused_groups.py): x and a read once, s
+    # written once, run where the add is, so the whole kernel waits for the all_reduce.
+    r = simulate(ranks_program("dp=2", DP_ASYNC), toy(), memory=False)
+    ar = 2 * 1e-6 + 4096 / 1e9
+    group_t = 3 * 4096 / 1e9
+    assert r.step_time == pytest.approx(ar + group_t)
+    assert r.ranks[0].waiting == pytest.approx(ar)
+
+
 def test_a_blocking_collective_stops_the_compute_stream():
     # all_to_all has no asynchronous form in the runtime (reduce_scatter has one now:
     # tests/cluster/test_overlap.py).
     text = DP_ASYNC.replace('%a = all_reduce(%w) {axis="dp", group_size=2} : f32[1024]',
                             '%a = all_to_all(%w) {axis="dp", group_size=2, split_dim=0, concat_dim=0} : f32[1024]')
-    r = simulate(ranks_program("dp=2", text), toy(), memory=False)
+    r = simulate(ranks_program("dp=2", text), toy(), memory=False, fuse_groups=False)    # exp and add apart
     a2a = 1e-6 + 0.5 * 4096 / 1e9
     assert r.step_time == pytest.approx(a2a + 2 * 4096 / 1e9 + 3 * 4096 / 1e9)
 

@@ -43,6 +43,17 @@ from .schedule import Action, PipelineError, Schedule, Transfer
 _ACTIONS: "weakref.WeakKeyDictionary[Graph, dict[Node, tuple[str, int, int]]]" = weakref.WeakKeyDictionary()
 
 
+# Per unrolled program: the adds that sum a gradient or the loss shares over the microbatches
+# (one add per microbatch where the pipeline runs them; the simulator prices each alone).
+_SUMS: "weakref.WeakKeyDictionary[Graph, set[Node]]" = weakref.WeakKeyDictionary()
+
+
+def microbatch_sums(graph: Graph) -> set[Node]:
+    """The adds of the unrolled pp rank program ``graph`` that sum a param's gradient or the
+    loss shares over the microbatches (empty for a graph ``unroll_local`` did not make)."""
+    return _SUMS.get(graph, set())
+
+
 def schedule_actions(graph: Graph) -> dict[Node, tuple[str, int, int]] | None:
     """The ``(kind, mb, chunk)`` of the schedule action each node of the unrolled pp rank
     program ``graph`` was made for (nodes made for none, such as the microbatch slices or a
@@ -145,6 +156,7 @@ class _Unroll:
         self.acc: dict[str, Value] = {}
         self.loss_parts: list[Value] = []
         self.action_of: dict[Node, tuple[str, int, int]] = {}
+        self.sum_nodes: set[Node] = set()
 
     def claim(self, before: int, key: tuple[str, int, int]) -> None:
         """Record ``key`` as the action of the nodes appended since the program had ``before`` nodes."""
@@ -209,6 +221,7 @@ class _Unroll:
         with bulk_build():
             out = self._run(items)
         _ACTIONS[out] = self.action_of
+        _SUMS[out] = self.sum_nodes
         return out
 
     def _run(self, items: list[Action | Transfer]) -> Graph:
@@ -299,7 +312,10 @@ class _Unroll:
     def accumulate(self, c: int, m: int) -> None:
         for nm, gv in self.chunk_grads.get(c, []):
             val = self.lookup(gv, m)
-            self.acc[nm] = val if nm not in self.acc else self.b.add(self.acc[nm], val)
+            if nm in self.acc:
+                val = self.b.add(self.acc[nm], val)
+                self.sum_nodes.add(val.producer)
+            self.acc[nm] = val
 
     def sums(self) -> None:
         """What the once-per-step sections read in place of one microbatch's values: each
@@ -311,6 +327,7 @@ class _Unroll:
             total = self.loss_parts[0]
             for x in self.loss_parts[1:]:
                 total = self.b.add(total, x)
+                self.sum_nodes.add(total.producer)
             self.once[self.loss_share] = total
             self.loss_parts = [total]
 
