@@ -161,8 +161,17 @@ class CompiledProgram:
         self.memory_plan: Any = None   # a memory.MemoryPlan once planned
         self._arena: Any = None
         self.arena_view_steps = 0      # view steps made once, of values in the arena
+        # runs of kernel steps as one native call each, once their kernels have settled
+        # (step_chain.py): tried after each of the first calls
+        self.chained_steps = 0
+        self._chain_tries = 0
+        self._chain_last: list[int] = []
+        self._chains: list = []
         if plan_memory:
             self._bind_memory_plan()
+            from .step_chain import ENABLED as chain_enabled, MAX_TRIES
+
+            self._chain_tries = MAX_TRIES if chain_enabled and self._arena is not None else 0
         self.cache = {k: after[k] - before[k] for k in after}
         self.compile_seconds = time.perf_counter() - t0
 
@@ -262,7 +271,31 @@ class CompiledProgram:
             if self._derived is None:
                 self._derived = {k: v for k, v in self._own_weights().items() if k in self._derived_names}
             weights = {**self._derived, **weights}
-        return self.program(inputs, weights)
+        outs = self.program(inputs, weights)
+        if self._chain_tries:
+            self._try_chain()
+        return outs
+
+    def _try_chain(self) -> None:
+        """Chain the program's native steps (step_chain.py) once the same ones are native after
+        two calls in a row: every weight packed, every kernel chosen and bound to its buffers."""
+        from .step_chain import chain_steps, native_steps, settle, unchain
+
+        self._chain_tries -= 1
+        if self._chains:   # chained at an earlier call: keep the chains that armed, split the others
+            self._chains, done = settle(self.program, self._chains)
+            if done or not self._chain_tries:
+                for c in self._chains:
+                    if not c.armed:
+                        unchain(self.program, c)
+                self._chains = [c for c in self._chains if c.armed]
+                self._chain_tries = 0
+        else:
+            native = native_steps(self.program)
+            if native and native == self._chain_last:
+                self._chains = chain_steps(self.program, native)
+            self._chain_last = native
+        self.chained_steps = sum(len(c.members) for c in self._chains)
 
     def _own_weights(self) -> dict:
         """The program graph's weights as torch tensors, made once (see ``__call__``):

@@ -784,6 +784,10 @@ class PreparedConv:
     def pack(self, w: Any) -> Any:
         return pack_weight(block_diagonal(w, self.groups), self.cfg.nr)
 
+    def native_entry(self, x: Any, packed: Any, bias: Any, other: Any, out: Any) -> tuple[int, int] | None:
+        """``bound_entry`` of this kernel: what one thread's call with these tensors runs."""
+        return bound_entry(self.last, self.whole, self.addr, x, packed, bias, other, out)
+
     def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
         last = self.last
         # the very tensors of the last call at the same addresses (``bound_call``, inlined: this
@@ -836,6 +840,20 @@ def bound_args(x: Any, packed: Any, bias: Any, other: Any, out: Any) -> tuple | 
         return None
     return (x, packed, bias, other, out, x.data_ptr(), None if bias is None else bias.data_ptr(),
             None if other is None else other.data_ptr())
+
+
+def bound_entry(last: tuple | None, whole: Any, addr: int, x: Any, packed: Any, bias: Any, other: Any,
+                out: Any) -> tuple[int, int] | None:
+    """(the whole-range entry's address, the parameter block's) where a call with these tensors
+    (``x`` None: the last call's input, bias and residual) is that entry on the block as it
+    stands (``bound_call``), else None: what codegen/step_chain.py calls in its place."""
+    if last is None or whole is None:
+        return None
+    if x is None:
+        x, bias, other = last[0], last[2], last[3]
+    if not bound_call(last, x, packed, bias, other, out):
+        return None
+    return ctypes.cast(whole, ctypes.c_void_p).value or 0, addr
 
 
 def bound_call(last: tuple, x: Any, packed: Any, bias: Any, other: Any, out: Any) -> bool:

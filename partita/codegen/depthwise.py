@@ -40,7 +40,7 @@ import threading
 from typing import Any
 
 from ..ops._lazy import torch
-from .conv import act_declarations, bound_args, gelu_lines, hardswish_lines
+from .conv import act_declarations, bound_args, bound_entry, gelu_lines, hardswish_lines
 from .cpu import split_on_team
 from .jit import CodegenError, jit
 from .lowering import vector_width
@@ -493,6 +493,10 @@ class PreparedDepthwise:
     def pack(self, w: Any) -> Any:
         """The weight as the kernel reads it (``pack_weight``)."""
         return pack_weight(w, self.lanes)
+
+    def native_entry(self, x: Any, packed: Any, bias: Any, other: Any, out: Any) -> tuple[int, int] | None:
+        """``conv.bound_entry`` of this kernel: what one thread's call with these tensors runs."""
+        return bound_entry(self.last, self.whole, self.addr, x, packed, bias, other, out)
 
     def __call__(self, x: Any, packed: Any, bias: Any = None, other: Any = None, out: Any = None) -> Any:
         """The convolution of ``x`` (channels-last) with the epilogue, on this call's threads."""

@@ -875,6 +875,21 @@ class PreparedGemm:
                          self.n)
         return c
 
+    def native_entry(self, x: Any, packed: Any, bias: Any, out: Any) -> tuple[int, int] | None:
+        """(``block_entry``'s address, the block's) where ``rows(x, packed, bias, out, ...)`` on
+        one thread is that entry on the block as its last call left it (``x`` None: whatever
+        input that call read), else None: what codegen/step_chain.py calls in its place."""
+        blk = self.blk
+        if self.entry is None or out is None or self.strides != (self.k, 1):
+            return None
+        if x is not None:
+            if not x.is_contiguous() or blk[0] != x.data_ptr() or (bias is not None and not bias.is_contiguous()) \
+                    or blk[2] != (0 if bias is None else bias.data_ptr()):
+                return None
+        if blk[1] != packed.data_ptr() or blk[3] != out.data_ptr() or blk[4] != self.n:
+            return None
+        return ctypes.cast(self.entry, ctypes.c_void_p).value or 0, self.blk_addr
+
     def call_kernel(self, a: int, lda: int, sak: int, bp: int, bias: int, c: int, ldc: int) -> None:
         """Run the kernel on these addresses and strides (bias 0: none): split between threads
         where the work is large enough, else through the parameter block."""

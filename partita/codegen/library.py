@@ -424,9 +424,41 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
                 return deliver(call(x, w, bias, other), out)
             return run_onednn(x, op, bias, other, out)
 
+        if out is not None and not to_caller:
+            def native_entry(args: list | None) -> tuple[int, int] | None:
+                """(entry, parameter block) of the kernel that a call with ``args`` (None: the
+                tensors of the last call) would run as its one native call on one thread, or None
+                where the call would do more (pack, measure, bind the block anew, copy)."""
+                fast, gen = st.fast, st.gen
+                if fast is None or gen is None:
+                    return None
+                w = fast[0]()
+                if w is None or w._version != fast[1]:
+                    return None
+                ask = getattr(gen, "native_entry", None)
+                if ask is None:
+                    return None
+                if args is None:
+                    return ask(None, fast[2], None, None, out)
+                if args[1] is not w or not args[0].is_cpu:
+                    return None
+                return ask(args[0], fast[2], args[2] if has_bias else None, args[-1] if has_other else None, out)
+
+            step.native_entry = native_entry  # type: ignore[attr-defined]  # codegen/step_chain.py
+            step.native_out = out  # type: ignore[attr-defined]
+            step.native_stats = st  # type: ignore[attr-defined]
         return step
 
     return Kernel(name, prepare)
+
+
+def conv_step_stats(step: Any) -> dict[str, int]:
+    """The counters one native call of a chained convolution step adds (``_STATS``), as its
+    own fast path does."""
+    st = getattr(step, "native_stats", None)
+    if not isinstance(st, _ConvState):
+        return {}
+    return {"generated_conv_calls": 1, "winograd_calls": int(st.winograd)}
 
 
 def _padded_first(call: Callable, attrs: dict) -> Callable:
@@ -785,6 +817,22 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
 
         # one f32 tensor, the node's dtype: the executor's generated call skips its result checks
         gen_step.exact_result = node is not None and _all_f32(*node.operands, *node.results)  # type: ignore[attr-defined]
+        if out is not None:
+            def native_entry(args: list | None) -> tuple[int, int] | None:
+                """(entry, parameter block) of the GEMM a call with ``args`` (None: the last
+                call's) would run as its one native call on one thread (codegen/step_chain.py)."""
+                ref = fast[0]
+                w = None if ref is None else ref()
+                if w is None or w._version != fast[1]:
+                    return None
+                if args is None:
+                    return run.native_entry(None, fast[2], None, out)
+                if args[1] is not w or args[0].dtype is not f32_ or not args[0].is_cpu:
+                    return None
+                return run.native_entry(args[0], fast[2], args[2] if has_bias else None, out)
+
+            gen_step.native_entry = native_entry  # type: ignore[attr-defined]
+            gen_step.native_out = out  # type: ignore[attr-defined]
         return gen_step
     # oneDNN takes the weight [N, K]; a [K, N] weight is passed as its transpose (a view, which
     # the library reads as it is) until the packed [N, K] copy exists.

@@ -1,0 +1,303 @@
+"""Consecutive generated-kernel steps run from one native call (docs/codegen.md, "Step chains").
+
+A small CNN's program is a row of convolutions whose kernels take a few microseconds each, and
+each step pays about 1.5 us of Python around its kernel: the generated function's call, the
+library step's checks that its packed weight is still good, the prepared kernel's checks that
+its parameter block still points at the call's tensors, and the ctypes call. Once a program is
+in its steady state (every weight packed, every kernel chosen and bound to its buffers in the
+arena), those checks give the same answer at every call, and the kernels' entries with their
+parameter blocks are a fixed list.
+
+``chain_steps`` replaces each run of such steps (two or more in a row, each step's function
+offering ``native_entry``) by a ``ChainStep`` at the run's first position and constant steps
+(the result buffers in the arena) at the others. At a call the chain checks, once for the whole
+run, what the steps checked one by one: one thread, the same tensors from outside the run as at
+its last call (by identity; a weak reference to each drops the chain's state when one dies), at
+the same addresses, and the packed weights' sources at the same versions. Then one ctypes call
+of ``pt_step_chain`` calls each kernel's whole-range entry on its parameter block in order.
+Where any check fails, the chain runs its steps' own functions as the program did (they check
+and re-bind what changed), copies any result that did not land in its buffer there, and arms
+itself again where every step is native once more.
+
+``PARTITA_STEP_CHAIN=0`` leaves the program's steps as they are.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from operator import attrgetter
+from typing import Any, Callable
+
+import torch
+
+from ..backend.torch_exec import ConstantStep
+
+ENABLED = os.environ.get("PARTITA_STEP_CHAIN", "1") != "0"
+
+# how many calls a program waits for its native steps to settle before it stops looking
+MAX_TRIES = 8
+
+_ENTRY_NAME = "pt_step_chain"
+_LOCK = threading.Lock()
+_ENTRY: list = []   # [the compiled loop, or None where it did not compile]
+
+
+def chain_ir(name: str = _ENTRY_NAME) -> str:
+    """``name(ptr table)``: table = [n, entry 0, params 0, entry 1, params 1, ...] (i64 each);
+    calls ``entry i(params i)`` for i < n in order (n >= 1)."""
+    return "\n".join([
+        f"define void @{name}(ptr %t) nounwind {{",
+        "entry:",
+        "  %n = load i64, ptr %t, align 8",
+        "  br label %loop",
+        "loop:",
+        "  %i = phi i64 [ 0, %entry ], [ %i.n, %loop ]",
+        "  %o = shl i64 %i, 1",
+        "  %o1 = add i64 %o, 1",
+        "  %o2 = add i64 %o, 2",
+        "  %fp = getelementptr inbounds i64, ptr %t, i64 %o1",
+        "  %ap = getelementptr inbounds i64, ptr %t, i64 %o2",
+        "  %fv = load i64, ptr %fp, align 8",
+        "  %av = load i64, ptr %ap, align 8",
+        "  %f = inttoptr i64 %fv to ptr",
+        "  %a = inttoptr i64 %av to ptr",
+        "  call void %f(ptr %a)",
+        "  %i.n = add i64 %i, 1",
+        "  %c = icmp ult i64 %i.n, %n",
+        "  br i1 %c, label %loop, label %exit",
+        "exit:",
+        "  ret void",
+        "}",
+    ]) + "\n"
+
+
+def chain_entry() -> Any:
+    """The compiled ``pt_step_chain(table)`` (once a process), or None where it does not compile."""
+    with _LOCK:
+        if not _ENTRY:
+            try:
+                from .jit import jit
+
+                _ENTRY.append(jit().kernel(_ENTRY_NAME, chain_ir(), 0, argtypes=[ctypes.c_void_p]).fn)
+            except Exception:   # CodegenError, llvmlite missing: the steps run as they are
+                _ENTRY.append(None)
+        return _ENTRY[0]
+
+
+def function_address(fn: Any) -> int:
+    """The address of a ctypes function."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+class _Member:
+    """One step of a chain: its function, where its operands come from (an index into the
+    chain's outside operands, or a fixed tensor made inside the run), its attrs and its
+    result buffer."""
+
+    __slots__ = ("fn", "sources", "attrs", "out", "node", "index")
+
+    def __init__(self, fn: Any, sources: list, attrs: dict, out: Any, node: Any, index: int) -> None:
+        self.fn, self.sources, self.attrs, self.out, self.node = fn, sources, attrs, out, node
+        self.index = index   # its position in the program's steps
+
+
+_version = attrgetter("_version")
+_data_ptr = torch.Tensor.data_ptr
+
+
+class ChainStep:
+    """The step that runs a chain's members (see the module doc). Its operands are the tensors
+    the run reads from before it (``outside`` slots, in order); its result is the first member's
+    result buffer, the others' are constant steps of theirs."""
+
+    exact_result = True   # the first member's buffer: one f32 tensor of the node's dtype
+
+    def __init__(self, members: list[_Member], weight_args: list[int], stats: dict[str, int],
+                 original: dict[int, tuple]) -> None:
+        self.members = members
+        self.original = original         # step index -> the step it replaced (``unchain``)
+        self.failed: int | None = None   # the step index of the first member not native at the last arming
+        self.weight_args = weight_args   # indices of the outside operands that packed weights come from
+        self.stats = stats               # library counters the members' steps would have bumped
+        self.armed = False
+        self.ids: list[int] = []
+        self.ptrs: list[int] = []
+        self.versions: list[int] = []
+        self.refs: list = []
+        self.table: Any = None
+        self.table_addr = 0
+        self.entry = chain_entry()
+        self.native_calls = 0   # calls run by the one native call (tests read it)
+
+    def _disarm(self, _ref: Any = None) -> None:
+        self.armed = False
+        self.refs = []
+
+    def __call__(self, args: list, attrs: dict) -> Any:
+        if self.armed and torch.get_num_threads() == 1 and list(map(id, args)) == self.ids \
+                and list(map(_data_ptr, args)) == self.ptrs \
+                and [args[i]._version for i in self.weight_args] == self.versions:
+            self.entry(self.table_addr)
+            self.native_calls += 1
+            from .library import _STATS
+
+            for k, v in self.stats.items():
+                _STATS[k] += v
+            return self.members[0].out
+        return self._stepwise(args)
+
+    def _stepwise(self, args: list) -> Any:
+        """Each member's own step, as the program ran them; then arm where every one is native."""
+        self._disarm()
+        for m in self.members:
+            a = [args[s] if type(s) is int else s.value for s in m.sources]
+            r = m.fn(a, m.attrs)
+            if type(r) in (list, tuple):
+                r = r[0]
+            if r is not m.out:
+                m.out.copy_(r)
+        self._arm(args)
+        return self.members[0].out
+
+    def _arm(self, args: list) -> None:
+        if self.entry is None:
+            return
+        entries = []
+        for m in self.members:
+            a = [args[s] if type(s) is int else s.value for s in m.sources]
+            e = m.fn.native_entry(a)
+            if e is None:
+                self.failed = m.index
+                return
+            entries.extend(e)
+        self.failed = None
+        table = (ctypes.c_int64 * (1 + len(entries)))(len(self.members), *entries)
+        try:
+            self.refs = [weakref.ref(a, self._disarm) for a in args]
+        except TypeError:   # an operand that takes no weak reference: never armed
+            return
+        self.table, self.table_addr = table, ctypes.addressof(table)
+        self.ids = list(map(id, args))
+        self.ptrs = list(map(_data_ptr, args))
+        self.versions = [args[i]._version for i in self.weight_args]
+        self.armed = True
+
+
+class _Fixed:
+    """A member's operand made inside the run: a tensor that is the same at every call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def native_steps(prog: Any) -> list[int]:
+    """The indices of the program's steps that are native now: one result, no collective to
+    wait for, and a step function whose ``native_entry()`` (with its last call's tensors) gives
+    a kernel entry."""
+    found = []
+    for i, st in enumerate(prog.steps):
+        fn = st[0]
+        ask: Callable | None = getattr(fn, "native_entry", None)
+        if ask is not None and len(st[3]) == 1 and not st[6] and ask(None) is not None:
+            found.append(i)
+    return found
+
+
+def runs_of(prog: Any, native: list[int]) -> list[list[int]]:
+    """The runs of two or more ``native`` steps in a row (constant steps between them allowed)."""
+    native_set = set(native)
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    for i, st in enumerate(prog.steps):
+        if i in native_set:
+            cur.append(i)
+        elif type(st[0]) is ConstantStep and cur:
+            continue   # a view made once between two kernels: read as the constant it is
+        else:
+            if len(cur) >= 2:
+                runs.append(cur)
+            cur = []
+    if len(cur) >= 2:
+        runs.append(cur)
+    return runs
+
+
+def chain_steps(prog: Any, native: list[int]) -> list[ChainStep]:
+    """Replace each run of ``runs_of(prog, native)`` by a ``ChainStep`` and constant steps."""
+    if not ENABLED or chain_entry() is None:
+        return []
+    return [_chain_run(prog, run) for run in runs_of(prog, native)]
+
+
+def unchain(prog: Any, chain: ChainStep) -> None:
+    """Put back the steps ``chain`` replaced."""
+    for i, st in chain.original.items():
+        prog.steps[i] = st
+
+
+def settle(prog: Any, chains: list[ChainStep]) -> tuple[list[ChainStep], bool]:
+    """After a call: each chain that did not arm is put back and its steps on either side of
+    the member that was not native are chained again. Returns the chains and whether every one
+    is armed."""
+    out: list[ChainStep] = []
+    for c in chains:
+        if c.armed:
+            out.append(c)
+            continue
+        unchain(prog, c)
+        if c.failed is None:   # not armed for another reason (threads, no weak reference)
+            continue
+        rest = [i for i in c.original if i != c.failed and getattr(prog.steps[i][0], "native_entry", None)]
+        out += [_chain_run(prog, run) for run in runs_of(prog, rest)]
+    return out, all(c.armed for c in out)
+
+
+def _chain_run(prog: Any, run: list[int]) -> ChainStep:
+    from .library import conv_step_stats
+
+    steps = prog.steps
+    original = {i: steps[i] for i in range(run[0], run[-1] + 1) if type(steps[i][0]) is not ConstantStep}
+    fixed: dict[int, _Fixed] = {}   # slot -> a tensor made inside the run
+    outside: list[int] = []         # slots read from before the run, in order
+    members = []
+    weight_args: list[int] = []
+    stats: dict[str, int] = {}
+    for i in range(run[0], run[-1] + 1):
+        fn, ops, attrs, outs, _dt, _fr, _w, node = steps[i]
+        if type(fn) is ConstantStep:
+            if len(outs) == 1 and not isinstance(fn.value, (list, tuple)):
+                fixed[outs[0]] = _Fixed(fn.value)
+            else:
+                for o in outs:   # a split's pieces: not read by the chain
+                    fixed.pop(o, None)
+            continue
+        out = fn.native_out
+        sources: list = []
+        for j, s in enumerate(ops):
+            if s in fixed:
+                sources.append(fixed[s])
+                continue
+            if s not in outside:
+                outside.append(s)
+            k = outside.index(s)
+            sources.append(k)
+            if j == 1 and k not in weight_args:   # operand 1: the weight a packed copy is made from
+                weight_args.append(k)
+        members.append(_Member(fn, sources, attrs, out, node, i))
+        fixed[outs[0]] = _Fixed(out)
+        for key, v in conv_step_stats(fn).items():
+            stats[key] = stats.get(key, 0) + v
+    # constant steps between the members stay where they are (read later too, perhaps); the
+    # members after the first become their result buffers, their operands read by the chain
+    first = steps[run[0]]
+    chain = ChainStep(members, weight_args, stats, original)
+    frees = tuple(dict.fromkeys(s for i in run for s in steps[i][5]))
+    for i in run[1:]:
+        st = steps[i]
+        steps[i] = (ConstantStep(st[0].native_out), (), st[2], st[3], st[4], (), (), st[7])
+    steps[run[0]] = (chain, tuple(outside), first[2], first[3], first[4], frees, (), first[7])
+    return chain
