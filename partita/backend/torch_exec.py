@@ -135,6 +135,11 @@ class TorchProgram:
         self.pending_outputs = tuple(s for s in dict.fromkeys(self.output_slots) if s in pending)
         self._bind_plan = _bind_plan(graph, self._input_dtypes, self._on_device)
         self._bind = None if self._bind_plan is None else bind_function(self._bind_plan)
+        # [n]: n grows at every call where a param may differ from the previous call's (another
+        # tensor, version or address, or bound by the converting path): while it stays, every
+        # param is the tensor of the previous call, unchanged (codegen/step_chain.py reads it)
+        self.params_epoch: list[int] = [0] if self._bind is None else self._bind.epoch
+        self.param_slots = frozenset(slot[v] for v in graph.inputs if v.role != "input")
 
     @property
     def steps(self) -> list:
@@ -162,6 +167,7 @@ class TorchProgram:
             env[s] = t
         bind = self._bind
         if bind is None or not bind(env, inputs, weights):
+            self.params_epoch[0] += 1
             self._bind_converting(env, inputs, weights)
         inflight: list = []  # result-less asynchronous ops (sends) still in flight
         run = self._run
@@ -289,7 +295,7 @@ def bind_function(plan: tuple[list, list]) -> Any:
     every call (ResNet's 29 params: 15 -> 9 us a call on a loaded machine)."""
     data, params = plan
     ns: dict[str, Any] = {"T": torch.Tensor, "M": _MISSING, "R": [_dead_ref] * len(params),
-                          "V": [-1] * len(params), "P": [0] * len(params), "ref": weakref.ref}
+                          "V": [-1] * len(params), "P": [0] * len(params), "ref": weakref.ref, "E": [0]}
     lines = ["def _bind(env, inputs, weights):",
              "    if type(inputs) is not list and type(inputs) is not tuple: return False",
              f"    if len(inputs) != {len(data)}: return False",
@@ -307,13 +313,16 @@ def bind_function(plan: tuple[list, list]) -> Any:
         ns[f"D{s}"], ns[f"S{s}"] = want, shape
         lines += [f"    a = get({name!r}, M)",
                   f"    if R[{k}]() is not a or a._version != V[{k}] or a.data_ptr() != P[{k}]:",
+                  "        E[0] += 1",
                   f"        if not isinstance(a, T) or a.dtype is not D{s} or a.shape != S{s}: return False",
                   "        if not a.is_inference():",   # an inference tensor has no version counter
                   f"            R[{k}], V[{k}], P[{k}] = ref(a), a._version, a.data_ptr()",
                   f"    env[{s}] = a"]
     lines.append("    return True")
     exec(compile("\n".join(lines) + "\n", "<partita bind>", "exec"), ns)
-    return ns["_bind"]
+    fn = ns["_bind"]
+    fn.epoch = ns["E"]   # TorchProgram.params_epoch: bumped wherever a param is not the last call's
+    return fn
 
 
 class _Steps(list):

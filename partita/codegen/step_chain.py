@@ -109,21 +109,35 @@ _data_ptr = torch.Tensor.data_ptr
 
 class ChainStep:
     """The step that runs a chain's members (see the module doc). Its operands are the tensors
-    the run reads from before it (``outside`` slots, in order); its result is the first member's
-    result buffer, the others' are constant steps of theirs."""
+    the run reads from before it (the ``outside`` slots, in order); its result is the first
+    member's result buffer, the others' are constant steps of theirs.
+
+    The guard has two forms. Where the program's ``params_epoch`` is what it was when the chain
+    last checked everything, every param among the operands is the tensor of that check,
+    unchanged (the program's binding compared each with the previous call's: object, version,
+    address): only the other operands (activations, the program's input) are checked, by
+    identity and address. Otherwise all of them, and each weight's version."""
 
     exact_result = True   # the first member's buffer: one f32 tensor of the node's dtype
 
-    def __init__(self, members: list[_Member], weight_args: list[int], stats: dict[str, int],
-                 original: dict[int, tuple]) -> None:
+    def __init__(self, members: list[_Member], n_args: int, weight_args: list[int], param_args: list[int],
+                 epoch: list[int], stats: dict[str, int], original: dict[int, tuple]) -> None:
+        from .library import _STATS
+
         self.members = members
         self.original = original         # step index -> the step it replaced (``unchain``)
         self.failed: int | None = None   # the step index of the first member not native at the last arming
         self.weight_args = weight_args   # indices of the outside operands that packed weights come from
-        self.stats = stats               # library counters the members' steps would have bumped
+        self.other_args = [i for i in range(n_args) if i not in set(param_args)]   # activations, inputs
+        self.epoch = epoch               # the program's params_epoch
+        self.checked_epoch = -1          # its value when every operand was last found as at arming
+        self.stats = list(stats.items())  # library counters the members' steps would have bumped
+        self.counters = _STATS
         self.armed = False
         self.ids: list[int] = []
         self.ptrs: list[int] = []
+        self.other_ids: list[int] = []
+        self.other_ptrs: list[int] = []
         self.versions: list[int] = []
         self.refs: list = []
         self.table: Any = None
@@ -136,16 +150,23 @@ class ChainStep:
         self.refs = []
 
     def __call__(self, args: list, attrs: dict) -> Any:
-        if self.armed and torch.get_num_threads() == 1 and list(map(id, args)) == self.ids \
-                and list(map(_data_ptr, args)) == self.ptrs \
-                and [args[i]._version for i in self.weight_args] == self.versions:
-            self.entry(self.table_addr)
-            self.native_calls += 1
-            from .library import _STATS
-
-            for k, v in self.stats.items():
-                _STATS[k] += v
-            return self.members[0].out
+        if self.armed and torch.get_num_threads() == 1:
+            if self.epoch[0] == self.checked_epoch:
+                others = [args[i] for i in self.other_args]
+                ok = list(map(id, others)) == self.other_ids and list(map(_data_ptr, others)) == self.other_ptrs
+            else:
+                ok = list(map(id, args)) == self.ids and list(map(_data_ptr, args)) == self.ptrs \
+                    and [args[i]._version for i in self.weight_args] == self.versions
+                if ok:
+                    self.checked_epoch = self.epoch[0]
+            if ok:
+                self.entry(self.table_addr)
+                self.native_calls += 1
+                if self.stats:
+                    counters = self.counters
+                    for k, v in self.stats:
+                        counters[k] += v
+                return self.members[0].out
         return self._stepwise(args)
 
     def _stepwise(self, args: list) -> Any:
@@ -181,7 +202,11 @@ class ChainStep:
         self.table, self.table_addr = table, ctypes.addressof(table)
         self.ids = list(map(id, args))
         self.ptrs = list(map(_data_ptr, args))
+        others = [args[i] for i in self.other_args]
+        self.other_ids = list(map(id, others))
+        self.other_ptrs = list(map(_data_ptr, others))
         self.versions = [args[i]._version for i in self.weight_args]
+        self.checked_epoch = self.epoch[0]
         self.armed = True
 
 
@@ -294,7 +319,8 @@ def _chain_run(prog: Any, run: list[int]) -> ChainStep:
     # constant steps between the members stay where they are (read later too, perhaps); the
     # members after the first become their result buffers, their operands read by the chain
     first = steps[run[0]]
-    chain = ChainStep(members, weight_args, stats, original)
+    param_args = [k for k, s in enumerate(outside) if s in prog.param_slots]
+    chain = ChainStep(members, len(outside), weight_args, param_args, prog.params_epoch, stats, original)
     frees = tuple(dict.fromkeys(s for i in run for s in steps[i][5]))
     for i in run[1:]:
         st = steps[i]

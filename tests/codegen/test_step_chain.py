@@ -221,3 +221,45 @@ def test_the_loop_calls_each_entry_in_order():
     table = (ctypes.c_int64 * 11)(5, *[v for b in blocks for v in (digit, ctypes.addressof(b))])
     k.fn(ctypes.addressof(table))
     assert acc[0] == 31415
+
+
+def test_params_epoch_moves_only_when_a_param_changes(own_cache):
+    torch.manual_seed(6)
+    x = torch.randn(2, 3, 8, 8)
+    prog, weights = _program(_net(), x)
+    epoch = prog.program.params_epoch
+    with torch.inference_mode():
+        prog([x], weights)
+        start = epoch[0]
+        for _ in range(3):
+            prog([torch.randn(2, 3, 8, 8)], weights)   # new inputs: not params
+        assert epoch[0] == start
+        next(iter(weights.values())).add_(1.0)        # in place: a new version
+        prog([x], weights)
+        assert epoch[0] > start
+        start = epoch[0]
+        prog([x], weights)
+        assert epoch[0] == start
+        prog([x], dict(weights))                      # another dict, the same tensors
+        assert epoch[0] == start
+        k = next(iter(weights))
+        prog([x], {**weights, k: weights[k].clone()})  # another tensor
+        assert epoch[0] > start
+
+
+def test_a_channels_last_input_is_read_by_the_chain(own_cache):
+    torch.manual_seed(7)
+    shape = (2, 3, 11, 7)
+    x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+    prog, weights = _program(_net(), x)
+    with torch.inference_mode():
+        for _ in range(6):
+            torch.testing.assert_close(prog([x], weights)[0], _want(weights, x), rtol=1e-4, atol=1e-5)
+        assert prog.chained_steps == 10   # the stem too: it reads the input where it is
+        native = _native_calls(prog)
+        x.mul_(-2.0)                      # the same tensor, new contents: read where it is
+        torch.testing.assert_close(prog([x], weights)[0], _want(weights, x), rtol=1e-4, atol=1e-5)
+        assert _native_calls(prog) == native + 1
+        for _ in range(3):                # a new input tensor each call
+            x2 = torch.randn(shape).contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(prog([x2], weights)[0], _want(weights, x2), rtol=1e-4, atol=1e-5)
