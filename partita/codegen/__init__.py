@@ -284,11 +284,11 @@ class CompiledProgram:
         self._chain_tries -= 1
         if self._chains:   # chained at an earlier call: keep the chains that armed, split the others
             self._chains, done = settle(self.program, self._chains)
-            if done or not self._chain_tries:
+            if done or not self._chain_tries:   # what has not run as its native call is put back
                 for c in self._chains:
-                    if not c.armed:
+                    if not c.native_calls:
                         unchain(self.program, c)
-                self._chains = [c for c in self._chains if c.armed]
+                self._chains = [c for c in self._chains if c.native_calls]
                 self._chain_tries = 0
         else:
             native = native_steps(self.program)

@@ -144,6 +144,7 @@ class ChainStep:
         self.table_addr = 0
         self.entry = chain_entry()
         self.native_calls = 0   # calls run by the one native call (tests read it)
+        self.moved: set[int] = set()   # operands found another tensor or address than at the last arming
 
     def _disarm(self, _ref: Any = None) -> None:
         self.armed = False
@@ -171,6 +172,8 @@ class ChainStep:
 
     def _stepwise(self, args: list) -> Any:
         """Each member's own step, as the program ran them; then arm where every one is native."""
+        if self.armed and len(args) == len(self.ids):   # what moved since the arming (``settle`` reads it)
+            self.moved = {i for i, a in enumerate(args) if id(a) != self.ids[i] or a.data_ptr() != self.ptrs[i]}
         self._disarm()
         for m in self.members:
             a = [args[s] if type(s) is int else s.value for s in m.sources]
@@ -266,19 +269,25 @@ def unchain(prog: Any, chain: ChainStep) -> None:
 
 def settle(prog: Any, chains: list[ChainStep]) -> tuple[list[ChainStep], bool]:
     """After a call: each chain that did not arm is put back and its steps on either side of
-    the member that was not native are chained again. Returns the chains and whether every one
-    is armed."""
+    the member that was not native are chained again; each chain that armed but found an
+    operand moved at its next call (a tensor a step before it makes anew at every call) is put
+    back and its steps that do not read such an operand chained again. Returns the chains and
+    whether every one has run as its native call."""
     out: list[ChainStep] = []
     for c in chains:
-        if c.armed:
+        if c.armed and (c.native_calls or not c.moved):
             out.append(c)
             continue
         unchain(prog, c)
-        if c.failed is None:   # not armed for another reason (threads, no weak reference)
+        if c.armed:
+            drop = {m.index for m in c.members if any(type(s) is int and s in c.moved for s in m.sources)}
+        elif c.failed is not None:
+            drop = {c.failed}
+        else:   # not armed for another reason (threads, no weak reference)
             continue
-        rest = [i for i in c.original if i != c.failed and getattr(prog.steps[i][0], "native_entry", None)]
+        rest = [i for i in c.original if i not in drop and getattr(prog.steps[i][0], "native_entry", None)]
         out += [_chain_run(prog, run) for run in runs_of(prog, rest)]
-    return out, all(c.armed for c in out)
+    return out, all(c.native_calls for c in out)
 
 
 def _chain_run(prog: Any, run: list[int]) -> ChainStep:

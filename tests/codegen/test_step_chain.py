@@ -263,3 +263,27 @@ def test_a_channels_last_input_is_read_by_the_chain(own_cache):
         for _ in range(3):                # a new input tensor each call
             x2 = torch.randn(shape).contiguous(memory_format=torch.channels_last)
             torch.testing.assert_close(prog([x2], weights)[0], _want(weights, x2), rtol=1e-4, atol=1e-5)
+
+
+def test_a_member_reading_a_new_tensor_each_call_is_split_out(own_cache):
+    torch.manual_seed(8)
+    x = torch.randn(2, 3, 9, 9)
+    prog, weights = _program(_net(), x)
+    steps = prog.program.steps
+    stem = steps[0][0]
+
+    def fresh(args, attrs):   # the stem's result as a new tensor at every call
+        return stem(args, attrs).clone(memory_format=torch.channels_last)
+
+    steps[0] = (fresh, *steps[0][1:])
+    want = _want(weights, x)
+    with torch.inference_mode():
+        for _ in range(8):
+            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    chains = _chains(prog)
+    assert chains and all(c.armed and c.native_calls for c in chains)
+    readers = {i for i, st in enumerate(prog.program.steps) if steps[0][3][0] in st[1]}
+    assert readers and all(m.index not in readers for c in chains for m in c.members)
+    # the nine less the two readers of the stem's result (the first block's expansion and its
+    # projection, which adds the residual), and the depthwise step between them, alone now
+    assert prog.chained_steps == 6
