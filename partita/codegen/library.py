@@ -233,6 +233,13 @@ def packed_weight_stats() -> dict[str, int]:
     return dict(_STATS)
 
 
+def count_calls(counts: list[tuple[str, int]]) -> None:
+    """Add ``counts`` to ``packed_weight_stats``'s counters (codegen/step_chain.py: the calls
+    its members' own steps would have counted)."""
+    for k, v in counts:
+        _STATS[k] += v
+
+
 # fuse-library rewrites a patch convolution (stride = kernel) as a GEMM when the generated
 # GEMM compiles (``_patch_conv``) and a patch row is at least PATCH_GEMM_MIN_KW floats: the
 # gather of ConvNeXt's 4 x 4 and 2 x 2 patches (runs of 4 and 2 floats) cost more than the

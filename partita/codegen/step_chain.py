@@ -122,7 +122,7 @@ class ChainStep:
 
     def __init__(self, members: list[_Member], n_args: int, weight_args: list[int], param_args: list[int],
                  epoch: list[int], stats: dict[str, int], original: dict[int, tuple]) -> None:
-        from .library import _STATS
+        from .library import count_calls
 
         self.members = members
         self.original = original         # step index -> the step it replaced (``unchain``)
@@ -132,7 +132,7 @@ class ChainStep:
         self.epoch = epoch               # the program's params_epoch
         self.checked_epoch = -1          # its value when every operand was last found as at arming
         self.stats = list(stats.items())  # library counters the members' steps would have bumped
-        self.counters = _STATS
+        self.count_calls = count_calls
         self.armed = False
         self.ids: list[int] = []
         self.ptrs: list[int] = []
@@ -164,9 +164,7 @@ class ChainStep:
                 self.entry(self.table_addr)
                 self.native_calls += 1
                 if self.stats:
-                    counters = self.counters
-                    for k, v in self.stats:
-                        counters[k] += v
+                    self.count_calls(self.stats)
                 return self.members[0].out
         return self._stepwise(args)
 
