@@ -33,9 +33,10 @@ bumps it on every in-place write); anything else runs the unpacked kernel for th
 remembers the new tensor, which is packed when it comes again unchanged. So a new tensor or an
 in-place update is noticed, a weight used once is never packed, and a NumPy weight (converted
 to a new tensor at each call) always runs unpacked. Inference tensors (made under
-torch.inference_mode) have no version counter and are never packed. Writes torch cannot see
-(through ``tensor.data``, or the NumPy array a tensor shares memory with) are not noticed:
-assign new tensors instead.
+torch.inference_mode) have no version counter and are never packed. The copy is also keyed by
+the tensor's address, so a storage swapped under the same object (``w.data = other``) is
+noticed. Writes torch cannot see (in place through ``tensor.data``, or the NumPy array a tensor
+shares memory with) are not noticed: assign new tensors instead.
 """
 
 from __future__ import annotations
@@ -255,13 +256,14 @@ class PackedWeight:
     (the same object, at the same ``_version``), packing it on its second unchanged sighting;
     None otherwise (the caller runs the unpacked kernel)."""
 
-    __slots__ = ("pack", "ref", "version", "packed", "view")
+    __slots__ = ("pack", "ref", "version", "packed", "view", "ptr")
 
     def __init__(self, pack: Callable) -> None:
         self.pack = pack
         self.view: Any = None
         self.ref: Any = None
         self.version = -1
+        self.ptr = -1
         self.packed: Any = None
 
     def get(self, w: Any) -> Any:
@@ -275,7 +277,8 @@ class PackedWeight:
         key = w if base is None else base
         view = None if base is None else (w.shape, w.stride(), w.storage_offset())
         ref = self.ref
-        if ref is not None and version == self.version and ref() is key and view == self.view:
+        ptr = w.data_ptr()
+        if ref is not None and version == self.version and ref() is key and view == self.view and ptr == self.ptr:
             packed = self.packed
             if packed is None:
                 packed = self.packed = self.pack(w)
@@ -288,6 +291,7 @@ class PackedWeight:
             return None
         self.version = version
         self.view = view
+        self.ptr = ptr
         self.packed = None
         return None
 
@@ -394,8 +398,9 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
 
         def step(args: list, attrs: dict) -> Any:
             x = args[0]
-            fast = st.fast   # (weight's weakref, its version, packed) of the generated kernel's last call
-            if fast is not None and fast[0]() is args[1] and args[1]._version == fast[1] and x.is_cpu:
+            fast = st.fast   # (weight's weakref, its version, packed, address) of the generated kernel's last call
+            if fast is not None and fast[0]() is args[1] and args[1]._version == fast[1] \
+                    and args[1].data_ptr() == fast[3] and x.is_cpu:
                 _STATS["generated_conv_calls"] += 1   # run_generated, inlined: every call of the program
                 _STATS["winograd_calls"] += st.winograd
                 y = st.gen(x, fast[2], args[2] if has_bias else None, args[-1] if has_other else None, out)
@@ -411,7 +416,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
             gp = st.gcache.get(w) if st.gcache is not None else None
             if gp is not None and picked is not None:
                 # the same weight tensor unchanged next time: PackedWeight.get's answer again
-                st.fast = (weakref.ref(w), w._version, gp) if w._base is None else None
+                st.fast = (weakref.ref(w), w._version, gp, w.data_ptr()) if w._base is None else None
                 return run_generated(x, gp, bias, other, out)
             op = st.cache.get(w) if st.cache is not None else None
             if picked is None and (gp is not None or st.gcache is None) and op is not None:
@@ -440,7 +445,7 @@ def _conv_kernel(binary: str, unary: str) -> Kernel:
                 if fast is None or gen is None:
                     return None
                 w = fast[0]()
-                if w is None or w._version != fast[1]:
+                if w is None or w._version != fast[1] or w.data_ptr() != fast[3]:
                     return None
                 ask = getattr(gen, "native_entry", None)
                 if ask is None:
@@ -789,15 +794,16 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
         choice = LinearChoice(node, m, k, n, layout, has_bias, unary) if node is not None and choose_enabled() \
             else None
         aten = aten_linear_run(tuple(out_shape), k, kn, unary, out)
-        fast: list = [None, -1, None]  # the last generated call's weight (a weak reference), version, packed copy
+        # the last generated call's weight (a weak reference), version, packed copy, address
+        fast: list = [None, -1, None, 0]
 
         def gen_step(args: list, attrs: dict) -> Any:
             x = args[0]
             w = args[1]
             bias = args[2] if has_bias else None
             ref = fast[0]
-            if ref is not None and ref() is w and w._version == fast[1] and x.dtype is f32_ and x.is_cpu \
-                    and (bias is None or bias.is_contiguous()):
+            if ref is not None and ref() is w and w._version == fast[1] and w.data_ptr() == fast[3] \
+                    and x.dtype is f32_ and x.is_cpu and (bias is None or bias.is_contiguous()):
                 return run.rows(x, fast[2], bias, out, out_shape)  # the weight packed and chosen before
             if not x.is_cpu:
                 return fallback(args, attrs)
@@ -813,7 +819,7 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                         gcache.packed = None   # the packed copy is not used again
                         return aten(x, w, bias)
                 if w._base is None:
-                    fast[:] = [weakref.ref(w), w._version, packed]
+                    fast[:] = [weakref.ref(w), w._version, packed, w.data_ptr()]
                 return run.rows(x, packed, bias, out, out_shape)
             _STATS["unpacked_calls"] += 1
             y = lin(x, w.t() if kn else w, bias, attr, scalars, alg)
@@ -830,7 +836,7 @@ def linear_step(out_shape: tuple, k: int, layout: str, has_bias: bool, unary: st
                 call's) would run as its one native call on one thread (codegen/step_chain.py)."""
                 ref = fast[0]
                 w = None if ref is None else ref()
-                if w is None or w._version != fast[1]:
+                if w is None or w._version != fast[1] or w.data_ptr() != fast[3]:
                     return None
                 if args is None:
                     return run.native_entry(None, fast[2], None, out)
