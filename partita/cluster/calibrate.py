@@ -274,10 +274,18 @@ def measure_compute(quick: bool, progress: Callable[[str], Any]) -> tuple[dict[s
     dtypes = ["f32", "f64"] + (["bf16"] if _bf16_usable(torch) else [])
     for name in dtypes:
         dt = getattr(torch, _TORCH_DTYPES[name])
-        best = max((_matmul_rate(torch, n, n, n, dt, reps, min_s) + (n,) for n in sizes), key=lambda r: r[0])
+        rates: list[tuple[float, float, int]] = []
+        for n in sizes:
+            rates.append(_matmul_rate(torch, n, n, n, dt, reps, min_s) + (n,))
+            if 2.0 * n ** 3 / rates[-1][0] > 0.25:
+                # A dtype the processor has no instructions for (bf16 without AVX-512 BF16 or
+                # AMX) runs a 2048 square matmul for tens of seconds a call: larger sizes would
+                # take minutes and not be faster.
+                break
+        best = max(rates, key=lambda r: r[0])
         peak[name] = best[0]
         found.append(Measurement(f"peak_flops.{name}", best[0], "FLOP/s", best[1],
-                                 f"{name} square matmuls of {', '.join(map(str, sizes))}: the best size ({best[2]}), "
+                                 f"{name} square matmuls of {', '.join(str(r[2]) for r in rates)}: the best size ({best[2]}), "
                                  f"median of {reps} timings"))
         progress(f"  peak {name}: {format_quantity(best[0], 'FLOP/s')} (square matmul {best[2]})")
 
