@@ -202,6 +202,7 @@ class CompiledProgram:
 
         unplanned |= {n for n in nodes if n.op in NORM_OPS and not norm_takes(n)}
         from .token_mixer import pool_mixer_kernel, takes as mixer_takes
+        from .se_block import se_block_kernel
 
         unplanned |= {n for n in nodes if n.op == "pool_mixer" and not mixer_takes(n)}
         attention_kernels = set(self.attention_kernels)
@@ -244,6 +245,11 @@ class CompiledProgram:
                 fn = norm_kernel(node, False, outs)
             elif node.op == "pool_mixer":
                 fn = pool_mixer_kernel(node, False, outs)
+            elif node.op == "se_block" and outs[0] is not None:   # the generated kernel's channels-last result
+                se_step: Any = se_block_kernel(node, False, outs)
+                if se_step is None or getattr(se_step, "native_out", None) is None:
+                    continue   # no kernel, or a result the caller gets: the step as it was
+                fn, outs = se_step, [se_step.native_out]
             elif node.op in ("attention", "rotary_attention") and node in attention_kernels:
                 fn = (attention_kernel if node.op == "attention" else rotary_attention_kernel)(node, False, outs)
                 if fn.written[0] is None:   # one of its results is not planned: it allocates both

@@ -46,7 +46,7 @@ __all__ = ["Buffer", "MemoryPlan", "plan_memory", "PLANNED_OPS", "ALIGN", "decla
 ALIGN = 64
 # Steps that write into a given buffer (see partita/codegen/__init__.py, which binds them).
 PLANNED_OPS = frozenset({"fused", "matmul", "conv2d_pointwise", "linear_pointwise", "layer_norm", "rms_norm",
-                         "add_norm", "attention", "rotary_attention", "pool_mixer"})
+                         "add_norm", "attention", "rotary_attention", "pool_mixer", "se_block"})
 
 
 # Bytes kept free after each buffer of at least a page, so that buffers next to each other do

@@ -18,6 +18,7 @@ pass into a channels-last result) against ATen's ops in turn.
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -233,42 +234,104 @@ def fuse_se_blocks(graph: Graph) -> int:
 
 class PreparedSE:
     """One node's block on x [N, C, H, W] in channels-last memory: ``se_ir``'s kernel (the mean,
-    the two matvecs and activations on the stack, the scaling pass) into a channels-last result."""
+    the two matvecs and activations on the stack, the scaling pass) into a channels-last result
+    (a new tensor, or ``out``: the arena's buffer of the node's result). A call with the very
+    tensors of the last one (the arena's input and result, the same contiguous weights) at the
+    same addresses is the whole-range entry on the parameter block as it stands; ``native_entry``
+    offers it to codegen/step_chain.py."""
 
     def __init__(self, shape: tuple, act: str, gate: str, cr: int) -> None:
-        from .jit import range_kernel
-        from .lowering import vector_width
-
         n, c, h, w = (int(v) for v in shape)
         self.shape = (n, c, h, w)
-        name = f"pt_se_l{vector_width()}_hw{h * w}_c{c}_r{cr}_{act}_{gate}"
-        self.fn = range_kernel(("se_block", vector_width(), h * w, c, cr, act, gate),
-                               lambda: (name, se_ir(name, h * w, c, cr, act, gate)))
+        self.fn, self.whole = se_kernels(n, h * w, c, cr, act, gate)
         self.params = (ctypes.c_int64 * 6)()
+        self.addr = ctypes.addressof(self.params)
         self.w: Any = None   # the weights as contiguous tensors, with the tensor they came from
+        # (x, out, the weights, x's address, the weights' addresses) the block points at
+        self.last: tuple | None = None
 
-    def __call__(self, args: list) -> Any:
+    def native_entry(self, args: list | None, out: Any) -> tuple[int, int] | None:
+        """(the whole-range entry's address, the parameter block's) where a call with ``args``
+        (None: the last call's) into ``out`` is that entry on the block as it stands, else None."""
+        last = self.last
+        if last is None or out is None or last[1] is not out:
+            return None
+        if args is not None:
+            if not _bound(last, args, out):
+                return None
+        return ctypes.cast(self.whole, ctypes.c_void_p).value or 0, self.addr
+
+    def __call__(self, args: list, out: Any = None) -> Any:
         x = args[0]
+        last = self.last
+        if last is not None and out is not None and _bound(last, args, out):
+            self.whole(self.addr)
+            return out
+        self.last = None
         cl = torch.channels_last
         if not x.is_contiguous(memory_format=cl):
             x = x.contiguous(memory_format=cl)
         w = self.w
         if w is None or w[4] is not args[1]:
             w = self.w = (*(t.contiguous() for t in args[1:]), args[1])
-        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl)
+        y = torch.empty(self.shape, dtype=torch.float32, memory_format=cl) if out is None else out
         p = self.params
         p[0], p[1], p[2], p[3], p[4], p[5] = (x.data_ptr(), y.data_ptr(), w[0].data_ptr(), w[1].data_ptr(),
                                               w[2].data_ptr(), w[3].data_ptr())
+        if out is not None and x is args[0] and all(a is b for a, b in zip(args[1:], w[:4])):
+            # the block points at the caller's own tensors: the next call with them is bound
+            self.last = (x, out, tuple(args[1:]), x.data_ptr(), tuple(a.data_ptr() for a in args[1:]))
         self.fn(p, 0, self.shape[0], 0)
         return y
 
 
-def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
+def _bound(last: tuple, args: list, out: Any) -> bool:
+    """Whether a call with ``args`` into ``out`` takes the very tensors the parameter block
+    points at, at the same addresses (a tensor's storage can be swapped under it)."""
+    return (last[0] is args[0] and last[1] is out and args[0].data_ptr() == last[3]
+            and all(a is b for a, b in zip(args[1:], last[2]))
+            and all(a.data_ptr() == q for a, q in zip(args[1:], last[4])))
+
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def se_kernels(n: int, hw: int, c: int, cr: int, act: str, gate: str) -> tuple[Any, Any]:
+    """The compiled kernel over a range of images and its whole-range entry (``fn(params)``:
+    the ``n`` images on the calling thread), as ctypes functions, made once a process."""
+    from .jit import RANGE_ARGTYPES, CodegenError, jit
+    from .lowering import vector_width
+
+    key = (vector_width(), n, hw, c, cr, act, gate)
+    with _LOCK:
+        fns = _KERNELS.get(key)
+        if fns is None:
+            name = f"pt_se_l{vector_width()}_n{n}_hw{hw}_c{c}_r{cr}_{act}_{gate}"
+            ir = se_ir(name, hw, c, cr, act, gate) + "\n".join([
+                f"define void @{name}_all(ptr %pp) nounwind {{",
+                f"  call void @{name}(ptr %pp, i64 0, i64 {n}, i64 0)",
+                "  ret void",
+                "}"]) + "\n"
+            j = jit()
+            fn = j.kernel(name, ir, 0, argtypes=RANGE_ARGTYPES).fn
+            with j.lock:   # loaded with the kernel: the same object file
+                addr = j.engine.get_function_address(f"{name}_all")
+            if not addr:
+                raise CodegenError(f"kernel {name}_all is missing from its machine code")
+            fns = _KERNELS[key] = (fn, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(addr))
+        return fns
+
+
+def se_block_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Callable | None:
     """The step of an ``se_block`` node: ``PreparedSE`` measured against ATen's ops at the first
-    call (codegen/choose.py); ATen's ops where x is not f32 on the CPU."""
+    call (codegen/choose.py); ATen's ops where x is not f32 on the CPU. ``outs``: the memory
+    plan's buffer of the result (or None), which the step writes at every call; with it the
+    step offers the generated kernel's ``native_entry`` (codegen/step_chain.py)."""
     from . import choose
     from ..backend.common import describe_node
 
+    del inplace
     shape = tuple(node.operands[0].type.shape)
     if any(not isinstance(d, int) for d in shape):
         return None
@@ -280,21 +343,43 @@ def se_block_kernel(node: Any, inplace: bool = False) -> Callable | None:
         warnings.warn(f"partita: the generated squeeze-excitation did not compile ({e}); ATen runs it",
                       RuntimeWarning, stacklevel=2)
         return None
+    out = None
+    if outs is not None and outs[0] is not None and not node.results[0].is_output:
+        n, c, h, w = shape   # the result channels-last in its buffer, as the generated kernel writes it
+        out = outs[0].view(-1).view(n, h, w, c).permute(0, 3, 1, 2)
     key = f"se_block v2 x={'x'.join(map(str, shape))} cr={node.operands[1].type.shape[0]} {node.attrs['act']} " \
           f"{node.attrs['gate']}"
     ref = weakref.ref(node)
     where = describe_node(node)
-    picked: list[Callable[[list], Any]] = []
+    picked: list[str] = []
+
+    def run_aten(args: list, attrs: dict) -> Any:
+        r = _torch(args, attrs)
+        return r if out is None else out.copy_(r)
 
     def step(args: list, attrs: dict) -> Any:
         x = args[0]
         if not x.is_cpu or any(a.dtype is not torch.float32 for a in args):
-            return _torch(args, attrs)
+            return run_aten(args, attrs)
         if not picked:
-            name = choose.choose(key, {"generated": lambda: gen(args), "aten": lambda: _torch(args, attrs)},
-                                 where=where, default="generated", node=ref())
-            picked.append(gen if name == "generated" else (lambda a: _torch(a, attrs)))
-        return picked[0](args)
+            picked.append(choose.choose(key, {"generated": lambda: gen(args), "aten": lambda: _torch(args, attrs)},
+                                        where=where, default="generated", node=ref()))
+        if picked[0] == "generated":
+            return gen(args, out)
+        return run_aten(args, attrs)
+
+    if out is not None:
+        def native_entry(args: list | None) -> tuple[int, int] | None:
+            """(entry, parameter block) of the kernel a call with ``args`` (None: the last call's
+            tensors) runs as its one native call on one thread, or None where it would do more."""
+            if picked != ["generated"]:
+                return None
+            if args is not None and (not args[0].is_cpu or any(a.dtype is not torch.float32 for a in args)):
+                return None
+            return gen.native_entry(args, out)
+
+        step.native_entry = native_entry  # type: ignore[attr-defined]  # codegen/step_chain.py
+        step.native_out = out  # type: ignore[attr-defined]
     return step
 
 
