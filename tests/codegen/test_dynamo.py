@@ -430,8 +430,10 @@ def test_import_partita_leaves_dynamo_alone_and_the_entry_point_finds_the_backen
         assert eps.get("partita") == "partita.codegen.dynamo:partita_backend", eps
         import torch
         f = torch.compile(lambda x: torch.tanh(x * 3) + 1, backend="partita")
+        torch.manual_seed(0)
         x = torch.randn(16)
-        assert torch.allclose(f(x), torch.tanh(x * 3) + 1)
+        # atol: tanh's last bit at 1 (6e-8) is all of a result near 0 (x * 3 below -4)
+        assert torch.allclose(f(x), torch.tanh(x * 3) + 1, atol=1e-6)
         import partita.codegen.dynamo as d
         assert d.stats().compiled == 1, d.stats().report()
         print("ok")
