@@ -140,6 +140,8 @@ class TorchProgram:
         # param is the tensor of the previous call, unchanged (codegen/step_chain.py reads it)
         self.params_epoch: list[int] = [0] if self._bind is None else self._bind.epoch
         self.param_slots = frozenset(slot[v] for v in graph.inputs if v.role != "input")
+        # the data inputs (not params): no step chain reads them (codegen/step_chain.chain_steps)
+        self.data_slots = frozenset(slot[v] for v in graph.inputs if v.role == "input")
 
     @property
     def steps(self) -> list:

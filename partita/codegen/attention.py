@@ -34,7 +34,7 @@ import math
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..ops._lazy import torch
 from .jit import jit
@@ -876,6 +876,16 @@ class PreparedAttention:
             split_on_team(self.fn, p, self.pairs, nt)
         return out, lse
 
+    def bind(self, q: Any, k: Any, v: Any, mask: Any, cos: Any, sin: Any, out: Any, lse: Any) -> bool:
+        """Point the parameter block at these tensors for one thread without running the kernel
+        (a step chain runs it from the block later, codegen/step_chain.py); False where an
+        operand, mask or table would need a copy first (the block then points at nothing the
+        chain may use)."""
+        if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+            return False
+        self._key = None   # the next ``__call__`` sets every slot again
+        return not self._set_params(q, k, v, mask, cos, sin, out, lse, 1)
+
     def _set_params(self, q: Any, k: Any, v: Any, mask: Any, cos: Any, sin: Any, out: Any, lse: Any,
                     nt: int) -> list:
         """Every parameter slot for these tensors; the copies made to make a mask's or a
@@ -982,7 +992,36 @@ def attention_kernel(node: Any, inplace: bool = False, outs: list | None = None)
         return pa(q, k, v, args[3] if len(args) > 3 else None, out=out, lse=lse)
 
     setattr(step, "written", (out, lse))  # noqa: B010 (a function attribute)
+    _offer_native(step, pa, out, lse, lambda a: (a[0], a[1], a[2], a[3] if len(a) > 3 else None, None, None))
     return step
+
+
+def _offer_native(step: Any, pa: "PreparedAttention", out: Any, lse: Any,
+                  operands: Callable[[list], tuple]) -> None:
+    """Give ``step`` (writing the memory plan's ``out`` and ``lse``) a ``native_entry`` for
+    codegen/step_chain.py: the kernel over every head on one thread from its parameter block,
+    pointed at the call's tensors (``operands(args)``: q, k, v, mask, cos, sin)."""
+    if out is None or lse is None:
+        return
+    from .jit import range_block, trampoline
+
+    block, block_addr = range_block(pa.fn, ctypes.addressof(pa.params), pa.pairs)
+
+    def native_entry(args: list | None) -> tuple[int, int] | None:
+        entry = trampoline(1, 3)
+        if entry is None:
+            return None
+        if args is not None:
+            q, k, v, mask, cos, sin = operands(args)
+            if not q.is_cpu or not pa.bind(q, k, v, mask, cos, sin, out, lse):
+                return None
+        return entry, block_addr
+
+    step.native_entry = native_entry
+    step.native_out = out
+    step.native_packed = ()  # no operand packed: nothing whose version the chain checks
+    step.native_outs = (out, lse)
+    step.native_block = block   # alive with the step
 
 
 def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Any:
@@ -1005,4 +1044,5 @@ def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None 
         return pa(q, args[1], args[2], args[5] if len(args) > 5 else None, args[3], args[4], out=out, lse=lse)
 
     setattr(step, "written", (out, lse))  # noqa: B010 (a function attribute)
+    _offer_native(step, pa, out, lse, lambda a: (a[0], a[1], a[2], a[5] if len(a) > 5 else None, a[3], a[4]))
     return step

@@ -242,3 +242,43 @@ def range_kernel(key: tuple, source: Callable[[], tuple[str, str]]) -> Any:
             fn = _RANGE[key] = jit().kernel(name, ir, 0, argtypes=RANGE_ARGTYPES).fn
         return fn
 
+
+
+_TRAMPOLINES: dict[tuple[int, int], int | None] = {}
+_TRAMPOLINE_LOCK = threading.Lock()
+
+
+def trampoline(n_ptrs: int, n_ints: int) -> int | None:
+    """The address of ``pt_trampoline_P_I(ptr p)`` (compiled once a process), which calls a
+    kernel from a block of i64: p = [the kernel's address, ``n_ptrs`` pointers, ``n_ints``
+    integers], as ``kernel(ptr..., i64...)``. A run of kernels (codegen/step_chain.py) calls
+    each through it on its own block: a fused kernel's whole range is (its operands' and
+    results' addresses, 0, the outer count); a ``RANGE_ARGTYPES`` kernel's is (its parameter
+    block, 0, the work items, 0). None where it does not compile."""
+    key = (n_ptrs, n_ints)
+    with _TRAMPOLINE_LOCK:
+        if key in _TRAMPOLINES:
+            return _TRAMPOLINES[key]
+    name = f"pt_trampoline_{n_ptrs}_{n_ints}"
+    lines = [f"define void @{name}(ptr %p) nounwind {{", "entry:", "  %fv = load i64, ptr %p, align 8",
+             "  %f = inttoptr i64 %fv to ptr"]
+    for i in range(1, n_ptrs + n_ints + 1):
+        lines += [f"  %q{i} = getelementptr inbounds i64, ptr %p, i64 {i}", f"  %v{i} = load i64, ptr %q{i}, align 8"]
+        if i <= n_ptrs:
+            lines.append(f"  %a{i} = inttoptr i64 %v{i} to ptr")
+    args = [f"ptr %a{i}" for i in range(1, n_ptrs + 1)] + [f"i64 %v{i}" for i in range(n_ptrs + 1, n_ptrs + n_ints + 1)]
+    lines += [f"  call void %f({', '.join(args)})", "  ret void", "}"]
+    try:
+        addr: int | None = jit().kernel(name, "\n".join(lines) + "\n", 0, argtypes=[ctypes.c_void_p]).address
+    except CodegenError:
+        addr = None
+    with _TRAMPOLINE_LOCK:
+        _TRAMPOLINES[key] = addr
+    return addr
+
+
+def range_block(fn: Any, params_addr: int, items: int) -> tuple[Any, int]:
+    """A block for ``trampoline(1, 3)`` that runs the ``RANGE_ARGTYPES`` kernel ``fn`` on the
+    parameter block at ``params_addr`` over all ``items`` on one thread: (the block, its address)."""
+    block = (ctypes.c_int64 * 5)(ctypes.cast(fn, ctypes.c_void_p).value or 0, params_addr, 0, items, 0)
+    return block, ctypes.addressof(block)

@@ -14,6 +14,7 @@ warning.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import warnings
 from typing import Any, Callable
@@ -42,7 +43,7 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
     into (from the memory plan), or None to allocate it on each call."""
     from .aten_fallback import record_fallback, run_body_on_aten
     from .fused_body import body_graph
-    from .jit import CodegenError, jit
+    from .jit import CodegenError, jit, trampoline
     from .lowering import LoweringError, lower
 
     text = node.attrs["body"]
@@ -88,9 +89,33 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
                 fn(*addrs, 0, outer)
         return res[0] if single else list(res)
 
+    if planned and single and numel:
+        n_ptrs = low.n_inputs + low.n_outputs
+        block = (ctypes.c_int64 * (n_ptrs + 3))()
+        block[0] = ctypes.cast(fn, ctypes.c_void_p).value or 0
+        block[n_ptrs], block[n_ptrs + 1], block[n_ptrs + 2] = fixed[0], 0, outer
+        block_addr = ctypes.addressof(block)
+
+        def native_entry(args: list | None) -> tuple[int, int] | None:
+            """(entry, parameter block) of the kernel's whole range on one thread with ``args``
+            (None: asks whether the step can offer one), or None where an operand would need a
+            contiguous copy first. The block is written here: codegen/step_chain.py checks
+            at each call that the operands are still these tensors at these addresses."""
+            entry = trampoline(n_ptrs, 2)
+            if entry is None:
+                return None
+            if args is not None:
+                if len(args) != low.n_inputs or not all(a.is_contiguous() for a in args):
+                    return None
+                for i, a in enumerate(args):
+                    block[1 + i] = a.data_ptr()
+            return entry, block_addr
+
+        step.native_entry = native_entry  # type: ignore[attr-defined]  # codegen/step_chain.py
+        step.native_out = given[0]  # type: ignore[attr-defined]
+        step.native_packed = ()  # type: ignore[attr-defined]  # no operand packed: nothing whose version the chain checks
+        step.native_block = block  # type: ignore[attr-defined]  # kept alive with the step
     return step
-
-
 def _call(fn, addrs: list[int], lo: int, hi: int) -> None:
     fn(*addrs, lo, hi)
 

@@ -570,6 +570,17 @@ class PreparedNorm:
             split_on_team(self.fn, self.params, self.rows, nt)
         return (y, s) if self.residual else y
 
+    def bind(self, x: Any, r: Any, w: Any, b: Any, y: Any, s: Any) -> bool:
+        """Point the parameter block at these tensors without running the kernel (a step chain
+        runs it from the block later, codegen/step_chain.py); False, the block untouched, where
+        one of them would need a contiguous copy first or is not in CPU memory."""
+        ts = [x, y] + [t for t, on in ((r, self.residual), (s, self.residual), (w, self.weight), (b, self.bias)) if on]
+        if not all(t is not None and t.is_cpu and t.is_contiguous() for t in ts):
+            return False
+        _PACK_P(self.params, 0, x.data_ptr(), r.data_ptr() if self.residual else 0, w.data_ptr() if self.weight else 0,
+                b.data_ptr() if self.bias else 0, s.data_ptr() if self.residual else 0, y.data_ptr())
+        return True
+
 
 NORM_OPS = ("layer_norm", "rms_norm", "add_norm")
 
@@ -622,4 +633,28 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
         b = args[w_at + 1] if bias else None
         return pn(x, args[1] if residual else None, w, b, y_out, s_out)
     step.exact_result = not residual  # type: ignore[attr-defined]  # one f32 tensor, the node's dtype
+    if y_out is not None and (s_out is not None or not residual):
+        from .jit import range_block, trampoline
+
+        block, block_addr = range_block(pn.fn, pn.params_addr, pn.rows)
+
+        def native_entry(args: list | None) -> tuple[int, int] | None:
+            """(entry, block) of the kernel over every row on one thread with ``args`` (None:
+            whether the step can offer one), the parameter block pointed at them; None where
+            an operand would need a copy first (codegen/step_chain.py)."""
+            entry = trampoline(1, 3)
+            if entry is None:
+                return None
+            if args is not None:
+                w = args[w_at] if weight else None
+                b = args[w_at + 1] if bias else None
+                if not pn.bind(args[0], args[1] if residual else None, w, b, y_out, s_out):
+                    return None
+            return entry, block_addr
+
+        step.native_entry = native_entry  # type: ignore[attr-defined]
+        step.native_out = y_out  # type: ignore[attr-defined]
+        step.native_packed = ()  # type: ignore[attr-defined]  # no operand packed: nothing whose version the chain checks
+        step.native_outs = (y_out, s_out) if residual else (y_out,)  # type: ignore[attr-defined]
+        step.native_block = block  # type: ignore[attr-defined]  # alive with the step
     return step

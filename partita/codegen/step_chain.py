@@ -126,7 +126,8 @@ class ChainStep:
 
         self.members = members
         self.original = original         # step index -> the step it replaced (``unchain``)
-        self.failed: int | None = None   # the step index of the first member not native at the last arming
+        # the step indices of the members not native at the last arming (``_arm``)
+        self.failed: list[int] = []
         self.weight_args = weight_args   # indices of the outside operands that packed weights come from
         self.other_args = [i for i in range(n_args) if i not in set(param_args)]   # activations, inputs
         self.epoch = epoch               # the program's params_epoch
@@ -146,7 +147,9 @@ class ChainStep:
         self.native_calls = 0   # calls run by the one native call (tests read it)
         self.moved: set[int] = set()   # operands found another tensor or address than at the last arming
 
-    def _disarm(self, _ref: Any = None) -> None:
+    def _disarm(self, ref: Any = None) -> None:
+        if ref is not None:   # an operand died: one a step before the run makes anew at every call
+            self.moved |= {i for i, r in enumerate(self.refs) if r is ref}
         self.armed = False
         self.refs = []
 
@@ -171,11 +174,16 @@ class ChainStep:
     def _stepwise(self, args: list) -> Any:
         """Each member's own step, as the program ran them; then arm where every one is native."""
         if self.armed and len(args) == len(self.ids):   # what moved since the arming (``settle`` reads it)
-            self.moved = {i for i, a in enumerate(args) if id(a) != self.ids[i] or a.data_ptr() != self.ptrs[i]}
+            self.moved |= {i for i, a in enumerate(args) if id(a) != self.ids[i] or a.data_ptr() != self.ptrs[i]}
         self._disarm()
         for m in self.members:
             a = [args[s] if type(s) is int else s.value for s in m.sources]
             r = m.fn(a, m.attrs)
+            if type(m.out) is tuple:   # a step of several results
+                for t, got in zip(m.out, r):
+                    if got is not t:
+                        t.copy_(got)
+                continue
             if type(r) in (list, tuple):
                 r = r[0]
             if r is not m.out:
@@ -187,14 +195,21 @@ class ChainStep:
         if self.entry is None:
             return
         entries = []
+        failed = []
         for m in self.members:
             a = [args[s] if type(s) is int else s.value for s in m.sources]
             e = m.fn.native_entry(a)
             if e is None:
-                self.failed = m.index
-                return
+                failed.append(m.index)
+                if getattr(m.fn, "native_packed", (1,)):
+                    # a packed weight perhaps not packed again yet: the members after it may
+                    # be the same, and wait; so the first such one is split out at a time
+                    break
+                continue   # a step without packed weights refuses for good (an operand's strides)
             entries.extend(e)
-        self.failed = None
+        self.failed = failed
+        if failed:
+            return
         table = (ctypes.c_int64 * (1 + len(entries)))(len(self.members), *entries)
         try:
             self.refs = [weakref.ref(a, self._disarm) for a in args]
@@ -228,9 +243,29 @@ def native_steps(prog: Any) -> list[int]:
     for i, st in enumerate(prog.steps):
         fn = st[0]
         ask: Callable | None = getattr(fn, "native_entry", None)
-        if ask is not None and len(st[3]) == 1 and not st[6] and ask(None) is not None:
+        if ask is not None and len(st[3]) == len(native_outs(fn)) and not st[6] and ask(None) is not None:
             found.append(i)
     return found
+
+
+def native_outs(fn: Any) -> tuple:
+    """The buffers a native step writes its results into, in the order of its results
+    (``native_outs``; ``native_out`` alone for a step of one result)."""
+    outs = getattr(fn, "native_outs", None)
+    return tuple(outs) if outs is not None else (fn.native_out,)
+
+
+def _constant_values(st: tuple) -> tuple | None:
+    """A constant step's value for each of its results (a split's pieces each, views made once),
+    or None where they do not match up. A run reads them as fixed tensors: a step inside the
+    run that binds a slot a member reads would bind it too late (the chain runs at the run's
+    first position), so a constant step whose values are not known breaks a run."""
+    value, outs = st[0].value, st[3]
+    if len(outs) == 1 and not isinstance(value, (list, tuple)):
+        return (value,)
+    if isinstance(value, (list, tuple)) and len(value) == len(outs):
+        return tuple(value)
+    return None
 
 
 def runs_of(prog: Any, native: list[int]) -> list[list[int]]:
@@ -241,7 +276,7 @@ def runs_of(prog: Any, native: list[int]) -> list[list[int]]:
     for i, st in enumerate(prog.steps):
         if i in native_set:
             cur.append(i)
-        elif type(st[0]) is ConstantStep and cur:
+        elif type(st[0]) is ConstantStep and cur and _constant_values(st) is not None:
             continue   # a view made once between two kernels: read as the constant it is
         else:
             if len(cur) >= 2:
@@ -253,9 +288,14 @@ def runs_of(prog: Any, native: list[int]) -> list[list[int]]:
 
 
 def chain_steps(prog: Any, native: list[int]) -> list[ChainStep]:
-    """Replace each run of ``runs_of(prog, native)`` by a ``ChainStep`` and constant steps."""
+    """Replace each run of ``runs_of(prog, native)`` by a ``ChainStep`` and constant steps.
+    A step reading one of the program's inputs stays out: a caller passing a new input tensor
+    at every call would find the chain's operand moved at each, and each such call would run
+    the steps one by one and arm the chain again, slower than no chain."""
     if not ENABLED or chain_entry() is None:
         return []
+    inputs: frozenset[int] = getattr(prog, "data_slots", frozenset())
+    native = [i for i in native if not inputs.intersection(prog.steps[i][1])]
     return [_chain_run(prog, run) for run in runs_of(prog, native)]
 
 
@@ -277,10 +317,10 @@ def settle(prog: Any, chains: list[ChainStep]) -> tuple[list[ChainStep], bool]:
             out.append(c)
             continue
         unchain(prog, c)
-        if c.armed:
+        if c.moved:   # an operand found another tensor, or that died after the call
             drop = {m.index for m in c.members if any(type(s) is int and s in c.moved for s in m.sources)}
-        elif c.failed is not None:
-            drop = {c.failed}
+        elif c.failed:
+            drop = set(c.failed)
         else:   # not armed for another reason (threads, no weak reference)
             continue
         rest = [i for i in c.original if i not in drop and getattr(prog.steps[i][0], "native_entry", None)]
@@ -301,13 +341,12 @@ def _chain_run(prog: Any, run: list[int]) -> ChainStep:
     for i in range(run[0], run[-1] + 1):
         fn, ops, attrs, outs, _dt, _fr, _w, node = steps[i]
         if type(fn) is ConstantStep:
-            if len(outs) == 1 and not isinstance(fn.value, (list, tuple)):
-                fixed[outs[0]] = _Fixed(fn.value)
-            else:
-                for o in outs:   # a split's pieces: not read by the chain
-                    fixed.pop(o, None)
+            for o, t in zip(outs, _constant_values(steps[i]) or ()):
+                fixed[o] = _Fixed(t)
             continue
-        out = fn.native_out
+        written = native_outs(fn)
+        out = written[0] if len(written) == 1 else written   # what the step returns
+        packed = getattr(fn, "native_packed", (1,))   # its operands a packed copy is made of
         sources: list = []
         for j, s in enumerate(ops):
             if s in fixed:
@@ -317,10 +356,11 @@ def _chain_run(prog: Any, run: list[int]) -> ChainStep:
                 outside.append(s)
             k = outside.index(s)
             sources.append(k)
-            if j == 1 and k not in weight_args:   # operand 1: the weight a packed copy is made from
+            if j in packed and k not in weight_args:   # the weight a packed copy is made from
                 weight_args.append(k)
         members.append(_Member(fn, sources, attrs, out, node, i))
-        fixed[outs[0]] = _Fixed(out)
+        for o, t in zip(outs, written):
+            fixed[o] = _Fixed(t)
         for key, v in conv_step_stats(fn).items():
             stats[key] = stats.get(key, 0) + v
     # constant steps between the members stay where they are (read later too, perhaps); the
@@ -331,6 +371,7 @@ def _chain_run(prog: Any, run: list[int]) -> ChainStep:
     frees = tuple(dict.fromkeys(s for i in run for s in steps[i][5]))
     for i in run[1:]:
         st = steps[i]
-        steps[i] = (ConstantStep(st[0].native_out), (), st[2], st[3], st[4], (), (), st[7])
+        written = native_outs(st[0])
+        steps[i] = (ConstantStep(written[0] if len(written) == 1 else written), (), st[2], st[3], st[4], (), (), st[7])
     steps[run[0]] = (chain, tuple(outside), first[2], first[3], first[4], frees, (), first[7])
     return chain

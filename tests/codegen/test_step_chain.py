@@ -67,6 +67,13 @@ def _want(weights: dict, x: torch.Tensor, c: int = 16) -> torch.Tensor:
         return ref.double()(x.double()).float()
 
 
+def _assert_calls_match(prog: CompiledProgram, weights: dict, x: torch.Tensor, want: torch.Tensor, calls: int) -> None:
+    """``calls`` calls of ``prog`` on ``x``, each against ``want``."""
+    with torch.inference_mode():
+        for _ in range(calls):
+            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+
+
 def _native_calls(prog: CompiledProgram) -> int:
     return sum(c.native_calls for c in _chains(prog))
 
@@ -78,10 +85,7 @@ def test_chained_program_matches_eager_at_every_call(own_cache, hw):
     x = torch.randn(3, 3, *hw)
     prog, weights = _program(m, x)
     assert set(weights) == set(m.state_dict())
-    want = _want(weights, x)
-    with torch.inference_mode():
-        for _ in range(6):
-            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, _want(weights, x), 6)
     chains = _chains(prog)
     assert chains and all(c.armed for c in chains)
     assert prog.chained_steps == sum(len(c.members) for c in chains) == 9   # all but the stem and the head
@@ -138,15 +142,11 @@ def test_more_threads_run_stepwise(own_cache):
     assert native > 0
     try:
         torch.set_num_threads(2)
-        with torch.inference_mode():
-            for _ in range(2):
-                torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+        _assert_calls_match(prog, weights, x, want, 2)
         assert _native_calls(prog) == native   # two threads: each step as it was
     finally:
         torch.set_num_threads(1)
-    with torch.inference_mode():
-        for _ in range(2):
-            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, want, 2)
     assert _native_calls(prog) > native
 
 
@@ -163,10 +163,7 @@ def test_a_member_that_is_not_native_is_split_out(own_cache, monkeypatch):
     k = native[len(native) // 2]
     fn = prog.program.steps[k][0]
     monkeypatch.setattr(fn, "native_entry", lambda args: None if args is not None else (1, 1), raising=False)
-    want = _want(weights, x)
-    with torch.inference_mode():
-        for _ in range(8):
-            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, _want(weights, x), 8)
     chains = _chains(prog)
     assert chains and all(c.armed for c in chains)
     assert all(m.index != k for c in chains for m in c.members)
@@ -179,9 +176,7 @@ def test_switched_off_no_chain(own_cache, monkeypatch):
     torch.manual_seed(4)
     x = torch.randn(2, 3, 8, 8)
     prog, weights = _program(_net(), x)
-    with torch.inference_mode():
-        for _ in range(5):
-            torch.testing.assert_close(prog([x], weights)[0], _want(weights, x), rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, _want(weights, x), 5)
     assert not _chains(prog) and prog.chained_steps == 0
 
 
@@ -192,8 +187,7 @@ def test_frozen_program_chains(own_cache):
     prog, weights = _program(m, x, freeze=True)
     with torch.inference_mode():
         want = m.double()(x.double()).float()
-        for _ in range(6):
-            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, want, 6)
     assert _chains(prog) and all(c.armed for c in _chains(prog))
 
 
@@ -251,7 +245,11 @@ def test_params_epoch_moves_only_when_a_param_changes(own_cache):
         assert epoch[0] > start
 
 
-def test_a_channels_last_input_is_read_by_the_chain(own_cache):
+def test_a_step_reading_the_input_stays_out_of_chains(own_cache):
+    """A channels-last input the stem could read where it is: the stem still stays out of the
+    chain, so that a new input tensor at every call finds the chain's operands unchanged (the
+    stem's result) and runs it as its one native call, where a chained stem would run the
+    steps one by one and arm the chain again at each call."""
     torch.manual_seed(7)
     shape = (2, 3, 11, 7)
     x = torch.randn(shape).contiguous(memory_format=torch.channels_last)
@@ -259,14 +257,15 @@ def test_a_channels_last_input_is_read_by_the_chain(own_cache):
     with torch.inference_mode():
         for _ in range(6):
             torch.testing.assert_close(prog([x], weights)[0], _want(weights, x), rtol=1e-4, atol=1e-5)
-        assert prog.chained_steps == 10   # the stem too: it reads the input where it is
+        assert prog.chained_steps == 9
         native = _native_calls(prog)
-        x.mul_(-2.0)                      # the same tensor, new contents: read where it is
+        x.mul_(-2.0)                      # the same tensor, new contents
         torch.testing.assert_close(prog([x], weights)[0], _want(weights, x), rtol=1e-4, atol=1e-5)
         assert _native_calls(prog) == native + 1
-        for _ in range(3):                # a new input tensor each call
+        for _ in range(3):                # a new input tensor each call: the chain's one call each time
             x2 = torch.randn(shape).contiguous(memory_format=torch.channels_last)
             torch.testing.assert_close(prog([x2], weights)[0], _want(weights, x2), rtol=1e-4, atol=1e-5)
+        assert _native_calls(prog) == native + 4
 
 
 def test_a_member_reading_a_new_tensor_each_call_is_split_out(own_cache):
@@ -280,10 +279,7 @@ def test_a_member_reading_a_new_tensor_each_call_is_split_out(own_cache):
         return stem(args, attrs).clone(memory_format=torch.channels_last)
 
     steps[0] = (fresh, *steps[0][1:])
-    want = _want(weights, x)
-    with torch.inference_mode():
-        for _ in range(8):
-            torch.testing.assert_close(prog([x], weights)[0], want, rtol=1e-4, atol=1e-5)
+    _assert_calls_match(prog, weights, x, _want(weights, x), 8)
     chains = _chains(prog)
     assert chains and all(c.armed and c.native_calls for c in chains)
     readers = {i for i, st in enumerate(prog.program.steps) if steps[0][3][0] in st[1]}
