@@ -11,13 +11,9 @@ Run:  OMP_NUM_THREADS=1 .venv/bin/python bench/step_chain_ab.py mobilenet_v2,res
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,26 +22,14 @@ import torch  # noqa: E402
 
 import bench_model_world as mw  # noqa: E402
 import bench_zoo as Z  # noqa: E402
-import zoo_models as ZM  # noqa: E402
-
-
-def block(fn: object, calls: int) -> float:
-    """The median microseconds of ``calls`` single calls of ``fn``."""
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6
+import zoo_calls as zc  # noqa: E402
 
 
 def measure(name: str, calls: int, blocks: int) -> str:
     import partita
     from partita.codegen import CompiledProgram
 
-    if name not in ZM.BY_NAME:
-        raise SystemExit(f"step_chain_ab: no zoo model {name!r}; the models: {', '.join(sorted(ZM.BY_NAME))}")
-    case = Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
+    case = zc.zoo_case(name, "step_chain_ab")
     with Z.quiet():
         g = partita.optimize(partita.import_torch(case.model, (), case.kwargs), Z.IMPORT_PIPELINE)
     weights = {k: torch.from_numpy(np.array(v, copy=True)) for k, v in g.weights.items()}
@@ -66,7 +50,7 @@ def measure(name: str, calls: int, blocks: int) -> str:
                 raise AssertionError(f"{name}: chains {k}: error {err:.1e} > {Z.TOL:.0e}")
         for _ in range(blocks):
             for k, f in cands.items():
-                res[k].append(block(f, calls))
+                res[k].append(zc.block_median(f, calls))
 
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(res[a], res[b]))
@@ -78,15 +62,7 @@ def measure(name: str, calls: int, blocks: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", help="comma-separated zoo model names")
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--blocks", type=int, default=8)
-    ns = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    for name in ns.models.split(","):
-        print(measure(name, ns.calls, ns.blocks), flush=True)
-    return 0
+    return zc.models_main(argv, __doc__ or "", measure, calls=200, blocks=8)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,11 +41,31 @@ def block_median(fn: object, calls: int) -> float:
     return statistics.median(ts) * 1e6
 
 
+def zoo_case(name: str, tool: str) -> "Z.Case":
+    """bench_zoo's case of the zoo model ``name``, or a SystemExit naming the models."""
+    if name not in ZM.BY_NAME:
+        raise SystemExit(f"{tool}: no zoo model {name!r}; the models: {', '.join(sorted(ZM.BY_NAME))}")
+    return Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
+
+
+def models_main(argv: list[str] | None, doc: str, line: Callable[[str, int, int], str],
+                calls: int, blocks: int) -> int:
+    """The command line shared by the per-call scripts: a comma-separated list of zoo models,
+    ``--calls`` and ``--blocks``; one thread; ``line(name, calls, blocks)`` printed per model."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("models", help="comma-separated zoo model names")
+    ap.add_argument("--calls", type=int, default=calls)
+    ap.add_argument("--blocks", type=int, default=blocks)
+    ns = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    for name in ns.models.split(","):
+        print(line(name, ns.calls, ns.blocks), flush=True)
+    return 0
+
+
 def measure(name: str, calls: int, blocks: int) -> tuple[float, float, float]:
     """(import path us, ORT us, median ratio) of one zoo model."""
-    if name not in ZM.BY_NAME:
-        raise SystemExit(f"zoo_calls: no zoo model {name!r}; the models: {', '.join(sorted(ZM.BY_NAME))}")
-    case = Z.Case(ZM.BY_NAME[name], Path(tempfile.mkdtemp()))
+    case = zoo_case(name, "zoo_calls")
     cands = {"import": Z.import_candidate(case), "ort": Z.ort_session(case, 1)}
     res: dict[str, list[float]] = {k: [] for k in cands}
     with torch.inference_mode():
@@ -58,17 +79,13 @@ def measure(name: str, calls: int, blocks: int) -> tuple[float, float, float]:
     return statistics.median(res["import"]), statistics.median(res["ort"]), ratio
 
 
+def line(name: str, calls: int, blocks: int) -> str:
+    imp, ort, ratio = measure(name, calls, blocks)
+    return f"{name}: import path {imp:.1f} us, ORT {ort:.1f} us a call; import / ORT {ratio:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", help="comma-separated zoo model names")
-    ap.add_argument("--calls", type=int, default=400)
-    ap.add_argument("--blocks", type=int, default=4)
-    ns = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    for name in ns.models.split(","):
-        imp, ort, ratio = measure(name, ns.calls, ns.blocks)
-        print(f"{name}: import path {imp:.1f} us, ORT {ort:.1f} us a call; import / ORT {ratio:.3f}", flush=True)
-    return 0
+    return models_main(argv, __doc__ or "", line, calls=400, blocks=4)
 
 
 if __name__ == "__main__":
