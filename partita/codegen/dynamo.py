@@ -192,7 +192,7 @@ MAX_TIMED_CALLS = 15
 class _Options:
     passes: str = PIPELINE
     fallback: str = "warn"      # "warn": run the graph on ATen; "error": raise
-    min_ops: int = 2
+    min_ops: int | None = None  # None: CompiledProgram's default (1 for a frozen graph, else 2)
     choose: str = "measure"     # "measure": keep the faster of partita and ATen; "partita"; "aten"
     freeze: bool = True         # inference graphs: the params' values are constants (checked every call)
 
@@ -230,7 +230,8 @@ class _Options:
             raise BackendOptionError(f"{_WHO}: option 'choose' must be one of {', '.join(map(repr, CHOICES))} "
                                      f"(measure: keep whichever of partita's program and ATen runs the graph "
                                      f"faster), got {self.choose!r}")
-        if isinstance(self.min_ops, bool) or not isinstance(self.min_ops, int) or self.min_ops < 1:
+        if self.min_ops is not None and (isinstance(self.min_ops, bool) or not isinstance(self.min_ops, int)
+                                         or self.min_ops < 1):
             raise BackendOptionError(f"{_WHO}: option 'min_ops' must be an integer >= 1 (the fewest ops "
                                      f"fuse-kernels makes a kernel of), got {self.min_ops!r}")
         return self

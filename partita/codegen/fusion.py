@@ -103,17 +103,19 @@ def _index_map(p: Node, members: set[Node]) -> bool:
 
 
 def plan_groups(graph: Graph, min_ops: int = 2, max_ops: int = 96, any_float: bool = False,
-                segment: dict[Node, int] | None = None) -> list[Group]:
+                segment: dict[Node, int] | None = None, min_reduction_ops: int | None = None) -> list[Group]:
     """The groups ``fuse-kernels`` makes of ``graph``, roots last first. For pricing only
     (partita/cluster/fused_groups.py): ``any_float``, bf16 and f16 pass the support check as
-    f32; ``segment``, a group takes only ops of its root's segment."""
+    f32; ``segment``, a group takes only ops of its root's segment. ``min_reduction_ops``
+    (``min_ops`` where None): the fewest compute ops of a group rooted at a reduction."""
+    red_min = min_ops if min_reduction_ops is None else min_reduction_ops
     nodes = list(graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     fusible = {n: _fusible(n, any_float) for n in nodes}
     taken: set[Node] = set()
     groups: list[Group] = []
     for red in reversed(nodes):
-        g = _reduction_group(red, nodes, pos, fusible, taken, min_ops, max_ops, segment)
+        g = _reduction_group(red, nodes, pos, fusible, taken, red_min, max_ops, segment)
         if g is not None:
             taken |= set(n for n in g.members if n.op not in _SPLATS)
             groups.append(g)
@@ -302,9 +304,14 @@ class FuseKernels(Pass):
     class Options:
         min_ops: int = 2
         max_ops: int = 96
+        # the fewest compute ops of a group rooted at a reduction (0: ``min_ops``).
+        # CompiledProgram's frozen default keeps 2, so a lone global mean stays the pool
+        # kernel (codegen/pool.py) with its flatten folded in, not a one-op reduction kernel
+        min_reduction_ops: int = 0
 
     def run(self, graph: Graph) -> Graph:
-        groups = plan_groups(graph, self.options.min_ops, self.options.max_ops)
+        groups = plan_groups(graph, self.options.min_ops, self.options.max_ops,
+                             min_reduction_ops=self.options.min_reduction_ops or None)
         if not groups:
             absorb_views(graph)
             return graph

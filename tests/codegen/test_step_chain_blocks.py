@@ -123,3 +123,30 @@ def test_an_operand_made_anew_each_call_is_split_out(one_thread):
     assert chains and all(c.armed and c.native_calls for c in chains)
     # the second block, at least, is chained whole
     assert {"attention", "add_norm"} <= _ops(prog)
+
+
+class Residual(nn.Module):
+    """Two linear layers with a lone residual add between them (no norm to fold it into)."""
+
+    def __init__(self, d: int = D) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h + self.b(h)   # a lone elementwise op
+        return self.c(h) * 2.0
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_lone_add_is_a_kernel_in_the_chain_when_frozen(one_thread, freeze):
+    torch.manual_seed(3)
+    m = Residual().eval()
+    x = torch.randn(4, 8, D)
+    prog, weights = _program(m, x, freeze)
+    _check(prog, weights, m, x, 10)
+    ops = [n.op for n in prog.graph.nodes]
+    if freeze:   # a frozen program's lone add is a one-op kernel, chained with the GEMMs around it
+        assert "add" not in ops and "fused" in _ops(prog), ops
+    else:        # elsewhere it stays ATen's call
+        assert "add" in ops, ops
