@@ -24,3 +24,22 @@ def _kernel_cache(tmp_path_factory):
         os.environ.pop("PARTITA_CACHE_DIR", None)
     else:
         os.environ["PARTITA_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def chain_cache(monkeypatch, tmp_path):
+    """For the step-chain tests: a kernel cache of the test's own, the rules' kernels (the
+    generated ones), not a measured choice that the machine's load could turn to oneDNN's,
+    and one torch thread (chains run natively on one thread only)."""
+    import torch
+
+    from partita.codegen import choose
+
+    monkeypatch.setenv("PARTITA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PARTITA_KERNEL_CHOICE", "off")
+    choose.clear(disk=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    choose.clear(disk=False)

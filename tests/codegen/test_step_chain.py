@@ -12,22 +12,8 @@ import torch
 import torch.nn as nn
 
 import partita
-from partita.codegen import CompiledProgram, choose, step_chain
+from partita.codegen import CompiledProgram, step_chain
 from partita.codegen.step_chain import ChainStep, chain_ir
-
-
-@pytest.fixture
-def own_cache(monkeypatch, tmp_path):
-    """A kernel cache of this test's own, and the rules' kernels (the generated ones), not a
-    measured choice that the machine's load could turn to oneDNN's."""
-    monkeypatch.setenv("PARTITA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PARTITA_KERNEL_CHOICE", "off")
-    choose.clear(disk=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # chains run natively on one thread only
-    yield
-    torch.set_num_threads(threads)
-    choose.clear(disk=False)
 
 
 class InvertedResidual(nn.Module):
@@ -79,7 +65,7 @@ def _native_calls(prog: CompiledProgram) -> int:
 
 
 @pytest.mark.parametrize("hw", [(11, 9), (6, 6), (3, 5)])
-def test_chained_program_matches_eager_at_every_call(own_cache, hw):
+def test_chained_program_matches_eager_at_every_call(chain_cache, hw):
     torch.manual_seed(0)
     m = _net()
     x = torch.randn(3, 3, *hw)
@@ -97,7 +83,7 @@ def test_chained_program_matches_eager_at_every_call(own_cache, hw):
     assert _native_calls(prog) == before + 3 * len(chains)
 
 
-def test_changed_weights_run_stepwise_and_arm_again(own_cache):
+def test_changed_weights_run_stepwise_and_arm_again(chain_cache):
     torch.manual_seed(1)
     x = torch.randn(2, 3, 10, 7)
     prog, weights = _program(_net(), x)
@@ -130,7 +116,7 @@ def test_changed_weights_run_stepwise_and_arm_again(own_cache):
         assert _native_calls(prog) > native, case    # armed again
 
 
-def test_more_threads_run_stepwise(own_cache):
+def test_more_threads_run_stepwise(chain_cache):
     torch.manual_seed(2)
     x = torch.randn(2, 3, 12, 12)
     prog, weights = _program(_net(), x)
@@ -150,7 +136,7 @@ def test_more_threads_run_stepwise(own_cache):
     assert _native_calls(prog) > native
 
 
-def test_a_member_that_is_not_native_is_split_out(own_cache, monkeypatch):
+def test_a_member_that_is_not_native_is_split_out(chain_cache, monkeypatch):
     torch.manual_seed(3)
     x = torch.randn(2, 3, 9, 9)
     prog, weights = _program(_net(), x)
@@ -171,7 +157,7 @@ def test_a_member_that_is_not_native_is_split_out(own_cache, monkeypatch):
     assert prog.chained_steps == sum(len(c.members) for c in chains) >= len(native) - 3
 
 
-def test_switched_off_no_chain(own_cache, monkeypatch):
+def test_switched_off_no_chain(chain_cache, monkeypatch):
     monkeypatch.setattr(step_chain, "ENABLED", False)
     torch.manual_seed(4)
     x = torch.randn(2, 3, 8, 8)
@@ -180,7 +166,7 @@ def test_switched_off_no_chain(own_cache, monkeypatch):
     assert not _chains(prog) and prog.chained_steps == 0
 
 
-def test_frozen_program_chains(own_cache):
+def test_frozen_program_chains(chain_cache):
     torch.manual_seed(5)
     x = torch.randn(4, 3, 16, 16)
     m = _net(32)
@@ -221,7 +207,7 @@ def test_the_loop_calls_each_entry_in_order():
     assert acc[0] == 31415
 
 
-def test_params_epoch_moves_only_when_a_param_changes(own_cache):
+def test_params_epoch_moves_only_when_a_param_changes(chain_cache):
     torch.manual_seed(6)
     x = torch.randn(2, 3, 8, 8)
     prog, weights = _program(_net(), x)
@@ -245,7 +231,7 @@ def test_params_epoch_moves_only_when_a_param_changes(own_cache):
         assert epoch[0] > start
 
 
-def test_a_step_reading_the_input_stays_out_of_chains(own_cache):
+def test_a_step_reading_the_input_stays_out_of_chains(chain_cache):
     """A channels-last input the stem could read where it is: the stem still stays out of the
     chain, so that a new input tensor at every call finds the chain's operands unchanged (the
     stem's result) and runs it as its one native call, where a chained stem would run the
@@ -268,7 +254,7 @@ def test_a_step_reading_the_input_stays_out_of_chains(own_cache):
         assert _native_calls(prog) == native + 4
 
 
-def test_a_member_reading_a_new_tensor_each_call_is_split_out(own_cache):
+def test_a_member_reading_a_new_tensor_each_call_is_split_out(chain_cache):
     torch.manual_seed(8)
     x = torch.randn(2, 3, 9, 9)
     prog, weights = _program(_net(), x)

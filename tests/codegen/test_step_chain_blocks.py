@@ -14,25 +14,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import partita
-from partita.codegen import CompiledProgram, choose
+from partita.codegen import CompiledProgram
 from partita.codegen.step_chain import ChainStep
 
 PIPELINE = "canonicalize,fold-batch-norm,fuse-library,fuse-kernels,cse,dce"
 # wide enough that the rules take the generated GEMM for every projection (library.GEMM_MIN_FLOPS
 # at 32 rows), which offers its native entry
 D = 128
-
-
-@pytest.fixture
-def one_thread(monkeypatch, tmp_path):
-    monkeypatch.setenv("PARTITA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PARTITA_KERNEL_CHOICE", "off")
-    choose.clear(disk=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # chains run natively on one thread only
-    yield
-    torch.set_num_threads(threads)
-    choose.clear(disk=False)
 
 
 class Block(nn.Module):
@@ -82,7 +70,7 @@ def _check(prog: CompiledProgram, weights: dict, m: nn.Module, x: torch.Tensor, 
 
 
 @pytest.mark.parametrize("freeze", [False, True])
-def test_encoder_layers_run_as_one_chain(one_thread, freeze):
+def test_encoder_layers_run_as_one_chain(chain_cache, freeze):
     torch.manual_seed(0)
     m = nn.Sequential(Block(), Block()).eval()
     x = torch.randn(4, 8, D)
@@ -100,7 +88,7 @@ def test_encoder_layers_run_as_one_chain(one_thread, freeze):
     assert sum(c.native_calls for c in chains) > calls
 
 
-def test_norm_weight_changed_in_place(one_thread):
+def test_norm_weight_changed_in_place(chain_cache):
     torch.manual_seed(1)
     m = nn.Sequential(Block(), Block()).eval()
     x = torch.randn(4, 8, D)
@@ -113,7 +101,7 @@ def test_norm_weight_changed_in_place(one_thread):
     _check(prog, weights, m, x, 4)
 
 
-def test_an_operand_made_anew_each_call_is_split_out(one_thread):
+def test_an_operand_made_anew_each_call_is_split_out(chain_cache):
     torch.manual_seed(2)
     m = nn.Sequential(Block(fresh=True), Block()).eval()
     x = torch.randn(4, 8, D)
@@ -139,7 +127,7 @@ class Residual(nn.Module):
 
 
 @pytest.mark.parametrize("freeze", [False, True])
-def test_a_lone_add_is_a_kernel_in_the_chain_when_frozen(one_thread, freeze):
+def test_a_lone_add_is_a_kernel_in_the_chain_when_frozen(chain_cache, freeze):
     torch.manual_seed(3)
     m = Residual().eval()
     x = torch.randn(4, 8, D)
