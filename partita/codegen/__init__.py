@@ -77,7 +77,8 @@ class CompiledProgram:
         g = graph.clone()
         if library is None:
             library = not donate  # inference: a training step's weights change every step
-        lone_reductions = min_ops   # a lone reduction a kernel only where asked for (below)
+        # a lone reduction is a kernel only where asked for: by default it keeps its own step
+        min_reduction_ops = 2 if min_ops is None else min_ops
         if min_ops is None:
             # A frozen program's lone elementwise op is a one-op kernel too: it writes its
             # buffer in the arena and joins the step chains (step_chain.py), where as an ATen
@@ -105,7 +106,7 @@ class CompiledProgram:
 
             global_pools_flattened(g)   # a global mean's flatten folded into it
         if fuse:
-            g = FuseKernels(FuseKernels.Options(min_ops=min_ops, min_reduction_ops=lone_reductions or 2)).run(g)
+            g = FuseKernels(FuseKernels.Options(min_ops=min_ops, min_reduction_ops=min_reduction_ops)).run(g)
             g = DeadCodeElimination().run(g)
         self.graph = g
         before = _stats()

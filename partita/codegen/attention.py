@@ -1003,25 +1003,13 @@ def _offer_native(step: Any, pa: "PreparedAttention", out: Any, lse: Any,
     pointed at the call's tensors (``operands(args)``: q, k, v, mask, cos, sin)."""
     if out is None or lse is None:
         return
-    from .jit import range_block, trampoline
+    from .jit import offer_native, range_entry
 
-    block, block_addr = range_block(pa.fn, ctypes.addressof(pa.params), pa.pairs)
+    def bind(args: list) -> bool:
+        q, k, v, mask, cos, sin = operands(args)
+        return q.is_cpu and pa.bind(q, k, v, mask, cos, sin, out, lse)
 
-    def native_entry(args: list | None) -> tuple[int, int] | None:
-        entry = trampoline(1, 3)
-        if entry is None:
-            return None
-        if args is not None:
-            q, k, v, mask, cos, sin = operands(args)
-            if not q.is_cpu or not pa.bind(q, k, v, mask, cos, sin, out, lse):
-                return None
-        return entry, block_addr
-
-    step.native_entry = native_entry
-    step.native_out = out
-    step.native_packed = ()  # no operand packed: nothing whose version the chain checks
-    step.native_outs = (out, lse)
-    step.native_block = block   # alive with the step
+    offer_native(step, range_entry(pa.fn, ctypes.addressof(pa.params), pa.pairs, bind), (out, lse))
 
 
 def rotary_attention_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> Any:

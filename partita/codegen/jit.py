@@ -243,7 +243,6 @@ def range_kernel(key: tuple, source: Callable[[], tuple[str, str]]) -> Any:
         return fn
 
 
-
 _TRAMPOLINES: dict[tuple[int, int], int | None] = {}
 _TRAMPOLINE_LOCK = threading.Lock()
 
@@ -282,3 +281,35 @@ def range_block(fn: Any, params_addr: int, items: int) -> tuple[Any, int]:
     parameter block at ``params_addr`` over all ``items`` on one thread: (the block, its address)."""
     block = (ctypes.c_int64 * 5)(ctypes.cast(fn, ctypes.c_void_p).value or 0, params_addr, 0, items, 0)
     return block, ctypes.addressof(block)
+
+
+def offer_native(step: Any, native_entry: Callable[[list | None], tuple[int, int] | None], outs: tuple,
+                 block: Any = None) -> None:
+    """Give a step with no packed operand (a fused kernel, a norm, attention) what a chain
+    reads of it: ``native_entry``, the buffers of its results in their order (``native_outs``,
+    the first as ``native_out``), no packed operands (``native_packed``: nothing whose version
+    the chain checks; a step that refuses then refuses for good, for an operand's strides), and
+    ``block``, the parameter block its entry runs on, kept alive with the step."""
+    step.native_entry = native_entry
+    step.native_out = outs[0]
+    step.native_outs = tuple(outs)
+    step.native_packed = ()
+    step.native_block = block
+
+
+def range_entry(fn: Any, params_addr: int, items: int,
+                bind: Callable[[list], bool]) -> Callable[[list | None], tuple[int, int] | None]:
+    """The ``native_entry`` of a step whose ``jit.RANGE_ARGTYPES`` kernel ``fn`` runs on the
+    parameter block at ``params_addr`` over ``items`` work items: ``bind(args)`` points the
+    block at a call's tensors (False where one would need a copy first); the entry is the
+    trampoline on a block of its own (``jit.range_block``), kept alive by the function."""
+    block, block_addr = range_block(fn, params_addr, items)
+
+    def native_entry(args: list | None) -> tuple[int, int] | None:
+        entry = trampoline(1, 3)
+        if entry is None or (args is not None and not bind(args)):
+            return None
+        return entry, block_addr
+
+    native_entry.block = block  # type: ignore[attr-defined]
+    return native_entry

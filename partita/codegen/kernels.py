@@ -43,7 +43,7 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
     into (from the memory plan), or None to allocate it on each call."""
     from .aten_fallback import record_fallback, run_body_on_aten
     from .fused_body import body_graph
-    from .jit import CodegenError, jit, trampoline
+    from .jit import CodegenError, jit, offer_native, trampoline
     from .lowering import LoweringError, lower
 
     text = node.attrs["body"]
@@ -111,11 +111,10 @@ def prepare_fused(node, outs: list | None = None) -> Callable:
                     block[1 + i] = a.data_ptr()
             return entry, block_addr
 
-        step.native_entry = native_entry  # type: ignore[attr-defined]  # codegen/step_chain.py
-        step.native_out = given[0]  # type: ignore[attr-defined]
-        step.native_packed = ()  # type: ignore[attr-defined]  # no operand packed: nothing whose version the chain checks
-        step.native_block = block  # type: ignore[attr-defined]  # kept alive with the step
+        offer_native(step, native_entry, (given[0],), block)
     return step
+
+
 def _call(fn, addrs: list[int], lo: int, hi: int) -> None:
     fn(*addrs, lo, hi)
 

@@ -634,27 +634,12 @@ def norm_kernel(node: Any, inplace: bool = False, outs: list | None = None) -> A
         return pn(x, args[1] if residual else None, w, b, y_out, s_out)
     step.exact_result = not residual  # type: ignore[attr-defined]  # one f32 tensor, the node's dtype
     if y_out is not None and (s_out is not None or not residual):
-        from .jit import range_block, trampoline
+        from .jit import offer_native, range_entry
 
-        block, block_addr = range_block(pn.fn, pn.params_addr, pn.rows)
+        def bind(args: list) -> bool:
+            return pn.bind(args[0], args[1] if residual else None, args[w_at] if weight else None,
+                           args[w_at + 1] if bias else None, y_out, s_out)
 
-        def native_entry(args: list | None) -> tuple[int, int] | None:
-            """(entry, block) of the kernel over every row on one thread with ``args`` (None:
-            whether the step can offer one), the parameter block pointed at them; None where
-            an operand would need a copy first (codegen/step_chain.py)."""
-            entry = trampoline(1, 3)
-            if entry is None:
-                return None
-            if args is not None:
-                w = args[w_at] if weight else None
-                b = args[w_at + 1] if bias else None
-                if not pn.bind(args[0], args[1] if residual else None, w, b, y_out, s_out):
-                    return None
-            return entry, block_addr
-
-        step.native_entry = native_entry  # type: ignore[attr-defined]
-        step.native_out = y_out  # type: ignore[attr-defined]
-        step.native_packed = ()  # type: ignore[attr-defined]  # no operand packed: nothing whose version the chain checks
-        step.native_outs = (y_out, s_out) if residual else (y_out,)  # type: ignore[attr-defined]
-        step.native_block = block  # type: ignore[attr-defined]  # alive with the step
+        offer_native(step, range_entry(pn.fn, pn.params_addr, pn.rows, bind),
+                     (y_out, s_out) if residual else (y_out,))
     return step

@@ -201,7 +201,7 @@ class ChainStep:
             e = m.fn.native_entry(a)
             if e is None:
                 failed.append(m.index)
-                if getattr(m.fn, "native_packed", (1,)):
+                if packed_operands(m.fn):
                     # a packed weight perhaps not packed again yet: the members after it may
                     # be the same, and wait; so the first such one is split out at a time
                     break
@@ -246,6 +246,12 @@ def native_steps(prog: Any) -> list[int]:
         if ask is not None and len(st[3]) == len(native_outs(fn)) and not st[6] and ask(None) is not None:
             found.append(i)
     return found
+
+
+def packed_operands(fn: Any) -> tuple:
+    """The positions of a native step's operands that a packed copy is made of (operand 1, the
+    weight, unless the step says otherwise: ``offer_native``)."""
+    return getattr(fn, "native_packed", (1,))
 
 
 def native_outs(fn: Any) -> tuple:
@@ -346,7 +352,7 @@ def _chain_run(prog: Any, run: list[int]) -> ChainStep:
             continue
         written = native_outs(fn)
         out = written[0] if len(written) == 1 else written   # what the step returns
-        packed = getattr(fn, "native_packed", (1,))   # its operands a packed copy is made of
+        packed = packed_operands(fn)
         sources: list = []
         for j, s in enumerate(ops):
             if s in fixed:
